@@ -1,0 +1,33 @@
+# The two commands a newcomer runs: `make demo` (the main job) and `make test` (the test suite).
+# Each creates .venv and installs what it needs on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.accel-installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: test demo install bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[torch,gguf,demo,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+demo: $(STAMP)
+	$(VENV)/bin/accel demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/formats.py
+	$(PY) benchmarks/backends.py
+	$(PY) benchmarks/spd.py
+	$(PY) benchmarks/sim_validation.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,56 @@
+"""accel: fast LLM decoding on memory-bound accelerators.
+
+- ``accel.formats``: OCP Microscaling (MX) formats; ``accel.compress(model, fmt="mxfp6")``.
+- ``accel.models`` / ``accel.backends``: reference decoders, ONNX export with a KV cache, runtimes.
+- ``accel.spd``: the speculative decoding loop.
+- ``accel.sim``: roofline simulator for capacity planning (imported lazily).
+
+``import accel`` needs neither torch nor matplotlib; they load when a function that needs them is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from accel.errors import (
+    AccelError,
+    BackendError,
+    DraftError,
+    FormatError,
+    ModelError,
+    SimError,
+    SpdError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY_SUBMODULES = {"formats", "models", "backends", "spd", "sim", "drafts"}
+_LAZY_FUNCTIONS = {
+    "compress": "accel.formats.compress",
+    "save": "accel.formats.compress",
+    "load": "accel.formats.compress",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"accel.{name}")
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
+    raise AttributeError(f"module 'accel' has no attribute {name!r}")
+
+
+__all__ = [
+    "AccelError",
+    "BackendError",
+    "DraftError",
+    "FormatError",
+    "ModelError",
+    "SimError",
+    "SpdError",
+    "compress",
+    "save",
+    "load",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""accel.backends (work in progress)."""

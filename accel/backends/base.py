@@ -1,0 +1,146 @@
+"""The ``Backend`` protocol: what the speculative decoding loop needs from a runtime.
+
+A backend owns one model instance and its KV cache (the position-indexed contract of REFERENCE.md §2): every call
+writes the keys/values of its tokens at ``position_ids`` and attends to every cache slot ``<=`` the query's position.
+Nothing is ever rolled back: a rejected speculative token is simply overwritten by a later call at the same position.
+
+Conventions (every backend follows them, so the SpD loop is backend-agnostic):
+
+- ``input_ids``: int64 ``[B, S]`` with ``B == info.batch_size`` and ``1 <= S <= info.max_seq_len``.
+- ``position_ids``: int64 ``[B, S]``; ``-1`` marks a padding slot (its token is ignored, its K/V are not written, its
+  logits are garbage). Valid positions must be ``< info.ctx_len``.
+- ``forward`` returns float32 numpy logits ``[B, N, V]`` for the last ``N = num_logits`` columns (all ``S`` if None).
+- Extension points (hidden-state outputs, layer-range execution, tree masks, ``inputs_embeds``) arrive as further
+  keyword-only arguments of ``forward``; a backend lists the ones it supports in ``info.capabilities`` and raises
+  ``BackendError`` for the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from accel.errors import BackendError
+
+__all__ = ["Backend", "BackendInfo", "BackendError", "check_step_inputs", "prefill"]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """Static facts about a backend instance.
+
+    Attributes:
+        name: human-readable runtime name, e.g. ``"onnxruntime"``, ``"torch"``, ``"qaic"``.
+        vocab_size: number of logits per position (tokens).
+        ctx_len: KV-cache length in tokens; valid positions are ``0 .. ctx_len - 1``.
+        batch_size: rows per call (fixed, as a compiled accelerator graph requires).
+        max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
+            prefilled in chunks by :func:`prefill`.
+        num_layers: transformer layers (for statistics and the simulator).
+        capabilities: optional ``forward`` features this backend supports (e.g. ``"hidden_states"``).
+    """
+
+    name: str
+    vocab_size: int
+    ctx_len: int
+    batch_size: int
+    max_seq_len: int
+    num_layers: int = 0
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model plus its KV cache that scores tokens at given positions."""
+
+    @property
+    def info(self) -> BackendInfo:
+        """Static facts (vocab size, ctx_len, batch size, longest call)."""
+        ...
+
+    def forward(
+        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None
+    ) -> np.ndarray:
+        """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the cached sequence (zero the KV cache)."""
+        ...
+
+
+def check_step_inputs(
+    info: BackendInfo, input_ids: np.ndarray, position_ids: np.ndarray, num_logits: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate one ``forward`` call against ``info`` and return the inputs as contiguous int64 arrays.
+
+    Raises ``BackendError`` naming the problem: wrong rank/shape, batch size mismatch, a sequence longer than the
+    compiled length, token ids outside ``[0, vocab_size)``, positions ``>= ctx_len`` or below -1, or a bad
+    ``num_logits``.
+    """
+    ids = np.asarray(input_ids)
+    pos = np.asarray(position_ids)
+    if ids.ndim != 2 or pos.ndim != 2:
+        raise BackendError(
+            f"input_ids and position_ids must be 2-D [batch, seq]; got shapes {ids.shape} and {pos.shape}"
+        )
+    if ids.shape != pos.shape:
+        raise BackendError(f"input_ids shape {ids.shape} differs from position_ids shape {pos.shape}")
+    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(pos.dtype, np.integer)):
+        raise BackendError(f"input_ids/position_ids must be integer arrays; got {ids.dtype} and {pos.dtype}")
+    batch, seq = ids.shape
+    if batch != info.batch_size:
+        raise BackendError(f"batch size {batch} does not match the backend's batch size {info.batch_size}")
+    if seq < 1 or seq > info.max_seq_len:
+        raise BackendError(f"sequence length {seq} is outside 1..{info.max_seq_len} (the backend's max_seq_len)")
+    valid = pos >= 0
+    if np.any(pos < -1):
+        raise BackendError(f"position_ids below -1 (the padding marker): min {int(pos.min())}")
+    if np.any(pos[valid] >= info.ctx_len):
+        raise BackendError(
+            f"position {int(pos[valid].max())} is beyond the KV cache: ctx_len is {info.ctx_len} "
+            f"(valid positions 0..{info.ctx_len - 1})"
+        )
+    bad = valid & ((ids < 0) | (ids >= info.vocab_size))
+    if np.any(bad):
+        raise BackendError(
+            f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})"
+        )
+    if num_logits is not None and not (1 <= num_logits <= seq):
+        raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
+    # padding slots may hold any id; give the runtime a harmless one
+    ids = np.where(valid, ids, 0).astype(np.int64, copy=False)
+    return np.ascontiguousarray(ids), np.ascontiguousarray(pos.astype(np.int64, copy=False))
+
+
+def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:
+    """Run a prompt through ``backend`` in chunks of at most ``info.max_seq_len`` tokens.
+
+    Args:
+        backend: any ``Backend``.
+        input_ids: int ``[B, L]`` prompt tokens, left-padded (padding columns have position -1).
+        position_ids: int ``[B, L]``; default ``0 .. L-1`` for every row (no padding).
+
+    Returns:
+        float32 logits ``[B, V]`` of each row's last column (left padding makes it every row's last real token).
+    """
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        raise BackendError(f"prompt must be a non-empty 2-D [batch, len] array; got shape {ids.shape}")
+    if position_ids is None:
+        position_ids = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape)
+    pos = np.asarray(position_ids)
+    if pos.shape != ids.shape:
+        raise BackendError(f"position_ids shape {pos.shape} differs from input_ids shape {ids.shape}")
+    if np.any(pos[:, -1] < 0):
+        raise BackendError("the last prompt column is padding for some row: left-pad prompts (position -1 on the left)")
+    step = backend.info.max_seq_len
+    logits = None
+    for start in range(0, ids.shape[1], step):
+        chunk_ids = ids[:, start : start + step]
+        chunk_pos = pos[:, start : start + step]
+        logits = backend.forward(chunk_ids, chunk_pos, num_logits=1)
+    assert logits is not None
+    return logits[:, -1, :]

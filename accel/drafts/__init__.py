@@ -1,0 +1,1 @@
+"""accel.drafts (work in progress)."""

@@ -1,0 +1,35 @@
+"""Exception hierarchy shared by every subpackage.
+
+Each subpackage raises its own subclass (``FormatError``, ``ModelError``, ``BackendError``, ``SpdError``, ``SimError``,
+``DraftError``) so callers can catch one family; all are ``ValueError`` subclasses because they describe bad input.
+"""
+
+from __future__ import annotations
+
+
+class AccelError(ValueError):
+    """Base class of every error accel raises on purpose."""
+
+
+class FormatError(AccelError):
+    """Bad input to ``accel.formats``: unknown format, wrong dtype/axis, corrupted or truncated file."""
+
+
+class ModelError(AccelError):
+    """Bad input to ``accel.models``: unsupported config field, missing or mismatched weights."""
+
+
+class BackendError(AccelError):
+    """Bad input to a backend: positions beyond ctx_len, wrong batch size, token ids out of vocab, bad graph."""
+
+
+class SpdError(AccelError):
+    """Bad input to the speculative decoding loop: vocab mismatch, K out of range, context exhausted."""
+
+
+class SimError(AccelError):
+    """Bad input to ``accel.sim``: unknown hardware or preset, negative sizes, alpha outside [0, 1], K < 1."""
+
+
+class DraftError(AccelError):
+    """Bad input to ``accel.drafts``: incompatible target/draft, missing or corrupted checkpoint."""

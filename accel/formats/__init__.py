@@ -1,0 +1,1 @@
+"""accel.formats (work in progress)."""

@@ -1,0 +1,1 @@
+"""accel.models (work in progress)."""

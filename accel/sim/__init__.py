@@ -1,0 +1,1 @@
+"""accel.sim (work in progress)."""

@@ -1,0 +1,1 @@
+"""accel.spd (work in progress)."""
