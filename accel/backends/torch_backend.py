@@ -1,0 +1,80 @@
+"""``TorchBackend``: the reference decoder (``accel.models.Decoder``) in eager torch behind the ``Backend`` protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from accel.backends.base import BackendInfo, check_step_inputs
+from accel.errors import BackendError
+from accel.models.decoder import Decoder, new_cache
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend:
+    """Run a ``Decoder`` with a KV cache of ``ctx_len`` positions kept in torch tensors (written in place).
+
+    Args:
+        model: the decoder (put in eval mode; not copied).
+        ctx_len: KV-cache length in tokens.
+        batch_size: rows per call.
+        max_seq_len: most tokens per call (default ``ctx_len``).
+        dtype: cache/compute dtype (default: the model's parameter dtype).
+        threads: torch intra-op threads (default: leave torch's setting).
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        *,
+        ctx_len: int,
+        batch_size: int = 1,
+        max_seq_len: int | None = None,
+        dtype: torch.dtype | None = None,
+        threads: int | None = None,
+    ) -> None:
+        if ctx_len < 1 or batch_size < 1:
+            raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.model = model.eval()
+        cfg = model.config
+        if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
+            raise BackendError(
+                f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions"
+            )
+        self.dtype = dtype or next(model.parameters()).dtype
+        self._info = BackendInfo(
+            name="torch",
+            vocab_size=cfg.vocab_size,
+            ctx_len=ctx_len,
+            batch_size=batch_size,
+            max_seq_len=min(max_seq_len or ctx_len, ctx_len),
+            num_layers=cfg.num_layers,
+        )
+        self.keys, self.values = new_cache(cfg, batch_size, ctx_len, self.dtype)
+
+    @property
+    def info(self) -> BackendInfo:
+        """Static facts about this backend."""
+        return self._info
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+        ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
+        with torch.inference_mode():
+            logits, self.keys, self.values = self.model(
+                torch.from_numpy(ids),
+                torch.from_numpy(pos),
+                self.keys,
+                self.values,
+                num_logits=num_logits,
+                inplace=True,
+            )
+        return logits.float().numpy()
+
+    def reset(self) -> None:
+        """Zero the KV cache."""
+        for t in (*self.keys, *self.values):
+            t.zero_()

@@ -1,0 +1,281 @@
+"""Model configuration of the reference decoders, and its mapping from/to Hugging Face ``config.json``.
+
+One frozen dataclass covers the Llama family (Llama 2/3, Mistral, Qwen2/2.5, SmolLM2, TinyLlama) and GPT-2; the
+architecture differences are a handful of switches (norm type, MLP type, position encoding, biases).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from accel.errors import ModelError
+
+__all__ = ["ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
+_GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. ``kind``: ``"llama3"`` (Llama 3.1+ wavelength-dependent) or ``"linear"``."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer.
+
+    Sizes are in elements (not bytes). ``head_dim`` defaults to ``hidden_size // num_heads``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    model_type: str = "llama"
+    head_dim: int = 0
+    norm: str = "rms"  # "rms" (Llama) or "layer" (GPT-2)
+    norm_eps: float = 1e-5
+    mlp: str = "gated"  # "gated" (SwiGLU: down(act(gate(x)) * up(x))) or "plain" (GPT-2: proj(act(fc(x))))
+    activation: str = "silu"  # "silu" or "gelu_tanh"
+    positions: str = "rope"  # "rope" or "learned" (GPT-2)
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 2048
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            if self.num_heads <= 0 or self.hidden_size % self.num_heads:
+                raise ModelError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; give head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ModelError(f"config field {name} must be positive; got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelError(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads} (grouped-query)"
+            )
+        if self.norm not in ("rms", "layer"):
+            raise ModelError(f"norm must be 'rms' or 'layer'; got {self.norm!r}")
+        if self.mlp not in ("gated", "plain"):
+            raise ModelError(f"mlp must be 'gated' or 'plain'; got {self.mlp!r}")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ModelError(f"activation must be 'silu' or 'gelu_tanh'; got {self.activation!r}")
+        if self.positions not in ("rope", "learned"):
+            raise ModelError(f"positions must be 'rope' or 'learned'; got {self.positions!r}")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """End-of-sequence token ids as a tuple (HF allows an int or a list)."""
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(int(t) for t in self.eos_token_id)
+
+    def with_(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    # ------------------------------------------------------------------ Hugging Face config.json
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any] | str | Path) -> "ModelConfig":
+        """Build from a Hugging Face ``config.json`` (a dict, a file path, or a checkpoint directory).
+
+        Raises ``ModelError`` naming the field when the config uses something the reference decoders do not
+        implement (unknown ``model_type``, an unsupported ``rope_scaling`` type or activation, sliding windows).
+        """
+        if isinstance(cfg, (str, Path)):
+            path = Path(cfg)
+            if path.is_dir():
+                path = path / "config.json"
+            if not path.is_file():
+                raise ModelError(f"no config.json at {path}")
+            try:
+                cfg = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ModelError(f"{path} is not valid JSON: {exc}") from exc
+        assert isinstance(cfg, dict)
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelError(
+                f"config field model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if model_type == "gpt2":
+            return cls._from_gpt2(cfg)
+        return cls._from_llama_like(cfg, model_type)
+
+    @classmethod
+    def _from_llama_like(cls, cfg: dict[str, Any], model_type: str) -> "ModelConfig":
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelError(f"config field hidden_act={act!r} is not supported for {model_type}; supported: 'silu'")
+        if cfg.get("use_sliding_window", False):
+            raise ModelError("config field use_sliding_window=true is not supported (full attention only)")
+        if model_type == "mistral" and cfg.get("sliding_window") not in (None, 0):
+            # Mistral's window only matters beyond it; the decoder attends fully and the backends cap ctx_len at it.
+            pass
+        if cfg.get("mlp_bias", False) and model_type != "llama":
+            raise ModelError("config field mlp_bias=true is only supported for model_type llama")
+        heads = int(cfg["num_attention_heads"])
+        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and scaling here
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or 0),
+            intermediate_size=int(cfg["intermediate_size"]),
+            norm="rms",
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            mlp="gated",
+            activation="silu",
+            positions="rope",
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_scaling=_parse_rope_scaling(cfg.get("rope_scaling") or rope),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+            extra={"sliding_window": cfg.get("sliding_window")} if cfg.get("sliding_window") else {},
+        )
+
+    @classmethod
+    def _from_gpt2(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in _GELU_ACTS:
+            raise ModelError(f"config field activation_function={act!r} is not supported; supported: {_GELU_ACTS}")
+        if act == "gelu":
+            raise ModelError("config field activation_function='gelu' (exact erf GELU) is not supported; use gelu_new")
+        if cfg.get("scale_attn_by_inverse_layer_idx") or cfg.get("reorder_and_upcast_attn"):
+            raise ModelError("config fields scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
+        hidden = int(cfg["n_embd"])
+        heads = int(cfg["n_head"])
+        return cls(
+            model_type="gpt2",
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(cfg["n_layer"]),
+            num_heads=heads,
+            num_kv_heads=heads,
+            intermediate_size=int(cfg.get("n_inner") or 4 * hidden),
+            norm="layer",
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            mlp="plain",
+            activation="gelu_tanh",
+            positions="learned",
+            max_position_embeddings=int(cfg.get("n_positions", 1024)),
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face ``config.json`` dict that ``from_hf`` maps back to this config (and transformers loads)."""
+        if self.model_type == "gpt2":
+            return {
+                "model_type": "gpt2",
+                "architectures": ["GPT2LMHeadModel"],
+                "vocab_size": self.vocab_size,
+                "n_embd": self.hidden_size,
+                "n_layer": self.num_layers,
+                "n_head": self.num_heads,
+                "n_inner": self.intermediate_size,
+                "n_positions": self.max_position_embeddings,
+                "layer_norm_epsilon": self.norm_eps,
+                "activation_function": "gelu_new",
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "bos_token_id": self.bos_token_id,
+                "eos_token_id": self.eos_token_id,
+            }
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        out: dict[str, Any] = {
+            "model_type": self.model_type,
+            "architectures": [arch[self.model_type]],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+        }
+        if self.model_type == "llama":
+            out["attention_bias"] = self.qkv_bias
+            out["mlp_bias"] = self.mlp_bias
+        if self.rope_scaling is not None:
+            rs = self.rope_scaling
+            out["rope_scaling"] = (
+                {"rope_type": "linear", "factor": rs.factor}
+                if rs.kind == "linear"
+                else {
+                    "rope_type": "llama3",
+                    "factor": rs.factor,
+                    "low_freq_factor": rs.low_freq_factor,
+                    "high_freq_factor": rs.high_freq_factor,
+                    "original_max_position_embeddings": rs.original_max_position_embeddings,
+                }
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (for metadata and JSON)."""
+        d = asdict(self)
+        d.pop("extra", None)
+        return d
+
+
+def _parse_rope_scaling(rs: dict[str, Any] | None) -> RopeScaling | None:
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=float(rs["factor"]))
+    if kind == "llama3":
+        return RopeScaling(
+            kind="llama3",
+            factor=float(rs["factor"]),
+            low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
+        )
+    raise ModelError(f"config field rope_scaling type {kind!r} is not supported; supported: 'llama3', 'linear'")

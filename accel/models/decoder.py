@@ -1,0 +1,271 @@
+"""A compact decoder-only transformer (Llama family and GPT-2) with a position-indexed KV cache.
+
+The cache contract is the one accelerator SDKs use (REFERENCE.md §2): per layer fixed buffers ``[B, H_kv, ctx_len, D]``;
+a call writes its tokens' keys/values at ``position_ids`` and a query at position ``p`` attends to slots ``0..p``.
+Slots beyond ``p`` may hold stale values from rejected speculative tokens: they are masked, and later overwritten.
+Padding columns carry ``position_id = -1``: they write nothing and their outputs are garbage (finite).
+
+Module names follow Hugging Face's Llama naming (``embed_tokens``, ``layers.{i}.self_attn.q_proj``, ...), so a Llama
+state dict maps 1:1 after dropping the ``model.`` prefix; GPT-2 weights are renamed by the loader.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accel.models.config import ModelConfig
+
+__all__ = ["Decoder", "new_cache", "rope_inv_freq", "write_cache"]
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies ``[head_dim / 2]`` (float32), with Llama 3 or linear scaling applied."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = config.rope_scaling
+    if rs is None:
+        return inv_freq.float()
+    if rs.kind == "linear":
+        return (inv_freq / rs.factor).float()
+    # Llama 3.1 wavelength-dependent scaling (as in Meta's reference implementation)
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled).float()
+
+
+def new_cache(
+    config: ModelConfig, batch_size: int, ctx_len: int, dtype: torch.dtype = torch.float32
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed KV cache: per layer ``[batch_size, num_kv_heads, ctx_len, head_dim]`` keys and values."""
+    shape = (batch_size, config.num_kv_heads, ctx_len, config.head_dim)
+    keys = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
+    values = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)]
+    return keys, values
+
+
+def write_cache(cache: torch.Tensor, new: torch.Tensor, position_ids: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """Write ``new [B, H, S, D]`` into ``cache [B, H, ctx, D]`` at ``position_ids [B, S]``; -1 writes nothing.
+
+    ``inplace=True`` uses index assignment (fast in eager torch). ``inplace=False`` is functional and made of
+    standard ops (a one-hot ``[B, 1, ctx, S]`` matmul), so it exports to ONNX; it is exact because each slot
+    receives one term and zeros (positions within a call must be distinct, which the callers guarantee).
+    """
+    if inplace:
+        rows, cols = torch.nonzero(position_ids >= 0, as_tuple=True)
+        cache[rows, :, position_ids[rows, cols], :] = new[rows, :, cols, :].to(cache.dtype)
+        return cache
+    ctx = cache.shape[2]
+    slots = torch.arange(ctx, device=cache.device, dtype=position_ids.dtype)
+    onehot = (slots[None, :, None] == position_ids[:, None, :]).to(cache.dtype)  # [B, ctx, S]
+    written = onehot.sum(dim=2)  # [B, ctx], 0 or 1
+    keep = (1.0 - written)[:, None, :, None]
+    return cache * keep + torch.matmul(onehot[:, None, :, :], new.to(cache.dtype))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32 (as in Llama)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rms":
+        return RMSNorm(config.hidden_size, config.norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over the position-indexed cache."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        position_ids: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        visible: torch.Tensor,
+        inplace: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bsz, seq, _ = x.shape
+        q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope  # [B, 1, S, D]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        k_cache = write_cache(k_cache, k, position_ids, inplace)
+        v_cache = write_cache(v_cache, v, position_ids, inplace)
+        groups = self.num_heads // self.num_kv_heads
+        # [B, Hkv, G, S, D] x [B, Hkv, 1, D, ctx] -> [B, Hkv, G, S, ctx]: no repeat of the cache
+        qg = q.reshape(bsz, self.num_kv_heads, groups, seq, self.head_dim)
+        kc = k_cache.to(q.dtype).unsqueeze(2)
+        vc = v_cache.to(q.dtype).unsqueeze(2)
+        scores = torch.matmul(qg, kc.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(probs, vc).reshape(bsz, self.num_heads, seq, self.head_dim)
+        out = out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim)
+        return self.o_proj(out), k_cache, v_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU (``gated``) or GPT-2's two-layer MLP (``plain``)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.gated = c.mlp == "gated"
+        if self.gated:
+            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.silu = c.activation == "silu"
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x) if self.silu else F.gelu(x, approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.down_proj(self._act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self._act(self.up_proj(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = _norm(config)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = _norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope, position_ids, k_cache, v_cache, visible, inplace):
+        attn, k_cache, v_cache = self.self_attn(
+            self.input_layernorm(x), rope, position_ids, k_cache, v_cache, visible, inplace
+        )
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_cache, v_cache
+
+
+class Decoder(nn.Module):
+    """Decoder-only transformer with a position-indexed KV cache.
+
+    ``forward(input_ids [B,S], position_ids [B,S], past_keys, past_values, num_logits=None)`` returns
+    ``(logits [B, N, V], new_keys, new_values)`` where N = num_logits (last N columns) or S.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.positions == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = _norm(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        if config.positions == "rope":
+            self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "Decoder":
+        """Deterministic random init (normal(0, std) matrices, unit norms, zero biases); returns self."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.ndim == 1:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        return self
+
+    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.config.positions != "rope":
+            return None
+        freqs = position_ids.to(torch.float32)[:, :, None] * self.inv_freq[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :, :]  # [B, 1, S, D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Token (+ learned position) embeddings ``[B, S, hidden]``."""
+        x = self.embed_tokens(input_ids)
+        if self.config.positions == "learned":
+            x = x + self.embed_positions(position_ids.clamp(min=0))
+        return x
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
+        num_logits: int | None = None,
+        inplace: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        x = self.embed(input_ids, position_ids)
+        ctx = past_keys[0].shape[2]
+        slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
+        # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
+        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
+        rope = self._rope(position_ids, x.dtype)
+        new_keys, new_values = [], []
+        for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values):
+            x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)
+            new_keys.append(k_cache)
+            new_values.append(v_cache)
+        if num_logits is not None:
+            x = x[:, -num_logits:, :]
+        logits = self.lm_head(self.norm(x))
+        return logits, new_keys, new_values
+
+    def causal_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full-sequence logits ``[B, S, V]`` with plain causal attention and no cache (for training and checks)."""
+        bsz, seq = input_ids.shape
+        position_ids = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
+        keys, values = new_cache(self.config, bsz, seq, dtype=self.embed_tokens.weight.dtype)
+        logits, _, _ = self.forward(input_ids, position_ids, keys, values)
+        return logits
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters())
