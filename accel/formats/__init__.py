@@ -1,1 +1,56 @@
-"""accel.formats (work in progress)."""
+"""OCP Microscaling (MX) formats: element codecs, block scaling, bit packing, MXTensor, checkpoint files.
+
+``import accel.formats`` needs no torch: ``accel.formats.torch_ops`` (MXLinear, torch quantize/dequantize) and
+``accel.formats.compress`` (``accel.compress``, ``accel.save``, ``accel.load``) import torch and load on demand.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from accel.formats.codec import decode_elements, encode_elements
+from accel.formats.constants import DEFAULT_BLOCK_SIZE
+from accel.formats.elements import ALIASES, FORMATS, ElementFormat, get_format, known_format_names
+from accel.formats.mx_tensor import MXTensor, dequantize, quantize
+from accel.formats.packing import pack_codes, packed_nbytes, unpack_codes
+from accel.formats.scaling import block_scale_codes, scale_codes_from_amax
+
+_LAZY = {
+    "save_tensors": "accel.formats.file",
+    "load_tensors": "accel.formats.file",
+    "compress_checkpoint": "accel.formats.stream",
+    "CompressionReport": "accel.formats.report",
+    "LayerReport": "accel.formats.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'accel.formats' has no attribute {name!r}")
+
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_BLOCK_SIZE",
+    "FORMATS",
+    "CompressionReport",
+    "ElementFormat",
+    "LayerReport",
+    "MXTensor",
+    "block_scale_codes",
+    "compress_checkpoint",
+    "decode_elements",
+    "dequantize",
+    "encode_elements",
+    "get_format",
+    "known_format_names",
+    "load_tensors",
+    "pack_codes",
+    "packed_nbytes",
+    "quantize",
+    "save_tensors",
+    "scale_codes_from_amax",
+    "unpack_codes",
+]

@@ -1,0 +1,249 @@
+"""MXTensor: a tensor quantized to an MX format, with bit-packed element codes and E8M0 block scales.
+
+Layout (the ONNX exporter relies on it): move ``axis`` last (``np.moveaxis(x, axis, -1)``), zero-pad it to a multiple
+of ``block_size``, view as ``prefix + (nblocks, block_size)``. ``scales`` has shape ``prefix + (nblocks,)``; the
+element codes of the padded array, flattened in C order, are bit-packed (see ``packing``) into the 1-D ``codes``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from accel.errors import FormatError
+from accel.formats.codec import encode_elements
+from accel.formats.constants import DEFAULT_BLOCK_SIZE, MX_BYTES_MAGIC, MX_BYTES_VERSION
+from accel.formats.elements import ElementFormat, get_format
+from accel.formats.kernels import dequantize_flat
+from accel.formats.packing import pack_codes, packed_nbytes, unpack_codes
+from accel.formats.scaling import block_scale_codes, scale_exponents
+
+#: elements quantized per step (bounds temporaries; a multiple of 4 codes keeps FP6 packing byte-aligned)
+_QUANT_CHUNK_ELEMENTS = 1 << 18
+
+
+def _label(name: str | None) -> str:
+    return f"tensor {name!r}" if name else "tensor"
+
+
+def check_layout(shape: tuple[int, ...], axis: int, block_size: int, name: str | None = None) -> tuple[int, int]:
+    """Validate ``axis`` and ``block_size`` for ``shape``; return (normalised axis, number of blocks)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0:
+        raise FormatError(f"{_label(name)}: block_size must be a positive int, got {block_size!r}")
+    ndim = len(shape)
+    if ndim == 0:
+        raise FormatError(f"{_label(name)}: cannot quantize a 0-d array (need at least one axis)")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise FormatError(f"{_label(name)}: axis {axis!r} out of range for shape {shape} (allowed -{ndim}..{ndim - 1})")
+    axis = int(axis) % ndim
+    return axis, -(-shape[axis] // int(block_size))
+
+
+def _work_dtype(x: np.ndarray, name: str | None) -> type:
+    if x.dtype == np.float64:
+        return np.float64
+    if x.dtype in (np.float32, np.float16) or x.dtype.name == "bfloat16":
+        return np.float32
+    raise FormatError(
+        f"{_label(name)}: dtype {x.dtype} cannot be quantized; allowed: float16, bfloat16, float32, float64"
+    )
+
+
+class MXTensor:
+    """A quantized tensor: element format, original shape, blocked axis, block size, packed codes, E8M0 scales."""
+
+    __slots__ = ("fmt", "shape", "axis", "block_size", "codes", "scales")
+
+    def __init__(
+        self,
+        fmt: ElementFormat | str,
+        shape: tuple[int, ...],
+        axis: int,
+        block_size: int,
+        codes: np.ndarray,
+        scales: np.ndarray,
+        name: str | None = None,
+    ) -> None:
+        self.fmt = get_format(fmt)
+        self.shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in self.shape):
+            raise FormatError(f"{_label(name)}: negative dimension in shape {self.shape}")
+        self.axis, nblocks = check_layout(self.shape, axis, block_size, name)
+        self.block_size = int(block_size)
+        codes, scales = np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+        if codes.dtype != np.uint8 or scales.dtype != np.uint8:
+            raise FormatError(f"{_label(name)}: codes and scales must be uint8, got {codes.dtype} and {scales.dtype}")
+        if scales.shape != self.scales_shape:
+            raise FormatError(f"{_label(name)}: scales shape {scales.shape} != expected {self.scales_shape}")
+        if codes.ndim != 1 or codes.size != self.codes_nbytes:
+            raise FormatError(
+                f"{_label(name)}: codes must be 1-D with {self.codes_nbytes} bytes for shape {self.shape} in "
+                f"{self.fmt.name} (block {self.block_size}), got shape {codes.shape}"
+            )
+        self.codes, self.scales = codes, scales
+
+    # layout --------------------------------------------------------------------------------------------------
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        """Shape of the axes other than ``axis``, in order (``np.moveaxis(x, axis, -1).shape[:-1]``)."""
+        return self.shape[: self.axis] + self.shape[self.axis + 1 :]
+
+    @property
+    def nblocks(self) -> int:
+        """Blocks along ``axis`` (the axis length rounded up to a multiple of ``block_size``)."""
+        return -(-self.shape[self.axis] // self.block_size)
+
+    @property
+    def scales_shape(self) -> tuple[int, ...]:
+        return self.prefix + (self.nblocks,)
+
+    @property
+    def num_codes(self) -> int:
+        """Element codes stored, including the zero padding of the last block of each row."""
+        return int(np.prod(self.scales_shape, dtype=np.int64)) * self.block_size
+
+    @property
+    def codes_nbytes(self) -> int:
+        return packed_nbytes(self.num_codes, self.fmt.bits)
+
+    @property
+    def nbytes(self) -> int:
+        """True storage in bytes: packed codes + one E8M0 byte per block (MXFP6, block 32: 6.25 bits/element)."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    # values --------------------------------------------------------------------------------------------------
+    def unpacked_codes(self) -> np.ndarray:
+        """Element codes (uint8) of the padded block array, shape ``prefix + (nblocks, block_size)``."""
+        codes = unpack_codes(self.codes, self.fmt.bits, self.num_codes)
+        return codes.reshape(self.scales_shape + (self.block_size,))
+
+    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+        """The values, in the original shape, as ``dtype`` (computed in float32, or float64 if asked; exact)."""
+        dtype = np.dtype(dtype)
+        work = np.float64 if dtype == np.float64 else np.float32
+        flat = dequantize_flat(self.codes, self.scales, self.fmt, self.block_size, work)
+        moved = flat.reshape(self.prefix + (self.nblocks * self.block_size,))[..., : self.shape[self.axis]]
+        out = np.ascontiguousarray(np.moveaxis(moved, -1, self.axis))
+        return out if out.dtype == dtype else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"MXTensor(fmt={self.fmt.name}, shape={self.shape}, axis={self.axis}, block_size={self.block_size}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MXTensor):
+            return NotImplemented
+        return (
+            self.fmt == other.fmt
+            and self.shape == other.shape
+            and self.axis == other.axis
+            and self.block_size == other.block_size
+            and np.array_equal(self.codes, other.codes)
+            and np.array_equal(self.scales, other.scales)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # bytes ---------------------------------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        """The description stored next to the data: fmt, shape, axis, block_size."""
+        return {"fmt": self.fmt.name, "shape": list(self.shape), "axis": self.axis, "block_size": self.block_size}
+
+    def to_bytes(self) -> bytes:
+        """Self-describing bytes: magic, version, JSON header, codes, scales, CRC-32 of everything before it."""
+        head = json.dumps(self.header(), separators=(",", ":")).encode()
+        body = (
+            MX_BYTES_MAGIC
+            + struct.pack("<HI", MX_BYTES_VERSION, len(head))
+            + head
+            + np.ascontiguousarray(self.codes).tobytes()
+            + np.ascontiguousarray(self.scales).tobytes()
+        )
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str | None = None) -> MXTensor:
+        """Parse ``to_bytes`` output, validating magic, version, header, sizes and checksum (FormatError if bad)."""
+        data = bytes(data)
+        fixed = len(MX_BYTES_MAGIC) + 6
+        if len(data) < fixed + 4:
+            raise FormatError(f"{_label(name)}: MX bytes truncated ({len(data)} bytes, need at least {fixed + 4})")
+        if data[:4] != MX_BYTES_MAGIC:
+            raise FormatError(f"{_label(name)}: bad magic {data[:4]!r}, expected {MX_BYTES_MAGIC!r}")
+        version, head_len = struct.unpack_from("<HI", data, 4)
+        if version != MX_BYTES_VERSION:
+            raise FormatError(f"{_label(name)}: unsupported MX bytes version {version} (supported: {MX_BYTES_VERSION})")
+        if fixed + head_len + 4 > len(data):
+            raise FormatError(f"{_label(name)}: MX bytes truncated inside the header ({len(data)} bytes)")
+        (crc,) = struct.unpack_from("<I", data, len(data) - 4)
+        if zlib.crc32(data[:-4]) != crc:
+            raise FormatError(f"{_label(name)}: checksum mismatch (corrupted or truncated MX bytes)")
+        try:
+            head = json.loads(data[fixed : fixed + head_len])
+            fmt, shape = get_format(head["fmt"]), tuple(int(s) for s in head["shape"])
+            axis, block_size = head["axis"], head["block_size"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"{_label(name)}: bad MX header: {exc}") from exc
+        axis, nblocks = check_layout(shape, axis, block_size, name)
+        prefix = shape[:axis] + shape[axis + 1 :]
+        n_scales = int(np.prod(prefix, dtype=np.int64)) * nblocks
+        n_codes = packed_nbytes(n_scales * block_size, fmt.bits)
+        start = fixed + head_len
+        if start + n_codes + n_scales + 4 != len(data):
+            raise FormatError(
+                f"{_label(name)}: size mismatch: header says {n_codes} code bytes + {n_scales} scale bytes, "
+                f"payload has {len(data) - start - 4}"
+            )
+        codes = np.frombuffer(data, np.uint8, n_codes, start).copy()
+        scales = np.frombuffer(data, np.uint8, n_scales, start + n_codes).copy().reshape(prefix + (nblocks,))
+        return cls(fmt, shape, axis, block_size, codes, scales, name=name)
+
+
+def quantize(
+    x: Any,
+    fmt: ElementFormat | str = "mxfp6",
+    axis: int = -1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    name: str | None = None,
+) -> MXTensor:
+    """Quantize a float array to MX (OCP MX v1.0 §6.3): floor-rule E8M0 scale per block, RNE saturating elements.
+
+    Blocks run along ``axis``; its length is zero-padded to a multiple of ``block_size`` (dropped on dequantize).
+    A block with NaN or ±Inf gets the NaN scale (the whole block decodes to NaN). ``name`` labels error messages.
+    """
+    fmt = get_format(fmt)
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - anything numpy cannot take is bad input
+            raise FormatError(f"{_label(name)}: cannot convert {type(x).__name__} to an array: {exc}") from exc
+    work = _work_dtype(x, name)
+    axis, nblocks = check_layout(x.shape, axis, block_size, name)
+    moved = np.moveaxis(x, axis, -1)
+    prefix, length = moved.shape[:-1], moved.shape[-1]
+    rows = int(np.prod(prefix, dtype=np.int64))
+    padded = np.zeros((rows, nblocks * block_size), work)
+    padded[:, :length] = moved.reshape(rows, length)
+    blocks = padded.reshape(rows * nblocks, block_size)
+    scales = np.empty(rows * nblocks, np.uint8)
+    parts = []
+    step = max(4, (_QUANT_CHUNK_ELEMENTS // block_size) // 4 * 4)  # whole FP6 byte groups per step
+    for b0 in range(0, blocks.shape[0], step):
+        chunk = blocks[b0 : b0 + step]
+        s = block_scale_codes(chunk, fmt)
+        scales[b0 : b0 + step] = s
+        scaled = np.ldexp(chunk, -scale_exponents(s)[:, None].astype(np.int32))
+        parts.append(pack_codes(encode_elements(scaled, fmt), fmt.bits))
+    codes = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    return MXTensor(fmt, x.shape, axis, block_size, codes, scales.reshape(prefix + (nblocks,)), name=name)
+
+
+def dequantize(mx: MXTensor, dtype: Any = np.float32) -> np.ndarray:
+    """``mx.dequantize(dtype)``."""
+    return mx.dequantize(dtype)

@@ -1,0 +1,152 @@
+"""``Hardware``: a device profile (per device/SoC), lookup in the built-in catalog, and YAML/JSON loading.
+
+All bandwidths and capacities are *per device* (one GPU, one Cloud AI 100 SoC, one TPU chip); ``num_devices`` says how
+many the card/node has and ``link_*`` describes the interconnect used by tensor-parallel all-reduces.
+
+Efficiency terms (what the roofline does not know) are explicit fields with documented defaults (see ``catalog.py``):
+- ``bandwidth_efficiency``: achieved fraction of the spec memory bandwidth for weight streaming at one row.
+- ``compute_efficiency``: achieved fraction of peak FLOP/s in matrix products.
+- ``call_overhead_s``: fixed time per model call (launch, host round trip, synchronisation).
+- ``mx_decompress_elements_per_s``: how many MX weight elements/s the device can expand to its compute dtype;
+  ``None`` = decompression hidden (hardware path or fully overlapped).
+- ``multi_token_penalty`` (beta) and ``multi_token_exponent`` (gamma): a call with r = batch * new_tokens rows streams
+  weights ``1 + beta * (r - 1) ** gamma`` times slower than a single row (REFERENCE §8: on the 2-core EPYC a matmul with
+  2–16 rows streams at ~4–5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline (weights read once per call).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator
+
+from accel.errors import SimError
+from accel.sim._base import SimModel
+
+
+class CalibrationReport(SimModel):
+    """Result of :func:`accel.sim.calibrate`: fitted values and residuals (relative, ``pred / measured - 1``)."""
+
+    fitted: dict[str, float]
+    residuals: list[float]
+    rms_relative_error: float
+    max_relative_error: float
+    n_observations: int
+
+
+class Hardware(SimModel):
+    """One accelerator type: per-device bandwidth (bytes/s), capacity (bytes), peak FLOP/s, plus efficiency terms."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    memory_capacity_bytes: float = Field(gt=0)
+    peak_flops_per_s: dict[str, float] = Field(description="dense peak FLOP/s (or OP/s) per compute dtype")
+    sram_bytes: float = Field(default=0.0, ge=0)
+    num_devices: int = Field(default=1, ge=1, description="devices (GPUs / SoCs / chips) in the card or node")
+    link_bandwidth_bytes_per_s: float = Field(default=16e9, gt=0, description="per-device link for all-reduces")
+    link_latency_s: float = Field(default=10e-6, ge=0, description="per hop of a ring all-reduce")
+    bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1.0)
+    compute_efficiency: float = Field(default=0.6, gt=0, le=1.0)
+    call_overhead_s: float = Field(default=20e-6, ge=0)
+    mx_decompress_elements_per_s: float | None = Field(default=None, gt=0)
+    multi_token_penalty: float = Field(default=0.0, ge=0)
+    multi_token_exponent: float = Field(default=1.0, gt=0, le=2.0)
+    usable_memory_fraction: float = Field(default=0.9, gt=0, le=1.0,
+                                          description="capacity left for weights + KV after runtime/activations")
+    tdp_w: float | None = None
+    source: str = ""
+    notes: str = ""
+    calibration: CalibrationReport | None = None
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _positive_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("give at least one compute dtype, e.g. {'fp16': 1.2e14}")
+        for k, x in v.items():
+            if not x > 0:
+                raise ValueError(f"peak for {k!r} must be > 0")
+        return {k.lower(): float(x) for k, x in v.items()}
+
+    def peak_flops(self, dtype: str = "fp16") -> float:
+        """Peak FLOP/s for ``dtype``; falls back fp16 -> bf16 -> fp32 when the device lists no such entry."""
+        for key in (dtype, "fp16", "bf16", "fp32"):
+            if key in self.peak_flops_per_s:
+                return self.peak_flops_per_s[key]
+        return next(iter(self.peak_flops_per_s.values()))
+
+    @property
+    def total_memory_capacity_bytes(self) -> float:
+        return self.memory_capacity_bytes * self.num_devices
+
+    def with_(self, **changes: Any) -> "Hardware":
+        """A copy with fields changed (validated)."""
+        data = self.model_dump()
+        data.update(changes)
+        return Hardware(**data)
+
+
+def _key(name: str) -> str:
+    key = re.sub(r"[^a-z0-9.]", "", name.lower().replace("_", ""))
+    for vendor in ("qualcomm", "nvidia", "amd", "google", "instinct"):
+        key = key.removeprefix(vendor)
+    return key
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in devices."""
+    from accel.sim.catalog import CATALOG
+
+    return list(CATALOG)
+
+
+def hardware(name: str | Hardware) -> Hardware:
+    """A catalog device by name (case/format-insensitive: "cloud-ai-100-ultra", "A100 80GB", "h100_sxm")."""
+    from accel.sim.catalog import ALIASES, CATALOG
+
+    if isinstance(name, Hardware):
+        return name
+    if not isinstance(name, str):
+        raise SimError(f"hardware must be a name or Hardware, got {type(name).__name__}")
+    table = {_key(k): v for k, v in CATALOG.items()}
+    table.update({_key(a): CATALOG[t] for a, t in ALIASES.items()})
+    if _key(name) not in table:
+        raise SimError(f"unknown hardware {name!r}; known: {', '.join(CATALOG)} (or load_hardware(path))")
+    return table[_key(name)]
+
+
+def load_hardware(path: str | Path) -> Hardware:
+    """Load a device from YAML or JSON. Keys are ``Hardware`` fields; an optional ``base: <catalog name>`` inherits
+    every field not given (e.g. ``{base: cloud-ai-100-ultra, bandwidth_efficiency: 0.45}``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SimError(f"cannot read hardware file {str(path)!r}: {exc}") from exc
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
+        raise SimError(f"hardware file {str(path)!r} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SimError(f"hardware file {str(path)!r} must hold a mapping of Hardware fields")
+    unknown = set(data) - set(Hardware.model_fields) - {"base"}
+    if unknown:
+        raise SimError(f"hardware file {str(path)!r}: unknown fields {sorted(unknown)}; allowed: "
+                       f"{', '.join(Hardware.model_fields)}, base")
+    base = data.pop("base", None)
+    if base is not None:
+        merged = hardware(base).model_dump()
+        merged.update(data)
+        data = merged
+    data.setdefault("name", path.stem)
+    return Hardware(**data)

@@ -1,0 +1,96 @@
+"""Speculative decoding math (REFERENCE.md §3): tokens per loop, its distribution, loop time, speedup.
+
+One loop = K draft calls (one token each) + one target call scoring K+1 positions + host time. It yields the accepted
+draft prefix plus one target token (the correction or the bonus): between 1 and K+1 tokens.
+With i.i.d. acceptance a: E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al. / Chen et al.), exact.
+With a measured per-position vector (a_1..a_K, a_i = P(accept position i | positions < i accepted)):
+E[tokens] = 1 + a_1 + a_1 a_2 + ... + a_1...a_K, exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from accel.errors import SimError
+
+Acceptance = float | Sequence[float] | np.ndarray
+
+
+def check_k(k) -> np.ndarray:
+    """K as an integer array >= 1 (``SimError`` otherwise)."""
+    a = np.asarray(k)
+    if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.any(a != np.round(a)) or np.any(a < 1):
+        raise SimError(f"K (draft tokens per loop) must be an integer >= 1, got {k!r}")
+    return a.astype(np.int64)
+
+
+def check_alpha(alpha) -> np.ndarray:
+    """Acceptance probabilities as a float array in [0, 1] (``SimError`` otherwise)."""
+    a = np.asarray(alpha, dtype=np.float64) if not isinstance(alpha, str) else np.asarray(np.nan)
+    if a.size == 0 or np.any(~np.isfinite(a)) or np.any((a < 0) | (a > 1)):
+        raise SimError(f"acceptance rate alpha must be in [0, 1], got {alpha!r}")
+    return a
+
+
+def acceptance_vector(acceptance: Acceptance, k: int) -> np.ndarray:
+    """Per-position acceptance (length K) from a scalar i.i.d. alpha or a measured vector (length >= K; a shorter
+    vector is an error: the positions beyond it were never measured)."""
+    k = int(check_k(k))
+    a = check_alpha(acceptance)
+    if a.ndim == 0:
+        return np.full(k, float(a))
+    if a.ndim != 1 or a.size < k:
+        raise SimError(f"per-position acceptance needs at least K={k} values, got {a.size}")
+    return a[:k].copy()
+
+
+def expected_tokens(alpha, k):
+    """E[tokens per loop] with i.i.d. acceptance ``alpha`` (vectorized over alpha and K): (1-a^(K+1))/(1-a); K+1 at a=1."""
+    a = check_alpha(alpha)
+    kk = check_k(k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(a < 1.0, (1.0 - a ** (kk + 1)) / np.where(a < 1.0, 1.0 - a, 1.0), kk + 1.0)
+    return e if e.ndim else float(e)
+
+
+def tokens_pmf(acceptance: Acceptance, k: int) -> np.ndarray:
+    """P(tokens per loop = n) for n = 1..K+1 (index n-1): the first n-1 drafts accepted, then a rejection (or all K)."""
+    a = acceptance_vector(acceptance, k)
+    survive = np.concatenate([[1.0], np.cumprod(a)])  # P(first i accepted), i = 0..K
+    pmf = survive.copy()
+    pmf[:-1] *= 1.0 - a
+    return pmf
+
+
+def expected_tokens_from(acceptance: Acceptance, k: int) -> float:
+    """E[tokens per loop] from a scalar alpha or a per-position vector."""
+    return float(np.sum(np.arange(1, int(k) + 2) * tokens_pmf(acceptance, k)))
+
+
+def loop_time(k, draft_step_s, score_step_s, host_s=0.0):
+    """Seconds of one loop: K draft calls + one (K+1)-token scoring call + host time (vectorized)."""
+    return np.asarray(k) * draft_step_s + score_step_s + host_s
+
+
+def speedup(expected_tokens_per_loop, loop_s, target_step_s):
+    """Speedup over autoregressive decoding: tokens per second with SpD / tokens per second of the target alone."""
+    return np.asarray(expected_tokens_per_loop) * target_step_s / loop_s
+
+
+def break_even_alpha(k: int, target_step_s: float, draft_step_s: float, score_step_s: float, host_s: float = 0.0,
+                     tol: float = 1e-10) -> float | None:
+    """Smallest i.i.d. alpha at which SpD with this K is at least as fast as AR (bisection; E is increasing in alpha).
+    0.0 if SpD already wins at alpha = 0; ``None`` if it loses even at alpha = 1."""
+    lt = float(loop_time(k, draft_step_s, score_step_s, host_s))
+    gain = lambda a: float(speedup(expected_tokens(a, k), lt, target_step_s)) - 1.0  # noqa: E731
+    if gain(0.0) >= 0:
+        return 0.0
+    if gain(1.0) < 0:
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gain(mid) < 0 else (lo, mid)
+    return hi
