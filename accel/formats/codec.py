@@ -25,10 +25,11 @@ def encode_elements(v: np.ndarray, fmt: ElementFormat) -> np.ndarray:
     v = np.asarray(v)
     if v.dtype not in (np.float32, np.float64):
         v = v.astype(np.float32)
-    ftype = v.dtype.type
+    if v.dtype == np.float32 and not fmt.is_int:
+        return _encode_float32(v, fmt)
     sign = np.signbit(v)
     a = np.abs(v)
-    np.minimum(a, ftype(fmt.max_normal), out=a)  # saturation (NaN propagates, handled below)
+    np.minimum(a, a.dtype.type(fmt.max_normal), out=a)  # saturation (NaN propagates, handled below)
     nan = np.isnan(a)
     if fmt.is_int:
         k = np.rint(np.ldexp(a, fmt.mbits))  # |v| * 64, exact; <= 127 after saturation
@@ -41,9 +42,37 @@ def encode_elements(v: np.ndarray, fmt: ElementFormat) -> np.ndarray:
     k[nan] = 0
     code = ((e + (fmt.bias - 1)) << fmt.mbits) + k.astype(np.int32)
     code[a == 0] = 0
-    code[nan] = 0
     code |= sign.astype(np.int32) << (fmt.bits - 1)
     code[nan] = 0
+    return code.astype(np.uint8)
+
+
+def _encode_float32(v: np.ndarray, fmt: ElementFormat) -> np.ndarray:
+    """The float32 fast path of ``encode_elements`` (same result; in-place integer work on the float bits).
+
+    floor(log2 a) comes from the float32 exponent field: exact for normals; subnormals and 0 read as -127 and are
+    lifted to emin by the max, which is what they need. 2^(mbits - e) is built from its bits (a normal float32 for
+    every e in [emin, emax]), so ``a * 2^(mbits - e)`` is an exact power-of-two scaling before ``rint``.
+    """
+    bits = np.ascontiguousarray(v).view(np.int32)
+    a = (bits & 0x7FFFFFFF).view(np.float32)  # |v|, NaN stays NaN
+    np.minimum(a, np.float32(fmt.max_normal), out=a)  # saturation (±Inf too); NaN propagates
+    e = a.view(np.int32) >> 23  # biased exponent field: 255 only for NaN now
+    nan = (a != a) if e.size and e.max() == 255 else None
+    if nan is not None:
+        a[nan] = 0
+        e[nan] = 0
+    np.maximum(e, 127 + fmt.emin, out=e)
+    k = np.subtract(254 + fmt.mbits, e)
+    k <<= 23  # bits of 2^(mbits - (e - 127))
+    np.multiply(a, k.view(np.float32), out=a)
+    np.rint(a, out=a)
+    e += fmt.bias - 1 - 127
+    e <<= fmt.mbits
+    code = np.add(e, a.astype(np.int32), out=e)  # a == 0: e = emin gives ((emin + bias - 1) << m) + 0 = 0
+    code |= (bits >> 31) & (1 << (fmt.bits - 1))  # sign bit (arithmetic shift: -1 for negatives)
+    if nan is not None:
+        code[nan] = 0
     return code.astype(np.uint8)
 
 

@@ -97,8 +97,8 @@ FORMATS: dict[str, ElementFormat] = {
     f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E3M2, MXFP6_E2M3, MXFP4_E2M1, MXINT8)
 }
 
-#: ``mxfp6`` is E2M3: lower error than E3M2 on SmolLM2-135M's linear weights (measured, see docs/formats.md:
-#: mean SQNR 29.9 dB vs 24.7 dB). ``mxfp8`` is E4M3 (more mantissa for weights, as in torchao).
+#: ``mxfp6`` is E2M3: on SmolLM2-135M's 210 linear weights (measured, docs/formats.md) its mean SQNR is 30.86 dB
+#: against 25.30 dB for E3M2, and it wins on every single weight. ``mxfp8`` is E4M3 (more mantissa, as torchao).
 ALIASES: dict[str, str] = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e2m3", "mxfp4": "mxfp4_e2m1"}
 
 

@@ -5,8 +5,8 @@ Per format one table maps a *packed unit* straight to float pairs, so no separat
 - FP6: 12 bits (two codes) -> 2 floats (4096 x 2 table, 32 KiB); 3 bytes = 24 bits give two such units,
 - 8-bit: a byte -> 1 float.
 Each float pair is fetched as one 64-bit word. Then the block scale 2^(code - 127) multiplies each block in place.
-Exact: element values have <= 4 significant bits and the scale is a power of two, so the float32 product is exact
-unless it leaves float32's range (possible only for scales built by hand or from float64 inputs).
+Exact: element values have <= 4 significant bits (7 for MXINT8) and the scale is a power of two, so the float32
+product is exact unless it leaves float32's range (possible only for scales built by hand or from float64 inputs).
 """
 
 from __future__ import annotations
@@ -59,16 +59,19 @@ def _decode_chunk(packed: np.ndarray, fmt: ElementFormat, out: np.ndarray, dtype
 
 
 def dequantize_flat(
-    codes: np.ndarray, scales: np.ndarray, fmt: ElementFormat, block_size: int, dtype: type = np.float32
+    codes: np.ndarray, scales: np.ndarray, fmt: ElementFormat, block_size: int, dtype: type = np.float32,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Values of every element of the padded block array, flat (C order), as ``dtype`` (float32 or float64).
 
     ``codes`` are the packed codes of ``scales.size * block_size`` elements; ``scales`` the E8M0 code per block.
+    ``out``, if given, is a contiguous 1-D array of that many elements and ``dtype`` to write into.
     """
     flat_scales = scales.reshape(-1)
     nblocks = flat_scales.size
     n = nblocks * block_size
-    out = np.empty(n, dtype)
+    if out is None:
+        out = np.empty(n, dtype)
     svals = scale_values(dtype)
     chunk_blocks = max(4, (CHUNK_ELEMENTS // block_size) // 4 * 4)  # multiple of 4 codes: whole FP6 byte groups
     for b0 in range(0, nblocks, chunk_blocks):

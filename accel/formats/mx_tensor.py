@@ -16,11 +16,11 @@ import numpy as np
 
 from accel.errors import FormatError
 from accel.formats.codec import encode_elements
-from accel.formats.constants import DEFAULT_BLOCK_SIZE, MX_BYTES_MAGIC, MX_BYTES_VERSION
+from accel.formats.constants import DEFAULT_BLOCK_SIZE, E8M0_BIAS, E8M0_NAN, MX_BYTES_MAGIC, MX_BYTES_VERSION
 from accel.formats.elements import ElementFormat, get_format
 from accel.formats.kernels import dequantize_flat
 from accel.formats.packing import pack_codes, packed_nbytes, unpack_codes
-from accel.formats.scaling import block_scale_codes, scale_exponents
+from accel.formats.scaling import block_scale_codes
 
 #: elements quantized per step (bounds temporaries; a multiple of 4 codes keeps FP6 packing byte-aligned)
 _QUANT_CHUNK_ELEMENTS = 1 << 18
@@ -44,10 +44,10 @@ def check_layout(shape: tuple[int, ...], axis: int, block_size: int, name: str |
 
 
 def _work_dtype(x: np.ndarray, name: str | None) -> type:
-    if x.dtype == np.float64:
+    if x.dtype.kind == "f" and x.dtype.itemsize == 8:
         return np.float64
-    if x.dtype in (np.float32, np.float16) or x.dtype.name == "bfloat16":
-        return np.float32
+    if (x.dtype.kind == "f" and x.dtype.itemsize in (2, 4)) or x.dtype.name == "bfloat16":
+        return np.float32  # float16 / bfloat16 widen exactly; any byte order
     raise FormatError(
         f"{_label(name)}: dtype {x.dtype} cannot be quantized; allowed: float16, bfloat16, float32, float64"
     )
@@ -121,10 +121,25 @@ class MXTensor:
         codes = unpack_codes(self.codes, self.fmt.bits, self.num_codes)
         return codes.reshape(self.scales_shape + (self.block_size,))
 
-    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
-        """The values, in the original shape, as ``dtype`` (computed in float32, or float64 if asked; exact)."""
+    def dequantize(self, dtype: Any = np.float32, out: np.ndarray | None = None) -> np.ndarray:
+        """The values, in the original shape, as ``dtype`` (computed in float32, or float64 if asked; exact).
+
+        ``out``: an array of the original shape and ``dtype`` to write into (saves allocating, and first-touching,
+        a new result; written in place without a temporary when ``axis`` is last and its length a multiple of
+        ``block_size``).
+        """
         dtype = np.dtype(dtype)
         work = np.float64 if dtype == np.float64 else np.float32
+        if out is not None:
+            if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != dtype:
+                raise FormatError(f"out must be an array of shape {self.shape} and dtype {dtype}")
+            direct = (out.flags.c_contiguous and dtype == work and self.axis == len(self.shape) - 1
+                      and self.shape[self.axis] % self.block_size == 0)
+            if direct:
+                dequantize_flat(self.codes, self.scales, self.fmt, self.block_size, work, out=out.reshape(-1))
+            else:
+                np.copyto(out, self.dequantize(dtype))
+            return out
         flat = dequantize_flat(self.codes, self.scales, self.fmt, self.block_size, work)
         moved = flat.reshape(self.prefix + (self.nblocks * self.block_size,))[..., : self.shape[self.axis]]
         out = np.ascontiguousarray(np.moveaxis(moved, -1, self.axis))
@@ -215,7 +230,7 @@ def quantize(
     """Quantize a float array to MX (OCP MX v1.0 §6.3): floor-rule E8M0 scale per block, RNE saturating elements.
 
     Blocks run along ``axis``; its length is zero-padded to a multiple of ``block_size`` (dropped on dequantize).
-    A block with NaN or ±Inf gets the NaN scale (the whole block decodes to NaN). ``name`` labels error messages.
+    A block with NaN or ±Inf gets the NaN scale 0xFF and zero codes (it decodes to NaN). ``name`` labels errors.
     """
     fmt = get_format(fmt)
     if not isinstance(x, np.ndarray):
@@ -228,18 +243,24 @@ def quantize(
     moved = np.moveaxis(x, axis, -1)
     prefix, length = moved.shape[:-1], moved.shape[-1]
     rows = int(np.prod(prefix, dtype=np.int64))
-    padded = np.zeros((rows, nblocks * block_size), work)
-    padded[:, :length] = moved.reshape(rows, length)
-    blocks = padded.reshape(rows * nblocks, block_size)
+    if length == nblocks * block_size and moved.dtype == work:
+        blocks = np.ascontiguousarray(moved).reshape(rows * nblocks, block_size)  # a view when already C-ordered
+    else:
+        padded = np.zeros((rows, nblocks * block_size), work)
+        padded[:, :length] = moved.reshape(rows, length)
+        blocks = padded.reshape(rows * nblocks, block_size)
     scales = np.empty(rows * nblocks, np.uint8)
     parts = []
+    inverse_scales = np.ldexp(np.ones(256, work), E8M0_BIAS - np.arange(256))  # 2^-(code - 127); [255] unused
     step = max(4, (_QUANT_CHUNK_ELEMENTS // block_size) // 4 * 4)  # whole FP6 byte groups per step
     for b0 in range(0, blocks.shape[0], step):
         chunk = blocks[b0 : b0 + step]
         s = block_scale_codes(chunk, fmt)
         scales[b0 : b0 + step] = s
-        scaled = np.ldexp(chunk, -scale_exponents(s)[:, None].astype(np.int32))
-        parts.append(pack_codes(encode_elements(scaled, fmt), fmt.bits))
+        scaled = chunk * inverse_scales[s][:, None]  # exact: multiplying by a power of two (as np.ldexp)
+        elements = encode_elements(scaled, fmt)
+        elements[s == E8M0_NAN] = 0  # canonical: a NaN-scale block stores zero codes
+        parts.append(pack_codes(elements, fmt.bits))
     codes = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
     return MXTensor(fmt, x.shape, axis, block_size, codes, scales.reshape(prefix + (nblocks,)), name=name)
 

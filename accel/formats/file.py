@@ -1,0 +1,363 @@
+"""Checkpoint files: safetensors-compatible, memory-mappable, validated, written atomically.
+
+A safetensors file is ``u64 header length | JSON header | data``; the header maps each tensor name to its dtype, shape
+and byte range and may hold a ``__metadata__`` dict of strings. accel stores an MXTensor ``name`` as two uint8 tensors
+``name.mx_codes`` (packed codes, 1-D) and ``name.mx_scales`` (E8M0, shape ``prefix + (nblocks,)``), and in
+``__metadata__``: ``accel.format`` = ``accel-mx/1``, ``accel.mx`` = JSON {name: {fmt, shape, axis, block_size}},
+``accel.crc32`` = JSON {stored tensor: CRC-32 hex}. Any safetensors reader can open the file; ``load_tensors`` also
+reads plain Hugging Face files (BF16 is widened to float32, exactly). Nothing is ever unpickled.
+
+Writes go to a temp file in the target directory, which is renamed over the target only once complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accel.errors import FormatError
+from accel.formats.constants import CODES_SUFFIX, FILE_FORMAT_KEY, FILE_FORMAT_TAG, SCALES_SUFFIX
+from accel.formats.mx_tensor import MXTensor
+
+MX_KEY = "accel.mx"
+CRC_KEY = "accel.crc32"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+#: safetensors dtype code -> numpy storage dtype (BF16 is stored as uint16 and widened on read)
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+
+
+def make_temp_file(target: Path) -> tuple[int, Path]:
+    """A temp file next to ``target`` (same filesystem, so the final rename is atomic) with the permissions a plain
+    ``open`` would give (mkstemp's default 0600 would make shared checkpoints unreadable)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, Path(tmp)
+
+
+def dtype_code(array: np.ndarray, name: str) -> str:
+    """safetensors dtype code of a numpy array (ml_dtypes bfloat16 -> BF16)."""
+    if array.dtype.name == "bfloat16":
+        return "BF16"
+    for code, dt in DTYPES.items():
+        if code != "BF16" and array.dtype == dt:
+            return code
+    raise FormatError(f"tensor {name!r}: dtype {array.dtype} cannot be stored; allowed: {sorted(DTYPES)}")
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 bits (uint16) to float32 exactly: they are the top 16 bits of a float32."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One stored tensor: name, safetensors dtype code, shape, byte size."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.dtype].itemsize
+
+
+def mx_specs(name: str, mx: MXTensor) -> list[TensorSpec]:
+    """The two stored tensors of an MXTensor."""
+    return [
+        TensorSpec(name + CODES_SUFFIX, "U8", (mx.codes_nbytes,)),
+        TensorSpec(name + SCALES_SUFFIX, "U8", mx.scales_shape),
+    ]
+
+
+class SafetensorsWriter:
+    """Write a safetensors file tensor by tensor (any order), atomically; CRC-32 of each tensor in the header.
+
+    The layout is fixed up front from ``specs`` (sorted by item size, so every tensor stays aligned); the header is
+    written with placeholder checksums of the same width and rewritten on ``close``. Use as a context manager: on an
+    exception the temp file is removed and the target is left untouched.
+    """
+
+    def __init__(self, path: str | os.PathLike, specs: list[TensorSpec], metadata: dict[str, str] | None = None,
+                 mx: dict[str, dict[str, Any]] | None = None, internal: dict[str, str] | None = None) -> None:
+        self.path = Path(path)
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            dups = sorted({n for n in names if names.count(n) > 1})
+            raise FormatError(f"duplicate tensor names in {self.path}: {dups}")
+        self.metadata = _check_metadata(metadata)
+        self.metadata.update(internal or {})  # accel's own keys (e.g. accel.tied), set by accel code only
+        self.mx = mx or {}
+        order = sorted(specs, key=lambda s: -DTYPES[s.dtype].itemsize)
+        self.specs = {s.name: s for s in specs}
+        self.offsets: dict[str, tuple[int, int]] = {}
+        pos = 0
+        for s in order:
+            self.offsets[s.name] = (pos, pos + s.nbytes)
+            pos += s.nbytes
+        self.data_bytes = pos
+        self.crcs = {n: 0 for n in names}
+        self.written: set[str] = set()
+        header = self._header()
+        self.header_len = len(header)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = make_temp_file(self.path)
+        self.file = os.fdopen(fd, "w+b")
+        self.file.write(struct.pack("<Q", self.header_len) + header)
+        self.file.truncate(8 + self.header_len + self.data_bytes)
+
+    def _header(self) -> bytes:
+        meta = dict(self.metadata)
+        meta[FILE_FORMAT_KEY] = FILE_FORMAT_TAG
+        meta[MX_KEY] = json.dumps(self.mx, sort_keys=True, separators=(",", ":"))
+        meta[CRC_KEY] = json.dumps({n: f"{c:08x}" for n, c in sorted(self.crcs.items())}, separators=(",", ":"))
+        head: dict[str, Any] = {"__metadata__": meta}
+        for name, (b, e) in sorted(self.offsets.items(), key=lambda kv: kv[1]):
+            s = self.specs[name]
+            head[name] = {"dtype": s.dtype, "shape": list(s.shape), "data_offsets": [b, e]}
+        raw = json.dumps(head, separators=(",", ":")).encode()
+        return raw + b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned (padding allowed by the format)
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Write the data of one declared tensor (its dtype code and shape must match the spec)."""
+        if name not in self.specs:
+            raise FormatError(f"tensor {name!r} was not declared for {self.path}")
+        spec = self.specs[name]
+        array = np.asarray(array)
+        array = array if array.flags.c_contiguous else np.ascontiguousarray(array)  # (keeps 0-d arrays 0-d)
+        code = "BF16" if spec.dtype == "BF16" and array.dtype == np.uint16 else dtype_code(array, name)
+        if code != spec.dtype or tuple(array.shape) != spec.shape:
+            raise FormatError(f"tensor {name!r}: got {code} {array.shape}, declared {spec.dtype} {spec.shape}")
+        data = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
+        self.crcs[name] = zlib.crc32(data)
+        self.file.seek(8 + self.header_len + self.offsets[name][0])
+        self.file.write(data.tobytes() if data.size < (1 << 20) else memoryview(data))
+        self.written.add(name)
+
+    def close(self) -> None:
+        """Check every tensor was written, write the final header, fsync and rename into place."""
+        missing = sorted(set(self.specs) - self.written)
+        if missing:
+            self.abort()
+            raise FormatError(f"{self.path}: tensors declared but never written: {missing[:5]}")
+        header = self._header()
+        assert len(header) == self.header_len, "checksum placeholders must keep the header length"
+        self.file.seek(8)
+        self.file.write(header)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the temp file; the target path is not touched."""
+        if not self.file.closed:
+            self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    metadata = dict(metadata or {})
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise FormatError(f"metadata must map str to str; got {k!r}: {type(v).__name__}")
+        if k.startswith("accel."):
+            raise FormatError(f"metadata key {k!r} is reserved (keys starting with 'accel.' are accel's own)")
+    return metadata
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict[str, np.ndarray | MXTensor],
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write numpy arrays and MXTensors to a safetensors file at ``path`` (atomically: temp file, then rename)."""
+    specs: list[TensorSpec] = []
+    mx: dict[str, dict[str, Any]] = {}
+    data: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not name:
+            raise FormatError(f"tensor names must be non-empty str, got {name!r}")
+        if name.endswith((CODES_SUFFIX, SCALES_SUFFIX)):
+            raise FormatError(f"tensor {name!r}: names ending in {CODES_SUFFIX}/{SCALES_SUFFIX} are reserved")
+        if isinstance(value, MXTensor):
+            specs += mx_specs(name, value)
+            mx[name] = value.header()
+            data[name + CODES_SUFFIX], data[name + SCALES_SUFFIX] = value.codes, value.scales
+        elif isinstance(value, np.ndarray):
+            specs.append(TensorSpec(name, dtype_code(value, name), tuple(value.shape)))
+            data[name] = value.view(np.uint16) if value.dtype.name == "bfloat16" else value
+        else:
+            raise FormatError(f"tensor {name!r}: expected np.ndarray or MXTensor, got {type(value).__name__}")
+    with SafetensorsWriter(path, specs, metadata, mx) as writer:
+        for name, array in data.items():
+            writer.write(name, array)
+
+
+class SafetensorsFile:
+    """A validated, memory-mapped safetensors file (header checked on open; data checked by ``verify``)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FormatError(f"{self.path}: no such file")
+        size = self.path.stat().st_size
+        if size < 8:
+            raise FormatError(f"{self.path}: truncated file ({size} bytes, a safetensors header needs at least 8)")
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise FormatError(
+                    f"{self.path}: header length {n} exceeds the file ({size} bytes): truncated or corrupt"
+                )
+            raw = f.read(n)
+        try:
+            head = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise FormatError(f"{self.path}: header is not valid JSON: {exc}") from exc
+        if not isinstance(head, dict):
+            raise FormatError(f"{self.path}: header must be a JSON object")
+        self.metadata = _check_file_metadata(self.path, head.pop("__metadata__", None) or {})
+        self.data_start = 8 + n
+        data_len = size - self.data_start
+        self.entries: dict[str, TensorSpec] = {}
+        self.offsets: dict[str, tuple[int, int]] = {}
+        for name, info in head.items():
+            spec, (b, e) = _parse_entry(self.path, name, info)
+            if not 0 <= b <= e <= data_len:
+                raise FormatError(f"{self.path}: tensor {name!r} byte range [{b}, {e}) outside the data "
+                                  f"({data_len} bytes): truncated file or corrupt header")
+            if e - b != spec.nbytes:
+                raise FormatError(f"{self.path}: tensor {name!r}: shape {list(spec.shape)} of {spec.dtype} needs "
+                                  f"{spec.nbytes} bytes, header gives {e - b}")
+            self.entries[name], self.offsets[name] = spec, (b, e)
+        ranges = sorted(self.offsets.items(), key=lambda kv: kv[1])
+        for (n1, (_, e1)), (n2, (b2, _)) in zip(ranges, ranges[1:]):
+            if b2 < e1:
+                raise FormatError(f"{self.path}: tensors {n1!r} and {n2!r} overlap")
+        self._map = np.memmap(self.path, np.uint8, "r") if size > self.data_start else np.zeros(0, np.uint8)
+
+    @property
+    def mx_headers(self) -> dict[str, dict[str, Any]]:
+        return json_meta(self.path, self.metadata, MX_KEY)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array of ``name`` (a read-only memory-mapped view; BF16 as uint16)."""
+        spec = self.entries[name]
+        b, e = self.offsets[name]
+        view = self._map[self.data_start + b : self.data_start + e].view(np.ndarray)
+        return view.view(DTYPES[spec.dtype]).reshape(spec.shape)
+
+    def array(self, name: str) -> np.ndarray:
+        """``raw`` with BF16 widened to float32."""
+        raw = self.raw(name)
+        return bf16_to_f32(raw) if self.entries[name].dtype == "BF16" else raw
+
+    def verify(self, name: str) -> None:
+        """Compare the CRC-32 of a stored tensor with the header's (if the file has accel checksums)."""
+        crcs = json_meta(self.path, self.metadata, CRC_KEY)
+        if name in crcs:
+            b, e = self.offsets[name]
+            got = zlib.crc32(self._map[self.data_start + b : self.data_start + e])
+            if f"{got:08x}" != crcs[name]:
+                raise FormatError(f"{self.path}: tensor {name!r}: checksum mismatch (stored {crcs[name]}, data "
+                                  f"{got:08x}): the file is corrupted")
+
+    def mx_tensor(self, name: str) -> MXTensor:
+        """The MXTensor stored as ``name.mx_codes`` / ``name.mx_scales``, validated against its header."""
+        head = self.mx_headers.get(name)
+        if not isinstance(head, dict):
+            raise FormatError(f"{self.path}: no MX header for tensor {name!r}")
+        parts = []
+        for suffix in (CODES_SUFFIX, SCALES_SUFFIX):
+            if name + suffix not in self.entries:
+                raise FormatError(f"{self.path}: tensor {name!r}: missing {name + suffix}")
+            if self.entries[name + suffix].dtype != "U8":
+                raise FormatError(f"{self.path}: tensor {name + suffix!r} must be U8")
+            self.verify(name + suffix)
+            parts.append(self.raw(name + suffix))
+        try:
+            return MXTensor(head["fmt"], tuple(head["shape"]), head["axis"], head["block_size"], *parts, name=name)
+        except (KeyError, TypeError) as exc:
+            raise FormatError(f"{self.path}: tensor {name!r}: bad MX header {head}: {exc}") from exc
+        except FormatError as exc:
+            raise FormatError(f"{self.path}: {exc}") from exc
+
+    def tensors(self) -> dict[str, np.ndarray | MXTensor]:
+        """Every tensor: MXTensors by their logical name, plain tensors as arrays (all checked)."""
+        out: dict[str, np.ndarray | MXTensor] = {}
+        mx = self.mx_headers
+        stored = {n + s for n in mx for s in (CODES_SUFFIX, SCALES_SUFFIX)}
+        for name in sorted(self.entries, key=lambda k: self.offsets[k]):
+            if name in stored:
+                continue
+            self.verify(name)
+            out[name] = self.array(name)
+        for name in mx:
+            out[name] = self.mx_tensor(name)
+        return out
+
+
+def _parse_entry(path: Path, name: str, info: Any) -> tuple[TensorSpec, tuple[int, int]]:
+    try:
+        dtype, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
+        ok = all(isinstance(v, int) and v >= 0 for v in (*shape, b, e))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"{path}: tensor {name!r}: malformed header entry {info!r}") from exc
+    if dtype not in DTYPES:
+        raise FormatError(f"{path}: tensor {name!r}: unsupported dtype {dtype!r}; supported: {sorted(DTYPES)}")
+    if not ok:
+        raise FormatError(f"{path}: tensor {name!r}: shape and offsets must be non-negative ints, got {info!r}")
+    return TensorSpec(name, dtype, tuple(shape)), (b, e)
+
+
+def _check_file_metadata(path: Path, meta: Any) -> dict[str, str]:
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise FormatError(f"{path}: __metadata__ must map str to str")
+    tag = meta.get(FILE_FORMAT_KEY)
+    if tag is not None and tag != FILE_FORMAT_TAG:
+        raise FormatError(f"{path}: unsupported accel file format {tag!r} (supported: {FILE_FORMAT_TAG})")
+    return meta
+
+
+def json_meta(path: Path, meta: dict[str, str], key: str) -> dict[str, Any]:
+    if key not in meta:
+        return {}
+    try:
+        value = json.loads(meta[key])
+    except ValueError as exc:
+        raise FormatError(f"{path}: metadata {key!r} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise FormatError(f"{path}: metadata {key!r} must be a JSON object")
+    return value
+
+
+def load_tensors(path: str | os.PathLike) -> dict[str, np.ndarray | MXTensor]:
+    """Read a safetensors file (accel's or a plain Hugging Face one): arrays and MXTensors, validated.
+
+    Arrays are read-only memory-mapped views (BF16 is widened to float32, a copy). Raises FormatError naming the
+    tensor and the problem for a truncated file, a bad header, a size/shape mismatch or a checksum mismatch.
+    """
+    return SafetensorsFile(path).tensors()

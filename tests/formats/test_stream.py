@@ -1,0 +1,118 @@
+"""Streaming checkpoint compression (multi-shard directory written here with safetensors) and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from accel.cli import main
+from accel.errors import FormatError
+from accel.formats import compress_checkpoint, load_tensors, quantize
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+def make_checkpoint(root, rng, with_index=True):
+    """A Llama-like checkpoint in two shards: embeddings, norms, 2-D linear weights (one with 70 in-features)."""
+    root.mkdir()
+    shards = {
+        "model-00001-of-00002.safetensors": {
+            "model.embed_tokens.weight": rng.standard_normal((50, 64)).astype(np.float32),
+            "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((64, 64)).astype(np.float32),
+            "model.layers.0.input_layernorm.weight": np.ones(64, np.float32),
+        },
+        "model-00002-of-00002.safetensors": {
+            "model.layers.0.mlp.up_proj.weight": rng.standard_normal((96, 70)).astype(np.float16),
+            "model.layers.0.mlp.up_proj.bias": rng.standard_normal(96).astype(np.float32),
+            "lm_head.weight": rng.standard_normal((50, 64)).astype(np.float32),
+        },
+    }
+    weight_map = {}
+    for shard, tensors in shards.items():
+        safetensors_numpy.save_file(tensors, str(root / shard), metadata={"format": "pt"})
+        weight_map.update({name: shard for name in tensors})
+    if with_index:
+        (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (root / "tokenizer.json").write_text("{}")
+    (root / "pytorch_model.bin").write_bytes(b"pickle: never copied")
+    return {name: t for tensors in shards.values() for name, t in tensors.items()}
+
+
+@pytest.mark.parametrize("with_index", [True, False])
+def test_compress_checkpoint_matches_quantize(tmp_path, rng, with_index):
+    originals = make_checkpoint(tmp_path / "src", rng, with_index)
+    report = compress_checkpoint(tmp_path / "src", tmp_path / "out", fmt="mxfp6", progress=False)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "tokenizer.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+         "model.safetensors.index.json"])
+    loaded = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        loaded.update(load_tensors(shard))
+    assert set(loaded) == set(originals)
+    compressed = {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"}
+    assert {layer.name for layer in report.layers} == compressed
+    for name, original in originals.items():
+        if name in compressed:
+            assert loaded[name] == quantize(original, "mxfp6", axis=1)
+        else:
+            assert loaded[name].dtype == original.dtype
+            np.testing.assert_array_equal(loaded[name], original)
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["model.layers.0.mlp.up_proj.weight.mx_codes"] == "model-00002-of-00002.safetensors"
+    assert "model.layers.0.mlp.up_proj.weight" not in index
+
+
+def test_cli_compress(tmp_path, rng, capsys):
+    originals = make_checkpoint(tmp_path / "src", rng)
+    code = main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--fmt", "mxfp4", "--quiet",
+                 "--exclude", "*embed*", "--exclude", "*lm_head*", "--exclude", "*norm*", "--exclude", "*mlp*"])
+    assert code == 0
+    assert "1 weights compressed to mxfp4_e2m1" in capsys.readouterr().out
+    loaded = load_tensors(tmp_path / "out" / "model-00001-of-00002.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert loaded[name] == quantize(originals[name], "mxfp4", axis=1)
+    # errors are reported, not raised, with exit code 1
+    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--quiet"]) == 1
+    assert "not empty" in capsys.readouterr().err
+    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "o2"), "--fmt", "mxfp5", "--quiet"]) == 1
+    assert "known formats" in capsys.readouterr().err
+
+
+def test_stream_bad_inputs(tmp_path, rng):
+    with pytest.raises(FormatError, match="not a directory"):
+        compress_checkpoint(tmp_path / "nope", tmp_path / "out")
+    make_checkpoint(tmp_path / "src", rng)
+    (tmp_path / "src" / "model-00002-of-00002.safetensors").write_bytes(b"\x05")
+    with pytest.raises(FormatError, match="truncated"):
+        compress_checkpoint(tmp_path / "src", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing written
+    (tmp_path / "src" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FormatError, match="missing"):
+        compress_checkpoint(tmp_path / "src", tmp_path / "out", progress=False)
+
+
+def test_bf16_checkpoint(tmp_path, rng):
+    """BF16 weights are widened exactly for quantization; BF16 tensors that are copied stay BF16 on disk."""
+    torch = pytest.importorskip("torch")
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    w = torch.from_numpy(rng.standard_normal((32, 64)).astype(np.float32)).to(torch.bfloat16)
+    norm = torch.from_numpy(rng.standard_normal(64).astype(np.float32)).to(torch.bfloat16)
+    save_file({"layers.0.o_proj.weight": w, "layers.0.norm.weight": norm}, str(src / "model.safetensors"))
+    report = compress_checkpoint(src, tmp_path / "out", fmt="mxfp8", progress=False)
+    assert report.layers[0].bytes_before == 32 * 64 * 2
+    out = tmp_path / "out" / "model.safetensors"
+    with safe_open(str(out), framework="pt") as f:
+        assert f.get_tensor("layers.0.norm.weight").dtype == torch.bfloat16
+        assert torch.equal(f.get_tensor("layers.0.norm.weight"), norm)
+    loaded = load_tensors(out)
+    assert loaded["layers.0.o_proj.weight"] == quantize(w.float().numpy(), "mxfp8", axis=1)
+    np.testing.assert_array_equal(loaded["layers.0.norm.weight"], norm.float().numpy())
