@@ -1,6 +1,7 @@
 """Runtimes behind one ``Backend`` protocol (see ``accel.backends.base``).
 
-``TorchBackend`` needs torch and is imported lazily; the protocol and the onnxruntime backend do not.
+``OrtBackend`` and the qaic file writers need no torch. ``TorchBackend`` and ``export_onnx`` import torch and load
+lazily on first use.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from accel.errors import BackendError
 
 _LAZY = {
     "TorchBackend": "accel.backends.torch_backend",
+    "export_onnx": "accel.backends.export",
+    "WEIGHT_MODES": "accel.backends.export",
+    "OrtBackend": "accel.backends.ort_backend",
+    "QaicBackend": "accel.backends.qaic",
+    "QaicCompileSpec": "accel.backends.qaic",
+    "write_qaic_files": "accel.backends.qaic",
 }
 
 
@@ -22,4 +29,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'accel.backends' has no attribute {name!r}")
 
 
-__all__ = ["Backend", "BackendError", "BackendInfo", "TorchBackend", "check_step_inputs", "prefill"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendInfo",
+    "OrtBackend",
+    "QaicBackend",
+    "QaicCompileSpec",
+    "TorchBackend",
+    "WEIGHT_MODES",
+    "check_step_inputs",
+    "export_onnx",
+    "prefill",
+    "write_qaic_files",
+]

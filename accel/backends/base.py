@@ -112,7 +112,9 @@ def check_step_inputs(
         raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
     # padding slots may hold any id; give the runtime a harmless one
     ids = np.where(valid, ids, 0).astype(np.int64, copy=False)
-    return np.ascontiguousarray(ids), np.ascontiguousarray(pos.astype(np.int64, copy=False))
+    # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
+    return (np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
+            np.require(pos, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]))
 
 
 def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:

@@ -237,6 +237,8 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
         }
+        if self.extra.get("sliding_window"):
+            out["sliding_window"] = self.extra["sliding_window"]
         if self.model_type == "llama":
             out["attention_bias"] = self.qkv_bias
             out["mlp_bias"] = self.mlp_bias

@@ -1,0 +1,54 @@
+"""``accel export MODEL -o OUT.onnx``: export a checkpoint (HF directory, accel-compressed directory or .gguf) to ONNX
+with the KV-cache contract, optionally with the Cloud AI 100 compile files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``export`` subcommand."""
+    p = subparsers.add_parser("export", help="export a checkpoint to ONNX (KV cache in/out, dynamic seq_len)",
+                              description=__doc__)
+    p.add_argument("model", metavar="MODEL", help="checkpoint directory (config.json + weights) or a .gguf file")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.onnx", help="output ONNX file")
+    p.add_argument("--weights", choices=_WEIGHT_MODES, default="fp32", help="weight storage (default fp32)")
+    p.add_argument("--fmt", default="mxfp6", help="MX element format for mx-rounded / mx-packed (default mxfp6)")
+    p.add_argument("--float-weights", choices=("fp32", "fp16"), default="fp32",
+                   help="MX modes: storage of the weights left float (embeddings, norms, lm_head; default fp32)")
+    p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (default 512)")
+    p.add_argument("--batch-size", type=int, default=1, help="rows per call (default 1)")
+    p.add_argument("--num-logits", type=int, default=None,
+                   help="return only the last N logits (default: all positions)")
+    p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
+    p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
+    p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
+    p.add_argument("--num-cores", type=int, default=16, help="qaic AI cores (default 16)")
+    p.add_argument("--mxint8-kv", action="store_true", help="qaic: keep the KV cache in MXINT8 on the device")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
+    from accel.backends.export import export_onnx
+    from accel.models import load
+
+    if not args.quiet:
+        print(f"loading {args.model}")
+    model = load(args.model)
+    path = export_onnx(model, args.out, ctx_len=args.ctx_len, batch_size=args.batch_size, num_logits=args.num_logits,
+                       weights=args.weights, mx_format=args.fmt, progress=not args.quiet,
+                       float_weights=args.float_weights)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
+    if args.qaic_dir:
+        from accel.backends.qaic import write_qaic_files
+
+        spec = write_qaic_files(path, args.qaic_dir, prompt_len=args.prompt_len, k=args.k, ctx_len=args.ctx_len,
+                                batch_size=args.batch_size, num_cores=args.num_cores, mxint8_kv=args.mxint8_kv)
+        print(f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
+              f"(specializations seq_len {spec.seq_lens}; not verified on hardware)")
+    return 0

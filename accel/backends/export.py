@@ -1,0 +1,192 @@
+"""``export_onnx``: write a ``Decoder`` as an ONNX file with the KV-cache contract of REFERENCE.md §2.
+
+The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
+dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
+with an in-graph decode. Weight modes:
+
+- ``fp32`` / ``fp16``: every weight as float32 / float16 (fp16 is cast to float32 in the graph; compute stays fp32).
+- ``mx-rounded``: Linear weights quantized to ``mx_format`` and dequantized back to float32 -- the values an MX compiler
+  (``qaic-compile -mxfp6-matmul``) reproduces; same file size as fp32.
+- ``mx-packed``: Linear weights as packed MX codes + E8M0 scales (uint8) decoded in the graph with standard ops; other
+  tensors (embeddings, norms, biases) stay float32. MXFP6 costs 6.25 bits per weight: 39% of FP16.
+
+Which Linear weights are MX: if the model was compressed (``accel.compress``: modules with an MX weight), exactly
+those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
+not ``lm_head``) are quantized with ``mx_format`` along the input features (blocks of 32). Embeddings, norms, biases and
+``lm_head`` stay float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from tqdm.auto import tqdm
+
+from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
+from accel.errors import BackendError
+
+__all__ = ["export_onnx", "WEIGHT_MODES", "model_tensors"]
+
+WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed")
+_EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
+
+
+def _mx_of(module: torch.nn.Module) -> Any | None:
+    """The MXTensor weight of a compressed Linear (``accel.formats.torch_ops.MXLinear``), else None."""
+    if getattr(module, "mx", None) is not None:
+        return module.mx
+    if callable(getattr(module, "mx_weight", None)):
+        return module.mx_weight()
+    return None
+
+
+def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
+    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format used.
+
+    A tied ``lm_head.weight`` is left out (the graph reuses the embedding).
+    """
+    if weights not in WEIGHT_MODES:
+        raise BackendError(f"weights={weights!r} is not supported; supported: {', '.join(WEIGHT_MODES)}")
+    tensors: dict[str, Any] = {}
+    mx_modules: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        mx = _mx_of(module)
+        if mx is not None:
+            mx_modules[f"{name}.weight"] = mx
+    for name, p in model.named_parameters():  # remove_duplicate: a tied lm_head.weight appears once (as embed_tokens)
+        tensors[name] = p.detach().float().cpu().numpy()
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    tensors.update(mx_modules)
+    used_format = None
+    if weights in ("fp32", "fp16"):
+        for name, mx in mx_modules.items():
+            tensors[name] = mx.dequantize(np.float32)
+    else:
+        from accel.formats import get_format, quantize
+
+        if mx_modules:  # a compressed model: keep exactly its MX weights and format
+            formats = {mx.fmt.name for mx in mx_modules.values()}
+            used_format = ",".join(sorted(formats))
+        else:
+            from accel.formats.compress import select_linear_layers
+
+            fmt = get_format(mx_format)
+            used_format = fmt.name
+            chosen, _ = select_linear_layers(model)  # as accel.compress: not lm_head, not embedding-tied Linears
+            for name in sorted(f"{n}.weight" for n in chosen):
+                mx_modules[name] = quantize(tensors[name], fmt, axis=-1, block_size=32, name=name)
+                tensors[name] = mx_modules[name]
+        if weights == "mx-rounded":
+            for name, mx in mx_modules.items():
+                tensors[name] = mx.dequantize(np.float32)
+    return tensors, used_format
+
+
+def export_onnx(
+    model: torch.nn.Module,
+    path: str | Path,
+    *,
+    ctx_len: int,
+    batch_size: int = 1,
+    num_logits: int | None = None,
+    weights: str = "fp32",
+    mx_format: str = "mxfp6",
+    opset: int = OPSET,
+    progress: bool = True,
+    float_weights: str = "fp32",
+) -> Path:
+    """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
+
+    Args:
+        ctx_len: KV-cache length in tokens (fixed in the graph).
+        batch_size: rows per call (fixed in the graph).
+        num_logits: if given, the graph returns logits for the last ``num_logits`` positions only (the Cloud AI 100
+            decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
+        weights: ``fp32``, ``fp16``, ``mx-rounded`` or ``mx-packed`` (see the module docstring).
+        mx_format: element format for the MX modes when the model is not already compressed (e.g. ``mxfp6``).
+        opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
+        progress: show a tqdm bar.
+        float_weights: storage of the weights that stay float in the MX modes (embeddings, norms, biases, lm_head):
+            ``fp32`` (default; logits then equal the ``accel.compress``-ed torch model's) or ``fp16`` (smaller file).
+
+    The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
+    weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
+    ``metadata_props`` (``accel.*`` keys).
+    """
+    from accel import __version__
+
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "num_kv_heads"):
+        raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
+    if opset != OPSET:
+        raise BackendError(f"opset {opset} is not supported; supported: {OPSET}")
+    if ctx_len < 1 or batch_size < 1:
+        raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+    if num_logits is not None and not 1 <= num_logits <= ctx_len:
+        raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
+    window = (cfg.extra or {}).get("sliding_window")
+    if window and ctx_len > window:  # the decoders attend to the whole cache; exact only within the window
+        raise BackendError(f"ctx_len {ctx_len} exceeds the model's sliding_window {window} (full attention only)")
+    if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
+        raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
+    if float_weights not in ("fp32", "fp16"):
+        raise BackendError(f"float_weights={float_weights!r} is not supported; supported: fp32, fp16")
+    if weights in ("fp32", "fp16") and float_weights != "fp32":
+        raise BackendError(f"float_weights applies to the MX modes only; use weights={float_weights!r}")
+    path = Path(path)
+    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
+    bar.set_postfix_str("weights")
+    tensors, used_format = model_tensors(model, weights, mx_format)
+    bar.update(1)
+    bar.set_postfix_str("graph")
+    proto = build_decoder_graph(
+        cfg, tensors, ctx_len=ctx_len, batch_size=batch_size, num_logits=num_logits,
+        float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32", progress=bar.update,
+    )
+    meta = {
+        "accel.version": __version__,
+        "accel.weights": weights,
+        "accel.mx_format": used_format or "",
+        "accel.float_weights": "fp16" if "fp16" in (weights, float_weights) else "fp32",
+        "accel.ctx_len": str(ctx_len),
+        "accel.batch_size": str(batch_size),
+        "accel.num_logits": str(num_logits or 0),
+        "accel.model_config": json.dumps(cfg.to_hf()),
+    }
+    onnx.helper.set_model_props(proto, meta)
+    bar.set_postfix_str("write")
+    _save_atomic(proto, path)
+    bar.update(1)
+    bar.close()
+    return path
+
+
+def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    big = sum(len(t.raw_data) for t in proto.graph.initializer) > _EXTERNAL_DATA_BYTES
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if big:  # the data file is written first under its final name; the .onnx appears only when complete
+            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=f"{path.name}.data", size_threshold=1024)
+            onnx.checker.check_model(tmp)
+        else:
+            onnx.checker.check_model(proto)
+            onnx.save_model(proto, tmp)
+        if proto.ir_version > IR_VERSION:
+            raise BackendError(f"IR version {proto.ir_version} > {IR_VERSION}: stock onnxruntime would reject it")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

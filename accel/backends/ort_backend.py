@@ -1,0 +1,197 @@
+"""``OrtBackend``: an exported decoder (``export_onnx``, or any graph with the REFERENCE.md §2 contract) on onnxruntime.
+
+The KV cache never crosses to numpy: two sets of cache buffers (numpy arrays wrapped as OrtValues without a copy)
+alternate as ``past_*`` inputs and ``*_RetainedState`` outputs. Two IO bindings are prepared once (A -> B and B -> A);
+a call rebinds only ``input_ids``, ``position_ids`` and ``logits``, runs, and flips. Only the logits are copied out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from accel.backends.base import BackendInfo, check_step_inputs
+from accel.errors import BackendError
+
+__all__ = ["OrtBackend", "inspect_graph", "GraphContract"]
+
+_PAST = re.compile(r"^past_(key|value)\.(\d+)$")
+
+
+class GraphContract:
+    """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
+
+    def __init__(self, batch_size: int, ctx_len: int, vocab_size: int, num_layers: int, kv_shape: tuple[int, ...],
+                 num_logits: int | None, metadata: dict[str, str]) -> None:
+        self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
+        self.num_layers, self.kv_shape, self.num_logits, self.metadata = num_layers, kv_shape, num_logits, metadata
+
+
+def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
+    """Check ``session``'s inputs/outputs against the KV-cache contract; BackendError names whatever is missing."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    for name in ("input_ids", "position_ids"):
+        if name not in inputs:
+            raise BackendError(f"{source}: input {name!r} is missing (inputs: {sorted(inputs)})")
+    if "logits" not in outputs:
+        raise BackendError(f"{source}: output 'logits' is missing (outputs: {sorted(outputs)})")
+    layers = sorted({int(m.group(2)) for n in inputs if (m := _PAST.match(n))})
+    if not layers:
+        raise BackendError(f"{source}: no past_key.{{i}} / past_value.{{i}} cache inputs (inputs: {sorted(inputs)})")
+    num_layers = layers[-1] + 1
+    for i in range(num_layers):
+        for kv in ("key", "value"):
+            if f"past_{kv}.{i}" not in inputs:
+                raise BackendError(f"{source}: cache input 'past_{kv}.{i}' is missing")
+            if f"past_{kv}.{i}_RetainedState" not in outputs:
+                raise BackendError(f"{source}: output 'past_{kv}.{i}_RetainedState' is missing")
+    kv_shape = inputs["past_key.0"].shape
+    if len(kv_shape) != 4 or not all(isinstance(d, int) for d in kv_shape):
+        raise BackendError(f"{source}: past_key.0 must have a fixed shape [B, H_kv, ctx_len, D]; got {kv_shape}")
+    for name in inputs:
+        if _PAST.match(name) and tuple(inputs[name].shape) != tuple(kv_shape):
+            raise BackendError(f"{source}: {name} has shape {inputs[name].shape}, past_key.0 has {kv_shape}")
+        if _PAST.match(name) and inputs[name].type != "tensor(float)":
+            raise BackendError(f"{source}: {name} must be float32; got {inputs[name].type}")
+    batch = inputs["input_ids"].shape[0]
+    if isinstance(batch, int) and batch != kv_shape[0]:
+        raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
+    logits_shape = outputs["logits"].shape
+    vocab = logits_shape[-1] if logits_shape else None
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if not isinstance(vocab, int):
+        cfg = json.loads(meta.get("accel.model_config", "{}"))
+        vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int):
+        raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
+    num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
+    return GraphContract(kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta)
+
+
+class OrtBackend:
+    """Run an exported decoder on onnxruntime, keeping the KV cache in runtime buffers between calls.
+
+    Args:
+        path: the ``.onnx`` file.
+        batch_size: expected rows per call; BackendError if the graph was exported for another batch size.
+        threads: onnxruntime intra-op threads (default: onnxruntime's choice, all cores).
+        providers: execution providers (default ``["CPUExecutionProvider"]``). The cache buffers live in host memory,
+            so with a device provider (CUDA) onnxruntime copies them each call; only the CPU path is tested here.
+        max_seq_len: most tokens per call (default: ctx_len; a graph exported with ``num_logits`` still accepts
+            longer calls but then needs ``num_logits`` <= that value).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        batch_size: int | None = None,
+        threads: int | None = None,
+        providers: list[str] | None = None,
+        max_seq_len: int | None = None,
+    ) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise BackendError(f"no ONNX file at {path}")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        if threads is not None:
+            if threads < 1:
+                raise BackendError(f"threads must be >= 1; got {threads}")
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        c = inspect_graph(self.session, str(path))
+        if batch_size is not None and batch_size != c.batch_size:
+            raise BackendError(f"{path} was exported for batch size {c.batch_size}, not {batch_size}")
+        self.contract = c
+        self.graph_num_logits = c.num_logits
+        self._info = BackendInfo(
+            name="onnxruntime",
+            vocab_size=c.vocab_size,
+            ctx_len=c.ctx_len,
+            batch_size=c.batch_size,
+            max_seq_len=min(max_seq_len or c.ctx_len, c.ctx_len),
+            num_layers=c.num_layers,
+        )
+        self._names = [f"past_{kv}.{i}" for i in range(c.num_layers) for kv in ("key", "value")]
+        self._buffers = [[np.zeros(c.kv_shape, np.float32) for _ in self._names] for _ in range(2)]
+        self._bindings = []
+        for src, dst in ((0, 1), (1, 0)):
+            io = self.session.io_binding()
+            io.bind_output("logits")  # bound first: get_outputs()[0] is the logits
+            for name, a, b in zip(self._names, self._buffers[src], self._buffers[dst]):
+                io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(a))
+                io.bind_ortvalue_output(f"{name}_RetainedState", ort.OrtValue.ortvalue_from_numpy(b))
+            self._bindings.append(io)
+        self._current = 0  # which buffer set holds the live cache
+
+    @property
+    def info(self) -> BackendInfo:
+        """Static facts read from the graph (vocab, ctx_len, batch size, layers)."""
+        return self._info
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The graph's ``metadata_props`` (``accel.*`` export settings)."""
+        return self.contract.metadata
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+        ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
+        seq = ids.shape[1]
+        baked = self.graph_num_logits
+        if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
+            raise BackendError(
+                f"this graph returns only the last {baked} logits (exported with num_logits={baked}); "
+                f"a call with {seq} tokens needs num_logits <= {baked}"
+            )
+        pad = pos < 0
+        if pad.any():  # the graph sends padding to a free slot next to the row's positions (see onnx_graph)
+            vmin = np.where(pad, self._info.ctx_len, pos).min(axis=1)
+            vmax = np.where(pad, -1, pos).max(axis=1)
+            bad = pad.any(axis=1) & (vmin == 0) & (vmax == self._info.ctx_len - 1)
+            if bad.any():
+                raise BackendError(
+                    f"row {int(np.argmax(bad))} mixes padding with positions 0 and {self._info.ctx_len - 1} in one "
+                    "call: no cache slot is free for its padding; split the call"
+                )
+        io = self._bindings[self._current]
+        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("position_ids", pos)
+        io.bind_output("logits")
+        try:
+            self.session.run_with_iobinding(io)  # writes the other buffer set: a failed run leaves the cache intact
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise BackendError(f"onnxruntime failed on a call with input shape {ids.shape}: {exc}") from exc
+        self._current ^= 1
+        logits = io.get_outputs()[0].numpy()
+        if num_logits is not None and logits.shape[1] != num_logits:
+            logits = logits[:, -num_logits:, :]
+        return np.ascontiguousarray(logits, dtype=np.float32)
+
+    def reset(self) -> None:
+        """Zero the KV cache."""
+        for buf in self._buffers[self._current]:
+            buf.fill(0.0)
+
+    def cache(self) -> list[np.ndarray]:
+        """The live cache buffers ``[past_key.0, past_value.0, past_key.1, ...]`` (views, for inspection)."""
+        return self._buffers[self._current]
+
+
+def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:
+    """Feeds for a bare ``session.run`` equivalent to one ``backend.forward`` (for overhead benchmarks)."""
+    feeds: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
+    feeds.update(zip(backend._names, backend.cache()))
+    return feeds

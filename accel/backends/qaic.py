@@ -1,0 +1,251 @@
+"""Qualcomm Cloud AI 100 adapter: compile files for an exported decoder, and a ``Backend`` over Qualcomm's runtime.
+
+NOT VERIFIED ON HARDWARE: no Cloud AI 100 card or SDK was available; the files follow the formats QEfficient
+(quic/efficient-transformers, ``QEfficient/compile/compile_helper.py`` and its custom-IO generator) writes, and the
+tests check them byte for byte against golden files.
+
+- ``specializations.json``: one fixed-shape graph per call shape -- prefill (``seq_len = prompt_len``) and decode /
+  scoring (``seq_len = K + 1``), both at ``ctx_len`` and ``batch_size`` (REFERENCE.md §2).
+- ``custom_io.yaml``: the KV buffers (``past_key.{i}`` and ``past_key.{i}_RetainedState``, same for values) kept in
+  ``float16`` on the device, or ``mxint8`` with ``mxint8_kv``.
+- ``compile.sh``: the ``qaic-exec`` command (``-retained-state`` keeps the cache on the card; ``-convert-to-fp16``;
+  ``-mxfp6-matmul`` lets the compiler store MatMul weights as MXFP6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from accel.backends.base import BackendInfo, check_step_inputs
+from accel.errors import BackendError
+
+__all__ = ["QaicCompileSpec", "QaicBackend", "write_qaic_files", "QAIC_EXEC"]
+
+QAIC_EXEC = "/opt/qti-aic/exec/qaic-exec"  # the compiler driver QEfficient calls (``-compile-only``)
+SPEC_FILE = "accel_qaic.json"
+_PAST = re.compile(r"^past_(key|value)\.(\d+)$")
+
+
+class QaicCompileSpec(BaseModel):
+    """Everything needed to compile (and later run) one exported decoder on Cloud AI 100."""
+
+    model_config = ConfigDict(frozen=True)
+
+    onnx_path: str = Field(description="ONNX file, relative to out_dir")
+    prompt_len: int = Field(gt=0, description="tokens per prefill call")
+    k: int = Field(gt=0, description="draft tokens per speculative round; decode calls score K+1 tokens")
+    ctx_len: int = Field(gt=0, description="KV-cache length in tokens")
+    batch_size: int = Field(gt=0)
+    num_cores: int = Field(gt=0, description="AI cores per device")
+    num_devices: int = Field(gt=0)
+    mxfp6: bool = Field(description="compiler stores MatMul weights as MXFP6")
+    mxint8_kv: bool = Field(description="KV cache kept as MXINT8 on the device (else float16)")
+    num_layers: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    num_logits: int | None = Field(default=None, description="logits per call if baked at export, else all seq_len")
+    binary_dir: str = "qpc"
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        """Compiled call lengths, ascending (prefill and K+1)."""
+        return tuple(sorted({self.prompt_len, self.k + 1}))
+
+    def command(self) -> list[str]:
+        """The compiler command line (run inside the output directory)."""
+        cmd = [
+            QAIC_EXEC,
+            f"-m={self.onnx_path}",
+            "-aic-hw",
+            "-aic-hw-version=2.0",
+            "-network-specialization-config=specializations.json",
+            "-convert-to-fp16",
+            "-retained-state",
+            f"-aic-num-cores={self.num_cores}",
+            "-custom-IO-list-file=custom_io.yaml",
+            "-compile-only",
+            f"-aic-binary-dir={self.binary_dir}",
+        ]
+        if self.mxfp6:
+            cmd.append("-mxfp6-matmul")
+        if self.num_devices > 1:
+            cmd.append("-mdp-load-partition-config=mdp_ts_config.json")
+        return cmd
+
+    def specializations(self) -> dict[str, Any]:
+        """QEfficient's ``specializations.json`` content (values are strings)."""
+        b, c = str(self.batch_size), str(self.ctx_len)
+        return {"specializations": [{"batch_size": b, "seq_len": str(s), "ctx_len": c}
+                                    for s in (self.prompt_len, self.k + 1)]}
+
+    def custom_io(self) -> str:
+        """QEfficient's ``custom_io.yaml`` content: each retained-state buffer and its device precision."""
+        dtype = "mxint8" if self.mxint8_kv else "float16"
+        lines = []
+        for i in range(self.num_layers):
+            for kv in ("key", "value"):
+                for name in (f"past_{kv}.{i}", f"past_{kv}.{i}_RetainedState"):
+                    lines.append(f" - IOName: {name}\n   Precision: {dtype}\n\n")
+        return "".join(lines)
+
+
+def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None]:
+    """(num_layers, ctx_len, batch_size, vocab, baked num_logits) of an exported graph, read without its weights."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf decode errors
+        raise BackendError(f"{onnx_path} is not a readable ONNX file: {exc}") from exc
+    dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
+    outs = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
+    for name in ("input_ids", "position_ids"):
+        if name not in dims:
+            raise BackendError(f"{onnx_path}: input {name!r} is missing")
+    layers = sorted({int(m.group(2)) for n in dims if (m := _PAST.match(n))})
+    if not layers or "past_key.0" not in dims:
+        raise BackendError(f"{onnx_path}: no past_key.{{i}} / past_value.{{i}} cache inputs")
+    for i in range(layers[-1] + 1):
+        for kv in ("key", "value"):
+            if f"past_{kv}.{i}_RetainedState" not in outs:
+                raise BackendError(f"{onnx_path}: output 'past_{kv}.{i}_RetainedState' is missing")
+    batch, _, ctx, _ = dims["past_key.0"]
+    if "logits" not in outs or len(outs["logits"]) != 3:
+        raise BackendError(f"{onnx_path}: output 'logits' [batch, seq, vocab] is missing")
+    _, n_logits, vocab = outs["logits"]
+    return (layers[-1] + 1, int(ctx), int(batch), vocab if isinstance(vocab, int) else None,
+            n_logits if isinstance(n_logits, int) else None)
+
+
+def write_qaic_files(
+    onnx_path: str | Path,
+    out_dir: str | Path,
+    *,
+    prompt_len: int,
+    k: int,
+    ctx_len: int,
+    batch_size: int = 1,
+    num_cores: int = 16,
+    num_devices: int = 1,
+    mxfp6: bool = True,
+    mxint8_kv: bool = False,
+) -> QaicCompileSpec:
+    """Write ``specializations.json``, ``custom_io.yaml``, ``compile.sh`` (+ ``mdp_ts_config.json`` for several
+    devices) and ``accel_qaic.json`` into ``out_dir`` for the exported decoder at ``onnx_path``.
+
+    ``ctx_len`` and ``batch_size`` must match the graph (export with the same values). Returns the spec; run
+    ``compile.sh`` on a machine with the Cloud AI 100 Platform SDK to get ``out_dir/qpc``.
+    """
+    onnx_path, out = Path(onnx_path), Path(out_dir)
+    if not onnx_path.is_file():
+        raise BackendError(f"no ONNX file at {onnx_path}")
+    num_layers, graph_ctx, graph_batch, vocab, num_logits = _graph_facts(onnx_path)
+    if graph_ctx != ctx_len or graph_batch != batch_size:
+        raise BackendError(
+            f"{onnx_path} was exported with ctx_len={graph_ctx}, batch_size={graph_batch}; asked for "
+            f"ctx_len={ctx_len}, batch_size={batch_size} (re-export with the same values)"
+        )
+    if prompt_len > ctx_len or k + 1 > ctx_len:
+        raise BackendError(f"prompt_len {prompt_len} and K+1 {k + 1} must not exceed ctx_len {ctx_len}")
+    if vocab is None:
+        raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
+    out.mkdir(parents=True, exist_ok=True)
+    spec = QaicCompileSpec(
+        onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()), prompt_len=prompt_len, k=k, ctx_len=ctx_len,
+        batch_size=batch_size, num_cores=num_cores, num_devices=num_devices, mxfp6=mxfp6, mxint8_kv=mxint8_kv,
+        num_layers=num_layers, vocab_size=vocab, num_logits=num_logits,
+    )
+    files = {
+        "specializations.json": json.dumps(spec.specializations(), indent=4) + "\n",
+        "custom_io.yaml": spec.custom_io(),
+        "compile.sh": "#!/bin/sh\n# Cloud AI 100 compile (not verified on hardware)\nset -e\ncd \"$(dirname \"$0\")\"\n"
+        + " ".join(shlex.quote(a) for a in spec.command()) + "\n",
+        SPEC_FILE: spec.model_dump_json(indent=2) + "\n",
+    }
+    if num_devices > 1:  # QEfficient's multi-device partition config
+        files["mdp_ts_config.json"] = json.dumps({
+            "connections": [{"devices": list(range(num_devices)), "type": "p2p"}],
+            "partitions": [{"name": "Partition0",
+                            "devices": [{"deviceId": d, "numCores": num_cores} for d in range(num_devices)]}],
+        }, indent=4) + "\n"
+    for name, text in files.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    (out / "compile.sh").chmod(0o755)
+    return spec
+
+
+def _session_class():
+    """Qualcomm's Python runtime session class, or BackendError when the SDK is not installed."""
+    try:
+        from QEfficient.generation.cloud_infer import QAICInferenceSession  # QEfficient wrapper over qaicrt
+    except ImportError:
+        try:
+            import qaicrt  # noqa: F401 - the bare runtime is present but without the session wrapper
+        except ImportError as exc:
+            raise BackendError(
+                "the Qualcomm Cloud AI 100 runtime is not installed (neither QEfficient nor qaicrt can be imported); "
+                "install the Cloud AI 100 Platform SDK and QEfficient (pip install QEfficient) on a machine with a card"
+            ) from exc
+        raise BackendError("qaicrt is installed but QEfficient (QAICInferenceSession) is not: pip install QEfficient")
+    return QAICInferenceSession
+
+
+class QaicBackend:
+    """A compiled decoder (a ``qpc`` directory from ``compile.sh``) on Cloud AI 100, behind the ``Backend`` protocol.
+
+    The KV cache stays on the card (``-retained-state``); calls send ``input_ids``/``position_ids`` and read
+    ``logits``. A call of S tokens runs the smallest compiled specialization >= S, left-padded with position -1
+    (padding is free in the cache contract). ``reset`` is a no-op: slots beyond a position are masked and every slot
+    a new sequence reads is written first. NOT VERIFIED ON HARDWARE.
+
+    Args:
+        qpc_path: the compiled binary directory (``out_dir/qpc``); ``accel_qaic.json`` is read from it or its parent.
+        device_ids: card ids (default: the runtime's choice).
+    """
+
+    def __init__(self, qpc_path: str | Path, device_ids: list[int] | None = None) -> None:
+        qpc = Path(qpc_path)
+        spec_file = next((p for p in (qpc / SPEC_FILE, qpc.parent / SPEC_FILE) if p.is_file()), None)
+        session_cls = _session_class()
+        if spec_file is None:
+            raise BackendError(f"no {SPEC_FILE} next to {qpc}: write it with write_qaic_files")
+        self.spec = QaicCompileSpec.model_validate_json(spec_file.read_text())
+        self.session = session_cls(str(qpc), device_ids)
+        past = [n for n in self.session.input_names + self.session.output_names if n.startswith("past_")]
+        self.session.skip_buffers(past)  # retained on the device
+        s = self.spec
+        self._info = BackendInfo(name="qaic", vocab_size=s.vocab_size, ctx_len=s.ctx_len, batch_size=s.batch_size,
+                                 max_seq_len=max(s.seq_lens), num_layers=s.num_layers)
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+        ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
+        seq = ids.shape[1]
+        target = min(s for s in self.spec.seq_lens if s >= seq)
+        if target > seq:  # left-pad to the compiled length
+            pad = target - seq
+            ids = np.concatenate([np.zeros((ids.shape[0], pad), np.int64), ids], axis=1)
+            pos = np.concatenate([np.full((pos.shape[0], pad), -1, np.int64), pos], axis=1)
+        baked = self.spec.num_logits
+        if baked is not None and (num_logits or seq) > baked:
+            raise BackendError(f"the compiled graph returns only the last {baked} logits; asked for {num_logits or seq}")
+        n_out = min(baked, target) if baked is not None else target
+        self.session.set_buffers({"logits": np.zeros((ids.shape[0], n_out, self.spec.vocab_size), np.float32)})
+        logits = self.session.run({"input_ids": ids, "position_ids": pos})["logits"]
+        return np.ascontiguousarray(logits[:, -(num_logits or seq):, :], dtype=np.float32)
+
+    def reset(self) -> None:
+        """No-op (see the class docstring)."""

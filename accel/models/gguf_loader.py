@@ -1,0 +1,161 @@
+"""Read llama.cpp GGUF files: the model config from ``{arch}.*`` metadata, tensors dequantized to float32, and the
+byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata (no transformers needed).
+
+llama.cpp's converter permutes the rows of Q and K for its rotary layout (``convert_hf_to_gguf.py``, ``permute``);
+``_unpermute`` undoes it exactly as transformers' GGUF loader does (``LlamaTensorProcessor._reverse_permute_weights``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accel.errors import ModelError
+from accel.models.config import ModelConfig
+
+__all__ = ["read_gguf", "gguf_config", "gguf_tokenizer", "SUPPORTED_GGUF_ARCHS"]
+
+SUPPORTED_GGUF_ARCHS = ("llama", "mistral", "qwen2")
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
+
+def _reader(path: str | Path):
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ModelError("reading .gguf files needs the gguf package: pip install 'accel[gguf]'") from exc
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError/struct errors on bad files
+        raise ModelError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_config(reader) -> ModelConfig:
+    """ModelConfig from GGUF metadata (``general.architecture`` and its ``{arch}.*`` keys)."""
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise ModelError(f"GGUF general.architecture={arch!r} is not supported; supported: {SUPPORTED_GGUF_ARCHS}")
+    rope_type = _field(reader, f"{arch}.rope.scaling.type")
+    if rope_type not in (None, "none"):
+        raise ModelError(f"GGUF {arch}.rope.scaling.type={rope_type!r} is not supported; supported: none")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ModelError("GGUF tensor rope_freqs.weight (Llama 3 rope scaling) is not supported")
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    vocab = _field(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    cfg = {
+        "model_type": arch,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{arch}.rope.dimension_count", hidden // heads)),
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    return ModelConfig.from_hf(cfg)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's rotary row permutation of a Q/K weight ``[n_head * head_dim, in]`` (or bias)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Config and float32 tensors (``Decoder`` names) of a GGUF file; quantized tensors are dequantized."""
+    from gguf.quants import dequantize
+
+    reader = _reader(path)
+    config = gguf_config(reader)
+    permuted = config.model_type in ("llama", "mistral")  # llama.cpp permutes Q/K only for these
+    out: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        m = re.match(r"blk\.(\d+)\.(\w+)\.(weight|bias)$", t.name)
+        top = re.match(r"(\w+)\.(weight|bias)$", t.name)
+        if m:
+            layer, kind, part = m.groups()
+            if kind not in _LAYER_NAMES:
+                raise ModelError(f"GGUF tensor {t.name!r} is not supported (unknown layer tensor {kind!r})")
+            name = f"layers.{layer}.{_LAYER_NAMES[kind]}.{part}"
+        elif top and top.group(1) in _TOP_NAMES:
+            name = f"{_TOP_NAMES[top.group(1)]}.{top.group(2)}"
+        else:
+            raise ModelError(f"GGUF tensor {t.name!r} is not supported")
+        try:
+            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except Exception as exc:  # noqa: BLE001 - unknown quant type or truncated data
+            raise ModelError(f"cannot dequantize GGUF tensor {t.name!r} ({t.tensor_type.name}): {exc}") from exc
+        arr = arr.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims fastest-first
+        if permuted and _kind_is(m, "attn_q"):
+            arr = _unpermute(arr, config.num_heads)
+        elif permuted and _kind_is(m, "attn_k"):
+            arr = _unpermute(arr, config.num_kv_heads)
+        out[name] = arr
+    return config, out
+
+
+def _kind_is(m: re.Match | None, kind: str) -> bool:
+    return m is not None and m.group(2) == kind
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def gguf_tokenizer(path: str | Path):
+    """A ``tokenizers.Tokenizer`` for a GGUF with ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE).
+
+    Vocabulary and merges come from the file; control tokens (token_type 3) are special tokens. The pre-tokenizer is
+    llama.cpp's for the file's ``tokenizer.ggml.pre``: ``smollm``/``starcoder`` split digits one by one before the
+    GPT-2 byte-level regex (as SmolLM2's own tokenizer.json does); others use the plain GPT-2 regex.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    reader = _reader(path)
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelError(f"GGUF tokenizer.ggml.model={kind!r} is not supported; supported: 'gpt2' (byte-level BPE)")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    types = _field(reader, "tokenizer.ggml.token_type") or []
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pre = _field(reader, "tokenizer.ggml.pre")
+    if pre in ("smollm", "starcoder", "refact", "command-r"):
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if int(ty) == 3]
+    tok.add_special_tokens(special)
+    return tok
