@@ -4,12 +4,14 @@ MX formats (OCP Microscaling v1.0, REFERENCE.md §1): one 8-bit E8M0 scale per b
 MXFP6 = 6 + 8/32 = 6.25 bits = 0.390625 of FP16, MXFP4 = 4.25, MXFP8 / MXINT8 = 8.25.
 
 Integer weight-only formats (assumptions, stated here once):
-- ``int8``: per-output-channel scale; one fp16 scale per row of thousands of elements is < 0.01 bit/element, counted as 8.0.
+- ``int8``: per-output-channel scale; one fp16 scale per row of thousands of elements is < 0.01 bit/element,
+  counted as 8.0.
 - ``int4``: group size 128 with an fp16 scale and an fp16 zero point per group (the gpt-fast / GPTQ layout):
   4 + 32/128 = 4.25 bits.
 
 Compute: MX and integer weights are expanded to the compute dtype before the matrix product (weight-only
-quantization; on Cloud AI 100 ``-mxfp6-matmul`` compresses MatMul weights offline and compute stays FP16, REFERENCE §2).
+quantization; on Cloud AI 100 ``-mxfp6-matmul`` compresses MatMul weights offline and compute stays FP16,
+REFERENCE §2).
 So every format computes at ``fp16`` peak except ``fp32`` (fp32 peak) and ``bf16`` (bf16 peak if the device lists one).
 """
 

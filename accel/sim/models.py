@@ -1,7 +1,8 @@
 """Model architecture specs (``ModelSpec``), presets, Hugging Face config parsing, and byte counts.
 
 The parameter count is *derived* from the architecture, never typed in. Which weights take the compressed format:
-the linear layers of the decoder blocks (Q, K, V, O, FFN) — what Qualcomm's ``-mxfp6-matmul`` compresses (REFERENCE §2).
+the linear layers of the decoder blocks (Q, K, V, O, FFN) — what Qualcomm's ``-mxfp6-matmul`` compresses
+(REFERENCE §2).
 Embeddings, norms and biases stay FP16; the LM head stays FP16 unless ``compress_lm_head=True`` (it is a MatMul too,
 so on Cloud AI 100 ``-mxfp6-matmul`` would compress it: set the option to model that). A tied LM head is the
 embedding table; it is stored once (in the LM-head format when compressed) and read in full by every call.
@@ -47,9 +48,11 @@ class ModelSpec(SimModel):
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         if self.n_heads % self.kv_heads:
-            raise SimError(f"model {self.name!r}: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}")
+            raise SimError(f"model {self.name!r}: n_heads={self.n_heads} is not a multiple of "
+                           f"n_kv_heads={self.kv_heads}")
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise SimError(f"model {self.name!r}: d_model={self.d_model} not divisible by n_heads={self.n_heads}; give head_dim")
+            raise SimError(f"model {self.name!r}: d_model={self.d_model} not divisible by n_heads={self.n_heads}; "
+                           "give head_dim")
         return self
 
     # --- derived sizes ---------------------------------------------------------------------------------------------
@@ -160,15 +163,19 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
          note=f"{_SEED}; HF Salesforce/codegen-350M-mono config"),
     _llama("qualcomm-llama2-draft-115m", 9, 768, 12, 2176, 32000,
            note=f"ASSUMED architecture: {_SEED} says Qualcomm's Llama 2 draft has 115M FP16 parameters, architecture "
-                "not published. Chosen: Llama layout, Llama 2 vocab (shared tokenizer), d 768, 12 heads, 9 layers, FFN 2176 (115.5M)."),
+                "not published. Chosen: Llama layout, Llama 2 vocab (shared tokenizer), d 768, 12 heads, 9 layers, "
+                "FFN 2176 (115.5M)."),
     # common open models (HF config.json values)
     _llama("llama-3-8b", 32, 4096, 32, 14336, 128256, kv=8, note="HF meta-llama/Meta-Llama-3-8B config"),
     _llama("llama-3.1-70b", 80, 8192, 64, 28672, 128256, kv=8, note="HF meta-llama/Llama-3.1-70B config"),
     _llama("mistral-7b", 32, 4096, 32, 14336, 32000, kv=8, note="HF mistralai/Mistral-7B-v0.1 config"),
-    _llama("qwen2.5-0.5b", 24, 896, 14, 4864, 151936, kv=2, tied=True, qkv_bias=True, note="HF Qwen/Qwen2.5-0.5B config"),
-    _llama("qwen2.5-1.5b", 28, 1536, 12, 8960, 151936, kv=2, tied=True, qkv_bias=True, note="HF Qwen/Qwen2.5-1.5B config"),
+    _llama("qwen2.5-0.5b", 24, 896, 14, 4864, 151936, kv=2, tied=True, qkv_bias=True,
+           note="HF Qwen/Qwen2.5-0.5B config"),
+    _llama("qwen2.5-1.5b", 28, 1536, 12, 8960, 151936, kv=2, tied=True, qkv_bias=True,
+           note="HF Qwen/Qwen2.5-1.5B config"),
     _llama("qwen2.5-7b", 28, 3584, 28, 18944, 152064, kv=4, qkv_bias=True, note="HF Qwen/Qwen2.5-7B config"),
-    _llama("smollm2-135m", 30, 576, 9, 1536, 49152, kv=3, tied=True, note="HF HuggingFaceTB/SmolLM2-135M; REFERENCE §7"),
+    _llama("smollm2-135m", 30, 576, 9, 1536, 49152, kv=3, tied=True,
+           note="HF HuggingFaceTB/SmolLM2-135M; REFERENCE §7"),
     _llama("smollm2-360m", 32, 960, 15, 2560, 49152, kv=5, tied=True, note="HF HuggingFaceTB/SmolLM2-360M config"),
     _llama("smollm2-1.7b", 24, 2048, 32, 8192, 49152, kv=32, tied=True, note="HF HuggingFaceTB/SmolLM2-1.7B config"),
     _llama("tinyllama-1.1b", 22, 2048, 32, 5632, 32000, kv=4, note="HF TinyLlama/TinyLlama-1.1B config"),
@@ -198,7 +205,8 @@ def preset(name: str) -> ModelSpec:
 
 
 def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> ModelSpec:
-    """A ``ModelSpec`` from a Hugging Face ``config.json`` (dict or path): llama/mistral/qwen2/gpt2/codegen fields."""
+    """A ``ModelSpec`` from a Hugging Face ``config.json`` (dict or path): llama/mistral/qwen2/gpt2/codegen fields;
+    also accepts the dict of ``accel.models.ModelConfig.to_dict()`` (num_layers/num_heads/num_kv_heads/...)."""
     if not isinstance(config, dict):
         path = Path(config)
         try:
@@ -221,6 +229,17 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
         return default
 
     try:
+        if "num_layers" in cfg and "hidden_size" in cfg:  # accel.models.ModelConfig.to_dict() (results/*.json)
+            return ModelSpec(
+                name=name, n_layers=int(get("num_layers")), d_model=int(get("hidden_size")),
+                n_heads=int(get("num_heads")), n_kv_heads=int(get("num_kv_heads", "num_heads")),
+                head_dim=int(cfg.get("head_dim") or 0) or None, ffn_dim=int(get("intermediate_size")),
+                ffn_type="mlp" if cfg.get("mlp") == "plain" else "gated", vocab_size=int(get("vocab_size")),
+                norm_type="layernorm" if cfg.get("norm") == "layer" else "rmsnorm",
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("qkv_bias")),
+                o_bias=bool(cfg.get("o_bias")), mlp_bias=bool(cfg.get("mlp_bias")),
+                learned_positions=int(cfg.get("max_position_embeddings", 0)) if cfg.get("positions") == "learned"
+                else 0, note="from an accel.models config dict")
         if "n_embd" in cfg or mtype in ("gpt2", "codegen", "gptj"):
             d = int(get("n_embd", "hidden_size"))
             is_gpt2 = mtype == "gpt2" or (mtype == "" and "n_positions" in cfg and "rotary_dim" not in cfg)
@@ -259,4 +278,5 @@ def resolve_model(model: "ModelSpec | str | dict[str, Any] | Path") -> ModelSpec
         return from_hf_config(path)
     if isinstance(model, str):
         return preset(model)
-    raise SimError(f"model must be a preset name, ModelSpec, config dict or config.json path, got {type(model).__name__}")
+    raise SimError("model must be a preset name, ModelSpec, config dict or config.json path, "
+                   f"got {type(model).__name__}")

@@ -134,13 +134,15 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
         comm = 0.0 * rows
     overhead = hw.call_overhead_s + 0.0 * rows
     total = nl * t_l + t_h + comm + overhead
-    return {
+    out = {
         "time_s": total, "memory_bound_s": mem_bound, "compute_bound_s": compute_bound, "comm_s": comm,
         "overhead_s": overhead, "memory_s": nl * mem_l + mem_h, "compute_s": nl * comp_l + comp_h,
         "decompress_s": nl * dec_l + dec_h, "weight_bytes": nl * w_layer + w_head + 0.0 * rows,
         "kv_read_bytes": nl * kv_read, "kv_write_bytes": nl * kv_write, "activation_bytes": nl * act + act_head,
         "flops": nl * flops_layer + flops_head,
     }
+    shape = np.broadcast_shapes(*(np.shape(v) for v in out.values()))
+    return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape) for k, v in out.items()}
 
 
 def bound_of(memory_bound_s, compute_bound_s, other_s):

@@ -28,7 +28,10 @@ def check_k(k) -> np.ndarray:
 
 def check_alpha(alpha) -> np.ndarray:
     """Acceptance probabilities as a float array in [0, 1] (``SimError`` otherwise)."""
-    a = np.asarray(alpha, dtype=np.float64) if not isinstance(alpha, str) else np.asarray(np.nan)
+    try:
+        a = np.asarray(alpha, dtype=np.float64) if not isinstance(alpha, str) else np.asarray(np.nan)
+    except (TypeError, ValueError):
+        a = np.asarray(np.nan)
     if a.size == 0 or np.any(~np.isfinite(a)) or np.any((a < 0) | (a > 1)):
         raise SimError(f"acceptance rate alpha must be in [0, 1], got {alpha!r}")
     return a
@@ -47,7 +50,8 @@ def acceptance_vector(acceptance: Acceptance, k: int) -> np.ndarray:
 
 
 def expected_tokens(alpha, k):
-    """E[tokens per loop] with i.i.d. acceptance ``alpha`` (vectorized over alpha and K): (1-a^(K+1))/(1-a); K+1 at a=1."""
+    """E[tokens per loop] with i.i.d. acceptance ``alpha`` (vectorized over alpha and K): (1 - a^(K+1)) / (1 - a),
+    K+1 at a = 1."""
     a = check_alpha(alpha)
     kk = check_k(k)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -80,11 +84,12 @@ def speedup(expected_tokens_per_loop, loop_s, target_step_s):
 
 
 def break_even_alpha(k: int, target_step_s: float, draft_step_s: float, score_step_s: float, host_s: float = 0.0,
-                     tol: float = 1e-10) -> float | None:
-    """Smallest i.i.d. alpha at which SpD with this K is at least as fast as AR (bisection; E is increasing in alpha).
-    0.0 if SpD already wins at alpha = 0; ``None`` if it loses even at alpha = 1."""
+                     tol: float = 1e-10, catch_up_s: float = 0.0) -> float | None:
+    """Smallest i.i.d. alpha at which SpD with this K is at least as fast as AR (bisection on the speedup, which
+    increases with alpha as long as the draft catch-up ``catch_up_s``, paid with probability alpha^K, is smaller than
+    a target step). 0.0 if SpD already wins at alpha = 0; ``None`` if it loses even at alpha = 1."""
     lt = float(loop_time(k, draft_step_s, score_step_s, host_s))
-    gain = lambda a: float(speedup(expected_tokens(a, k), lt, target_step_s)) - 1.0  # noqa: E731
+    gain = lambda a: float(speedup(expected_tokens(a, k), lt + a ** k * catch_up_s, target_step_s)) - 1.0  # noqa
     if gain(0.0) >= 0:
         return 0.0
     if gain(1.0) < 0:

@@ -1,0 +1,101 @@
+"""Predictive Pipelined Decoding (PPD), Theorem 4.1 of the seed paper (REFERENCE.md §4).
+
+d layers; at layer dbar (d/2 <= dbar <= d) an early prediction proposes top-k candidates and k sub-processes start the
+next token from layer 1 in parallel; with probability p one matches the final token and its head start saves
+(d - dbar) layers. In time units of one layer (exact, Theorem 4.1):
+
+    E[latency] = d l - (d - dbar)(l - 1) p          E[compute] = E[latency] + k (d - dbar) l
+
+Approximations (dbar = d/2, l >> 1): latency per token ~ d (1 - p/2); average busy units ~ (k + 2 - p) / (2 - p).
+General l >> 1 forms used here: latency per token ~ d - (d - dbar) p,
+busy ~ (d + k(d-dbar) - (d-dbar) p) / (d - (d-dbar) p).
+
+Mapping onto a device: one unit = one decoder layer of a decode step (S = 1) from the roofline; per token the
+per-call costs (LM head, call overhead, all-reduces outside layers) are added once. Assumption (the paper's): the
+k sub-processes run on otherwise idle compute units and do not slow the main one; ``busy_units`` says how many
+layer-pipelines that takes, i.e. whether the device actually has the parallel resources.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accel.errors import SimError
+from accel.sim._base import SimModel
+from accel.sim.hardware import Hardware, hardware as _hardware
+from accel.sim.models import ModelSpec, resolve_model
+from accel.sim.roofline import step_time
+
+
+def _check(d, dbar, k, p, l) -> None:  # noqa: E741
+    if not (isinstance(d, (int, np.integer)) and d >= 1):
+        raise SimError(f"d (layers) must be an integer >= 1, got {d!r}")
+    if not (isinstance(dbar, (int, float, np.number)) and d / 2 <= dbar <= d):
+        raise SimError(f"dbar must be in [d/2, d] = [{d / 2}, {d}] (Theorem 4.1 assumption), got {dbar!r}")
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        raise SimError(f"k (candidates) must be an integer >= 1, got {k!r}")
+    if not (isinstance(p, (int, float, np.number)) and 0.0 <= p <= 1.0):
+        raise SimError(f"p (match probability) must be in [0, 1], got {p!r}")
+    if not (isinstance(l, (int, np.integer)) and l >= 1):
+        raise SimError(f"l (tokens) must be an integer >= 1, got {l!r}")
+
+
+def ppd_expected_latency(d: int, dbar: float, p: float, l: int) -> float:  # noqa: E741
+    """Exact E[latency] in layer-time units (Theorem 4.1)."""
+    _check(d, dbar, 1, p, l)
+    return d * l - (d - dbar) * (l - 1) * p
+
+
+def ppd_expected_compute(d: int, dbar: float, k: int, p: float, l: int) -> float:  # noqa: E741
+    """Exact E[compute] in layer-time units (Theorem 4.1)."""
+    _check(d, dbar, k, p, l)
+    return ppd_expected_latency(d, dbar, p, l) + k * (d - dbar) * l
+
+
+class PPDResult(SimModel):
+    """PPD prediction. ``*_units`` are in layer times; seconds come from the roofline on ``hardware``."""
+
+    model: str
+    hardware: str
+    d: int
+    dbar: float
+    k: int
+    p: float
+    gen_len: int
+    expected_latency_units: float
+    expected_compute_units: float
+    approx_latency_units_per_token: float
+    approx_busy_units: float
+    layer_s: float
+    per_token_fixed_s: float
+    latency_s: float
+    ar_latency_s: float
+    speedup: float
+    tokens_per_s: float
+
+
+def predict_ppd(model: ModelSpec | str | dict, hardware: Hardware | str, *, dbar: float, k: int, p: float,
+                gen_len: int, weight_format: str = "fp16", kv_format: str = "fp16", context_len: int = 128,
+                batch_size: int = 1, devices: int | None = None) -> PPDResult:
+    """Expected PPD latency (s) for ``gen_len`` tokens vs autoregressive decoding on ``hardware``."""
+    spec, hw = resolve_model(model), _hardware(hardware)
+    d = spec.n_layers
+    _check(d, dbar, k, p, gen_len)
+    kw = dict(weight_format=weight_format, kv_format=kv_format, batch_size=batch_size, context_len=context_len,
+              devices=devices)
+    one = step_time(spec.model_copy(update={"n_layers": 1}), hw, **kw).time_s
+    two = step_time(spec.model_copy(update={"n_layers": 2}), hw, **kw).time_s
+    full = step_time(spec, hw, **kw).time_s
+    layer_s = two - one  # exact: every layer costs the same
+    fixed = full - d * layer_s
+    lat_u = ppd_expected_latency(d, dbar, p, gen_len)
+    comp_u = ppd_expected_compute(d, dbar, k, p, gen_len)
+    saved = (d - dbar) * p
+    latency_s = lat_u * layer_s + gen_len * fixed
+    ar_s = gen_len * full
+    return PPDResult(model=spec.name, hardware=hw.name, d=d, dbar=float(dbar), k=k, p=float(p), gen_len=gen_len,
+                     expected_latency_units=lat_u, expected_compute_units=comp_u,
+                     approx_latency_units_per_token=d - saved,
+                     approx_busy_units=(d + k * (d - dbar) - saved) / (d - saved),
+                     layer_s=layer_s, per_token_fixed_s=fixed, latency_s=latency_s, ar_latency_s=ar_s,
+                     speedup=ar_s / latency_s, tokens_per_s=batch_size * gen_len / latency_s)

@@ -1,0 +1,64 @@
+"""`accel predict` through accel.cli.main, the plots, and the import rules."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from accel.cli import main
+from accel.sim import plots, predict_speedup
+
+ARGS = ["predict", "--target", "llama-2-7b", "--draft", "qualcomm-llama2-draft-115m", "--hardware",
+        "cloud-ai-100-ultra", "--k", "7", "--acceptance", "0.8"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_table(capsys):
+    assert main(ARGS) == 0
+    out = capsys.readouterr().out
+    for word in ("fp16 AR", "mxfp6 AR", "fp16 + SpD", "mxfp6 + SpD", "TPOT ms", "best K", "fits"):
+        assert word in out
+
+
+def test_cli_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "bars.png"
+    assert main(ARGS + ["--json", "--target-format", "mxfp4", "--batch", "2", "--plot", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["batch_size"] == 2 and data["configs"][3]["name"] == "mxfp4 + SpD"
+    assert png.read_bytes()[:8] == PNG
+
+
+def test_cli_errors(capsys, tmp_path):
+    assert main(ARGS[:2] + ["no-such-model"] + ARGS[3:]) == 1
+    assert "known presets" in capsys.readouterr().err
+    assert main(ARGS + ["--acceptance", "1.3"]) == 1
+    assert main(["predict", "--target", "chinchilla-70b", "--draft", "chinchilla-4b-draft", "--hardware",
+                 "cloud-ai-100-standard", "--strict"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().err
+    hw = tmp_path / "dev.yaml"
+    hw.write_text("base: cloud-ai-100-ultra\nbandwidth_efficiency: 0.4\n")
+    assert main(ARGS[:6] + [str(hw)] + ARGS[7:]) == 0
+
+
+def test_plots(tmp_path):
+    p = predict_speedup("llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra")
+    outs = [plots.roofline("llama-2-7b", "cloud-ai-100-ultra", tmp_path / "roof.png", weight_format="mxfp6"),
+            plots.speedup_heatmap("llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra",
+                                  tmp_path / "heat.png", k_max=6, alpha=[0.0, 0.5, 0.9, 1.0]),
+            plots.breakdown_bars(p, tmp_path / "sub" / "bars.png")]
+    for o in outs:
+        assert o.read_bytes()[:8] == PNG
+    assert sorted(x.name for x in tmp_path.rglob("*") if x.is_file()) == ["bars.png", "heat.png", "roof.png"]
+    from accel.errors import SimError
+
+    with pytest.raises(SimError, match="png"):
+        plots.breakdown_bars(p, tmp_path / "x.pdf")
+
+
+def test_import_needs_neither_torch_nor_matplotlib():
+    code = ("import sys; import accel.sim as s; s.predict_speedup('llama-2-7b', 'gpt2', 'l4'); "
+            "s.sweep('llama-2-7b', 'gpt2', 'l4', k=[2], alpha=[0.5]); "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

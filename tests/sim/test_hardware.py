@@ -1,0 +1,63 @@
+"""Hardware catalog, name lookup, YAML/JSON loading."""
+
+import json
+
+import pytest
+
+from accel.errors import SimError
+from accel.sim import Hardware, hardware, list_hardware, load_hardware
+
+REFERENCE_DEVICES = ["cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-40gb", "a100-80gb",
+                     "h100-sxm", "h100-pcie", "h200", "l4", "l40s", "mi300x", "tpu-v4"]
+
+
+def test_catalog_covers_reference_and_cites_sources():
+    assert set(REFERENCE_DEVICES) <= set(list_hardware())
+    for name in list_hardware():
+        hw = hardware(name)
+        assert hw.source and "REFERENCE" in hw.source
+        assert hw.notes and "assumed" in hw.notes.lower()
+
+
+def test_ultra_is_four_socs_of_the_card_totals():
+    hw = hardware("cloud-ai-100-ultra")
+    assert hw.num_devices == 4
+    assert hw.num_devices * hw.memory_bandwidth_bytes_per_s == pytest.approx(548e9)
+    assert hw.total_memory_capacity_bytes == pytest.approx(128e9)
+    assert hw.num_devices * hw.peak_flops("fp16") == pytest.approx(290e12)
+    assert hw.bandwidth_efficiency == 0.6  # REFERENCE §5: 40-70 %
+
+
+@pytest.mark.parametrize("alias,name", [("Cloud AI 100 Ultra", "cloud-ai-100-ultra"), ("A100-80GB", "a100-80gb"),
+                                        ("nvidia_h100_sxm", "h100-sxm"), ("AMD MI300X", "mi300x"),
+                                        ("TPU v4", "tpu-v4"), ("ai100-pro", "cloud-ai-100-pro")])
+def test_name_lookup(alias, name):
+    assert hardware(alias).name == name
+
+
+def test_unknown_lists_names():
+    with pytest.raises(SimError, match="known: .*cloud-ai-100-ultra"):
+        hardware("a100-81gb")
+
+
+def test_load_yaml_and_json(tmp_path):
+    y = tmp_path / "dev.yaml"
+    y.write_text("base: cloud-ai-100-ultra\nbandwidth_efficiency: 0.45\ncall_overhead_s: 0.001\n")
+    hw = load_hardware(y)
+    assert hw.bandwidth_efficiency == 0.45 and hw.num_devices == 4 and hw.name == "cloud-ai-100-ultra"
+    j = tmp_path / "x.json"
+    j.write_text(json.dumps({"memory_bandwidth_bytes_per_s": 1e11, "memory_capacity_bytes": 8e9,
+                             "peak_flops_per_s": {"fp16": 1e13}}))
+    assert load_hardware(j).name == "x"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"memory_bandwidth_bytes_per_s": -1, "memory_capacity_bytes": 8e9,
+                               "peak_flops_per_s": {"fp16": 1e13}}))
+    with pytest.raises(SimError, match="memory_bandwidth_bytes_per_s"):
+        load_hardware(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("base: l4\nbandwith: 3\n")
+    with pytest.raises(SimError, match="unknown fields"):
+        load_hardware(typo)
+    with pytest.raises(SimError, match="efficiency"):
+        Hardware(name="x", memory_bandwidth_bytes_per_s=1e9, memory_capacity_bytes=1e9,
+                 peak_flops_per_s={"fp16": 1e12}, bandwidth_efficiency=1.5)
