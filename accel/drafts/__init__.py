@@ -1,1 +1,44 @@
-"""accel.drafts (work in progress)."""
+"""Draft models for speculative decoding, trained by distillation from a target.
+
+- ``distill(target, out_dir, DistillConfig(...)) -> DistillReport``: build a small Llama-family decoder with the
+  target's vocabulary and train it on the target's top-k next-token distributions (text files and/or continuations the
+  target generates itself); writes a normal checkpoint directory that every part of accel loads.
+- ``evaluate_draft(target, draft, data, temperature=...) -> DraftEval``: greedy agreement, per-position greedy SpD
+  acceptance for K up to 8, and alpha = E[sum_x min(p, q)] at a temperature (what ``accel.sim`` needs).
+
+Needs torch (the ``[torch]`` extra); submodules are imported lazily so ``import accel.drafts`` alone is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from accel.drafts.config import DistillConfig, DistillReport, DraftEval, HistoryPoint
+
+_LAZY = {
+    "distill": "accel.drafts.training",
+    "evaluate_draft": "accel.drafts.evaluate",
+    "build_draft": "accel.drafts.architecture",
+    "chat_prompt": "accel.drafts.data",
+    "DEFAULT_PROMPTS": "accel.drafts.prompts",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'accel.drafts' has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "DistillConfig",
+    "DistillReport",
+    "DraftEval",
+    "HistoryPoint",
+    "build_draft",
+    "chat_prompt",
+    "distill",
+    "evaluate_draft",
+]

