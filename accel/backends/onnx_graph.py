@@ -241,7 +241,9 @@ def build_decoder_graph(
 
     rope = None
     if c.positions == "rope":
-        inv_freq = _rope_inv_freq(c)
+        from accel.models.config import rope_inv_freq  # numpy only (shared with the torch decoder)
+
+        inv_freq = rope_inv_freq(c)
         freqs = g.op("Mul", g.op("Unsqueeze", g.op("Cast", pos, to=TensorProto.FLOAT), g.const([2])), f32(inv_freq))
         emb = g.op("Unsqueeze", g.op("Concat", freqs, freqs, axis=-1), g.const([1]))  # [B, 1, S, D]
         rope = (g.op("Cos", emb), g.op("Sin", emb))
@@ -308,24 +310,3 @@ def build_decoder_graph(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="accel")
     model.ir_version = IR_VERSION
     return model
-
-
-def _rope_inv_freq(c: Any) -> np.ndarray:
-    """RoPE inverse frequencies, computed as ``accel.models.decoder.rope_inv_freq`` does (float64, then float32)."""
-    dim = c.head_dim
-    inv = 1.0 / (c.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    rs = c.rope_scaling
-    if rs is None:
-        return inv.astype(np.float32)
-    if rs.kind == "linear":
-        return (inv / rs.factor).astype(np.float32)
-    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
-    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
-    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
-        rs.high_freq_factor - rs.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, smoothed, scaled).astype(np.float32)

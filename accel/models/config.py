@@ -7,13 +7,16 @@ architecture differences are a handful of switches (norm type, MLP type, positio
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from accel.errors import ModelError
 
-__all__ = ["ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES", "rope_inv_freq"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 _GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
@@ -281,3 +284,28 @@ def _parse_rope_scaling(rs: dict[str, Any] | None) -> RopeScaling | None:
             original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
         )
     raise ModelError(f"config field rope_scaling type {kind!r} is not supported; supported: 'llama3', 'linear'")
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies ``[head_dim / 2]`` (float32, computed in float64), with Llama 3 or linear scaling.
+
+    Shared by the torch decoder and the ONNX graph builder so both rotate by exactly the same angles.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    rs = config.rope_scaling
+    if rs is None:
+        return inv_freq.astype(np.float32)
+    if rs.kind == "linear":
+        return (inv_freq / rs.factor).astype(np.float32)
+    # Llama 3.1 wavelength-dependent scaling (as in Meta's reference implementation)
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)

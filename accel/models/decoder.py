@@ -18,30 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from accel.models.config import ModelConfig
+from accel.models.config import rope_inv_freq as _rope_inv_freq_np
 
 __all__ = ["Decoder", "new_cache", "rope_inv_freq", "write_cache"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies ``[head_dim / 2]`` (float32), with Llama 3 or linear scaling applied."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    rs = config.rope_scaling
-    if rs is None:
-        return inv_freq.float()
-    if rs.kind == "linear":
-        return (inv_freq / rs.factor).float()
-    # Llama 3.1 wavelength-dependent scaling (as in Meta's reference implementation)
-    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
-    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
-    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
-        rs.high_freq_factor - rs.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled).float()
+    return torch.from_numpy(_rope_inv_freq_np(config))
 
 
 def new_cache(
