@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel._lazy import lazy_getattr
 from accel.errors import (
     AccelError,
     BackendError,
@@ -33,12 +31,7 @@ _LAZY_FUNCTIONS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_SUBMODULES:
-        return importlib.import_module(f"accel.{name}")
-    if name in _LAZY_FUNCTIONS:
-        return getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
-    raise AttributeError(f"module 'accel' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES})
 
 
 __all__ = [

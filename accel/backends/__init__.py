@@ -6,9 +6,7 @@ lazily on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel._lazy import lazy_getattr
 from accel.backends.base import Backend, BackendInfo, check_step_inputs, prefill
 from accel.errors import BackendError
 
@@ -23,10 +21,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'accel.backends' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -11,9 +11,7 @@ Needs torch (the ``[torch]`` extra); submodules are imported lazily so ``import 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel._lazy import lazy_getattr
 from accel.drafts.config import DistillConfig, DistillReport, DraftEval, HistoryPoint
 
 _LAZY = {
@@ -25,10 +23,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'accel.drafts' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -6,9 +6,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel._lazy import lazy_getattr
 from accel.formats.codec import decode_elements, encode_elements
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import ALIASES, FORMATS, ElementFormat, get_format, known_format_names
@@ -25,10 +23,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'accel.formats' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

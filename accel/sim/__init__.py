@@ -10,9 +10,7 @@ See docs/sim.md. Nothing here imports torch or matplotlib.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel._lazy import lazy_getattr
 from accel.sim.formats import KV_FORMATS, WEIGHT_FORMATS, bits_per_element, bytes_per_element
 from accel.sim.hardware import CalibrationReport, Hardware, hardware, list_hardware, load_hardware
 from accel.sim.models import ModelSpec, from_hf_config, list_presets, preset, resolve_model, weight_breakdown
@@ -29,12 +27,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name == "plots":
-        return importlib.import_module("accel.sim.plots")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'accel.sim' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, {"plots": "accel.sim.plots"})
 
 
 __all__ = [
