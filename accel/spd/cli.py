@@ -1,0 +1,179 @@
+"""``accel generate``: speculative decoding from the command line (see docs/spd.md).
+
+``--target`` / ``--draft`` are HF-style checkpoint directories (``accel.models.load``) or, with ``--backend ort``,
+``.onnx`` files written by ``accel export`` (a checkpoint directory given with ``--backend ort`` is exported to a
+temporary file first). Without ``--draft`` the target decodes autoregressively. The text is streamed as rounds complete;
+tokens that were accepted from the draft are shown in green on a terminal, in ``[brackets]`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from accel.errors import SpdError
+
+__all__ = ["register", "run"]
+
+_GREEN, _RESET = "\x1b[32m", "\x1b[0m"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``generate`` subcommand."""
+    p = subparsers.add_parser("generate", help="speculative decoding with a draft and a target model",
+                              description=__doc__)
+    p.add_argument("--target", required=True, help="target checkpoint directory (or .onnx with --backend ort)")
+    p.add_argument("--draft", default=None, help="draft checkpoint directory or .onnx (omit: autoregressive)")
+    p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature/top-k/top-p)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("ort", "torch"), default="ort")
+    p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (checkpoint directories)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads per model")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
+    p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
+    p.set_defaults(func=run)
+
+
+def _model_config(path: Path) -> dict[str, Any]:
+    """The HF config of a checkpoint directory, or the one recorded in an exported ONNX file's metadata."""
+    if path.is_dir():
+        cfg = path / "config.json"
+        return json.loads(cfg.read_text()) if cfg.is_file() else {}
+    if path.suffix == ".onnx":
+        import onnx
+
+        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        return json.loads(meta.get("accel.model_config", "{}"))
+    return {}
+
+
+def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp: Path):
+    if not path.exists():
+        raise SpdError(f"no model at {path}: give a checkpoint directory or an .onnx file")
+    if kind == "torch":
+        if not path.is_dir():
+            raise SpdError(f"--backend torch needs a checkpoint directory; got {path}")
+        from accel.backends import TorchBackend
+        from accel.models import load
+
+        return TorchBackend(load(path), ctx_len=ctx_len, batch_size=1, threads=threads)
+    from accel.backends import OrtBackend
+
+    if path.is_dir():  # export once into the temporary directory
+        from accel.backends import export_onnx
+        from accel.models import load
+
+        path = export_onnx(load(path), tmp / f"{path.name}.onnx", ctx_len=ctx_len, batch_size=1)
+    if path.suffix != ".onnx":
+        raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
+    return OrtBackend(path, batch_size=1, threads=threads)
+
+
+def _find_tokenizer(args: argparse.Namespace, target: Path):
+    candidates = [Path(args.tokenizer)] if args.tokenizer else [target if target.is_dir() else target.parent]
+    for c in candidates:
+        if (c / "tokenizer.json").is_file() or (c.is_file() and c.suffix == ".json"):
+            try:
+                from accel.models.smollm2 import load_tokenizer
+            except ImportError:  # accel.models needs torch; fall back to tokenizers directly
+                from tokenizers import Tokenizer
+
+                return Tokenizer.from_file(str(c / "tokenizer.json" if c.is_dir() else c))
+            return load_tokenizer(c)
+    if args.tokenizer:
+        raise SpdError(f"no tokenizer.json at {args.tokenizer}")
+    return None
+
+
+class _Printer:
+    """Streams decoded text; draft-accepted tokens in green (TTY) or [brackets] (pipe)."""
+
+    def __init__(self, tokenizer, out=None) -> None:
+        self.tok, self.out = tokenizer, out if out is not None else sys.stdout
+        self.color = self.out.isatty()
+        self.ids: list[int] = []
+        self.text = ""
+
+    def _piece(self, token: int) -> str:
+        if self.tok is None:
+            return f" {token}"
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        piece = text[len(self.text) :] if text.startswith(self.text) else text
+        self.text = text
+        return piece
+
+    def __call__(self, row: int, tokens: list[int], from_draft: list[bool]) -> None:
+        for t, d in zip(tokens, from_draft):
+            piece = self._piece(int(t))
+            if d:
+                piece = f"{_GREEN}{piece}{_RESET}" if self.color else f"[{piece}]"
+            self.out.write(piece)
+        self.out.flush()
+
+
+def _summary(stats, messages: list[str]) -> str:
+    s = stats
+    lines = [
+        f"mode {s.mode}  k {s.k}  new tokens {s.new_tokens}  rounds {s.rounds}  "
+        f"tokens/target call {s.tokens_per_target_call:.2f}",
+        f"tokens/s {s.tokens_per_s:.1f} (decode {s.decode_tokens_per_s:.1f})  wall {s.wall_s:.3f} s = "
+        f"draft {s.draft_s:.3f} + target {s.target_s:.3f} + host {s.host_s:.3f}  (prefill {s.prefill_s:.3f})",
+    ]
+    if s.mode == "spd":
+        per_pos = " ".join(f"{a:.2f}" for a in s.acceptance_per_position)
+        lines.append(f"alpha {s.alpha_counts:.3f} (counts), {s.alpha_overlap:.3f} (sum min(p,q))  "
+                     f"accepted histogram {s.accepted_histogram}  per position [{per_pos}]  "
+                     f"calls: draft {s.draft_calls}, target {s.target_calls}")
+    lines += [f"note: {m}" for m in messages]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``accel generate``; returns the exit code."""
+    from accel.spd.loop import check_compatible, generate, generate_ar
+
+    target_path = Path(args.target)
+    tokenizer = _find_tokenizer(args, target_path)
+    if tokenizer is not None:
+        prompt = tokenizer.encode(args.prompt).ids
+    else:
+        try:
+            prompt = [int(x) for x in args.prompt.split()]
+        except ValueError:
+            raise SpdError(f"no tokenizer found for {target_path}: give --tokenizer, or the prompt as token ids")
+    if not prompt:
+        raise SpdError("the prompt encodes to no tokens")
+    eos = _model_config(target_path).get("eos_token_id")
+    with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
+        target = _open_backend(target_path, args.backend, args.ctx_len, args.threads, Path(tmp))
+        draft = None
+        if args.draft:
+            draft_path = Path(args.draft)
+            draft = _open_backend(draft_path, args.backend, args.ctx_len, args.threads, Path(tmp))
+            draft_tok = _find_tokenizer(argparse.Namespace(tokenizer=None), draft_path) if tokenizer else None
+            check_compatible(target, draft, tokenizer, draft_tok)
+        printer = None if args.json else _Printer(tokenizer)
+        if printer is not None:
+            sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
+        kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, greedy=args.greedy, seed=args.seed, eos_token_id=eos, stream=printer)
+        if draft is not None:
+            res = generate(target, draft, [prompt], k=args.k, **kw)
+        else:
+            res = generate_ar(target, [prompt], **kw)
+    if args.json:
+        print(json.dumps(res.model_dump(mode="json"), indent=2))
+    else:
+        print("\n" + _summary(res.stats, res.messages))
+    return 0

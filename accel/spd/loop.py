@@ -1,0 +1,356 @@
+"""The batched speculative decoding loop (``generate``) and its autoregressive baseline (``generate_ar``).
+
+State per row (``n`` = tokens so far, prompt included): the target has consumed positions ``0 .. n-2``; the last token
+(position ``n-1``) is fed at the start of the next round. The draft has consumed ``0 .. draft_fed-1`` with
+``draft_fed`` in ``{n-1, n-2}``. One round (gpt-fast's ``speculative_decode``, batched):
+
+1. draft ``k_b`` tokens autoregressively; the first draft call of the round feeds the row's un-consumed tail
+   ``tokens[draft_fed:n]`` (1 token, or 2 = ``[d_K, bonus]`` after an all-accepted round: the cache catch-up of
+   REFERENCE.md §2), rows needing fewer tokens left-padded with position -1;
+2. score ``[last, d_1 .. d_k]`` at positions ``n-1 .. n-1+k`` in one target call (``num_logits = K+1``);
+3. modified rejection sampling (``accel.spd.mrs``) accepts ``m`` drafts and emits one more token.
+
+Rows advance by their own ``m + 1``; finished rows ride along with position -1 (they write nothing). Nothing is rolled
+back: stale K/V beyond a row's position are masked and later overwritten (the position-indexed cache contract).
+``k_b = min(K, room - 1)`` where ``room`` = tokens the row may still emit (``max_new_tokens`` and the context), so no
+call writes past the context and no row emits beyond ``max_new_tokens``. A row stops at EOS (inclusive),
+``max_new_tokens`` or a full context (``prompt + generated == ctx_len``, reported in ``messages``).
+
+``generate_ar`` is the same loop with no draft and ``K = 0`` (each round scores the last token and samples from
+``q``), so both share truncation rules, warps and statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from accel.backends.base import Backend
+from accel.errors import SpdError
+from accel.spd.mrs import greedy_accept, sample, speculative_accept
+from accel.spd.stats import GenerationResult, StatsAccumulator
+from accel.spd.warps import Sampling, check_logits
+
+__all__ = ["generate", "generate_ar", "check_compatible", "StreamCallback"]
+
+StreamCallback = Callable[[int, list, list], None]
+"""``stream(row, tokens, accepted_from_draft)``: called per row and round with the newly emitted tokens."""
+
+
+def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ``SpdError`` unless draft and target share a vocabulary (size, and token->id maps when given).
+
+    Tokenizers are compared with ``get_vocab()`` (``tokenizers.Tokenizer`` / transformers tokenizers).
+    """
+    tv, dv = target.info.vocab_size, draft.info.vocab_size
+    if tv != dv:
+        raise SpdError(f"draft vocab_size {dv} differs from target vocab_size {tv}: they must share a vocabulary")
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        if a != b:
+            diff = sorted(set(a.items()) ^ set(b.items()))[:3]
+            raise SpdError(f"draft and target tokenizers differ (e.g. {diff}): they must share a vocabulary")
+
+
+def _as_prompts(prompt_ids, vocab_size: int) -> list[np.ndarray]:
+    if isinstance(prompt_ids, np.ndarray):
+        if prompt_ids.ndim != 2:
+            raise SpdError(f"prompt_ids array must be 2-D [batch, len]; got shape {prompt_ids.shape}")
+        rows = list(prompt_ids)
+    else:
+        rows = list(prompt_ids)
+        if rows and np.ndim(rows[0]) == 0:
+            raise SpdError("prompt_ids must be a list of token lists (one per batch row) or a 2-D array")
+    out = []
+    for i, r in enumerate(rows):
+        a = np.asarray(r)
+        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise SpdError(f"prompt row {i} must be a non-empty 1-D list of token ids; got {r!r:.80}")
+        if a.min() < 0 or a.max() >= vocab_size:
+            raise SpdError(f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size})")
+        out.append(a.astype(np.int64))
+    if not out:
+        raise SpdError("prompt_ids is empty: give at least one row")
+    return out
+
+
+def _eos_set(eos_token_id) -> np.ndarray:
+    if eos_token_id is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
+
+
+class _Loop:
+    """One generation run: per-row buffers, positions, and the backends' call bookkeeping."""
+
+    def __init__(self, target: Backend, draft: Backend | None, prompts: list[np.ndarray], k: int,
+                 max_new_tokens: np.ndarray, sampling: Sampling, rng: np.random.Generator, eos: np.ndarray,
+                 stream: StreamCallback | None) -> None:
+        self.target, self.draft, self.k = target, draft, k
+        self.sampling, self.rng, self.stream = sampling, rng, stream
+        self.eos = frozenset(int(e) for e in eos)
+        self.greedy = sampling.greedy
+        self.batch = len(prompts)
+        infos = [target.info] + ([draft.info] if draft is not None else [])
+        self.ctx = min(i.ctx_len for i in infos)
+        self.max_new = np.asarray(max_new_tokens, dtype=np.int64)  # [B]
+        self.n = np.array([len(p) for p in prompts], dtype=np.int64)
+        self.buf = np.zeros((self.batch, max(self.ctx, int(self.n.max()))), dtype=np.int64)
+        for b, p in enumerate(prompts):
+            self.buf[b, : len(p)] = p
+        self.prompt_len = self.n.copy()
+        self.draft_fed = self.n - 1
+        self.new = np.zeros(self.batch, dtype=np.int64)
+        self.active = np.ones(self.batch, dtype=bool)
+        self.reasons: list[str | None] = [None] * self.batch
+        self.from_draft: list[list[bool]] = [[] for _ in range(self.batch)]
+        self.messages: list[str] = []
+        self.acc = StatsAccumulator("spd" if draft is not None else "ar", k, self.batch)
+
+    # ------------------------------------------------------------------ backend calls
+
+    def _call(self, which: str, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False):
+        backend = self.target if which == "target" else self.draft
+        with self.acc.timed(which, prefill):
+            out = backend.forward(ids, pos, num_logits=num_logits)
+        if which == "target":
+            self.acc.target_calls += 1
+        else:
+            self.acc.draft_calls += 1
+        return out
+
+    def _left_padded(self, starts: np.ndarray, stops: np.ndarray, rows: np.ndarray):
+        """ids/positions ``[B, W]`` with row b holding ``buf[b, starts:stops]`` right-aligned (others: -1)."""
+        width = int(max(1, (stops - starts)[rows].max(initial=1)))
+        ids = np.zeros((self.batch, width), dtype=np.int64)
+        pos = np.full((self.batch, width), -1, dtype=np.int64)
+        for b in np.flatnonzero(rows):
+            length = int(stops[b] - starts[b])
+            if length > 0:
+                ids[b, width - length :] = self.buf[b, starts[b] : stops[b]]
+                pos[b, width - length :] = np.arange(starts[b], stops[b])
+        return ids, pos
+
+    def prefill(self) -> None:
+        """Feed every prompt but its last token into both models (chunks of each backend's ``max_seq_len``)."""
+        stops = self.n - 1
+        if stops.max() <= 0:
+            return
+        ids, pos = self._left_padded(np.zeros_like(stops), stops, np.ones(self.batch, dtype=bool))
+        for which in ("target", "draft") if self.draft is not None else ("target",):
+            step = (self.target if which == "target" else self.draft).info.max_seq_len
+            for s in range(0, ids.shape[1], step):
+                if np.any(pos[:, s : s + step] >= 0):
+                    self._call(which, ids[:, s : s + step], pos[:, s : s + step], 1, prefill=True)
+
+    # ------------------------------------------------------------------ one round
+
+    def _probs(self, logits: np.ndarray, rows: np.ndarray, what: str) -> np.ndarray:
+        """Warped distributions (greedy: the checked logits) for ``rows``; other rows' padding garbage is zeroed."""
+        x = logits if rows.all() else np.where(rows.reshape(rows.shape + (1,) * (logits.ndim - 1)), logits, 0.0)
+        if self.greedy:
+            if not np.all(np.isfinite(x)):
+                check_logits(x, what)  # raises, naming the first bad index
+            return x  # greedy paths only need argmaxes
+        return self.sampling.probs(x)
+
+    def round(self) -> None:
+        room = np.minimum(self.max_new - self.new, self.ctx - self.n)
+        k_rows = np.where(self.active, np.minimum(self.k, room - 1), 0).clip(min=0)
+        k_round = int(k_rows.max(initial=0))
+        vocab = self.target.info.vocab_size
+        drafts = np.zeros((self.batch, k_round), dtype=np.int64)
+        p = None if self.greedy else np.zeros((self.batch, k_round, vocab))
+        drafting = self.active & (k_rows >= 1)
+        for j in range(k_round):
+            rows = drafting & (k_rows > j)
+            if j == 0:  # catch-up: the un-consumed tail, [last] or [d_K, bonus]
+                ids, pos = self._left_padded(self.draft_fed, self.n, rows)
+                if ids.shape[1] > self.draft.info.max_seq_len:
+                    raise SpdError(f"internal: draft catch-up of {ids.shape[1]} tokens exceeds its max_seq_len")
+            else:
+                ids = np.where(rows, drafts[:, j - 1], 0)[:, None]
+                pos = np.where(rows, self.n - 1 + j, -1)[:, None]
+            logits = self._call("draft", ids, pos, 1)[:, -1, :]
+            probs = self._probs(logits, rows, "draft logits")
+            tok = np.argmax(probs, axis=-1) if self.greedy else sample(probs, self.rng)
+            drafts[:, j] = np.where(rows, tok, 0)
+            if p is not None:
+                p[:, j] = probs
+        # target scores [last, d_1..d_k] right-aligned in K_round+1 columns
+        width = k_round + 1
+        ids = np.zeros((self.batch, width), dtype=np.int64)
+        pos = np.full((self.batch, width), -1, dtype=np.int64)
+        for b in np.flatnonzero(self.active):
+            kb = int(k_rows[b])
+            ids[b, width - kb - 1 :] = np.concatenate(([self.buf[b, self.n[b] - 1]], drafts[b, :kb]))
+            pos[b, width - kb - 1 :] = np.arange(self.n[b] - 1, self.n[b] + kb)
+        logits = self._call("target", ids, pos, width)
+        # realign so that slot i of row b is the distribution after [last, d_1..d_i]
+        if self.active.all() and np.all(k_rows == k_round):
+            q_logits = logits  # already aligned (the common case at batch 1)
+        else:
+            cols = np.minimum(width - 1 - k_rows[:, None] + np.arange(width)[None, :], width - 1)
+            q_logits = np.take_along_axis(logits, cols[:, :, None], axis=1)
+        q = self._probs(q_logits, self.active, "target logits")
+        if self.greedy:
+            res = greedy_accept(drafts, q, k_rows)
+        else:
+            res = speculative_accept(drafts, p, q, self.rng, k_rows)
+        self._emit(k_rows, drafts, res)
+
+    def _emit(self, k_rows: np.ndarray, drafts: np.ndarray, res) -> None:
+        emitted = np.zeros(self.batch, dtype=np.int64)
+        emitted_draft = np.zeros(self.batch, dtype=np.int64)
+        was_active = self.active.copy()
+        for b in np.flatnonzero(self.active):
+            m, kb = int(res.num_accepted[b]), int(k_rows[b])
+            toks = [int(t) for t in drafts[b, :m]] + [int(res.next_token[b])]
+            flags = [True] * m + [False]
+            hit = next((i for i, t in enumerate(toks) if t in self.eos), None) if self.eos else None
+            if hit is not None:
+                toks, flags = toks[: hit + 1], flags[: hit + 1]
+            room = min(int(self.max_new[b] - self.new[b]), self.ctx - int(self.n[b]))
+            toks, flags = toks[:room], flags[:room]  # never triggers (k_b <= room - 1); kept as a guard
+            n0 = int(self.n[b])
+            self.buf[b, n0 : n0 + len(toks)] = toks
+            self.n[b] += len(toks)
+            self.new[b] += len(toks)
+            self.from_draft[b].extend(flags)
+            emitted[b], emitted_draft[b] = len(toks), sum(flags)
+            if kb >= 1:  # the draft consumed [tail .. d_{k-1}]; valid up to the last accepted token
+                self.draft_fed[b] = min(n0 - 1 + kb, n0 + m)
+            if self.stream is not None:
+                self.stream(int(b), toks, flags)
+            if hit is not None:
+                self._finish(b, "eos")
+        self.acc.add_round(was_active, k_rows, res.num_accepted, res.overlap, emitted, emitted_draft)
+        self._check_done()
+
+    def _finish(self, b: int, reason: str) -> None:
+        self.active[b] = False
+        self.reasons[b] = reason
+        if reason == "context":
+            self.messages.append(
+                f"row {b}: context full ({self.ctx} tokens = prompt {int(self.prompt_len[b])} + "
+                f"{int(self.new[b])} generated); stopped before max_new_tokens={int(self.max_new[b])}"
+            )
+
+    def _check_done(self) -> None:
+        for b in np.flatnonzero(self.active):
+            if self.new[b] >= self.max_new[b]:
+                self._finish(b, "length")
+            elif self.n[b] >= self.ctx:
+                self._finish(b, "context")
+
+    def run(self) -> GenerationResult:
+        self.target.reset()
+        if self.draft is not None:
+            self.draft.reset()
+        self._check_done()
+        if self.active.any():
+            self.prefill()
+        while self.active.any():
+            self.round()
+        return GenerationResult(
+            tokens=[[int(t) for t in self.buf[b, self.prompt_len[b] : self.n[b]]] for b in range(self.batch)],
+            from_draft=self.from_draft,
+            finish_reasons=self.reasons,  # type: ignore[arg-type]
+            messages=self.messages,
+            stats=self.acc.finish(),
+        )
+
+
+def _validate(target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens,
+              sampling: Sampling) -> tuple[list[np.ndarray], np.ndarray]:
+    if draft is not None:
+        check_compatible(target, draft)
+    prompts = _as_prompts(prompt_ids, target.info.vocab_size)
+    limits = np.asarray(max_new_tokens)
+    if (limits.ndim > 1 or (limits.ndim == 1 and limits.shape != (len(prompts),))
+            or not np.issubdtype(limits.dtype, np.integer) or np.any(limits < 0)):
+        raise SpdError(
+            f"max_new_tokens must be an integer >= 0 or one per row ({len(prompts)} rows); got {max_new_tokens!r}"
+        )
+    for name, info in (("target", target.info), ("draft", draft.info if draft is not None else None)):
+        if info is not None and info.batch_size != len(prompts):
+            raise SpdError(
+                f"prompt batch {len(prompts)} does not match the {name} backend's batch_size {info.batch_size}"
+            )
+    if draft is not None:
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise SpdError(f"k (draft tokens per round) must be an integer >= 1; got {k!r}")
+        limit = min(target.info.max_seq_len, target.info.ctx_len)
+        if k + 1 > limit:
+            raise SpdError(
+                f"k={k} too large: the target scores k+1 tokens per call but its max_seq_len/ctx_len allow {limit} "
+                f"(k <= {limit - 1})"
+            )
+        if draft.info.max_seq_len < 2:
+            raise SpdError("the draft backend's max_seq_len must be >= 2 (the cache catch-up feeds [d_K, bonus])")
+    ctx = min(target.info.ctx_len, draft.info.ctx_len if draft is not None else target.info.ctx_len)
+    too_long = [i for i, p in enumerate(prompts) if len(p) > ctx]
+    if too_long:
+        raise SpdError(f"prompt rows {too_long} are longer than the context ({ctx} tokens)")
+    sampling.validate()
+    return prompts, np.broadcast_to(limits, (len(prompts),)).astype(np.int64)
+
+
+def generate(
+    target: Backend,
+    draft: Backend,
+    prompt_ids: Sequence[Sequence[int]] | np.ndarray,
+    *,
+    k: int,
+    max_new_tokens: int | Sequence[int],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    seed: int | np.random.Generator = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    stream: StreamCallback | None = None,
+) -> GenerationResult:
+    """Speculative decoding: ``draft`` proposes ``k`` tokens per round, ``target`` verifies them in one call.
+
+    Args:
+        target, draft: backends with the same vocabulary and ``batch_size == len(prompt_ids)``.
+        prompt_ids: one token list per row (ragged lengths allowed) or a 2-D int array.
+        k: draft tokens per round (``1 <= k``, ``k + 1 <= target max_seq_len``).
+        max_new_tokens: most tokens generated per row (one int for all rows, or one per row).
+        temperature, top_k, top_p, greedy: the warps (``accel.spd.warps.warp``), applied identically to both models.
+        seed: seed or ``np.random.Generator`` for draft sampling and rejection sampling.
+        eos_token_id: token id(s) that end a row (the EOS is emitted).
+        stream: ``stream(row, tokens, accepted_from_draft)`` called as tokens are accepted.
+
+    Returns:
+        :class:`~accel.spd.stats.GenerationResult`. Every row's tokens are distributed exactly as the target's
+        (warped) autoregressive samples; with ``greedy=True`` they equal greedy decoding of the target.
+    """
+    sampling = Sampling(temperature, top_k, top_p, greedy)
+    prompts, limits = _validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return _Loop(target, draft, prompts, int(k), limits, sampling, rng, _eos_set(eos_token_id),
+                 stream).run()
+
+
+def generate_ar(
+    target: Backend,
+    prompt_ids: Sequence[Sequence[int]] | np.ndarray,
+    *,
+    max_new_tokens: int | Sequence[int],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    seed: int | np.random.Generator = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    stream: StreamCallback | None = None,
+) -> GenerationResult:
+    """Autoregressive baseline on the same backend protocol: one target call per token (arguments as ``generate``)."""
+    sampling = Sampling(temperature, top_k, top_p, greedy)
+    prompts, limits = _validate(target, None, prompt_ids, 0, max_new_tokens, sampling)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return _Loop(target, None, prompts, 0, limits, sampling, rng, _eos_set(eos_token_id),
+                 stream).run()

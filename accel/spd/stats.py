@@ -1,0 +1,178 @@
+"""Results and statistics of a generation run: pydantic models at the edge, a numpy accumulator inside.
+
+Counting conventions (used by the tests and the benchmark):
+
+- A *round* (loop) is one target scoring call; per row it emits ``accepted + 1`` tokens (the accepted drafts, then one
+  residual/bonus token from the target), possibly truncated by EOS or ``max_new_tokens``.
+- ``row_calls``: (row, target call) pairs in which the row was active; ``tokens_per_target_call`` =
+  ``new_tokens / row_calls`` is 1.0 for autoregressive decoding and about ``E[accepted] + 1`` for SpD (EOS truncation
+  lowers it); ``mean_tokens_per_loop`` is the untruncated ``mean(accepted + 1)``.
+- ``accepted_histogram[m]``: rounds (per row) in which exactly ``m`` drafts were accepted, ``m = 0..K``.
+- ``acceptance_per_position[i]``: of the drafts *reached* at slot ``i`` (proposed, and the previous ``i`` were
+  accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones. ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
+  per-token acceptance rate under the i.i.d. model of REFERENCE.md §3. ``alpha_overlap`` = mean of
+  ``sum_x min(p(x), q(x))`` over the reached slots: the expected acceptance, computed from both distributions.
+- Times in seconds: ``draft_s`` and ``target_s`` are spent inside backend calls (prefill included, reported apart in
+  ``prefill_s``), ``host_s = wall_s - draft_s - target_s`` (sampling, bookkeeping). ``tokens_per_s = new_tokens /
+  wall_s``; ``decode_tokens_per_s`` leaves the prefill out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from typing import Iterator, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["GenerationResult", "GenerationStats", "StatsAccumulator"]
+
+FinishReason = Literal["eos", "length", "context"]
+
+
+class GenerationStats(BaseModel):
+    """Statistics of one ``generate`` / ``generate_ar`` run (see the module docstring for definitions)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: Literal["ar", "spd"]
+    k: int = Field(description="draft tokens per round (0 for autoregressive)")
+    batch_size: int
+    new_tokens: int = Field(description="tokens emitted over all rows")
+    rounds: int = Field(description="target decode calls (after prefill)")
+    row_calls: int = Field(description="(row, target decode call) pairs with the row active")
+    target_calls: int = Field(description="target forward calls, prefill chunks included")
+    draft_calls: int = Field(description="draft forward calls, prefill chunks included")
+    tokens_per_target_call: float = Field(description="new_tokens / row_calls (1.0 for AR)")
+    accepted_histogram: list[int] = Field(description="rounds with m accepted drafts, m = 0..K")
+    acceptance_per_position: list[float] = Field(description="accepted / proposed at draft slot i (NaN if none)")
+    proposed_per_position: list[int]
+    all_accepted_rounds: int = Field(description="(row, round) pairs with k >= 1 drafts all accepted (catch-up next)")
+    accepted_drafts: int
+    proposed_drafts: int
+    target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
+    alpha_counts: float = Field(description="accepted / proposed drafts (NaN if none proposed)")
+    alpha_overlap: float = Field(description="mean sum_x min(p, q) over reached slots (NaN if none)")
+    mean_tokens_per_loop: float = Field(
+        description="mean accepted + 1 per (row, round) before EOS truncation: E[tokens per loop] of REFERENCE.md §3"
+    )
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    target_s: float
+    host_s: float
+    tokens_per_s: float = Field(description="new_tokens / wall_s")
+    decode_tokens_per_s: float = Field(description="new_tokens / (wall_s - prefill_s)")
+
+
+class GenerationResult(BaseModel):
+    """Generated tokens per row (prompt excluded) and the run's statistics."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens: list[list[int]]
+    from_draft: list[list[bool]] = Field(description="per generated token: True if it was an accepted draft token")
+    finish_reasons: list[FinishReason]
+    messages: list[str] = Field(default_factory=list, description="warnings, e.g. context exhaustion")
+    stats: GenerationStats
+
+
+def _nan_div(a: float, b: float) -> float:
+    return float(a) / float(b) if b else math.nan
+
+
+class StatsAccumulator:
+    """Mutable counters filled by the loop; :meth:`finish` freezes them into :class:`GenerationStats`."""
+
+    def __init__(self, mode: str, k: int, batch_size: int) -> None:
+        self.mode, self.k, self.batch_size = mode, k, batch_size
+        self.hist = np.zeros(k + 1, dtype=np.int64)
+        self.proposed = np.zeros(k, dtype=np.int64)
+        self.accepted = np.zeros(k, dtype=np.int64)
+        self.overlap_sum = 0.0
+        self.overlap_n = 0
+        self.rounds = self.row_calls = self.target_calls = self.draft_calls = 0
+        self.new_tokens = self.target_tokens = self.from_draft_tokens = 0
+        self.loop_tokens = 0
+        self.all_accepted = 0
+        self.times = {"draft": 0.0, "target": 0.0, "prefill": 0.0}
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def timed(self, what: str, prefill: bool = False) -> Iterator[None]:
+        """Add the elapsed seconds of the block to ``what`` ("draft"/"target"), and to prefill if ``prefill``."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t
+            self.times[what] += dt
+            if prefill:
+                self.times["prefill"] += dt
+
+    def add_round(
+        self,
+        active: np.ndarray,
+        num_drafts: np.ndarray,
+        num_accepted: np.ndarray,
+        overlap: np.ndarray,
+        emitted: np.ndarray,
+        emitted_from_draft: np.ndarray,
+    ) -> None:
+        """Record one round. All arrays are ``[B]`` except ``overlap [B, K]``; only ``active`` rows count."""
+        self.rounds += 1
+        a = np.asarray(active, dtype=bool)
+        self.row_calls += int(a.sum())
+        for n, m in zip(num_drafts[a], num_accepted[a]):
+            self.hist[m] += 1
+            self.proposed[: min(n, m + 1)] += 1  # slots reached: the accepted ones and the first rejected one
+            self.accepted[:m] += 1
+            self.loop_tokens += int(m) + 1
+            self.all_accepted += int(n >= 1 and m == n)
+        slots = np.arange(overlap.shape[1])[None, :]
+        reached = slots < np.minimum(num_drafts, num_accepted + 1)[:, None]
+        ov = overlap[reached & a[:, None]]
+        ov = ov[np.isfinite(ov)]
+        self.overlap_sum += float(ov.sum())
+        self.overlap_n += int(ov.size)
+        e = int(np.asarray(emitted)[a].sum())
+        d = int(np.asarray(emitted_from_draft)[a].sum())
+        self.new_tokens += e
+        self.from_draft_tokens += d
+        self.target_tokens += e - d
+
+    def finish(self) -> GenerationStats:
+        """Freeze the counters (wall time ends now)."""
+        wall = time.perf_counter() - self._t0
+        draft_s, target_s, prefill_s = self.times["draft"], self.times["target"], self.times["prefill"]
+        decode_s = wall - prefill_s
+        return GenerationStats(
+            mode=self.mode,  # type: ignore[arg-type]
+            k=self.k,
+            batch_size=self.batch_size,
+            new_tokens=self.new_tokens,
+            rounds=self.rounds,
+            row_calls=self.row_calls,
+            target_calls=self.target_calls,
+            draft_calls=self.draft_calls,
+            tokens_per_target_call=_nan_div(self.new_tokens, self.row_calls),
+            accepted_histogram=[int(x) for x in self.hist],
+            acceptance_per_position=[_nan_div(a, p) for a, p in zip(self.accepted, self.proposed)],
+            proposed_per_position=[int(x) for x in self.proposed],
+            all_accepted_rounds=self.all_accepted,
+            accepted_drafts=int(self.accepted.sum()),
+            proposed_drafts=int(self.proposed.sum()),
+            target_tokens=self.target_tokens,
+            alpha_counts=_nan_div(self.accepted.sum(), self.proposed.sum()),
+            alpha_overlap=_nan_div(self.overlap_sum, self.overlap_n),
+            mean_tokens_per_loop=_nan_div(self.loop_tokens, self.row_calls),
+            wall_s=wall,
+            prefill_s=prefill_s,
+            draft_s=draft_s,
+            target_s=target_s,
+            host_s=max(0.0, wall - draft_s - target_s),
+            tokens_per_s=_nan_div(self.new_tokens, wall),
+            decode_tokens_per_s=_nan_div(self.new_tokens, decode_s),
+        )

@@ -1,0 +1,292 @@
+"""Benchmark of accel.spd on onnxruntime: AR vs speculative decoding for K = 1..8, and transformers' assisted generation.
+
+All numbers come from one run on one machine. Target: ``--target DIR`` or SmolLM2-135M (``smollm2_checkpoint()``);
+draft: ``--draft DIR``, else the shipped demo draft (``accel/demo_data/smollm2-draft``) for the default target, else
+(or with ``--layer-skip N``) a *layer-skip* stand-in: the target's first N layers with its own final norm and LM head. Both are exported with ``export_onnx`` (batch 1) and run by
+``OrtBackend``. Per prompt and setting we run ``generate_ar`` and ``generate`` (greedy, and multinomial at
+``--temperature``) and report tokens/s = new tokens / wall seconds (prefill included, EOS ignored so every run makes
+``--max-new-tokens`` tokens). Transformers: ``hf_target.generate(..., assistant_model=hf_draft)`` in eager torch on the
+same prompts, same token counts (``min_new_tokens``), its default assistant schedule. Also recorded: per-call latency of
+both models for S = 1..9 new tokens at past length ``--past-len`` (median of repeats), for the simulator's calibration.
+
+    python benchmarks/spd.py [--target DIR] [--draft DIR] [--quick] [--max-new-tokens N] [--no-hf]
+
+Prints a table; saves results/spd.json (shape documented in docs/spd.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from accel.backends import OrtBackend, export_onnx
+from accel.spd import generate, generate_ar
+
+PROMPTS = (
+    "Explain photosynthesis in simple terms.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a short paragraph about the Moon.",
+    "Give me five tips for staying productive when working from home.",
+)
+
+
+def layer_skip_draft(target, num_layers: int):
+    """The target's embeddings + first ``num_layers`` blocks + its final norm and LM head (shared weights copied)."""
+    from accel.models import Decoder
+
+    draft = Decoder(target.config.with_(num_layers=num_layers))
+    state = {k: v for k, v in target.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+    draft.load_state_dict(state)
+    return draft.eval()
+
+
+def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, float]:
+    """Median seconds of one forward with S new tokens at positions past_len .. past_len+S-1 (cache pre-filled)."""
+    rng = np.random.default_rng(0)
+    vocab = backend.info.vocab_size
+    backend.reset()
+    prompt = rng.integers(0, vocab, size=(1, past_len))
+    for s in range(0, past_len, backend.info.max_seq_len):
+        chunk = prompt[:, s : s + backend.info.max_seq_len]
+        backend.forward(chunk, np.arange(s, s + chunk.shape[1])[None, :], num_logits=1)
+    out = {}
+    for s in seq_lens:
+        ids = rng.integers(0, vocab, size=(1, s))
+        pos = np.arange(past_len, past_len + s)[None, :]
+        backend.forward(ids, pos, num_logits=s)  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            backend.forward(ids, pos, num_logits=s)
+            times.append(time.perf_counter() - t0)
+        out[s] = statistics.median(times)
+    return out
+
+
+def aggregate(results, mode: str, sampling: str, k: int) -> dict:
+    new = sum(r.stats.new_tokens for r in results)
+    wall = sum(r.stats.wall_s for r in results)
+    row = {"mode": mode, "sampling": sampling, "k": k, "tokens_per_s": new / wall, "new_tokens": new, "wall_s": wall,
+           "alpha": None, "mean_tokens_per_loop": 1.0}
+    if mode == "spd":
+        acc = sum(r.stats.accepted_drafts for r in results)
+        reached = sum(r.stats.proposed_drafts for r in results)
+        rounds = sum(r.stats.row_calls for r in results)
+        row["alpha"] = acc / reached if reached else None
+        row["alpha_overlap"] = float(np.mean([r.stats.alpha_overlap for r in results]))
+        row["mean_tokens_per_loop"] = (acc + rounds) / rounds
+        row["draft_s"] = sum(r.stats.draft_s for r in results)
+        row["target_s"] = sum(r.stats.target_s for r in results)
+        row["host_s"] = sum(r.stats.host_s for r in results)
+    return row
+
+
+def hf_assisted(target_dir: Path, draft_dir: Path, prompts_ids, max_new: int, temperature: float) -> dict:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+
+    tgt = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    dft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+    out: dict = {"threads": torch.get_num_threads()}
+    settings = [("greedy", dict(do_sample=False)), ("multinomial", dict(do_sample=True, temperature=temperature))]
+    for name, kw in settings:
+        for label, extra in (("ar", {}), ("assisted", {"assistant_model": dft})):
+            new = 0
+            wall = 0.0
+            torch.manual_seed(0)
+            for ids in tqdm(prompts_ids, desc=f"transformers {label} {name}", leave=False):
+                x = torch.tensor([ids])
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    y = tgt.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                     min_new_tokens=max_new, pad_token_id=0, **kw, **extra)
+                    wall += time.perf_counter() - t0
+                new += y.shape[1] - x.shape[1]
+            out[f"{label}_{name}_tokens_per_s"] = new / wall
+    return out
+
+
+def plot(runs: list[dict], hf: dict | None, path: Path) -> None:
+    """tokens/s vs K for SpD (greedy, multinomial), AR and transformers' assisted generation as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for sampling, color in (("greedy", "tab:blue"), ("multinomial", "tab:orange")):
+        spd = sorted((r for r in runs if r["mode"] == "spd" and r["sampling"] == sampling), key=lambda r: r["k"])
+        ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
+        ax.plot([r["k"] for r in spd], [r["tokens_per_s"] for r in spd], "o-", color=color, label=f"SpD {sampling}")
+        ax.axhline(ar["tokens_per_s"], color=color, ls="--", label=f"AR {sampling}")
+        if hf:
+            ax.axhline(hf[f"assisted_{sampling}_tokens_per_s"], color=color, ls=":", label=f"HF assisted {sampling}")
+    ax.set_xlabel("K (draft tokens per round)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("accel.spd on onnxruntime")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M)")
+    ap.add_argument("--draft", default=None,
+                    help="draft checkpoint dir (default: the shipped demo draft accel/demo_data/smollm2-draft for the "
+                         "default SmolLM2 target, else a layer-skip stand-in)")
+    ap.add_argument("--layer-skip", type=int, default=None, metavar="N",
+                    help="use the layer-skip stand-in draft with the target's first N layers")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.7, help="multinomial runs (ours and transformers')")
+    ap.add_argument("--ctx-len", type=int, default=256)
+    ap.add_argument("--past-len", type=int, default=128, help="past length for the per-call latency table")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="onnxruntime/torch intra-op threads per model (default 1: on a shared 2-core box two "
+                         "alternating onnxruntime sessions with 2 spinning threads each slow each other down ~2x)")
+    ap.add_argument("--hf-prompts", type=int, default=None, help="prompts for transformers (default: all; 1 if --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 prompts (1 for transformers), 32 tokens, K in {1,2,4,8}, fewer repeats")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    ap.add_argument("--out", default="results/spd.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from accel.drafts.data import chat_prompt
+    from accel.models import load, load_tokenizer, save_pretrained, smollm2_checkpoint
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_dir = Path(args.target) if args.target else smollm2_checkpoint()
+    target = load(target_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="accel-spd-bench-"))
+    demo_draft = Path(__file__).resolve().parents[1] / "accel" / "demo_data" / "smollm2-draft"
+    if args.draft is None and args.layer_skip is None and args.target is None and (demo_draft / "config.json").is_file():
+        args.draft = str(demo_draft)
+    if args.draft and args.layer_skip is None:
+        draft, draft_name = load(args.draft), str(args.draft)
+        # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints
+        draft_dir = save_pretrained(draft, tmp / "draft_fp32")
+    else:
+        n = args.layer_skip or 4
+        draft = layer_skip_draft(target, n)
+        draft_dir, draft_name = save_pretrained(draft, tmp / "layer_skip_draft"), f"layer-skip ({n} layers)"
+    prompts = PROMPTS[:2] if args.quick else PROMPTS
+    max_new = min(args.max_new_tokens, 32) if args.quick else args.max_new_tokens
+    ks = [1, 2, 4, 8] if args.quick else list(range(1, args.k_max + 1))
+    try:
+        tok = load_tokenizer(target_dir)
+        prompts_ids = [tok.encode(chat_prompt(p)).ids for p in prompts]
+    except Exception:  # noqa: BLE001 - no tokenizer: fixed pseudo-random prompts
+        rng = np.random.default_rng(0)
+        prompts_ids = [rng.integers(0, target.config.vocab_size, 24).tolist() for _ in prompts]
+
+    tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len), threads=args.threads)
+    db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.threads)
+
+    calls = []
+    repeats = 5 if args.quick else 15
+    for name, b in tqdm((("target", tb), ("draft", db)), desc="per-call latency", leave=False):
+        for s, sec in call_latency_s(b, range(1, 10), args.past_len, repeats).items():
+            calls.append({"model": name, "seq_len": s, "past_len": args.past_len, "seconds": sec})
+
+    runs = []
+    settings = [("greedy", dict(greedy=True)), ("multinomial", dict(temperature=args.temperature))]
+    jobs = [(s, "ar", 0) for s in settings] + [(s, "spd", k) for s in settings for k in ks]
+    # interleaved (prompt-major) so that load changes on a shared machine hit every setting alike
+    results: dict[int, list] = {j: [] for j in range(len(jobs))}
+    bar = tqdm(total=len(jobs) * len(prompts_ids), desc="runs")
+    for i, ids in enumerate(prompts_ids):
+        for j, ((sampling, kw), mode, k) in enumerate(jobs):
+            if mode == "ar":
+                results[j].append(generate_ar(tb, [ids], max_new_tokens=max_new, seed=i, **kw))
+            else:
+                results[j].append(generate(tb, db, [ids], k=k, max_new_tokens=max_new, seed=i, **kw))
+            bar.update(1)
+    bar.close()
+    for j, ((sampling, _), mode, k) in enumerate(jobs):
+        runs.append(aggregate(results[j], mode, sampling, k))
+
+    hf = None
+    if not args.no_hf:
+        hf_prompts = prompts_ids[: args.hf_prompts or (1 if args.quick else len(prompts_ids))]  # eager torch is slow
+        hf = hf_assisted(target_dir, draft_dir, hf_prompts, max_new, args.temperature)
+        hf["prompts"] = len(hf_prompts)
+
+    # ---------------------------------------------------------------- report
+    print(f"\ntarget {target_dir} ({target.num_parameters / 1e6:.0f}M), draft {draft_name} "
+          f"({draft.num_parameters / 1e6:.0f}M); onnxruntime, {len(prompts_ids)} prompts x {max_new} new tokens")
+    t1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "target"}
+    d1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "draft"}
+    print(f"per-call latency at past {args.past_len}: S=1 target {t1[1] * 1e3:.1f} ms, draft {d1[1] * 1e3:.1f} ms; "
+          "target S/S=1: " + " ".join(f"{s}:{t1[s] / t1[1]:.2f}" for s in range(2, 10)))
+    print(f"\n{'sampling':12} {'mode':5} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'alpha':>6} {'tok/loop':>8} "
+          f"{'draft s':>8} {'target s':>8} {'host s':>7}")
+    summary = {}
+    for sampling in ("greedy", "multinomial"):
+        ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
+        for r in (r for r in runs if r["sampling"] == sampling):
+            r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
+            alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "-"
+            extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] == "spd" else "")
+            print(f"{sampling:12} {r['mode']:5} {r['k']:2d} {r['tokens_per_s']:8.2f} {r['speedup_vs_ar']:6.2f} "
+                  f"{alpha:>6} {r['mean_tokens_per_loop']:8.2f} {extra}")
+        best = max((r for r in runs if r["mode"] == "spd" and r["sampling"] == sampling), key=lambda r: r["tokens_per_s"])
+        summary[sampling] = {"best_k": best["k"], "best_tokens_per_s": best["tokens_per_s"],
+                             "ar_tokens_per_s": ar["tokens_per_s"], "speedup_vs_ar": best["speedup_vs_ar"]}
+        if hf is not None:
+            summary[sampling]["hf_assisted_tokens_per_s"] = hf[f"assisted_{sampling}_tokens_per_s"]
+            summary[sampling]["ours_over_hf_assisted"] = best["tokens_per_s"] / hf[f"assisted_{sampling}_tokens_per_s"]
+    if hf is not None:
+        print("\ntransformers (eager torch, same prompts/tokens): " + ", ".join(
+            f"{k.replace('_tokens_per_s', '')} {v:.2f} tok/s" for k, v in hf.items() if k.endswith("tokens_per_s"))
+            + f" ({hf['prompts']} prompt(s), {hf['threads']} threads)")
+    print()
+    for sampling, s in summary.items():
+        line = (f"{sampling}: best K={s['best_k']} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "
+                f"AR (goal >= 1.5x greedy)")
+        if "ours_over_hf_assisted" in s:
+            line += f"; {s['ours_over_hf_assisted']:.2f}x transformers assisted (goal >= 3x)"
+        print(line)
+
+    result = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads},
+        "settings": {"prompts": len(prompts_ids), "max_new_tokens": max_new, "temperature": args.temperature,
+                     "ctx_len": args.ctx_len, "draft": draft_name},
+        "target": target.config.to_dict(),
+        "draft": draft.config.to_dict(),
+        "calls": calls,
+        "runs": runs,
+        "summary": summary,
+        "hf_assisted": hf,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp_out, out)
+    plot(runs, hf, out.with_suffix(".png"))
+    shutil.rmtree(tmp, ignore_errors=True)  # the exported ONNX files (hundreds of MB)
+    print(f"saved {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""``accel generate`` on tiny checkpoint directories (saved with ``save_pretrained``) and exported ONNX files."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from accel.cli import main
+from accel.models import save_pretrained
+
+from .conftest import perturbed, random_model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spd_ckpt")
+    target = random_model(seed=1, std=0.5)
+    return save_pretrained(target, d / "target"), save_pretrained(perturbed(target, 3, 0.02), d / "draft")
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
+    target, draft = checkpoints
+    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
+              "--backend", backend, "--ctx-len", "32", "--threads", "1"]
+    assert main(["generate", *common, "--draft", str(draft), "--k", "3", "--json"]) == 0
+    spd = json.loads(capsys.readouterr().out)
+    assert main(["generate", *common, "--json"]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    assert spd["tokens"] == ar["tokens"] and len(spd["tokens"][0]) == 12
+    assert spd["stats"]["mode"] == "spd" and ar["stats"]["mode"] == "ar"
+    # text mode: the prompt, then the streamed ids, accepted draft tokens in [brackets] (stdout is not a TTY)
+    assert main(["generate", *common, "--draft", str(draft), "--k", "3"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("5 17 2")
+    assert [int(t) for t in re.findall(r"\d+", first)][3:] == spd["tokens"][0]
+    assert first.count("[") == spd["stats"]["accepted_drafts"] > 0
+    assert "alpha" in out and "tokens/s" in out
+
+
+def test_generate_errors(checkpoints, tmp_path, capsys):
+    target, draft = checkpoints
+    other = save_pretrained(random_model(seed=4, vocab_size=48), tmp_path / "other")
+    args = ["generate", "--target", str(target), "--prompt", "1 2", "--backend", "torch", "--ctx-len", "32"]
+    assert main([*args, "--draft", str(other)]) == 1
+    assert "vocab_size" in capsys.readouterr().err
+    assert main([*args, "--draft", str(draft), "--k", "0"]) == 1
+    assert main(["generate", "--target", str(target), "--prompt", "hello", "--backend", "torch"]) == 1
+    assert "tokenizer" in capsys.readouterr().err

@@ -1,0 +1,243 @@
+"""The speculative loop on real (tiny, random) decoders behind TorchBackend.
+
+Greedy speculative decoding must reproduce greedy autoregressive decoding of the target token for token, with a
+low-acceptance draft (a different random model: rejections everywhere) and a high-acceptance draft (a perturbed copy of
+the target: all-accepted rounds, which exercise the draft's cache catch-up ``[d_K, bonus]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from accel.errors import SpdError
+from accel.spd import generate, generate_ar
+
+from .conftest import backend, perturbed, random_model
+
+PROMPTS_3 = [[1, 2, 3, 4, 5, 6, 7], [9], [3, 30, 11, 4]]  # ragged: left-padded inside the loop
+PROMPTS_1 = [[5, 17, 2]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_model(seed=1, std=0.5)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {"random": random_model(seed=2, std=0.5), "perturbed": perturbed(target, seed=3, rel=0.02)}
+
+
+@pytest.fixture(scope="module")
+def ar_greedy(target):
+    out = {}
+    for name, prompts in (("b1", PROMPTS_1), ("b3", PROMPTS_3)):
+        out[name] = generate_ar(backend(target, len(prompts)), prompts, max_new_tokens=MAX_NEW, greedy=True)
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("batch", ["b1", "b3"])
+@pytest.mark.parametrize("draft_kind", ["random", "perturbed"])
+def test_greedy_equals_target_greedy(target, drafts, ar_greedy, k, batch, draft_kind):
+    prompts = PROMPTS_1 if batch == "b1" else PROMPTS_3
+    tb, db = backend(target, len(prompts)), backend(drafts[draft_kind], len(prompts))
+    res = generate(tb, db, prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    assert res.tokens == ar_greedy[batch].tokens
+    assert all(len(t) == MAX_NEW for t in res.tokens) and res.finish_reasons == ["length"] * len(prompts)
+    s = res.stats
+    assert s.accepted_histogram[0] > 0  # rejections happened
+    if draft_kind == "perturbed":
+        assert s.all_accepted_rounds > 0  # rounds whose drafts were all accepted: the catch-up [d_K, bonus] is exercised
+        assert s.accepted_histogram[k] > 0 or k == 7
+        assert s.alpha_counts > 0.6
+    else:
+        assert s.alpha_counts < 0.3
+
+
+def test_greedy_draft_equals_target_accepts_everything(target):
+    prompts = PROMPTS_3
+    k = 4
+    res = generate(backend(target, 3), backend(target, 3), prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    s = res.stats
+    assert s.all_accepted_rounds == s.row_calls  # every round accepts all of its drafts and adds the bonus
+    assert s.alpha_counts == 1.0 and s.alpha_overlap == 1.0
+    # 24 = 5 + 5 + 5 + 5 + 4: four full rounds of K+1, then one capped to the 4 remaining
+    assert s.accepted_histogram == [0, 0, 0, 3, 12] and s.rounds == 5
+    assert s.tokens_per_target_call == pytest.approx(24 / 5)
+
+
+def test_multinomial_draft_equals_target_acceptance_one(target):
+    res = generate(backend(target, 3), backend(target, 3), PROMPTS_3, k=3, max_new_tokens=MAX_NEW, temperature=0.9,
+                   top_k=20, top_p=0.95, seed=4)
+    s = res.stats
+    # p and q come from different call shapes (1-2 vs K+1 tokens), so they agree to float32 rounding, not bit for bit
+    assert s.alpha_overlap > 1 - 1e-5
+    assert s.alpha_counts == 1.0 and s.accepted_drafts == s.proposed_drafts
+
+
+def test_seeded_runs_reproducible(target, drafts):
+    tb, db = backend(target, 3), backend(drafts["perturbed"], 3)
+    kw = dict(k=3, max_new_tokens=MAX_NEW, temperature=1.0)
+    a = generate(tb, db, PROMPTS_3, seed=11, **kw)
+    b = generate(tb, db, PROMPTS_3, seed=11, **kw)
+    c = generate(tb, db, PROMPTS_3, seed=12, **kw)
+    assert a.tokens == b.tokens and a.from_draft == b.from_draft
+    assert a.tokens != c.tokens
+    d = generate(tb, db, PROMPTS_3, seed=np.random.default_rng(11), **kw)
+    assert d.tokens == a.tokens
+
+
+def test_statistics_add_up_and_stream(target, drafts):
+    k = 3
+    streamed: dict[int, list[tuple[list[int], list[bool]]]] = {0: []}
+    res = generate(backend(target, 1), backend(drafts["perturbed"], 1), PROMPTS_1, k=k, max_new_tokens=MAX_NEW,
+                   temperature=1.0, seed=5, stream=lambda row, toks, flags: streamed[row].append((list(toks), flags)))
+    s = res.stats
+    assert s.new_tokens == sum(len(t) for t in res.tokens) == MAX_NEW
+    assert s.new_tokens == s.accepted_drafts + s.target_tokens  # accepted drafts + one residual/bonus per round
+    assert sum(sum(f) for f in res.from_draft) == s.accepted_drafts
+    assert s.target_tokens == s.rounds == s.row_calls == sum(s.accepted_histogram)
+    assert sum(m * c for m, c in enumerate(s.accepted_histogram)) == s.accepted_drafts
+    assert s.target_calls == s.rounds + 1 and s.mean_tokens_per_loop == pytest.approx(s.tokens_per_target_call)
+    # streamed tokens are the result; each event is [accepted drafts..., one target token]
+    assert [t for toks, _ in streamed[0] for t in toks] == res.tokens[0]
+    assert [f for _, flags in streamed[0] for f in flags] == res.from_draft[0]
+    assert all(flags[-1] is False and all(flags[:-1]) for _, flags in streamed[0])
+    # draft calls: one prefill chunk + k_b = min(K, room - 1) calls per round, room = tokens still allowed
+    expected, done = 1, 0
+    for toks, _ in streamed[0]:
+        expected += min(k, MAX_NEW - done - 1)
+        done += len(toks)
+    assert s.draft_calls == expected
+    # acceptance per position = accepted / reached
+    reached = np.array(s.proposed_per_position)
+    assert reached[0] == s.rounds and np.all(np.diff(reached) <= 0)
+    assert s.alpha_counts == pytest.approx(s.accepted_drafts / reached.sum())
+    assert 0 < s.alpha_overlap < 1 and 0 < s.alpha_counts < 1
+    assert s.wall_s >= s.draft_s + s.target_s - 1e-9 and s.host_s >= 0 and s.tokens_per_s > 0
+    ar = generate_ar(backend(target, 1), PROMPTS_1, max_new_tokens=MAX_NEW, seed=5)
+    assert ar.stats.tokens_per_target_call == 1.0 and ar.stats.target_calls == MAX_NEW + 1
+    assert ar.stats.draft_calls == 0 and math.isnan(ar.stats.alpha_counts)
+
+
+def test_eos_per_row(target, drafts, ar_greedy):
+    ref = ar_greedy["b3"].tokens
+    eos = ref[0][5]  # a token row 0 emits at index <= 5
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in ref]
+    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=MAX_NEW,
+                   greedy=True, eos_token_id=eos)
+    assert res.tokens == expected
+    assert res.finish_reasons == ["eos" if eos in r else "length" for r in ref]
+    assert len(res.tokens[0]) <= 6
+    ar = generate_ar(backend(target, 3), PROMPTS_3, max_new_tokens=MAX_NEW, greedy=True, eos_token_id=[eos, 10_000])
+    assert ar.tokens == expected
+
+
+def test_max_new_tokens_per_row_list(target, drafts, ar_greedy):
+    limits = [3, 0, 11]
+    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=limits,
+                   greedy=True)
+    assert res.tokens == [r[:n] for r, n in zip(ar_greedy["b3"].tokens, limits)]
+    assert res.finish_reasons == ["length"] * 3
+    with pytest.raises(SpdError, match="max_new_tokens"):
+        generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=[1, 2])
+
+
+@pytest.mark.parametrize("max_new", [0, 1, 2, 5])
+def test_max_new_tokens_per_row(target, drafts, max_new):
+    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=7, max_new_tokens=max_new,
+                   greedy=True)
+    assert [len(t) for t in res.tokens] == [max_new] * 3
+    assert res.stats.new_tokens == 3 * max_new
+
+
+def test_context_exhaustion_stops_cleanly(target, drafts):
+    ctx = 20
+    prompts = [[1, 2, 3, 4, 5], [7] * 12, [3] * 19]
+    res = generate(backend(target, 3, ctx_len=ctx), backend(drafts["perturbed"], 3, ctx_len=ctx), prompts, k=7,
+                   max_new_tokens=100, greedy=True)
+    assert [len(p) + len(t) for p, t in zip(prompts, res.tokens)] == [ctx] * 3
+    assert res.finish_reasons == ["context"] * 3
+    assert len(res.messages) == 3 and "context full" in res.messages[0]
+    ar = generate_ar(backend(target, 3, ctx_len=ctx), prompts, max_new_tokens=100, greedy=True)
+    assert ar.tokens == res.tokens
+    full = generate(backend(target, 1, ctx_len=ctx), backend(drafts["perturbed"], 1, ctx_len=ctx), [[2] * ctx], k=2,
+                    max_new_tokens=5, greedy=True)
+    assert full.tokens == [[]] and full.finish_reasons == ["context"]
+
+
+def test_chunked_prefill_and_smaller_draft_context(target, drafts):
+    prompts = [list(range(1, 30)), [4, 5]]
+    ref = generate_ar(backend(target, 2), prompts, max_new_tokens=10, greedy=True)
+    res = generate(backend(target, 2, max_seq_len=8), backend(drafts["perturbed"], 2, ctx_len=40, max_seq_len=3),
+                   prompts, k=4, max_new_tokens=20, greedy=True)
+    # the draft's ctx_len (40) bounds the run: row 0 has 29 prompt tokens, so 11 new tokens fit
+    assert res.tokens[0] == ref.tokens[0] + res.tokens[0][10:] and len(res.tokens[0]) == 11
+    assert res.tokens[1][:10] == ref.tokens[1] and res.finish_reasons == ["context", "length"]
+    assert res.stats.target_calls - res.stats.rounds == 4  # 28 prefill tokens in chunks of 8
+
+
+def test_bad_inputs_raise(target):
+    other_vocab = random_model(seed=3, vocab_size=48)
+    tb, db = backend(target, 2), backend(random_model(seed=2), 2)
+    prompts = [[1, 2], [3]]
+    with pytest.raises(SpdError, match="vocab_size"):
+        generate(tb, backend(other_vocab, 2), prompts, k=2, max_new_tokens=4)
+    for bad_k in (0, -1):
+        with pytest.raises(SpdError, match="k .*>= 1"):
+            generate(tb, db, prompts, k=bad_k, max_new_tokens=4)
+    with pytest.raises(SpdError, match="too large"):
+        generate(backend(target, 2, max_seq_len=4), db, prompts, k=4, max_new_tokens=4)
+    with pytest.raises(SpdError, match="batch"):
+        generate(tb, db, [[1, 2]], k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="batch"):
+        generate(tb, backend(random_model(seed=2), 3), prompts, k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="vocabulary"):
+        generate(tb, db, [[1, 2], [32]], k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="non-empty"):
+        generate(tb, db, [[1, 2], []], k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="longer than the context"):
+        generate(tb, db, [[1] * 65, [2]], k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="temperature"):
+        generate(tb, db, prompts, k=2, max_new_tokens=4, temperature=0.0)
+    with pytest.raises(SpdError, match="max_new_tokens"):
+        generate_ar(tb, prompts, max_new_tokens=-1)
+
+
+def test_nan_logits_raise(target):
+    torch = pytest.importorskip("torch")
+    broken = perturbed(target, seed=0, rel=0.0)
+    with torch.no_grad():
+        broken.lm_head.weight[3, 0] = float("nan")
+    with pytest.raises(SpdError, match="NaN or inf"):
+        generate(backend(target, 1), backend(broken, 1), PROMPTS_1, k=2, max_new_tokens=4)
+    with pytest.raises(SpdError, match="NaN or inf"):
+        generate_ar(backend(broken, 1), PROMPTS_1, max_new_tokens=4, greedy=True)
+
+
+def test_tokenizer_mismatch_raises(target):
+    tokenizers = pytest.importorskip("tokenizers")
+    from accel.spd import check_compatible
+
+    def word_level(vocab):
+        return tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+
+    tb, db = backend(target, 1), backend(random_model(seed=2), 1)
+    same = {"<unk>": 0, "a": 1, "b": 2}
+    check_compatible(tb, db, word_level(same), word_level(dict(same)))
+    with pytest.raises(SpdError, match="tokenizers differ"):
+        check_compatible(tb, db, word_level(same), word_level({"<unk>": 0, "a": 2, "b": 1}))
+
+
+def test_prompt_as_2d_array(target, drafts):
+    prompts = np.array([[1, 2, 3], [4, 5, 6]])
+    res = generate(backend(target, 2), backend(drafts["perturbed"], 2), prompts, k=3, max_new_tokens=8, greedy=True)
+    ref = generate_ar(backend(target, 2), prompts.tolist(), max_new_tokens=8, greedy=True)
+    assert res.tokens == ref.tokens
+    with pytest.raises(SpdError, match="2-D"):
+        generate(backend(target, 2), backend(drafts["perturbed"], 2), np.zeros((2, 3, 1), int), k=3, max_new_tokens=8)
