@@ -30,14 +30,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from accel.backends import OrtBackend, export_onnx
+from accel.drafts.prompts import HELD_OUT_PROMPTS
 from accel.spd import generate, generate_ar
 
-PROMPTS = (
-    "Explain photosynthesis in simple terms.",
-    "What is the difference between a list and a tuple in Python?",
-    "Write a short paragraph about the Moon.",
-    "Give me five tips for staying productive when working from home.",
-)
+# Prompts the shipped draft was NOT trained on (accel.drafts.HELD_OUT_PROMPTS, already in chat/code form): the
+# training prompts (DEFAULT_PROMPTS) would measure memorised continuations, not the draft's real acceptance.
+PROMPTS = HELD_OUT_PROMPTS[:4]
 
 
 def layer_skip_draft(target, num_layers: int):
@@ -170,7 +168,6 @@ def main() -> None:
 
     import torch
 
-    from accel.drafts.data import chat_prompt
     from accel.models import load, load_tokenizer, save_pretrained, smollm2_checkpoint
 
     if args.threads:
@@ -194,7 +191,7 @@ def main() -> None:
     ks = [1, 2, 4, 8] if args.quick else list(range(1, args.k_max + 1))
     try:
         tok = load_tokenizer(target_dir)
-        prompts_ids = [tok.encode(chat_prompt(p)).ids for p in prompts]
+        prompts_ids = [tok.encode(p).ids for p in prompts]
     except Exception:  # noqa: BLE001 - no tokenizer: fixed pseudo-random prompts
         rng = np.random.default_rng(0)
         prompts_ids = [rng.integers(0, target.config.vocab_size, 24).tolist() for _ in prompts]
