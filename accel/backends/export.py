@@ -14,6 +14,9 @@ Which Linear weights are MX: if the model was compressed (``accel.compress``: mo
 those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
 not ``lm_head``) are quantized with ``mx_format`` along the input features (blocks of 32). Embeddings, norms, biases and
 ``lm_head`` stay float32.
+
+A restricted head (``config.head_vocab > 0``) is exported as its ``[B, N, head_vocab]`` MatMul scattered into a
+``MASKED_LOGIT``-filled ``[B, N, vocab]`` tensor, so the ``logits`` output keeps its name and shape.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
         tensors[name] = p.detach().float().cpu().numpy()
     if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
+    if getattr(model.config, "head_vocab", 0):  # restricted head: its token ids (int64) go into the graph as is
+        tensors["lm_head_token_ids"] = model.lm_head_token_ids.detach().cpu().numpy().astype(np.int64)
     tensors.update(mx_modules)
     used_format = None
     if weights in ("fp32", "fp16"):

@@ -156,6 +156,21 @@ class _Weights:
         return out
 
 
+def _restricted_logits(g: _G, scored: str, tensors: Mapping[str, Any], vocab: int) -> str:
+    """``logits [B, N, vocab]``: ``MASKED_LOGIT`` everywhere, the head's ``scored [B, N, head_vocab]`` scattered at
+    the ``lm_head_token_ids`` initializer (ScatterElements on axis 2 into an Expand of the constant)."""
+    from accel.models.config import MASKED_LOGIT  # numpy only
+
+    if "lm_head_token_ids" not in tensors:
+        raise BackendError("weight 'lm_head_token_ids' is missing from the model (config has head_vocab > 0)")
+    ids = np.asarray(tensors["lm_head_token_ids"], np.int64)
+    shape = g.op("Shape", scored)  # [B, N, head_vocab]
+    full_shape = g.op("Concat", g.op("Slice", shape, g.const([0]), g.const([2])), g.const([vocab]), axis=0)
+    base = g.op("Expand", g.const([MASKED_LOGIT], np.float32), full_shape)
+    index = g.op("Expand", g.init("lm_head_token_ids", ids), shape)
+    return g.op("ScatterElements", base, index, scored, axis=2, name="logits")
+
+
 # ---------------------------------------------------------------------------------------------- graph
 
 
@@ -305,7 +320,11 @@ def build_decoder_graph(
             progress(1)
     if num_logits:
         x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
-    g.op("MatMul", norm(x, "norm"), w.matmul_t("lm_head.weight"), name="logits")
+    head = norm(x, "norm")
+    if getattr(c, "head_vocab", 0):
+        _restricted_logits(g, g.op("MatMul", head, w.matmul_t("lm_head.weight")), tensors, c.vocab_size)
+    else:
+        g.op("MatMul", head, w.matmul_t("lm_head.weight"), name="logits")
     graph = helper.make_graph(g.nodes, "accel_decoder", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="accel")
     model.ir_version = IR_VERSION

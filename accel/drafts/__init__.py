@@ -18,6 +18,7 @@ _LAZY = {
     "distill": "accel.drafts.training",
     "evaluate_draft": "accel.drafts.evaluate",
     "build_draft": "accel.drafts.architecture",
+    "restrict_head": "accel.drafts.architecture",
     "chat_prompt": "accel.drafts.data",
     "DEFAULT_PROMPTS": "accel.drafts.prompts",
 }
@@ -36,4 +37,5 @@ __all__ = [
     "chat_prompt",
     "distill",
     "evaluate_draft",
+    "restrict_head",
 ]

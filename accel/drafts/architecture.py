@@ -7,14 +7,18 @@ the target's embedding projected onto its top ``d_model`` right-singular directi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from accel.drafts.config import DistillConfig
+from accel.errors import DraftError
 from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder, _rotate_half
 
-__all__ = ["build_draft", "draft_config", "causal_logits", "causal_hidden"]
+__all__ = ["build_draft", "draft_config", "causal_logits", "causal_hidden", "restrict_head"]
 
 
 def draft_config(target: ModelConfig, cfg: DistillConfig) -> ModelConfig:
@@ -96,5 +100,49 @@ def causal_hidden(model: Decoder, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def causal_logits(model: Decoder, input_ids: torch.Tensor) -> torch.Tensor:
-    """Logits ``[B, S, V]`` of a plain causal pass (see ``causal_hidden``)."""
-    return model.lm_head(causal_hidden(model, input_ids))
+    """Logits ``[B, S, V]`` of a plain causal pass (see ``causal_hidden``); full-vocabulary for a restricted head."""
+    return model.logits(causal_hidden(model, input_ids))
+
+
+def restrict_head(model: Decoder, token_ids: Sequence[int] | np.ndarray | torch.Tensor) -> Decoder:
+    """A copy of ``model`` whose LM head scores only ``token_ids`` (``head_vocab = len(token_ids)``, untied).
+
+    Every other weight is copied; the head keeps the source head's rows at the sorted ids (for a tied source, the
+    embedding rows), so at those ids the logits equal the source's and elsewhere they are ``MASKED_LOGIT``.
+    ``token_ids`` are distinct ids in ``[0, vocab_size)`` in any order, fewer than ``vocab_size``; ``DraftError``
+    otherwise. The head's cost per token drops from ``vocab_size * hidden`` to ``head_vocab * hidden`` MACs.
+    """
+    cfg = model.config
+    ids = _sorted_ids(token_ids, cfg.vocab_size)
+    if cfg.head_vocab:  # already restricted: the kept ids must be a subset of the scored ones
+        have = model.lm_head_token_ids.cpu()
+        pos = torch.searchsorted(have, ids)
+        if bool((pos >= len(have)).any()) or not torch.equal(have[pos.clamp(max=len(have) - 1)], ids):
+            raise DraftError("token_ids include ids the model's restricted head does not score")
+        rows = pos
+    else:
+        rows = ids
+    out = Decoder(cfg.with_(head_vocab=len(ids), tie_word_embeddings=False))
+    state = {k: v for k, v in model.state_dict().items() if k not in ("lm_head.weight", "lm_head_token_ids")}
+    weight = model.lm_head.weight.detach()
+    state["lm_head.weight"] = weight[rows.to(weight.device)].clone()
+    state["lm_head_token_ids"] = ids
+    out.load_state_dict(state, strict=True)
+    return out.to(device=weight.device, dtype=weight.dtype).train(model.training)
+
+
+def _sorted_ids(token_ids: Sequence[int] | np.ndarray | torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``token_ids`` as a sorted int64 tensor; DraftError unless they are distinct ints in ``[0, vocab_size)``."""
+    t = token_ids.detach().cpu() if isinstance(token_ids, torch.Tensor) else torch.as_tensor(np.asarray(token_ids))
+    if t.ndim != 1 or t.numel() == 0:
+        raise DraftError(f"token_ids must be a non-empty 1-D sequence; got shape {tuple(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise DraftError(f"token_ids must be integers; got dtype {t.dtype}")
+    ids = torch.sort(t.to(torch.int64)).values
+    if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+        raise DraftError(f"token_ids must be in [0, {vocab_size}); got min {int(ids[0])}, max {int(ids[-1])}")
+    if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise DraftError("token_ids contain repeated ids")
+    if len(ids) >= vocab_size:
+        raise DraftError(f"token_ids keep all {vocab_size} tokens; a restricted head must keep fewer than vocab_size")
+    return ids

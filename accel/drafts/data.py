@@ -25,7 +25,7 @@ from accel.drafts.architecture import causal_logits
 from accel.errors import DraftError
 from accel.models.decoder import Decoder, new_cache
 
-__all__ = ["TeacherData", "chat_prompt", "self_generate", "teacher_topk", "text_windows"]
+__all__ = ["TeacherData", "chat_prompt", "sample_prompts", "self_generate", "teacher_topk", "text_windows"]
 
 
 def chat_prompt(user_text: str) -> str:
@@ -234,3 +234,65 @@ def split_rows(n: int, held_out_fraction: float, seed: int) -> tuple[torch.Tenso
 def to_numpy_ids(seqs) -> list[np.ndarray]:
     """Normalise a list of token sequences / a 2-D array to a list of 1-D int64 arrays."""
     return [np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]
+
+
+def sample_prompts(
+    target: Decoder,
+    tokenizer,
+    starts: list[str],
+    n: int,
+    *,
+    stop: str,
+    max_tokens: int = 48,
+    temperature: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    exclude: tuple[str, ...] = (),
+    wrap=None,
+    partial: bool = False,
+    progress: bool = True,
+) -> list[str]:
+    """Up to ``n`` distinct prompts the target writes itself: it continues each of ``starts`` (cycled) by sampling at
+    ``temperature`` for at most ``max_tokens`` tokens; a sample counts when ``stop`` ends it (e.g. ``"<|im_end|>"``
+    after a ChatML user header: a complete user question; ``"\\n"`` after ``"def "``: a complete signature).
+
+    With ``partial=True`` a sample that did not reach ``stop`` is kept too, cut after its last sentence end
+    (``.``, ``?``, ``!`` or a newline). Returns ``wrap(start + sample)`` for each kept sample (default: ``start + sample + stop``), in generation order,
+    without duplicates and without the strings in ``exclude``. Costs ``ceil(n / batch_size)`` batched generations or
+    more when samples are dropped (stops after ``4 n`` samples).
+    """
+    from tqdm.auto import tqdm
+
+    if not starts:
+        raise DraftError("sample_prompts needs at least one start string")
+    stop_ids = tokenizer.encode(stop).ids
+    if len(stop_ids) != 1:
+        raise DraftError(f"stop string {stop!r} must be a single token; it is {len(stop_ids)} tokens")
+    stop_id = stop_ids[0]
+    start_ids = [tokenizer.encode(s).ids for s in starts]
+    kept: list[str] = []
+    seen = set(exclude)
+    batch = 0
+    with tqdm(total=n, desc="target writes prompts", disable=not progress, unit="prompt") as bar:
+        while len(kept) < n and batch * batch_size < 4 * n:
+            rows = [(batch * batch_size + i) % len(starts) for i in range(batch_size)]
+            data = self_generate(target, [start_ids[r] for r in rows], [temperature] * batch_size, max_tokens, 1,
+                                 seed=seed * 7_919 + batch, eos_token_ids=(stop_id,))
+            for i, r in enumerate(rows):
+                new = data.tokens[i, len(start_ids[r]) : len(start_ids[r]) + max_tokens].tolist()
+                if stop_id in new:
+                    body = tokenizer.decode(new[: new.index(stop_id)]).strip()
+                elif partial:  # cut after the last sentence end
+                    text = tokenizer.decode(new)
+                    body = text[: max(text.rfind(c) for c in ".?!\n") + 1].strip()
+                else:
+                    continue
+                if len(body) < 8:
+                    continue
+                text = wrap(starts[r] + body) if wrap else starts[r] + body + stop
+                if text not in seen and len(kept) < n:
+                    seen.add(text)
+                    kept.append(text)
+                    bar.update(1)
+            batch += 1
+    return kept

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from accel.drafts.data import chat_prompt
 
-__all__ = ["CHAT_INSTRUCTIONS", "CODE_STARTS", "DEFAULT_PROMPTS", "HELD_OUT_PROMPTS"]
+__all__ = ["CHAT_INSTRUCTIONS", "CODE_STARTS", "DEFAULT_PROMPTS", "HELD_OUT_PROMPTS", "code_signatures"]
 
 _TOPICS = (
     "photosynthesis", "the water cycle", "black holes", "the French Revolution", "machine learning", "volcanoes",
@@ -102,3 +102,22 @@ HELD_OUT_PROMPTS: tuple[str, ...] = (
     chat_prompt("Write a short poem about the sea."),
     "def word_frequencies(text):\n",
 )
+
+
+_VERBS = ("count", "find", "sort", "merge", "parse", "load", "save", "compute", "filter", "reverse", "validate",
+          "format", "convert", "remove", "group", "normalize", "average", "split", "encode", "clean")
+_NOUNS = (("lines", "lines"), ("numbers", "numbers"), ("users", "users"), ("dates", "dates"), ("scores", "scores"),
+          ("prices", "prices"), ("names", "names"), ("emails", "emails"), ("records", "records"),
+          ("matrix", "matrix"), ("config", "path"), ("tokens", "text"), ("vowels", "text"), ("files", "directory"),
+          ("temperatures", "values"))
+_CLASSES = ("Stack", "LinkedList", "BankAccount", "Inventory", "Student", "Timer", "Cache", "Graph", "Matrix",
+            "Vector", "ShoppingCart", "Library", "Counter", "Logger", "Rectangle", "Deck", "Game", "Person", "Car",
+            "Tree")
+
+
+def code_signatures() -> tuple[str, ...]:
+    """Python openings for self-generated code data: ``def <verb>_<noun>(<arg>):`` for 20 verbs x 15 nouns and
+    ``class <Name>:`` with an ``__init__`` for 20 class names (deterministic; none of ``HELD_OUT_PROMPTS``)."""
+    defs = tuple(f"def {v}_{n}({a}):\n" for v in _VERBS for n, a in _NOUNS)
+    classes = tuple(f"class {c}:\n    def __init__(self" for c in _CLASSES)
+    return tuple(p for p in defs + classes if p not in HELD_OUT_PROMPTS)

@@ -3,12 +3,13 @@
 Importing this package needs torch (the ``[torch]`` extra).
 """
 
-from accel.models.config import ModelConfig, RopeScaling
+from accel.models.config import MASKED_LOGIT, ModelConfig, RopeScaling
 from accel.models.decoder import Decoder, new_cache
 from accel.models.loading import load, save_pretrained
 from accel.models.smollm2 import load_tokenizer, smollm2_checkpoint, smollm2_gguf_path
 
 __all__ = [
+    "MASKED_LOGIT",
     "Decoder",
     "ModelConfig",
     "RopeScaling",

@@ -16,10 +16,14 @@ import numpy as np
 
 from accel.errors import ModelError
 
-__all__ = ["ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES", "rope_inv_freq"]
+__all__ = ["MASKED_LOGIT", "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES", "rope_inv_freq"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 _GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
+#: logit of the tokens a restricted head (``head_vocab > 0``) does not score: finite (the SpD warps reject inf/NaN),
+#: and low enough that ``exp`` underflows to exactly 0 probability in float32 after softmax / any temperature >= 1e-3
+MASKED_LOGIT: float = -1e9
+_HEAD_VOCAB_KEY = "accel_head_vocab"  # config.json key of head_vocab (written only when > 0)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class ModelConfig:
     """Architecture of a decoder-only transformer.
 
     Sizes are in elements (not bytes). ``head_dim`` defaults to ``hidden_size // num_heads``.
+    ``head_vocab`` > 0 restricts the LM head to that many token ids (a draft-model option, see ``Decoder.logits``):
+    the other tokens get ``MASKED_LOGIT``; 0 means the ordinary full head.
     """
 
     vocab_size: int
@@ -62,6 +68,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    head_vocab: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +93,26 @@ class ModelConfig:
             raise ModelError(f"activation must be 'silu' or 'gelu_tanh'; got {self.activation!r}")
         if self.positions not in ("rope", "learned"):
             raise ModelError(f"positions must be 'rope' or 'learned'; got {self.positions!r}")
+        self._check_head_vocab()
+
+    def _check_head_vocab(self) -> None:
+        """``head_vocab`` is 0 (full head) or in 1..vocab_size-1 with an untied head."""
+        hv = self.head_vocab
+        if isinstance(hv, bool) or not isinstance(hv, (int, np.integer)):
+            raise ModelError(f"config field head_vocab must be an int; got {hv!r}")
+        hv = int(hv)
+        object.__setattr__(self, "head_vocab", hv)
+        if hv == 0:
+            return
+        if not 0 < hv < self.vocab_size:
+            raise ModelError(
+                f"config field head_vocab={hv} must be 0 (full head) or in 1..{self.vocab_size - 1} (< vocab_size)"
+            )
+        if self.tie_word_embeddings:
+            raise ModelError(
+                f"config field head_vocab={hv} needs tie_word_embeddings=false: a restricted head has its own "
+                "[head_vocab, hidden] weight, it cannot share the [vocab, hidden] embedding"
+            )
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -168,6 +195,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
             extra={"sliding_window": cfg.get("sliding_window")} if cfg.get("sliding_window") else {},
+            head_vocab=_head_vocab_of(cfg),
         )
 
     @classmethod
@@ -201,10 +229,21 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
+            head_vocab=_head_vocab_of(cfg),
         )
 
     def to_hf(self) -> dict[str, Any]:
-        """The Hugging Face ``config.json`` dict that ``from_hf`` maps back to this config (and transformers loads)."""
+        """The Hugging Face ``config.json`` dict that ``from_hf`` maps back to this config (and transformers loads).
+
+        ``head_vocab`` > 0 is written as ``accel_head_vocab`` (transformers ignores it; such a checkpoint's
+        ``lm_head.weight`` is ``[head_vocab, hidden]``, which only accel loads).
+        """
+        out = self._to_hf_base()
+        if self.head_vocab > 0:
+            out[_HEAD_VOCAB_KEY] = self.head_vocab
+        return out
+
+    def _to_hf_base(self) -> dict[str, Any]:
         if self.model_type == "gpt2":
             return {
                 "model_type": "gpt2",
@@ -265,6 +304,14 @@ class ModelConfig:
         d = asdict(self)
         d.pop("extra", None)
         return d
+
+
+def _head_vocab_of(cfg: dict[str, Any]) -> int:
+    """``accel_head_vocab`` of a config.json (0 when absent); ModelError when it is not an integer."""
+    value = cfg.get(_HEAD_VOCAB_KEY) or 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelError(f"config field {_HEAD_VOCAB_KEY}={value!r} must be an integer")
+    return value
 
 
 def _parse_rope_scaling(rs: dict[str, Any] | None) -> RopeScaling | None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel.models.config import ModelConfig
+from accel.models.config import MASKED_LOGIT, ModelConfig
 from accel.models.config import rope_inv_freq as _rope_inv_freq_np
 
 __all__ = ["Decoder", "new_cache", "rope_inv_freq", "write_cache"]
@@ -115,13 +115,18 @@ class Attention(nn.Module):
         k_cache = write_cache(k_cache, k, position_ids, inplace)
         v_cache = write_cache(v_cache, v, position_ids, inplace)
         groups = self.num_heads // self.num_kv_heads
-        # [B, Hkv, G, S, D] x [B, Hkv, 1, D, ctx] -> [B, Hkv, G, S, ctx]: no repeat of the cache
-        qg = q.reshape(bsz, self.num_kv_heads, groups, seq, self.head_dim)
-        kc = k_cache.to(q.dtype).unsqueeze(2)
-        vc = v_cache.to(q.dtype).unsqueeze(2)
+        # the G query heads of a KV head are stacked along the sequence axis:
+        # [B, Hkv, G*S, D] x [B, Hkv, D, ctx] -> [B, Hkv, G*S, ctx]; no copy or repeat of the cache (a broadcast
+        # matmul against an unsqueezed cache would materialise it G times per call)
+        ctx = k_cache.shape[2]
+        qg = q.reshape(bsz, self.num_kv_heads, groups * seq, self.head_dim)
+        kc = k_cache.to(q.dtype)
+        vc = v_cache.to(q.dtype)
         scores = torch.matmul(qg, kc.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        scores = scores.view(bsz, self.num_kv_heads, groups, seq, ctx)
         scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        probs = probs.view(bsz, self.num_kv_heads, groups * seq, ctx)
         out = torch.matmul(probs, vc).reshape(bsz, self.num_heads, seq, self.head_dim)
         out = out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim)
         return self.o_proj(out), k_cache, v_cache
@@ -173,6 +178,9 @@ class Decoder(nn.Module):
 
     ``forward(input_ids [B,S], position_ids [B,S], past_keys, past_values, num_logits=None)`` returns
     ``(logits [B, N, V], new_keys, new_values)`` where N = num_logits (last N columns) or S.
+
+    With ``config.head_vocab > 0`` the LM head is ``[head_vocab, hidden]`` and scores only the token ids in the
+    persistent int64 buffer ``lm_head_token_ids`` (sorted, distinct); the logits stay full-vocabulary (``logits``).
     """
 
     def __init__(self, config: ModelConfig):
@@ -183,7 +191,9 @@ class Decoder(nn.Module):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = _norm(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.head_vocab or config.vocab_size, bias=False)
+        if config.head_vocab:  # placeholder ids 0..head_vocab-1; the real ones come with the weights
+            self.register_buffer("lm_head_token_ids", torch.arange(config.head_vocab, dtype=torch.int64))
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         if config.positions == "rope":
@@ -238,8 +248,23 @@ class Decoder(nn.Module):
             new_values.append(v_cache)
         if num_logits is not None:
             x = x[:, -num_logits:, :]
-        logits = self.lm_head(self.norm(x))
+        logits = self.logits(self.norm(x))
         return logits, new_keys, new_values
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits ``[..., vocab_size]`` of final-norm hidden states ``[..., hidden_size]``.
+
+        A restricted head (``head_vocab > 0``) scores its ``lm_head_token_ids``; every other token gets
+        ``MASKED_LOGIT`` (clamped to the dtype's lowest finite value, e.g. -65504 in float16), so its probability
+        is exactly 0 after softmax while the logits stay finite.
+        """
+        scored = self.lm_head(hidden)
+        if not self.config.head_vocab:
+            return scored
+        fill = max(MASKED_LOGIT, torch.finfo(scored.dtype).min)
+        full = scored.new_full((*scored.shape[:-1], self.config.vocab_size), fill)
+        index = self.lm_head_token_ids.expand(*scored.shape[:-1], -1)
+        return full.scatter(-1, index, scored)
 
     def causal_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full-sequence logits ``[B, S, V]`` with plain causal attention and no cache (for training and checks)."""

@@ -15,10 +15,12 @@ import torch
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 
-__all__ = ["hf_to_accel", "accel_to_hf", "IGNORED_HF_SUFFIXES"]
+__all__ = ["hf_to_accel", "accel_to_hf", "IGNORED_HF_SUFFIXES", "HF_HEAD_IDS", "HEAD_IDS"]
 
 #: tensors some HF checkpoints carry that are not weights (recomputed buffers); dropped silently
 IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq", ".attn.masked_bias")
+#: a restricted LM head's token ids (``head_vocab > 0``): checkpoint name -> ``Decoder`` buffer name
+HF_HEAD_IDS, HEAD_IDS = "lm_head.token_ids", "lm_head_token_ids"
 _GPT2_ATTN_MASK = re.compile(r"(^|\.)h\.\d+\.attn\.bias$")  # GPT-2's causal-mask buffer (NOT c_attn.bias)
 
 # GPT-2 HF module -> ours (per layer), for weights stored as Conv1D [in, out]
@@ -40,14 +42,18 @@ def hf_to_accel(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> dic
     """Rename (and for GPT-2, split/transpose) HF checkpoint tensors to ``Decoder`` state-dict names.
 
     Names already in ``Decoder`` form pass through unchanged, so accel-written checkpoints load too.
+    A restricted head's ``lm_head.token_ids`` becomes the ``lm_head_token_ids`` buffer.
     """
     if config.model_type == "gpt2":
-        return _gpt2_to_accel(config, tensors)
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if _ignored(name):
-            continue
-        out[name[len("model.") :] if name.startswith("model.") else name] = t
+        out = _gpt2_to_accel(config, tensors)
+    else:
+        out = {}
+        for name, t in tensors.items():
+            if _ignored(name):
+                continue
+            out[name[len("model.") :] if name.startswith("model.") else name] = t
+    if HF_HEAD_IDS in out:
+        out[HEAD_IDS] = out.pop(HF_HEAD_IDS)
     return out
 
 
@@ -87,7 +93,9 @@ def accel_to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> dict[
     tied = config.tie_word_embeddings
     if config.model_type != "gpt2":
         for name, t in state.items():
-            if name == "lm_head.weight":
+            if name == HEAD_IDS:
+                out[HF_HEAD_IDS] = t
+            elif name == "lm_head.weight":
                 if not tied:
                     out[name] = t
             else:
@@ -99,6 +107,9 @@ def accel_to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> dict[
         if name == "lm_head.weight":
             if not tied:
                 out[name] = t
+            continue
+        if name == HEAD_IDS:
+            out[HF_HEAD_IDS] = t
             continue
         top = name.split(".")[0]
         if top in ("embed_tokens", "embed_positions", "norm"):

@@ -21,9 +21,9 @@ import torch
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder
-from accel.models.hf_names import accel_to_hf, hf_to_accel
+from accel.models.hf_names import HEAD_IDS, accel_to_hf, hf_to_accel
 
-__all__ = ["load", "load_state", "save_pretrained", "read_checkpoint_tensors"]
+__all__ = ["check_head_token_ids", "load", "load_state", "save_pretrained", "read_checkpoint_tensors"]
 
 
 def load(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -62,8 +62,11 @@ def load_state(model: Decoder, state: Mapping[str, Any]) -> None:
     """Copy ``state`` (``Decoder`` names; torch tensors or numpy arrays) into ``model``, checking names and shapes.
 
     With tied embeddings an ``lm_head.weight`` in ``state`` is ignored (HF checkpoints sometimes store it).
+    Persistent buffers (a restricted head's ``lm_head_token_ids``) are loaded too; the token ids are validated
+    (``check_head_token_ids``).
     """
     params = dict(model.named_parameters(remove_duplicate=False))
+    params.update(_persistent_buffers(model))
     tied = model.config.tie_word_embeddings
     expected = {n for n in params if not (tied and n == "lm_head.weight")}
     given = set(state) - ({"lm_head.weight"} if tied else set())
@@ -86,7 +89,31 @@ def load_state(model: Decoder, state: Mapping[str, Any]) -> None:
             p = params[name]
             if tuple(t.shape) != tuple(p.shape):
                 raise ModelError(f"weight {name!r} has shape {tuple(t.shape)}; the config implies {tuple(p.shape)}")
+            if name == HEAD_IDS:
+                check_head_token_ids(t, model.config.vocab_size, model.config.head_vocab)
             p.copy_(t.to(p.dtype))
+
+
+def _persistent_buffers(model: Decoder) -> dict[str, torch.Tensor]:
+    """The buffers that belong in a checkpoint (in the state dict), by name."""
+    keys = set(model.state_dict().keys())
+    return {n: b for n, b in model.named_buffers() if n in keys}
+
+
+def check_head_token_ids(ids: torch.Tensor, vocab_size: int, head_vocab: int) -> None:
+    """ModelError unless ``ids`` is an integer ``[head_vocab]`` tensor of sorted distinct ids in ``[0, vocab_size)``."""
+    name = "lm_head.token_ids"
+    if tuple(ids.shape) != (head_vocab,):
+        raise ModelError(f"{name} has shape {tuple(ids.shape)}; the config's head_vocab implies ({head_vocab},)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ModelError(f"{name} must be an integer tensor; got dtype {ids.dtype}")
+    ids = ids.to(torch.int64)
+    if head_vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ModelError(
+            f"{name} has ids outside [0, {vocab_size}): min {int(ids.min())}, max {int(ids.max())}"
+        )
+    if head_vocab > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ModelError(f"{name} must be sorted ascending without repeats (strictly increasing)")
 
 
 # ---------------------------------------------------------------------------------------------- reading files

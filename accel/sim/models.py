@@ -43,6 +43,7 @@ class ModelSpec(SimModel):
     mlp_bias: bool = False
     norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     learned_positions: int = Field(default=0, ge=0, description="rows of a learned position table (GPT-2); 0 = rotary")
+    head_vocab: int = Field(default=0, ge=0, description="rows of a restricted (untied) LM head; 0 = vocab_size")
     note: str = ""
 
     @model_validator(mode="after")
@@ -53,6 +54,9 @@ class ModelSpec(SimModel):
         if self.head_dim is None and self.d_model % self.n_heads:
             raise SimError(f"model {self.name!r}: d_model={self.d_model} not divisible by n_heads={self.n_heads}; "
                            "give head_dim")
+        if self.head_vocab and (self.head_vocab >= self.vocab_size or self.tied_embeddings):
+            raise SimError(f"model {self.name!r}: head_vocab={self.head_vocab} needs an untied LM head and "
+                           f"head_vocab < vocab_size={self.vocab_size}")
         return self
 
     # --- derived sizes ---------------------------------------------------------------------------------------------
@@ -94,9 +98,14 @@ class ModelSpec(SimModel):
         return self.vocab_size * self.d_model + self.learned_positions * self.d_model
 
     @property
+    def head_rows(self) -> int:
+        """Token ids the LM head scores per position: ``head_vocab`` for a restricted head, else ``vocab_size``."""
+        return self.head_vocab or self.vocab_size
+
+    @property
     def lm_head_params(self) -> int:
         """Separate LM head weights (0 when tied to the embeddings)."""
-        return 0 if self.tied_embeddings else self.vocab_size * self.d_model
+        return 0 if self.tied_embeddings else self.head_rows * self.d_model
 
     @property
     def final_norm_params(self) -> int:
@@ -239,7 +248,7 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("qkv_bias")),
                 o_bias=bool(cfg.get("o_bias")), mlp_bias=bool(cfg.get("mlp_bias")),
                 learned_positions=int(cfg.get("max_position_embeddings", 0)) if cfg.get("positions") == "learned"
-                else 0, note="from an accel.models config dict")
+                else 0, head_vocab=int(cfg.get("head_vocab") or 0), note="from an accel.models config dict")
         if "n_embd" in cfg or mtype in ("gpt2", "codegen", "gptj"):
             d = int(get("n_embd", "hidden_size"))
             is_gpt2 = mtype == "gpt2" or (mtype == "" and "n_positions" in cfg and "rotary_dim" not in cfg)
@@ -258,6 +267,7 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
             ffn_dim=int(get("intermediate_size")), ffn_type="gated", vocab_size=int(get("vocab_size")),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=attn_bias or mtype == "qwen2", o_bias=attn_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
+            head_vocab=int(cfg.get("accel_head_vocab") or 0),
             note=f"from config.json (model_type={mtype or '?'})")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, SimError):

@@ -109,7 +109,7 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
     comp_l = flops_layer / fl
     dec_l = 0.0 * mx if dec_rate is None else mx * m.linear_params_per_layer / dec_rate
     # --- LM head (+ final norm, embedding gather, logits out)
-    head_params = m.vocab_size * m.d_model
+    head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
     head_bpe = bpe if compress_lm_head else np.float64(bytes_per_element("fp16"))
     head_mx = mx if compress_lm_head else 0.0 * mx
     w_head = head_params * head_bpe + m.final_norm_params * 2.0
