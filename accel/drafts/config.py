@@ -149,4 +149,5 @@ class DraftEval(BaseModel):
     expected_tokens_per_step: list[float]
     alpha: float
     target_nll: float  # mean nats/token of the target on the text (how "on-distribution" the text is)
-    draft_nll: float
+    draft_nll: float  # mean nats/token of the draft, over the positions where its probability is > 0
+    draft_zero_prob: float = 0.0  # fraction of positions whose token a restricted head (head_vocab) cannot propose

@@ -20,6 +20,7 @@ from accel.drafts.checkpoint import check_pair, describe, load_model, load_text_
 from accel.drafts.config import DraftEval
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
+from accel.models.config import MASKED_LOGIT
 
 __all__ = ["evaluate_draft", "run_acceptance"]
 
@@ -68,7 +69,7 @@ def evaluate_draft(
             raise DraftError(f"sequence(s) {short[:5]} have no token after their prompt; nothing to score")
     vocab = t_model.config.vocab_size
     agree_all: list[np.ndarray] = []
-    alpha_sum, t_nll, d_nll, n = 0.0, 0.0, 0.0, 0
+    alpha_sum, t_nll, d_nll, n, d_scored = 0.0, 0.0, 0.0, 0, 0
     with torch.no_grad():
         for ids, start in zip(seqs, starts):
             if min(ids) < 0 or max(ids) >= vocab:
@@ -86,7 +87,10 @@ def evaluate_draft(
                 q = torch.softmax(lq / temperature, -1)
                 alpha_sum += float(torch.minimum(p, q).sum(-1).sum())
             t_nll -= float(lp.gather(-1, nxt[:, None]).sum())
-            d_nll -= float(lq.gather(-1, nxt[:, None]).sum())
+            d_lp = lq.gather(-1, nxt[:, None])[:, 0]
+            possible = d_lp > MASKED_LOGIT / 2  # a restricted head gives the other tokens probability 0
+            d_nll -= float(d_lp[possible].sum())
+            d_scored += int(possible.sum())
             n += len(agree)
     rates = run_acceptance(agree_all, max_k)
     return DraftEval(
@@ -98,7 +102,8 @@ def evaluate_draft(
         expected_tokens_per_step=[1.0 + float(sum(rates[:k])) for k in range(1, max_k + 1)],
         alpha=alpha_sum / n,
         target_nll=t_nll / n,
-        draft_nll=d_nll / n,
+        draft_nll=d_nll / max(d_scored, 1),
+        draft_zero_prob=1.0 - d_scored / n,
     )
 
 

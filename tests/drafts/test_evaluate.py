@@ -86,3 +86,23 @@ def test_prompt_lengths_restrict_scoring_to_the_continuation(tiny_target):
 
     with pytest.raises(DraftError, match="no token after their prompt"):
         evaluate_draft(tiny_target, draft, ids, prompt_lengths=[50])
+
+
+def test_restricted_head_counts_what_it_cannot_propose(tiny_target):
+    """A copy of the target whose head keeps only some tokens: it agrees exactly where the target's argmax is kept,
+    and ``draft_zero_prob`` is the fraction of next tokens outside the head (its NLL is over the others only)."""
+    from accel.drafts import restrict_head
+    from accel.drafts.architecture import causal_logits
+    from accel.drafts.checkpoint import load_model
+
+    target = load_model(tiny_target, "target")
+    seq = list(range(3, 200, 3))
+    kept = torch.arange(0, target.config.vocab_size, 2)  # even ids
+    draft = restrict_head(target, kept)
+    ev = evaluate_draft(target, draft, [seq], temperature=0.0)
+    with torch.no_grad():
+        best = causal_logits(target, torch.tensor([seq]))[0, :-1].argmax(-1)
+    assert ev.greedy_agreement == pytest.approx(float((best % 2 == 0).float().mean()))
+    nxt = torch.tensor(seq[1:])
+    assert ev.draft_zero_prob == pytest.approx(float((nxt % 2 == 1).float().mean()))
+    assert 0.0 < ev.draft_nll < 50.0  # finite: positions the head cannot score are left out, not counted as 1e9
