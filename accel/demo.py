@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import os
 import sys
 import time
@@ -189,13 +188,14 @@ def run_demo(
     # ---------------------------------------------------------------- 2. ONNX + speculative decoding
     say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
     from accel.backends import OrtBackend
-    from accel.backends.export import export_onnx
+    from accel.backends.export import export_cached
     from accel.spd import generate, generate_ar
 
     ctx_len = _round_up(max(len(p) for p in prompt_ids) + max_new + k + 2, 64)
     onnx_dir = results / "onnx"
-    t_onnx = _cached_export(mx_model, target_dir, onnx_dir, "target-mxfp6", ctx_len, "mx-rounded", say)
-    d_onnx = _cached_export(d_model, draft_dir, onnx_dir, "draft", ctx_len, "fp32", say)
+    t_onnx = export_cached(target_dir, onnx_dir, name="target-mxfp6", ctx_len=ctx_len, weights="mx-rounded",
+                           model=mx_model, say=say)
+    d_onnx = export_cached(draft_dir, onnx_dir, name="draft", ctx_len=ctx_len, model=d_model, say=say)
     del mx_model
     tb = OrtBackend(t_onnx, threads=threads)
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
@@ -300,31 +300,6 @@ def _tokenizer(target_dir: Path, draft_dir: Path):
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def _cached_export(model, src: Path, onnx_dir: Path, name: str, ctx_len: int, weights: str,
-                   say: Callable[[str], None]) -> Path:
-    """Export once per (checkpoint files, ctx_len, weights mode, accel version); later runs reuse the file."""
-    from accel import __version__
-
-    key = hashlib.sha256()
-    for f in sorted(src.iterdir()):
-        if f.suffix in (".json", ".safetensors"):
-            st = f.stat()
-            key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    key.update(f"{ctx_len}:{weights}:{__version__}".encode())
-    path = onnx_dir / f"{name}-{key.hexdigest()[:12]}.onnx"
-    if path.is_file():
-        say(f"ONNX {name}: cached {path}")
-        return path
-    onnx_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    from accel.backends.export import export_onnx
-
-    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False)
-    say(f"ONNX {name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, ctx {ctx_len}) "
-        f"in {time.perf_counter() - t0:.1f} s")
-    return path
 
 
 def _call_times(tb, db, k: int, reps: int) -> tuple[float, float, float]:

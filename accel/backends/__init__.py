@@ -13,6 +13,7 @@ from accel.errors import BackendError
 _LAZY = {
     "TorchBackend": "accel.backends.torch_backend",
     "export_onnx": "accel.backends.export",
+    "export_cached": "accel.backends.export",
     "WEIGHT_MODES": "accel.backends.export",
     "OrtBackend": "accel.backends.ort_backend",
     "QaicBackend": "accel.backends.qaic",
@@ -34,6 +35,7 @@ __all__ = [
     "TorchBackend",
     "WEIGHT_MODES",
     "check_step_inputs",
+    "export_cached",
     "export_onnx",
     "prefill",
     "write_qaic_files",

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.errors import BackendError
 
-__all__ = ["export_onnx", "WEIGHT_MODES", "model_tensors"]
+__all__ = ["export_onnx", "export_cached", "WEIGHT_MODES", "model_tensors"]
 
 WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
@@ -195,3 +195,52 @@ def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def export_cached(
+    src: str | Path,
+    onnx_dir: str | Path,
+    *,
+    name: str | None = None,
+    ctx_len: int,
+    weights: str = "fp32",
+    model: torch.nn.Module | None = None,
+    say=None,
+) -> Path:
+    """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
+    sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version) and reused afterwards (batch 1).
+
+    ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
+    only when the file is not cached. ``say``: optional callable receiving one status line.
+    """
+    import hashlib
+
+    from accel import __version__
+
+    src = Path(src)
+    if not src.is_dir():
+        raise BackendError(f"{src} is not a checkpoint directory")
+    key = hashlib.sha256()
+    for f in sorted(src.iterdir()):
+        if f.suffix in (".json", ".safetensors"):
+            st = f.stat()
+            key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    key.update(f"{ctx_len}:{weights}:{__version__}".encode())
+    path = Path(onnx_dir) / f"{name or src.name}-{key.hexdigest()[:12]}.onnx"
+    if path.is_file():
+        if say:
+            say(f"ONNX {name or src.name}: cached {path}")
+        return path
+    if model is None:
+        from accel.models import load
+
+        model = load(src)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import time
+
+    t0 = time.perf_counter()
+    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False)
+    if say:
+        say(f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, "
+            f"ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s")
+    return path

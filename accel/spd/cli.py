@@ -69,11 +69,11 @@ def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp:
         return TorchBackend(load(path), ctx_len=ctx_len, batch_size=1, threads=threads)
     from accel.backends import OrtBackend
 
-    if path.is_dir():  # export once into the temporary directory
-        from accel.backends import export_onnx
-        from accel.models import load
+    if path.is_dir():  # exported once per checkpoint and ctx_len, cached in $ACCEL_CACHE/onnx
+        from accel.backends import export_cached
+        from accel.models.smollm2 import cache_root
 
-        path = export_onnx(load(path), tmp / f"{path.name}.onnx", ctx_len=ctx_len, batch_size=1)
+        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len)
     if path.suffix != ".onnx":
         raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
     return OrtBackend(path, batch_size=1, threads=threads)
