@@ -278,3 +278,25 @@ def test_export_refuses_ctx_beyond_sliding_window(tmp_path):
     with pytest.raises(BackendError, match="sliding_window 8"):
         export_onnx(Decoder(cfg), tmp_path / "m.onnx", ctx_len=16, progress=False)
     assert export_onnx(Decoder(cfg), tmp_path / "m.onnx", ctx_len=8, progress=False).is_file()
+
+
+def test_export_cached_reuses_the_file(tmp_path):
+    """Second call: same file, not rewritten; another ctx_len or a changed checkpoint: a new export."""
+    import os
+
+    from accel.backends import export_cached
+    from accel.models import save_pretrained
+
+    src = save_pretrained(_tiny_llama(), tmp_path / "ckpt")
+    lines: list[str] = []
+    first = export_cached(src, tmp_path / "onnx", ctx_len=32, say=lines.append)
+    stamp = first.stat().st_mtime_ns
+    again = export_cached(src, tmp_path / "onnx", ctx_len=32, say=lines.append)
+    assert again == first and again.stat().st_mtime_ns == stamp
+    assert "cached" in lines[-1] and "exported" in lines[0]
+    assert export_cached(src, tmp_path / "onnx", ctx_len=64) != first
+    os.utime(src / "model.safetensors", ns=(stamp + 10**9, stamp + 10**9))  # a rewritten checkpoint
+    assert export_cached(src, tmp_path / "onnx", ctx_len=32) != first
+    OrtBackend(first)  # a valid model file
+    with pytest.raises(BackendError, match="not a checkpoint directory"):
+        export_cached(tmp_path / "nowhere", tmp_path / "onnx", ctx_len=32)
