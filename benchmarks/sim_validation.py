@@ -22,7 +22,8 @@ Data source:
   attention over a preallocated KV cache, LM head on the last ``num_logits`` rows, argmax), a target and a small
   draft; per-call times at S = 1..8 and AR / SpD runs with i.i.d. synthetic acceptance (numpy RNG, fixed seed).
   The measured data is written in the schema above (results/sim_validation_measurements.json) and analysed by the
-  same code path as results/spd.json (``--standin`` forces it even when results/spd.json exists).
+  same code path as results/spd.json (``--standin`` forces it even when results/spd.json exists; ``--spd FILE``
+  reads another benchmarks/spd.py output instead).
 
 The draft is calibrated separately from the target (its weights are small enough to stay in cache: a different
 effective bandwidth). Output: results/sim_validation.json. Goal: SpD speedup within 15 % of measured.
@@ -375,7 +376,7 @@ def main() -> int:
     print(f"timing with {'wall' if CLOCK is time.perf_counter else 'process CPU'} time; measuring host ...")
     host = sim.measure_host()
     print(f"host: {host.notes}")
-    spd_json = RESULTS / "spd.json"
+    spd_json = Path(sys.argv[sys.argv.index("--spd") + 1]) if "--spd" in sys.argv else RESULTS / "spd.json"
     data = None
     if spd_json.exists() and "--standin" not in sys.argv:
         try:
