@@ -377,6 +377,8 @@ def main() -> int:
     host = sim.measure_host()
     print(f"host: {host.notes}")
     spd_json = Path(sys.argv[sys.argv.index("--spd") + 1]) if "--spd" in sys.argv else RESULTS / "spd.json"
+    if "--spd" in sys.argv and not spd_json.is_file():
+        raise SystemExit(f"--spd {spd_json}: no such file (give a results JSON written by benchmarks/spd.py)")
     data = None
     if spd_json.exists() and "--standin" not in sys.argv:
         try:
