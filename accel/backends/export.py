@@ -208,7 +208,8 @@ def export_cached(
     say=None,
 ) -> Path:
     """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
-    sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version) and reused afterwards (batch 1).
+    sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the exporter's source) and reused
+    afterwards (batch 1).
 
     ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
     only when the file is not cached. ``say``: optional callable receiving one status line.
@@ -226,6 +227,8 @@ def export_cached(
             st = f.stat()
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     key.update(f"{ctx_len}:{weights}:{__version__}".encode())
+    for module in (Path(__file__), Path(__file__).with_name("onnx_graph.py")):  # the graph code itself
+        key.update(module.read_bytes())
     path = Path(onnx_dir) / f"{name or src.name}-{key.hexdigest()[:12]}.onnx"
     if path.is_file():
         if say:

@@ -271,9 +271,11 @@ def build_decoder_graph(
         if c.norm == "layer":
             return g.op("LayerNormalization", xin, w.plain(f"{prefix}.weight"), w.plain(f"{prefix}.bias"),
                         axis=-1, epsilon=float(c.norm_eps))
-        ms = g.op("ReduceMean", g.op("Mul", xin, xin), g.const([-1]), keepdims=1)
-        inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, f32(c.norm_eps))))
-        return g.op("Mul", w.plain(f"{prefix}.weight"), g.op("Mul", xin, inv))
+        # x / sqrt(mean(x^2) + eps) * w, in the exact form onnxruntime fuses into one SimplifiedLayerNormalization
+        # kernel (Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul); standard ONNX for every other runtime
+        ms = g.op("ReduceMean", g.op("Pow", xin, f32(2.0)), g.const([-1]), keepdims=1)
+        rms = g.op("Sqrt", g.op("Add", ms, f32(c.norm_eps)))
+        return g.op("Mul", g.op("Div", xin, rms), w.plain(f"{prefix}.weight"))
 
     def apply_rope(t: str) -> str:
         cos, sin = rope

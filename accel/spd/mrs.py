@@ -80,11 +80,21 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     returned (the uniform is drawn in ``(0, 1]``).
     """
     probs = np.asarray(probs, dtype=np.float64)
-    cdf = np.cumsum(probs, axis=-1)
     u = 1.0 - rng.random(probs.shape[:-1])  # (0, 1]
-    target = u * cdf[..., -1]
-    idx = np.sum(cdf < target[..., None], axis=-1)
-    return np.minimum(idx, probs.shape[-1] - 1).astype(np.int64)
+    return _inverse_cdf(probs, u)
+
+
+def _inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row of ``probs [..., V]``: the first index whose cumulative sum reaches ``u * total`` (``u`` in (0, 1]).
+
+    A cumulative sum of non-negative floats never decreases, so a binary search per row (``searchsorted``, left)
+    gives the same index as counting the entries below the threshold, without a second pass over the vocabulary.
+    """
+    vocab = probs.shape[-1]
+    cdf = np.cumsum(probs.reshape(-1, vocab), axis=-1)
+    thresholds = np.ravel(u) * cdf[:, -1]
+    idx = np.array([np.searchsorted(row, t, side="left") for row, t in zip(cdf, thresholds)], dtype=np.int64)
+    return np.minimum(idx, vocab - 1).reshape(probs.shape[:-1])
 
 
 def _check(draft_tokens: np.ndarray, p: np.ndarray | None, q: np.ndarray, num_drafts: np.ndarray | None):
@@ -97,8 +107,8 @@ def _check(draft_tokens: np.ndarray, p: np.ndarray | None, q: np.ndarray, num_dr
     vocab = q.shape[2]
     if p is not None and p.shape != (batch, k, vocab):
         raise SpdError(f"draft probs p must be [batch={batch}, K={k}, V={vocab}]; got shape {p.shape}")
-    for name, arr in (("p", p), ("q", q)):
-        if arr is not None and not np.all(np.isfinite(arr)):
+    for name, arr in (("p", p), ("q", q)):  # one reduction; NaN/inf propagate through a sum of probabilities
+        if arr is not None and not np.isfinite(np.sum(arr)):
             raise SpdError(f"{name} contains NaN or inf")
     n = np.full(batch, k, dtype=np.int64) if num_drafts is None else np.asarray(num_drafts, dtype=np.int64)
     if n.shape != (batch,) or np.any(n < 0) or np.any(n > k):
@@ -150,13 +160,11 @@ def speculative_accept(
     else:
         m = np.zeros(batch, dtype=np.int64)
         overlap = np.zeros((batch, 0))
-    q_m = q[rows, m]
-    rejected = m < n
-    p_m = p[rows, np.minimum(m, max(k - 1, 0))] if k else np.zeros_like(q_m)
-    dist = np.where(rejected[:, None], residual(p_m, q_m), q_m)
-    cdf = np.cumsum(dist, axis=-1)
-    idx = np.sum(cdf < (u_next * cdf[:, -1])[:, None], axis=-1)
-    next_token = np.minimum(idx, dist.shape[-1] - 1).astype(np.int64)
+    dist = q[rows, m]  # a bonus row samples from q_{n+1}; a rejected row from its residual at the rejected slot
+    rejected = np.flatnonzero(m < n)
+    if rejected.size:
+        dist[rejected] = residual(p[rejected, m[rejected]], dist[rejected])
+    next_token = _inverse_cdf(dist, u_next)
     return RoundResult(num_accepted=m, next_token=next_token, overlap=overlap)
 
 
