@@ -10,8 +10,8 @@ Data source:
      "settings": {"max_new_tokens": G}          optional
      "calls": [{"model": "target"|"draft", "seq_len": S, "past_len": L, "seconds": t,
                 "num_logits": n (optional, default S)}, ...],
-     "runs": [{"mode": "ar"|"spd", "k": K, "tokens_per_s": x, "sampling": "greedy"|... (optional: runs are compared
-               within one sampling setting), "decode_tokens_per_s": x (optional, preferred: prefill excluded),
+     "runs": [{"mode": "ar"|"spd"|"spd_dyn" (dynamic draft length: skipped), "k": K, "tokens_per_s": x,
+               "sampling": "greedy"|... (optional: runs are compared within one sampling setting), "decode_tokens_per_s": x (optional, preferred: prefill excluded),
                acceptance: "tokens"+"loops" (realized totals) or "mean_tokens_per_loop" (E) or
                "mean_accepted_per_loop" (E - 1) or "acceptance_by_position" or "alpha",
                "host_s" (optional: total host seconds, spread over the run's loops as host_s per loop),
@@ -217,8 +217,9 @@ def load_measurements(data: dict) -> dict:
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
     for i, r in enumerate(data["runs"]):
-        if r.get("mode") not in ("ar", "spd") or not isinstance(r.get("tokens_per_s"), (int, float)):
-            raise SimError(f"runs[{i}] must have mode ar|spd and tokens_per_s: {r}")
+        # spd_dyn (dynamic draft length, benchmarks/spd.py) is accepted and not compared: the model has fixed K
+        if r.get("mode") not in ("ar", "spd", "spd_dyn") or not isinstance(r.get("tokens_per_s"), (int, float)):
+            raise SimError(f"runs[{i}] must have mode ar|spd|spd_dyn and tokens_per_s: {r}")
         if r["mode"] == "spd" and not isinstance(r.get("k"), int):
             raise SimError(f"runs[{i}] (spd) needs an integer k")
         if r["mode"] == "spd" and not any(r.get(f) is not None for f in (

@@ -91,14 +91,15 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, 
     return {s: statistics.median(t) for s, t in times.items()}
 
 
-def aggregate(results, mode: str, sampling: str, k: int) -> dict:
+def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float | None = None) -> dict:
     new = sum(r.stats.new_tokens for r in results)
     wall = sum(r.stats.wall_s for r in results)
     prefill = sum(r.stats.prefill_s for r in results)
-    row = {"mode": mode, "sampling": sampling, "k": k, "tokens_per_s": new / wall, "new_tokens": new, "wall_s": wall,
+    row = {"mode": mode, "sampling": sampling, "k": k, "min_draft_prob": min_draft_prob,
+           "tokens_per_s": new / wall, "new_tokens": new, "wall_s": wall,
            "prefill_s": prefill, "decode_tokens_per_s": new / (wall - prefill), "alpha": None,
            "mean_tokens_per_loop": 1.0}
-    if mode == "spd":
+    if mode != "ar":
         acc = sum(r.stats.accepted_drafts for r in results)
         reached = sum(r.stats.proposed_drafts for r in results)
         rounds = sum(r.stats.row_calls for r in results)
@@ -181,6 +182,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="onnxruntime/torch intra-op threads per model (default 1: on a shared 2-core box two "
                          "alternating onnxruntime sessions with 2 spinning threads each slow each other down ~2x)")
+    ap.add_argument("--dyn-k", type=int, default=6, help="K cap of the dynamic-draft-length runs")
+    ap.add_argument("--min-draft-prob", type=lambda v: [float(x) for x in v.split(",") if x], default=[0.3, 0.5, 0.7],
+                    help="comma-separated min_draft_prob values for the dynamic runs ('' = none)")
+    ap.add_argument("--draft-threads", type=int, default=1,
+                    help="onnxruntime intra-op threads of the draft session (default 1: its calls are too short to "
+                         "split across cores; the target gets --threads)")
     ap.add_argument("--hf-prompts", type=int, default=None, help="prompts for transformers (default: all; 1 if --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="2 prompts (1 for transformers), 32 tokens, K in {1,2,4,8}, fewer repeats")
@@ -220,7 +227,7 @@ def main() -> None:
         prompts_ids = [rng.integers(0, target.config.vocab_size, 24).tolist() for _ in prompts]
 
     tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len), threads=args.threads)
-    db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.threads)
+    db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.draft_threads)
 
     calls = []
     repeats = 5 if args.quick else 15
@@ -230,20 +237,23 @@ def main() -> None:
 
     runs = []
     settings = [("greedy", dict(greedy=True)), ("multinomial", dict(temperature=args.temperature))]
-    jobs = [(s, "ar", 0) for s in settings] + [(s, "spd", k) for s in settings for k in ks]
+    # fixed K = 1..k_max ("spd"), then the dynamic draft length: K is a cap, min_draft_prob stops early ("spd_dyn")
+    jobs = ([(s, "ar", 0, None) for s in settings] + [(s, "spd", k, None) for s in settings for k in ks]
+            + [(s, "spd_dyn", args.dyn_k, t) for s in settings for t in args.min_draft_prob])
     # interleaved (prompt-major) so that load changes on a shared machine hit every setting alike
     results: dict[int, list] = {j: [] for j in range(len(jobs))}
     bar = tqdm(total=len(jobs) * len(prompts_ids), desc="runs")
     for i, ids in enumerate(prompts_ids):
-        for j, ((sampling, kw), mode, k) in enumerate(jobs):
+        for j, ((sampling, kw), mode, k, thr) in enumerate(jobs):
             if mode == "ar":
                 results[j].append(generate_ar(tb, [ids], max_new_tokens=max_new, seed=i, **kw))
             else:
-                results[j].append(generate(tb, db, [ids], k=k, max_new_tokens=max_new, seed=i, **kw))
+                results[j].append(generate(tb, db, [ids], k=k, max_new_tokens=max_new, seed=i, min_draft_prob=thr,
+                                           **kw))
             bar.update(1)
     bar.close()
-    for j, ((sampling, _), mode, k) in enumerate(jobs):
-        runs.append(aggregate(results[j], mode, sampling, k))
+    for j, ((sampling, _), mode, k, thr) in enumerate(jobs):
+        runs.append(aggregate(results[j], mode, sampling, k, thr))
 
     hf = None
     if not args.no_hf:
@@ -258,7 +268,7 @@ def main() -> None:
     d1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "draft"}
     print(f"per-call latency at past {args.past_len}: S=1 target {t1[1] * 1e3:.1f} ms, draft {d1[1] * 1e3:.1f} ms; "
           "target S/S=1: " + " ".join(f"{s}:{t1[s] / t1[1]:.2f}" for s in range(2, 10)))
-    print(f"\n{'sampling':12} {'mode':5} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
+    print(f"\n{'sampling':12} {'mode':12} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
           f"{'tok/loop':>8} {'draft s':>8} {'target s':>8} {'host s':>7}   (decode: prefill excluded)")
     summary = {}
     for sampling in ("greedy", "multinomial"):
@@ -267,12 +277,14 @@ def main() -> None:
             r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
             r["decode_speedup_vs_ar"] = r["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
             alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "-"
-            extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] == "spd" else "")
-            print(f"{sampling:12} {r['mode']:5} {r['k']:2d} {r['tokens_per_s']:8.2f} {r['speedup_vs_ar']:6.2f} "
+            extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] != "ar" else "")
+            mode = r["mode"] if r["min_draft_prob"] is None else f"dyn p<{r['min_draft_prob']:g}"
+            print(f"{sampling:12} {mode:12} {r['k']:2d} {r['tokens_per_s']:8.2f} {r['speedup_vs_ar']:6.2f} "
                   f"{r['decode_tokens_per_s']:7.2f} {r['decode_speedup_vs_ar']:6.2f} "
                   f"{alpha:>6} {r['mean_tokens_per_loop']:8.2f} {extra}")
-        best = max((r for r in runs if r["mode"] == "spd" and r["sampling"] == sampling), key=lambda r: r["tokens_per_s"])
-        summary[sampling] = {"best_k": best["k"], "best_tokens_per_s": best["tokens_per_s"],
+        best = max((r for r in runs if r["mode"] != "ar" and r["sampling"] == sampling), key=lambda r: r["tokens_per_s"])
+        summary[sampling] = {"best_k": best["k"], "best_min_draft_prob": best["min_draft_prob"],
+                             "best_tokens_per_s": best["tokens_per_s"],
                              "ar_tokens_per_s": ar["tokens_per_s"], "speedup_vs_ar": best["speedup_vs_ar"],
                              "decode_speedup_vs_ar": best["decode_speedup_vs_ar"]}
         if hf is not None:
@@ -284,14 +296,17 @@ def main() -> None:
             + f" ({hf['prompts']} prompt(s), {hf['threads']} threads)")
     print()
     for sampling, s in summary.items():
-        line = (f"{sampling}: best K={s['best_k']} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "
+        how = f"K={s['best_k']}" + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}"
+                                    if s["best_min_draft_prob"] is not None else "")
+        line = (f"{sampling}: best {how} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "
                 f"AR end to end, {s['decode_speedup_vs_ar']:.2f}x in decode (goal >= 1.5x greedy)")
         if "ours_over_hf_assisted" in s:
             line += f"; {s['ours_over_hf_assisted']:.2f}x transformers assisted (goal >= 3x)"
         print(line)
 
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
+                    "draft_threads": args.draft_threads},
         "settings": {"prompts": len(prompts_ids), "max_new_tokens": max_new, "temperature": args.temperature,
                      "ctx_len": args.ctx_len, "draft": draft_name},
         "target": target.config.to_dict(),

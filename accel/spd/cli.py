@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=None, help="draft checkpoint directory or .onnx (omit: autoregressive)")
     p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--min-draft-prob", type=float, default=None,
+                   help="dynamic draft length: end a round's drafting after a proposal the draft gave less than "
+                        "this probability (--k is then the cap; default: always --k)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, greedy=args.greedy, seed=args.seed, eos_token_id=eos, stream=printer)
         if draft is not None:
-            res = generate(target, draft, [prompt], k=args.k, **kw)
+            res = generate(target, draft, [prompt], k=args.k, min_draft_prob=args.min_draft_prob, **kw)
         else:
             res = generate_ar(target, [prompt], **kw)
     if args.json:

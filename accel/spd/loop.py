@@ -6,7 +6,9 @@ State per row (``n`` = tokens so far, prompt included): the target has consumed 
 
 1. draft ``k_b`` tokens autoregressively; the first draft call of the round feeds the row's un-consumed tail
    ``tokens[draft_fed:n]`` (1 token, or 2 = ``[d_K, bonus]`` after an all-accepted round: the cache catch-up of
-   REFERENCE.md §2), rows needing fewer tokens left-padded with position -1;
+   REFERENCE.md §2), rows needing fewer tokens left-padded with position -1. With ``min_draft_prob`` a row stops
+   drafting early, after a proposal the draft itself gave less than that probability (dynamic draft length: the
+   decision uses the draft's side only, so sampling stays exact);
 2. score ``[last, d_1 .. d_k]`` at positions ``n-1 .. n-1+k`` in one target call (``num_logits = K+1``);
 3. modified rejection sampling (``accel.spd.mrs``) accepts ``m`` drafts and emits one more token.
 
@@ -22,6 +24,7 @@ call writes past the context and no row emits beyond ``max_new_tokens``. A row s
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence
 
 import numpy as np
@@ -86,8 +89,8 @@ class _Loop:
 
     def __init__(self, target: Backend, draft: Backend | None, prompts: list[np.ndarray], k: int,
                  max_new_tokens: np.ndarray, sampling: Sampling, rng: np.random.Generator, eos: np.ndarray,
-                 stream: StreamCallback | None) -> None:
-        self.target, self.draft, self.k = target, draft, k
+                 stream: StreamCallback | None, min_draft_prob: float = 0.0) -> None:
+        self.target, self.draft, self.k, self.min_draft_prob = target, draft, k, min_draft_prob
         self.sampling, self.rng, self.stream = sampling, rng, stream
         self.eos = frozenset(int(e) for e in eos)
         self.greedy = sampling.greedy
@@ -155,6 +158,12 @@ class _Loop:
             return x  # greedy paths only need argmaxes
         return self.sampling.probs(x)
 
+    def _proposal_prob(self, probs: np.ndarray, tok: np.ndarray) -> np.ndarray:
+        """The draft's probability of each row's proposal ``tok`` (greedy: softmax of the logits at their argmax)."""
+        if self.greedy:  # _probs returned the raw logits
+            return 1.0 / np.exp(probs - probs.max(axis=-1, keepdims=True)).sum(axis=-1)
+        return np.take_along_axis(probs, tok[:, None], axis=-1)[:, 0]
+
     def round(self) -> None:
         room = np.minimum(self.max_new - self.new, self.ctx - self.n)
         k_rows = np.where(self.active, np.minimum(self.k, room - 1), 0).clip(min=0)
@@ -165,6 +174,8 @@ class _Loop:
         drafting = self.active & (k_rows >= 1)
         for j in range(k_round):
             rows = drafting & (k_rows > j)
+            if not rows.any():  # every row stopped early (min_draft_prob)
+                break
             if j == 0:  # catch-up: the un-consumed tail, [last] or [d_K, bonus]
                 ids, pos = self._left_padded(self.draft_fed, self.n, rows)
                 if ids.shape[1] > self.draft.info.max_seq_len:
@@ -178,6 +189,13 @@ class _Loop:
             drafts[:, j] = np.where(rows, tok, 0)
             if p is not None:
                 p[:, j] = probs
+            if self.min_draft_prob > 0:
+                unsure = rows & (self._proposal_prob(probs, tok) < self.min_draft_prob)
+                k_rows = np.where(unsure, j + 1, k_rows)  # d_j is still proposed; no more drafts this round
+        if k_rows.max(initial=0) < k_round:
+            k_round = int(k_rows.max(initial=0))
+            drafts = drafts[:, :k_round]
+            p = None if p is None else p[:, :k_round]
         # target scores [last, d_1..d_k] right-aligned in K_round+1 columns
         width = k_round + 1
         ids = np.zeros((self.batch, width), dtype=np.int64)
@@ -311,6 +329,7 @@ def generate(
     seed: int | np.random.Generator = 0,
     eos_token_id: int | Sequence[int] | None = None,
     stream: StreamCallback | None = None,
+    min_draft_prob: float | None = None,
 ) -> GenerationResult:
     """Speculative decoding: ``draft`` proposes ``k`` tokens per round, ``target`` verifies them in one call.
 
@@ -323,6 +342,12 @@ def generate(
         seed: seed or ``np.random.Generator`` for draft sampling and rejection sampling.
         eos_token_id: token id(s) that end a row (the EOS is emitted).
         stream: ``stream(row, tokens, accepted_from_draft)`` called as tokens are accepted.
+        min_draft_prob: dynamic draft length. A row ends its drafting for the round after a proposal to which the
+            draft gave probability below this (under the warped distribution it sampled from; greedy: the softmax of
+            its logits), so ``k`` becomes a cap: confident stretches get long proposals, uncertain ones short. The
+            unsure token is still proposed (it costs the target one more scored column, nearly free). ``None`` or 0:
+            always ``k``. In ``[0, 1]``; the output distribution does not depend on it (the decision uses only the
+            draft's side).
 
     Returns:
         :class:`~accel.spd.stats.GenerationResult`. Every row's tokens are distributed exactly as the target's
@@ -330,9 +355,12 @@ def generate(
     """
     sampling = Sampling(temperature, top_k, top_p, greedy)
     prompts, limits = _validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
+    threshold = 0.0 if min_draft_prob is None else min_draft_prob
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold <= 1.0:
+        raise SpdError(f"min_draft_prob must be a probability in [0, 1] or None; got {min_draft_prob!r}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     return _Loop(target, draft, prompts, int(k), limits, sampling, rng, _eos_set(eos_token_id),
-                 stream).run()
+                 stream, float(threshold)).run()
 
 
 def generate_ar(

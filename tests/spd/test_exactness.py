@@ -56,14 +56,14 @@ def exact_law(target, sampling: dict) -> np.ndarray:
     return law.reshape((VOCAB,) * NEW)
 
 
-def sample_counts(target, draft, sampling: dict, seed: int, spd: bool = True, runs: int = RUNS):
+def sample_counts(target, draft, sampling: dict, seed: int, spd: bool = True, runs: int = RUNS, **extra):
     tb, db = backend(target, ROWS, ctx_len=8), backend(draft, ROWS, ctx_len=8)
     rng = np.random.default_rng(seed)
     counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
     stats = []
     for _ in range(runs):
         if spd:
-            res = generate(tb, db, [PROMPT] * ROWS, k=K, max_new_tokens=NEW, seed=rng, **sampling)
+            res = generate(tb, db, [PROMPT] * ROWS, k=K, max_new_tokens=NEW, seed=rng, **sampling, **extra)
         else:
             res = generate_ar(tb, [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, **sampling)
         toks = np.array(res.tokens)
@@ -126,3 +126,18 @@ def test_restricted_head_draft_is_exact(pair):
     print(f"chi-square p-value [restricted head]: {pvalue:.4g}")
     assert pvalue > ALPHA
     assert sum(s.accepted_drafts for s in stats) > 0  # the draft is still accepted where it can be
+
+
+def test_dynamic_draft_length_is_exact(pair):
+    """``min_draft_prob``: rows stop drafting after a proposal the draft gave low probability. The decision uses the
+    draft's side only, so the continuations keep the target's law (same chi-square test), while fewer drafts are
+    proposed than with a fixed K."""
+    target, draft = pair
+    sampling = SETTINGS["all"]
+    counts, stats = sample_counts(target, draft, sampling, seed=102, runs=5, min_draft_prob=0.4)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [min_draft_prob]: {pvalue:.4g}")
+    assert pvalue > ALPHA
+    _, fixed = sample_counts(target, draft, sampling, seed=102, runs=1)
+    second = lambda st: sum(s.proposed_per_position[1] for s in st) / sum(s.proposed_per_position[0] for s in st)
+    assert second(stats) < 0.8 * second(fixed), (second(stats), second(fixed))

@@ -241,3 +241,31 @@ def test_prompt_as_2d_array(target, drafts):
     assert res.tokens == ref.tokens
     with pytest.raises(SpdError, match="2-D"):
         generate(backend(target, 2), backend(drafts["perturbed"], 2), np.zeros((2, 3, 1), int), k=3, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("batch", ["b1", "b3"])
+def test_dynamic_draft_length_greedy(target, drafts, ar_greedy, batch):
+    """``min_draft_prob`` ends a row's drafting after an unsure proposal: k is a cap. Greedy output is still the
+    target's; 0 is the fixed-k loop; 1.0 (no softmax reaches it here) proposes one token per round."""
+    prompts = PROMPTS_1 if batch == "b1" else PROMPTS_3
+    tb, db = backend(target, len(prompts)), backend(drafts["perturbed"], len(prompts))
+    kw = dict(k=6, max_new_tokens=MAX_NEW, greedy=True)
+    fixed = generate(tb, db, prompts, **kw)
+    assert generate(tb, db, prompts, min_draft_prob=0.0, **kw).stats.proposed_per_position == \
+        fixed.stats.proposed_per_position
+    one = generate(tb, db, prompts, min_draft_prob=1.0, **kw)
+    assert one.tokens == ar_greedy[batch].tokens
+    # one draft per round (a row's last round, with one token of room left, proposes none)
+    assert one.stats.proposed_per_position[1:] == [0] * 5
+    assert one.stats.proposed_per_position[0] >= one.stats.row_calls - len(prompts)
+    mid = generate(tb, db, prompts, min_draft_prob=0.5, **kw)
+    assert mid.tokens == ar_greedy[batch].tokens
+    assert mid.stats.proposed_drafts < fixed.stats.proposed_drafts
+    assert mid.stats.proposed_per_position[1] > 0  # confident proposals still continue
+
+
+def test_dynamic_draft_length_rejects_bad_threshold(target):
+    tb, db = backend(target, 1), backend(random_model(seed=2), 1)
+    for bad in (-0.1, 1.5, float("nan"), "0.5", True):
+        with pytest.raises(SpdError, match="min_draft_prob"):
+            generate(tb, db, PROMPTS_1, k=2, max_new_tokens=4, min_draft_prob=bad)
