@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("ort", "torch"), default="ort")
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (checkpoint directories)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads per model")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads of the target (torch: both models)")
+    p.add_argument("--draft-threads", type=int, default=1,
+                   help="onnxruntime intra-op threads of the draft (default 1: its calls are too short to split)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
@@ -163,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
         draft = None
         if args.draft:
             draft_path = Path(args.draft)
-            draft = _open_backend(draft_path, args.backend, args.ctx_len, args.threads, Path(tmp))
+            threads = args.draft_threads if args.backend == "ort" else args.threads  # torch threads are global
+            draft = _open_backend(draft_path, args.backend, args.ctx_len, threads, Path(tmp))
             draft_tok = _find_tokenizer(argparse.Namespace(tokenizer=None), draft_path) if tokenizer else None
             check_compatible(target, draft, tokenizer, draft_tok)
         printer = None if args.json else _Printer(tokenizer)

@@ -31,6 +31,10 @@ def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
     ar = json.loads(capsys.readouterr().out)
     assert spd["tokens"] == ar["tokens"] and len(spd["tokens"][0]) == 12
     assert spd["stats"]["mode"] == "spd" and ar["stats"]["mode"] == "ar"
+    # dynamic draft length (1.0: one draft per round) changes the proposals, not the output
+    assert main(["generate", *common, "--draft", str(draft), "--k", "3", "--min-draft-prob", "1", "--json"]) == 0
+    dyn = json.loads(capsys.readouterr().out)
+    assert dyn["tokens"] == ar["tokens"] and dyn["stats"]["proposed_per_position"][1:] == [0, 0]
     # text mode: the prompt, then the streamed ids, accepted draft tokens in [brackets] (stdout is not a TTY)
     assert main(["generate", *common, "--draft", str(draft), "--k", "3"]) == 0
     out = capsys.readouterr().out
@@ -48,5 +52,7 @@ def test_generate_errors(checkpoints, tmp_path, capsys):
     assert main([*args, "--draft", str(other)]) == 1
     assert "vocab_size" in capsys.readouterr().err
     assert main([*args, "--draft", str(draft), "--k", "0"]) == 1
+    assert main([*args, "--draft", str(draft), "--min-draft-prob", "2"]) == 1
+    assert "min_draft_prob" in capsys.readouterr().err
     assert main(["generate", "--target", str(target), "--prompt", "hello", "--backend", "torch"]) == 1
     assert "tokenizer" in capsys.readouterr().err
