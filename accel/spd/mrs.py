@@ -107,8 +107,8 @@ def _check(draft_tokens: np.ndarray, p: np.ndarray | None, q: np.ndarray, num_dr
     vocab = q.shape[2]
     if p is not None and p.shape != (batch, k, vocab):
         raise SpdError(f"draft probs p must be [batch={batch}, K={k}, V={vocab}]; got shape {p.shape}")
-    for name, arr in (("p", p), ("q", q)):  # one reduction; NaN/inf propagate through a sum of probabilities
-        if arr is not None and not np.isfinite(np.sum(arr)):
+    for name, arr in (("p", p), ("q", q)):  # one reduction first (NaN/inf propagate); elementwise only if it overflowed
+        if arr is not None and not np.isfinite(np.sum(arr)) and not np.all(np.isfinite(arr)):
             raise SpdError(f"{name} contains NaN or inf")
     n = np.full(batch, k, dtype=np.int64) if num_drafts is None else np.asarray(num_drafts, dtype=np.int64)
     if n.shape != (batch,) or np.any(n < 0) or np.any(n > k):
