@@ -22,9 +22,15 @@ The defaults are the recipe of the shipped draft (on-policy data the target writ
    write them, to ``accel/demo_data/smollm2-draft`` with the figures in ``draft_card.json``.
 
 Every seed is fixed; with the same thread count the data is reproducible, and so is training up to its
-``--minutes`` cap (the shipped run stopped there at step 2368 of 2600). The shipped draft was built in two
-invocations: ``--work results/draft_v3 --data-only`` (prompts + data, ~40 min), then ``--work results/draft_v3
---resume`` (42 min of training, then restriction, evaluation and shipping).
+``--minutes`` cap. The shipped draft was built in two stages:
+
+1. ``--work results/draft_v3 --data-only`` (prompts + 2,560 continuations, ~40 min), then ``--work results/draft_v3
+   --resume`` (42 min of training from scratch, stopped at step 2368 of 2600; restriction, evaluation, shipping);
+2. a new work directory ``results/draft_v4`` seeded with draft_v3's ``prompts.json`` and data shards, then
+   ``--work results/draft_v4 --resume --sequences 5760 --init-from results/draft_v3/draft --lr 2e-3 --steps 3000
+   --minutes 55``: 3,200 more sampled continuations of the same prompts appended to the cache (~36 min; row i
+   always has the same prompt, temperature and seed, so cached rows are reused), then 55 min of training warm-started
+   from stage 1 (stopped at step 2641), restriction, evaluation and shipping.
 """
 
 from __future__ import annotations
