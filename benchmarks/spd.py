@@ -180,8 +180,7 @@ def main() -> None:
     ap.add_argument("--ctx-len", type=int, default=256)
     ap.add_argument("--past-len", type=int, default=128, help="past length for the per-call latency table")
     ap.add_argument("--threads", type=int, default=1,
-                    help="onnxruntime/torch intra-op threads per model (default 1: on a shared 2-core box two "
-                         "alternating onnxruntime sessions with 2 spinning threads each slow each other down ~2x)")
+                    help="onnxruntime intra-op threads of the target, and torch threads (transformers' run)")
     ap.add_argument("--dyn-k", type=int, default=6, help="K cap of the dynamic-draft-length runs")
     ap.add_argument("--min-draft-prob", type=lambda v: [float(x) for x in v.split(",") if x], default=[0.3, 0.5, 0.7],
                     help="comma-separated min_draft_prob values for the dynamic runs ('' = none)")
