@@ -71,6 +71,8 @@ class DemoResult(BaseModel):
     compressed_greedy_agreement: float
     quality_positions: int
     draft_call_s: float
+    feature_draft: str | None = None
+    feature_draft_call_s: float | None = None
     target_call_s: float
     target_score_call_s: float
     runs: list[RunFigures]
@@ -85,6 +87,11 @@ def default_draft_dir() -> Path:
     return Path(__file__).resolve().parent / "demo_data" / "smollm2-draft"
 
 
+def default_feature_draft_dir() -> Path:
+    """The shipped feature draft (reads the target's hidden states): ``accel/demo_data/smollm2-feature-draft``."""
+    return Path(__file__).resolve().parent / "demo_data" / "smollm2-feature-draft"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``demo`` subcommand."""
     p = subparsers.add_parser(
@@ -94,6 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the shipped SmolLM2 draft)")
+    p.add_argument("--feature-draft", default=None,
+                   help="feature draft dir for extra runs (default: the shipped one with the default target; "
+                        "'none' skips them)")
     p.add_argument("--k", type=int, default=2, help="draft tokens per SpD round")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="for sampled SpD")
@@ -105,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     run_demo(args.target, args.draft, k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-             out_dir=args.out, threads=args.threads, quick=args.quick)
+             out_dir=args.out, threads=args.threads, quick=args.quick, feature_draft=args.feature_draft)
     return 0
 
 
@@ -120,8 +130,13 @@ def run_demo(
     threads: int | None = None,
     quick: bool = False,
     out: TextIO | None = None,
+    feature_draft: str | Path | None = None,
 ) -> DemoResult:
     """Run the three demo stages and return (and save as ``<out_dir>/demo.json``) their figures.
+
+    ``feature_draft``: a feature draft (``accel.drafts.feature``) for two more decoding runs with the same K; default
+    the shipped one when the target is the default one, ``"none"`` to skip. The target graph then has its hidden-state
+    output in every run (AR included), so all runs share one target graph.
 
     ``quick`` runs the same code path on one prompt with at most 12 new tokens and no plots of the sweep kind
     (for the test suite). Raises an ``AccelError`` subclass with a clear message when a stage cannot run.
@@ -159,6 +174,16 @@ def run_demo(
     eos = list(t_model.config.eos_token_ids) or None
     say(f"target {t_model.num_parameters / 1e6:.1f} M parameters, draft {d_model.num_parameters / 1e6:.2f} M "
         f"({d_model.config.num_layers} layers x {d_model.config.hidden_size}), vocab {t_model.config.vocab_size}")
+    if feature_draft is None and target is None and (default_feature_draft_dir() / "config.json").is_file():
+        feature_draft = default_feature_draft_dir()
+    feat_dir = None if feature_draft in (None, "none") else Path(feature_draft)
+    f_model = load_model(feat_dir, "feature draft") if feat_dir is not None else None
+    if f_model is not None:
+        if not f_model.config.feature_size:
+            raise DraftError(f"{feat_dir} is not a feature draft (its config has no accel_feature_size)")
+        check_pair(t_model, f_model, str(target_dir), str(feat_dir))
+        say(f"feature draft {feat_dir}: {f_model.num_parameters / 1e6:.2f} M parameters, reads the target's "
+            "hidden states (EAGLE-style)")
 
     # ---------------------------------------------------------------- 1. MXFP6 compression
     say("\n== 1. MXFP6 weight compression of the target (measured here)")
@@ -194,8 +219,13 @@ def run_demo(
     ctx_len = _round_up(max(len(p) for p in prompt_ids) + max_new + k + 2, 64)
     onnx_dir = results / "onnx"
     t_onnx = export_cached(target_dir, onnx_dir, name="target-mxfp6", ctx_len=ctx_len, weights="mx-rounded",
-                           model=mx_model, say=say)
+                           model=mx_model, say=say, hidden_output=f_model is not None)
     d_onnx = export_cached(draft_dir, onnx_dir, name="draft", ctx_len=ctx_len, model=d_model, say=say)
+    fb = None
+    if f_model is not None:
+        # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
+        fb = OrtBackend(export_cached(feat_dir, onnx_dir, name="feature-draft", ctx_len=ctx_len, model=f_model,
+                                      say=say), threads=threads)
     del mx_model
     tb = OrtBackend(t_onnx, threads=threads)
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
@@ -204,36 +234,45 @@ def run_demo(
     t_call, t_score, d_call = _call_times(tb, db, k, reps=3 if quick else 8)
     say(f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call")
+    f_call = None
+    if fb is not None:
+        f_call = _feature_call_time(fb, reps=3 if quick else 8)
+        say(f"feature draft {f_call * 1e3:.2f} ms (S=1) = {f_call / t_call:.1%} of a target call")
 
-    runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], f"SpD sampled T={temperature:g}": []}
+    sampled_name = f"SpD sampled T={temperature:g}"
+    runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
+    drafters = [("SpD greedy", db, dict(greedy=True)), (sampled_name, db, dict(temperature=temperature, seed=0))]
+    if fb is not None:
+        runs.update({"feature SpD greedy": [], f"feature SpD T={temperature:g}": []})
+        drafters += [("feature SpD greedy", fb, dict(greedy=True)),
+                     (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0))]
     matches = True
     for (kind, text), ids in zip(prompts, prompt_ids):
         say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
         ar = generate_ar(tb, [ids], max_new_tokens=max_new, greedy=True, eos_token_id=eos)
         runs["AR (greedy)"].append(ar)
         say(f"[AR greedy] {tok.decode(ar.tokens[0])}")
-        for name, kw in (("SpD greedy", dict(greedy=True)),
-                         (f"SpD sampled T={temperature:g}", dict(temperature=temperature, seed=0))):
+        for name, drafter, kw in drafters:
             printer = _StreamPrinter(tok, out, color)
             out.write(f"[{name}] ")
-            res = generate(tb, db, [ids], k=k, max_new_tokens=max_new, eos_token_id=eos, stream=printer, **kw)
+            res = generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, eos_token_id=eos, stream=printer, **kw)
             out.write("\n")
             runs[name].append(res)
             s = res.stats
             say(f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
                 f"tokens, {s.tokens_per_target_call:.2f} tokens per target call")
-            if name == "SpD greedy" and res.tokens[0] != ar.tokens[0]:
+            if kw.get("greedy") and res.tokens[0] != ar.tokens[0]:
                 matches = False
                 say("    WARNING: greedy SpD output differs from AR greedy output")
     say(f"\n(draft tokens shown {'in green' if color else 'in [brackets]'}; greedy SpD == AR output: "
         f"{'yes' if matches else 'NO'})")
     figures = _summarise_runs(runs)
-    say(f"{'mode':<22}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
+    say(f"{'mode':<24}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
         f"{'draft s':>9}{'target s':>9}{'host s':>8}")
     for r in figures:
         acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
         alpha = f"{r.alpha_overlap:.2f}" if r.alpha_overlap is not None else "-"
-        say(f"{r.mode:<22}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
+        say(f"{r.mode:<24}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
             f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}")
 
     # ---------------------------------------------------------------- 3. simulator
@@ -246,7 +285,8 @@ def run_demo(
         mx_size_ratio_vs_fp16=ratio, model_bytes_fp16=model_fp16, model_bytes_mx=model_mx,
         mean_sqnr_db=report.mean_sqnr_db, logit_max_abs_error=float(err.max()),
         logit_mean_abs_error=float(err.mean()), compressed_greedy_agreement=agree, quality_positions=len(ref),
-        draft_call_s=d_call, target_call_s=t_call, target_score_call_s=t_score, runs=figures,
+        draft_call_s=d_call, feature_draft=str(feat_dir) if feat_dir is not None else None,
+        feature_draft_call_s=f_call, target_call_s=t_call, target_score_call_s=t_score, runs=figures,
         greedy_spd_matches_ar=matches, predictions=predictions, figures=plot_paths,
         wall_s=time.perf_counter() - t_start,
     )
@@ -319,6 +359,22 @@ def _call_times(tb, db, k: int, reps: int) -> tuple[float, float, float]:
         return float(np.median(times))
 
     return median_time(tb, 1), median_time(tb, k + 1), median_time(db, 1)
+
+
+def _feature_call_time(backend, reps: int) -> float:
+    """Median seconds of one feature-draft call with S = 1 (past length 16, zero features)."""
+    import numpy as np
+
+    width = backend.info.feature_size
+    backend.reset()
+    backend.forward(np.ones((1, 16), np.int64), np.arange(16)[None], features=np.zeros((1, 16, width), np.float32))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        backend.forward(np.ones((1, 1), np.int64), np.array([[16]]), features=np.zeros((1, 1, width), np.float32))
+        times.append(time.perf_counter() - t0)
+    backend.reset()
+    return float(np.median(times))
 
 
 def _summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:

@@ -8,9 +8,9 @@ Data source:
      "format": "fp32", "kv_format": "fp32"     optional (default fp32: exported ONNX graphs run in fp32)
      "prompt_len": P                            optional (default: the past length of the calls)
      "settings": {"max_new_tokens": G}          optional
-     "calls": [{"model": "target"|"draft", "seq_len": S, "past_len": L, "seconds": t,
+     "calls": [{"model": "target"|"draft"|"feature_draft" (not compared), "seq_len": S, "past_len": L, "seconds": t,
                 "num_logits": n (optional, default S)}, ...],
-     "runs": [{"mode": "ar"|"spd"|"spd_dyn" (dynamic draft length: skipped), "k": K, "tokens_per_s": x,
+     "runs": [{"mode": "ar"|"spd"|"spd_dyn"|"spd_feat"|"spd_feat_dyn" (the last three: skipped), "k": K, "tokens_per_s": x,
                "sampling": "greedy"|... (optional: runs are compared within one sampling setting), "decode_tokens_per_s": x (optional, preferred: prefill excluded),
                acceptance: "tokens"+"loops" (realized totals) or "mean_tokens_per_loop" (E) or
                "mean_accepted_per_loop" (E - 1) or "acceptance_by_position" or "alpha",
@@ -211,15 +211,18 @@ def load_measurements(data: dict) -> dict:
         if key not in data:
             raise SimError(f"measurement file lacks {key!r}")
     for i, c in enumerate(data["calls"]):
-        if c.get("model") not in ("target", "draft") or not all(isinstance(c.get(f), (int, float)) for f in (
-                "seq_len", "past_len", "seconds")) or c["seconds"] <= 0:
-            raise SimError(f"calls[{i}] must have model target|draft, seq_len, past_len, seconds > 0: {c}")
+        if c.get("model") not in ("target", "draft", "feature_draft") or not all(
+                isinstance(c.get(f), (int, float)) for f in ("seq_len", "past_len", "seconds")) or c["seconds"] <= 0:
+            raise SimError(f"calls[{i}] must have model target|draft|feature_draft, seq_len, past_len, seconds > 0: "
+                           f"{c}")
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
     for i, r in enumerate(data["runs"]):
-        # spd_dyn (dynamic draft length, benchmarks/spd.py) is accepted and not compared: the model has fixed K
-        if r.get("mode") not in ("ar", "spd", "spd_dyn") or not isinstance(r.get("tokens_per_s"), (int, float)):
-            raise SimError(f"runs[{i}] must have mode ar|spd|spd_dyn and tokens_per_s: {r}")
+        # spd_dyn (dynamic draft length) and spd_feat* (feature draft, benchmarks/spd.py) are accepted and not
+        # compared: the model has a fixed K and the standalone draft's per-call costs
+        modes = ("ar", "spd", "spd_dyn", "spd_feat", "spd_feat_dyn")
+        if r.get("mode") not in modes or not isinstance(r.get("tokens_per_s"), (int, float)):
+            raise SimError(f"runs[{i}] must have mode {'|'.join(modes)} and tokens_per_s: {r}")
         if r["mode"] == "spd" and not isinstance(r.get("k"), int):
             raise SimError(f"runs[{i}] (spd) needs an integer k")
         if r["mode"] == "spd" and not any(r.get(f) is not None for f in (

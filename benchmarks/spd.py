@@ -9,7 +9,12 @@ draft: ``--draft DIR``, else the shipped demo draft (``accel/demo_data/smollm2-d
 same prompts, same token counts (``min_new_tokens``), its default assistant schedule. Also recorded: per-call latency of
 both models for S = 1..9 new tokens at past length ``--past-len`` (median of repeats), for the simulator's calibration.
 
-    python benchmarks/spd.py [--target DIR] [--draft DIR] [--quick] [--max-new-tokens N] [--no-hf]
+Feature draft (EAGLE-style, ``accel.drafts.feature``): ``--feature-draft DIR``, by default the shipped
+``accel/demo_data/smollm2-feature-draft`` for the default target (``--no-feature-draft`` skips it). Its runs are modes
+``spd_feat`` (K = 1..``--feature-k-max``) and ``spd_feat_dyn`` (dynamic length). The target graph is exported with
+its ``hidden_states`` output for every run, AR included, so all modes run the same target graph.
+
+    python benchmarks/spd.py [--target DIR] [--draft DIR] [--feature-draft DIR] [--quick] [--max-new-tokens N] [--no-hf]
 
 Prints a table; saves results/spd.json (shape documented in docs/spd.md).
 """
@@ -71,22 +76,28 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, 
     """Median seconds of one forward with S new tokens at positions past_len .. past_len+S-1 (cache pre-filled).
 
     The S values are interleaved within each of the ``repeats`` passes, so a load change on a shared machine shifts
-    every S alike instead of bending the S-curve the simulator is calibrated on."""
+    every S alike instead of bending the S-curve the simulator is calibrated on. A feature draft gets random target
+    features (prepared outside the timed call)."""
     rng = np.random.default_rng(0)
-    vocab = backend.info.vocab_size
+    vocab, width = backend.info.vocab_size, backend.info.feature_size
+
+    def make(ids, start):
+        feats = rng.standard_normal((*ids.shape, width)).astype(np.float32) if width else None
+        return ids, np.arange(start, start + ids.shape[1])[None, :], {"features": feats} if width else {}
+
     backend.reset()
     prompt = rng.integers(0, vocab, size=(1, past_len))
     for s in range(0, past_len, backend.info.max_seq_len):
-        chunk = prompt[:, s : s + backend.info.max_seq_len]
-        backend.forward(chunk, np.arange(s, s + chunk.shape[1])[None, :], num_logits=1)
-    inputs = {s: (rng.integers(0, vocab, size=(1, s)), np.arange(past_len, past_len + s)[None, :]) for s in seq_lens}
+        ids, pos, kw = make(prompt[:, s : s + backend.info.max_seq_len], s)
+        backend.forward(ids, pos, num_logits=1, **kw)
+    inputs = {s: make(rng.integers(0, vocab, size=(1, s)), past_len) for s in seq_lens}
     times: dict[int, list[float]] = {s: [] for s in seq_lens}
-    for ids, pos in inputs.values():  # warm-up
-        backend.forward(ids, pos, num_logits=ids.shape[1])
+    for ids, pos, kw in inputs.values():  # warm-up
+        backend.forward(ids, pos, num_logits=ids.shape[1], **kw)
     for _ in range(repeats):
-        for s, (ids, pos) in inputs.items():
+        for s, (ids, pos, kw) in inputs.items():
             t0 = time.perf_counter()
-            backend.forward(ids, pos, num_logits=s)
+            backend.forward(ids, pos, num_logits=s, **kw)
             times[s].append(time.perf_counter() - t0)
     return {s: statistics.median(t) for s, t in times.items()}
 
@@ -152,6 +163,10 @@ def plot(runs: list[dict], hf: dict | None, path: Path) -> None:
         spd = sorted((r for r in runs if r["mode"] == "spd" and r["sampling"] == sampling), key=lambda r: r["k"])
         ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
         ax.plot([r["k"] for r in spd], [r["tokens_per_s"] for r in spd], "o-", color=color, label=f"SpD {sampling}")
+        feat = sorted((r for r in runs if r["mode"] == "spd_feat" and r["sampling"] == sampling), key=lambda r: r["k"])
+        if feat:
+            ax.plot([r["k"] for r in feat], [r["tokens_per_s"] for r in feat], "s-", color=color, alpha=0.6,
+                    label=f"SpD {sampling}, feature draft")
         ax.axhline(ar["tokens_per_s"], color=color, ls="--", label=f"AR {sampling}")
         if hf:
             ax.axhline(hf[f"assisted_{sampling}_tokens_per_s"], color=color, ls=":", label=f"HF assisted {sampling}")
@@ -191,6 +206,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="2 prompts (1 for transformers), 32 tokens, K in {1,2,4,8}, fewer repeats")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    ap.add_argument("--feature-draft", default=None,
+                    help="feature draft dir (default: the shipped smollm2-feature-draft for the default target)")
+    ap.add_argument("--no-feature-draft", action="store_true", help="skip the feature-draft runs")
+    ap.add_argument("--feature-k-max", type=int, default=6, help="largest fixed K of the feature-draft runs")
+    ap.add_argument("--feature-draft-threads", type=int, default=2,
+                    help="onnxruntime threads of the feature draft (default 2: its calls are a few wide matmuls, "
+                         "1.8 -> 1.2 ms per call with 2 threads here, unlike the narrow standalone draft's)")
+    ap.add_argument("--feature-min-draft-prob", type=lambda v: [float(x) for x in v.split(",") if x],
+                    default=[0.3, 0.5], help="dynamic-length thresholds of the feature-draft runs (K cap --dyn-k)")
+    ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
     ap.add_argument("--out", default="results/spd.json")
     args = ap.parse_args()
 
@@ -225,20 +250,35 @@ def main() -> None:
         rng = np.random.default_rng(0)
         prompts_ids = [rng.integers(0, target.config.vocab_size, 24).tolist() for _ in prompts]
 
-    tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len), threads=args.threads)
+    demo_feat = demo_draft.with_name("smollm2-feature-draft")
+    if (args.feature_draft is None and not args.no_feature_draft and args.target is None
+            and (demo_feat / "config.json").is_file()):
+        args.feature_draft = str(demo_feat)
+    feat = load(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
+
+    tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len, hidden_output=True),
+                    threads=args.threads)
     db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.draft_threads)
+    fb = (OrtBackend(export_onnx(feat, tmp / "feature_draft.onnx", ctx_len=args.ctx_len),
+                     threads=args.feature_draft_threads) if feat is not None else None)
 
     calls = []
     repeats = 5 if args.quick else 15
-    for name, b in tqdm((("target", tb), ("draft", db)), desc="per-call latency", leave=False):
+    models = [("target", tb), ("draft", db)] + ([("feature_draft", fb)] if fb is not None else [])
+    for name, b in tqdm(models, desc="per-call latency", leave=False):
         for s, sec in call_latency_s(b, range(1, 10), args.past_len, repeats).items():
             calls.append({"model": name, "seq_len": s, "past_len": args.past_len, "seconds": sec})
 
     runs = []
     settings = [("greedy", dict(greedy=True)), ("multinomial", dict(temperature=args.temperature))]
     # fixed K = 1..k_max ("spd"), then the dynamic draft length: K is a cap, min_draft_prob stops early ("spd_dyn")
-    jobs = ([(s, "ar", 0, None) for s in settings] + [(s, "spd", k, None) for s in settings for k in ks]
-            + [(s, "spd_dyn", args.dyn_k, t) for s in settings for t in args.min_draft_prob])
+    jobs = [(s, "ar", 0, None) for s in settings]
+    if not args.no_standalone:
+        jobs += ([(s, "spd", k, None) for s in settings for k in ks]
+                 + [(s, "spd_dyn", args.dyn_k, t) for s in settings for t in args.min_draft_prob])
+    if fb is not None:  # the feature draft: fixed K and dynamic length
+        jobs += ([(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
+                 + [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob])
     # interleaved (prompt-major) so that load changes on a shared machine hit every setting alike
     results: dict[int, list] = {j: [] for j in range(len(jobs))}
     bar = tqdm(total=len(jobs) * len(prompts_ids), desc="runs")
@@ -247,8 +287,9 @@ def main() -> None:
             if mode == "ar":
                 results[j].append(generate_ar(tb, [ids], max_new_tokens=max_new, seed=i, **kw))
             else:
-                results[j].append(generate(tb, db, [ids], k=k, max_new_tokens=max_new, seed=i, min_draft_prob=thr,
-                                           **kw))
+                drafter = fb if mode.startswith("spd_feat") else db
+                results[j].append(generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, seed=i,
+                                           min_draft_prob=thr, **kw))
             bar.update(1)
     bar.close()
     for j, ((sampling, _), mode, k, thr) in enumerate(jobs):
@@ -265,7 +306,9 @@ def main() -> None:
           f"({draft.num_parameters / 1e6:.0f}M); onnxruntime, {len(prompts_ids)} prompts x {max_new} new tokens")
     t1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "target"}
     d1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "draft"}
-    print(f"per-call latency at past {args.past_len}: S=1 target {t1[1] * 1e3:.1f} ms, draft {d1[1] * 1e3:.1f} ms; "
+    f1 = {c["seq_len"]: c["seconds"] for c in calls if c["model"] == "feature_draft"}
+    print(f"per-call latency at past {args.past_len}: S=1 target {t1[1] * 1e3:.1f} ms, draft {d1[1] * 1e3:.1f} ms"
+          + (f", feature draft {f1[1] * 1e3:.1f} ms" if f1 else "") + "; "
           "target S/S=1: " + " ".join(f"{s}:{t1[s] / t1[1]:.2f}" for s in range(2, 10)))
     print(f"\n{'sampling':12} {'mode':12} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
           f"{'tok/loop':>8} {'draft s':>8} {'target s':>8} {'host s':>7}   (decode: prefill excluded)")
@@ -277,12 +320,15 @@ def main() -> None:
             r["decode_speedup_vs_ar"] = r["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
             alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "-"
             extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] != "ar" else "")
-            mode = r["mode"] if r["min_draft_prob"] is None else f"dyn p<{r['min_draft_prob']:g}"
+            mode = {"spd_feat": "feat", "spd_feat_dyn": "feat"}.get(r["mode"], r["mode"])
+            if r["min_draft_prob"] is not None:
+                mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
             print(f"{sampling:12} {mode:12} {r['k']:2d} {r['tokens_per_s']:8.2f} {r['speedup_vs_ar']:6.2f} "
                   f"{r['decode_tokens_per_s']:7.2f} {r['decode_speedup_vs_ar']:6.2f} "
                   f"{alpha:>6} {r['mean_tokens_per_loop']:8.2f} {extra}")
         best = max((r for r in runs if r["mode"] != "ar" and r["sampling"] == sampling), key=lambda r: r["tokens_per_s"])
-        summary[sampling] = {"best_k": best["k"], "best_min_draft_prob": best["min_draft_prob"],
+        summary[sampling] = {"best_mode": best["mode"], "best_k": best["k"],
+                             "best_min_draft_prob": best["min_draft_prob"],
                              "best_tokens_per_s": best["tokens_per_s"],
                              "ar_tokens_per_s": ar["tokens_per_s"], "speedup_vs_ar": best["speedup_vs_ar"],
                              "decode_speedup_vs_ar": best["decode_speedup_vs_ar"]}
@@ -295,8 +341,9 @@ def main() -> None:
             + f" ({hf['prompts']} prompt(s), {hf['threads']} threads)")
     print()
     for sampling, s in summary.items():
-        how = f"K={s['best_k']}" + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}"
-                                    if s["best_min_draft_prob"] is not None else "")
+        how = (("feature draft, " if s["best_mode"].startswith("spd_feat") else "") + f"K={s['best_k']}"
+               + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}" if s["best_min_draft_prob"] is not None
+                  else ""))
         line = (f"{sampling}: best {how} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "
                 f"AR end to end, {s['decode_speedup_vs_ar']:.2f}x in decode (goal >= 1.5x greedy)")
         if "ours_over_hf_assisted" in s:
@@ -305,11 +352,12 @@ def main() -> None:
 
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
-                    "draft_threads": args.draft_threads},
+                    "draft_threads": args.draft_threads, "feature_draft_threads": args.feature_draft_threads},
         "settings": {"prompts": len(prompts_ids), "max_new_tokens": max_new, "temperature": args.temperature,
-                     "ctx_len": args.ctx_len, "draft": draft_name},
+                     "ctx_len": args.ctx_len, "draft": draft_name, "feature_draft": args.feature_draft},
         "target": target.config.to_dict(),
         "draft": draft.config.to_dict(),
+        "feature_draft": feat.config.to_dict() if feat is not None else None,
         "calls": calls,
         "runs": runs,
         "summary": summary,

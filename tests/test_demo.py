@@ -62,5 +62,8 @@ def test_demo_quick(tmp_path, capsys):
         assert all(v > 0 for v in configs.values())
         assert configs["mxfp6 AR"] >= 1.0, hw
     assert r["figures"] and all((out / "figures").joinpath(p.split("/")[-1]).is_file() for p in r["figures"])
-    # the exports are cached in <out>/onnx for the next run
-    assert len(list((out / "onnx").glob("*.onnx"))) == 2
+    # the shipped feature draft (reads the target's hidden states) ran too, with the same K, and is also cheap
+    assert r["feature_draft"] and "feature SpD greedy" in runs and "feature SpD T=0.8" in runs
+    assert 0 < r["feature_draft_call_s"] < r["target_call_s"]
+    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), draft, feature draft
+    assert len(list((out / "onnx").glob("*.onnx"))) == 3

@@ -10,9 +10,15 @@ Conventions (every backend follows them, so the SpD loop is backend-agnostic):
 - ``position_ids``: int64 ``[B, S]``; ``-1`` marks a padding slot (its token is ignored, its K/V are not written, its
   logits are garbage). Valid positions must be ``< info.ctx_len``.
 - ``forward`` returns float32 numpy logits ``[B, N, V]`` for the last ``N = num_logits`` columns (all ``S`` if None).
-- Extension points (hidden-state outputs, layer-range execution, tree masks, ``inputs_embeds``) arrive as further
-  keyword-only arguments of ``forward``; a backend lists the ones it supports in ``info.capabilities`` and raises
-  ``BackendError`` for the others.
+- Extension points arrive as further keyword-only arguments of ``forward``; a backend lists the ones it supports in
+  ``info.capabilities`` and raises ``BackendError`` for the others. Implemented:
+
+  - ``"hidden_states"``: ``return_hidden=True`` makes ``forward`` return ``(logits, hidden)`` with ``hidden`` the
+    float32 final-norm hidden states ``[B, S, info.hidden_size]`` of every column (what the LM head reads);
+  - ``"features"`` (a feature draft, ``accel.drafts.feature``): ``forward`` requires ``features``, float32
+    ``[B, S, info.feature_size]``, the target's hidden state at each column's position - 1.
+
+  Layer-range execution, tree masks and ``inputs_embeds`` are later extension points of the same form.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 
 from accel.errors import BackendError
 
-__all__ = ["Backend", "BackendInfo", "BackendError", "check_step_inputs", "prefill"]
+__all__ = ["Backend", "BackendInfo", "BackendError", "check_extensions", "check_step_inputs", "prefill"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,9 @@ class BackendInfo:
         max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
             prefilled in chunks by :func:`prefill`.
         num_layers: transformer layers (for statistics and the simulator).
-        capabilities: optional ``forward`` features this backend supports (e.g. ``"hidden_states"``).
+        capabilities: optional ``forward`` features this backend supports (``"hidden_states"``, ``"features"``).
+        hidden_size: width of the ``hidden_states`` output (0 when unknown).
+        feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
     """
 
     name: str
@@ -49,6 +57,8 @@ class BackendInfo:
     max_seq_len: int
     num_layers: int = 0
     capabilities: frozenset[str] = field(default_factory=frozenset)
+    hidden_size: int = 0
+    feature_size: int = 0
 
 
 @runtime_checkable
@@ -61,9 +71,11 @@ class Backend(Protocol):
         ...
 
     def forward(
-        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None
-    ) -> np.ndarray:
-        """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns."""
+        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
+        features: np.ndarray | None = None, return_hidden: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns
+        (``(logits, hidden)`` with ``return_hidden``; see the module docstring for the extension arguments)."""
         ...
 
     def reset(self) -> None:
@@ -115,6 +127,32 @@ def check_step_inputs(
     # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
     return (np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
             np.require(pos, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]))
+
+
+def check_extensions(info: BackendInfo, ids: np.ndarray, features: np.ndarray | None,
+                     return_hidden: bool) -> np.ndarray | None:
+    """Validate the extension arguments of one ``forward`` call; returns ``features`` as C-contiguous float32.
+
+    ``BackendError`` when ``return_hidden`` is asked of a backend without ``"hidden_states"``, when a feature draft gets
+    no ``features`` (or another model gets some), or when their shape is not ``[B, S, info.feature_size]`` or they
+    hold NaN/inf.
+    """
+    if return_hidden and "hidden_states" not in info.capabilities:
+        raise BackendError(f"this {info.name} backend does not output hidden states (return_hidden=True); export "
+                           "the model with hidden_output=True")
+    if not info.feature_size:
+        if features is not None:
+            raise BackendError("features given to a backend that is not a feature draft (no 'features' input)")
+        return None
+    if features is None:
+        raise BackendError(f"this backend is a feature draft: forward needs features [B, S, {info.feature_size}]")
+    f = np.asarray(features)
+    want = (*ids.shape, info.feature_size)
+    if f.shape != want:
+        raise BackendError(f"features have shape {f.shape}; expected {want} ([batch, seq, feature_size])")
+    if not np.issubdtype(f.dtype, np.floating) or not np.all(np.isfinite(f)):
+        raise BackendError("features must be finite floating-point values")
+    return np.require(f, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
 
 
 def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:

@@ -107,6 +107,7 @@ def export_onnx(
     opset: int = OPSET,
     progress: bool = True,
     float_weights: str = "fp32",
+    hidden_output: bool = False,
 ) -> Path:
     """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
 
@@ -121,6 +122,9 @@ def export_onnx(
         progress: show a tqdm bar.
         float_weights: storage of the weights that stay float in the MX modes (embeddings, norms, biases, lm_head):
             ``fp32`` (default; logits then equal the ``accel.compress``-ed torch model's) or ``fp16`` (smaller file).
+        hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
+            what a feature draft reads from its target. A feature draft (``config.feature_size > 0``) always has it,
+            and its input ``features``.
 
     The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
     weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
@@ -155,6 +159,7 @@ def export_onnx(
     proto = build_decoder_graph(
         cfg, tensors, ctx_len=ctx_len, batch_size=batch_size, num_logits=num_logits,
         float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32", progress=bar.update,
+        hidden_output=hidden_output,
     )
     meta = {
         "accel.version": __version__,
@@ -164,6 +169,7 @@ def export_onnx(
         "accel.ctx_len": str(ctx_len),
         "accel.batch_size": str(batch_size),
         "accel.num_logits": str(num_logits or 0),
+        "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
         "accel.model_config": json.dumps(cfg.to_hf()),
     }
     onnx.helper.set_model_props(proto, meta)
@@ -206,13 +212,15 @@ def export_cached(
     weights: str = "fp32",
     model: torch.nn.Module | None = None,
     say=None,
+    hidden_output: bool = False,
 ) -> Path:
     """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
     sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the exporter's source) and reused
     afterwards (batch 1).
 
     ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
-    only when the file is not cached. ``say``: optional callable receiving one status line.
+    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output``: as
+    ``export_onnx`` (part of the cache key).
     """
     import hashlib
 
@@ -226,7 +234,7 @@ def export_cached(
         if f.suffix in (".json", ".safetensors"):
             st = f.stat()
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    key.update(f"{ctx_len}:{weights}:{__version__}".encode())
+    key.update(f"{ctx_len}:{weights}:{__version__}:{int(hidden_output)}".encode())
     for module in (Path(__file__), Path(__file__).with_name("onnx_graph.py")):  # the graph code itself
         key.update(module.read_bytes())
     path = Path(onnx_dir) / f"{name or src.name}-{key.hexdigest()[:12]}.onnx"
@@ -242,7 +250,8 @@ def export_cached(
     import time
 
     t0 = time.perf_counter()
-    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False)
+    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False,
+                hidden_output=hidden_output)
     if say:
         say(f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, "
             f"ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s")

@@ -183,6 +183,7 @@ def build_decoder_graph(
     num_logits: int | None = None,
     float_dtype: str = "fp32",
     progress: Callable[[int], None] | None = None,
+    hidden_output: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -190,6 +191,9 @@ def build_decoder_graph(
     ``past_value.{i}`` float32 ``[batch_size, H_kv, ctx_len, head_dim]``. Outputs ``logits`` float32
     ``[batch_size, seq_len or num_logits, vocab]`` and ``past_key.{i}_RetainedState`` /
     ``past_value.{i}_RetainedState``.
+    ``hidden_output`` (always on for a feature draft, ``config.feature_size > 0``) adds the output ``hidden_states``
+    float32 ``[batch_size, seq_len, hidden]``: the final-norm hidden state of every column. A feature draft also has
+    the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
     ``progress(1)`` is called once per layer.
     """
     c = config
@@ -207,6 +211,12 @@ def build_decoder_graph(
             "logits", TensorProto.FLOAT, [B, num_logits if num_logits else "seq_len", c.vocab_size]
         )
     ]
+    fs = getattr(c, "feature_size", 0)
+    hidden_output = hidden_output or bool(fs)
+    if fs:
+        inputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT, [B, "seq_len", fs]))
+    if hidden_output:
+        outputs.append(helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
     for i in range(c.num_layers):
         inputs += [
             helper.make_tensor_value_info(f"past_{kv}.{i}", TensorProto.FLOAT, kv_shape) for kv in ("key", "value")
@@ -224,6 +234,8 @@ def build_decoder_graph(
     if c.positions == "learned":
         pos0 = g.op("Max", pos, g.const(0))
         x = g.op("Add", x, g.op("Gather", w.plain("embed_positions.weight"), pos0, axis=0))
+    if fs:  # feature draft: fc(concat(embed(token), feature))
+        x = g.op("MatMul", g.op("Concat", x, "features", axis=-1), w.matmul_t("fc.weight"))
     # additive mask [B, 1, 1, S, ctx]: 0 where slot <= position, float32 min elsewhere (padding sees nothing)
     visible = g.op("LessOrEqual", g.const(np.arange(ctx_len).reshape(1, 1, 1, 1, ctx_len)),
                    g.op("Unsqueeze", pos, g.const([1, 2, 4])))
@@ -320,9 +332,15 @@ def build_decoder_graph(
         x = g.op("Add", x, linear(m, f"{p}.mlp.down_proj", c.mlp_bias))
         if progress:
             progress(1)
-    if num_logits:
-        x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
-    head = norm(x, "norm")
+    if hidden_output:  # every column's final-norm state is an output; the head reads the last num_logits of it
+        head = norm(x, "norm")
+        g.op("Identity", head, name="hidden_states")
+        if num_logits:
+            head = g.op("Slice", head, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
+    else:
+        if num_logits:
+            x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
+        head = norm(x, "norm")
     if getattr(c, "head_vocab", 0):
         _restricted_logits(g, g.op("MatMul", head, w.matmul_t("lm_head.weight")), tensors, c.vocab_size)
     else:

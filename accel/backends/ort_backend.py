@@ -2,7 +2,9 @@
 
 The KV cache never crosses to numpy: two sets of cache buffers (numpy arrays wrapped as OrtValues without a copy)
 alternate as ``past_*`` inputs and ``*_RetainedState`` outputs. Two IO bindings are prepared once (A -> B and B -> A);
-a call rebinds only ``input_ids``, ``position_ids`` and ``logits``, runs, and flips. Only the logits are copied out.
+a call rebinds only ``input_ids``, ``position_ids`` and ``logits``, runs, and flips. Only the logits are copied out
+(and the ``hidden_states`` output when asked for: graphs exported with ``hidden_output=True`` or feature drafts, whose
+``features`` input is bound per call too).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from accel.backends.base import BackendInfo, check_step_inputs
+from accel.backends.base import BackendInfo, check_extensions, check_step_inputs
 from accel.errors import BackendError
 
 __all__ = ["OrtBackend", "inspect_graph", "GraphContract"]
@@ -27,9 +29,11 @@ class GraphContract:
     """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
 
     def __init__(self, batch_size: int, ctx_len: int, vocab_size: int, num_layers: int, kv_shape: tuple[int, ...],
-                 num_logits: int | None, metadata: dict[str, str]) -> None:
+                 num_logits: int | None, metadata: dict[str, str], hidden_size: int = 0,
+                 feature_size: int = 0) -> None:
         self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
         self.num_layers, self.kv_shape, self.num_logits, self.metadata = num_layers, kv_shape, num_logits, metadata
+        self.hidden_size, self.feature_size = hidden_size, feature_size
 
 
 def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
@@ -71,7 +75,13 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
     if not isinstance(vocab, int):
         raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
     num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
-    return GraphContract(kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta)
+    widths = []
+    for name, group in (("hidden_states", outputs), ("features", inputs)):
+        shape = group[name].shape if name in group else None
+        if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
+            raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
+        widths.append(shape[2] if shape is not None else 0)
+    return GraphContract(kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, *widths)
 
 
 class OrtBackend:
@@ -128,13 +138,19 @@ class OrtBackend:
             batch_size=c.batch_size,
             max_seq_len=min(max_seq_len or c.ctx_len, c.ctx_len),
             num_layers=c.num_layers,
+            capabilities=frozenset(name for name, width in (("hidden_states", c.hidden_size),
+                                                           ("features", c.feature_size)) if width),
+            hidden_size=c.hidden_size,
+            feature_size=c.feature_size,
         )
         self._names = [f"past_{kv}.{i}" for i in range(c.num_layers) for kv in ("key", "value")]
         self._buffers = [[np.zeros(c.kv_shape, np.float32) for _ in self._names] for _ in range(2)]
         self._bindings = []
         for src, dst in ((0, 1), (1, 0)):
             io = self.session.io_binding()
-            io.bind_output("logits")  # bound first: get_outputs()[0] is the logits
+            io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
+            if c.hidden_size:
+                io.bind_output("hidden_states")
             for name, a, b in zip(self._names, self._buffers[src], self._buffers[dst]):
                 io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(a))
                 io.bind_ortvalue_output(f"{name}_RetainedState", ort.OrtValue.ortvalue_from_numpy(b))
@@ -151,9 +167,13 @@ class OrtBackend:
         """The graph's ``metadata_props`` (``accel.*`` export settings)."""
         return self.contract.metadata
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
+                features: np.ndarray | None = None,
+                return_hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
+        ``return_hidden``); see ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
+        feats = check_extensions(self._info, ids, features, return_hidden)
         seq = ids.shape[1]
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
@@ -174,16 +194,22 @@ class OrtBackend:
         io = self._bindings[self._current]
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", pos)
+        if feats is not None:
+            io.bind_cpu_input("features", feats)
         io.bind_output("logits")
+        if self._info.hidden_size:
+            io.bind_output("hidden_states")
         try:
             self.session.run_with_iobinding(io)  # writes the other buffer set: a failed run leaves the cache intact
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
             raise BackendError(f"onnxruntime failed on a call with input shape {ids.shape}: {exc}") from exc
         self._current ^= 1
-        logits = io.get_outputs()[0].numpy()
+        outs = io.get_outputs()
+        logits = outs[0].numpy()
         if num_logits is not None and logits.shape[1] != num_logits:
             logits = logits[:, -num_logits:, :]
-        return np.ascontiguousarray(logits, dtype=np.float32)
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        return (logits, outs[1].numpy()) if return_hidden else logits
 
     def reset(self) -> None:
         """Zero the KV cache."""

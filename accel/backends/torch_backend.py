@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accel.backends.base import BackendInfo, check_step_inputs
+from accel.backends.base import BackendInfo, check_extensions, check_step_inputs
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -52,6 +52,9 @@ class TorchBackend:
             batch_size=batch_size,
             max_seq_len=min(max_seq_len or ctx_len, ctx_len),
             num_layers=cfg.num_layers,
+            capabilities=frozenset({"hidden_states"} | ({"features"} if cfg.feature_size else set())),
+            hidden_size=cfg.hidden_size,
+            feature_size=cfg.feature_size,
         )
         self.keys, self.values = new_cache(cfg, batch_size, ctx_len, self.dtype)
 
@@ -60,19 +63,25 @@ class TorchBackend:
         """Static facts about this backend."""
         return self._info
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
+                features: np.ndarray | None = None,
+                return_hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
+        ``return_hidden``); see ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
+        feats = check_extensions(self._info, ids, features, return_hidden)
         with torch.inference_mode():
-            logits, self.keys, self.values = self.model(
+            hidden, self.keys, self.values = self.model.hidden_forward(
                 torch.from_numpy(ids),
                 torch.from_numpy(pos),
                 self.keys,
                 self.values,
-                num_logits=num_logits,
                 inplace=True,
+                features=None if feats is None else torch.from_numpy(feats).to(self.dtype),
             )
-        return logits.float().numpy()
+            head_in = hidden if num_logits is None else hidden[:, -num_logits:, :]
+            logits = self.model.logits(head_in).float().numpy()
+        return (logits, hidden.float().numpy()) if return_hidden else logits
 
     def reset(self) -> None:
         """Zero the KV cache."""

@@ -5,6 +5,8 @@
   target generates itself); writes a normal checkpoint directory that every part of accel loads.
 - ``evaluate_draft(target, draft, data, temperature=...) -> DraftEval``: greedy agreement, per-position greedy SpD
   acceptance for K up to 8, and alpha = E[sum_x min(p, q)] at a temperature (what ``accel.sim`` needs).
+- Feature drafts (EAGLE-style, ``accel.drafts.feature``): ``build_feature_draft``, ``train_feature_draft``,
+  ``greedy_acceptance`` -- a one-layer draft that reads the target's hidden states.
 
 Needs torch (the ``[torch]`` extra); submodules are imported lazily so ``import accel.drafts`` alone is cheap.
 """
@@ -21,6 +23,9 @@ _LAZY = {
     "restrict_head": "accel.drafts.architecture",
     "chat_prompt": "accel.drafts.data",
     "DEFAULT_PROMPTS": "accel.drafts.prompts",
+    "build_feature_draft": "accel.drafts.feature",
+    "train_feature_draft": "accel.drafts.feature",
+    "greedy_acceptance": "accel.drafts.feature",
 }
 
 
@@ -34,8 +39,11 @@ __all__ = [
     "DraftEval",
     "HistoryPoint",
     "build_draft",
+    "build_feature_draft",
     "chat_prompt",
     "distill",
     "evaluate_draft",
+    "greedy_acceptance",
     "restrict_head",
+    "train_feature_draft",
 ]

@@ -68,7 +68,7 @@ def svd_embedding(weight: torch.Tensor, d: int) -> torch.Tensor:
     return proj.float()
 
 
-def causal_hidden(model: Decoder, input_ids: torch.Tensor) -> torch.Tensor:
+def causal_hidden(model: Decoder, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
     """Final-norm hidden states ``[B, S, hidden]`` of a plain causal pass (no KV cache; positions 0..S-1).
 
     Same weights and math as ``Decoder.causal_forward`` but with ``F.scaled_dot_product_attention(is_causal=True)``,
@@ -77,7 +77,7 @@ def causal_hidden(model: Decoder, input_ids: torch.Tensor) -> torch.Tensor:
     c = model.config
     bsz, seq = input_ids.shape
     pos = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
-    x = model.embed(input_ids, pos)
+    x = model.embed(input_ids, pos, features)
     rope = model._rope(pos, x.dtype)
     groups = c.num_heads // c.num_kv_heads
     for layer in model.layers:

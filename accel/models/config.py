@@ -24,6 +24,8 @@ _GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
 #: and low enough that ``exp`` underflows to exactly 0 probability in float32 after softmax / any temperature >= 1e-3
 MASKED_LOGIT: float = -1e9
 _HEAD_VOCAB_KEY = "accel_head_vocab"  # config.json key of head_vocab (written only when > 0)
+_FEATURE_SIZE_KEY = "accel_feature_size"  # feature drafts only (written only when > 0)
+_EMBED_SIZE_KEY = "accel_embed_size"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class ModelConfig:
     Sizes are in elements (not bytes). ``head_dim`` defaults to ``hidden_size // num_heads``.
     ``head_vocab`` > 0 restricts the LM head to that many token ids (a draft-model option, see ``Decoder.logits``):
     the other tokens get ``MASKED_LOGIT``; 0 means the ordinary full head.
+    ``feature_size`` > 0 makes a feature-conditioned draft (EAGLE-style, see ``Decoder.embed``): besides its tokens it
+    reads the target's final-norm hidden states (``feature_size`` = the target's ``hidden_size``) and enters its layers
+    with ``fc(concat(embed(token), feature))``; its token embedding then has width ``embed_size`` (0: ``hidden_size``).
     """
 
     vocab_size: int
@@ -69,6 +74,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     head_vocab: int = 0
+    feature_size: int = 0
+    embed_size: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +101,28 @@ class ModelConfig:
         if self.positions not in ("rope", "learned"):
             raise ModelError(f"positions must be 'rope' or 'learned'; got {self.positions!r}")
         self._check_head_vocab()
+        self._check_features()
+
+    def _check_features(self) -> None:
+        """``feature_size``/``embed_size`` are ints >= 0; a narrow embedding only with features, RoPE and no tying."""
+        for name in ("feature_size", "embed_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ModelError(f"config field {name} must be an int >= 0; got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if self.embed_size and not self.feature_size:
+            raise ModelError("config field embed_size > 0 needs feature_size > 0 (only a feature draft has an fc "
+                             "layer that maps its embedding to hidden_size)")
+        if self.feature_size and self.positions != "rope":
+            raise ModelError("feature_size > 0 (feature-conditioned draft) needs positions='rope' (Llama family)")
+        if self.tie_word_embeddings and self.embed_size not in (0, self.hidden_size):
+            raise ModelError(f"tie_word_embeddings needs embed_size == hidden_size ({self.hidden_size}); "
+                             f"got embed_size={self.embed_size}")
+
+    @property
+    def embed_width(self) -> int:
+        """Width of the token embedding (``embed_size`` or ``hidden_size``)."""
+        return self.embed_size or self.hidden_size
 
     def _check_head_vocab(self) -> None:
         """``head_vocab`` is 0 (full head) or in 1..vocab_size-1 with an untied head."""
@@ -196,6 +225,8 @@ class ModelConfig:
             eos_token_id=cfg.get("eos_token_id"),
             extra={"sliding_window": cfg.get("sliding_window")} if cfg.get("sliding_window") else {},
             head_vocab=_head_vocab_of(cfg),
+            feature_size=_accel_int(cfg, _FEATURE_SIZE_KEY),
+            embed_size=_accel_int(cfg, _EMBED_SIZE_KEY),
         )
 
     @classmethod
@@ -241,6 +272,9 @@ class ModelConfig:
         out = self._to_hf_base()
         if self.head_vocab > 0:
             out[_HEAD_VOCAB_KEY] = self.head_vocab
+        if self.feature_size > 0:
+            out[_FEATURE_SIZE_KEY] = self.feature_size
+            out[_EMBED_SIZE_KEY] = self.embed_size
         return out
 
     def _to_hf_base(self) -> dict[str, Any]:
@@ -308,9 +342,14 @@ class ModelConfig:
 
 def _head_vocab_of(cfg: dict[str, Any]) -> int:
     """``accel_head_vocab`` of a config.json (0 when absent); ModelError when it is not an integer."""
-    value = cfg.get(_HEAD_VOCAB_KEY) or 0
+    return _accel_int(cfg, _HEAD_VOCAB_KEY)
+
+
+def _accel_int(cfg: dict[str, Any], key: str) -> int:
+    """The integer ``cfg[key]`` of an accel-only config.json field (0 when absent); ModelError otherwise."""
+    value = cfg.get(key) or 0
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelError(f"config field {_HEAD_VOCAB_KEY}={value!r} must be an integer")
+        raise ModelError(f"config field {key}={value!r} must be an integer")
     return value
 
 

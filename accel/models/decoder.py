@@ -186,7 +186,9 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embed_width)
+        if config.feature_size:  # feature draft: fc(concat(embed(token), target feature)) enters the layers
+            self.fc = nn.Linear(config.embed_width + config.feature_size, config.hidden_size, bias=False)
         if config.positions == "learned":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
@@ -219,11 +221,26 @@ class Decoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :, :]  # [B, 1, S, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Token (+ learned position) embeddings ``[B, S, hidden]``."""
+    def embed(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token (+ learned position) embeddings ``[B, S, hidden]``.
+
+        A feature draft (``config.feature_size > 0``) needs ``features [B, S, feature_size]``: column ``s`` is the
+        target's final-norm hidden state at position ``position_ids[s] - 1`` (the state that predicted this token;
+        zeros at position 0), and the result is ``fc(concat(embed(token), feature))``.
+        """
         x = self.embed_tokens(input_ids)
         if self.config.positions == "learned":
             x = x + self.embed_positions(position_ids.clamp(min=0))
+        fs = self.config.feature_size
+        if fs:
+            if features is None or tuple(features.shape) != (*input_ids.shape, fs):
+                got = None if features is None else tuple(features.shape)
+                raise ValueError(f"a feature draft needs features of shape {(*input_ids.shape, fs)}; got {got}")
+            x = self.fc(torch.cat([x, features.to(x.dtype)], dim=-1))
+        elif features is not None:
+            raise ValueError("features given to a model without feature_size (not a feature draft)")
         return x
 
     def forward(
@@ -234,8 +251,29 @@ class Decoder(nn.Module):
         past_values: list[torch.Tensor],
         num_logits: int | None = None,
         inplace: bool = False,
+        features: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        x = self.embed(input_ids, position_ids)
+        """``(logits [B, N, V], new_keys, new_values)``; see ``hidden_forward`` for the arguments."""
+        hidden, new_keys, new_values = self.hidden_forward(
+            input_ids, position_ids, past_keys, past_values, inplace=inplace, features=features)
+        if num_logits is not None:
+            hidden = hidden[:, -num_logits:, :]
+        return self.logits(hidden), new_keys, new_values
+
+    def hidden_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
+        inplace: bool = False,
+        features: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Final-norm hidden states ``[B, S, hidden]`` of every column (what the LM head reads), and the new cache.
+
+        ``features``: a feature draft's input (see ``embed``); None for every other model.
+        """
+        x = self.embed(input_ids, position_ids, features)
         ctx = past_keys[0].shape[2]
         slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
         # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
@@ -246,10 +284,7 @@ class Decoder(nn.Module):
             x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)
             new_keys.append(k_cache)
             new_values.append(v_cache)
-        if num_logits is not None:
-            x = x[:, -num_logits:, :]
-        logits = self.logits(self.norm(x))
-        return logits, new_keys, new_values
+        return self.norm(x), new_keys, new_values
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits ``[..., vocab_size]`` of final-norm hidden states ``[..., hidden_size]``.

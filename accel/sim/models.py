@@ -44,6 +44,9 @@ class ModelSpec(SimModel):
     norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     learned_positions: int = Field(default=0, ge=0, description="rows of a learned position table (GPT-2); 0 = rotary")
     head_vocab: int = Field(default=0, ge=0, description="rows of a restricted (untied) LM head; 0 = vocab_size")
+    feature_dim: int = Field(default=0, ge=0, description="feature draft (accel.drafts.feature): width of the target "
+                             "hidden state it reads; 0 = an ordinary model")
+    embed_dim: int = Field(default=0, ge=0, description="token-embedding width of a feature draft; 0 = d_model")
     note: str = ""
 
     @model_validator(mode="after")
@@ -54,6 +57,8 @@ class ModelSpec(SimModel):
         if self.head_dim is None and self.d_model % self.n_heads:
             raise SimError(f"model {self.name!r}: d_model={self.d_model} not divisible by n_heads={self.n_heads}; "
                            "give head_dim")
+        if self.embed_dim and not self.feature_dim:
+            raise SimError(f"model {self.name!r}: embed_dim needs feature_dim > 0 (a feature draft's input layer)")
         if self.head_vocab and (self.head_vocab >= self.vocab_size or self.tied_embeddings):
             raise SimError(f"model {self.name!r}: head_vocab={self.head_vocab} needs an untied LM head and "
                            f"head_vocab < vocab_size={self.vocab_size}")
@@ -95,7 +100,15 @@ class ModelSpec(SimModel):
     @property
     def embedding_params(self) -> int:
         """Token embedding table (+ learned position table)."""
-        return self.vocab_size * self.d_model + self.learned_positions * self.d_model
+        return self.vocab_size * (self.embed_dim or self.d_model) + self.learned_positions * self.d_model
+
+    @property
+    def input_proj_params(self) -> int:
+        """A feature draft's input layer ``fc``: ``(embedding width + feature_dim) x d_model`` (0 otherwise); stored
+        and read like the layers' matrices."""
+        if not self.feature_dim:
+            return 0
+        return ((self.embed_dim or self.d_model) + self.feature_dim) * self.d_model
 
     @property
     def head_rows(self) -> int:
@@ -114,7 +127,7 @@ class ModelSpec(SimModel):
     @property
     def num_params(self) -> int:
         """Total parameter count (elements), derived from the architecture."""
-        return (self.n_layers * (self.linear_params_per_layer + self.small_params_per_layer)
+        return (self.n_layers * (self.linear_params_per_layer + self.small_params_per_layer) + self.input_proj_params
                 + self.embedding_params + self.lm_head_params + self.final_norm_params)
 
     def kv_bytes_per_token(self, kv_format: str = "fp16") -> float:
@@ -131,7 +144,7 @@ def weight_breakdown(spec: ModelSpec, weight_format: str, *, compress_lm_head: b
     b_w = bytes_per_element(weight_format)
     b_16 = bytes_per_element(UNCOMPRESSED_FORMAT)
     b_head = b_w if compress_lm_head else b_16
-    linear = spec.n_layers * spec.linear_params_per_layer * b_w
+    linear = (spec.n_layers * spec.linear_params_per_layer + spec.input_proj_params) * b_w
     small = (spec.n_layers * spec.small_params_per_layer + spec.final_norm_params) * b_16
     if spec.tied_embeddings:  # one table serves both; stored in the LM head's format
         embedding = spec.learned_positions * spec.d_model * b_16
@@ -248,7 +261,8 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("qkv_bias")),
                 o_bias=bool(cfg.get("o_bias")), mlp_bias=bool(cfg.get("mlp_bias")),
                 learned_positions=int(cfg.get("max_position_embeddings", 0)) if cfg.get("positions") == "learned"
-                else 0, head_vocab=int(cfg.get("head_vocab") or 0), note="from an accel.models config dict")
+                else 0, head_vocab=int(cfg.get("head_vocab") or 0), feature_dim=int(cfg.get("feature_size") or 0),
+                embed_dim=int(cfg.get("embed_size") or 0), note="from an accel.models config dict")
         if "n_embd" in cfg or mtype in ("gpt2", "codegen", "gptj"):
             d = int(get("n_embd", "hidden_size"))
             is_gpt2 = mtype == "gpt2" or (mtype == "" and "n_positions" in cfg and "rotary_dim" not in cfg)
@@ -267,7 +281,8 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
             ffn_dim=int(get("intermediate_size")), ffn_type="gated", vocab_size=int(get("vocab_size")),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=attn_bias or mtype == "qwen2", o_bias=attn_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
-            head_vocab=int(cfg.get("accel_head_vocab") or 0),
+            head_vocab=int(cfg.get("accel_head_vocab") or 0), feature_dim=int(cfg.get("accel_feature_size") or 0),
+            embed_dim=int(cfg.get("accel_embed_size") or 0),
             note=f"from config.json (model_type={mtype or '?'})")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, SimError):

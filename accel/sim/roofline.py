@@ -112,13 +112,15 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
     head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
     head_bpe = bpe if compress_lm_head else np.float64(bytes_per_element("fp16"))
     head_mx = mx if compress_lm_head else 0.0 * mx
-    w_head = head_params * head_bpe + m.final_norm_params * 2.0
-    act_head = (B * S * m.d_model * ACT_BYTES  # embedding rows gathered
+    fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
+    w_head = head_params * head_bpe + m.final_norm_params * 2.0 + fc * bpe
+    act_head = (B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
+                + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
                 + B * NL * m.vocab_size * LOGIT_BYTES)
-    flops_head = 2.0 * B * NL * head_params
+    flops_head = 2.0 * B * NL * head_params + 2.0 * rows * fc
     mem_h = (w_head * g(B * NL) + act_head) / bw
     comp_h = flops_head / fl
-    dec_h = 0.0 * head_mx if dec_rate is None else head_mx * head_params / dec_rate
+    dec_h = 0.0 * head_mx if dec_rate is None else (head_mx * head_params + mx * fc) / dec_rate
     # --- combine: each operator runs at its slowest resource
     nl = m.n_layers
     t_l = np.maximum(np.maximum(mem_l, comp_l), dec_l)

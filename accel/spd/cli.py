@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="speculative decoding with a draft and a target model",
                               description=__doc__)
     p.add_argument("--target", required=True, help="target checkpoint directory (or .onnx with --backend ort)")
-    p.add_argument("--draft", default=None, help="draft checkpoint directory or .onnx (omit: autoregressive)")
+    p.add_argument("--draft", default=None, help="draft checkpoint directory or .onnx (omit: autoregressive); a "
+                   "feature draft (accel.drafts.feature) is fed the target's hidden states")
     p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--min-draft-prob", type=float, default=None,
@@ -42,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("ort", "torch"), default="ort")
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (checkpoint directories)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads of the target (torch: both models)")
-    p.add_argument("--draft-threads", type=int, default=1,
-                   help="onnxruntime intra-op threads of the draft (default 1: its calls are too short to split)")
+    p.add_argument("--draft-threads", type=int, default=None,
+                   help="onnxruntime intra-op threads of the draft (default 1: a standalone draft's calls are too short "
+                        "to split; a feature draft's wide matmuls get the target's --threads)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
@@ -62,7 +64,7 @@ def _model_config(path: Path) -> dict[str, Any]:
     return {}
 
 
-def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp: Path):
+def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp: Path, hidden_output: bool = False):
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory or an .onnx file")
     if kind == "torch":
@@ -78,7 +80,7 @@ def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp:
         from accel.backends import export_cached
         from accel.models.smollm2 import cache_root
 
-        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len)
+        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output)
     if path.suffix != ".onnx":
         raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
     return OrtBackend(path, batch_size=1, threads=threads)
@@ -161,11 +163,17 @@ def run(args: argparse.Namespace) -> int:
         raise SpdError("the prompt encodes to no tokens")
     eos = _model_config(target_path).get("eos_token_id")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
-        target = _open_backend(target_path, args.backend, args.ctx_len, args.threads, Path(tmp))
+        # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
+        feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
+        target = _open_backend(target_path, args.backend, args.ctx_len, args.threads, Path(tmp),
+                               hidden_output=feature_draft)
         draft = None
         if args.draft:
             draft_path = Path(args.draft)
-            threads = args.draft_threads if args.backend == "ort" else args.threads  # torch threads are global
+            threads = args.draft_threads if args.draft_threads is not None else (
+                args.threads if feature_draft else 1)
+            if args.backend != "ort":
+                threads = args.threads  # torch threads are global
             draft = _open_backend(draft_path, args.backend, args.ctx_len, threads, Path(tmp))
             draft_tok = _find_tokenizer(argparse.Namespace(tokenizer=None), draft_path) if tokenizer else None
             check_compatible(target, draft, tokenizer, draft_tok)

@@ -18,6 +18,14 @@ back: stale K/V beyond a row's position are masked and later overwritten (the po
 call writes past the context and no row emits beyond ``max_new_tokens``. A row stops at EOS (inclusive),
 ``max_new_tokens`` or a full context (``prompt + generated == ctx_len``, reported in ``messages``).
 
+A feature draft (``draft.info.feature_size > 0``, ``accel.drafts.feature``) also reads the target's hidden states:
+the target returns them (``return_hidden``) for every position it scores, kept per row in ``feat``; a draft call at
+position ``p`` gets ``feat[p - 1]`` (zeros at 0), and while drafting, its own hidden-state estimate of the previous
+step (zeros for a draft whose width is not the feature width: ``accel.drafts.feature.augment_draft``). Those inputs
+are stale once the target has scored the positions, so after a round the draft's cache is valid only below the
+round's first drafted position: ``draft_fed = n`` (old ``n``), and the next catch-up feeds every token emitted since
+(``m + 1 <= K + 1`` of them) with the target's true features.
+
 ``generate_ar`` is the same loop with no draft and ``K = 0`` (each round scores the last token and samples from
 ``q``), so both share truncation rules, warps and statistics.
 """
@@ -31,6 +39,7 @@ import numpy as np
 
 from accel.backends.base import Backend
 from accel.errors import SpdError
+from accel.spd.checks import check_compatible, eos_set, validate
 from accel.spd.mrs import greedy_accept, sample, speculative_accept
 from accel.spd.stats import GenerationResult, StatsAccumulator
 from accel.spd.warps import Sampling, check_logits
@@ -39,49 +48,6 @@ __all__ = ["generate", "generate_ar", "check_compatible", "StreamCallback"]
 
 StreamCallback = Callable[[int, list, list], None]
 """``stream(row, tokens, accepted_from_draft)``: called per row and round with the newly emitted tokens."""
-
-
-def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Raise ``SpdError`` unless draft and target share a vocabulary (size, and token->id maps when given).
-
-    Tokenizers are compared with ``get_vocab()`` (``tokenizers.Tokenizer`` / transformers tokenizers).
-    """
-    tv, dv = target.info.vocab_size, draft.info.vocab_size
-    if tv != dv:
-        raise SpdError(f"draft vocab_size {dv} differs from target vocab_size {tv}: they must share a vocabulary")
-    if target_tokenizer is not None and draft_tokenizer is not None:
-        a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-        if a != b:
-            diff = sorted(set(a.items()) ^ set(b.items()))[:3]
-            raise SpdError(f"draft and target tokenizers differ (e.g. {diff}): they must share a vocabulary")
-
-
-def _as_prompts(prompt_ids, vocab_size: int) -> list[np.ndarray]:
-    if isinstance(prompt_ids, np.ndarray):
-        if prompt_ids.ndim != 2:
-            raise SpdError(f"prompt_ids array must be 2-D [batch, len]; got shape {prompt_ids.shape}")
-        rows = list(prompt_ids)
-    else:
-        rows = list(prompt_ids)
-        if rows and np.ndim(rows[0]) == 0:
-            raise SpdError("prompt_ids must be a list of token lists (one per batch row) or a 2-D array")
-    out = []
-    for i, r in enumerate(rows):
-        a = np.asarray(r)
-        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-            raise SpdError(f"prompt row {i} must be a non-empty 1-D list of token ids; got {r!r:.80}")
-        if a.min() < 0 or a.max() >= vocab_size:
-            raise SpdError(f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size})")
-        out.append(a.astype(np.int64))
-    if not out:
-        raise SpdError("prompt_ids is empty: give at least one row")
-    return out
-
-
-def _eos_set(eos_token_id) -> np.ndarray:
-    if eos_token_id is None:
-        return np.zeros(0, dtype=np.int64)
-    return np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
 
 
 class _Loop:
@@ -110,17 +76,44 @@ class _Loop:
         self.from_draft: list[list[bool]] = [[] for _ in range(self.batch)]
         self.messages: list[str] = []
         self.acc = StatsAccumulator("spd" if draft is not None else "ar", k, self.batch)
+        self.feature = draft is not None and draft.info.feature_size > 0
+        # a draft whose hidden states live in the feature space feeds them back while drafting (EAGLE); another
+        # feature draft (a standalone draft given the target's states, accel.drafts.feature.augment_draft) gets zeros
+        self.estimates = self.feature and draft.info.hidden_size == draft.info.feature_size
+        # target hidden states by position (feature drafts only): feat[b, p] = target's final-norm state at p
+        self.feat = np.zeros((self.batch, self.buf.shape[1], draft.info.feature_size) if self.feature else (0, 0, 0),
+                             dtype=np.float32)
 
     # ------------------------------------------------------------------ backend calls
 
-    def _call(self, which: str, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False):
+    def _call(self, which: str, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False,
+              features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(logits, hidden)`` of one call; ``hidden`` only with a feature draft (else None). Target hidden states
+        are stored in ``feat`` at the call's positions."""
         backend = self.target if which == "target" else self.draft
+        hidden = None
         with self.acc.timed(which, prefill):
-            out = backend.forward(ids, pos, num_logits=num_logits)
+            if self.feature:
+                out, hidden = backend.forward(ids, pos, num_logits=num_logits, features=features, return_hidden=True)
+            else:
+                out = backend.forward(ids, pos, num_logits=num_logits)
         if which == "target":
             self.acc.target_calls += 1
+            if hidden is not None:
+                rows, cols = np.nonzero(pos >= 0)
+                self.feat[rows, pos[rows, cols]] = hidden[rows, cols]
         else:
             self.acc.draft_calls += 1
+        return out, hidden
+
+    def _features_at(self, pos: np.ndarray) -> np.ndarray | None:
+        """A feature draft's input for tokens at ``pos [B, S]``: the target's state at ``pos - 1`` (zeros at 0 and
+        for padding); None for an ordinary draft."""
+        if not self.feature:
+            return None
+        out = np.zeros((*pos.shape, self.feat.shape[2]), dtype=np.float32)
+        rows, cols = np.nonzero(pos >= 1)
+        out[rows, cols] = self.feat[rows, pos[rows, cols] - 1]
         return out
 
     def _left_padded(self, starts: np.ndarray, stops: np.ndarray, rows: np.ndarray):
@@ -144,8 +137,10 @@ class _Loop:
         for which in ("target", "draft") if self.draft is not None else ("target",):
             step = (self.target if which == "target" else self.draft).info.max_seq_len
             for s in range(0, ids.shape[1], step):
-                if np.any(pos[:, s : s + step] >= 0):
-                    self._call(which, ids[:, s : s + step], pos[:, s : s + step], 1, prefill=True)
+                chunk = pos[:, s : s + step]
+                if np.any(chunk >= 0):
+                    feats = self._features_at(chunk) if which == "draft" else None
+                    self._call(which, ids[:, s : s + step], chunk, 1, prefill=True, features=feats)
 
     # ------------------------------------------------------------------ one round
 
@@ -172,6 +167,7 @@ class _Loop:
         drafts = np.zeros((self.batch, k_round), dtype=np.int64)
         p = None if self.greedy else np.zeros((self.batch, k_round, vocab))
         drafting = self.active & (k_rows >= 1)
+        estimate = None  # a feature draft's own hidden state of the previous step [B, 1, H]
         for j in range(k_round):
             rows = drafting & (k_rows > j)
             if not rows.any():  # every row stopped early (min_draft_prob)
@@ -180,10 +176,16 @@ class _Loop:
                 ids, pos = self._left_padded(self.draft_fed, self.n, rows)
                 if ids.shape[1] > self.draft.info.max_seq_len:
                     raise SpdError(f"internal: draft catch-up of {ids.shape[1]} tokens exceeds its max_seq_len")
+                feats = self._features_at(pos)
             else:
                 ids = np.where(rows, drafts[:, j - 1], 0)[:, None]
                 pos = np.where(rows, self.n - 1 + j, -1)[:, None]
-            logits = self._call("draft", ids, pos, 1)[:, -1, :]
+                feats = estimate
+            logits, hidden = self._call("draft", ids, pos, 1, features=feats)
+            logits = logits[:, -1, :]
+            if hidden is not None:
+                estimate = (np.ascontiguousarray(hidden[:, -1:, :]) if self.estimates
+                            else np.zeros((self.batch, 1, self.feat.shape[2]), np.float32))
             probs = self._probs(logits, rows, "draft logits")
             tok = np.argmax(probs, axis=-1) if self.greedy else sample(probs, self.rng)
             drafts[:, j] = np.where(rows, tok, 0)
@@ -204,7 +206,7 @@ class _Loop:
             kb = int(k_rows[b])
             ids[b, width - kb - 1 :] = np.concatenate(([self.buf[b, self.n[b] - 1]], drafts[b, :kb]))
             pos[b, width - kb - 1 :] = np.arange(self.n[b] - 1, self.n[b] + kb)
-        logits = self._call("target", ids, pos, width)
+        logits, _ = self._call("target", ids, pos, width)
         # realign so that slot i of row b is the distribution after [last, d_1..d_i]
         if self.active.all() and np.all(k_rows == k_round):
             q_logits = logits  # already aligned (the common case at batch 1)
@@ -237,7 +239,9 @@ class _Loop:
             self.new[b] += len(toks)
             self.from_draft[b].extend(flags)
             emitted[b], emitted_draft[b] = len(toks), sum(flags)
-            if kb >= 1:  # the draft consumed [tail .. d_{k-1}]; valid up to the last accepted token
+            if kb >= 1 and self.feature:  # positions >= n0 were drafted from estimates: refeed them
+                self.draft_fed[b] = n0
+            elif kb >= 1:  # the draft consumed [tail .. d_{k-1}]; valid up to the last accepted token
                 self.draft_fed[b] = min(n0 - 1 + kb, n0 + m)
             if self.stream is not None:
                 self.stream(int(b), toks, flags)
@@ -280,41 +284,6 @@ class _Loop:
         )
 
 
-def _validate(target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens,
-              sampling: Sampling) -> tuple[list[np.ndarray], np.ndarray]:
-    if draft is not None:
-        check_compatible(target, draft)
-    prompts = _as_prompts(prompt_ids, target.info.vocab_size)
-    limits = np.asarray(max_new_tokens)
-    if (limits.ndim > 1 or (limits.ndim == 1 and limits.shape != (len(prompts),))
-            or not np.issubdtype(limits.dtype, np.integer) or np.any(limits < 0)):
-        raise SpdError(
-            f"max_new_tokens must be an integer >= 0 or one per row ({len(prompts)} rows); got {max_new_tokens!r}"
-        )
-    for name, info in (("target", target.info), ("draft", draft.info if draft is not None else None)):
-        if info is not None and info.batch_size != len(prompts):
-            raise SpdError(
-                f"prompt batch {len(prompts)} does not match the {name} backend's batch_size {info.batch_size}"
-            )
-    if draft is not None:
-        if not isinstance(k, (int, np.integer)) or k < 1:
-            raise SpdError(f"k (draft tokens per round) must be an integer >= 1; got {k!r}")
-        limit = min(target.info.max_seq_len, target.info.ctx_len)
-        if k + 1 > limit:
-            raise SpdError(
-                f"k={k} too large: the target scores k+1 tokens per call but its max_seq_len/ctx_len allow {limit} "
-                f"(k <= {limit - 1})"
-            )
-        if draft.info.max_seq_len < 2:
-            raise SpdError("the draft backend's max_seq_len must be >= 2 (the cache catch-up feeds [d_K, bonus])")
-    ctx = min(target.info.ctx_len, draft.info.ctx_len if draft is not None else target.info.ctx_len)
-    too_long = [i for i, p in enumerate(prompts) if len(p) > ctx]
-    if too_long:
-        raise SpdError(f"prompt rows {too_long} are longer than the context ({ctx} tokens)")
-    sampling.validate()
-    return prompts, np.broadcast_to(limits, (len(prompts),)).astype(np.int64)
-
-
 def generate(
     target: Backend,
     draft: Backend,
@@ -354,12 +323,12 @@ def generate(
         (warped) autoregressive samples; with ``greedy=True`` they equal greedy decoding of the target.
     """
     sampling = Sampling(temperature, top_k, top_p, greedy)
-    prompts, limits = _validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
+    prompts, limits = validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
     threshold = 0.0 if min_draft_prob is None else min_draft_prob
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold <= 1.0:
         raise SpdError(f"min_draft_prob must be a probability in [0, 1] or None; got {min_draft_prob!r}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _Loop(target, draft, prompts, int(k), limits, sampling, rng, _eos_set(eos_token_id),
+    return _Loop(target, draft, prompts, int(k), limits, sampling, rng, eos_set(eos_token_id),
                  stream, float(threshold)).run()
 
 
@@ -378,7 +347,7 @@ def generate_ar(
 ) -> GenerationResult:
     """Autoregressive baseline on the same backend protocol: one target call per token (arguments as ``generate``)."""
     sampling = Sampling(temperature, top_k, top_p, greedy)
-    prompts, limits = _validate(target, None, prompt_ids, 0, max_new_tokens, sampling)
+    prompts, limits = validate(target, None, prompt_ids, 0, max_new_tokens, sampling)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _Loop(target, None, prompts, 0, limits, sampling, rng, _eos_set(eos_token_id),
+    return _Loop(target, None, prompts, 0, limits, sampling, rng, eos_set(eos_token_id),
                  stream).run()

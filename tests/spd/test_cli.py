@@ -56,3 +56,26 @@ def test_generate_errors(checkpoints, tmp_path, capsys):
     assert "min_draft_prob" in capsys.readouterr().err
     assert main(["generate", "--target", str(target), "--prompt", "hello", "--backend", "torch"]) == 1
     assert "tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
+    """A feature-draft checkpoint: the CLI exports the target with its hidden states (ort) and the output is AR's."""
+    import numpy as np
+
+    from accel.models import load
+
+    from .test_feature_draft import oracle_feature_draft
+
+    target, _ = checkpoints
+    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
+              "--backend", backend, "--ctx-len", "32", "--threads", "1", "--json"]
+    assert main(["generate", *common]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    unused = next(t for t in range(32) if t not in ar["tokens"][0])
+    fd = oracle_feature_draft(load(target), [t for t in range(32) if t != unused])  # the target as a feature draft
+    fd_dir = save_pretrained(fd, tmp_path / "feature_draft")
+    assert main(["generate", *common, "--draft", str(fd_dir), "--k", "3"]) == 0
+    spd = json.loads(capsys.readouterr().out)
+    assert spd["tokens"] == ar["tokens"]
+    assert spd["stats"]["accepted_drafts"] >= 6 and np.isfinite(spd["stats"]["alpha_counts"])

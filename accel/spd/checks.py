@@ -1,0 +1,104 @@
+"""Input checks of ``generate``/``generate_ar``: vocabularies, prompts, limits, K, feature-draft pairs (``SpdError``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accel.backends.base import Backend
+from accel.errors import SpdError
+from accel.spd.warps import Sampling
+
+__all__ = ["check_compatible", "validate", "eos_set"]
+
+
+def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ``SpdError`` unless draft and target share a vocabulary (size, and token->id maps when given).
+
+    Tokenizers are compared with ``get_vocab()`` (``tokenizers.Tokenizer`` / transformers tokenizers).
+    """
+    tv, dv = target.info.vocab_size, draft.info.vocab_size
+    if tv != dv:
+        raise SpdError(f"draft vocab_size {dv} differs from target vocab_size {tv}: they must share a vocabulary")
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        if a != b:
+            diff = sorted(set(a.items()) ^ set(b.items()))[:3]
+            raise SpdError(f"draft and target tokenizers differ (e.g. {diff}): they must share a vocabulary")
+
+
+def _as_prompts(prompt_ids, vocab_size: int) -> list[np.ndarray]:
+    if isinstance(prompt_ids, np.ndarray):
+        if prompt_ids.ndim != 2:
+            raise SpdError(f"prompt_ids array must be 2-D [batch, len]; got shape {prompt_ids.shape}")
+        rows = list(prompt_ids)
+    else:
+        rows = list(prompt_ids)
+        if rows and np.ndim(rows[0]) == 0:
+            raise SpdError("prompt_ids must be a list of token lists (one per batch row) or a 2-D array")
+    out = []
+    for i, r in enumerate(rows):
+        a = np.asarray(r)
+        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise SpdError(f"prompt row {i} must be a non-empty 1-D list of token ids; got {r!r:.80}")
+        if a.min() < 0 or a.max() >= vocab_size:
+            raise SpdError(f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size})")
+        out.append(a.astype(np.int64))
+    if not out:
+        raise SpdError("prompt_ids is empty: give at least one row")
+    return out
+
+
+def eos_set(eos_token_id) -> np.ndarray:
+    if eos_token_id is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
+
+
+def _check_feature_pair(target: Backend, draft: Backend, k: int) -> None:
+    """A feature draft needs a target that outputs hidden states of its feature width, and room for K+1 tokens."""
+    if "hidden_states" not in target.info.capabilities:
+        raise SpdError("the draft is a feature draft (it reads the target's hidden states) but the target backend "
+                       "does not output them: export the target with hidden_output=True")
+    if target.info.hidden_size != draft.info.feature_size:
+        raise SpdError(f"the feature draft reads features of width {draft.info.feature_size} but the target's hidden "
+                       f"states have width {target.info.hidden_size}: it was trained for another target")
+    if draft.info.max_seq_len < k + 1:
+        raise SpdError(f"a feature draft's catch-up feeds up to k+1={k + 1} tokens; its max_seq_len is "
+                       f"{draft.info.max_seq_len}")
+
+
+def validate(target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens,
+              sampling: Sampling) -> tuple[list[np.ndarray], np.ndarray]:
+    if draft is not None:
+        check_compatible(target, draft)
+    prompts = _as_prompts(prompt_ids, target.info.vocab_size)
+    limits = np.asarray(max_new_tokens)
+    if (limits.ndim > 1 or (limits.ndim == 1 and limits.shape != (len(prompts),))
+            or not np.issubdtype(limits.dtype, np.integer) or np.any(limits < 0)):
+        raise SpdError(
+            f"max_new_tokens must be an integer >= 0 or one per row ({len(prompts)} rows); got {max_new_tokens!r}"
+        )
+    for name, info in (("target", target.info), ("draft", draft.info if draft is not None else None)):
+        if info is not None and info.batch_size != len(prompts):
+            raise SpdError(
+                f"prompt batch {len(prompts)} does not match the {name} backend's batch_size {info.batch_size}"
+            )
+    if draft is not None:
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise SpdError(f"k (draft tokens per round) must be an integer >= 1; got {k!r}")
+        limit = min(target.info.max_seq_len, target.info.ctx_len)
+        if k + 1 > limit:
+            raise SpdError(
+                f"k={k} too large: the target scores k+1 tokens per call but its max_seq_len/ctx_len allow {limit} "
+                f"(k <= {limit - 1})"
+            )
+        if draft.info.max_seq_len < 2:
+            raise SpdError("the draft backend's max_seq_len must be >= 2 (the cache catch-up feeds [d_K, bonus])")
+        if draft.info.feature_size:
+            _check_feature_pair(target, draft, k)
+    ctx = min(target.info.ctx_len, draft.info.ctx_len if draft is not None else target.info.ctx_len)
+    too_long = [i for i, p in enumerate(prompts) if len(p) > ctx]
+    if too_long:
+        raise SpdError(f"prompt rows {too_long} are longer than the context ({ctx} tokens)")
+    sampling.validate()
+    return prompts, np.broadcast_to(limits, (len(prompts),)).astype(np.int64)

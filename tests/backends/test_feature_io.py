@@ -1,0 +1,123 @@
+"""The backend extension points used by feature drafts: the ``hidden_states`` output (``return_hidden``) and the
+``features`` input, on torch and on onnxruntime with real exported graphs.
+
+Tolerance: onnxruntime vs eager torch on the same float32 weights, ~1e-6 on O(1) values (kernel order); ``atol=1e-5``.
+MX-packed graphs are compared with the MX-rounded torch model the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from accel.backends import BackendError, OrtBackend, TorchBackend, export_onnx  # noqa: E402
+from accel.drafts.feature import build_feature_draft  # noqa: E402
+from accel.models import Decoder, ModelConfig  # noqa: E402
+
+ATOL = 1e-5
+IDS = np.array([[3, 9, 1], [7, 7, 2]])
+POS = np.array([[4, 5, 6], [-1, 0, 1]])  # row 1 left-padded
+
+
+@pytest.fixture(scope="module")
+def models():
+    cfg = ModelConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    target = Decoder(cfg).init_weights(0, std=0.3).eval()
+    draft = build_feature_draft(target, torch.arange(5, 48), layers=1, embed_size=16).init_weights(2, std=0.3)
+    draft.lm_head_token_ids.copy_(torch.arange(5, 48))
+    return target, draft.eval()
+
+
+def _feats(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((2, 3, 32)).astype(np.float32)
+
+
+def _prime(backend, feats=None):
+    """Fill positions 0..3 of row 0 so the test call attends to a real past."""
+    ids, pos = np.array([[1, 2, 3, 4], [0, 0, 0, 0]]), np.array([[0, 1, 2, 3], [-1, -1, -1, -1]])
+    f = None if feats is None else np.ones((2, 4, 32), np.float32)
+    backend.forward(ids, pos, features=f)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "mx-packed"])
+def test_target_hidden_output_matches_torch(models, tmp_path, weights):
+    target, _ = models
+    path = export_onnx(target, tmp_path / "t.onnx", ctx_len=16, batch_size=2, hidden_output=True, weights=weights,
+                       progress=False)
+    ort_b = OrtBackend(path, threads=1)
+    assert "hidden_states" in ort_b.info.capabilities and ort_b.info.hidden_size == 32
+    assert ort_b.metadata["accel.hidden_output"] == "1"
+    ref = target
+    if weights == "mx-packed":  # the reference is the accel.compress-ed model (same dequantized weights)
+        import copy
+
+        import accel
+
+        ref = copy.deepcopy(target)
+        accel.compress(ref, "mxfp6")
+    tb = TorchBackend(ref, ctx_len=16, batch_size=2)
+    for b in (ort_b, tb):
+        _prime(b)
+    lo, ho = ort_b.forward(IDS, POS, num_logits=2, return_hidden=True)
+    lt, ht = tb.forward(IDS, POS, num_logits=2, return_hidden=True)
+    assert lo.shape == (2, 2, 48) and ho.shape == (2, 3, 32)
+    valid = POS >= 0
+    np.testing.assert_allclose(ho[valid], ht[valid], atol=ATOL)
+    np.testing.assert_allclose(lo[0], lt[0], atol=ATOL)
+    assert ort_b.forward(IDS, POS + 1, num_logits=1).shape == (2, 1, 48)  # plain calls still work
+
+
+def test_feature_draft_onnx_matches_torch(models, tmp_path):
+    _, draft = models
+    path = export_onnx(draft, tmp_path / "d.onnx", ctx_len=16, batch_size=2, progress=False)
+    ort_b, tb = OrtBackend(path, threads=1), TorchBackend(draft, ctx_len=16, batch_size=2)
+    assert ort_b.info.capabilities == tb.info.capabilities == frozenset({"features", "hidden_states"})
+    assert ort_b.info.feature_size == tb.info.feature_size == 32
+    for b in (ort_b, tb):
+        _prime(b, feats=True)
+    lo, ho = ort_b.forward(IDS, POS, features=_feats(), return_hidden=True)
+    lt, ht = tb.forward(IDS, POS, features=_feats(), return_hidden=True)
+    valid = POS >= 0
+    np.testing.assert_allclose(lo[valid], lt[valid], atol=ATOL)
+    np.testing.assert_allclose(ho[valid], ht[valid], atol=ATOL)
+    # the features matter: other features, other logits
+    l2 = ort_b.forward(IDS, POS, features=_feats(1))
+    assert np.abs(l2[valid] - lo[valid]).max() > 1e-3
+
+
+@pytest.mark.parametrize("make", ["torch", "ort"])
+def test_extension_errors(models, tmp_path, make):
+    target, draft = models
+    if make == "torch":
+        plain, feat = TorchBackend(target, ctx_len=16, batch_size=2), TorchBackend(draft, ctx_len=16, batch_size=2)
+    else:
+        plain = OrtBackend(export_onnx(target, tmp_path / "t.onnx", ctx_len=16, batch_size=2, progress=False))
+        feat = OrtBackend(export_onnx(draft, tmp_path / "d.onnx", ctx_len=16, batch_size=2, progress=False))
+        with pytest.raises(BackendError, match="does not output hidden states"):
+            plain.forward(IDS, POS, return_hidden=True)
+    with pytest.raises(BackendError, match="not a feature draft"):
+        plain.forward(IDS, POS, features=_feats())
+    with pytest.raises(BackendError, match="needs features"):
+        feat.forward(IDS, POS)
+    with pytest.raises(BackendError, match=r"expected \(2, 3, 32\)"):
+        feat.forward(IDS, POS, features=_feats()[:, :2])
+    bad = _feats()
+    bad[0, 1, 3] = np.nan
+    with pytest.raises(BackendError, match="finite"):
+        feat.forward(IDS, POS, features=bad)
+
+
+def test_export_cached_keys_hidden_output(models, tmp_path):
+    from accel.backends import export_cached
+    from accel.models import save_pretrained
+
+    target, _ = models
+    src = save_pretrained(target, tmp_path / "ckpt")
+    a = export_cached(src, tmp_path / "onnx", ctx_len=16)
+    b = export_cached(src, tmp_path / "onnx", ctx_len=16, hidden_output=True)
+    assert a != b
+    assert "hidden_states" not in OrtBackend(a).info.capabilities
+    assert "hidden_states" in OrtBackend(b).info.capabilities
+    assert export_cached(src, tmp_path / "onnx", ctx_len=16, hidden_output=True) == b  # reused

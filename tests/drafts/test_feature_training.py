@@ -1,0 +1,122 @@
+"""Training feature drafts (``accel.drafts.feature``): loss, best-state keeping, time budget, target features.
+
+The SpD behaviour of trained feature drafts (acceptance, exactness) is tested in tests/spd/test_feature_draft.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from accel.drafts.architecture import causal_hidden  # noqa: E402
+from accel.drafts.feature import (  # noqa: E402
+    build_feature_draft,
+    feature_draft_loss,
+    target_features,
+    train_feature_draft,
+)
+from accel.errors import DraftError  # noqa: E402
+from accel.models import Decoder, ModelConfig  # noqa: E402
+
+VOCAB = 24
+
+
+@pytest.fixture(scope="module")
+def target() -> Decoder:
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                      intermediate_size=48)
+    return Decoder(cfg).init_weights(4, std=0.5).eval()
+
+
+def _batch(target: Decoder, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (16, 10), generator=gen)
+    with torch.no_grad():
+        hidden = causal_hidden(target, tokens)
+        logp, ids = torch.log_softmax(target.logits(hidden), -1).topk(8, dim=-1)
+    return tokens, hidden, torch.ones(tokens.shape, dtype=torch.bool), ids, logp
+
+
+def _draft(target: Decoder) -> Decoder:
+    return build_feature_draft(target, torch.arange(2, VOCAB), layers=1, embed_size=8, seed=0)
+
+
+def test_training_lowers_loss_and_raises_agreement(target):
+    batch = _batch(target)
+    before = feature_draft_loss(_draft(target), *batch)[1]
+    draft = train_feature_draft(_draft(target), lambda step: _batch(target, step % 8), steps=300, lr=1e-2,
+                                warmup=10, progress=False)
+    after = feature_draft_loss(draft, *batch)[1]
+    assert after["ce"] < 0.6 * before["ce"] and after["reg"] < before["reg"], (before, after)
+    assert after["top1"] > before["top1"] + 0.2 and after["top1_step2"] > before["top1_step2"] + 0.2
+    assert not draft.training
+
+
+def test_best_state_is_kept(target):
+    scores = iter([0.5, 0.9, 0.1])  # eval at steps 10, 20, 30: the step-20 weights must come back
+    seen = {}
+
+    def eval_fn(model):
+        score = next(scores)
+        seen[score] = {k: v.clone() for k, v in model.state_dict().items()}
+        return score
+
+    logs = []
+    draft = train_feature_draft(_draft(target), lambda step: _batch(target, step), steps=30, eval_fn=eval_fn,
+                                eval_every=10, progress=False, log=logs.append)
+    for name, value in draft.state_dict().items():
+        assert torch.equal(value, seen[0.9][name]), name
+    assert len(logs) == 3
+
+
+def test_time_budget_stops_early(target):
+    logs = []
+    train_feature_draft(_draft(target), lambda step: _batch(target, step), steps=10_000, max_seconds=0.0,
+                        progress=False, log=logs.append)
+    assert any("stopped at step 1:" in line for line in logs)
+
+
+def test_bad_arguments(target):
+    with pytest.raises(DraftError, match="steps must be >= 1"):
+        train_feature_draft(_draft(target), lambda step: _batch(target), steps=0, progress=False)
+    with pytest.raises(DraftError, match="unroll must be 1 or 2"):
+        feature_draft_loss(_draft(target), *_batch(target), unroll=3)
+
+
+def test_target_features_in_bfloat16(target):
+    tokens = _batch(target)[0]
+    feats = target_features(target, tokens, batch_size=5)
+    assert feats.dtype == torch.bfloat16 and feats.shape == (16, 10, 32)
+    with torch.no_grad():
+        exact = causal_hidden(target, tokens)
+    # bfloat16 keeps 8 significant bits: relative error ~2^-8 per op, a few percent after a layer
+    assert float((feats.float() - exact).abs().max()) < 0.1 * float(exact.abs().max())
+    assert next(target.parameters()).dtype == torch.float32  # the target itself is untouched
+    assert torch.equal(causal_hidden(target, tokens), exact)
+
+
+def test_greedy_acceptance_oracle_and_untrained(target):
+    """The target's own function as a feature draft accepts every proposal; an untrained draft far fewer."""
+    from accel.drafts.feature import greedy_acceptance
+    from tests.spd.test_feature_draft import oracle_feature_draft
+
+    seqs, plens, hidden = [], [], []
+    for prompt in ([1, 2, 3], [5, 9]):
+        seq = torch.tensor(prompt)
+        with torch.no_grad():
+            for _ in range(12):  # the target's greedy continuation
+                seq = torch.cat([seq, target.causal_forward(seq[None])[0, -1].argmax()[None]])
+            hidden.append(causal_hidden(target, seq[None])[0])
+        seqs.append(seq)
+        plens.append(len(prompt))
+    used = set(torch.cat(seqs).tolist())
+    unused = next(t for t in range(VOCAB) if t not in used)  # a restricted head must leave one token out
+    oracle = oracle_feature_draft(target, [t for t in range(VOCAB) if t != unused])
+    rates = greedy_acceptance(oracle, seqs, plens, hidden, max_k=3)
+    # every start accepts; position j is reachable from all but the last j starts of each sequence
+    assert rates[0] == 1.0 and rates == sorted(rates, reverse=True) and rates[2] > 0.8, rates
+    low = greedy_acceptance(_draft(target), seqs, plens, hidden, max_k=3)
+    assert low[0] < 0.5 and low == sorted(low, reverse=True), low
+    with pytest.raises(DraftError, match="nothing to score"):
+        greedy_acceptance(oracle, [seqs[0]], [len(seqs[0])], [hidden[0]])
