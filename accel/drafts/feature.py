@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from accel.drafts.architecture import causal_hidden, svd_embedding
+from accel.drafts.architecture import _sorted_ids, causal_hidden, svd_embedding
 from accel.errors import DraftError
 from accel.models.decoder import Decoder, _rotate_half, new_cache
 
@@ -49,7 +49,7 @@ def build_feature_draft(target: Decoder, head_ids: torch.Tensor, *, layers: int 
         raise DraftError("the target is itself a feature draft")
     if not 1 <= layers <= tc.num_layers:
         raise DraftError(f"layers must be in 1..{tc.num_layers} (the target's layer count); got {layers}")
-    ids = torch.as_tensor(head_ids, dtype=torch.int64).sort().values
+    ids = _sorted_ids(head_ids, tc.vocab_size)  # DraftError unless distinct ints in range, fewer than vocab
     cfg = tc.with_(num_layers=layers, tie_word_embeddings=False, head_vocab=len(ids),
                    feature_size=tc.hidden_size, embed_size=embed_size)
     draft = Decoder(cfg).init_weights(seed=seed)
@@ -79,6 +79,8 @@ def augment_draft(draft: Decoder, feature_size: int) -> Decoder:
     c = draft.config
     if c.feature_size:
         raise DraftError("the draft already reads features")
+    if isinstance(feature_size, bool) or not isinstance(feature_size, int) or feature_size < 1:
+        raise DraftError(f"feature_size must be a positive int (the target's hidden size); got {feature_size!r}")
     out = Decoder(c.with_(feature_size=feature_size))
     state = dict(draft.state_dict())
     fc = torch.zeros(c.hidden_size, c.hidden_size + feature_size)
@@ -107,6 +109,11 @@ def target_features(target: Decoder, tokens: torch.Tensor, *, batch_size: int = 
     Computed with a copy of the target cast to ``dtype`` (bfloat16 by default: ~3x faster on CPU; the draft trains on
     these with added noise anyway) and returned in that dtype.
     """
+    if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.numel() == 0:
+        raise DraftError(f"tokens must be a non-empty 2-D integer tensor [N, L]; got {tuple(tokens.shape)} "
+                         f"{tokens.dtype}")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= target.config.vocab_size:
+        raise DraftError(f"token ids must be in [0, {target.config.vocab_size})")
     model = copy.deepcopy(target).to(dtype)  # a cast copy: casting in place would round the target's weights
     parts = [causal_hidden(model, tokens[s : s + batch_size]) for s in range(0, tokens.shape[0], batch_size)]
     return torch.cat(parts)

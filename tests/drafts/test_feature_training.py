@@ -82,6 +82,20 @@ def test_bad_arguments(target):
         train_feature_draft(_draft(target), lambda step: _batch(target), steps=0, progress=False)
     with pytest.raises(DraftError, match="unroll must be 1 or 2"):
         feature_draft_loss(_draft(target), *_batch(target), unroll=3)
+    with pytest.raises(DraftError, match="repeated ids"):
+        build_feature_draft(target, [3, 3, 4])
+    with pytest.raises(DraftError, match=r"must be in \[0, 24\)"):
+        build_feature_draft(target, [3, 99])
+    with pytest.raises(DraftError, match="2-D integer"):
+        target_features(target, torch.zeros(3, 4))
+    with pytest.raises(DraftError, match=r"token ids must be in \[0, 24\)"):
+        target_features(target, torch.tensor([[1, 24]]))
+    from accel.drafts.feature import augment_draft
+
+    with pytest.raises(DraftError, match="feature_size must be a positive int"):
+        augment_draft(target, 0)
+    with pytest.raises(DraftError, match="already reads features"):
+        augment_draft(_draft(target), 32)
 
 
 def test_target_features_in_bfloat16(target):
