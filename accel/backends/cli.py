@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed")
+_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -31,7 +31,7 @@ from accel.drafts.architecture import _sorted_ids, causal_hidden, svd_embedding
 from accel.errors import DraftError
 from accel.models.decoder import Decoder, _rotate_half, new_cache
 
-__all__ = ["augment_draft", "build_feature_draft", "estimates_features", "feature_draft_loss", "greedy_acceptance",
+__all__ = ["augment_draft", "build_feature_draft", "deepen_feature_draft", "estimates_features", "feature_draft_loss", "greedy_acceptance",
            "load_feature_shards", "shift_features", "target_features", "train_feature_draft", "unrolled_hidden"]
 
 
@@ -68,6 +68,34 @@ def build_feature_draft(target: Decoder, head_ids: torch.Tensor, *, layers: int 
         fc[:, embed_size:] = torch.eye(tc.hidden_size)
         draft.fc.weight.copy_(fc)
     return draft
+
+
+def deepen_feature_draft(draft: Decoder, target: Decoder, extra_layers: int = 1) -> Decoder:
+    """A copy of a trained feature draft with ``extra_layers`` more decoder layers on top, which start as the identity:
+    each is initialised from the target's last layers with its ``o_proj`` and ``down_proj`` zeroed, so its residual
+    branches add nothing and the deeper draft computes exactly what ``draft`` does until it is trained (a warm start
+    for a bigger draft that keeps what the smaller one learned)."""
+    c, tc = draft.config, target.config
+    if not c.feature_size:
+        raise DraftError("deepen_feature_draft needs a feature draft (config.feature_size > 0)")
+    if (c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size) != (
+            tc.hidden_size, tc.num_heads, tc.num_kv_heads, tc.intermediate_size):
+        raise DraftError("the draft's layers are not shaped like the target's: cannot initialise new ones from it")
+    if isinstance(extra_layers, bool) or not isinstance(extra_layers, int) or not 1 <= extra_layers <= tc.num_layers:
+        raise DraftError(f"extra_layers must be an int in 1..{tc.num_layers}; got {extra_layers!r}")
+    out = Decoder(c.with_(num_layers=c.num_layers + extra_layers))
+    state = dict(draft.state_dict())
+    src = target.state_dict()
+    for i in range(extra_layers):
+        t_prefix, d_prefix = f"layers.{tc.num_layers - extra_layers + i}.", f"layers.{c.num_layers + i}."
+        for k, v in src.items():
+            if k.startswith(t_prefix):
+                name = d_prefix + k[len(t_prefix):]
+                zero = name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight", "o_proj.bias",
+                                      "down_proj.bias"))
+                state[name] = torch.zeros_like(v) if zero else v.detach().clone()
+    out.load_state_dict(state, strict=True)
+    return out.to(next(draft.parameters()).dtype)
 
 
 def augment_draft(draft: Decoder, feature_size: int) -> Decoder:

@@ -121,3 +121,35 @@ def test_export_cached_keys_hidden_output(models, tmp_path):
     assert "hidden_states" not in OrtBackend(a).info.capabilities
     assert "hidden_states" in OrtBackend(b).info.capabilities
     assert export_cached(src, tmp_path / "onnx", ctx_len=16, hidden_output=True) == b  # reused
+
+
+def test_int8_draft_export(models, tmp_path):
+    """``weights="int8"``: the weight MatMuls (layers, lm_head) run as int8 MatMulInteger, the feature ``fc`` stays
+    float32; logits stay within 5% of their spread of the float graph's (per-channel int8 weights and per-call uint8
+    activations: ~1% expected), hidden states within 5% of theirs."""
+    import onnx
+
+    _, draft = models
+    fp = export_onnx(draft, tmp_path / "d.onnx", ctx_len=16, batch_size=2, progress=False)
+    q8 = export_onnx(draft, tmp_path / "d8.onnx", ctx_len=16, batch_size=2, weights="int8", progress=False)
+    proto = onnx.load(q8)
+    ops = [n.op_type for n in proto.graph.node]
+    inits = {t.name: t for t in proto.graph.initializer}
+    assert ops.count("MatMulInteger") == 8  # q, k, v, o, gate, up, down, lm_head
+    assert inits["fc.weight"].data_type == onnx.TensorProto.FLOAT
+    assert any(n.op_type == "MatMul" and "fc.weight" in n.input for n in proto.graph.node)
+    assert inits["lm_head.weight_quantized"].data_type == onnx.TensorProto.INT8
+    b8, bf = OrtBackend(q8, threads=1), OrtBackend(fp, threads=1)
+    assert b8.metadata["accel.weights"] == "int8" and b8.info.capabilities == bf.info.capabilities
+    for b in (b8, bf):
+        _prime(b, feats=True)
+    l8, h8 = b8.forward(IDS, POS, features=_feats(), return_hidden=True)
+    lf, hf = bf.forward(IDS, POS, features=_feats(), return_hidden=True)
+    valid = POS >= 0
+    scored = lf[valid][:, 5:]  # the head's tokens (the others hold MASKED_LOGIT in both)
+    err = np.abs(l8[valid][:, 5:] - scored).max()
+    assert 0 < err < 0.05 * (scored.max() - scored.min())
+    assert np.array_equal(l8[valid][:, :5], lf[valid][:, :5])
+    assert np.abs(h8[valid] - hf[valid]).max() < 0.05 * np.abs(hf[valid]).max()
+    with pytest.raises(BackendError, match="float_weights"):
+        export_onnx(draft, tmp_path / "x.onnx", ctx_len=16, weights="int8", float_weights="fp16", progress=False)

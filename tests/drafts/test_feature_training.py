@@ -134,3 +134,32 @@ def test_greedy_acceptance_oracle_and_untrained(target):
     assert low[0] < 0.5 and low == sorted(low, reverse=True), low
     with pytest.raises(DraftError, match="nothing to score"):
         greedy_acceptance(oracle, [seqs[0]], [len(seqs[0])], [hidden[0]])
+
+
+def test_deepened_draft_starts_equal_and_trains(target):
+    """``deepen_feature_draft``: the new layer starts as the identity (same hidden states and logits, to float
+    rounding), then training changes it and lowers the loss."""
+    from accel.drafts.feature import deepen_feature_draft, unrolled_hidden
+
+    small = train_feature_draft(_draft(target), lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5,
+                                log=lambda s: None, progress=False)
+    deep = deepen_feature_draft(small, target)
+    assert deep.config.num_layers == 2 and small.config.num_layers == 1
+    tokens, hidden, *_ = _batch(target, 9)
+    feats = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)
+    with torch.no_grad():
+        h_small, _ = unrolled_hidden(small, tokens, feats)
+        h_deep, _ = unrolled_hidden(deep, tokens, feats)
+        torch.testing.assert_close(h_deep, h_small, atol=1e-6, rtol=0)
+        torch.testing.assert_close(deep.lm_head(h_deep), small.lm_head(h_small), atol=1e-5, rtol=0)
+        before, _ = feature_draft_loss(deep, *_batch(target, 0))
+    train_feature_draft(deep, lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5,
+                        log=lambda s: None, progress=False)
+    assert deep.layers[1].self_attn.o_proj.weight.abs().max() > 0
+    with torch.no_grad():
+        after, _ = feature_draft_loss(deep, *_batch(target, 0))
+    assert after < before
+    with pytest.raises(DraftError, match="needs a feature draft"):
+        deepen_feature_draft(target, target)
+    with pytest.raises(DraftError, match="extra_layers must be"):
+        deepen_feature_draft(small, target, 0)

@@ -79,3 +79,14 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     spd = json.loads(capsys.readouterr().out)
     assert spd["tokens"] == ar["tokens"]
     assert spd["stats"]["accepted_drafts"] >= 6 and np.isfinite(spd["stats"]["alpha_counts"])
+    if backend == "ort":  # the feature draft was exported with int8 matmuls (the default); fp32 on request
+        import onnx
+
+        from accel.models.smollm2 import cache_root
+
+        exported = sorted((cache_root() / "onnx").glob("feature_draft-*.onnx"), key=lambda f: f.stat().st_mtime)
+        assert {p.key: p.value for p in onnx.load(exported[-1]).metadata_props}["accel.weights"] == "int8"
+        assert main(["generate", *common, "--draft", str(fd_dir), "--k", "3", "--draft-weights", "fp32"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
+        exported = sorted((cache_root() / "onnx").glob("feature_draft-*.onnx"), key=lambda f: f.stat().st_mtime)
+        assert {p.key: p.value for p in onnx.load(exported[-1]).metadata_props}["accel.weights"] == "fp32"

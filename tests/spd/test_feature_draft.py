@@ -164,13 +164,14 @@ def test_feature_draft_beats_untrained(greedy_pair):
     assert trained > 2 * max(1, before), (trained, before)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_feature_draft_equals_ar_onnxruntime(greedy_pair, tmp_path, batch):
+@pytest.mark.parametrize("batch,draft_weights", [(1, "fp32"), (3, "fp32"), (3, "int8")])
+def test_greedy_feature_draft_equals_ar_onnxruntime(greedy_pair, tmp_path, batch, draft_weights):
+    """Also with the draft's matmuls in int8 (``weights="int8"``): another proposal, the same greedy output."""
     from accel.backends import OrtBackend, export_onnx
 
     target, draft = greedy_pair
     tp = export_onnx(target, tmp_path / "t.onnx", ctx_len=64, batch_size=batch, hidden_output=True, progress=False)
-    dp = export_onnx(draft, tmp_path / "d.onnx", ctx_len=64, batch_size=batch, progress=False)
+    dp = export_onnx(draft, tmp_path / "d.onnx", ctx_len=64, batch_size=batch, progress=False, weights=draft_weights)
     prompts = PROMPTS[:batch]
     ar = generate_ar(OrtBackend(tp, threads=1), prompts, max_new_tokens=24, greedy=True)
     for k in (1, 3):
