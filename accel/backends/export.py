@@ -28,6 +28,7 @@ A restricted head (``config.head_vocab > 0``) is exported as its ``[B, N, head_v
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -201,8 +202,13 @@ def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="accel-int8-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save_model(proto, src)
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-                         nodes_to_exclude=keep)
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # the tool's root-logger advice to pre-process (shape inference) is noise here
+        try:
+            quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True,
+                             op_types_to_quantize=["MatMul"], nodes_to_exclude=keep)
+        finally:
+            logging.disable(previous)
         out = onnx.load_model(dst)
     out.ir_version = min(out.ir_version, IR_VERSION)
     return out
