@@ -9,9 +9,13 @@ Data source:
      "prompt_len": P                            optional (default: the past length of the calls)
      "settings": {"max_new_tokens": G}          optional
      "calls": [{"model": "target"|"draft"|"feature_draft" (not compared), "seq_len": S, "past_len": L, "seconds": t,
-                "num_logits": n (optional, default S)}, ...],
-     "runs": [{"mode": "ar"|"spd"|"spd_dyn"|"spd_feat"|"spd_feat_dyn" (the last three: skipped), "k": K, "tokens_per_s": x,
-               "sampling": "greedy"|... (optional: runs are compared within one sampling setting), "decode_tokens_per_s": x (optional, preferred: prefill excluded),
+                "num_logits": n (optional, default S)}, ...]   (feature_draft calls calibrate the feature draft)
+     "feature_draft": {config}                  optional: a feature draft's config (calls model "feature_draft")
+     "runs": [{"mode": "ar"|"spd"|"spd_dyn"|"spd_feat"|"spd_feat_dyn", "k": K (the cap for *_dyn), "tokens_per_s": x,
+               "sampling": "greedy"|... (optional: runs are compared within one sampling setting),
+               "decode_tokens_per_s": x (optional, preferred: prefill excluded), "min_draft_prob": p (*_dyn),
+               *_dyn runs: "mean_tokens_per_loop", "drafts_per_loop", optional "all_accepted_fraction" and
+               "loops" (accel.sim.LoopStats; older files without drafts_per_loop: skipped), else
                acceptance: "tokens"+"loops" (realized totals) or "mean_tokens_per_loop" (E) or
                "mean_accepted_per_loop" (E - 1) or "acceptance_by_position" or "alpha",
                "host_s" (optional: total host seconds, spread over the run's loops as host_s per loop),
@@ -218,29 +222,19 @@ def load_measurements(data: dict) -> dict:
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
     for i, r in enumerate(data["runs"]):
-        # spd_dyn (dynamic draft length) and spd_feat* (feature draft, benchmarks/spd.py) are accepted and not
-        # compared: the model has a fixed K and the standalone draft's per-call costs
+        # spd_dyn / spd_feat_dyn: dynamic draft length (compared through accel.sim.LoopStats); spd_feat*: the
+        # feature draft, with its own calls and config
         modes = ("ar", "spd", "spd_dyn", "spd_feat", "spd_feat_dyn")
         if r.get("mode") not in modes or not isinstance(r.get("tokens_per_s"), (int, float)):
             raise SimError(f"runs[{i}] must have mode {'|'.join(modes)} and tokens_per_s: {r}")
-        if r["mode"] == "spd" and not isinstance(r.get("k"), int):
-            raise SimError(f"runs[{i}] (spd) needs an integer k")
-        if r["mode"] == "spd" and not any(r.get(f) is not None for f in (
+        if r["mode"] != "ar" and not isinstance(r.get("k"), int):
+            raise SimError(f"runs[{i}] ({r['mode']}) needs an integer k")
+        if r["mode"] in ("spd", "spd_feat") and not any(r.get(f) is not None for f in (
                 "loops", "mean_tokens_per_loop", "mean_accepted_per_loop", "acceptance_by_position", "alpha")):
-            raise SimError(f"runs[{i}] (spd) has no acceptance field")
+            raise SimError(f"runs[{i}] ({r['mode']}) has no acceptance field")
     if not any(r["mode"] == "ar" for r in data["runs"]):
         raise SimError("measurement file has no autoregressive run to compare speedups against")
     return data
-
-
-def _alpha_for_expectation(e: float, k: int) -> float:
-    """The i.i.d. alpha with E[tokens per loop] = e (bisection: E increases with alpha)."""
-    e = min(max(e, 1.0), k + 1.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sim.expected_tokens(mid, k) < e else (lo, mid)
-    return hi
 
 
 def _loops(run: dict) -> float | None:
@@ -254,14 +248,81 @@ def _loops(run: dict) -> float | None:
 def _acceptance(runs: list[dict], k: int) -> float | list[float]:
     """Acceptance of a group of SpD runs with the same K, pooled (priority: realized tokens per loop)."""
     if all(r.get("tokens") and r.get("loops") for r in runs):
-        return _alpha_for_expectation(sum(r["tokens"] for r in runs) / sum(r["loops"] for r in runs), k)
+        return sim.alpha_for_expected_tokens(sum(r["tokens"] for r in runs) / sum(r["loops"] for r in runs), k)
     if all(r.get("mean_tokens_per_loop") for r in runs):
-        return _alpha_for_expectation(float(np.mean([r["mean_tokens_per_loop"] for r in runs])), k)
+        return sim.alpha_for_expected_tokens(float(np.mean([r["mean_tokens_per_loop"] for r in runs])), k)
     if all(r.get("mean_accepted_per_loop") is not None for r in runs):
-        return _alpha_for_expectation(float(np.mean([r["mean_accepted_per_loop"] for r in runs])) + 1.0, k)
+        return sim.alpha_for_expected_tokens(float(np.mean([r["mean_accepted_per_loop"] for r in runs])) + 1.0, k)
     if all(r.get("acceptance_by_position") for r in runs):
         return [float(x) for x in np.mean([np.asarray(r["acceptance_by_position"][:k], float) for r in runs], 0)]
     return float(np.mean([r["alpha"] for r in runs]))
+
+
+def _pooled(rs: list[dict], field: str) -> float:
+    """A per-loop mean pooled over runs (weighted by their loops)."""
+    loops = [_loops(r) or 1.0 for r in rs]
+    return sum(r[field] * n for r, n in zip(rs, loops)) / sum(loops)
+
+
+def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec, hw_t, hw_t_flat, hw_d, dspec):
+    """Predicted vs measured speedup of one group of SpD runs (same mode, K, min_draft_prob); None when the file
+    lacks what the mode needs (a feature draft's calls, or a dynamic run's drafts_per_loop: files before 11-22)."""
+    if hw_d is None:
+        print(f"{mode} K={k}: no feature-draft calls or config in the file, skipped")
+        return None
+    stats = None
+    if mode.endswith("_dyn"):
+        if not all(r.get("drafts_per_loop") and r.get("mean_tokens_per_loop") for r in rs):
+            print(f"{mode} K={k}: no drafts_per_loop (written by benchmarks/spd.py since 2026-11-22), skipped")
+            return None
+        stats = sim.LoopStats(tokens_per_loop=_pooled(rs, "mean_tokens_per_loop"),
+                              drafts_per_loop=_pooled(rs, "drafts_per_loop"),
+                              all_accepted_fraction=_pooled(rs, "all_accepted_fraction")
+                              if all(r.get("all_accepted_fraction") is not None for r in rs) else None)
+    meas = float(np.median([r[rate] for r in rs]))
+    if all(r.get("ar_reference_tokens_per_s") and r.get("time_s") and r.get("tokens") for r in rs):
+        # paired with the AR runs around each SpD run (drift cancels); ratio of sums: each run's time in
+        # units of the AR time of the moment, so every token weighs alike
+        meas = sum(r["tokens"] for r in rs) / sum(r["time_s"] for r in rs)
+        meas_speedup = sum(r["tokens"] for r in rs) / sum(r["time_s"] * r["ar_reference_tokens_per_s"] for r in rs)
+    elif all(r.get("ar_reference_tokens_per_s") for r in rs):
+        meas_speedup = float(np.median([r["tokens_per_s"] / r["ar_reference_tokens_per_s"] for r in rs]))
+    else:
+        meas_speedup = meas / ar_tps
+    acc = None if stats is not None else _acceptance(rs, k)
+    loops = [_loops(r) for r in rs]
+    host_loop = (sum(r["host_s"] for r in rs) / sum(loops)) if all(
+        r.get("host_s") is not None for r in rs) and all(loops) else 0.0
+    gen = int(rs[0].get("gen_len", default_gen))
+
+    def predict(hw, host_s):
+        p = sim.predict_speedup(tspec, dspec, hw, draft_hardware=hw_d, target_format=fmt, draft_format=fmt,
+                                kv_format=kv, k=k, acceptance=acc, prompt_len=prompt_len, gen_len=max(gen, 2),
+                                host_s=host_s, loop_stats=stats)
+        return p.config(f"{fmt} AR"), p.config(f"{fmt} + SpD")
+
+    preds = {}
+    for label, hw in (("calibrated", hw_t), ("pure_roofline", hw_t_flat)):
+        ar, spd = predict(hw, host_loop)
+        preds[label] = {"ar_tokens_per_s": ar.decode_tokens_per_s, "spd_tokens_per_s": spd.decode_tokens_per_s,
+                        "speedup": spd.decode_tokens_per_s / ar.decode_tokens_per_s,
+                        "expected_tokens_per_loop": spd.expected_tokens_per_loop}
+    # + the AR run itself: the seconds per token it spends beyond the predicted call (runtime/host cost per target
+    # call inside a generation loop, amortised prefill) become a per-target-call host term, added to every AR step
+    # and every SpD loop
+    cal = preds["calibrated"]
+    extra = max(0.0, 1.0 / ar_tps - 1.0 / cal["ar_tokens_per_s"])
+    spd_tps = predict(hw_t, host_loop + extra)[1].decode_tokens_per_s
+    ar_adj = 1.0 / (1.0 / cal["ar_tokens_per_s"] + extra)
+    preds["calibrated_ar_run"] = {"ar_tokens_per_s": ar_adj, "spd_tokens_per_s": spd_tps,
+                                  "speedup": spd_tps / ar_adj, "host_s_per_target_call": extra,
+                                  "expected_tokens_per_loop": cal["expected_tokens_per_loop"]}
+    return {"k": k, "acceptance": acc, "loop_stats": stats.model_dump() if stats is not None else None,
+            "host_s_per_loop": host_loop, "measured_rate": rate, "measured_spd_tokens_per_s": meas,
+            "measured_ar_tokens_per_s": ar_tps, "measured_speedup": meas_speedup, "predicted": preds,
+            "speedup_error": preds["calibrated"]["speedup"] / meas_speedup - 1,
+            "speedup_error_ar_run": preds["calibrated_ar_run"]["speedup"] / meas_speedup - 1,
+            "speedup_error_pure_roofline": preds["pure_roofline"]["speedup"] / meas_speedup - 1}
 
 
 def _observations(data: dict, which: str, spec, fmt: str, kv: str, only_s1: bool = False) -> list:
@@ -296,9 +357,17 @@ def analyse(data: dict, host: sim.Hardware) -> dict:
     hw_d = _calibrate(host, _observations(data, "draft", dspec, fmt, kv))
     hw_t, hw_t_flat, hw_d = (h.with_(name=n) for h, n in ((hw_t, "host-target"), (hw_t_flat, "host-target-flat"),
                                                           (hw_d, "host-draft")))
+    # a feature draft (benchmarks/spd.py's spd_feat* runs) is calibrated on its own calls, like the draft
+    fspec = hw_f = None
+    if data.get("feature_draft") and any(c["model"] == "feature_draft" for c in data["calls"]):
+        fspec = sim.from_hf_config(data["feature_draft"], name="feature_draft")
+        hw_f = _calibrate(host, _observations(data, "feature_draft", fspec, fmt, kv)).with_(name="host-feature-draft")
+    models = {"target": (hw_t, tspec), "draft": (hw_d, dspec), "feature_draft": (hw_f, fspec)}
     calls = []
     for c in data["calls"]:
-        hw, spec = (hw_t, tspec) if c["model"] == "target" else (hw_d, dspec)
+        hw, spec = models[c["model"]]
+        if hw is None:
+            continue
         S = int(c["seq_len"])
         p = sim.step_time(spec, hw, weight_format=fmt, kv_format=kv, new_tokens=S, context_len=int(c["past_len"]),
                           num_logits=int(c.get("num_logits", S))).time_s
@@ -312,53 +381,13 @@ def analyse(data: dict, host: sim.Hardware) -> dict:
             continue
         rate = "decode_tokens_per_s" if all(r.get("decode_tokens_per_s") for r in group) else "tokens_per_s"
         ar_tps = float(np.median([r[rate] for r in ar_runs]))
-        for k in sorted({int(r["k"]) for r in group if r["mode"] == "spd"}):
-            rs = [r for r in group if r["mode"] == "spd" and int(r["k"]) == k]
-            meas = float(np.median([r[rate] for r in rs]))
-            if all(r.get("ar_reference_tokens_per_s") and r.get("time_s") and r.get("tokens") for r in rs):
-                # paired with the AR runs around each SpD run (drift cancels); ratio of sums: each run's time in
-                # units of the AR time of the moment, so every token weighs alike
-                meas = sum(r["tokens"] for r in rs) / sum(r["time_s"] for r in rs)
-                meas_speedup = sum(r["tokens"] for r in rs) / sum(r["time_s"] * r["ar_reference_tokens_per_s"]
-                                                                   for r in rs)
-            elif all(r.get("ar_reference_tokens_per_s") for r in rs):
-                meas_speedup = float(np.median([r["tokens_per_s"] / r["ar_reference_tokens_per_s"] for r in rs]))
-            else:
-                meas_speedup = meas / ar_tps
-            acc = _acceptance(rs, k)
-            loops = [_loops(r) for r in rs]
-            host_loop = (sum(r["host_s"] for r in rs) / sum(loops)) if all(
-                r.get("host_s") is not None for r in rs) and all(loops) else 0.0
-            gen = int(rs[0].get("gen_len", default_gen))
-            preds = {}
-            for label, hw in (("calibrated", hw_t), ("pure_roofline", hw_t_flat)):
-                p = sim.predict_speedup(tspec, dspec, hw, draft_hardware=hw_d, target_format=fmt, draft_format=fmt,
-                                        kv_format=kv, k=k, acceptance=acc, prompt_len=prompt_len,
-                                        gen_len=max(gen, 2), host_s=host_loop)
-                ar, spd = p.config(f"{fmt} AR"), p.config(f"{fmt} + SpD")
-                preds[label] = {"ar_tokens_per_s": ar.decode_tokens_per_s,
-                                "spd_tokens_per_s": spd.decode_tokens_per_s,
-                                "speedup": spd.decode_tokens_per_s / ar.decode_tokens_per_s,
-                                "expected_tokens_per_loop": spd.expected_tokens_per_loop}
-            # + the AR run itself: the seconds per token it spends beyond the predicted call (runtime/host cost
-            # per target call inside a generation loop, amortised prefill) become a per-target-call host term,
-            # added to every AR step and every SpD loop
-            cal = preds["calibrated"]
-            extra = max(0.0, 1.0 / ar_tps - 1.0 / cal["ar_tokens_per_s"])
-            p = sim.predict_speedup(tspec, dspec, hw_t, draft_hardware=hw_d, target_format=fmt, draft_format=fmt,
-                                    kv_format=kv, k=k, acceptance=acc, prompt_len=prompt_len,
-                                    gen_len=max(gen, 2), host_s=host_loop + extra)
-            spd_tps = p.config(f"{fmt} + SpD").decode_tokens_per_s
-            ar_adj = 1.0 / (1.0 / cal["ar_tokens_per_s"] + extra)
-            preds["calibrated_ar_run"] = {"ar_tokens_per_s": ar_adj, "spd_tokens_per_s": spd_tps,
-                                          "speedup": spd_tps / ar_adj, "host_s_per_target_call": extra,
-                                          "expected_tokens_per_loop": cal["expected_tokens_per_loop"]}
-            rows.append({"sampling": sampling, "k": k, "acceptance": acc, "host_s_per_loop": host_loop,
-                         "measured_rate": rate, "measured_spd_tokens_per_s": meas, "measured_ar_tokens_per_s": ar_tps,
-                         "measured_speedup": meas_speedup, "predicted": preds,
-                         "speedup_error": preds["calibrated"]["speedup"] / meas_speedup - 1,
-                         "speedup_error_ar_run": preds["calibrated_ar_run"]["speedup"] / meas_speedup - 1,
-                         "speedup_error_pure_roofline": preds["pure_roofline"]["speedup"] / meas_speedup - 1})
+        keys = sorted({(r["mode"], int(r["k"]), r.get("min_draft_prob") or 0.0) for r in group if r["mode"] != "ar"})
+        for mode, k, thr in keys:
+            rs = [r for r in group if (r["mode"], int(r["k"]), r.get("min_draft_prob") or 0.0) == (mode, k, thr)]
+            row = _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec, hw_t, hw_t_flat,
+                           *(models["feature_draft"] if mode.startswith("spd_feat") else (hw_d, dspec)))
+            if row is not None:
+                rows.append({"sampling": sampling, "mode": mode, "min_draft_prob": thr or None, **row})
     if not rows:
         raise SimError("no SpD run could be compared (need AR and SpD runs in the same sampling setting)")
     return {"source": data.get("source", "results/spd.json"), "host": host.model_dump(mode="json"),
@@ -397,15 +426,16 @@ def main() -> int:
     ht, hd = res["target_hw"]["calibration"]["fitted"], res["draft_hw"]["calibration"]["fitted"]
     print("calibrated target:", {k: round(v, 6) for k, v in ht.items()})
     print("calibrated draft: ", {k: round(v, 6) for k, v in hd.items()})
-    print(f"\n{'model':<7}{'S':>3}{'L':>5}{'measured ms':>13}{'predicted ms':>14}{'error':>8}")
+    print(f"\n{'model':<14}{'S':>3}{'L':>5}{'measured ms':>13}{'predicted ms':>14}{'error':>8}")
     for c in res["calls"]:
-        print(f"{c['model']:<7}{c['seq_len']:>3}{c['past_len']:>5}{c['seconds'] * 1e3:>13.3f}"
+        print(f"{c['model']:<14}{c['seq_len']:>3}{c['past_len']:>5}{c['seconds'] * 1e3:>13.3f}"
               f"{c['predicted_s'] * 1e3:>14.3f}{c['error'] * 100:>7.1f}%")
-    print(f"\n{'sampling':<12}{'K':>3}{'E[tok]':>8}{'AR tok/s':>10}{'SpD meas':>10}{'SpD pred':>10}{'x meas':>8}"
-          f"{'x pred':>8}{'error':>8}{'x +AR run':>11}{'error':>8}{'x roofline':>12}{'error':>8}")
+    print(f"\n{'sampling':<12}{'mode':<18}{'K':>3}{'E[tok]':>8}{'AR tok/s':>10}{'SpD meas':>10}{'SpD pred':>10}"
+          f"{'x meas':>8}{'x pred':>8}{'error':>8}{'x +AR run':>11}{'error':>8}{'x roofline':>12}{'error':>8}")
     for r in res["spd"]:
         pc, pr = r["predicted"]["calibrated"], r["predicted"]["pure_roofline"]
-        print(f"{r['sampling'] or '-':<12}{r['k']:>3}{pc['expected_tokens_per_loop']:>8.2f}"
+        mode = r["mode"] + (f" p<{r['min_draft_prob']:g}" if r.get("min_draft_prob") else "")
+        print(f"{r['sampling'] or '-':<12}{mode:<18}{r['k']:>3}{pc['expected_tokens_per_loop']:>8.2f}"
               f"{r['measured_ar_tokens_per_s']:>10.2f}{r['measured_spd_tokens_per_s']:>10.2f}"
               f"{pc['spd_tokens_per_s']:>10.2f}{r['measured_speedup']:>8.2f}"
               f"{pc['speedup']:>8.2f}{r['speedup_error'] * 100:>7.1f}%"

@@ -118,6 +118,14 @@ def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float |
         row["alpha"] = acc / reached if reached else None
         row["alpha_overlap"] = float(np.mean([r.stats.alpha_overlap for r in results]))
         row["mean_tokens_per_loop"] = (acc + rounds) / rounds
+        # loop shape for accel.sim.LoopStats (dynamic draft lengths) and the pooled per-position acceptance
+        row["loops"] = rounds
+        row["drafts_per_loop"] = sum(r.stats.draft_tokens for r in results) / rounds
+        row["all_accepted_fraction"] = sum(r.stats.all_accepted_rounds for r in results) / rounds
+        reached_at = np.sum([r.stats.proposed_per_position for r in results], axis=0)
+        accepted_at = np.sum([np.nan_to_num(np.asarray(r.stats.acceptance_per_position) * r.stats.proposed_per_position)
+                              for r in results], axis=0)
+        row["acceptance_by_position"] = [float(a / n) if n else None for a, n in zip(accepted_at, reached_at)]
         row["draft_s"] = sum(r.stats.draft_s for r in results)
         row["target_s"] = sum(r.stats.target_s for r in results)
         row["host_s"] = sum(r.stats.host_s for r in results)

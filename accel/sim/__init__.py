@@ -3,7 +3,7 @@
 Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``, ``load_hardware(path)``) and
 ``ModelSpec`` (``preset(name)``, ``list_presets()``, ``from_hf_config``). Time of one call: ``step_time`` ->
 ``StepTime``. Speculative decoding: ``expected_tokens``, ``tokens_pmf``, ``best_k``, ``break_even_alpha``;
-``predict_speedup`` -> ``Prediction``; Predictive Pipelined Decoding: ``predict_ppd``. Fitting: ``calibrate``
+``predict_speedup`` -> ``Prediction`` (measured loops of a dynamic draft length: ``LoopStats``); Predictive Pipelined Decoding: ``predict_ppd``. Fitting: ``calibrate``
 (``Observation``), ``measure_host``. Grids: ``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
 See docs/sim.md. Nothing here imports torch or matplotlib.
 """
@@ -16,7 +16,7 @@ from accel.sim.hardware import CalibrationReport, Hardware, hardware, list_hardw
 from accel.sim.models import ModelSpec, from_hf_config, list_presets, preset, resolve_model, weight_breakdown
 from accel.sim.predict import ConfigResult, Prediction, best_k, break_even_alpha, memory_bytes, predict_speedup
 from accel.sim.roofline import StepTime, step_time
-from accel.sim.spd import expected_tokens, expected_tokens_from, tokens_pmf
+from accel.sim.spd import LoopStats, alpha_for_expected_tokens, expected_tokens, expected_tokens_from, tokens_pmf
 
 _LAZY = {
     "predict_ppd": "accel.sim.ppd", "PPDResult": "accel.sim.ppd", "ppd_expected_latency": "accel.sim.ppd",
@@ -35,6 +35,7 @@ __all__ = [
     "CalibrationReport", "Hardware", "hardware", "list_hardware", "load_hardware",
     "ModelSpec", "from_hf_config", "list_presets", "preset", "resolve_model", "weight_breakdown",
     "ConfigResult", "Prediction", "best_k", "break_even_alpha", "memory_bytes", "predict_speedup",
-    "StepTime", "step_time", "expected_tokens", "expected_tokens_from", "tokens_pmf",
+    "StepTime", "step_time", "LoopStats", "alpha_for_expected_tokens", "expected_tokens", "expected_tokens_from",
+    "tokens_pmf",
     *_LAZY, "plots",
 ]

@@ -4,8 +4,12 @@ Timeline of one request (per sequence, batch B in lock step):
 - TTFT: target prefill of ``prompt_len`` tokens returning 1 logit (+ the draft's prefill for SpD).
 - AR: ``gen_len - 1`` decode calls at past lengths prompt_len .. prompt_len + gen_len - 2 (each evaluated).
 - SpD: (gen_len - 1) / E loops; a loop at past length L = K draft calls (S = 1, past L .. L+K-1) + one target call
-  scoring K+1 tokens (past L, K+1 logits) + ``host_s`` + P(all K accepted) * draft catch-up (the draft's next first
-  call feeds 2 tokens, REFERENCE §2); loop times are averaged over L in the generation range.
+  scoring K+1 tokens (past L, K+1 logits) + ``host_s`` + the draft's catch-up (its next first call feeds 2 tokens
+  after an all-accepted loop, REFERENCE §2; a feature draft re-feeds all E tokens of the loop:
+  ``accel.sim.spd.draft_catch_up_s``); loop times are averaged over L in the generation range.
+- SpD with measured ``loop_stats`` (a dynamic draft length): D = ``drafts_per_loop`` draft calls and a target call
+  scoring D + 1 tokens per loop (fractional D: the call cost is interpolated along the S-curve), E =
+  ``tokens_per_loop``; K is then the cap (memory and validation only).
 Assumptions: acceptance is i.i.d. per sequence (or the given per-position vector) and the batch does not wait for its
 slowest member; the draft runs on ``draft_devices`` (default 1) devices, the target on ``devices`` (default all).
 Memory: weights + KV cache for prompt_len + gen_len (+ K) tokens of every sequence, against
@@ -26,8 +30,8 @@ from accel.sim.formats import kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware, hardware as _hardware
 from accel.sim.models import ModelSpec, resolve_model
 from accel.sim.roofline import BOUNDS, bound_of, format_arrays, resolve_devices, step_arrays, step_time
-from accel.sim.spd import Acceptance, acceptance_vector, break_even_alpha as _break_even, check_alpha, check_k
-from accel.sim.spd import expected_tokens_from, tokens_pmf
+from accel.sim.spd import Acceptance, LoopStats, acceptance_vector, alpha_for_expected_tokens, check_alpha, check_k
+from accel.sim.spd import break_even_alpha as _break_even, draft_catch_up_s, expected_tokens_from, tokens_pmf
 
 ModelLike = ModelSpec | str | dict[str, Any] | Path
 BREAKDOWN_KEYS = ("target_memory", "target_compute", "target_comm", "target_overhead", "draft", "host")
@@ -77,6 +81,8 @@ class Prediction(SimModel):
     best_k: int
     best_k_speedup: float
     break_even_alpha: float | None
+    loop_stats: LoopStats | None = None
+    feature_draft: bool = False
 
     def config(self, name: str) -> ConfigResult:
         for c in self.configs:
@@ -89,8 +95,12 @@ class Prediction(SimModel):
         acc = self.acceptance if isinstance(self.acceptance, float) else "[" + ", ".join(
             f"{a:.2f}" for a in self.acceptance) + "]"
         where = "" if self.draft_hardware == self.hardware else f" of {self.draft_hardware}"
-        lines = [f"{self.target} + draft {self.draft} on {self.hardware} (target on {self.devices} device(s), draft on "
-                 f"{self.draft_devices}{where}); K={self.k}, acceptance={acc}, batch={self.batch_size}, "
+        kind = "feature draft" if self.feature_draft else "draft"
+        if self.loop_stats is not None:
+            acc = (f"measured {self.loop_stats.tokens_per_loop:.3f} tokens and {self.loop_stats.drafts_per_loop:.3f} "
+                   f"drafts per loop (K cap {self.k})")
+        lines = [f"{self.target} + {kind} {self.draft} on {self.hardware} (target on {self.devices} device(s), draft "
+                 f"on {self.draft_devices}{where}); K={self.k}, acceptance={acc}, batch={self.batch_size}, "
                  f"prompt={self.prompt_len}, gen={self.gen_len}",
                  f"{'configuration':<22}{'TTFT ms':>9}{'TPOT ms':>9}{'tok/s':>9}{'total s':>9}{'speedup':>9}"
                  f"{'decode x':>9}  {'bound':<9}{'memory GB':>10}  fits{'max B':>7}"]
@@ -173,19 +183,34 @@ def memory_bytes(model: ModelSpec, weight_format: str, kv_format: str, batch_siz
 
 
 def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | str, *, target_format: str = "mxfp6",
-                    draft_format: str = "fp16", k: int = 7, acceptance: Acceptance = 0.8, prompt_len: int = 128,
-                    gen_len: int = 896, batch_size: int = 1, devices: int | None = None, draft_devices: int = 1,
-                    kv_format: str = "fp16", host_s: float = 0.0, compress_lm_head: bool = False,
-                    strict: bool = False, draft_hardware: Hardware | str | None = None) -> Prediction:
+                    draft_format: str = "fp16", k: int = 7, acceptance: Acceptance | None = None,
+                    prompt_len: int = 128, gen_len: int = 896, batch_size: int = 1, devices: int | None = None,
+                    draft_devices: int = 1, kv_format: str = "fp16", host_s: float = 0.0,
+                    compress_lm_head: bool = False, strict: bool = False,
+                    draft_hardware: Hardware | str | None = None,
+                    loop_stats: LoopStats | dict[str, float] | None = None) -> Prediction:
     """Predict TTFT (s), TPOT (s), tokens/s and speedups of FP16 AR, MX AR, FP16 + SpD and MX + SpD.
 
-    ``acceptance``: i.i.d. per-token acceptance alpha in [0, 1] or a measured per-position vector (length >= K).
+    ``acceptance``: i.i.d. per-token acceptance alpha in [0, 1] or a measured per-position vector (length >= K);
+    default 0.8, or with ``loop_stats`` the i.i.d. alpha giving its tokens per loop (used for ``best_k`` and the
+    break-even alpha only). ``loop_stats``: measured tokens and drafts per loop (``LoopStats``, e.g. a dynamic draft
+    length); the SpD rows then use them instead of ``acceptance`` and K is the draft-length cap.
+    A draft whose spec has ``feature_dim`` (a feature draft) re-feeds each loop's tokens (module docstring).
     ``host_s``: host seconds per SpD loop (sampling, verification). ``strict=True`` raises ``SimError`` when a
     configuration does not fit in memory; otherwise ``fits``/``fit_message`` report it. ``draft_hardware``: a
     different profile for the draft (its memory is then not counted against the target's devices)."""
     tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
     k = int(check_k(k))
+    stats = LoopStats(**loop_stats) if isinstance(loop_stats, dict) else loop_stats
+    if stats is not None and not isinstance(stats, LoopStats):
+        raise SimError(f"loop_stats must be a LoopStats or a dict of its fields, got {type(loop_stats).__name__}")
+    if stats is not None and stats.drafts_per_loop > k:
+        raise SimError(f"loop_stats.drafts_per_loop {stats.drafts_per_loop:g} exceeds K={k} (the draft-length cap)")
+    if acceptance is None:
+        acceptance = 0.8 if stats is None else alpha_for_expected_tokens(
+            stats.tokens_per_loop, max(1, round(stats.drafts_per_loop)))
     acc = check_alpha(acceptance)
+    feature = drf.feature_dim > 0
     acc_out: float | list[float] = float(acc) if acc.ndim == 0 else [float(x) for x in acceptance_vector(acc, k)]
     prompt_len = _check_len("prompt_len", prompt_len, 1)
     gen_len = _check_len("gen_len", gen_len, 1)
@@ -199,8 +224,9 @@ def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | st
                                                      "mxfp6", "mxfp4"), what="KV-cache format")
     avail = n * hw.memory_capacity_bytes * hw.usable_memory_fraction
     ctx_tokens = prompt_len + gen_len
-    e_tokens = expected_tokens_from(acc_out, k)
-    p_all = float(tokens_pmf(acc_out, k)[-1])  # P(all K drafts accepted)
+    e_tokens = expected_tokens_from(acc_out, k) if stats is None else stats.tokens_per_loop
+    p_all = float(tokens_pmf(acc_out, k)[-1]) if stats is None else stats.all_accepted()  # P(all drafts accepted)
+    n_draft = k if stats is None else stats.drafts_per_loop  # draft calls per loop; the target scores n_draft + 1
     L_dec = prompt_len + np.arange(max(gen_len - 1, 1), dtype=np.float64)  # past lengths of the decode steps
     n_dec = gen_len - 1
     kw = dict(batch=batch_size, devices=n, compress_lm_head=compress_lm_head)
@@ -236,12 +262,15 @@ def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | st
                                     compress_lm_head=compress_lm_head)
                 per_seq_kv += (ctx_tokens + k) * drf.kv_bytes_per_token(kv_format)
                 weights += drf.weight_bytes(dfmt, compress_lm_head=compress_lm_head)
-            sc = _steps(tgt, hw, fmt, kv_format, S=k + 1, L=L_dec, NL=k + 1, **kw)
+            sc = _steps(tgt, hw, fmt, kv_format, S=n_draft + 1, L=L_dec, NL=n_draft + 1, **kw)
             _, t_draft, _, t_catch = spd_step_times(
                 tgt, drf, hw, target_format=fmt, draft_format=dfmt, k=k, context_len=L_dec, batch_size=batch_size,
                 kv_format=kv_format, devices=n, draft_devices=nd, compress_lm_head=compress_lm_head,
                 draft_hardware=dhw)
-            t_draft = t_draft + p_all * t_catch
+            if stats is not None:  # D one-token calls at the mean past length of a loop's draft calls
+                t_draft = n_draft * _steps(drf, dhw, dfmt, kv_format, S=1, L=L_dec + (n_draft - 1) / 2, NL=1,
+                                           batch=batch_size, devices=nd, compress_lm_head=compress_lm_head)["time_s"]
+            t_draft = t_draft + draft_catch_up_s(t_catch, e_tokens, p_all, feature)
             loop = float(np.mean(sc["time_s"] + t_draft)) + host_s
             tpot = loop / e_tokens
             parts = {key: float(np.mean(sc[src])) / e_tokens for key, src in (
@@ -278,12 +307,12 @@ def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | st
     t_tgt, t_draft, t_score, t_catch = (float(x) for x in spd_step_times(
         tgt, drf, hw, target_format=tfmt, draft_format=dfmt, k=k, context_len=mid, batch_size=batch_size,
         kv_format=kv_format, devices=n, draft_devices=nd, compress_lm_head=compress_lm_head, draft_hardware=dhw))
-    be = _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch)
+    be = _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch, feature_draft=feature)
     return Prediction(target=tgt.name, draft=drf.name, hardware=hw.name, draft_hardware=dhw.name, devices=n,
                       draft_devices=nd, k=k, acceptance=acc_out, prompt_len=prompt_len, gen_len=gen_len,
                       batch_size=batch_size,
                       memory_available_bytes=avail, configs=configs, fits=not bad, fit_message=msg, best_k=bk,
-                      best_k_speedup=bk_speed, break_even_alpha=be)
+                      best_k_speedup=bk_speed, break_even_alpha=be, loop_stats=stats, feature_draft=feature)
 
 
 def best_k(target: ModelLike, draft: ModelLike, hardware: Hardware | str, acceptance: Acceptance, *,
@@ -307,7 +336,7 @@ def best_k(target: ModelLike, draft: ModelLike, hardware: Hardware | str, accept
     pmfs = [tokens_pmf(acc, int(kk)) for kk in ks]
     e = np.array([float(np.sum(np.arange(1, len(p) + 1) * p)) for p in pmfs])
     p_all = np.array([p[-1] for p in pmfs])
-    sp = e * t_tgt / (t_draft + t_score + host_s + p_all * t_catch)
+    sp = e * t_tgt / (t_draft + t_score + host_s + draft_catch_up_s(t_catch, e, p_all, drf.feature_dim > 0))
     i = int(np.argmax(sp))
     return int(ks[i]), float(sp[i])
 
@@ -324,7 +353,7 @@ def break_even_alpha(target: ModelLike, draft: ModelLike, hardware: Hardware | s
         tgt, drf, hw, target_format=target_format, draft_format=draft_format, k=k, context_len=context_len,
         batch_size=batch_size, kv_format=kv_format, devices=devices, draft_devices=draft_devices,
         compress_lm_head=compress_lm_head, draft_hardware=draft_hardware))
-    return _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch)
+    return _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch, feature_draft=drf.feature_dim > 0)
 
 
 __all__ = ["ConfigResult", "Prediction", "predict_speedup", "best_k", "break_even_alpha", "memory_bytes",

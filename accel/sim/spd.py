@@ -2,6 +2,10 @@
 
 One loop = K draft calls (one token each) + one target call scoring K+1 positions + host time. It yields the accepted
 draft prefix plus one target token (the correction or the bonus): between 1 and K+1 tokens.
+The draft's next first call also feeds what it has not seen: after an all-accepted loop a standalone draft reads
+[d_K, bonus] (one extra token, with probability P(all K accepted)); a feature draft (``ModelSpec.feature_dim``)
+re-reads every token of the loop with the target's hidden states (E - 1 extra tokens on average):
+:func:`draft_catch_up_s` prices either at the draft's marginal cost of one more token in a call.
 With i.i.d. acceptance a: E[tokens] = (1 - a^(K+1)) / (1 - a) (Leviathan et al. / Chen et al.), exact.
 With a measured per-position vector (a_1..a_K, a_i = P(accept position i | positions < i accepted)):
 E[tokens] = 1 + a_1 + a_1 a_2 + ... + a_1...a_K, exact.
@@ -13,7 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pydantic import Field, model_validator
+
 from accel.errors import SimError
+from accel.sim._base import SimModel
 
 Acceptance = float | Sequence[float] | np.ndarray
 
@@ -73,6 +80,63 @@ def expected_tokens_from(acceptance: Acceptance, k: int) -> float:
     return float(np.sum(np.arange(1, int(k) + 2) * tokens_pmf(acceptance, k)))
 
 
+def alpha_for_expected_tokens(e: float, k: int) -> float:
+    """The i.i.d. alpha whose E[tokens per loop] at K drafts is ``e`` (clipped to [1, K+1]); bisection to 1e-12."""
+    k = int(check_k(k))
+    if not np.isfinite(e):
+        raise SimError(f"expected tokens per loop must be a finite number, got {e!r}")
+    if e <= 1.0 or e >= k + 1.0:  # the ends exactly (the closed form cancels badly next to alpha = 1)
+        return 0.0 if e <= 1.0 else 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-12:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < e else (lo, mid)
+    return hi
+
+
+def draft_catch_up_s(catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool):
+    """Extra draft seconds per loop beyond its one-token calls (vectorized). ``catch_up_token_s`` = the draft's cost
+    of one more token in a call (its 2-token call minus its 1-token call). A standalone draft pays it after
+    all-accepted loops (``p_all_accepted``); a feature draft re-feeds the whole loop, ``E - 1`` extra tokens."""
+    extra = np.asarray(expected_tokens_per_loop) - 1.0 if feature_draft else np.asarray(p_all_accepted)
+    return extra * np.asarray(catch_up_token_s)
+
+
+class LoopStats(SimModel):
+    """Measured shape of speculative loops, for runs the i.i.d. / per-position acceptance model does not describe:
+    a dynamic draft length (``accel.spd.generate(min_draft_prob=...)`` stops drafting when the draft is unsure, so K
+    varies per loop). ``accel.spd``'s ``GenerationStats`` has all three (``LoopStats.from_stats``)."""
+
+    tokens_per_loop: float = Field(ge=1.0, description="E: mean tokens emitted per target call (accepted + 1)")
+    drafts_per_loop: float = Field(gt=0.0, description="mean draft tokens proposed per loop; the target scores "
+                                   "drafts_per_loop + 1 positions per call")
+    all_accepted_fraction: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="loops whose drafts were all accepted (a standalone draft's "
+        "catch-up); default ((E - 1) / drafts) ** drafts, the i.i.d. estimate")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LoopStats":
+        if self.tokens_per_loop > self.drafts_per_loop + 1.0 + 1e-9:
+            raise SimError(f"LoopStats: tokens_per_loop {self.tokens_per_loop:g} exceeds drafts_per_loop + 1 = "
+                           f"{self.drafts_per_loop + 1:g} (a loop emits at most its drafts plus one)")
+        return self
+
+    @classmethod
+    def from_stats(cls, stats) -> "LoopStats":
+        """From an ``accel.spd.GenerationStats`` (or anything with ``mean_tokens_per_loop``,
+        ``mean_drafts_per_loop``, ``all_accepted_rounds`` and ``row_calls``)."""
+        rows = getattr(stats, "row_calls", 0)
+        return cls(tokens_per_loop=stats.mean_tokens_per_loop, drafts_per_loop=stats.mean_drafts_per_loop,
+                   all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None)
+
+    def all_accepted(self) -> float:
+        """``all_accepted_fraction``, or its i.i.d. estimate."""
+        if self.all_accepted_fraction is not None:
+            return self.all_accepted_fraction
+        d = self.drafts_per_loop
+        return min(1.0, (self.tokens_per_loop - 1.0) / d) ** d
+
+
 def loop_time(k, draft_step_s, score_step_s, host_s=0.0):
     """Seconds of one loop: K draft calls + one (K+1)-token scoring call + host time (vectorized)."""
     return np.asarray(k) * draft_step_s + score_step_s + host_s
@@ -84,12 +148,17 @@ def speedup(expected_tokens_per_loop, loop_s, target_step_s):
 
 
 def break_even_alpha(k: int, target_step_s: float, draft_step_s: float, score_step_s: float, host_s: float = 0.0,
-                     tol: float = 1e-10, catch_up_s: float = 0.0) -> float | None:
+                     tol: float = 1e-10, catch_up_s: float = 0.0, feature_draft: bool = False) -> float | None:
     """Smallest i.i.d. alpha at which SpD with this K is at least as fast as AR (bisection on the speedup, which
-    increases with alpha as long as the draft catch-up ``catch_up_s``, paid with probability alpha^K, is smaller than
-    a target step). 0.0 if SpD already wins at alpha = 0; ``None`` if it loses even at alpha = 1."""
+    increases with alpha as long as the draft catch-up ``catch_up_s`` (seconds per extra token,
+    :func:`draft_catch_up_s`) is smaller than a target step). 0.0 if SpD already wins at alpha = 0; ``None`` if it
+    loses even at alpha = 1."""
     lt = float(loop_time(k, draft_step_s, score_step_s, host_s))
-    gain = lambda a: float(speedup(expected_tokens(a, k), lt + a ** k * catch_up_s, target_step_s)) - 1.0  # noqa
+
+    def gain(a: float) -> float:
+        e = expected_tokens(a, k)
+        return float(speedup(e, lt + draft_catch_up_s(catch_up_s, e, a ** k, feature_draft), target_step_s)) - 1.0
+
     if gain(0.0) >= 0:
         return 0.0
     if gain(1.0) < 0:

@@ -19,7 +19,7 @@ from accel.sim.hardware import Hardware, hardware as _hardware
 from accel.sim.models import resolve_model
 from accel.sim.predict import ModelLike, spd_step_arrays
 from accel.sim.roofline import format_arrays, resolve_devices
-from accel.sim.spd import check_alpha, check_k, expected_tokens
+from accel.sim.spd import check_alpha, check_k, draft_catch_up_s, expected_tokens
 
 AXES = ("target_format", "batch_size", "context_len", "k", "alpha")
 
@@ -27,7 +27,7 @@ AXES = ("target_format", "batch_size", "context_len", "k", "alpha")
 class SweepResult(SimModel):
     """Arrays of shape (formats, batches, contexts, Ks, alphas) (axis order ``AXES``); times in seconds.
     ``draft_steps_s`` = the K draft calls + the expected catch-up (alpha^K times the extra token after an all-accepted
-    loop); ``loop_s`` = that + the scoring call + host time.
+    loop; E - 1 extra tokens for a feature draft, which re-feeds each loop); ``loop_s`` = that + the scoring call + host time.
 
     ``speedup``: SpD decode tokens/s over AR with the same target format; ``speedup_vs_fp16``: over FP16 AR;
     ``best_k``: argmax over the K axis (shape without K)."""
@@ -88,7 +88,8 @@ def sweep(target: ModelLike, draft: ModelLike, hardware: Hardware | str, *, k: S
     e = np.broadcast_to(expected_tokens(al[None, :], ks[:, None]), shape)  # (K, A) -> full
     t_tgt5 = np.broadcast_to(np.asarray(t_tgt)[..., None], shape)
     p_all = al[None, :] ** ks[:, None]  # (K, alpha): all K drafts accepted -> 2-token draft catch-up next loop
-    t_draft = np.asarray(t_draft)[..., None] + p_all * np.asarray(t_catch)[..., None]
+    extra = draft_catch_up_s(np.asarray(t_catch)[..., None], e, p_all, drf.feature_dim > 0)  # feature: E - 1 tokens
+    t_draft = np.asarray(t_draft)[..., None] + extra
     loop = np.broadcast_to(t_draft + np.asarray(t_score)[..., None] + host_s, shape)
     B5 = bs.reshape(1, -1, 1, 1, 1)
     spd_tps = B5 * e / loop

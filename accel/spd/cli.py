@@ -148,6 +148,9 @@ def _summary(stats, messages: list[str]) -> str:
         lines.append(f"alpha {s.alpha_counts:.3f} (counts), {s.alpha_overlap:.3f} (sum min(p,q))  "
                      f"accepted histogram {s.accepted_histogram}  per position [{per_pos}]  "
                      f"calls: draft {s.draft_calls}, target {s.target_calls}")
+        lines.append(f"loops: {s.mean_tokens_per_loop:.3f} tokens and {s.mean_drafts_per_loop:.3f} drafts per loop, "
+                     f"{s.all_accepted_rounds}/{s.row_calls} all accepted (accel predict --tokens-per-loop / "
+                     "--drafts-per-loop take these)")
     lines += [f"note: {m}" for m in messages]
     return "\n".join(lines)
 

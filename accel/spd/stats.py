@@ -7,6 +7,9 @@ Counting conventions (used by the tests and the benchmark):
 - ``row_calls``: (row, target call) pairs in which the row was active; ``tokens_per_target_call`` =
   ``new_tokens / row_calls`` is 1.0 for autoregressive decoding and about ``E[accepted] + 1`` for SpD (EOS truncation
   lowers it); ``mean_tokens_per_loop`` is the untruncated ``mean(accepted + 1)``.
+- ``draft_tokens``: draft tokens proposed over all (row, round) pairs (``K`` per round at a fixed K; fewer with a
+  dynamic draft length); ``mean_drafts_per_loop = draft_tokens / row_calls``. With ``mean_tokens_per_loop`` these
+  two numbers are what ``accel.sim.LoopStats`` takes to predict a dynamic-length run on other hardware.
 - ``accepted_histogram[m]``: rounds (per row) in which exactly ``m`` drafts were accepted, ``m = 0..K``.
 - ``acceptance_per_position[i]``: of the drafts *reached* at slot ``i`` (proposed, and the previous ``i`` were
   accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones. ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
@@ -50,6 +53,9 @@ class GenerationStats(BaseModel):
     acceptance_per_position: list[float] = Field(description="accepted / proposed at draft slot i (NaN if none)")
     proposed_per_position: list[int]
     all_accepted_rounds: int = Field(description="(row, round) pairs with k >= 1 drafts all accepted (catch-up next)")
+    draft_tokens: int = Field(description="draft tokens proposed over all (row, round) pairs: K per round at a fixed "
+                              "K, fewer when min_draft_prob stops drafting early")
+    mean_drafts_per_loop: float = Field(description="draft_tokens / row_calls: the mean draft length (NaN for AR)")
     accepted_drafts: int
     proposed_drafts: int
     target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
@@ -97,6 +103,7 @@ class StatsAccumulator:
         self.new_tokens = self.target_tokens = self.from_draft_tokens = 0
         self.loop_tokens = 0
         self.all_accepted = 0
+        self.drafted = 0
         self.times = {"draft": 0.0, "target": 0.0, "prefill": 0.0}
         self._t0 = time.perf_counter()
 
@@ -131,6 +138,7 @@ class StatsAccumulator:
             self.accepted[:m] += 1
             self.loop_tokens += int(m) + 1
             self.all_accepted += int(n >= 1 and m == n)
+            self.drafted += int(n)
         slots = np.arange(overlap.shape[1])[None, :]
         reached = slots < np.minimum(num_drafts, num_accepted + 1)[:, None]
         ov = overlap[reached & a[:, None]]
@@ -162,6 +170,8 @@ class StatsAccumulator:
             acceptance_per_position=[_nan_div(a, p) for a, p in zip(self.accepted, self.proposed)],
             proposed_per_position=[int(x) for x in self.proposed],
             all_accepted_rounds=self.all_accepted,
+            draft_tokens=self.drafted,
+            mean_drafts_per_loop=_nan_div(self.drafted, self.row_calls) if self.mode == "spd" else math.nan,
             accepted_drafts=int(self.accepted.sum()),
             proposed_drafts=int(self.proposed.sum()),
             target_tokens=self.target_tokens,

@@ -62,3 +62,21 @@ def test_import_needs_neither_torch_nor_matplotlib():
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_cli_measured_loop_statistics(capsys):
+    base = ARGS[:-2]  # no --acceptance: derived from the measured loops
+    assert main(base + ["--tokens-per-loop", "2.1", "--drafts-per-loop", "3.4", "--all-accepted", "0.2",
+                        "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["loop_stats"] == {"tokens_per_loop": 2.1, "drafts_per_loop": 3.4, "all_accepted_fraction": 0.2}
+    assert data["configs"][3]["expected_tokens_per_loop"] == 2.1
+    p = predict_speedup("llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra", k=7,
+                        loop_stats=data["loop_stats"])
+    assert data["configs"][3]["tpot_s"] == p.config("mxfp6 + SpD").tpot_s
+    assert main(base + ["--tokens-per-loop", "2.1"]) == 1
+    assert "go together" in capsys.readouterr().err
+    assert main(base + ["--tokens-per-loop", "5", "--drafts-per-loop", "2"]) == 1
+    assert "exceeds drafts_per_loop" in capsys.readouterr().err
+    assert main(base + ["--all-accepted", "0.5"]) == 1
+    assert "needs --tokens-per-loop" in capsys.readouterr().err

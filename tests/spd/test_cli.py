@@ -43,6 +43,9 @@ def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
     assert [int(t) for t in re.findall(r"\d+", first)][3:] == spd["tokens"][0]
     assert first.count("[") == spd["stats"]["accepted_drafts"] > 0
     assert "alpha" in out and "tokens/s" in out
+    st = spd["stats"]
+    assert (f"{st['mean_tokens_per_loop']:.3f} tokens and {st['mean_drafts_per_loop']:.3f} drafts per loop, "
+            f"{st['all_accepted_rounds']}/{st['row_calls']} all accepted") in out
 
 
 def test_generate_errors(checkpoints, tmp_path, capsys):

@@ -104,6 +104,7 @@ def test_statistics_add_up_and_stream(target, drafts):
     assert s.target_tokens == s.rounds == s.row_calls == sum(s.accepted_histogram)
     assert sum(m * c for m, c in enumerate(s.accepted_histogram)) == s.accepted_drafts
     assert s.target_calls == s.rounds + 1 and s.mean_tokens_per_loop == pytest.approx(s.tokens_per_target_call)
+    assert s.draft_tokens == k * s.rounds and s.mean_drafts_per_loop == k  # room for k drafts in every round here
     # streamed tokens are the result; each event is [accepted drafts..., one target token]
     assert [t for toks, _ in streamed[0] for t in toks] == res.tokens[0]
     assert [f for _, flags in streamed[0] for f in flags] == res.from_draft[0]
@@ -258,10 +259,17 @@ def test_dynamic_draft_length_greedy(target, drafts, ar_greedy, batch):
     # one draft per round (a row's last round, with one token of room left, proposes none)
     assert one.stats.proposed_per_position[1:] == [0] * 5
     assert one.stats.proposed_per_position[0] >= one.stats.row_calls - len(prompts)
+    # draft_tokens counts every proposal (the reached ones and those after a rejection): 1 per round here
+    assert one.stats.draft_tokens == one.stats.proposed_per_position[0]
+    assert one.stats.mean_drafts_per_loop == pytest.approx(one.stats.draft_tokens / one.stats.row_calls)
     mid = generate(tb, db, prompts, min_draft_prob=0.5, **kw)
     assert mid.tokens == ar_greedy[batch].tokens
     assert mid.stats.proposed_drafts < fixed.stats.proposed_drafts
     assert mid.stats.proposed_per_position[1] > 0  # confident proposals still continue
+    assert one.stats.draft_tokens < mid.stats.draft_tokens < fixed.stats.draft_tokens
+    assert mid.stats.proposed_drafts <= mid.stats.draft_tokens  # reached <= proposed
+    # a fixed k proposes k per round, fewer only near max_new_tokens (room - 1 drafts at most)
+    assert fixed.stats.proposed_drafts <= fixed.stats.draft_tokens <= 6 * fixed.stats.row_calls
 
 
 def test_dynamic_draft_length_rejects_bad_threshold(target):
