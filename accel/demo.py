@@ -51,6 +51,10 @@ class RunFigures(BaseModel):
     draft_s: float
     target_s: float
     host_s: float
+    # loop shape (SpD runs): what accel.sim.LoopStats takes to predict the same loops on other hardware
+    mean_tokens_per_loop: float | None = None
+    drafts_per_loop: float | None = None
+    all_accepted_fraction: float | None = None
 
 
 class DemoResult(BaseModel):
@@ -278,7 +282,7 @@ def run_demo(
 
     # ---------------------------------------------------------------- 3. simulator
     say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
-    predictions, plot_paths = _predict(target_dir, draft_dir, figures, k, results, quick, say)
+    predictions, plot_paths = _predict(target_dir, draft_dir, figures, k, results, quick, say, feat_dir)
 
     result = DemoResult(
         out_dir=results, target=str(target_dir), draft=str(draft_dir), k=k,
@@ -390,6 +394,8 @@ def _summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:
         rate = tokens / decode_s if decode_s > 0 else float("nan")
         base = rate if base is None else base
         proposed = sum(s.proposed_drafts for s in st)
+        loops = sum(s.row_calls for s in st)
+        spd = proposed > 0 and loops > 0
         overlaps = [s.alpha_overlap for s in st if not math.isnan(s.alpha_overlap)]
         out.append(RunFigures(
             mode=mode, new_tokens=tokens, decode_tokens_per_s=rate, speedup_vs_ar=rate / base,
@@ -398,14 +404,18 @@ def _summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:
             tokens_per_target_call=tokens / max(1, sum(s.row_calls for s in st)),
             draft_s=sum(s.draft_s for s in st), target_s=sum(s.target_s for s in st),
             host_s=sum(s.host_s for s in st),
+            mean_tokens_per_loop=sum(s.mean_tokens_per_loop * s.row_calls for s in st) / loops if spd else None,
+            drafts_per_loop=sum(s.draft_tokens for s in st) / loops if spd else None,
+            all_accepted_fraction=sum(s.all_accepted_rounds for s in st) / loops if spd else None,
         ))
     return out
 
 
 def _predict(target_dir: Path, draft_dir: Path, runs: list[RunFigures], k: int, results: Path, quick: bool,
-             say: Callable[[str], None]) -> tuple[dict[str, dict[str, float]], list[Path]]:
+             say: Callable[[str], None], feat_dir: Path | None = None
+             ) -> tuple[dict[str, dict[str, float]], list[Path]]:
     try:
-        from accel.sim import predict_speedup
+        from accel.sim import LoopStats, predict_speedup
         from accel.sim import plots
     except ImportError as exc:
         raise DraftError(f"stage 3 needs accel.sim.predict_speedup and accel.sim.plots: {exc}") from exc
@@ -426,6 +436,21 @@ def _predict(target_dir: Path, draft_dir: Path, runs: list[RunFigures], k: int, 
         say("\n" + p.table())
         predictions[hw] = {c.name: c.speedup for c in p.configs}
         figures.append(plots.breakdown_bars(p, fig_dir / f"breakdown-{hw}.png"))
+    # the feature draft: its measured loops (sampled, like alpha above) as LoopStats; it re-feeds each loop
+    feat = [r for r in runs if r.mode.startswith("feature SpD T=") and r.drafts_per_loop]
+    if feat_dir is not None and feat:
+        f = feat[0]
+        stats = LoopStats(tokens_per_loop=min(f.mean_tokens_per_loop, f.drafts_per_loop + 1),
+                          drafts_per_loop=f.drafts_per_loop, all_accepted_fraction=f.all_accepted_fraction)
+        say(f"\nfeature draft ({f.mode}, measured): {stats.tokens_per_loop:.2f} tokens and {stats.drafts_per_loop:.2f} "
+            "drafts per loop; target MXFP6, draft FP16, same prompt/generation lengths")
+        for hw in HARDWARE:
+            p = predict_speedup(t_cfg, feat_dir / "config.json", hw, target_format="mxfp6", draft_format="fp16",
+                                k=k, loop_stats=stats, prompt_len=128, gen_len=512, batch_size=1)
+            c, ar = p.config("mxfp6 + SpD"), p.config("mxfp6 AR")
+            predictions[hw]["mxfp6 + feature SpD"] = c.speedup
+            say(f"  {hw:<22} mxfp6 + feature SpD {c.decode_tokens_per_s:8.1f} tok/s = {c.speedup:.2f}x fp16 AR, "
+                f"{c.decode_tokens_per_s / ar.decode_tokens_per_s:.2f}x mxfp6 AR")
     if not quick:
         figures.append(plots.speedup_heatmap(t_cfg, d_cfg, "cloud-ai-100-pro", fig_dir / "spd-heatmap-ai100-pro.png"))
         figures.append(plots.roofline(t_cfg, "cloud-ai-100-pro", fig_dir / "roofline-ai100-pro.png",

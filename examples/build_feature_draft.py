@@ -92,7 +92,9 @@ def batch_source(pairs: list[tuple[Path, Path]], rows: int, seed: int):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="distillation shards (build_demo_draft.py's .distill/data)")
+    ap.add_argument("--data", required=True, nargs="+", metavar="DIR",
+                    help="distillation shard directories (build_demo_draft.py's .distill/data; more data: "
+                         "examples/more_chat_data.py); features of the i-th go to <work>/features[-i]")
     ap.add_argument("--work", default=str(REPO / "results" / "feature_draft"))
     ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--minutes", type=float, default=36.0, help="wall-clock cap on training")
@@ -120,7 +122,8 @@ def main() -> int:
     work = Path(args.work)
     target = load(smollm2_checkpoint()).eval()
     t0 = time.perf_counter()
-    pairs = features(target, Path(args.data), work / "features")
+    pairs = [pair for i, d in enumerate(args.data)
+             for pair in features(target, Path(d), work / ("features" if i == 0 else f"features-{i}"))]
     feature_s = time.perf_counter() - t0
     seqs, plens, hidden = held_out(target)
     head_ids = load(HEAD_FROM).lm_head_token_ids.clone()

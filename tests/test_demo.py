@@ -65,5 +65,9 @@ def test_demo_quick(tmp_path, capsys):
     # the shipped feature draft (reads the target's hidden states) ran too, with the same K, and is also cheap
     assert r["feature_draft"] and "feature SpD greedy" in runs and "feature SpD T=0.8" in runs
     assert 0 < r["feature_draft_call_s"] < r["target_call_s"]
+    # ... and is predicted on every device from its measured loops (accel.sim.LoopStats)
+    fs = runs["feature SpD T=0.8"]
+    assert 1.0 <= fs["mean_tokens_per_loop"] <= fs["drafts_per_loop"] + 1 and 0 < fs["drafts_per_loop"] <= r["k"]
+    assert all(configs["mxfp6 + feature SpD"] > 0 for configs in r["predictions"].values())
     # the exports are cached in <out>/onnx for the next run: target (with its hidden states), draft, feature draft
     assert len(list((out / "onnx").glob("*.onnx"))) == 3
