@@ -16,6 +16,7 @@ Feature draft (EAGLE-style, ``accel.drafts.feature``): ``--feature-draft DIR``, 
 its ``hidden_states`` output for every run, AR included, so all modes run the same target graph.
 
     python benchmarks/spd.py [--target DIR] [--draft DIR] [--feature-draft DIR] [--quick] [--max-new-tokens N] [--no-hf]
+                             [--repeats R]
 
 Prints a table; saves results/spd.json (shape documented in docs/spd.md).
 """
@@ -228,6 +229,9 @@ def main() -> None:
     ap.add_argument("--feature-min-draft-prob", type=lambda v: [float(x) for x in v.split(",") if x],
                     default=[0.3, 0.5], help="dynamic-length thresholds of the feature-draft runs (K cap --dyn-k)")
     ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes over the prompts (each interleaved as below); figures pool all passes, and every "
+                         "speedup is also reported per pass (min / median / max) to show the load noise")
     ap.add_argument("--out", default="results/spd.json")
     args = ap.parse_args()
 
@@ -293,9 +297,12 @@ def main() -> None:
         jobs += ([(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
                  + [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob])
     # interleaved (prompt-major) so that load changes on a shared machine hit every setting alike
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
     results: dict[int, list] = {j: [] for j in range(len(jobs))}
-    bar = tqdm(total=len(jobs) * len(prompts_ids), desc="runs")
-    for i, ids in enumerate(prompts_ids):
+    per_pass: dict[int, list] = {j: [] for j in range(len(jobs))}  # tokens/s of each job in each pass
+    bar = tqdm(total=len(jobs) * len(prompts_ids) * args.repeats, desc="runs")
+    for rep, (i, ids) in ((r, x) for r in range(args.repeats) for x in enumerate(prompts_ids)):
         for j, ((sampling, kw), mode, k, thr) in enumerate(jobs):
             if mode == "ar":
                 results[j].append(generate_ar(tb, [ids], max_new_tokens=max_new, seed=i, **kw))
@@ -304,9 +311,14 @@ def main() -> None:
                 results[j].append(generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, seed=i,
                                            min_draft_prob=thr, **kw))
             bar.update(1)
+        if i == len(prompts_ids) - 1:  # a pass is complete: its tokens/s per job
+            for j in results:
+                done = results[j][-len(prompts_ids):]
+                per_pass[j].append(sum(r.stats.new_tokens for r in done) / sum(r.stats.wall_s for r in done))
     bar.close()
     for j, ((sampling, _), mode, k, thr) in enumerate(jobs):
         runs.append(aggregate(results[j], mode, sampling, k, thr))
+        runs[-1]["tokens_per_s_by_pass"] = per_pass[j]
 
     hf = None
     if not args.no_hf:
@@ -331,6 +343,7 @@ def main() -> None:
         for r in (r for r in runs if r["sampling"] == sampling):
             r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
             r["decode_speedup_vs_ar"] = r["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
+            r["speedup_by_pass"] = [x / a for x, a in zip(r["tokens_per_s_by_pass"], ar["tokens_per_s_by_pass"])]
             alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "-"
             extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] != "ar" else "")
             mode = {"spd_feat": "feat", "spd_feat_dyn": "feat"}.get(r["mode"], r["mode"])
@@ -344,7 +357,8 @@ def main() -> None:
                              "best_min_draft_prob": best["min_draft_prob"],
                              "best_tokens_per_s": best["tokens_per_s"],
                              "ar_tokens_per_s": ar["tokens_per_s"], "speedup_vs_ar": best["speedup_vs_ar"],
-                             "decode_speedup_vs_ar": best["decode_speedup_vs_ar"]}
+                             "decode_speedup_vs_ar": best["decode_speedup_vs_ar"],
+                             "speedup_by_pass": best["speedup_by_pass"]}
         if hf is not None:
             summary[sampling]["hf_assisted_tokens_per_s"] = hf[f"assisted_{sampling}_tokens_per_s"]
             summary[sampling]["ours_over_hf_assisted"] = best["tokens_per_s"] / hf[f"assisted_{sampling}_tokens_per_s"]
@@ -361,12 +375,17 @@ def main() -> None:
                 f"AR end to end, {s['decode_speedup_vs_ar']:.2f}x in decode (goal >= 1.5x greedy)")
         if "ours_over_hf_assisted" in s:
             line += f"; {s['ours_over_hf_assisted']:.2f}x transformers assisted (goal >= 3x)"
+        if len(s["speedup_by_pass"]) > 1:
+            by = sorted(s["speedup_by_pass"])
+            line += (f"\n  per pass ({len(by)} passes over the prompts): min {by[0]:.2f}x, median "
+                     f"{statistics.median(by):.2f}x, max {by[-1]:.2f}x")
         print(line)
 
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                     "draft_threads": args.draft_threads, "feature_draft_threads": args.feature_draft_threads},
-        "settings": {"prompts": len(prompts_ids), "max_new_tokens": max_new, "temperature": args.temperature,
+        "settings": {"prompts": len(prompts_ids), "repeats": args.repeats, "max_new_tokens": max_new,
+                     "temperature": args.temperature,
                      "ctx_len": args.ctx_len, "draft": draft_name, "feature_draft": args.feature_draft,
                      "feature_draft_weights": args.feature_draft_weights},
         "target": target.config.to_dict(),
