@@ -3,8 +3,8 @@
 Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``, ``load_hardware(path)``) and
 ``ModelSpec`` (``preset(name)``, ``list_presets()``, ``from_hf_config``). Time of one call: ``step_time`` ->
 ``StepTime``. Speculative decoding: ``expected_tokens``, ``tokens_pmf``, ``best_k``, ``break_even_alpha``;
-``predict_speedup`` -> ``Prediction`` (measured loops of a dynamic draft length: ``LoopStats``); Predictive Pipelined Decoding: ``predict_ppd``. Fitting: ``calibrate``
-(``Observation``), ``measure_host``. Grids: ``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
+``predict_speedup`` -> ``Prediction`` (measured loops of a dynamic draft length: ``LoopStats``); Predictive Pipelined
+Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``), ``measure_host``. Grids: ``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
 See docs/sim.md. Nothing here imports torch or matplotlib.
 """
 

@@ -26,8 +26,9 @@ AXES = ("target_format", "batch_size", "context_len", "k", "alpha")
 
 class SweepResult(SimModel):
     """Arrays of shape (formats, batches, contexts, Ks, alphas) (axis order ``AXES``); times in seconds.
-    ``draft_steps_s`` = the K draft calls + the expected catch-up (alpha^K times the extra token after an all-accepted
-    loop; E - 1 extra tokens for a feature draft, which re-feeds each loop); ``loop_s`` = that + the scoring call + host time.
+    ``draft_steps_s`` = the K draft calls + the expected catch-up (alpha^K times the extra token after an
+    all-accepted loop; E - 1 extra tokens for a feature draft, which re-feeds each loop); ``loop_s`` = that + the
+    scoring call + host time.
 
     ``speedup``: SpD decode tokens/s over AR with the same target format; ``speedup_vs_fp16``: over FP16 AR;
     ``best_k``: argmax over the K axis (shape without K)."""
