@@ -85,7 +85,7 @@ def bench_model(name: str, model: Decoder, seqs, pasts, repeats: int, threads: i
     prefill(ort_b, prompt[:, : pasts[0]])
     ids, pos = np.array([[1]]), np.array([[pasts[0]]])
     feeds = session_feeds(ort_b, ids, pos)
-    io = ort_b._bindings[ort_b._current]
+    io = ort_b._binding
 
     def bare_binding():
         io.bind_cpu_input("input_ids", ids)

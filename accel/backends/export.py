@@ -60,7 +60,8 @@ def _mx_of(module: torch.nn.Module) -> Any | None:
 def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
     """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format used.
 
-    A tied ``lm_head.weight`` is left out (the graph reuses the embedding).
+    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8``: there the head is
+    an int8 copy and the embedding stays float32 (it is only gathered).
     """
     if weights not in WEIGHT_MODES:
         raise BackendError(f"weights={weights!r} is not supported; supported: {', '.join(WEIGHT_MODES)}")
@@ -72,8 +73,10 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
             mx_modules[f"{name}.weight"] = mx
     for name, p in model.named_parameters():  # remove_duplicate: a tied lm_head.weight appears once (as embed_tokens)
         tensors[name] = p.detach().float().cpu().numpy()
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and weights != "int8":
         tensors.pop("lm_head.weight", None)
+    elif model.config.tie_word_embeddings and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]  # int8: the head gets its own (quantized) copy
     if getattr(model.config, "head_vocab", 0):  # restricted head: its token ids (int64) go into the graph as is
         tensors["lm_head_token_ids"] = model.lm_head_token_ids.detach().cpu().numpy().astype(np.int64)
     tensors.update(mx_modules)
@@ -191,14 +194,15 @@ def export_onnx(
 
 
 def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` with onnxruntime's dynamic int8 quantization of its weight MatMuls (``fc`` excluded)."""
+    """``proto`` with onnxruntime's dynamic int8 quantization of its weight MatMuls (``fc`` and the exact rope rotation
+    excluded)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     weights = {t.name for t in proto.graph.initializer}
     keep = [n.name for n in proto.graph.node
-            if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] == "fc.weight")]
+            if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] in ("fc.weight", "rope_half_turn"))]
     if sum(t.ByteSize() for t in proto.graph.initializer) > _EXTERNAL_DATA_BYTES:
-        raise BackendError("weights='int8' is for drafts: this model's weights exceed 1.8 GB")
+        raise BackendError("weights='int8' quantizes an inline float graph: this model's weights exceed 1.8 GB")
     with tempfile.TemporaryDirectory(prefix="accel-int8-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save_model(proto, src)

@@ -273,7 +273,12 @@ def build_decoder_graph(
         inv_freq = rope_inv_freq(c)
         freqs = g.op("Mul", g.op("Unsqueeze", g.op("Cast", pos, to=TensorProto.FLOAT), g.const([2])), f32(inv_freq))
         emb = g.op("Unsqueeze", g.op("Concat", freqs, freqs, axis=-1), g.const([1]))  # [B, 1, S, D]
-        rope = (g.op("Cos", emb), g.op("Sin", emb))
+        # [D, D]: +1 at (j, j + D/2) (out[j + D/2] = t[j]), -1 at (j + D/2, j) (out[j] = -t[j + D/2]); built from two
+        # shifted identities rather than stored (onnxruntime folds it when the session is created)
+        zeros = g.op("ConstantOfShape", g.const([D, D]), value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
+        half_turn = g.op("Sub", g.op("EyeLike", zeros, k=D // 2), g.op("EyeLike", zeros, k=-(D // 2)),
+                         name="rope_half_turn")
+        rope = (g.op("Cos", emb), g.op("Sin", emb), half_turn)
 
     def linear(xin: str, prefix: str, bias: bool) -> str:
         y = g.op("MatMul", xin, w.matmul_t(f"{prefix}.weight"))
@@ -290,10 +295,10 @@ def build_decoder_graph(
         return g.op("Mul", g.op("Div", xin, rms), w.plain(f"{prefix}.weight"))
 
     def apply_rope(t: str) -> str:
-        cos, sin = rope
-        lo, hi = g.ops("Split", [t, g.const([D // 2, D // 2])], 2, axis=-1)
-        rot = g.op("Concat", g.op("Neg", hi), lo, axis=-1)
-        return g.op("Add", g.op("Mul", t, cos), g.op("Mul", rot, sin))
+        cos, sin, half_turn = rope
+        # rotate_half(t) = concat(-t[D/2:], t[:D/2]) as one MatMul by a signed permutation: each output is one
+        # input times +-1 plus exact zeros, so it is bit-exact, in one node instead of Split + Neg + Concat
+        return g.op("Add", g.op("Mul", t, cos), g.op("Mul", g.op("MatMul", t, half_turn), sin))
 
     def heads(t: str, n: int) -> str:  # [B, S, n*D] -> [B, n, S, D]
         return g.op("Transpose", g.op("Reshape", t, g.const([0, 0, n, D])), perm=[0, 2, 1, 3])

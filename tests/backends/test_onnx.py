@@ -193,6 +193,24 @@ def test_graph_missing_expected_io(llama, tmp_path):
         OrtBackend(tmp_path / "junk.onnx")
 
 
+def test_inplace_cache_needs_reads_before_the_write(llama, tmp_path):
+    """OrtBackend binds each cache buffer as input and output; a graph reading past_* after (or independently of)
+    its ScatterND write, or writing it with another op, would see the new values: rejected by name."""
+    proto = onnx.load(str(llama[1]))
+    proto.graph.node.append(onnx.helper.make_node("ReduceSum", ["past_value.1"], ["late_read"], keepdims=0))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("late_read", onnx.TensorProto.FLOAT, []))
+    onnx.save(proto, tmp_path / "late.onnx")
+    with pytest.raises(BackendError, match="past_value.1 is read by .* independently of its cache write"):
+        OrtBackend(tmp_path / "late.onnx")
+    proto = onnx.load(str(llama[1]))
+    writer = next(n for n in proto.graph.node if "past_key.0_RetainedState" in n.output)
+    writer.output[0] = "scattered"
+    proto.graph.node.append(onnx.helper.make_node("Identity", ["scattered"], ["past_key.0_RetainedState"]))
+    onnx.save(proto, tmp_path / "copy.onnx")
+    with pytest.raises(BackendError, match="past_key.0_RetainedState is not a ScatterND of past_key.0"):
+        OrtBackend(tmp_path / "copy.onnx")
+
+
 def test_export_rejects_bad_settings(llama, tmp_path):
     model, _ = llama
     with pytest.raises(BackendError, match="weights='int3'"):
