@@ -161,6 +161,28 @@ def hf_assisted(target_dir: Path, draft_dir: Path, prompts_ids, max_new: int, te
     return out
 
 
+def target_quality(quant, ref, prompts_ids, continuations) -> dict:
+    """How far the quantized target ``quant`` is from the fp32 one ``ref`` (both OrtBackend), teacher-forced on the
+    fp32 target's greedy ``continuations``: top-1 agreement and mean KL(fp32 || quantized) in nats per position, and
+    how many greedy continuations of ``quant`` (from the benchmark's own AR run) equal the fp32 ones."""
+    agree = kl = positions = 0.0
+    for ids, cont in zip(prompts_ids, continuations):
+        seq = np.array([list(ids) + list(cont[:-1])])
+        pos = np.arange(seq.shape[1])[None, :]
+        ref.reset()
+        quant.reset()
+        a = ref.forward(seq, pos)[0, len(ids) - 1 :].astype(np.float64)
+        b = quant.forward(seq, pos)[0, len(ids) - 1 :].astype(np.float64)
+        la = a - a.max(-1, keepdims=True)
+        la -= np.log(np.exp(la).sum(-1, keepdims=True))
+        lb = b - b.max(-1, keepdims=True)
+        lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
+        agree += float((a.argmax(-1) == b.argmax(-1)).sum())
+        kl += float((np.exp(la) * (la - lb)).sum())
+        positions += len(a)
+    return {"top1_agreement": agree / positions, "kl_nats": kl / positions, "positions": int(positions)}
+
+
 def plot(runs: list[dict], hf: dict | None, path: Path) -> None:
     """tokens/s vs K for SpD (greedy, multinomial), AR and transformers' assisted generation as horizontal lines."""
     import matplotlib
@@ -229,6 +251,10 @@ def main() -> None:
     ap.add_argument("--feature-min-draft-prob", type=lambda v: [float(x) for x in v.split(",") if x],
                     default=[0.3, 0.5], help="dynamic-length thresholds of the feature-draft runs (K cap --dyn-k)")
     ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
+    ap.add_argument("--target-weights", choices=("fp32", "mxint8-nbits"), default="fp32",
+                    help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs) or "
+                         "mxint8-nbits (MXINT8 weights on onnxruntime's MatMulNBits, int8 activations per block: "
+                         "approximate, so its distance to the fp32 target is measured and reported)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="passes over the prompts (each interleaved as below); figures pool all passes, and every "
                          "speedup is also reported per pass (min / median / max) to show the load noise")
@@ -272,8 +298,8 @@ def main() -> None:
         args.feature_draft = str(demo_feat)
     feat = load(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
 
-    tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len, hidden_output=True),
-                    threads=args.threads)
+    tb = OrtBackend(export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len, hidden_output=True,
+                                weights=args.target_weights), threads=args.threads)
     db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.draft_threads)
     fb = (OrtBackend(export_onnx(feat, tmp / "feature_draft.onnx", ctx_len=args.ctx_len,
                                  weights=args.feature_draft_weights),
@@ -316,9 +342,22 @@ def main() -> None:
                 done = results[j][-len(prompts_ids):]
                 per_pass[j].append(sum(r.stats.new_tokens for r in done) / sum(r.stats.wall_s for r in done))
     bar.close()
+    ar_greedy = next(j for j, ((sampling, _), mode, _, _) in enumerate(jobs) if mode == "ar" and sampling == "greedy")
     for j, ((sampling, _), mode, k, thr) in enumerate(jobs):
         runs.append(aggregate(results[j], mode, sampling, k, thr))
         runs[-1]["tokens_per_s_by_pass"] = per_pass[j]
+        if sampling == "greedy":  # exactness on the real pair: each greedy SpD row against the AR row of its prompt
+            same = [r.tokens == a.tokens for r, a in zip(results[j], results[ar_greedy])]
+            runs[-1]["greedy_rows_equal_ar"] = [sum(same), len(same)]
+    quality = None
+    if args.target_weights != "fp32":
+        ref = OrtBackend(export_onnx(target, tmp / "target_fp32.onnx", ctx_len=args.ctx_len), threads=args.threads)
+        ar_fp32 = [generate_ar(ref, [ids], max_new_tokens=max_new, greedy=True).tokens[0]
+                   for ids in tqdm(prompts_ids, desc="fp32 target (quality reference)", leave=False)]
+        quality = target_quality(tb, ref, prompts_ids, ar_fp32)
+        quality["greedy_continuations_equal"] = [
+            sum(r.tokens[0] == c for r, c in zip(results[ar_greedy], ar_fp32)), len(ar_fp32)]
+        del ref
 
     hf = None
     if not args.no_hf:
@@ -335,6 +374,11 @@ def main() -> None:
     print(f"per-call latency at past {args.past_len}: S=1 target {t1[1] * 1e3:.1f} ms, draft {d1[1] * 1e3:.1f} ms"
           + (f", feature draft {f1[1] * 1e3:.1f} ms" if f1 else "") + "; "
           "target S/S=1: " + " ".join(f"{s}:{t1[s] / t1[1]:.2f}" for s in range(2, 10)))
+    if quality is not None:
+        eq = quality["greedy_continuations_equal"]
+        print(f"target weights {args.target_weights} vs the fp32 target (teacher-forced on its greedy continuations, "
+              f"{quality['positions']} positions): top-1 agreement {quality['top1_agreement']:.4f}, KL "
+              f"{quality['kl_nats']:.4f} nats/token; greedy continuations identical {eq[0]}/{eq[1]}")
     print(f"\n{'sampling':12} {'mode':12} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
           f"{'tok/loop':>8} {'draft s':>8} {'target s':>8} {'host s':>7}   (decode: prefill excluded)")
     summary = {}
@@ -358,7 +402,8 @@ def main() -> None:
                              "best_tokens_per_s": best["tokens_per_s"],
                              "ar_tokens_per_s": ar["tokens_per_s"], "speedup_vs_ar": best["speedup_vs_ar"],
                              "decode_speedup_vs_ar": best["decode_speedup_vs_ar"],
-                             "speedup_by_pass": best["speedup_by_pass"]}
+                             "speedup_by_pass": best["speedup_by_pass"],
+                             "greedy_rows_equal_ar": best.get("greedy_rows_equal_ar")}
         if hf is not None:
             summary[sampling]["hf_assisted_tokens_per_s"] = hf[f"assisted_{sampling}_tokens_per_s"]
             summary[sampling]["ours_over_hf_assisted"] = best["tokens_per_s"] / hf[f"assisted_{sampling}_tokens_per_s"]
@@ -375,6 +420,11 @@ def main() -> None:
                 f"AR end to end, {s['decode_speedup_vs_ar']:.2f}x in decode (goal >= 1.5x greedy)")
         if "ours_over_hf_assisted" in s:
             line += f"; {s['ours_over_hf_assisted']:.2f}x transformers assisted (goal >= 3x)"
+            if args.target_weights != "fp32":
+                line += f" (our target {args.target_weights}, theirs fp32)"
+        if s["greedy_rows_equal_ar"] is not None:
+            same, rows = s["greedy_rows_equal_ar"]
+            line += f"\n  greedy SpD rows token-identical to AR: {same}/{rows}"
         if len(s["speedup_by_pass"]) > 1:
             by = sorted(s["speedup_by_pass"])
             line += (f"\n  per pass ({len(by)} passes over the prompts): min {by[0]:.2f}x, median "
@@ -387,7 +437,8 @@ def main() -> None:
         "settings": {"prompts": len(prompts_ids), "repeats": args.repeats, "max_new_tokens": max_new,
                      "temperature": args.temperature,
                      "ctx_len": args.ctx_len, "draft": draft_name, "feature_draft": args.feature_draft,
-                     "feature_draft_weights": args.feature_draft_weights},
+                     "feature_draft_weights": args.feature_draft_weights, "target_weights": args.target_weights},
+        "target_quality": quality,
         "target": target.config.to_dict(),
         "draft": draft.config.to_dict(),
         "feature_draft": feat.config.to_dict() if feat is not None else None,

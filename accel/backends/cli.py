@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8")
+# = accel.backends.export.WEIGHT_MODES, repeated so that building the parser imports no torch
+_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbits")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

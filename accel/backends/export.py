@@ -44,7 +44,7 @@ from accel.errors import BackendError
 
 __all__ = ["export_onnx", "export_cached", "WEIGHT_MODES", "model_tensors"]
 
-WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8")
+WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbits")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
 
 
@@ -57,11 +57,21 @@ def _mx_of(module: torch.nn.Module) -> Any | None:
     return None
 
 
+def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
+    """``name`` is the weight of an ``nn.Linear`` (``lm_head.weight`` too, when it is a tied copy of the embedding)."""
+    import torch
+
+    if name == "lm_head.weight":
+        return True
+    module = model.get_submodule(name.rsplit(".", 1)[0]) if name.endswith(".weight") else None
+    return isinstance(module, torch.nn.Linear) and name != "fc.weight"  # a feature draft's fc reads raw features
+
+
 def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
     """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format used.
 
-    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8``: there the head is
-    an int8 copy and the embedding stays float32 (it is only gathered).
+    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
+    there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
     if weights not in WEIGHT_MODES:
         raise BackendError(f"weights={weights!r} is not supported; supported: {', '.join(WEIGHT_MODES)}")
@@ -73,10 +83,10 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
             mx_modules[f"{name}.weight"] = mx
     for name, p in model.named_parameters():  # remove_duplicate: a tied lm_head.weight appears once (as embed_tokens)
         tensors[name] = p.detach().float().cpu().numpy()
-    if model.config.tie_word_embeddings and weights != "int8":
+    if model.config.tie_word_embeddings and weights not in ("int8", "mxint8-nbits"):
         tensors.pop("lm_head.weight", None)
     elif model.config.tie_word_embeddings and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]  # int8: the head gets its own (quantized) copy
+        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]  # the head gets its own (quantized) copy
     if getattr(model.config, "head_vocab", 0):  # restricted head: its token ids (int64) go into the graph as is
         tensors["lm_head_token_ids"] = model.lm_head_token_ids.detach().cpu().numpy().astype(np.int64)
     tensors.update(mx_modules)
@@ -87,7 +97,17 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
     else:
         from accel.formats import get_format, quantize
 
-        if mx_modules:  # a compressed model: keep exactly its MX weights and format
+        if weights == "mxint8-nbits":  # every Linear and the head, in MXINT8 (a compressed model: its own codes)
+            other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
+            if other:
+                raise BackendError(f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
+                                   f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)")
+            fmt = get_format("mxint8")
+            used_format = fmt.name
+            for name in sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules):
+                mx_modules[name] = quantize(tensors[name], fmt, axis=-1, block_size=32, name=name)
+                tensors[name] = mx_modules[name]
+        elif mx_modules:  # a compressed model: keep exactly its MX weights and format
             formats = {mx.fmt.name for mx in mx_modules.values()}
             used_format = ",".join(sorted(formats))
         else:
@@ -126,7 +146,8 @@ def export_onnx(
         batch_size: rows per call (fixed in the graph).
         num_logits: if given, the graph returns logits for the last ``num_logits`` positions only (the Cloud AI 100
             decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
-        weights: ``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed`` or ``int8`` (see the module docstring).
+        weights: ``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8`` or ``mxint8-nbits`` (see the module
+            docstring).
         mx_format: element format for the MX modes when the model is not already compressed (e.g. ``mxfp6``).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
         progress: show a tqdm bar.
@@ -158,7 +179,7 @@ def export_onnx(
         raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
     if float_weights not in ("fp32", "fp16"):
         raise BackendError(f"float_weights={float_weights!r} is not supported; supported: fp32, fp16")
-    if weights in ("fp32", "fp16", "int8") and float_weights != "fp32":
+    if weights in ("fp32", "fp16", "int8", "mxint8-nbits") and float_weights != "fp32":
         raise BackendError(f"float_weights applies to the MX modes only; use weights={float_weights!r}")
     path = Path(path)
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
@@ -169,7 +190,7 @@ def export_onnx(
     proto = build_decoder_graph(
         cfg, tensors, ctx_len=ctx_len, batch_size=batch_size, num_logits=num_logits,
         float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32", progress=bar.update,
-        hidden_output=hidden_output,
+        hidden_output=hidden_output, matmul_nbits=weights == "mxint8-nbits",
     )
     meta = {
         "accel.version": __version__,

@@ -1,15 +1,18 @@
 """Build the ONNX graph of a decoder with the position-indexed KV-cache contract (REFERENCE.md §2), from numpy weights.
 
 The graph computes what ``accel.models.decoder.Decoder.forward`` computes (same masking, same RoPE, same op order in
-the layers), so ORT and torch agree to fp32 rounding; the cache write is an exact ScatterElements (one copy of the
-cache per layer instead of the Decoder's export-friendly one-hot MatMul). No torch is needed here: weights arrive as
-float32 numpy arrays or ``MXTensor`` objects, keyed by ``Decoder`` state-dict names.
+the layers), so ORT and torch agree to fp32 rounding; the cache write is an exact ScatterND of each new row at its
+slot (in place under ``OrtBackend``). No torch is needed here: weights arrive as float32 numpy arrays or ``MXTensor``
+objects, keyed by ``Decoder`` state-dict names.
 
 Weight storage per tensor:
 - ``np.ndarray``: stored as float32, or float16 when ``float_dtype="fp16"`` (with an in-graph Cast to float32);
 - ``MXTensor`` (2-D ``[out, in]``, blocked along ``in``): packed codes + E8M0 scales as uint8 initializers, decoded in
   the graph with standard ops (BitShift/BitwiseAnd/BitwiseOr on uint8, a 2**bits-entry Gather LUT for the elements, a
   256-entry LUT for the scales, Mul, Reshape, Slice, Transpose). onnxruntime constant-folds the decode at load time.
+  With ``matmul_nbits=True`` an MXINT8 weight instead feeds onnxruntime's ``com.microsoft.MatMulNBits`` (8 bits,
+  blocks of 32): its uint8 codes are the MXINT8 codes + 128 and its float32 scales the block scales times 2^-6, which
+  represent the MXINT8 values exactly; onnxruntime (only) runs it on int8 activations quantized per block.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class _G:
         self.inits: list[onnx.TensorProto] = []
         self._consts: dict[tuple, str] = {}
         self._n = 0
+        self.opsets: set[str] = set()  # non-standard domains used (com.microsoft for MatMulNBits)
 
     def op(self, op_type: str, *inputs: str, name: str | None = None, **attrs: Any) -> str:
         self._n += 1
@@ -115,9 +119,27 @@ def _decode_mx(g: _G, name: str, mx: Any) -> str:
 class _Weights:
     """Hands out graph names for weights, storing each once (tied embeddings share one initializer)."""
 
-    def __init__(self, g: _G, tensors: Mapping[str, Any], float_dtype: str, tied: bool) -> None:
-        self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
+    def __init__(self, g: _G, tensors: Mapping[str, Any], float_dtype: str, tied: bool, nbits: bool = False) -> None:
+        self.g, self.tensors, self.fp16, self.tied, self.nbits = g, tensors, float_dtype == "fp16", tied, nbits
         self._done: dict[str, str] = {}
+
+    def linear(self, xin: str, name: str, out: str | None = None) -> str:
+        """``xin @ W^T`` for the Linear weight ``name``: a MatMul, or (``nbits``) a MatMulNBits on its MXINT8 codes."""
+        t = None if (name == "lm_head.weight" and self.tied) else self._get(name)
+        if not (self.nbits and hasattr(t, "codes")):
+            return self.g.op("MatMul", xin, self.matmul_t(name), name=out)
+        if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
+            raise BackendError(f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 along "
+                               f"in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}")
+        out_f, in_f = t.shape
+        codes = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
+        scales = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
+        scales[t.scales == _E8M0_NAN] = np.nan
+        self.g.init(f"{name}.q", codes.astype(np.uint8).reshape(out_f, t.nblocks, 32))
+        self.g.init(f"{name}.block_scales", scales.astype(np.float32).reshape(-1))
+        self.g.opsets.add("com.microsoft")
+        return self.g.op("MatMulNBits", xin, f"{name}.q", f"{name}.block_scales", name=out, domain="com.microsoft",
+                         K=in_f, N=out_f, bits=8, block_size=32, accuracy_level=4)
 
     def _get(self, name: str) -> Any:
         if name not in self.tensors:
@@ -184,6 +206,7 @@ def build_decoder_graph(
     float_dtype: str = "fp32",
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
+    matmul_nbits: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -194,11 +217,13 @@ def build_decoder_graph(
     ``hidden_output`` (always on for a feature draft, ``config.feature_size > 0``) adds the output ``hidden_states``
     float32 ``[batch_size, seq_len, hidden]``: the final-norm hidden state of every column. A feature draft also has
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
-    ``progress(1)`` is called once per layer.
+    ``progress(1)`` is called once per layer. ``matmul_nbits``: MXINT8 weights as onnxruntime ``MatMulNBits`` nodes
+    (see the module docstring).
     """
     c = config
     g = _G()
-    w = _Weights(g, tensors, float_dtype, tied=c.tie_word_embeddings and "lm_head.weight" not in tensors)
+    w = _Weights(g, tensors, float_dtype, tied=c.tie_word_embeddings and "lm_head.weight" not in tensors,
+                 nbits=matmul_nbits)
     B, H, Hkv, D = batch_size, c.num_heads, c.num_kv_heads, c.head_dim
     groups = H // Hkv
     kv_shape = [B, Hkv, ctx_len, D]
@@ -281,7 +306,7 @@ def build_decoder_graph(
         rope = (g.op("Cos", emb), g.op("Sin", emb), half_turn)
 
     def linear(xin: str, prefix: str, bias: bool) -> str:
-        y = g.op("MatMul", xin, w.matmul_t(f"{prefix}.weight"))
+        y = w.linear(xin, f"{prefix}.weight")
         return g.op("Add", y, w.plain(f"{prefix}.bias")) if bias else y
 
     def norm(xin: str, prefix: str) -> str:
@@ -347,10 +372,11 @@ def build_decoder_graph(
             x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
         head = norm(x, "norm")
     if getattr(c, "head_vocab", 0):
-        _restricted_logits(g, g.op("MatMul", head, w.matmul_t("lm_head.weight")), tensors, c.vocab_size)
+        _restricted_logits(g, w.linear(head, "lm_head.weight"), tensors, c.vocab_size)
     else:
-        g.op("MatMul", head, w.matmul_t("lm_head.weight"), name="logits")
+        w.linear(head, "lm_head.weight", out="logits")
     graph = helper.make_graph(g.nodes, "accel_decoder", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="accel")
+    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(g.opsets)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="accel")
     model.ir_version = IR_VERSION
     return model

@@ -104,6 +104,10 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
         proto = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf decode errors
         raise BackendError(f"{onnx_path} is not a readable ONNX file: {exc}") from exc
+    contrib = sorted({n.domain for n in proto.graph.node if n.domain not in ("", "ai.onnx")})
+    if contrib:
+        raise BackendError(f"{onnx_path} uses operators of {', '.join(contrib)} (an onnxruntime-only export such as "
+                           "weights='mxint8-nbits'); export with fp32, fp16 or mx-rounded for Cloud AI 100")
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
     outs = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
     for name in ("input_ids", "position_ids"):
