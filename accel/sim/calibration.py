@@ -66,13 +66,19 @@ class Observation(SimModel):
         return self.seconds_per_call if self.seconds_per_call is not None else self.batch_size / self.tokens_per_s
 
 
+def _sigmoid(v: float) -> float:
+    """1 / (1 + e^-v), kept inside [1e-6, 1]: an optimizer step far out (|v| in the hundreds) must not round a
+    parameter that has to stay > 0 (an efficiency, the multi-token exponent) to exactly 0."""
+    return float(np.clip(1.0 / (1.0 + np.exp(-np.clip(v, -60.0, 60.0))), 1e-6, 1.0))
+
+
 def _to_hw(hw: Hardware, names: Sequence[str], x: np.ndarray) -> Hardware:
     vals = {}
     for name, v in zip(names, x):
         if name in ("bandwidth_efficiency", "compute_efficiency"):
-            vals[name] = float(1.0 / (1.0 + np.exp(-v)))
+            vals[name] = _sigmoid(v)
         elif name == "multi_token_exponent":
-            vals[name] = float(2.0 / (1.0 + np.exp(-v)))
+            vals[name] = 2.0 * _sigmoid(v)
         else:
             vals[name] = float(np.exp(v))
     return hw.model_copy(update=vals)

@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="onnxruntime export of a draft checkpoint directory: fp32, or int8 matmuls (an approximate "
                         "draft; SpD stays exact). Default: int8 for a feature draft (~40%% cheaper calls), fp32 for a "
                         "standalone draft (its narrow matmuls gain nothing)")
+    p.add_argument("--target-weights", choices=("fp32", "mxint8-nbits"), default="fp32",
+                   help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits (MXINT8 "
+                        "weights run by onnxruntime's MatMulNBits with int8 activations per block: an approximate "
+                        "target, about half the step time on CPU; see docs/backends.md)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
@@ -174,8 +178,11 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
+        if args.target_weights != "fp32" and (args.backend != "ort" or not target_path.is_dir()):
+            raise SpdError("--target-weights applies to a target checkpoint directory on --backend ort (an .onnx file "
+                           "keeps the weights it was exported with)")
         target = _open_backend(target_path, args.backend, args.ctx_len, args.threads, Path(tmp),
-                               hidden_output=feature_draft)
+                               hidden_output=feature_draft, weights=args.target_weights)
         draft = None
         if args.draft:
             draft_path = Path(args.draft)

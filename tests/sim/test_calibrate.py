@@ -64,3 +64,15 @@ def test_bad_input():
         calibrate(hw, [Observation(model="gpt2", seconds_per_call=1e-3)])
     with pytest.raises(SimError):
         Observation(model="gpt2", seconds_per_call=-1.0)
+
+
+def test_far_optimizer_steps_keep_bounded_parameters_valid():
+    """A fit that runs far out in its unconstrained coordinates (seen on a busy machine: the exponent's sigmoid
+    underflowed to exactly 0) still yields a valid Hardware: efficiencies and the exponent stay > 0."""
+    from accel.sim.calibration import _to_hw
+
+    hw = hardware("cloud-ai-100-standard")
+    names = ["bandwidth_efficiency", "multi_token_exponent"]
+    for v in (-1e4, -745.0, 0.0, 745.0, 1e4):
+        got = _to_hw(hw, names, np.array([v, v]))
+        assert 0 < got.bandwidth_efficiency <= 1 and 0 < got.multi_token_exponent <= 2

@@ -93,3 +93,23 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
         exported = sorted((cache_root() / "onnx").glob("feature_draft-*.onnx"), key=lambda f: f.stat().st_mtime)
         assert {p.key: p.value for p in onnx.load(exported[-1]).metadata_props}["accel.weights"] == "fp32"
+
+
+def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
+    """``--target-weights mxint8-nbits``: the target checkpoint is exported with MatMulNBits weights; greedy SpD gives
+    that target's own greedy AR tokens; the option is refused where it cannot apply."""
+    import onnx
+
+    from accel.models.smollm2 import cache_root
+
+    target, draft = checkpoints
+    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
+              "--ctx-len", "32", "--threads", "1", "--json", "--target-weights", "mxint8-nbits"]
+    assert main(["generate", *common]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    exported = sorted((cache_root() / "onnx").glob("*.onnx"), key=lambda f: f.stat().st_mtime)[-1]
+    assert {p.key: p.value for p in onnx.load(exported).metadata_props}["accel.weights"] == "mxint8-nbits"
+    assert main(["generate", *common, "--draft", str(draft), "--k", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
+    assert main(["generate", *common, "--backend", "torch"]) == 1
+    assert "--target-weights applies to a target checkpoint directory on --backend ort" in capsys.readouterr().err
