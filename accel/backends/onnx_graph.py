@@ -123,23 +123,53 @@ class _Weights:
         self.g, self.tensors, self.fp16, self.tied, self.nbits = g, tensors, float_dtype == "fp16", tied, nbits
         self._done: dict[str, str] = {}
 
-    def linear(self, xin: str, name: str, out: str | None = None) -> str:
-        """``xin @ W^T`` for the Linear weight ``name``: a MatMul, or (``nbits``) a MatMulNBits on its MXINT8 codes."""
-        t = None if (name == "lm_head.weight" and self.tied) else self._get(name)
-        if not (self.nbits and hasattr(t, "codes")):
-            return self.g.op("MatMul", xin, self.matmul_t(name), name=out)
-        if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
-            raise BackendError(f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 along "
-                               f"in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}")
-        out_f, in_f = t.shape
-        codes = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
-        scales = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
-        scales[t.scales == _E8M0_NAN] = np.nan
-        self.g.init(f"{name}.q", codes.astype(np.uint8).reshape(out_f, t.nblocks, 32))
-        self.g.init(f"{name}.block_scales", scales.astype(np.float32).reshape(-1))
+    def linear(self, xin: str, *names: str, out: str | None = None) -> str:
+        """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
+        concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
+        separate MatMuls). A MatMul, or (``nbits``) a MatMulNBits on MXINT8 codes."""
+        ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
+        if self.nbits and all(hasattr(t, "codes") for t in ts):
+            return self._matmul_nbits(xin, names, ts, out)
+        if len(names) == 1:
+            return self.g.op("MatMul", xin, self.matmul_t(names[0]), name=out)
+        if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)
+            return self.g.op("MatMul", xin, self.g.op("Concat", *[self.matmul_t(n) for n in names], axis=1), name=out)
+        joined = np.concatenate([np.asarray(t, np.float32).T for t in ts], axis=1)  # one initializer [in, sum(out)]
+        key = "+".join(names)
+        if self.fp16:
+            w = self.g.op("Cast", self.g.init(key, joined.astype(np.float16)), to=TensorProto.FLOAT)
+        else:
+            w = self.g.init(key, joined)
+        return self.g.op("MatMul", xin, w, name=out)
+
+    def bias(self, *names: str) -> str:
+        """The biases of ``names`` concatenated (one Add after a joined ``linear``)."""
+        if len(names) == 1:
+            return self.plain(names[0])
+        joined = np.concatenate([np.asarray(self._get(n), np.float32) for n in names])
+        if self.fp16:
+            return self.g.op("Cast", self.g.init("+".join(names), joined.astype(np.float16)), to=TensorProto.FLOAT)
+        return self.g.init("+".join(names), joined)
+
+    def _matmul_nbits(self, xin: str, names: tuple[str, ...], ts: list[Any], out: str | None) -> str:
+        codes, scales = [], []
+        for name, t in zip(names, ts):
+            if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
+                raise BackendError(f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 "
+                                   f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}")
+            c = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
+            sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
+            sc[t.scales == _E8M0_NAN] = np.nan
+            codes.append(c.astype(np.uint8).reshape(t.shape[0], t.nblocks, 32))
+            scales.append(sc.astype(np.float32).reshape(t.shape[0], t.nblocks))
+        if len({t.shape[1] for t in ts}) != 1:
+            raise BackendError(f"weights {names} have different input features; they cannot share one MatMulNBits")
+        key = "+".join(names)
+        self.g.init(f"{key}.q", np.concatenate(codes))
+        self.g.init(f"{key}.block_scales", np.concatenate(scales).reshape(-1))
         self.g.opsets.add("com.microsoft")
-        return self.g.op("MatMulNBits", xin, f"{name}.q", f"{name}.block_scales", name=out, domain="com.microsoft",
-                         K=in_f, N=out_f, bits=8, block_size=32, accuracy_level=4)
+        return self.g.op("MatMulNBits", xin, f"{key}.q", f"{key}.block_scales", name=out, domain="com.microsoft",
+                         K=ts[0].shape[1], N=sum(t.shape[0] for t in ts), bits=8, block_size=32, accuracy_level=4)
 
     def _get(self, name: str) -> Any:
         if name not in self.tensors:
@@ -305,9 +335,11 @@ def build_decoder_graph(
                          name="rope_half_turn")
         rope = (g.op("Cos", emb), g.op("Sin", emb), half_turn)
 
-    def linear(xin: str, prefix: str, bias: bool) -> str:
-        y = w.linear(xin, f"{prefix}.weight")
-        return g.op("Add", y, w.plain(f"{prefix}.bias")) if bias else y
+    def linear(xin: str, prefix: str, bias: bool, *more: str) -> str:
+        """``prefix``'s Linear (and the ``more`` prefixes', joined along the outputs) on ``xin``, + biases."""
+        prefixes = (prefix, *more)
+        y = w.linear(xin, *[f"{q}.weight" for q in prefixes])
+        return g.op("Add", y, w.bias(*[f"{q}.bias" for q in prefixes])) if bias else y
 
     def norm(xin: str, prefix: str) -> str:
         if c.norm == "layer":
@@ -339,11 +371,15 @@ def build_decoder_graph(
     for i in range(c.num_layers):
         p = f"layers.{i}"
         h = norm(x, f"{p}.input_layernorm")
-        q = heads(linear(h, f"{p}.self_attn.q_proj", c.qkv_bias), H)
-        k = heads(linear(h, f"{p}.self_attn.k_proj", c.qkv_bias), Hkv)
-        v = heads(linear(h, f"{p}.self_attn.v_proj", c.qkv_bias), Hkv)
+        # q, k and v in one MatMul, one Reshape + Transpose to [B, H + 2 Hkv, S, D], RoPE on the q and k heads at once
+        # (elementwise per head, so the same values as separately): 9 nodes per layer instead of 17
+        qkv = heads(linear(h, f"{p}.self_attn.q_proj", c.qkv_bias, f"{p}.self_attn.k_proj", f"{p}.self_attn.v_proj"),
+                    H + 2 * Hkv)
         if rope is not None:
-            q, k = apply_rope(q), apply_rope(k)
+            qk, v = g.ops("Split", [qkv, g.const([H + Hkv, Hkv])], 2, axis=1)
+            q, k = g.ops("Split", [apply_rope(qk), g.const([H, Hkv])], 2, axis=1)
+        else:
+            q, k, v = g.ops("Split", [qkv, g.const([H, Hkv, Hkv])], 3, axis=1)
         kc = write_cache(f"past_key.{i}", k, f"past_key.{i}_RetainedState")
         vc = write_cache(f"past_value.{i}", v, f"past_value.{i}_RetainedState")
         qg = g.op("Reshape", q, g.const([0, Hkv, groups, -1, D]))  # [B, Hkv, G, S, D]: no repeat of the cache
@@ -351,8 +387,7 @@ def build_decoder_graph(
         scores = g.op("Add", g.op("Mul", g.op("MatMul", qg, kt), scale), mask)
         probs = g.op("Softmax", scores, axis=-1)
         o = g.op("MatMul", probs, g.op("Unsqueeze", vc, g.const([2])))  # [B, Hkv, G, S, D]
-        o = g.op("Reshape", g.op("Transpose", g.op("Reshape", o, g.const([0, H, -1, D])), perm=[0, 2, 1, 3]),
-                 g.const([0, 0, H * D]))
+        o = g.op("Reshape", g.op("Transpose", o, perm=[0, 3, 1, 2, 4]), g.const([0, 0, H * D]))  # [B, S, H*D]
         x = g.op("Add", x, linear(o, f"{p}.self_attn.o_proj", c.o_bias))
         h = norm(x, f"{p}.post_attention_layernorm")
         if c.mlp == "gated":

@@ -135,7 +135,7 @@ def test_int8_draft_export(models, tmp_path):
     proto = onnx.load(q8)
     ops = [n.op_type for n in proto.graph.node]
     inits = {t.name: t for t in proto.graph.initializer}
-    assert ops.count("MatMulInteger") == 8  # q, k, v, o, gate, up, down, lm_head
+    assert ops.count("MatMulInteger") == 6  # q+k+v (one joined MatMul), o, gate, up, down, lm_head
     assert inits["fc.weight"].data_type == onnx.TensorProto.FLOAT
     assert any(n.op_type == "MatMul" and "fc.weight" in n.input for n in proto.graph.node)
     assert inits["lm_head.weight_quantized"].data_type == onnx.TensorProto.INT8

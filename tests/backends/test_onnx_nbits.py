@@ -48,17 +48,30 @@ def test_stored_blocks_are_exactly_mxint8(tied, tmp_path):
     proto = onnx.load(str(path))
     inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits"]
-    assert len(nodes) == len(_linear_names(model)) and all(n.domain == "com.microsoft" for n in nodes)
+    # q, k and v share one node per layer (their blocks stacked along the outputs)
+    assert len(nodes) == len(_linear_names(model)) - 2 * model.config.num_layers
+    assert all(n.domain == "com.microsoft" for n in nodes)
     assert "com.microsoft" in {o.domain for o in proto.opset_import}
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    for name in _linear_names(model):
-        w = state["embed_tokens.weight" if tied and name == "lm_head.weight" else name]
-        q, scales = inits[f"{name}.q"], inits[f"{name}.block_scales"]
-        assert q.dtype == np.uint8 and scales.dtype == np.float32 and name not in inits
-        values = (q.astype(np.float64) - 128) * scales.reshape(q.shape[0], -1, 1)
-        values = values.reshape(q.shape[0], -1)[:, : w.shape[1]]
-        want = quantize(w, get_format("mxint8"), axis=-1, block_size=32).dequantize(np.float64)
-        np.testing.assert_array_equal(values, want, err_msg=name)
+    seen = []
+    for node in nodes:
+        key = node.input[1].removesuffix(".q")
+        q, scales = inits[f"{key}.q"], inits[f"{key}.block_scales"]
+        assert q.dtype == np.uint8 and scales.dtype == np.float32
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attrs["bits"], attrs["block_size"], attrs["N"]) == (8, 32, q.shape[0])
+        values = ((q.astype(np.float64) - 128) * scales.reshape(q.shape[0], -1, 1)).reshape(q.shape[0], -1)
+        row = 0
+        for name in key.split("+"):
+            w = state["embed_tokens.weight" if tied and name == "lm_head.weight" else name]
+            assert name not in inits and attrs["K"] == w.shape[1]
+            got = values[row : row + w.shape[0], : w.shape[1]]
+            want = quantize(w, get_format("mxint8"), axis=-1, block_size=32).dequantize(np.float64)
+            np.testing.assert_array_equal(got, want, err_msg=name)
+            row += w.shape[0]
+            seen.append(name)
+        assert row == q.shape[0]
+    assert sorted(seen) == sorted(_linear_names(model))
     assert inits["embed_tokens.weight"].dtype == np.float32  # gathered, not multiplied: stays float
     meta = {m.key: m.value for m in proto.metadata_props}
     assert meta["accel.weights"] == "mxint8-nbits" and meta["accel.mx_format"] == "mxint8"
@@ -93,9 +106,10 @@ def test_compressed_mxint8_model_keeps_its_codes_and_other_formats_are_rejected(
     b = export_onnx(model, tmp_path / "m.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
     ia = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(a)).graph.initializer}
     ib = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(b)).graph.initializer}
-    for name in _linear_names(model):
-        np.testing.assert_array_equal(ia[f"{name}.q"], ib[f"{name}.q"])
-        np.testing.assert_array_equal(ia[f"{name}.block_scales"], ib[f"{name}.block_scales"])
+    keys = [k for k in ib if k.endswith((".q", ".block_scales"))]
+    assert len(keys) == 2 * (len(_linear_names(model)) - 2 * model.config.num_layers) and set(keys) <= set(ia)
+    for key in keys:
+        np.testing.assert_array_equal(ia[key], ib[key], err_msg=key)
     fp6 = copy.deepcopy(model)
     accel.compress(fp6, "mxfp6")
     with pytest.raises(BackendError, match="MXINT8 weights only; this model is compressed with mxfp6"):
