@@ -439,6 +439,9 @@ def main() -> None:
                      "ctx_len": args.ctx_len, "draft": draft_name, "feature_draft": args.feature_draft,
                      "feature_draft_weights": args.feature_draft_weights, "target_weights": args.target_weights},
         "target_quality": quality,
+        # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes (MXINT8's
+        # 0.25 bits of scales per weight are within the calibration's noise)
+        "format": "int8" if args.target_weights == "mxint8-nbits" else "fp32",
         "target": target.config.to_dict(),
         "draft": draft.config.to_dict(),
         "feature_draft": feat.config.to_dict() if feat is not None else None,
