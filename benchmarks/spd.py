@@ -322,6 +322,10 @@ def main() -> None:
     if fb is not None:  # the feature draft: fixed K and dynamic length
         jobs += ([(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
                  + [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob])
+    tb1 = None
+    if tb.min_rows > 1:  # also greedy AR without the one-row pad (see OrtBackend min_rows): what the pad costs
+        tb1 = OrtBackend(tmp / "target.onnx", threads=args.threads, min_rows=1)
+        jobs.append((settings[0], "ar_one_row", 0, None))
     # interleaved (prompt-major) so that load changes on a shared machine hit every setting alike
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -330,8 +334,9 @@ def main() -> None:
     bar = tqdm(total=len(jobs) * len(prompts_ids) * args.repeats, desc="runs")
     for rep, (i, ids) in ((r, x) for r in range(args.repeats) for x in enumerate(prompts_ids)):
         for j, ((sampling, kw), mode, k, thr) in enumerate(jobs):
-            if mode == "ar":
-                results[j].append(generate_ar(tb, [ids], max_new_tokens=max_new, seed=i, **kw))
+            if mode in ("ar", "ar_one_row"):
+                results[j].append(generate_ar(tb1 if mode == "ar_one_row" else tb, [ids], max_new_tokens=max_new,
+                                              seed=i, **kw))
             else:
                 drafter = fb if mode.startswith("spd_feat") else db
                 results[j].append(generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, seed=i,
@@ -343,7 +348,13 @@ def main() -> None:
                 per_pass[j].append(sum(r.stats.new_tokens for r in done) / sum(r.stats.wall_s for r in done))
     bar.close()
     ar_greedy = next(j for j, ((sampling, _), mode, _, _) in enumerate(jobs) if mode == "ar" and sampling == "greedy")
+    one_row = None
     for j, ((sampling, _), mode, k, thr) in enumerate(jobs):
+        if mode == "ar_one_row":  # kept out of runs: another model's numerics, not a setting of this target
+            one_row = aggregate(results[j], "ar", sampling, 0, None)
+            one_row["greedy_rows_equal_ar"] = [sum(r.tokens == a.tokens for r, a in
+                                                   zip(results[j], results[ar_greedy])), len(results[j])]
+            continue
         runs.append(aggregate(results[j], mode, sampling, k, thr))
         runs[-1]["tokens_per_s_by_pass"] = per_pass[j]
         if sampling == "greedy":  # exactness on the real pair: each greedy SpD row against the AR row of its prompt
@@ -379,6 +390,12 @@ def main() -> None:
         print(f"target weights {args.target_weights} vs the fp32 target (teacher-forced on its greedy continuations, "
               f"{quality['positions']} positions): top-1 agreement {quality['top1_agreement']:.4f}, KL "
               f"{quality['kl_nats']:.4f} nats/token; greedy continuations identical {eq[0]}/{eq[1]}")
+    if one_row is not None:
+        ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == "greedy")
+        print(f"target min_rows {tb.min_rows}: one-token steps padded to {tb.min_rows} rows (same numerics as SpD's "
+              f"verification); unpadded one-row greedy AR {one_row['tokens_per_s']:.2f} tok/s "
+              f"({one_row['tokens_per_s'] / ar['tokens_per_s']:.2f}x the padded AR), its tokens identical to the "
+              f"padded AR's in {one_row['greedy_rows_equal_ar'][0]}/{one_row['greedy_rows_equal_ar'][1]} rows")
     print(f"\n{'sampling':12} {'mode':12} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
           f"{'tok/loop':>8} {'draft s':>8} {'target s':>8} {'host s':>7}   (decode: prefill excluded)")
     summary = {}
@@ -425,6 +442,9 @@ def main() -> None:
         if s["greedy_rows_equal_ar"] is not None:
             same, rows = s["greedy_rows_equal_ar"]
             line += f"\n  greedy SpD rows token-identical to AR: {same}/{rows}"
+        if sampling == "greedy" and one_row is not None:
+            s["speedup_vs_one_row_ar"] = s["best_tokens_per_s"] / one_row["tokens_per_s"]
+            line += f"; {s['speedup_vs_one_row_ar']:.2f}x the unpadded one-row AR (a different model's numerics)"
         if len(s["speedup_by_pass"]) > 1:
             by = sorted(s["speedup_by_pass"])
             line += (f"\n  per pass ({len(by)} passes over the prompts): min {by[0]:.2f}x, median "
@@ -448,6 +468,7 @@ def main() -> None:
         "calls": calls,
         "runs": runs,
         "summary": summary,
+        "ar_one_row": one_row,  # only for a target with min_rows > 1 (MatMulNBits): greedy AR without the pad
         "hf_assisted": hf,
     }
     out = Path(args.out)

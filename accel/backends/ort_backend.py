@@ -85,8 +85,9 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
     return GraphContract(kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, *widths)
 
 
-def check_inplace_cache(path: str | Path, num_layers: int) -> None:
-    """BackendError unless every cache output of the graph at ``path`` can share its input's buffer.
+def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
+    """BackendError unless every cache output of the graph at ``path`` can share its input's buffer; returns the
+    graph's operator types.
 
     That holds when ``past_X_RetainedState`` is produced by a ScatterND whose data input is ``past_X`` and every other
     node reading ``past_X`` is an ancestor of that ScatterND (so it runs before the write): the graphs ``export_onnx``
@@ -116,6 +117,7 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> None:
             if late:
                 raise BackendError(f"{path}: {name} is read by {late} independently of its cache write; OrtBackend "
                                    "updates the cache in place and needs every reader to run before the write")
+    return {node.op_type for node in graph.node}
 
 
 class OrtBackend:
@@ -132,6 +134,14 @@ class OrtBackend:
         spin: let idle intra-op threads busy-wait for work (onnxruntime's default). Off by default: in speculative
             decoding two sessions alternate on the same cores, and a spinning idle pool slows the other model's
             calls (measured here: the target's K+1-token calls ran 1.7-2x slower beside a spinning draft session).
+        min_rows: a call with fewer rows (batch x tokens) gets padding columns (position -1) up to this many. Default:
+            2 for a graph with ``com.microsoft.MatMulNBits`` (``export_onnx(weights="mxint8-nbits")``), else 1.
+            onnxruntime computes a one-row call slightly differently from a multi-row one (3e-5 of a 27-logit spread
+            on SmolLM2-135M in fp32; multi-row calls agree bit for bit whatever their size), and int8 activation
+            quantization turns such differences into whole quantization steps (0.57 of the spread with MatMulNBits).
+            A single-token step (autoregressive decoding) and a K+1-token verification would then compute two
+            different models. Padded, every call takes the multi-row path and a row's result does not depend on the
+            call's shape (tested bit for bit); a one-token step costs about one more row.
     """
 
     def __init__(
@@ -143,6 +153,7 @@ class OrtBackend:
         providers: list[str] | None = None,
         max_seq_len: int | None = None,
         spin: bool = False,
+        min_rows: int | None = None,
     ) -> None:
         path = Path(path)
         if not path.is_file():
@@ -177,7 +188,12 @@ class OrtBackend:
             hidden_size=c.hidden_size,
             feature_size=c.feature_size,
         )
-        check_inplace_cache(path, c.num_layers)
+        graph_ops = check_inplace_cache(path, c.num_layers)
+        if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1):
+            raise BackendError(f"min_rows must be an int >= 1; got {min_rows!r}")
+        self.min_rows = min_rows if min_rows is not None else (2 if "MatMulNBits" in graph_ops else 1)
+        if self.min_rows > 1 and c.ctx_len < 2:
+            raise BackendError(f"min_rows={self.min_rows} pads with position -1, which needs ctx_len >= 2")
         self._names = [f"past_{kv}.{i}" for i in range(c.num_layers) for kv in ("key", "value")]
         # One buffer per cache tensor, bound as both the input past_* and the output *_RetainedState, so ScatterND
         # updates it in place. Double buffering (two sets, flipped per call) made onnxruntime copy the whole cache
@@ -212,6 +228,12 @@ class OrtBackend:
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
         seq = ids.shape[1]
+        extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
+        if extra > 0:
+            ids = np.concatenate([np.zeros((ids.shape[0], extra), ids.dtype), ids], axis=1)
+            pos = np.concatenate([np.full((pos.shape[0], extra), -1, pos.dtype), pos], axis=1)
+            if feats is not None:
+                feats = np.concatenate([np.zeros((feats.shape[0], extra, feats.shape[2]), feats.dtype), feats], axis=1)
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
             raise BackendError(
@@ -242,10 +264,14 @@ class OrtBackend:
             raise BackendError(f"onnxruntime failed on a call with input shape {ids.shape}: {exc}") from exc
         outs = io.get_outputs()
         logits = outs[0].numpy()
-        if num_logits is not None and logits.shape[1] != num_logits:
-            logits = logits[:, -num_logits:, :]
+        want = num_logits if num_logits is not None else seq
+        if logits.shape[1] != want:
+            logits = logits[:, -want:, :]
         logits = np.ascontiguousarray(logits, dtype=np.float32)
-        return (logits, outs[1].numpy()) if return_hidden else logits
+        if not return_hidden:
+            return logits
+        hidden = outs[1].numpy()
+        return logits, (hidden[:, -seq:] if extra > 0 else hidden)
 
     def reset(self) -> None:
         """Zero the KV cache."""
