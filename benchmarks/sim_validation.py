@@ -221,6 +221,10 @@ def load_measurements(data: dict) -> dict:
                            f"{c}")
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
+    lookup = [r for r in data["runs"] if str(r.get("mode", "")).endswith("+ngram")]
+    if lookup:  # their loops mix free lookup drafts with draft-model calls, which LoopStats does not describe
+        print(f"{len(lookup)} n-gram lookup run(s) (mode *+ngram) skipped: accel.sim does not model lookup drafts")
+        data = {**data, "runs": [r for r in data["runs"] if r not in lookup]}
     for i, r in enumerate(data["runs"]):
         # spd_dyn / spd_feat_dyn: dynamic draft length (compared through accel.sim.LoopStats); spd_feat*: the
         # feature draft, with its own calls and config

@@ -127,13 +127,16 @@ def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float |
         accepted_at = np.sum([np.nan_to_num(np.asarray(r.stats.acceptance_per_position) * r.stats.proposed_per_position)
                               for r in results], axis=0)
         row["acceptance_by_position"] = [float(a / n) if n else None for a, n in zip(accepted_at, reached_at)]
+        row["lookup_loops"] = sum(r.stats.lookup_rounds for r in results)
+        row["lookup_accepted"] = sum(r.stats.lookup_accepted for r in results)
         row["draft_s"] = sum(r.stats.draft_s for r in results)
         row["target_s"] = sum(r.stats.target_s for r in results)
         row["host_s"] = sum(r.stats.host_s for r in results)
     return row
 
 
-def hf_assisted(target_dir: Path, draft_dir: Path, prompts_ids, max_new: int, temperature: float) -> dict:
+def hf_assisted(target_dir: Path, draft_dir: Path, prompts_ids, max_new: int, temperature: float,
+                ngram: int = 0, ngram_k: int = 4) -> dict:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -145,7 +148,10 @@ def hf_assisted(target_dir: Path, draft_dir: Path, prompts_ids, max_new: int, te
     out: dict = {"threads": torch.get_num_threads()}
     settings = [("greedy", dict(do_sample=False)), ("multinomial", dict(do_sample=True, temperature=temperature))]
     for name, kw in settings:
-        for label, extra in (("ar", {}), ("assisted", {"assistant_model": dft})):
+        labels = [("ar", {}), ("assisted", {"assistant_model": dft})]
+        if ngram:  # transformers' own n-gram lookup (prompt lookup decoding; it cannot combine it with a draft model)
+            labels.append(("lookup", {"prompt_lookup_num_tokens": ngram_k, "max_matching_ngram_size": ngram}))
+        for label, extra in labels:
             new = 0
             wall = 0.0
             torch.manual_seed(0)
@@ -255,6 +261,9 @@ def main() -> None:
                     help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs) or "
                          "mxint8-nbits (MXINT8 weights on onnxruntime's MatMulNBits, int8 activations per block: "
                          "approximate, so its distance to the fp32 target is measured and reported)")
+    ap.add_argument("--ngram", type=int, default=3,
+                    help="also run every SpD setting with n-gram lookup drafts (generate(ngram=N); 0: off)")
+    ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
     ap.add_argument("--repeats", type=int, default=1,
                     help="passes over the prompts (each interleaved as below); figures pool all passes, and every "
                          "speedup is also reported per pass (min / median / max) to show the load noise")
@@ -322,6 +331,8 @@ def main() -> None:
     if fb is not None:  # the feature draft: fixed K and dynamic length
         jobs += ([(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
                  + [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob])
+    if args.ngram:  # the same SpD settings with n-gram lookup drafts where the text repeats ("+ngram")
+        jobs += [(st, mode + "+ngram", k, thr) for st, mode, k, thr in jobs if mode != "ar"]
     tb1 = None
     if tb.min_rows > 1:  # also greedy AR without the one-row pad (see OrtBackend min_rows): what the pad costs
         tb1 = OrtBackend(tmp / "target.onnx", threads=args.threads, min_rows=1)
@@ -339,8 +350,9 @@ def main() -> None:
                                               seed=i, **kw))
             else:
                 drafter = fb if mode.startswith("spd_feat") else db
+                lookup = dict(ngram=args.ngram, ngram_k=args.ngram_k) if mode.endswith("+ngram") else {}
                 results[j].append(generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, seed=i,
-                                           min_draft_prob=thr, **kw))
+                                           min_draft_prob=thr, **lookup, **kw))
             bar.update(1)
         if i == len(prompts_ids) - 1:  # a pass is complete: its tokens/s per job
             for j in results:
@@ -373,7 +385,7 @@ def main() -> None:
     hf = None
     if not args.no_hf:
         hf_prompts = prompts_ids[: args.hf_prompts or (1 if args.quick else len(prompts_ids))]  # eager torch is slow
-        hf = hf_assisted(target_dir, draft_dir, hf_prompts, max_new, args.temperature)
+        hf = hf_assisted(target_dir, draft_dir, hf_prompts, max_new, args.temperature, args.ngram, args.ngram_k)
         hf["prompts"] = len(hf_prompts)
 
     # ---------------------------------------------------------------- report
@@ -407,9 +419,11 @@ def main() -> None:
             r["speedup_by_pass"] = [x / a for x, a in zip(r["tokens_per_s_by_pass"], ar["tokens_per_s_by_pass"])]
             alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "-"
             extra = (f"{r['draft_s']:8.2f} {r['target_s']:8.2f} {r['host_s']:7.2f}" if r["mode"] != "ar" else "")
-            mode = {"spd_feat": "feat", "spd_feat_dyn": "feat"}.get(r["mode"], r["mode"])
+            base = r["mode"].removesuffix("+ngram")
+            mode = {"spd_feat": "feat", "spd_feat_dyn": "feat"}.get(base, base)
             if r["min_draft_prob"] is not None:
                 mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
+            mode += " +ng" if r["mode"].endswith("+ngram") else ""
             print(f"{sampling:12} {mode:12} {r['k']:2d} {r['tokens_per_s']:8.2f} {r['speedup_vs_ar']:6.2f} "
                   f"{r['decode_tokens_per_s']:7.2f} {r['decode_speedup_vs_ar']:6.2f} "
                   f"{alpha:>6} {r['mean_tokens_per_loop']:8.2f} {extra}")
@@ -421,9 +435,16 @@ def main() -> None:
                              "decode_speedup_vs_ar": best["decode_speedup_vs_ar"],
                              "speedup_by_pass": best["speedup_by_pass"],
                              "greedy_rows_equal_ar": best.get("greedy_rows_equal_ar")}
+        plain = [r for r in runs if r["mode"] != "ar" and not r["mode"].endswith("+ngram") and r["sampling"] == sampling]
+        if best["mode"].endswith("+ngram") and plain:  # what the draft model alone gives, for comparison
+            p = max(plain, key=lambda r: r["tokens_per_s"])
+            summary[sampling]["without_lookup"] = {"mode": p["mode"], "k": p["k"], "min_draft_prob": p["min_draft_prob"],
+                                                   "tokens_per_s": p["tokens_per_s"], "speedup_vs_ar": p["speedup_vs_ar"]}
         if hf is not None:
             summary[sampling]["hf_assisted_tokens_per_s"] = hf[f"assisted_{sampling}_tokens_per_s"]
             summary[sampling]["ours_over_hf_assisted"] = best["tokens_per_s"] / hf[f"assisted_{sampling}_tokens_per_s"]
+            if f"lookup_{sampling}_tokens_per_s" in hf:
+                summary[sampling]["ours_over_hf_lookup"] = best["tokens_per_s"] / hf[f"lookup_{sampling}_tokens_per_s"]
     if hf is not None:
         print("\ntransformers (eager torch, same prompts/tokens): " + ", ".join(
             f"{k.replace('_tokens_per_s', '')} {v:.2f} tok/s" for k, v in hf.items() if k.endswith("tokens_per_s"))
@@ -432,13 +453,21 @@ def main() -> None:
     for sampling, s in summary.items():
         how = (("feature draft, " if s["best_mode"].startswith("spd_feat") else "") + f"K={s['best_k']}"
                + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}" if s["best_min_draft_prob"] is not None
-                  else ""))
+                  else "") + (f", n-gram lookup (n {args.ngram}, {args.ngram_k} tokens)"
+                              if s["best_mode"].endswith("+ngram") else ""))
         line = (f"{sampling}: best {how} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "
                 f"AR end to end, {s['decode_speedup_vs_ar']:.2f}x in decode (goal >= 1.5x greedy)")
         if "ours_over_hf_assisted" in s:
             line += f"; {s['ours_over_hf_assisted']:.2f}x transformers assisted (goal >= 3x)"
             if args.target_weights != "fp32":
                 line += f" (our target {args.target_weights}, theirs fp32)"
+            if "ours_over_hf_lookup" in s:
+                line += f"; {s['ours_over_hf_lookup']:.2f}x transformers' prompt lookup"
+        if "without_lookup" in s:
+            w = s["without_lookup"]
+            line += (f"\n  without lookup: best {w['mode']} K={w['k']}"
+                     + (f" min_draft_prob {w['min_draft_prob']:g}" if w["min_draft_prob"] is not None else "")
+                     + f" {w['tokens_per_s']:.2f} tok/s = {w['speedup_vs_ar']:.2f}x AR")
         if s["greedy_rows_equal_ar"] is not None:
             same, rows = s["greedy_rows_equal_ar"]
             line += f"\n  greedy SpD rows token-identical to AR: {same}/{rows}"

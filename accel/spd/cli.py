@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-draft-prob", type=float, default=None,
                    help="dynamic draft length: end a round's drafting after a proposal the draft gave less than "
                         "this probability (--k is then the cap; default: always --k)")
+    p.add_argument("--ngram", type=int, default=None,
+                   help="n-gram lookup drafts: when the last N tokens (or a shorter suffix, down to 2) occurred earlier "
+                        "in the text, propose what followed them instead of calling the draft (exact; default off)")
+    p.add_argument("--ngram-k", type=int, default=None, help="tokens proposed from a lookup match (default --k)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -155,6 +159,9 @@ def _summary(stats, messages: list[str]) -> str:
         lines.append(f"loops: {s.mean_tokens_per_loop:.3f} tokens and {s.mean_drafts_per_loop:.3f} drafts per loop, "
                      f"{s.all_accepted_rounds}/{s.row_calls} all accepted (accel predict --tokens-per-loop / "
                      "--drafts-per-loop take these)")
+        if s.lookup_rounds:
+            lines.append(f"n-gram lookup: {s.lookup_rounds}/{s.row_calls} loops drafted by lookup, "
+                         f"{s.lookup_accepted} of their drafts accepted")
     lines += [f"note: {m}" for m in messages]
     return "\n".join(lines)
 
@@ -200,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, greedy=args.greedy, seed=args.seed, eos_token_id=eos, stream=printer)
         if draft is not None:
-            res = generate(target, draft, [prompt], k=args.k, min_draft_prob=args.min_draft_prob, **kw)
+            res = generate(target, draft, [prompt], k=args.k, min_draft_prob=args.min_draft_prob, ngram=args.ngram,
+                           ngram_k=args.ngram_k, **kw)
         else:
             res = generate_ar(target, [prompt], **kw)
     if args.json:

@@ -9,6 +9,9 @@ State per row (``n`` = tokens so far, prompt included): the target has consumed 
    REFERENCE.md §2), rows needing fewer tokens left-padded with position -1. With ``min_draft_prob`` a row stops
    drafting early, after a proposal the draft itself gave less than that probability (dynamic draft length: the
    decision uses the draft's side only, so sampling stays exact);
+   With ``ngram`` (``accel.spd.lookup``), a row whose recent tokens occurred earlier takes what followed them as its
+   drafts instead (a point-mass proposal) and skips the draft model this round; its ``draft_fed`` stays, so the next
+   catch-up feeds the draft everything since (in chunks of its ``max_seq_len``);
 2. score ``[last, d_1 .. d_k]`` at positions ``n-1 .. n-1+k`` in one target call (``num_logits = K+1``);
 3. modified rejection sampling (``accel.spd.mrs``) accepts ``m`` drafts and emits one more token.
 
@@ -40,6 +43,7 @@ import numpy as np
 from accel.backends.base import Backend
 from accel.errors import SpdError
 from accel.spd.checks import check_compatible, eos_set, validate
+from accel.spd.lookup import check_ngram, ngram_proposal
 from accel.spd.mrs import greedy_accept, sample, speculative_accept
 from accel.spd.stats import GenerationResult, StatsAccumulator
 from accel.spd.warps import Sampling, check_logits
@@ -55,8 +59,9 @@ class _Loop:
 
     def __init__(self, target: Backend, draft: Backend | None, prompts: list[np.ndarray], k: int,
                  max_new_tokens: np.ndarray, sampling: Sampling, rng: np.random.Generator, eos: np.ndarray,
-                 stream: StreamCallback | None, min_draft_prob: float = 0.0) -> None:
+                 stream: StreamCallback | None, min_draft_prob: float = 0.0, ngram: int = 0, ngram_k: int = 0) -> None:
         self.target, self.draft, self.k, self.min_draft_prob = target, draft, k, min_draft_prob
+        self.ngram, self.ngram_k = ngram, ngram_k
         self.sampling, self.rng, self.stream = sampling, rng, stream
         self.eos = frozenset(int(e) for e in eos)
         self.greedy = sampling.greedy
@@ -75,7 +80,7 @@ class _Loop:
         self.reasons: list[str | None] = [None] * self.batch
         self.from_draft: list[list[bool]] = [[] for _ in range(self.batch)]
         self.messages: list[str] = []
-        self.acc = StatsAccumulator("spd" if draft is not None else "ar", k, self.batch)
+        self.acc = StatsAccumulator("spd" if draft is not None else "ar", k, self.batch, max(k, ngram_k))
         self.feature = draft is not None and draft.info.feature_size > 0
         # a draft whose hidden states live in the feature space feeds them back while drafting (EAGLE); another
         # feature draft (a standalone draft given the target's states, accel.drafts.feature.augment_draft) gets zeros
@@ -128,6 +133,17 @@ class _Loop:
                 pos[b, width - length :] = np.arange(starts[b], stops[b])
         return ids, pos
 
+    def _catch_up(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The draft call that feeds each drafting row's un-consumed tail ``tokens[draft_fed:n]``. A tail longer than
+        the draft's ``max_seq_len`` (possible after n-gram lookup rounds) goes in chunks; the last gives the logits."""
+        ids, pos = self._left_padded(self.draft_fed, self.n, rows)
+        step, lead = self.draft.info.max_seq_len, max(0, ids.shape[1] - self.draft.info.max_seq_len)
+        for s in range(0, lead, step):
+            chunk = pos[:, s : min(s + step, lead)]
+            if np.any(chunk >= 0):
+                self._call("draft", ids[:, s : min(s + step, lead)], chunk, 1, features=self._features_at(chunk))
+        return self._call("draft", ids[:, lead:], pos[:, lead:], 1, features=self._features_at(pos[:, lead:]))
+
     def prefill(self) -> None:
         """Feed every prompt but its last token into both models (chunks of each backend's ``max_seq_len``)."""
         stops = self.n - 1
@@ -159,38 +175,52 @@ class _Loop:
             return 1.0 / np.exp(probs - probs.max(axis=-1, keepdims=True)).sum(axis=-1)
         return np.take_along_axis(probs, tok[:, None], axis=-1)[:, 0]
 
+    def _lookups(self, room: np.ndarray) -> dict[int, np.ndarray]:
+        """Rows whose drafts come from n-gram lookup this round (``accel.spd.lookup``): row -> proposed tokens."""
+        found = {}
+        for b in np.flatnonzero(self.active & (room >= 2)):
+            prop = ngram_proposal(self.buf[b, : self.n[b]], self.ngram, int(min(self.ngram_k, room[b] - 1)),
+                                  n_min=min(2, self.ngram))
+            if prop.size:
+                found[int(b)] = prop
+        return found
+
     def round(self) -> None:
         room = np.minimum(self.max_new - self.new, self.ctx - self.n)
         k_rows = np.where(self.active, np.minimum(self.k, room - 1), 0).clip(min=0)
+        lookups = self._lookups(room) if self.ngram else {}
+        looked_up = np.zeros(self.batch, dtype=bool)
+        for b, prop in lookups.items():
+            k_rows[b], looked_up[b] = prop.size, True
         k_round = int(k_rows.max(initial=0))
         vocab = self.target.info.vocab_size
         drafts = np.zeros((self.batch, k_round), dtype=np.int64)
         p = None if self.greedy else np.zeros((self.batch, k_round, vocab))
-        drafting = self.active & (k_rows >= 1)
+        for b, prop in lookups.items():  # a deterministic guess: the draft distribution is a point mass
+            drafts[b, : prop.size] = prop
+            if p is not None:
+                p[b, np.arange(prop.size), prop] = 1.0
+        drafting = self.active & (k_rows >= 1) & ~looked_up
         estimate = None  # a feature draft's own hidden state of the previous step [B, 1, H]
         for j in range(k_round):
             rows = drafting & (k_rows > j)
-            if not rows.any():  # every row stopped early (min_draft_prob)
+            if not rows.any():  # every row stopped early (min_draft_prob), or none drafts with the model
                 break
-            if j == 0:  # catch-up: the un-consumed tail, [last] or [d_K, bonus]
-                ids, pos = self._left_padded(self.draft_fed, self.n, rows)
-                if ids.shape[1] > self.draft.info.max_seq_len:
-                    raise SpdError(f"internal: draft catch-up of {ids.shape[1]} tokens exceeds its max_seq_len")
-                feats = self._features_at(pos)
+            if j == 0:  # catch-up: the un-consumed tail, [last] or [d_K, bonus] (longer after lookup rounds)
+                logits, hidden = self._catch_up(rows)
             else:
                 ids = np.where(rows, drafts[:, j - 1], 0)[:, None]
                 pos = np.where(rows, self.n - 1 + j, -1)[:, None]
-                feats = estimate
-            logits, hidden = self._call("draft", ids, pos, 1, features=feats)
+                logits, hidden = self._call("draft", ids, pos, 1, features=estimate)
             logits = logits[:, -1, :]
             if hidden is not None:
                 estimate = (np.ascontiguousarray(hidden[:, -1:, :]) if self.estimates
                             else np.zeros((self.batch, 1, self.feat.shape[2]), np.float32))
             probs = self._probs(logits, rows, "draft logits")
             tok = np.argmax(probs, axis=-1) if self.greedy else sample(probs, self.rng)
-            drafts[:, j] = np.where(rows, tok, 0)
-            if p is not None:
-                p[:, j] = probs
+            drafts[:, j] = np.where(rows, tok, drafts[:, j])
+            if p is not None:  # (lookup rows keep their point masses)
+                p[~looked_up, j] = probs[~looked_up]
             if self.min_draft_prob > 0:
                 unsure = rows & (self._proposal_prob(probs, tok) < self.min_draft_prob)
                 k_rows = np.where(unsure, j + 1, k_rows)  # d_j is still proposed; no more drafts this round
@@ -218,9 +248,9 @@ class _Loop:
             res = greedy_accept(drafts, q, k_rows)
         else:
             res = speculative_accept(drafts, p, q, self.rng, k_rows)
-        self._emit(k_rows, drafts, res)
+        self._emit(k_rows, drafts, res, looked_up)
 
-    def _emit(self, k_rows: np.ndarray, drafts: np.ndarray, res) -> None:
+    def _emit(self, k_rows: np.ndarray, drafts: np.ndarray, res, looked_up: np.ndarray) -> None:
         emitted = np.zeros(self.batch, dtype=np.int64)
         emitted_draft = np.zeros(self.batch, dtype=np.int64)
         was_active = self.active.copy()
@@ -239,7 +269,9 @@ class _Loop:
             self.new[b] += len(toks)
             self.from_draft[b].extend(flags)
             emitted[b], emitted_draft[b] = len(toks), sum(flags)
-            if kb >= 1 and self.feature:  # positions >= n0 were drafted from estimates: refeed them
+            if looked_up[b]:  # the draft model consumed nothing this round; its next catch-up feeds these too
+                pass
+            elif kb >= 1 and self.feature:  # positions >= n0 were drafted from estimates: refeed them
                 self.draft_fed[b] = n0
             elif kb >= 1:  # the draft consumed [tail .. d_{k-1}]; valid up to the last accepted token
                 self.draft_fed[b] = min(n0 - 1 + kb, n0 + m)
@@ -247,7 +279,7 @@ class _Loop:
                 self.stream(int(b), toks, flags)
             if hit is not None:
                 self._finish(b, "eos")
-        self.acc.add_round(was_active, k_rows, res.num_accepted, res.overlap, emitted, emitted_draft)
+        self.acc.add_round(was_active, k_rows, res.num_accepted, res.overlap, emitted, emitted_draft, looked_up)
         self._check_done()
 
     def _finish(self, b: int, reason: str) -> None:
@@ -299,6 +331,8 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     stream: StreamCallback | None = None,
     min_draft_prob: float | None = None,
+    ngram: int | None = None,
+    ngram_k: int | None = None,
 ) -> GenerationResult:
     """Speculative decoding: ``draft`` proposes ``k`` tokens per round, ``target`` verifies them in one call.
 
@@ -317,6 +351,11 @@ def generate(
             unsure token is still proposed (it costs the target one more scored column, nearly free). ``None`` or 0:
             always ``k``. In ``[0, 1]``; the output distribution does not depend on it (the decision uses only the
             draft's side).
+        ngram: n-gram lookup drafts (``accel.spd.lookup``): when a row's last ``ngram`` tokens (or, failing that, a
+            shorter suffix down to 2 tokens) occurred earlier in the row, the tokens that followed that occurrence
+            are this round's drafts and the draft model is not called for the row. ``None``/0: off. Exact: the
+            guess is a point-mass draft distribution, verified like any other.
+        ngram_k: tokens proposed from a match (default ``k``; ``ngram_k + 1 <= target max_seq_len``).
 
     Returns:
         :class:`~accel.spd.stats.GenerationResult`. Every row's tokens are distributed exactly as the target's
@@ -327,9 +366,12 @@ def generate(
     threshold = 0.0 if min_draft_prob is None else min_draft_prob
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold <= 1.0:
         raise SpdError(f"min_draft_prob must be a probability in [0, 1] or None; got {min_draft_prob!r}")
+    n_gram, n_k = check_ngram(ngram, ngram_k, int(k))
+    if n_k + 1 > target.info.max_seq_len:
+        raise SpdError(f"ngram_k + 1 = {n_k + 1} tokens exceed the target's max_seq_len {target.info.max_seq_len}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     return _Loop(target, draft, prompts, int(k), limits, sampling, rng, eos_set(eos_token_id),
-                 stream, float(threshold)).run()
+                 stream, float(threshold), n_gram, n_k).run()
 
 
 def generate_ar(

@@ -15,6 +15,9 @@ Counting conventions (used by the tests and the benchmark):
   accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones. ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
   per-token acceptance rate under the i.i.d. model of REFERENCE.md §3. ``alpha_overlap`` = mean of
   ``sum_x min(p(x), q(x))`` over the reached slots: the expected acceptance, computed from both distributions.
+- ``lookup_rounds``: (row, round) pairs whose drafts came from n-gram lookup (``generate(..., ngram=n)``), not from
+  the draft model; ``lookup_accepted``: accepted drafts among them. With lookup the per-slot arrays cover
+  ``max(K, ngram_k)`` slots.
 - Times in seconds: ``draft_s`` and ``target_s`` are spent inside backend calls (prefill included, reported apart in
   ``prefill_s``), ``host_s = wall_s - draft_s - target_s`` (sampling, bookkeeping). ``tokens_per_s = new_tokens /
   wall_s``; ``decode_tokens_per_s`` leaves the prefill out.
@@ -58,6 +61,8 @@ class GenerationStats(BaseModel):
     mean_drafts_per_loop: float = Field(description="draft_tokens / row_calls: the mean draft length (NaN for AR)")
     accepted_drafts: int
     proposed_drafts: int
+    lookup_rounds: int = Field(default=0, description="(row, round) pairs drafted by n-gram lookup")
+    lookup_accepted: int = Field(default=0, description="accepted drafts of those rounds")
     target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
     alpha_counts: float = Field(description="accepted / proposed drafts (NaN if none proposed)")
     alpha_overlap: float = Field(description="mean sum_x min(p, q) over reached slots (NaN if none)")
@@ -92,11 +97,13 @@ def _nan_div(a: float, b: float) -> float:
 class StatsAccumulator:
     """Mutable counters filled by the loop; :meth:`finish` freezes them into :class:`GenerationStats`."""
 
-    def __init__(self, mode: str, k: int, batch_size: int) -> None:
+    def __init__(self, mode: str, k: int, batch_size: int, slots: int | None = None) -> None:
         self.mode, self.k, self.batch_size = mode, k, batch_size
-        self.hist = np.zeros(k + 1, dtype=np.int64)
-        self.proposed = np.zeros(k, dtype=np.int64)
-        self.accepted = np.zeros(k, dtype=np.int64)
+        slots = k if slots is None else slots  # draft slots per round: max(K, ngram_k) with n-gram lookup
+        self.hist = np.zeros(slots + 1, dtype=np.int64)
+        self.proposed = np.zeros(slots, dtype=np.int64)
+        self.accepted = np.zeros(slots, dtype=np.int64)
+        self.lookup_rounds = self.lookup_accepted = 0
         self.overlap_sum = 0.0
         self.overlap_n = 0
         self.rounds = self.row_calls = self.target_calls = self.draft_calls = 0
@@ -127,10 +134,16 @@ class StatsAccumulator:
         overlap: np.ndarray,
         emitted: np.ndarray,
         emitted_from_draft: np.ndarray,
+        looked_up: np.ndarray | None = None,
     ) -> None:
-        """Record one round. All arrays are ``[B]`` except ``overlap [B, K]``; only ``active`` rows count."""
+        """Record one round. All arrays are ``[B]`` except ``overlap [B, K]``; only ``active`` rows count.
+        ``looked_up`` marks rows whose drafts came from n-gram lookup."""
         self.rounds += 1
         a = np.asarray(active, dtype=bool)
+        if looked_up is not None:
+            lk = a & np.asarray(looked_up, dtype=bool)
+            self.lookup_rounds += int(lk.sum())
+            self.lookup_accepted += int(np.asarray(num_accepted)[lk].sum())
         self.row_calls += int(a.sum())
         for n, m in zip(num_drafts[a], num_accepted[a]):
             self.hist[m] += 1
@@ -174,6 +187,8 @@ class StatsAccumulator:
             mean_drafts_per_loop=_nan_div(self.drafted, self.row_calls) if self.mode == "spd" else math.nan,
             accepted_drafts=int(self.accepted.sum()),
             proposed_drafts=int(self.proposed.sum()),
+            lookup_rounds=self.lookup_rounds,
+            lookup_accepted=self.lookup_accepted,
             target_tokens=self.target_tokens,
             alpha_counts=_nan_div(self.accepted.sum(), self.proposed.sum()),
             alpha_overlap=_nan_div(self.overlap_sum, self.overlap_n),

@@ -113,3 +113,21 @@ def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
     assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
     assert main(["generate", *common, "--backend", "torch"]) == 1
     assert "--target-weights applies to a target checkpoint directory on --backend ort" in capsys.readouterr().err
+
+
+def test_generate_with_ngram_lookup(checkpoints, capsys):
+    """``--ngram``/``--ngram-k``: lookup drafts where the text repeats (the prompt's last two tokens occurred before,
+    so the first round is a lookup round); greedy output is still the target's own; the summary reports the lookups."""
+    target, draft = checkpoints
+    common = ["--target", str(target), "--prompt", "5 17 2 9 5 17", "--max-new-tokens", "12", "--greedy",
+              "--ctx-len", "32", "--threads", "1"]
+    assert main(["generate", *common, "--json"]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2", "--ngram-k", "3",
+                 "--json"]) == 0
+    spd = json.loads(capsys.readouterr().out)
+    assert spd["tokens"] == ar["tokens"] and spd["stats"]["lookup_rounds"] >= 1
+    assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2"]) == 0
+    assert "n-gram lookup: " in capsys.readouterr().out
+    assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 1
+    assert "ngram must be an int >= 1" in capsys.readouterr().err

@@ -141,3 +141,36 @@ def test_dynamic_draft_length_is_exact(pair):
     _, fixed = sample_counts(target, draft, sampling, seed=102, runs=1)
     second = lambda st: sum(s.proposed_per_position[1] for s in st) / sum(s.proposed_per_position[0] for s in st)
     assert second(stats) < 0.8 * second(fixed), (second(stats), second(fixed))
+
+
+def test_ngram_lookup_is_exact(pair):
+    """n-gram lookup drafts (``ngram=1`` here: with 8 tokens the prompt's and the continuation's tokens recur, so most
+    rows find a match) are point-mass proposals; mixed with model-drafted rows in the same batch they keep the target's
+    law (same chi-square test)."""
+    target, draft = pair
+    sampling = SETTINGS["all"]
+    counts, stats = sample_counts(target, draft, sampling, seed=103, runs=5, ngram=1, ngram_k=2)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [ngram lookup]: {pvalue:.4g}")
+    assert pvalue > ALPHA
+    rounds = sum(s.row_calls for s in stats)
+    assert 0.2 * rounds < sum(s.lookup_rounds for s in stats) < rounds
+    assert sum(s.lookup_accepted for s in stats) > 1000
+
+
+def test_ngram_lookup_wrong_variant_fails(pair, monkeypatch):
+    """Power check: verifying lookup drafts as if the draft model had proposed them (its distribution instead of the
+    point mass) is not exact, and the same test sees it."""
+    target, draft = pair
+    sampling = SETTINGS["all"]
+    real = loop_module.speculative_accept
+
+    def as_if_uniform(drafts, p, q, rng, num_drafts=None):
+        point = np.isclose(p.max(-1, keepdims=True), 1.0) & (p.sum(-1, keepdims=True) > 0)
+        return real(drafts, np.where(point, 1.0 / p.shape[-1], p), q, rng, num_drafts)
+
+    monkeypatch.setattr(loop_module, "speculative_accept", as_if_uniform)
+    counts, _ = sample_counts(target, draft, sampling, seed=103, runs=5, ngram=1, ngram_k=2)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [ngram wrong variant]: {pvalue:.4g}")
+    assert pvalue < ALPHA
