@@ -38,6 +38,9 @@ HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
 
+LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
+
+
 class RunFigures(BaseModel):
     """One decoding mode on onnxruntime, summed over the prompts (measured here). Rates in tokens/s."""
 
@@ -248,9 +251,10 @@ def run_demo(
     runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
     drafters = [("SpD greedy", db, dict(greedy=True)), (sampled_name, db, dict(temperature=temperature, seed=0))]
     if fb is not None:
-        runs.update({"feature SpD greedy": [], f"feature SpD T={temperature:g}": []})
+        runs.update({"feature SpD greedy": [], f"feature SpD T={temperature:g}": [], LOOKUP_MODE: []})
         drafters += [("feature SpD greedy", fb, dict(greedy=True)),
-                     (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0))]
+                     (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0)),
+                     (LOOKUP_MODE, fb, dict(greedy=True, ngram=3))]  # + n-gram lookup drafts (accel.spd.lookup)
     matches = True
     for (kind, text), ids in zip(prompts, prompt_ids):
         say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
@@ -272,12 +276,12 @@ def run_demo(
     say(f"\n(draft tokens shown {'in green' if color else 'in [brackets]'}; greedy SpD == AR output: "
         f"{'yes' if matches else 'NO'})")
     figures = _summarise_runs(runs)
-    say(f"{'mode':<24}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
+    say(f"{'mode':<26}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
         f"{'draft s':>9}{'target s':>9}{'host s':>8}")
     for r in figures:
         acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
         alpha = f"{r.alpha_overlap:.2f}" if r.alpha_overlap is not None else "-"
-        say(f"{r.mode:<24}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
+        say(f"{r.mode:<26}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
             f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}")
 
     # ---------------------------------------------------------------- 3. simulator

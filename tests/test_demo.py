@@ -64,6 +64,7 @@ def test_demo_quick(tmp_path, capsys):
     assert r["figures"] and all((out / "figures").joinpath(p.split("/")[-1]).is_file() for p in r["figures"])
     # the shipped feature draft (reads the target's hidden states) ran too, with the same K, and is also cheap
     assert r["feature_draft"] and "feature SpD greedy" in runs and "feature SpD T=0.8" in runs
+    assert "feature SpD greedy+lookup" in runs  # n-gram lookup drafts too (greedy: covered by greedy_spd_matches_ar)
     assert 0 < r["feature_draft_call_s"] < r["target_call_s"]
     # ... and is predicted on every device from its measured loops (accel.sim.LoopStats)
     fs = runs["feature SpD T=0.8"]
