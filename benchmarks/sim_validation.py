@@ -221,15 +221,12 @@ def load_measurements(data: dict) -> dict:
                            f"{c}")
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
-    lookup = [r for r in data["runs"] if str(r.get("mode", "")).endswith("+ngram")]
-    if lookup:  # their loops mix free lookup drafts with draft-model calls, which LoopStats does not describe
-        print(f"{len(lookup)} n-gram lookup run(s) (mode *+ngram) skipped: accel.sim does not model lookup drafts")
-        data = {**data, "runs": [r for r in data["runs"] if r not in lookup]}
     for i, r in enumerate(data["runs"]):
         # spd_dyn / spd_feat_dyn: dynamic draft length (compared through accel.sim.LoopStats); spd_feat*: the
-        # feature draft, with its own calls and config
+        # feature draft, with its own calls and config; *+ngram: with n-gram lookup drafts (LoopStats too)
         modes = ("ar", "spd", "spd_dyn", "spd_feat", "spd_feat_dyn")
-        if r.get("mode") not in modes or not isinstance(r.get("tokens_per_s"), (int, float)):
+        if (str(r.get("mode", "")).removesuffix("+ngram") not in modes or r.get("mode") == "ar+ngram"
+                or not isinstance(r.get("tokens_per_s"), (int, float))):
             raise SimError(f"runs[{i}] must have mode {'|'.join(modes)} and tokens_per_s: {r}")
         if r["mode"] != "ar" and not isinstance(r.get("k"), int):
             raise SimError(f"runs[{i}] ({r['mode']}) needs an integer k")
@@ -275,14 +272,21 @@ def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec,
         print(f"{mode} K={k}: no feature-draft calls or config in the file, skipped")
         return None
     stats = None
-    if mode.endswith("_dyn"):
+    lookup = mode.endswith("+ngram")
+    if lookup and not all(r.get("draft_calls_per_loop") is not None and r.get("lookup_fraction") is not None
+                          for r in rs):
+        print(f"{mode} K={k}: no draft_calls_per_loop / lookup_fraction (benchmarks/spd.py since session 14), skipped")
+        return None
+    if mode.removesuffix("+ngram").endswith("_dyn") or lookup:
         if not all(r.get("drafts_per_loop") and r.get("mean_tokens_per_loop") for r in rs):
             print(f"{mode} K={k}: no drafts_per_loop (written by benchmarks/spd.py since 2026-11-22), skipped")
             return None
         stats = sim.LoopStats(tokens_per_loop=_pooled(rs, "mean_tokens_per_loop"),
                               drafts_per_loop=_pooled(rs, "drafts_per_loop"),
                               all_accepted_fraction=_pooled(rs, "all_accepted_fraction")
-                              if all(r.get("all_accepted_fraction") is not None for r in rs) else None)
+                              if all(r.get("all_accepted_fraction") is not None for r in rs) else None,
+                              draft_calls_per_loop=_pooled(rs, "draft_calls_per_loop") if lookup else None,
+                              lookup_fraction=_pooled(rs, "lookup_fraction") if lookup else 0.0)
     meas = float(np.median([r[rate] for r in rs]))
     if all(r.get("ar_reference_tokens_per_s") and r.get("time_s") and r.get("tokens") for r in rs):
         # paired with the AR runs around each SpD run (drift cancels); ratio of sums: each run's time in

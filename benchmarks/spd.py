@@ -127,7 +127,10 @@ def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float |
         accepted_at = np.sum([np.nan_to_num(np.asarray(r.stats.acceptance_per_position) * r.stats.proposed_per_position)
                               for r in results], axis=0)
         row["acceptance_by_position"] = [float(a / n) if n else None for a, n in zip(accepted_at, reached_at)]
+        row["draft_calls_per_loop"] = (sum(r.stats.draft_calls_per_loop * r.stats.rounds for r in results)
+                                       / sum(r.stats.rounds for r in results))
         row["lookup_loops"] = sum(r.stats.lookup_rounds for r in results)
+        row["lookup_fraction"] = row["lookup_loops"] / rounds
         row["lookup_accepted"] = sum(r.stats.lookup_accepted for r in results)
         row["draft_s"] = sum(r.stats.draft_s for r in results)
         row["target_s"] = sum(r.stats.target_s for r in results)

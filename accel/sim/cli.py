@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="measured draft tokens per loop (a dynamic draft length; --k is then the cap)")
     p.add_argument("--all-accepted", type=float, default=None,
                    help="measured fraction of loops with every draft accepted (optional, with --tokens-per-loop)")
+    p.add_argument("--draft-calls-per-loop", type=float, default=None,
+                   help="measured draft-model calls per loop, with n-gram lookup drafts (optional; default: one per "
+                        "draft)")
+    p.add_argument("--lookup-fraction", type=float, default=0.0,
+                   help="measured fraction of loops drafted by n-gram lookup (no draft call; default 0)")
     p.add_argument("--target-format", default="mxfp6", help="compressed target weight format (default mxfp6)")
     p.add_argument("--draft-format", default="fp16")
     p.add_argument("--kv-format", default="fp16")
@@ -64,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
     stats = None
     if (args.tokens_per_loop is None) != (args.drafts_per_loop is None):
         raise SimError("--tokens-per-loop and --drafts-per-loop go together (measured loop statistics)")
-    if args.all_accepted is not None and args.tokens_per_loop is None:
-        raise SimError("--all-accepted needs --tokens-per-loop and --drafts-per-loop")
+    if (args.all_accepted is not None or args.draft_calls_per_loop is not None or args.lookup_fraction) and (
+            args.tokens_per_loop is None):
+        raise SimError("--all-accepted, --draft-calls-per-loop and --lookup-fraction need --tokens-per-loop and "
+                       "--drafts-per-loop")
     if args.tokens_per_loop is not None:
         stats = {"tokens_per_loop": args.tokens_per_loop, "drafts_per_loop": args.drafts_per_loop,
-                 "all_accepted_fraction": args.all_accepted}
+                 "all_accepted_fraction": args.all_accepted, "draft_calls_per_loop": args.draft_calls_per_loop,
+                 "lookup_fraction": args.lookup_fraction}
     pred = predict_speedup(args.target, args.draft, _hardware_arg(args.hardware), target_format=args.target_format,
                            draft_format=args.draft_format, k=args.k, acceptance=args.acceptance,
                            prompt_len=args.prompt_len, gen_len=args.gen_len, batch_size=args.batch,

@@ -9,7 +9,9 @@ Timeline of one request (per sequence, batch B in lock step):
   ``accel.sim.spd.draft_catch_up_s``); loop times are averaged over L in the generation range.
 - SpD with measured ``loop_stats`` (a dynamic draft length): D = ``drafts_per_loop`` draft calls and a target call
   scoring D + 1 tokens per loop (fractional D: the call cost is interpolated along the S-curve), E =
-  ``tokens_per_loop``; K is then the cap (memory and validation only).
+  ``tokens_per_loop``; K is then the cap (memory and validation only). With n-gram lookup drafts
+  (``draft_calls_per_loop`` < D, ``lookup_fraction`` > 0) only the draft-model calls are priced, and the draft's
+  later catch-up on the lookup loops' tokens is added.
 Assumptions: acceptance is i.i.d. per sequence (or the given per-position vector) and the batch does not wait for its
 slowest member; the draft runs on ``draft_devices`` (default 1) devices, the target on ``devices`` (default all).
 Memory: weights + KV cache for prompt_len + gen_len (+ K) tokens of every sequence, against
@@ -204,8 +206,10 @@ def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | st
     stats = LoopStats(**loop_stats) if isinstance(loop_stats, dict) else loop_stats
     if stats is not None and not isinstance(stats, LoopStats):
         raise SimError(f"loop_stats must be a LoopStats or a dict of its fields, got {type(loop_stats).__name__}")
-    if stats is not None and stats.drafts_per_loop > k:
+    if stats is not None and stats.lookup_fraction == 0.0 and stats.drafts_per_loop > k:
         raise SimError(f"loop_stats.drafts_per_loop {stats.drafts_per_loop:g} exceeds K={k} (the draft-length cap)")
+    if stats is not None and stats.draft_calls() > k + 1e-9 and stats.lookup_fraction > 0.0:
+        raise SimError(f"loop_stats.draft_calls_per_loop {stats.draft_calls():g} exceeds K={k} (the draft-length cap)")
     if acceptance is None:
         acceptance = 0.8 if stats is None else alpha_for_expected_tokens(
             stats.tokens_per_loop, max(1, round(stats.drafts_per_loop)))
@@ -267,10 +271,12 @@ def predict_speedup(target: ModelLike, draft: ModelLike, hardware: Hardware | st
                 tgt, drf, hw, target_format=fmt, draft_format=dfmt, k=k, context_len=L_dec, batch_size=batch_size,
                 kv_format=kv_format, devices=n, draft_devices=nd, compress_lm_head=compress_lm_head,
                 draft_hardware=dhw)
-            if stats is not None:  # D one-token calls at the mean past length of a loop's draft calls
-                t_draft = n_draft * _steps(drf, dhw, dfmt, kv_format, S=1, L=L_dec + (n_draft - 1) / 2, NL=1,
-                                           batch=batch_size, devices=nd, compress_lm_head=compress_lm_head)["time_s"]
-            t_draft = t_draft + draft_catch_up_s(t_catch, e_tokens, p_all, feature)
+            if stats is not None:  # the loops' draft calls (one-token) at the mean past length of a loop's drafts
+                t_draft = stats.draft_calls() * _steps(drf, dhw, dfmt, kv_format, S=1, L=L_dec + (n_draft - 1) / 2,
+                                                       NL=1, batch=batch_size, devices=nd,
+                                                       compress_lm_head=compress_lm_head)["time_s"]
+            t_draft = t_draft + draft_catch_up_s(t_catch, e_tokens, p_all, feature,
+                                                 stats.lookup_fraction if stats is not None else 0.0)
             loop = float(np.mean(sc["time_s"] + t_draft)) + host_s
             tpot = loop / e_tokens
             parts = {key: float(np.mean(sc[src])) / e_tokens for key, src in (

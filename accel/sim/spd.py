@@ -14,6 +14,7 @@ E[tokens] = 1 + a_1 + a_1 a_2 + ... + a_1...a_K, exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 
 import numpy as np
 
@@ -94,11 +95,16 @@ def alpha_for_expected_tokens(e: float, k: int) -> float:
     return hi
 
 
-def draft_catch_up_s(catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool):
+def draft_catch_up_s(catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool,
+                     lookup_fraction: float = 0.0):
     """Extra draft seconds per loop beyond its one-token calls (vectorized). ``catch_up_token_s`` = the draft's cost
     of one more token in a call (its 2-token call minus its 1-token call). A standalone draft pays it after
-    all-accepted loops (``p_all_accepted``); a feature draft re-feeds the whole loop, ``E - 1`` extra tokens."""
-    extra = np.asarray(expected_tokens_per_loop) - 1.0 if feature_draft else np.asarray(p_all_accepted)
+    all-accepted loops (``p_all_accepted``); a feature draft re-feeds the whole loop, ``E - 1`` extra tokens.
+    With n-gram lookup drafts (``lookup_fraction`` of the loops call no draft), the draft later catches up on every
+    token those loops emitted: a feature draft feeds ``E - (1 - f)`` extra tokens per loop, a standalone one
+    ``p_all + f E``."""
+    e, f = np.asarray(expected_tokens_per_loop), float(lookup_fraction)
+    extra = e - (1.0 - f) if feature_draft else np.asarray(p_all_accepted) + f * e
     return extra * np.asarray(catch_up_token_s)
 
 
@@ -113,21 +119,37 @@ class LoopStats(SimModel):
     all_accepted_fraction: float | None = Field(
         default=None, ge=0.0, le=1.0, description="loops whose drafts were all accepted (a standalone draft's "
         "catch-up); default ((E - 1) / drafts) ** drafts, the i.i.d. estimate")
+    draft_calls_per_loop: float | None = Field(
+        default=None, ge=0.0, description="draft-model calls per loop; default drafts_per_loop (one call per draft). "
+        "Fewer with n-gram lookup drafts (accel.spd.generate(ngram=...)), which call no draft")
+    lookup_fraction: float = Field(default=0.0, ge=0.0, le=1.0, description="loops drafted by n-gram lookup: no "
+                                   "draft call, and the draft catches up on their tokens later")
 
     @model_validator(mode="after")
     def _check(self) -> "LoopStats":
         if self.tokens_per_loop > self.drafts_per_loop + 1.0 + 1e-9:
             raise SimError(f"LoopStats: tokens_per_loop {self.tokens_per_loop:g} exceeds drafts_per_loop + 1 = "
                            f"{self.drafts_per_loop + 1:g} (a loop emits at most its drafts plus one)")
+        if self.draft_calls_per_loop is not None and self.lookup_fraction == 0.0 and (
+                self.draft_calls_per_loop > self.drafts_per_loop + 1e-9):
+            raise SimError(f"LoopStats: draft_calls_per_loop {self.draft_calls_per_loop:g} exceeds drafts_per_loop "
+                           f"{self.drafts_per_loop:g} without lookup drafts (a call proposes one draft per row)")
         return self
+
+    def draft_calls(self) -> float:
+        """Draft-model calls per loop (``draft_calls_per_loop``, else one per draft)."""
+        return self.drafts_per_loop if self.draft_calls_per_loop is None else self.draft_calls_per_loop
 
     @classmethod
     def from_stats(cls, stats) -> "LoopStats":
         """From an ``accel.spd.GenerationStats`` (or anything with ``mean_tokens_per_loop``,
         ``mean_drafts_per_loop``, ``all_accepted_rounds`` and ``row_calls``)."""
         rows = getattr(stats, "row_calls", 0)
+        calls = getattr(stats, "draft_calls_per_loop", None)
         return cls(tokens_per_loop=stats.mean_tokens_per_loop, drafts_per_loop=stats.mean_drafts_per_loop,
-                   all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None)
+                   all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None,
+                   draft_calls_per_loop=calls if calls is not None and math.isfinite(calls) else None,
+                   lookup_fraction=getattr(stats, "lookup_rounds", 0) / rows if rows else 0.0)
 
     def all_accepted(self) -> float:
         """``all_accepted_fraction``, or its i.i.d. estimate."""

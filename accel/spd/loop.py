@@ -109,6 +109,7 @@ class _Loop:
                 self.feat[rows, pos[rows, cols]] = hidden[rows, cols]
         else:
             self.acc.draft_calls += 1
+            self.acc.draft_decode_calls += not prefill
         return out, hidden
 
     def _features_at(self, pos: np.ndarray) -> np.ndarray | None:

@@ -15,6 +15,8 @@ Counting conventions (used by the tests and the benchmark):
   accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones. ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
   per-token acceptance rate under the i.i.d. model of REFERENCE.md §3. ``alpha_overlap`` = mean of
   ``sum_x min(p(x), q(x))`` over the reached slots: the expected acceptance, computed from both distributions.
+- ``draft_calls_per_loop``: draft calls outside the prefill per round (= ``mean_drafts_per_loop`` at batch 1
+  without lookup; lookup rounds call no draft, and a long catch-up may take several calls).
 - ``lookup_rounds``: (row, round) pairs whose drafts came from n-gram lookup (``generate(..., ngram=n)``), not from
   the draft model; ``lookup_accepted``: accepted drafts among them. With lookup the per-slot arrays cover
   ``max(K, ngram_k)`` slots.
@@ -61,6 +63,8 @@ class GenerationStats(BaseModel):
     mean_drafts_per_loop: float = Field(description="draft_tokens / row_calls: the mean draft length (NaN for AR)")
     accepted_drafts: int
     proposed_drafts: int
+    draft_calls_per_loop: float = Field(default=math.nan, description="draft calls outside the prefill per round (one "
+                                        "call serves all rows; fewer than the drafts with n-gram lookup)")
     lookup_rounds: int = Field(default=0, description="(row, round) pairs drafted by n-gram lookup")
     lookup_accepted: int = Field(default=0, description="accepted drafts of those rounds")
     target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
@@ -106,7 +110,7 @@ class StatsAccumulator:
         self.lookup_rounds = self.lookup_accepted = 0
         self.overlap_sum = 0.0
         self.overlap_n = 0
-        self.rounds = self.row_calls = self.target_calls = self.draft_calls = 0
+        self.rounds = self.row_calls = self.target_calls = self.draft_calls = self.draft_decode_calls = 0
         self.new_tokens = self.target_tokens = self.from_draft_tokens = 0
         self.loop_tokens = 0
         self.all_accepted = 0
@@ -187,6 +191,7 @@ class StatsAccumulator:
             mean_drafts_per_loop=_nan_div(self.drafted, self.row_calls) if self.mode == "spd" else math.nan,
             accepted_drafts=int(self.accepted.sum()),
             proposed_drafts=int(self.proposed.sum()),
+            draft_calls_per_loop=_nan_div(self.draft_decode_calls, self.rounds) if self.mode == "spd" else math.nan,
             lookup_rounds=self.lookup_rounds,
             lookup_accepted=self.lookup_accepted,
             target_tokens=self.target_tokens,

@@ -69,7 +69,8 @@ def test_cli_measured_loop_statistics(capsys):
     assert main(base + ["--tokens-per-loop", "2.1", "--drafts-per-loop", "3.4", "--all-accepted", "0.2",
                         "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["loop_stats"] == {"tokens_per_loop": 2.1, "drafts_per_loop": 3.4, "all_accepted_fraction": 0.2}
+    assert data["loop_stats"] == {"tokens_per_loop": 2.1, "drafts_per_loop": 3.4, "all_accepted_fraction": 0.2,
+                                  "draft_calls_per_loop": None, "lookup_fraction": 0.0}
     assert data["configs"][3]["expected_tokens_per_loop"] == 2.1
     p = predict_speedup("llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra", k=7,
                         loop_stats=data["loop_stats"])
@@ -79,4 +80,12 @@ def test_cli_measured_loop_statistics(capsys):
     assert main(base + ["--tokens-per-loop", "5", "--drafts-per-loop", "2"]) == 1
     assert "exceeds drafts_per_loop" in capsys.readouterr().err
     assert main(base + ["--all-accepted", "0.5"]) == 1
-    assert "needs --tokens-per-loop" in capsys.readouterr().err
+    assert "need --tokens-per-loop" in capsys.readouterr().err
+    assert main(base + ["--lookup-fraction", "0.5"]) == 1
+    assert "need --tokens-per-loop" in capsys.readouterr().err
+    # n-gram lookup loops: fewer draft-model calls than drafts, so a faster loop than the same shape without lookup
+    assert main(base + ["--tokens-per-loop", "2.1", "--drafts-per-loop", "3.4", "--draft-calls-per-loop", "1.5",
+                        "--lookup-fraction", "0.5", "--json"]) == 0
+    look = json.loads(capsys.readouterr().out)
+    assert look["loop_stats"]["draft_calls_per_loop"] == 1.5 and look["loop_stats"]["lookup_fraction"] == 0.5
+    assert look["configs"][3]["tpot_s"] < data["configs"][3]["tpot_s"]

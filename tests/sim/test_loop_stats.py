@@ -111,3 +111,40 @@ def test_loop_stats_from_generation_stats_and_bad_input():
     with pytest.raises(SimError, match="loop_stats"):
         predict_speedup(T, D, HW, k=2, loop_stats=[2.0, 3.0])
     assert np.isclose(predict_speedup(T, D, HW, k=3).acceptance, 0.8)  # the default without loop_stats
+
+
+def test_lookup_loops_price_only_draft_model_calls_and_the_later_catch_up():
+    """n-gram lookup drafts (accel.spd.generate(ngram=...)): a loop costs its draft-model calls (draft_calls_per_loop),
+    not one per draft, plus the scoring call of drafts_per_loop + 1 tokens, plus the catch-up on the lookup loops'
+    tokens: E - (1 - f) extra tokens for a feature draft, p_all + f E for a standalone one."""
+    L = 100
+    fd = _feature_draft()
+    base = dict(tokens_per_loop=2.5, drafts_per_loop=3.0, all_accepted_fraction=0.2)
+    kw = dict(k=3, prompt_len=L, gen_len=2)
+    for draft, extra in ((fd, lambda e, f, p: e - (1 - f)), (D, lambda e, f, p: p + f * e)):
+        plain = predict_speedup(T, draft, HW, loop_stats=base, **kw).config("mxfp6 + SpD").loop_s
+        look = predict_speedup(T, draft, HW, loop_stats={**base, "draft_calls_per_loop": 1.2, "lookup_fraction": 0.6},
+                               **kw).config("mxfp6 + SpD").loop_s
+        one = step_time(draft, HW, context_len=L + 1, devices=1).time_s  # a call at the loop's mean past length
+        more = _one_more_token_s(draft, L)
+        want = plain - (3.0 - 1.2) * one + (extra(2.5, 0.6, 0.2) - extra(2.5, 0.0, 0.2)) * more
+        assert look == pytest.approx(want, rel=1e-6)
+        assert look < plain  # fewer draft calls outweigh the longer catch-up here
+    # drafts beyond K are allowed with lookup (its guesses may be longer than K); draft calls are not
+    ok = predict_speedup(T, D, HW, k=2, loop_stats={"tokens_per_loop": 3.0, "drafts_per_loop": 3.5,
+                                                    "draft_calls_per_loop": 1.0, "lookup_fraction": 0.5})
+    assert ok.config("mxfp6 + SpD").tpot_s > 0
+    with pytest.raises(SimError, match="draft_calls_per_loop 2.5 exceeds K=2"):
+        predict_speedup(T, D, HW, k=2, loop_stats={"tokens_per_loop": 3.0, "drafts_per_loop": 3.5,
+                                                   "draft_calls_per_loop": 2.5, "lookup_fraction": 0.5})
+    with pytest.raises(SimError, match="without lookup drafts"):
+        LoopStats(tokens_per_loop=2.0, drafts_per_loop=2.0, draft_calls_per_loop=3.0)
+    with pytest.raises(SimError, match="lookup_fraction"):
+        LoopStats(tokens_per_loop=2.0, drafts_per_loop=2.0, lookup_fraction=1.5)
+
+    class Stats:  # accel.spd.GenerationStats with lookup rounds
+        mean_tokens_per_loop, mean_drafts_per_loop, all_accepted_rounds, row_calls = 2.0, 2.4, 30, 100
+        draft_calls_per_loop, lookup_rounds = 1.1, 40
+
+    s = LoopStats.from_stats(Stats())
+    assert (s.draft_calls_per_loop, s.lookup_fraction, s.draft_calls()) == (1.1, 0.4, 1.1)

@@ -62,6 +62,7 @@ def test_greedy_with_lookup_equals_ar(target, batch, k, ngram, ngram_k, draft_ki
     assert s.draft_tokens <= s.row_calls * max(k, ngram_k or k)
     plain = generate(backend(target, batch), backend(draft, batch), prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
     assert plain.stats.lookup_rounds == 0 and plain.stats.draft_calls > s.draft_calls  # lookup rounds skip the draft
+    assert s.draft_calls_per_loop < plain.stats.draft_calls_per_loop <= k
 
 
 def test_long_catch_up_after_lookup_rounds_goes_in_chunks(target):
