@@ -161,7 +161,9 @@ def _summary(stats, messages: list[str]) -> str:
                      "--drafts-per-loop take these)")
         if s.lookup_rounds:
             lines.append(f"n-gram lookup: {s.lookup_rounds}/{s.row_calls} loops drafted by lookup, "
-                         f"{s.lookup_accepted} of their drafts accepted")
+                         f"{s.lookup_accepted} of their drafts accepted; {s.draft_calls_per_loop:.3f} draft calls per "
+                         f"loop (accel predict --draft-calls-per-loop {s.draft_calls_per_loop:.3f} --lookup-fraction "
+                         f"{s.lookup_rounds / s.row_calls:.3f})")
     lines += [f"note: {m}" for m in messages]
     return "\n".join(lines)
 

@@ -128,6 +128,6 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     spd = json.loads(capsys.readouterr().out)
     assert spd["tokens"] == ar["tokens"] and spd["stats"]["lookup_rounds"] >= 1
     assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2"]) == 0
-    assert "n-gram lookup: " in capsys.readouterr().out
+    assert "n-gram lookup: " in (out := capsys.readouterr().out) and "--lookup-fraction" in out
     assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 1
     assert "ngram must be an int >= 1" in capsys.readouterr().err
