@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "this probability (--k is then the cap; default: always --k)")
     p.add_argument("--ngram", type=int, default=None,
                    help="n-gram lookup drafts: when the last N tokens (or a shorter suffix, down to 2) occurred earlier "
-                        "in the text, propose what followed them instead of calling the draft (exact; default off)")
+                        "in the text, propose what followed them instead of calling the draft (exact; default off; "
+                        "without --draft: lookup drafts only)")
     p.add_argument("--ngram-k", type=int, default=None, help="tokens proposed from a lookup match (default --k)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, greedy=args.greedy, seed=args.seed, eos_token_id=eos, stream=printer)
-        if draft is not None:
+        if draft is not None or args.ngram:  # without --draft, --ngram drafts by lookup only
             res = generate(target, draft, [prompt], k=args.k, min_draft_prob=args.min_draft_prob, ngram=args.ngram,
                            ngram_k=args.ngram_k, **kw)
         else:

@@ -80,7 +80,7 @@ class _Loop:
         self.reasons: list[str | None] = [None] * self.batch
         self.from_draft: list[list[bool]] = [[] for _ in range(self.batch)]
         self.messages: list[str] = []
-        self.acc = StatsAccumulator("spd" if draft is not None else "ar", k, self.batch, max(k, ngram_k))
+        self.acc = StatsAccumulator("spd" if draft is not None or ngram else "ar", k, self.batch, max(k, ngram_k))
         self.feature = draft is not None and draft.info.feature_size > 0
         # a draft whose hidden states live in the feature space feeds them back while drafting (EAGLE); another
         # feature draft (a standalone draft given the target's states, accel.drafts.feature.augment_draft) gets zeros
@@ -319,7 +319,7 @@ class _Loop:
 
 def generate(
     target: Backend,
-    draft: Backend,
+    draft: Backend | None,
     prompt_ids: Sequence[Sequence[int]] | np.ndarray,
     *,
     k: int,
@@ -338,7 +338,8 @@ def generate(
     """Speculative decoding: ``draft`` proposes ``k`` tokens per round, ``target`` verifies them in one call.
 
     Args:
-        target, draft: backends with the same vocabulary and ``batch_size == len(prompt_ids)``.
+        target, draft: backends with the same vocabulary and ``batch_size == len(prompt_ids)``. ``draft=None`` with
+            ``ngram``: lookup drafts only (prompt lookup decoding); rows without a match take a plain target step.
         prompt_ids: one token list per row (ragged lengths allowed) or a 2-D int array.
         k: draft tokens per round (``1 <= k``, ``k + 1 <= target max_seq_len``).
         max_new_tokens: most tokens generated per row (one int for all rows, or one per row).
@@ -363,16 +364,21 @@ def generate(
         (warped) autoregressive samples; with ``greedy=True`` they equal greedy decoding of the target.
     """
     sampling = Sampling(temperature, top_k, top_p, greedy)
+    if draft is None and not ngram:
+        raise SpdError("generate needs a draft backend, or ngram=n for lookup drafts only (generate_ar decodes "
+                       "without either)")
     prompts, limits = validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
     threshold = 0.0 if min_draft_prob is None else min_draft_prob
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold <= 1.0:
         raise SpdError(f"min_draft_prob must be a probability in [0, 1] or None; got {min_draft_prob!r}")
+    if draft is None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+        raise SpdError(f"k (default tokens per lookup guess) must be an integer >= 1; got {k!r}")
     n_gram, n_k = check_ngram(ngram, ngram_k, int(k))
     if n_k + 1 > target.info.max_seq_len:
         raise SpdError(f"ngram_k + 1 = {n_k + 1} tokens exceed the target's max_seq_len {target.info.max_seq_len}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _Loop(target, draft, prompts, int(k), limits, sampling, rng, eos_set(eos_token_id),
-                 stream, float(threshold), n_gram, n_k).run()
+    return _Loop(target, draft, prompts, int(k) if draft is not None else 0, limits, sampling, rng,
+                 eos_set(eos_token_id), stream, float(threshold), n_gram, n_k).run()
 
 
 def generate_ar(

@@ -129,5 +129,8 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     assert spd["tokens"] == ar["tokens"] and spd["stats"]["lookup_rounds"] >= 1
     assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2"]) == 0
     assert "n-gram lookup: " in (out := capsys.readouterr().out) and "--lookup-fraction" in out
+    assert main(["generate", *common, "--ngram", "2", "--json"]) == 0  # no draft: lookup drafts only
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["tokens"] == ar["tokens"] and alone["stats"]["draft_calls"] == 0
     assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 1
     assert "ngram must be an int >= 1" in capsys.readouterr().err

@@ -174,3 +174,20 @@ def test_ngram_lookup_wrong_variant_fails(pair, monkeypatch):
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [ngram wrong variant]: {pvalue:.4g}")
     assert pvalue < ALPHA
+
+
+def test_lookup_only_is_exact(pair):
+    """Lookup drafts without a draft model (``generate(target, None, ngram=1)``): the same chi-square test."""
+    target, _ = pair
+    sampling = SETTINGS["all"]
+    tb = backend(target, ROWS, ctx_len=8)
+    rng = np.random.default_rng(104)
+    counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
+    looked = 0
+    for _ in range(5):
+        res = generate(tb, None, [PROMPT] * ROWS, k=2, max_new_tokens=NEW, seed=rng, ngram=1, **sampling)
+        np.add.at(counts, tuple(np.array(res.tokens).T), 1)
+        looked += res.stats.lookup_accepted
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [lookup only]: {pvalue:.4g}")
+    assert pvalue > ALPHA and looked > 1000

@@ -108,3 +108,20 @@ def test_bad_lookup_arguments_raise(target):
     with pytest.raises(SpdError, match="ngram_k \\+ 1 = 7 tokens exceed the target's max_seq_len 6"):
         generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=2, ngram_k=6)
     assert generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=0).stats.lookup_rounds == 0
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lookup_only_without_a_draft_equals_ar(target, batch):
+    """``generate(target, None, ngram=n)``: prompt lookup decoding; rows without a match take a plain target step."""
+    prompts = PROMPTS_3[:batch]
+    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, greedy=True)
+    res = generate(backend(target, batch), None, prompts, k=4, max_new_tokens=MAX_NEW, greedy=True, ngram=2)
+    assert res.tokens == ar.tokens
+    s = res.stats
+    assert s.mode == "spd" and s.draft_calls == 0 and s.draft_calls_per_loop == 0
+    assert 0 < s.lookup_rounds < s.row_calls and s.lookup_accepted > 0 and s.draft_tokens <= 4 * s.lookup_rounds
+    assert s.rounds < ar.stats.rounds  # fewer target calls than AR
+    with pytest.raises(SpdError, match="needs a draft backend, or ngram"):
+        generate(backend(target, batch), None, prompts, k=4, max_new_tokens=4)
+    with pytest.raises(SpdError, match="k \\(default tokens per lookup guess\\)"):
+        generate(backend(target, batch), None, prompts, k=0, max_new_tokens=4, ngram=2)
