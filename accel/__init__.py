@@ -42,8 +42,8 @@ __all__ = [
     "ModelError",
     "SimError",
     "SpdError",
-    "compress",
-    "save",
-    "load",
     "__version__",
+    "compress",
+    "load",
+    "save",
 ]

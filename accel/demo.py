@@ -14,24 +14,33 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import operator
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
 from accel.errors import DraftError
 
-__all__ = ["DemoResult", "default_draft_dir", "register", "run_demo", "DEMO_PROMPTS"]
+__all__ = ["DEMO_PROMPTS", "DemoResult", "default_draft_dir", "register", "run_demo"]
 
 # held-out prompts (not in the draft's training prompts): code and chat, in SmolLM2's ChatML template where chat
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
-    ("code", "<|im_start|>user\nWrite a Python function that returns the sum of the squares of a list of numbers."
-             "<|im_end|>\n<|im_start|>assistant\n"),
-    ("chat", "<|im_start|>user\nWhat is the difference between a compiler and an interpreter?<|im_end|>\n"
-             "<|im_start|>assistant\n"),
+    (
+        "code",
+        "<|im_start|>user\nWrite a Python function that returns the sum of the squares of a list of numbers."
+        "<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "chat",
+        "<|im_start|>user\nWhat is the difference between a compiler and an interpreter?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
     ("code", "def bubble_sort(items):\n"),
 )
 HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-80gb")
@@ -108,9 +117,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the shipped SmolLM2 draft)")
-    p.add_argument("--feature-draft", default=None,
-                   help="feature draft dir for extra runs (default: the shipped one with the default target; "
-                        "'none' skips them)")
+    p.add_argument(
+        "--feature-draft",
+        default=None,
+        help="feature draft dir for extra runs (default: the shipped one with the default target; 'none' skips them)",
+    )
     p.add_argument("--k", type=int, default=2, help="draft tokens per SpD round")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="for sampled SpD")
@@ -121,8 +132,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    run_demo(args.target, args.draft, k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-             out_dir=args.out, threads=args.threads, quick=args.quick, feature_draft=args.feature_draft)
+    run_demo(
+        args.target,
+        args.draft,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        out_dir=args.out,
+        threads=args.threads,
+        quick=args.quick,
+        feature_draft=args.feature_draft,
+    )
     return 0
 
 
@@ -179,8 +199,10 @@ def run_demo(
     tok = _tokenizer(target_dir, draft_dir)
     prompt_ids = [tok.encode(p).ids for _, p in prompts]
     eos = list(t_model.config.eos_token_ids) or None
-    say(f"target {t_model.num_parameters / 1e6:.1f} M parameters, draft {d_model.num_parameters / 1e6:.2f} M "
-        f"({d_model.config.num_layers} layers x {d_model.config.hidden_size}), vocab {t_model.config.vocab_size}")
+    say(
+        f"target {t_model.num_parameters / 1e6:.1f} M parameters, draft {d_model.num_parameters / 1e6:.2f} M "
+        f"({d_model.config.num_layers} layers x {d_model.config.hidden_size}), vocab {t_model.config.vocab_size}"
+    )
     if feature_draft is None and target is None and (default_feature_draft_dir() / "config.json").is_file():
         feature_draft = default_feature_draft_dir()
     feat_dir = None if feature_draft in (None, "none") else Path(feature_draft)
@@ -189,8 +211,10 @@ def run_demo(
         if not f_model.config.feature_size:
             raise DraftError(f"{feat_dir} is not a feature draft (its config has no accel_feature_size)")
         check_pair(t_model, f_model, str(target_dir), str(feat_dir))
-        say(f"feature draft {feat_dir}: {f_model.num_parameters / 1e6:.2f} M parameters, reads the target's "
-            "hidden states (EAGLE-style)")
+        say(
+            f"feature draft {feat_dir}: {f_model.num_parameters / 1e6:.2f} M parameters, reads the target's "
+            "hidden states (EAGLE-style)"
+        )
 
     # ---------------------------------------------------------------- 1. MXFP6 compression
     say("\n== 1. MXFP6 weight compression of the target (measured here)")
@@ -202,20 +226,26 @@ def run_demo(
     mx_numel = report.bytes_fp16 // 2  # elements of the compressed weights
     model_fp16 = 2 * n_params
     model_mx = model_fp16 - 2 * mx_numel + report.bytes_after
-    quality_ids = torch.tensor([sum(prompt_ids, [])[: 48 if quick else 192]])
+    quality_ids = torch.tensor([functools.reduce(operator.iadd, prompt_ids, [])[: 48 if quick else 192]])
     with torch.no_grad():
         ref = causal_logits(t_model, quality_ids)[0]
         got = causal_logits(mx_model, quality_ids)[0]
     err = (got - ref).abs()
     agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     ratio = report.bytes_after / report.bytes_fp16
-    say(f"{len(report.layers)} Linear weights -> MXFP6 (block 32): {report.bytes_fp16 / 1e6:.1f} MB as FP16 -> "
+    say(
+        f"{len(report.layers)} Linear weights -> MXFP6 (block 32): {report.bytes_fp16 / 1e6:.1f} MB as FP16 -> "
         f"{report.bytes_after / 1e6:.1f} MB ({ratio:.3f} of FP16, saving {report.saving_vs_fp16:.1%}); "
-        f"mean SQNR {report.mean_sqnr_db:.1f} dB")
-    say(f"whole model (embedding and norms kept FP16): {model_fp16 / 1e6:.1f} MB -> {model_mx / 1e6:.1f} MB "
-        f"(saving {1 - model_mx / model_fp16:.1%})")
-    say(f"quality over {len(ref)} positions of the demo prompts: logits max |err| {float(err.max()):.3f}, mean "
-        f"{float(err.mean()):.4f}; greedy agreement MXFP6 vs FP32 target {agree:.3f}")
+        f"mean SQNR {report.mean_sqnr_db:.1f} dB"
+    )
+    say(
+        f"whole model (embedding and norms kept FP16): {model_fp16 / 1e6:.1f} MB -> {model_mx / 1e6:.1f} MB "
+        f"(saving {1 - model_mx / model_fp16:.1%})"
+    )
+    say(
+        f"quality over {len(ref)} positions of the demo prompts: logits max |err| {float(err.max()):.3f}, mean "
+        f"{float(err.mean()):.4f}; greedy agreement MXFP6 vs FP32 target {agree:.3f}"
+    )
 
     # ---------------------------------------------------------------- 2. ONNX + speculative decoding
     say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
@@ -225,23 +255,37 @@ def run_demo(
 
     ctx_len = _round_up(max(len(p) for p in prompt_ids) + max_new + k + 2, 64)
     onnx_dir = results / "onnx"
-    t_onnx = export_cached(target_dir, onnx_dir, name="target-mxfp6", ctx_len=ctx_len, weights="mx-rounded",
-                           model=mx_model, say=say, hidden_output=f_model is not None)
+    t_onnx = export_cached(
+        target_dir,
+        onnx_dir,
+        name="target-mxfp6",
+        ctx_len=ctx_len,
+        weights="mx-rounded",
+        model=mx_model,
+        say=say,
+        hidden_output=f_model is not None,
+    )
     d_onnx = export_cached(draft_dir, onnx_dir, name="draft", ctx_len=ctx_len, model=d_model, say=say)
     fb = None
     if f_model is not None:
         # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
         # int8 matmuls (weights="int8"): ~40% cheaper calls, an approximate draft, the same exact SpD output
-        fb = OrtBackend(export_cached(feat_dir, onnx_dir, name="feature-draft", ctx_len=ctx_len, model=f_model,
-                                      weights="int8", say=say), threads=threads)
+        fb = OrtBackend(
+            export_cached(
+                feat_dir, onnx_dir, name="feature-draft", ctx_len=ctx_len, model=f_model, weights="int8", say=say
+            ),
+            threads=threads,
+        )
     del mx_model
     tb = OrtBackend(t_onnx, threads=threads)
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
     # on the cores the target's next call needs
     db = OrtBackend(d_onnx, threads=1)
     t_call, t_score, d_call = _call_times(tb, db, k, reps=3 if quick else 8)
-    say(f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={k + 1}); "
-        f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call")
+    say(
+        f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={k + 1}); "
+        f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
+    )
     f_call = None
     if fb is not None:
         f_call = _feature_call_time(fb, reps=3 if quick else 8)
@@ -252,11 +296,13 @@ def run_demo(
     drafters = [("SpD greedy", db, dict(greedy=True)), (sampled_name, db, dict(temperature=temperature, seed=0))]
     if fb is not None:
         runs.update({"feature SpD greedy": [], f"feature SpD T={temperature:g}": [], LOOKUP_MODE: []})
-        drafters += [("feature SpD greedy", fb, dict(greedy=True)),
-                     (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0)),
-                     (LOOKUP_MODE, fb, dict(greedy=True, ngram=3))]  # + n-gram lookup drafts (accel.spd.lookup)
+        drafters += [
+            ("feature SpD greedy", fb, dict(greedy=True)),
+            (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0)),
+            (LOOKUP_MODE, fb, dict(greedy=True, ngram=3)),
+        ]  # + n-gram lookup drafts (accel.spd.lookup)
     matches = True
-    for (kind, text), ids in zip(prompts, prompt_ids):
+    for (kind, text), ids in zip(prompts, prompt_ids, strict=True):
         say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
         ar = generate_ar(tb, [ids], max_new_tokens=max_new, greedy=True, eos_token_id=eos)
         runs["AR (greedy)"].append(ar)
@@ -268,35 +314,58 @@ def run_demo(
             out.write("\n")
             runs[name].append(res)
             s = res.stats
-            say(f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
-                f"tokens, {s.tokens_per_target_call:.2f} tokens per target call")
+            say(
+                f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
+                f"tokens, {s.tokens_per_target_call:.2f} tokens per target call"
+            )
             if kw.get("greedy") and res.tokens[0] != ar.tokens[0]:
                 matches = False
                 say("    WARNING: greedy SpD output differs from AR greedy output")
-    say(f"\n(draft tokens shown {'in green' if color else 'in [brackets]'}; greedy SpD == AR output: "
-        f"{'yes' if matches else 'NO'})")
+    say(
+        f"\n(draft tokens shown {'in green' if color else 'in [brackets]'}; greedy SpD == AR output: "
+        f"{'yes' if matches else 'NO'})"
+    )
     figures = _summarise_runs(runs)
-    say(f"{'mode':<26}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
-        f"{'draft s':>9}{'target s':>9}{'host s':>8}")
+    say(
+        f"{'mode':<26}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
+        f"{'draft s':>9}{'target s':>9}{'host s':>8}"
+    )
     for r in figures:
         acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
         alpha = f"{r.alpha_overlap:.2f}" if r.alpha_overlap is not None else "-"
-        say(f"{r.mode:<26}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
-            f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}")
+        say(
+            f"{r.mode:<26}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
+            f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}"
+        )
 
     # ---------------------------------------------------------------- 3. simulator
     say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
     predictions, plot_paths = _predict(target_dir, draft_dir, figures, k, results, quick, say, feat_dir)
 
     result = DemoResult(
-        out_dir=results, target=str(target_dir), draft=str(draft_dir), k=k,
-        mx_layers_bytes_fp16=report.bytes_fp16, mx_layers_bytes_mxfp6=report.bytes_after,
-        mx_size_ratio_vs_fp16=ratio, model_bytes_fp16=model_fp16, model_bytes_mx=model_mx,
-        mean_sqnr_db=report.mean_sqnr_db, logit_max_abs_error=float(err.max()),
-        logit_mean_abs_error=float(err.mean()), compressed_greedy_agreement=agree, quality_positions=len(ref),
-        draft_call_s=d_call, feature_draft=str(feat_dir) if feat_dir is not None else None,
-        feature_draft_call_s=f_call, target_call_s=t_call, target_score_call_s=t_score, runs=figures,
-        greedy_spd_matches_ar=matches, predictions=predictions, figures=plot_paths,
+        out_dir=results,
+        target=str(target_dir),
+        draft=str(draft_dir),
+        k=k,
+        mx_layers_bytes_fp16=report.bytes_fp16,
+        mx_layers_bytes_mxfp6=report.bytes_after,
+        mx_size_ratio_vs_fp16=ratio,
+        model_bytes_fp16=model_fp16,
+        model_bytes_mx=model_mx,
+        mean_sqnr_db=report.mean_sqnr_db,
+        logit_max_abs_error=float(err.max()),
+        logit_mean_abs_error=float(err.mean()),
+        compressed_greedy_agreement=agree,
+        quality_positions=len(ref),
+        draft_call_s=d_call,
+        feature_draft=str(feat_dir) if feat_dir is not None else None,
+        feature_draft_call_s=f_call,
+        target_call_s=t_call,
+        target_score_call_s=t_score,
+        runs=figures,
+        greedy_spd_matches_ar=matches,
+        predictions=predictions,
+        figures=plot_paths,
         wall_s=time.perf_counter() - t_start,
     )
     tmp = results / ".demo.json.tmp"
@@ -317,12 +386,12 @@ class _StreamPrinter:
     def _piece(self, toks: list[int]) -> str:
         self.tokens.extend(toks)
         full = self.tok.decode(self.tokens)
-        piece, self.text = full[len(self.text):], full
+        piece, self.text = full[len(self.text) :], full
         return piece
 
     def __call__(self, row: int, tokens: list[int], from_draft: list[bool]) -> None:
-        drafted = [t for t, f in zip(tokens, from_draft) if f]
-        rest = [t for t, f in zip(tokens, from_draft) if not f]
+        drafted = [t for t, f in zip(tokens, from_draft, strict=True) if f]
+        rest = [t for t, f in zip(tokens, from_draft, strict=True) if not f]
         if drafted:
             piece = self._piece(drafted)
             self.out.write(f"{_GREEN}{piece}{_RESET}" if self.color else f"[{piece}]")
@@ -401,42 +470,66 @@ def _summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:
         loops = sum(s.row_calls for s in st)
         spd = proposed > 0 and loops > 0
         overlaps = [s.alpha_overlap for s in st if not math.isnan(s.alpha_overlap)]
-        out.append(RunFigures(
-            mode=mode, new_tokens=tokens, decode_tokens_per_s=rate, speedup_vs_ar=rate / base,
-            acceptance=sum(s.accepted_drafts for s in st) / proposed if proposed else None,
-            alpha_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
-            tokens_per_target_call=tokens / max(1, sum(s.row_calls for s in st)),
-            draft_s=sum(s.draft_s for s in st), target_s=sum(s.target_s for s in st),
-            host_s=sum(s.host_s for s in st),
-            mean_tokens_per_loop=sum(s.mean_tokens_per_loop * s.row_calls for s in st) / loops if spd else None,
-            drafts_per_loop=sum(s.draft_tokens for s in st) / loops if spd else None,
-            all_accepted_fraction=sum(s.all_accepted_rounds for s in st) / loops if spd else None,
-        ))
+        out.append(
+            RunFigures(
+                mode=mode,
+                new_tokens=tokens,
+                decode_tokens_per_s=rate,
+                speedup_vs_ar=rate / base,
+                acceptance=sum(s.accepted_drafts for s in st) / proposed if proposed else None,
+                alpha_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
+                tokens_per_target_call=tokens / max(1, sum(s.row_calls for s in st)),
+                draft_s=sum(s.draft_s for s in st),
+                target_s=sum(s.target_s for s in st),
+                host_s=sum(s.host_s for s in st),
+                mean_tokens_per_loop=sum(s.mean_tokens_per_loop * s.row_calls for s in st) / loops if spd else None,
+                drafts_per_loop=sum(s.draft_tokens for s in st) / loops if spd else None,
+                all_accepted_fraction=sum(s.all_accepted_rounds for s in st) / loops if spd else None,
+            )
+        )
     return out
 
 
-def _predict(target_dir: Path, draft_dir: Path, runs: list[RunFigures], k: int, results: Path, quick: bool,
-             say: Callable[[str], None], feat_dir: Path | None = None
-             ) -> tuple[dict[str, dict[str, float]], list[Path]]:
+def _predict(
+    target_dir: Path,
+    draft_dir: Path,
+    runs: list[RunFigures],
+    k: int,
+    results: Path,
+    quick: bool,
+    say: Callable[[str], None],
+    feat_dir: Path | None = None,
+) -> tuple[dict[str, dict[str, float]], list[Path]]:
     try:
-        from accel.sim import LoopStats, predict_speedup
-        from accel.sim import plots
+        from accel.sim import LoopStats, plots, predict_speedup
     except ImportError as exc:
         raise DraftError(f"stage 3 needs accel.sim.predict_speedup and accel.sim.plots: {exc}") from exc
-    sampled = [r for r in runs if r.mode.startswith("SpD sampled")][0]
-    greedy = [r for r in runs if r.mode == "SpD greedy"][0]
+    sampled = next(r for r in runs if r.mode.startswith("SpD sampled"))
+    greedy = next(r for r in runs if r.mode == "SpD greedy")
     # the per-token acceptance to simulate: measured with sampling (the harder case); fall back to greedy
     alpha = sampled.acceptance if sampled.acceptance is not None else greedy.acceptance
     alpha = min(max(float(alpha if alpha is not None else 0.0), 0.0), 1.0)
-    say(f"alpha = {alpha:.3f} (measured, {sampled.mode}), K = {k}, prompt 128 / generation 512, batch 1, "
-        "target MXFP6, draft FP16")
+    say(
+        f"alpha = {alpha:.3f} (measured, {sampled.mode}), K = {k}, prompt 128 / generation 512, batch 1, "
+        "target MXFP6, draft FP16"
+    )
     t_cfg, d_cfg = target_dir / "config.json", draft_dir / "config.json"
     predictions: dict[str, dict[str, float]] = {}
     figures: list[Path] = []
     fig_dir = results / "figures"
     for hw in HARDWARE:
-        p = predict_speedup(t_cfg, d_cfg, hw, target_format="mxfp6", draft_format="fp16", k=k, acceptance=alpha,
-                            prompt_len=128, gen_len=512, batch_size=1)
+        p = predict_speedup(
+            t_cfg,
+            d_cfg,
+            hw,
+            target_format="mxfp6",
+            draft_format="fp16",
+            k=k,
+            acceptance=alpha,
+            prompt_len=128,
+            gen_len=512,
+            batch_size=1,
+        )
         say("\n" + p.table())
         predictions[hw] = {c.name: c.speedup for c in p.configs}
         figures.append(plots.breakdown_bars(p, fig_dir / f"breakdown-{hw}.png"))
@@ -444,21 +537,38 @@ def _predict(target_dir: Path, draft_dir: Path, runs: list[RunFigures], k: int, 
     feat = [r for r in runs if r.mode.startswith("feature SpD T=") and r.drafts_per_loop]
     if feat_dir is not None and feat:
         f = feat[0]
-        stats = LoopStats(tokens_per_loop=min(f.mean_tokens_per_loop, f.drafts_per_loop + 1),
-                          drafts_per_loop=f.drafts_per_loop, all_accepted_fraction=f.all_accepted_fraction)
-        say(f"\nfeature draft ({f.mode}, measured): {stats.tokens_per_loop:.2f} tokens and {stats.drafts_per_loop:.2f} "
-            "drafts per loop; target MXFP6, draft FP16, same prompt/generation lengths")
+        stats = LoopStats(
+            tokens_per_loop=min(f.mean_tokens_per_loop, f.drafts_per_loop + 1),
+            drafts_per_loop=f.drafts_per_loop,
+            all_accepted_fraction=f.all_accepted_fraction,
+        )
+        say(
+            f"\nfeature draft ({f.mode}, measured): {stats.tokens_per_loop:.2f} tokens and {stats.drafts_per_loop:.2f} "
+            "drafts per loop; target MXFP6, draft FP16, same prompt/generation lengths"
+        )
         for hw in HARDWARE:
-            p = predict_speedup(t_cfg, feat_dir / "config.json", hw, target_format="mxfp6", draft_format="fp16",
-                                k=k, loop_stats=stats, prompt_len=128, gen_len=512, batch_size=1)
+            p = predict_speedup(
+                t_cfg,
+                feat_dir / "config.json",
+                hw,
+                target_format="mxfp6",
+                draft_format="fp16",
+                k=k,
+                loop_stats=stats,
+                prompt_len=128,
+                gen_len=512,
+                batch_size=1,
+            )
             c, ar = p.config("mxfp6 + SpD"), p.config("mxfp6 AR")
             predictions[hw]["mxfp6 + feature SpD"] = c.speedup
-            say(f"  {hw:<22} mxfp6 + feature SpD {c.decode_tokens_per_s:8.1f} tok/s = {c.speedup:.2f}x fp16 AR, "
-                f"{c.decode_tokens_per_s / ar.decode_tokens_per_s:.2f}x mxfp6 AR")
+            say(
+                f"  {hw:<22} mxfp6 + feature SpD {c.decode_tokens_per_s:8.1f} tok/s = {c.speedup:.2f}x fp16 AR, "
+                f"{c.decode_tokens_per_s / ar.decode_tokens_per_s:.2f}x mxfp6 AR"
+            )
     if not quick:
         figures.append(plots.speedup_heatmap(t_cfg, d_cfg, "cloud-ai-100-pro", fig_dir / "spd-heatmap-ai100-pro.png"))
-        figures.append(plots.roofline(t_cfg, "cloud-ai-100-pro", fig_dir / "roofline-ai100-pro.png",
-                                      weight_format="mxfp6", k=k))
+        figures.append(
+            plots.roofline(t_cfg, "cloud-ai-100-pro", fig_dir / "roofline-ai100-pro.png", weight_format="mxfp6", k=k)
+        )
     say("\nfigures (predicted): " + ", ".join(str(f) for f in figures))
     return predictions, figures
-

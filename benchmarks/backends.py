@@ -4,7 +4,8 @@ For SmolLM2-135M and a ~40M random Llama (hidden 512, 8 layers, 8 heads, FFN 153
 for S = 1, 2, 4, 8, 16 at past lengths 128 and 512 (the cache is prefilled, then the timed call writes positions
 past .. past+S-1 again and again -- overwriting is free in the cache contract). Note the exported graph attends over
 all ctx_len slots (masked), so its cost depends on ctx_len, not on the past length; torch's eager decoder does the
-same. Ratios T(S)/T(1) are what speculative decoding lives on (REFERENCE.md §8). The overhead line compares OrtBackend.forward with a bare ``session.run`` on the
+same. Ratios T(S)/T(1) are what speculative decoding lives on (REFERENCE.md §8). The overhead line compares
+OrtBackend.forward with a bare ``session.run`` on the
 same inputs (numpy feeds for the whole cache) and with a bare IO-binding run (no validation, no flipping). Calls are
 timed round robin over all (past, S) points of a runtime, so drifting machine load affects the ratios less.
 
@@ -33,8 +34,9 @@ from accel.backends import OrtBackend, TorchBackend, export_onnx, prefill
 from accel.backends.ort_backend import session_feeds
 from accel.models import Decoder, ModelConfig, load, smollm2_checkpoint
 
-LLAMA_40M = ModelConfig(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8,
-                        intermediate_size=1536)
+LLAMA_40M = ModelConfig(
+    vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8, intermediate_size=1536
+)
 
 
 def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
@@ -95,9 +97,11 @@ def bench_model(name: str, model: Decoder, seqs, pasts, repeats: int, threads: i
         return io.get_outputs()[0].numpy()
 
     # interleaved, so drifting machine load hits the three alike
-    fns = {"backend_ms": lambda: ort_b.forward(ids, pos),
-           "session_run_ms": lambda: ort_b.session.run(["logits"], feeds),
-           "bare_iobinding_ms": bare_binding}
+    fns = {
+        "backend_ms": lambda: ort_b.forward(ids, pos),
+        "session_run_ms": lambda: ort_b.session.run(["logits"], feeds),
+        "bare_iobinding_ms": bare_binding,
+    }
     times: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(3 * repeats + 2):
         for key, fn in fns.items():
@@ -124,8 +128,12 @@ def main() -> None:
     repeats = args.repeats or (5 if args.quick else 15)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     torch.set_num_threads(args.threads)
-    results = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-               "load_average_1min_start": os.getloadavg()[0], "models": {}}
+    results = {
+        "machine": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "load_average_1min_start": os.getloadavg()[0],
+        "models": {},
+    }
     total = len(names) * (2 * len(seqs) * len(pasts) + 1)
     with tempfile.TemporaryDirectory() as tmp, tqdm(total=total, desc="backends benchmark", unit="point") as bar:
         for name in names:
@@ -145,9 +153,11 @@ def main() -> None:
 
 
 def _print(results: dict, seqs, pasts) -> None:
-    print(f"\nms per call (median), {results['threads']} threads; ratio T(S)/T(1) in parentheses; machine load "
-          f"(1-min average) {results['load_average_1min_start']:.1f} at start, "
-          f"{results['load_average_1min_end']:.1f} at end")
+    print(
+        f"\nms per call (median), {results['threads']} threads; ratio T(S)/T(1) in parentheses; machine load "
+        f"(1-min average) {results['load_average_1min_start']:.1f} at start, "
+        f"{results['load_average_1min_end']:.1f} at end"
+    )
     head = f"{'model':<10} {'runtime':<12} {'past':>5} " + " ".join(f"{'S=' + str(s):>15}" for s in seqs)
     print(head)
     print("-" * len(head))
@@ -160,10 +170,12 @@ def _print(results: dict, seqs, pasts) -> None:
     print("\nOrtBackend host overhead at S=1 (same inputs):")
     for name, res in results["models"].items():
         o = res["overhead"]
-        print(f"  {name:<10} OrtBackend.forward {o['backend_ms']:.2f} ms | bare session.run (numpy cache in/out) "
-              f"{o['session_run_ms']:.2f} ms ({(o['backend_ms'] / o['session_run_ms'] - 1) * 100:+.1f}%) | "
-              f"bare IO-binding run {o['bare_iobinding_ms']:.2f} ms "
-              f"({(o['backend_ms'] / o['bare_iobinding_ms'] - 1) * 100:+.1f}%)")
+        print(
+            f"  {name:<10} OrtBackend.forward {o['backend_ms']:.2f} ms | bare session.run (numpy cache in/out) "
+            f"{o['session_run_ms']:.2f} ms ({(o['backend_ms'] / o['session_run_ms'] - 1) * 100:+.1f}%) | "
+            f"bare IO-binding run {o['bare_iobinding_ms']:.2f} ms "
+            f"({(o['backend_ms'] / o['bare_iobinding_ms'] - 1) * 100:+.1f}%)"
+        )
 
 
 if __name__ == "__main__":

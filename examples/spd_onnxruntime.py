@@ -18,10 +18,15 @@ for name, src in (("target", target_dir), ("draft", default_draft_dir())):
         export_onnx(accel.models.load(src), out / f"{name}.onnx", ctx_len=256)
 target, draft = OrtBackend(out / "target.onnx", threads=2), OrtBackend(out / "draft.onnx", threads=1)
 
-prompt = tok.encode("<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n").ids
+prompt = tok.encode(
+    "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n"
+).ids
 ar = generate_ar(target, [prompt], max_new_tokens=64, greedy=True)
 spd = generate(target, draft, [prompt], k=2, max_new_tokens=64, greedy=True)
 assert spd.tokens == ar.tokens  # greedy speculative decoding is token-identical to greedy decoding
 print(tok.decode(spd.tokens[0]))
-print(f"AR {ar.stats.tokens_per_s:.1f} tok/s, SpD {spd.stats.tokens_per_s:.1f} tok/s "
-      f"({spd.stats.tokens_per_s / ar.stats.tokens_per_s:.2f}x), {spd.stats.mean_tokens_per_loop:.2f} tokens per target call")
+print(
+    f"AR {ar.stats.tokens_per_s:.1f} tok/s, SpD {spd.stats.tokens_per_s:.1f} tok/s "
+    f"({spd.stats.tokens_per_s / ar.stats.tokens_per_s:.2f}x), {spd.stats.mean_tokens_per_loop:.2f} tokens "
+    f"per target call"
+)

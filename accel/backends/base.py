@@ -30,7 +30,7 @@ import numpy as np
 
 from accel.errors import BackendError
 
-__all__ = ["Backend", "BackendInfo", "BackendError", "check_extensions", "check_step_inputs", "prefill"]
+__all__ = ["Backend", "BackendError", "BackendInfo", "check_extensions", "check_step_inputs", "prefill"]
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,13 @@ class Backend(Protocol):
         ...
 
     def forward(
-        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
-        features: np.ndarray | None = None, return_hidden: bool = False,
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        return_hidden: bool = False,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns
         (``(logits, hidden)`` with ``return_hidden``; see the module docstring for the extension arguments)."""
@@ -117,20 +122,21 @@ def check_step_inputs(
         )
     bad = valid & ((ids < 0) | (ids >= info.vocab_size))
     if np.any(bad):
-        raise BackendError(
-            f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})"
-        )
+        raise BackendError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
     if num_logits is not None and not (1 <= num_logits <= seq):
         raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
     # padding slots may hold any id; give the runtime a harmless one
     ids = np.where(valid, ids, 0).astype(np.int64, copy=False)
     # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
-    return (np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
-            np.require(pos, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]))
+    return (
+        np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
+        np.require(pos, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
+    )
 
 
-def check_extensions(info: BackendInfo, ids: np.ndarray, features: np.ndarray | None,
-                     return_hidden: bool) -> np.ndarray | None:
+def check_extensions(
+    info: BackendInfo, ids: np.ndarray, features: np.ndarray | None, return_hidden: bool
+) -> np.ndarray | None:
     """Validate the extension arguments of one ``forward`` call; returns ``features`` as C-contiguous float32.
 
     ``BackendError`` when ``return_hidden`` is asked of a backend without ``"hidden_states"``, when a feature draft gets
@@ -138,8 +144,10 @@ def check_extensions(info: BackendInfo, ids: np.ndarray, features: np.ndarray | 
     hold NaN/inf.
     """
     if return_hidden and "hidden_states" not in info.capabilities:
-        raise BackendError(f"this {info.name} backend does not output hidden states (return_hidden=True); export "
-                           "the model with hidden_output=True")
+        raise BackendError(
+            f"this {info.name} backend does not output hidden states (return_hidden=True); export "
+            "the model with hidden_output=True"
+        )
     if not info.feature_size:
         if features is not None:
             raise BackendError("features given to a backend that is not a feature draft (no 'features' input)")

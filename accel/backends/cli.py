@@ -12,18 +12,24 @@ _WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbit
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``export`` subcommand."""
-    p = subparsers.add_parser("export", help="export a checkpoint to ONNX (KV cache in/out, dynamic seq_len)",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "export", help="export a checkpoint to ONNX (KV cache in/out, dynamic seq_len)", description=__doc__
+    )
     p.add_argument("model", metavar="MODEL", help="checkpoint directory (config.json + weights) or a .gguf file")
     p.add_argument("-o", "--out", required=True, metavar="OUT.onnx", help="output ONNX file")
     p.add_argument("--weights", choices=_WEIGHT_MODES, default="fp32", help="weight storage (default fp32)")
     p.add_argument("--fmt", default="mxfp6", help="MX element format for mx-rounded / mx-packed (default mxfp6)")
-    p.add_argument("--float-weights", choices=("fp32", "fp16"), default="fp32",
-                   help="MX modes: storage of the weights left float (embeddings, norms, lm_head; default fp32)")
+    p.add_argument(
+        "--float-weights",
+        choices=("fp32", "fp16"),
+        default="fp32",
+        help="MX modes: storage of the weights left float (embeddings, norms, lm_head; default fp32)",
+    )
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (default 512)")
     p.add_argument("--batch-size", type=int, default=1, help="rows per call (default 1)")
-    p.add_argument("--num-logits", type=int, default=None,
-                   help="return only the last N logits (default: all positions)")
+    p.add_argument(
+        "--num-logits", type=int, default=None, help="return only the last N logits (default: all positions)"
+    )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
     p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
@@ -41,15 +47,33 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"loading {args.model}")
     model = load(args.model)
-    path = export_onnx(model, args.out, ctx_len=args.ctx_len, batch_size=args.batch_size, num_logits=args.num_logits,
-                       weights=args.weights, mx_format=args.fmt, progress=not args.quiet,
-                       float_weights=args.float_weights)
+    path = export_onnx(
+        model,
+        args.out,
+        ctx_len=args.ctx_len,
+        batch_size=args.batch_size,
+        num_logits=args.num_logits,
+        weights=args.weights,
+        mx_format=args.fmt,
+        progress=not args.quiet,
+        float_weights=args.float_weights,
+    )
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
     if args.qaic_dir:
         from accel.backends.qaic import write_qaic_files
 
-        spec = write_qaic_files(path, args.qaic_dir, prompt_len=args.prompt_len, k=args.k, ctx_len=args.ctx_len,
-                                batch_size=args.batch_size, num_cores=args.num_cores, mxint8_kv=args.mxint8_kv)
-        print(f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
-              f"(specializations seq_len {spec.seq_lens}; not verified on hardware)")
+        spec = write_qaic_files(
+            path,
+            args.qaic_dir,
+            prompt_len=args.prompt_len,
+            k=args.k,
+            ctx_len=args.ctx_len,
+            batch_size=args.batch_size,
+            num_cores=args.num_cores,
+            mxint8_kv=args.mxint8_kv,
+        )
+        print(
+            f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
+            f"(specializations seq_len {spec.seq_lens}; not verified on hardware)"
+        )
     return 0

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.errors import BackendError
 
-__all__ = ["export_onnx", "export_cached", "WEIGHT_MODES", "model_tensors"]
+__all__ = ["WEIGHT_MODES", "export_cached", "export_onnx", "model_tensors"]
 
 WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbits")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
@@ -68,7 +68,8 @@ def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
 
 
 def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
-    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format used.
+    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format
+    used.
 
     A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
     there the head is a quantized copy and the embedding stays float32 (it is only gathered).
@@ -100,8 +101,10 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
         if weights == "mxint8-nbits":  # every Linear and the head, in MXINT8 (a compressed model: its own codes)
             other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
             if other:
-                raise BackendError(f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
-                                   f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)")
+                raise BackendError(
+                    f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
+                    f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
+                )
             fmt = get_format("mxint8")
             used_format = fmt.name
             for name in sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules):
@@ -188,9 +191,15 @@ def export_onnx(
     bar.update(1)
     bar.set_postfix_str("graph")
     proto = build_decoder_graph(
-        cfg, tensors, ctx_len=ctx_len, batch_size=batch_size, num_logits=num_logits,
-        float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32", progress=bar.update,
-        hidden_output=hidden_output, matmul_nbits=weights == "mxint8-nbits",
+        cfg,
+        tensors,
+        ctx_len=ctx_len,
+        batch_size=batch_size,
+        num_logits=num_logits,
+        float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32",
+        progress=bar.update,
+        hidden_output=hidden_output,
+        matmul_nbits=weights == "mxint8-nbits",
     )
     meta = {
         "accel.version": __version__,
@@ -220,8 +229,11 @@ def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     weights = {t.name for t in proto.graph.initializer}
-    keep = [n.name for n in proto.graph.node
-            if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] in ("fc.weight", "rope_half_turn"))]
+    keep = [
+        n.name
+        for n in proto.graph.node
+        if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] in ("fc.weight", "rope_half_turn"))
+    ]
     if sum(t.ByteSize() for t in proto.graph.initializer) > _EXTERNAL_DATA_BYTES:
         raise BackendError("weights='int8' quantizes an inline float graph: this model's weights exceed 1.8 GB")
     with tempfile.TemporaryDirectory(prefix="accel-int8-") as tmp:
@@ -230,8 +242,14 @@ def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
         previous = logging.root.manager.disable
         logging.disable(logging.WARNING)  # the tool's root-logger advice to pre-process (shape inference) is noise here
         try:
-            quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=["MatMul"], nodes_to_exclude=keep)
+            quantize_dynamic(
+                src,
+                dst,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_exclude=keep,
+            )
         finally:
             logging.disable(previous)
         out = onnx.load_model(dst)
@@ -246,8 +264,14 @@ def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     os.close(fd)
     try:
         if big:  # the data file is written first under its final name; the .onnx appears only when complete
-            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=f"{path.name}.data", size_threshold=1024)
+            onnx.save_model(
+                proto,
+                tmp,
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=f"{path.name}.data",
+                size_threshold=1024,
+            )
             onnx.checker.check_model(tmp)
         else:
             onnx.checker.check_model(proto)
@@ -309,9 +333,12 @@ def export_cached(
     import time
 
     t0 = time.perf_counter()
-    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False,
-                hidden_output=hidden_output)
+    export_onnx(
+        model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False, hidden_output=hidden_output
+    )
     if say:
-        say(f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, "
-            f"ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s")
+        say(
+            f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, "
+            f"ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s"
+        )
     return path

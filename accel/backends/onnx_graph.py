@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from accel.errors import BackendError
 
-__all__ = ["build_decoder_graph", "OPSET", "IR_VERSION"]
+__all__ = ["IR_VERSION", "OPSET", "build_decoder_graph"]
 
 OPSET = 18  # BitwiseAnd/Or need 18; LayerNormalization 17
 IR_VERSION = 8  # the IR of opset 18; stock onnxruntime rejects IR 14 (REFERENCE.md §1)
@@ -153,10 +153,12 @@ class _Weights:
 
     def _matmul_nbits(self, xin: str, names: tuple[str, ...], ts: list[Any], out: str | None) -> str:
         codes, scales = [], []
-        for name, t in zip(names, ts):
+        for name, t in zip(names, ts, strict=True):
             if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
-                raise BackendError(f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 "
-                                   f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}")
+                raise BackendError(
+                    f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 "
+                    f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
+                )
             c = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
             sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
             sc[t.scales == _E8M0_NAN] = np.nan
@@ -168,8 +170,19 @@ class _Weights:
         self.g.init(f"{key}.q", np.concatenate(codes))
         self.g.init(f"{key}.block_scales", np.concatenate(scales).reshape(-1))
         self.g.opsets.add("com.microsoft")
-        return self.g.op("MatMulNBits", xin, f"{key}.q", f"{key}.block_scales", name=out, domain="com.microsoft",
-                         K=ts[0].shape[1], N=sum(t.shape[0] for t in ts), bits=8, block_size=32, accuracy_level=4)
+        return self.g.op(
+            "MatMulNBits",
+            xin,
+            f"{key}.q",
+            f"{key}.block_scales",
+            name=out,
+            domain="com.microsoft",
+            K=ts[0].shape[1],
+            N=sum(t.shape[0] for t in ts),
+            bits=8,
+            block_size=32,
+            accuracy_level=4,
+        )
 
     def _get(self, name: str) -> Any:
         if name not in self.tensors:
@@ -252,8 +265,9 @@ def build_decoder_graph(
     """
     c = config
     g = _G()
-    w = _Weights(g, tensors, float_dtype, tied=c.tie_word_embeddings and "lm_head.weight" not in tensors,
-                 nbits=matmul_nbits)
+    w = _Weights(
+        g, tensors, float_dtype, tied=c.tie_word_embeddings and "lm_head.weight" not in tensors, nbits=matmul_nbits
+    )
     B, H, Hkv, D = batch_size, c.num_heads, c.num_kv_heads, c.head_dim
     groups = H // Hkv
     kv_shape = [B, Hkv, ctx_len, D]
@@ -292,8 +306,11 @@ def build_decoder_graph(
     if fs:  # feature draft: fc(concat(embed(token), feature))
         x = g.op("MatMul", g.op("Concat", x, "features", axis=-1), w.matmul_t("fc.weight"))
     # additive mask [B, 1, 1, S, ctx]: 0 where slot <= position, float32 min elsewhere (padding sees nothing)
-    visible = g.op("LessOrEqual", g.const(np.arange(ctx_len).reshape(1, 1, 1, 1, ctx_len)),
-                   g.op("Unsqueeze", pos, g.const([1, 2, 4])))
+    visible = g.op(
+        "LessOrEqual",
+        g.const(np.arange(ctx_len).reshape(1, 1, 1, 1, ctx_len)),
+        g.op("Unsqueeze", pos, g.const([1, 2, 4])),
+    )
     mask = g.op("Where", visible, f32(0.0), f32(np.finfo(np.float32).min))
     # cache write (REFERENCE.md §2): ScatterND of each token's K/V row at its slot. A padding column
     # (position -1) must write nothing; it is sent to a slot q that no real token of its row writes in this call
@@ -303,14 +320,16 @@ def build_decoder_graph(
     valid = g.op("GreaterOrEqual", pos, g.const(0))
     lo = g.op("ReduceMin", g.op("Where", valid, pos, g.const(ctx_len)), g.const([1]), keepdims=1)  # [B, 1]
     hi = g.op("ReduceMax", g.op("Where", valid, pos, g.const(-1)), g.const([1]), keepdims=1)
-    free = g.op("Where", g.op("GreaterOrEqual", lo, g.const(1)), g.op("Sub", lo, g.const(1)),
-                g.op("Add", hi, g.const(1)))
+    free = g.op(
+        "Where", g.op("GreaterOrEqual", lo, g.const(1)), g.op("Sub", lo, g.const(1)), g.op("Add", hi, g.const(1))
+    )
     free = g.op("Min", free, g.const(ctx_len - 1))
     slot = g.op("Where", valid, pos, free)  # [B, S]
     # ScatterND indices [B, Hkv, S, 3] = (batch, head, slot): each update is one contiguous head_dim row
     seq_shape = g.op("Shape", pos)  # [B, S]
-    grid_shape = g.op("Concat", g.const([B, Hkv]), g.op("Slice", seq_shape, g.const([1]), g.const([2])), g.const([1]),
-                      axis=0)
+    grid_shape = g.op(
+        "Concat", g.const([B, Hkv]), g.op("Slice", seq_shape, g.const([1]), g.const([2])), g.const([1]), axis=0
+    )
     b_idx = g.op("Expand", g.const(np.arange(B).reshape(B, 1, 1, 1)), grid_shape)
     h_idx = g.op("Expand", g.const(np.arange(Hkv).reshape(1, Hkv, 1, 1)), grid_shape)
     s_idx = g.op("Expand", g.op("Unsqueeze", slot, g.const([1, 3])), grid_shape)
@@ -331,8 +350,9 @@ def build_decoder_graph(
         # [D, D]: +1 at (j, j + D/2) (out[j + D/2] = t[j]), -1 at (j + D/2, j) (out[j] = -t[j + D/2]); built from two
         # shifted identities rather than stored (onnxruntime folds it when the session is created)
         zeros = g.op("ConstantOfShape", g.const([D, D]), value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]))
-        half_turn = g.op("Sub", g.op("EyeLike", zeros, k=D // 2), g.op("EyeLike", zeros, k=-(D // 2)),
-                         name="rope_half_turn")
+        half_turn = g.op(
+            "Sub", g.op("EyeLike", zeros, k=D // 2), g.op("EyeLike", zeros, k=-(D // 2)), name="rope_half_turn"
+        )
         rope = (g.op("Cos", emb), g.op("Sin", emb), half_turn)
 
     def linear(xin: str, prefix: str, bias: bool, *more: str) -> str:
@@ -343,8 +363,14 @@ def build_decoder_graph(
 
     def norm(xin: str, prefix: str) -> str:
         if c.norm == "layer":
-            return g.op("LayerNormalization", xin, w.plain(f"{prefix}.weight"), w.plain(f"{prefix}.bias"),
-                        axis=-1, epsilon=float(c.norm_eps))
+            return g.op(
+                "LayerNormalization",
+                xin,
+                w.plain(f"{prefix}.weight"),
+                w.plain(f"{prefix}.bias"),
+                axis=-1,
+                epsilon=float(c.norm_eps),
+            )
         # x / sqrt(mean(x^2) + eps) * w, in the exact form onnxruntime fuses into one SimplifiedLayerNormalization
         # kernel (Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul); standard ONNX for every other runtime
         ms = g.op("ReduceMean", g.op("Pow", xin, f32(2.0)), g.const([-1]), keepdims=1)
@@ -363,8 +389,11 @@ def build_decoder_graph(
     def act(t: str) -> str:
         if c.activation == "silu":
             return g.op("Mul", t, g.op("Sigmoid", t))
-        inner = g.op("Mul", f32(math.sqrt(2.0 / math.pi)),
-                     g.op("Add", t, g.op("Mul", f32(0.044715), g.op("Mul", t, g.op("Mul", t, t)))))
+        inner = g.op(
+            "Mul",
+            f32(math.sqrt(2.0 / math.pi)),
+            g.op("Add", t, g.op("Mul", f32(0.044715), g.op("Mul", t, g.op("Mul", t, t)))),
+        )
         return g.op("Mul", g.op("Mul", f32(0.5), t), g.op("Add", f32(1.0), g.op("Tanh", inner)))
 
     scale = f32(1.0 / math.sqrt(D))
@@ -373,8 +402,10 @@ def build_decoder_graph(
         h = norm(x, f"{p}.input_layernorm")
         # q, k and v in one MatMul, one Reshape + Transpose to [B, H + 2 Hkv, S, D], RoPE on the q and k heads at once
         # (elementwise per head, so the same values as separately): 9 nodes per layer instead of 17
-        qkv = heads(linear(h, f"{p}.self_attn.q_proj", c.qkv_bias, f"{p}.self_attn.k_proj", f"{p}.self_attn.v_proj"),
-                    H + 2 * Hkv)
+        qkv = heads(
+            linear(h, f"{p}.self_attn.q_proj", c.qkv_bias, f"{p}.self_attn.k_proj", f"{p}.self_attn.v_proj"),
+            H + 2 * Hkv,
+        )
         if rope is not None:
             qk, v = g.ops("Split", [qkv, g.const([H + Hkv, Hkv])], 2, axis=1)
             q, k = g.ops("Split", [apply_rope(qk), g.const([H, Hkv])], 2, axis=1)

@@ -21,7 +21,7 @@ import onnxruntime as ort
 from accel.backends.base import BackendInfo, check_extensions, check_step_inputs
 from accel.errors import BackendError
 
-__all__ = ["OrtBackend", "inspect_graph", "GraphContract", "check_inplace_cache"]
+__all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
 
 _PAST = re.compile(r"^past_(key|value)\.(\d+)$")
 
@@ -29,9 +29,18 @@ _PAST = re.compile(r"^past_(key|value)\.(\d+)$")
 class GraphContract:
     """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
 
-    def __init__(self, batch_size: int, ctx_len: int, vocab_size: int, num_layers: int, kv_shape: tuple[int, ...],
-                 num_logits: int | None, metadata: dict[str, str], hidden_size: int = 0,
-                 feature_size: int = 0) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        ctx_len: int,
+        vocab_size: int,
+        num_layers: int,
+        kv_shape: tuple[int, ...],
+        num_logits: int | None,
+        metadata: dict[str, str],
+        hidden_size: int = 0,
+        feature_size: int = 0,
+    ) -> None:
         self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
         self.num_layers, self.kv_shape, self.num_logits, self.metadata = num_layers, kv_shape, num_logits, metadata
         self.hidden_size, self.feature_size = hidden_size, feature_size
@@ -105,8 +114,10 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
             name = f"past_{kv}.{i}"
             writer = producer.get(f"{name}_RetainedState")
             if writer is None or writer.op_type != "ScatterND" or writer.input[0] != name:
-                raise BackendError(f"{path}: {name}_RetainedState is not a ScatterND of {name}; OrtBackend updates the "
-                                   "cache in place and supports only such graphs (as export_onnx writes them)")
+                raise BackendError(
+                    f"{path}: {name}_RetainedState is not a ScatterND of {name}; OrtBackend updates the "
+                    "cache in place and supports only such graphs (as export_onnx writes them)"
+                )
             ancestors, todo = set(), list(writer.input[1:])
             while todo:
                 node = producer.get(todo.pop())
@@ -115,8 +126,10 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
                     todo.extend(node.input)
             late = [n.name or n.op_type for n in readers[name] if n is not writer and id(n) not in ancestors]
             if late:
-                raise BackendError(f"{path}: {name} is read by {late} independently of its cache write; OrtBackend "
-                                   "updates the cache in place and needs every reader to run before the write")
+                raise BackendError(
+                    f"{path}: {name} is read by {late} independently of its cache write; OrtBackend "
+                    "updates the cache in place and needs every reader to run before the write"
+                )
     return {node.op_type for node in graph.node}
 
 
@@ -169,7 +182,7 @@ class OrtBackend:
             opts.inter_op_num_threads = 1
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        except Exception as exc:
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
         c = inspect_graph(self.session, str(path))
         if batch_size is not None and batch_size != c.batch_size:
@@ -183,8 +196,9 @@ class OrtBackend:
             batch_size=c.batch_size,
             max_seq_len=min(max_seq_len or c.ctx_len, c.ctx_len),
             num_layers=c.num_layers,
-            capabilities=frozenset(name for name, width in (("hidden_states", c.hidden_size),
-                                                           ("features", c.feature_size)) if width),
+            capabilities=frozenset(
+                name for name, width in (("hidden_states", c.hidden_size), ("features", c.feature_size)) if width
+            ),
             hidden_size=c.hidden_size,
             feature_size=c.feature_size,
         )
@@ -204,7 +218,7 @@ class OrtBackend:
         io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
         if c.hidden_size:
             io.bind_output("hidden_states")
-        for name, buf in zip(self._names, self._buffers):
+        for name, buf in zip(self._names, self._buffers, strict=True):
             value = ort.OrtValue.ortvalue_from_numpy(buf)
             io.bind_ortvalue_input(name, value)
             io.bind_ortvalue_output(f"{name}_RetainedState", value)
@@ -220,9 +234,15 @@ class OrtBackend:
         """The graph's ``metadata_props`` (``accel.*`` export settings)."""
         return self.contract.metadata
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
-                features: np.ndarray | None = None,
-                return_hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        return_hidden: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
         ``return_hidden``); see ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
@@ -260,7 +280,7 @@ class OrtBackend:
             io.bind_output("hidden_states")
         try:
             self.session.run_with_iobinding(io)
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        except Exception as exc:
             raise BackendError(f"onnxruntime failed on a call with input shape {ids.shape}: {exc}") from exc
         outs = io.get_outputs()
         logits = outs[0].numpy()
@@ -286,5 +306,5 @@ class OrtBackend:
 def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:
     """Feeds for a bare ``session.run`` equivalent to one ``backend.forward`` (for overhead benchmarks)."""
     feeds: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
-    feeds.update(zip(backend._names, backend.cache()))
+    feeds.update(zip(backend._names, backend.cache(), strict=True))
     return feeds

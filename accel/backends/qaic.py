@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from accel.backends.base import BackendInfo, check_step_inputs
 from accel.errors import BackendError
 
-__all__ = ["QaicCompileSpec", "QaicBackend", "write_qaic_files", "QAIC_EXEC"]
+__all__ = ["QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "write_qaic_files"]
 
 QAIC_EXEC = "/opt/qti-aic/exec/qaic-exec"  # the compiler driver QEfficient calls (``-compile-only``)
 SPEC_FILE = "accel_qaic.json"
@@ -82,8 +82,11 @@ class QaicCompileSpec(BaseModel):
     def specializations(self) -> dict[str, Any]:
         """QEfficient's ``specializations.json`` content (values are strings)."""
         b, c = str(self.batch_size), str(self.ctx_len)
-        return {"specializations": [{"batch_size": b, "seq_len": str(s), "ctx_len": c}
-                                    for s in (self.prompt_len, self.k + 1)]}
+        return {
+            "specializations": [
+                {"batch_size": b, "seq_len": str(s), "ctx_len": c} for s in (self.prompt_len, self.k + 1)
+            ]
+        }
 
     def custom_io(self) -> str:
         """QEfficient's ``custom_io.yaml`` content: each retained-state buffer and its device precision."""
@@ -102,12 +105,14 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
 
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf decode errors
+    except Exception as exc:
         raise BackendError(f"{onnx_path} is not a readable ONNX file: {exc}") from exc
     contrib = sorted({n.domain for n in proto.graph.node if n.domain not in ("", "ai.onnx")})
     if contrib:
-        raise BackendError(f"{onnx_path} uses operators of {', '.join(contrib)} (an onnxruntime-only export such as "
-                           "weights='mxint8-nbits'); export with fp32, fp16 or mx-rounded for Cloud AI 100")
+        raise BackendError(
+            f"{onnx_path} uses operators of {', '.join(contrib)} (an onnxruntime-only export such as "
+            "weights='mxint8-nbits'); export with fp32, fp16 or mx-rounded for Cloud AI 100"
+        )
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
     outs = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
     for name in ("input_ids", "position_ids"):
@@ -124,8 +129,13 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
     if "logits" not in outs or len(outs["logits"]) != 3:
         raise BackendError(f"{onnx_path}: output 'logits' [batch, seq, vocab] is missing")
     _, n_logits, vocab = outs["logits"]
-    return (layers[-1] + 1, int(ctx), int(batch), vocab if isinstance(vocab, int) else None,
-            n_logits if isinstance(n_logits, int) else None)
+    return (
+        layers[-1] + 1,
+        int(ctx),
+        int(batch),
+        vocab if isinstance(vocab, int) else None,
+        n_logits if isinstance(n_logits, int) else None,
+    )
 
 
 def write_qaic_files(
@@ -162,23 +172,43 @@ def write_qaic_files(
         raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
     out.mkdir(parents=True, exist_ok=True)
     spec = QaicCompileSpec(
-        onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()), prompt_len=prompt_len, k=k, ctx_len=ctx_len,
-        batch_size=batch_size, num_cores=num_cores, num_devices=num_devices, mxfp6=mxfp6, mxint8_kv=mxint8_kv,
-        num_layers=num_layers, vocab_size=vocab, num_logits=num_logits,
+        onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()),
+        prompt_len=prompt_len,
+        k=k,
+        ctx_len=ctx_len,
+        batch_size=batch_size,
+        num_cores=num_cores,
+        num_devices=num_devices,
+        mxfp6=mxfp6,
+        mxint8_kv=mxint8_kv,
+        num_layers=num_layers,
+        vocab_size=vocab,
+        num_logits=num_logits,
     )
     files = {
         "specializations.json": json.dumps(spec.specializations(), indent=4) + "\n",
         "custom_io.yaml": spec.custom_io(),
-        "compile.sh": "#!/bin/sh\n# Cloud AI 100 compile (not verified on hardware)\nset -e\ncd \"$(dirname \"$0\")\"\n"
-        + " ".join(shlex.quote(a) for a in spec.command()) + "\n",
+        "compile.sh": '#!/bin/sh\n# Cloud AI 100 compile (not verified on hardware)\nset -e\ncd "$(dirname "$0")"\n'
+        + " ".join(shlex.quote(a) for a in spec.command())
+        + "\n",
         SPEC_FILE: spec.model_dump_json(indent=2) + "\n",
     }
     if num_devices > 1:  # QEfficient's multi-device partition config
-        files["mdp_ts_config.json"] = json.dumps({
-            "connections": [{"devices": list(range(num_devices)), "type": "p2p"}],
-            "partitions": [{"name": "Partition0",
-                            "devices": [{"deviceId": d, "numCores": num_cores} for d in range(num_devices)]}],
-        }, indent=4) + "\n"
+        files["mdp_ts_config.json"] = (
+            json.dumps(
+                {
+                    "connections": [{"devices": list(range(num_devices)), "type": "p2p"}],
+                    "partitions": [
+                        {
+                            "name": "Partition0",
+                            "devices": [{"deviceId": d, "numCores": num_cores} for d in range(num_devices)],
+                        }
+                    ],
+                },
+                indent=4,
+            )
+            + "\n"
+        )
     for name, text in files.items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
@@ -191,7 +221,7 @@ def _session_class():
     """Qualcomm's Python runtime session class, or BackendError when the SDK is not installed."""
     try:
         from QEfficient.generation.cloud_infer import QAICInferenceSession  # QEfficient wrapper over qaicrt
-    except ImportError:
+    except ImportError as missing:
         try:
             import qaicrt  # noqa: F401 - the bare runtime is present but without the session wrapper
         except ImportError as exc:
@@ -199,7 +229,9 @@ def _session_class():
                 "the Qualcomm Cloud AI 100 runtime is not installed (neither QEfficient nor qaicrt can be imported); "
                 "install the Cloud AI 100 Platform SDK and QEfficient (pip install QEfficient) on a machine with a card"
             ) from exc
-        raise BackendError("qaicrt is installed but QEfficient (QAICInferenceSession) is not: pip install QEfficient")
+        raise BackendError(
+            "qaicrt is installed but QEfficient (QAICInferenceSession) is not: pip install QEfficient"
+        ) from missing
     return QAICInferenceSession
 
 
@@ -227,8 +259,14 @@ class QaicBackend:
         past = [n for n in self.session.input_names + self.session.output_names if n.startswith("past_")]
         self.session.skip_buffers(past)  # retained on the device
         s = self.spec
-        self._info = BackendInfo(name="qaic", vocab_size=s.vocab_size, ctx_len=s.ctx_len, batch_size=s.batch_size,
-                                 max_seq_len=max(s.seq_lens), num_layers=s.num_layers)
+        self._info = BackendInfo(
+            name="qaic",
+            vocab_size=s.vocab_size,
+            ctx_len=s.ctx_len,
+            batch_size=s.batch_size,
+            max_seq_len=max(s.seq_lens),
+            num_layers=s.num_layers,
+        )
 
     @property
     def info(self) -> BackendInfo:
@@ -245,11 +283,13 @@ class QaicBackend:
             pos = np.concatenate([np.full((pos.shape[0], pad), -1, np.int64), pos], axis=1)
         baked = self.spec.num_logits
         if baked is not None and (num_logits or seq) > baked:
-            raise BackendError(f"the compiled graph returns only the last {baked} logits; asked for {num_logits or seq}")
+            raise BackendError(
+                f"the compiled graph returns only the last {baked} logits; asked for {num_logits or seq}"
+            )
         n_out = min(baked, target) if baked is not None else target
         self.session.set_buffers({"logits": np.zeros((ids.shape[0], n_out, self.spec.vocab_size), np.float32)})
         logits = self.session.run({"input_ids": ids, "position_ids": pos})["logits"]
-        return np.ascontiguousarray(logits[:, -(num_logits or seq):, :], dtype=np.float32)
+        return np.ascontiguousarray(logits[:, -(num_logits or seq) :, :], dtype=np.float32)
 
     def reset(self) -> None:
         """No-op (see the class docstring)."""

@@ -41,9 +41,7 @@ class TorchBackend:
         self.model = model.eval()
         cfg = model.config
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
-            raise BackendError(
-                f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions"
-            )
+            raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
         self.dtype = dtype or next(model.parameters()).dtype
         self._info = BackendInfo(
             name="torch",
@@ -63,9 +61,15 @@ class TorchBackend:
         """Static facts about this backend."""
         return self._info
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None,
-                features: np.ndarray | None = None,
-                return_hidden: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        return_hidden: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
         ``return_hidden``); see ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)

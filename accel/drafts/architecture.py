@@ -1,7 +1,8 @@
 """The draft's architecture and a plain causal forward for training.
 
 A draft is a small Llama-family ``Decoder`` with the target's vocabulary and RoPE settings. Its embedding can start as
-the target's embedding projected onto its top ``d_model`` right-singular directions: with ``E_t ~ E_t V V^T`` the draft's
+the target's embedding projected onto its top ``d_model`` right-singular directions: with ``E_t ~ E_t V V^T`` the
+draft's
 (tied) output layer then scores tokens the way the target does for hidden states in that subspace.
 """
 
@@ -18,7 +19,7 @@ from accel.errors import DraftError
 from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder, _rotate_half
 
-__all__ = ["build_draft", "draft_config", "causal_logits", "causal_hidden", "restrict_head"]
+__all__ = ["build_draft", "causal_hidden", "causal_logits", "draft_config", "restrict_head"]
 
 
 def draft_config(target: ModelConfig, cfg: DistillConfig) -> ModelConfig:

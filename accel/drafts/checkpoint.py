@@ -26,9 +26,9 @@ __all__ = [
     "describe",
     "load_model",
     "load_text_tokenizer",
+    "load_torch_state",
     "save_model",
     "save_torch_state",
-    "load_torch_state",
 ]
 
 # files of a Hugging Face tokenizer that travel with a checkpoint

@@ -24,10 +24,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=None, help="SwiGLU width (default 4 * d_model)")
     p.add_argument("--data", nargs="*", default=[], metavar="FILE", help="UTF-8 text files to distill on")
-    p.add_argument("--self-generate", type=int, default=0, metavar="N",
-                   help="N continuations the target generates from the prompts (default prompt set: chat + code)")
-    p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="one prompt per line (\\n escapes allowed) instead of the built-in set")
+    p.add_argument(
+        "--self-generate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N continuations the target generates from the prompts (default prompt set: chat + code)",
+    )
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="one prompt per line (\\n escapes allowed) instead of the built-in set",
+    )
     p.add_argument("--chat", action="store_true", help="wrap --prompts lines in the ChatML chat template")
     p.add_argument("--gen-tokens", type=int, default=96)
     p.add_argument("--steps", type=int, default=1000, help="optimiser steps (and cosine schedule length)")
@@ -75,12 +84,24 @@ def _distill(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args.prompts, args.chat) if args.prompts else list(DEFAULT_PROMPTS)
     try:
         cfg = DistillConfig(
-            layers=args.layers, d_model=args.d_model, heads=args.heads, ffn=args.ffn,
-            data_files=[Path(f) for f in args.data], prompts=prompts, self_generate=args.self_generate,
-            gen_tokens=args.gen_tokens, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-            minutes=args.minutes, seed=args.seed, threads=args.threads, resume=args.resume,
+            layers=args.layers,
+            d_model=args.d_model,
+            heads=args.heads,
+            ffn=args.ffn,
+            data_files=[Path(f) for f in args.data],
+            prompts=prompts,
+            self_generate=args.self_generate,
+            gen_tokens=args.gen_tokens,
+            max_steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            minutes=args.minutes,
+            seed=args.seed,
+            threads=args.threads,
+            resume=args.resume,
             init_from=Path(args.init_from) if args.init_from else None,
-            eval_every=max(1, min(100, args.steps // 10)), checkpoint_every=max(1, min(100, args.steps // 10)),
+            eval_every=max(1, min(100, args.steps // 10)),
+            checkpoint_every=max(1, min(100, args.steps // 10)),
         )
     except ValueError as exc:
         raise DraftError(f"bad distill options: {exc}") from exc
@@ -107,8 +128,9 @@ def _eval(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise DraftError(f"data file {p} does not exist")
         texts.append(p.read_text(encoding="utf-8"))
-    ev = evaluate_draft(args.target, args.draft, texts, temperature=args.temperature, max_k=args.max_k,
-                        max_len=args.max_len)
+    ev = evaluate_draft(
+        args.target, args.draft, texts, temperature=args.temperature, max_k=args.max_k, max_len=args.max_len
+    )
     if args.json:
         print(json.dumps(ev.model_dump(), indent=2))
         return 0
@@ -117,6 +139,6 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"alpha at T={ev.temperature:g}            {ev.alpha:.3f}")
     print(f"NLL target / draft        {ev.target_nll:.3f} / {ev.draft_nll:.3f} nats/token")
     print("K  P(draft token K accepted, greedy)  E[tokens/step]")
-    for k, (p, e) in enumerate(zip(ev.accept_rate_by_position, ev.expected_tokens_per_step), start=1):
+    for k, (p, e) in enumerate(zip(ev.accept_rate_by_position, ev.expected_tokens_per_step, strict=True), start=1):
         print(f"{k:<2} {p:>33.3f}  {e:>14.2f}")
     return 0

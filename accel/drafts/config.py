@@ -83,7 +83,7 @@ class DistillConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "DistillConfig":
+    def _check(self) -> DistillConfig:
         if self.d_model % self.heads:
             raise ValueError(f"d_model {self.d_model} must be divisible by heads {self.heads}")
         if (self.d_model // self.heads) % 2:

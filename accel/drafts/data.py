@@ -60,20 +60,22 @@ class TeacherData:
         }
 
     @classmethod
-    def from_tensors(cls, t: dict[str, torch.Tensor], source: str = "data") -> "TeacherData":
+    def from_tensors(cls, t: dict[str, torch.Tensor], source: str = "data") -> TeacherData:
         """Inverse of ``tensors``; validates names and shapes (``DraftError`` otherwise)."""
         names = {"tokens", "mask", "topk_ids", "topk_logp"}
         if set(t) != names:
             raise DraftError(f"{source}: expected tensors {sorted(names)}, found {sorted(t)}")
         n, length = t["tokens"].shape
-        if t["mask"].shape != (n, length) or t["topk_ids"].shape[:2] != (n, length) or (
-            t["topk_logp"].shape != t["topk_ids"].shape
+        if (
+            t["mask"].shape != (n, length)
+            or t["topk_ids"].shape[:2] != (n, length)
+            or (t["topk_logp"].shape != t["topk_ids"].shape)
         ):
             raise DraftError(f"{source}: inconsistent tensor shapes")
         return cls(t["tokens"].long(), t["mask"].bool(), t["topk_ids"].long(), t["topk_logp"].float())
 
     @classmethod
-    def concat(cls, parts: list["TeacherData"]) -> "TeacherData":
+    def concat(cls, parts: list[TeacherData]) -> TeacherData:
         """Rows of every part, right-padded to the longest length."""
         if not parts:
             raise DraftError("no distillation data: give data files and/or self_generate > 0 with prompts")
@@ -96,7 +98,7 @@ class TeacherData:
             torch.cat([pad(p.topk_logp, 0.0) for p in parts]),
         )
 
-    def subset(self, rows: torch.Tensor) -> "TeacherData":
+    def subset(self, rows: torch.Tensor) -> TeacherData:
         """The given rows."""
         return TeacherData(self.tokens[rows], self.mask[rows], self.topk_ids[rows], self.topk_logp[rows])
 
@@ -129,7 +131,8 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.inference_mode()
 def teacher_topk(target: Decoder, windows: list[list[int]], k: int, batch_size: int = 8, progress=None) -> TeacherData:
-    """Score token ``windows`` with ``target`` (one causal pass per batch) and keep its top-``k`` next-token log-probs."""
+    """Score token ``windows`` with ``target`` (one causal pass per batch) and keep its top-``k`` next-token
+    log-probs."""
     length = max(len(w) for w in windows)
     n = len(windows)
     tokens = torch.zeros(n, length, dtype=torch.long)
@@ -225,7 +228,7 @@ def self_generate(
 def split_rows(n: int, held_out_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic train / held-out row indices (at least one held-out row when the fraction is > 0 and n > 1)."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919))
-    n_held = int(round(n * held_out_fraction))
+    n_held = round(n * held_out_fraction)
     if held_out_fraction > 0 and n > 1:
         n_held = max(1, n_held)
     return perm[n_held:].sort().values, perm[:n_held].sort().values
@@ -257,7 +260,8 @@ def sample_prompts(
     after a ChatML user header: a complete user question; ``"\\n"`` after ``"def "``: a complete signature).
 
     With ``partial=True`` a sample that did not reach ``stop`` is kept too, cut after its last sentence end
-    (``.``, ``?``, ``!`` or a newline). Returns ``wrap(start + sample)`` for each kept sample (default: ``start + sample + stop``), in generation order,
+    (``.``, ``?``, ``!`` or a newline). Returns ``wrap(start + sample)`` for each kept sample (default: ``start +
+    sample + stop``), in generation order,
     without duplicates and without the strings in ``exclude``. Costs ``ceil(n / batch_size)`` batched generations or
     more when samples are dropped (stops after ``4 n`` samples).
     """
@@ -276,8 +280,15 @@ def sample_prompts(
     with tqdm(total=n, desc="target writes prompts", disable=not progress, unit="prompt") as bar:
         while len(kept) < n and batch * batch_size < 4 * n:
             rows = [(batch * batch_size + i) % len(starts) for i in range(batch_size)]
-            data = self_generate(target, [start_ids[r] for r in rows], [temperature] * batch_size, max_tokens, 1,
-                                 seed=seed * 7_919 + batch, eos_token_ids=(stop_id,))
+            data = self_generate(
+                target,
+                [start_ids[r] for r in rows],
+                [temperature] * batch_size,
+                max_tokens,
+                1,
+                seed=seed * 7_919 + batch,
+                eos_token_ids=(stop_id,),
+            )
             for i, r in enumerate(rows):
                 new = data.tokens[i, len(start_ids[r]) : len(start_ids[r]) + max_tokens].tolist()
                 if stop_id in new:

@@ -9,8 +9,8 @@ temperature is exact per position: sum_x min(p(x), q(x)) is the acceptance proba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -19,8 +19,8 @@ from accel.drafts.architecture import causal_logits
 from accel.drafts.checkpoint import check_pair, describe, load_model, load_text_tokenizer
 from accel.drafts.config import DraftEval
 from accel.errors import DraftError
-from accel.models.decoder import Decoder
 from accel.models.config import MASKED_LOGIT
+from accel.models.decoder import Decoder
 
 __all__ = ["evaluate_draft", "run_acceptance"]
 
@@ -64,14 +64,14 @@ def evaluate_draft(
         if len(prompt_lengths) != len(seqs):
             raise DraftError(f"{len(prompt_lengths)} prompt_lengths for {len(seqs)} sequences")
         starts = [max(0, int(n) - 1) for n in prompt_lengths]
-        short = [i for i, (s, n) in enumerate(zip(seqs, starts)) if n >= len(s) - 1]
+        short = [i for i, (s, n) in enumerate(zip(seqs, starts, strict=True)) if n >= len(s) - 1]
         if short:
             raise DraftError(f"sequence(s) {short[:5]} have no token after their prompt; nothing to score")
     vocab = t_model.config.vocab_size
     agree_all: list[np.ndarray] = []
     alpha_sum, t_nll, d_nll, n, d_scored = 0.0, 0.0, 0.0, 0, 0
     with torch.no_grad():
-        for ids, start in zip(seqs, starts):
+        for ids, start in zip(seqs, starts, strict=True):
             if min(ids) < 0 or max(ids) >= vocab:
                 raise DraftError(f"token id {max(ids) if max(ids) >= vocab else min(ids)} is outside [0, {vocab})")
             x = torch.tensor([ids])
@@ -124,7 +124,7 @@ def run_acceptance(agreements: Sequence[np.ndarray], max_k: int) -> list[float]:
                 break
             hits[j] += float((run[:starts] > j).sum())
             counts[j] += starts
-    out = [float(h / c) if c else 0.0 for h, c in zip(hits, counts)]
+    out = [float(h / c) if c else 0.0 for h, c in zip(hits, counts, strict=True)]
     for j in range(1, max_k):  # fewer starts at larger j can break monotonicity by sampling noise; P_j <= P_{j-1}
         out[j] = min(out[j], out[j - 1])
     return out

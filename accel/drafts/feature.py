@@ -31,12 +31,24 @@ from accel.drafts.architecture import _sorted_ids, causal_hidden, svd_embedding
 from accel.errors import DraftError
 from accel.models.decoder import Decoder, _rotate_half, new_cache
 
-__all__ = ["augment_draft", "build_feature_draft", "deepen_feature_draft", "estimates_features", "feature_draft_loss", "greedy_acceptance",
-           "load_feature_shards", "shift_features", "target_features", "train_feature_draft", "unrolled_hidden"]
+__all__ = [
+    "augment_draft",
+    "build_feature_draft",
+    "deepen_feature_draft",
+    "estimates_features",
+    "feature_draft_loss",
+    "greedy_acceptance",
+    "load_feature_shards",
+    "shift_features",
+    "target_features",
+    "train_feature_draft",
+    "unrolled_hidden",
+]
 
 
-def build_feature_draft(target: Decoder, head_ids: torch.Tensor, *, layers: int = 1, embed_size: int = 128,
-                        seed: int = 0) -> Decoder:
+def build_feature_draft(
+    target: Decoder, head_ids: torch.Tensor, *, layers: int = 1, embed_size: int = 128, seed: int = 0
+) -> Decoder:
     """A feature draft for ``target``: ``layers`` decoder layers shaped like the target's, initialised from its last
     ``layers`` layers; the token embedding is the target's projected on its top ``embed_size`` singular directions;
     the head scores ``head_ids`` (sorted distinct token ids) with the target's head rows; final norm copied.
@@ -50,15 +62,21 @@ def build_feature_draft(target: Decoder, head_ids: torch.Tensor, *, layers: int 
     if not 1 <= layers <= tc.num_layers:
         raise DraftError(f"layers must be in 1..{tc.num_layers} (the target's layer count); got {layers}")
     ids = _sorted_ids(head_ids, tc.vocab_size)  # DraftError unless distinct ints in range, fewer than vocab
-    cfg = tc.with_(num_layers=layers, tie_word_embeddings=False, head_vocab=len(ids),
-                   feature_size=tc.hidden_size, embed_size=embed_size)
+    cfg = tc.with_(
+        num_layers=layers,
+        tie_word_embeddings=False,
+        head_vocab=len(ids),
+        feature_size=tc.hidden_size,
+        embed_size=embed_size,
+    )
     draft = Decoder(cfg).init_weights(seed=seed)
     sd = target.state_dict()
     first = tc.num_layers - layers
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            layer.load_state_dict({k[len(f"layers.{first + i}."):]: v for k, v in sd.items()
-                                   if k.startswith(f"layers.{first + i}.")})
+            layer.load_state_dict(
+                {k[len(f"layers.{first + i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{first + i}.")}
+            )
         draft.norm.load_state_dict(target.norm.state_dict())
         emb = target.embed_tokens.weight.detach().float()
         draft.embed_tokens.weight.copy_(svd_embedding(emb, embed_size))
@@ -79,7 +97,11 @@ def deepen_feature_draft(draft: Decoder, target: Decoder, extra_layers: int = 1)
     if not c.feature_size:
         raise DraftError("deepen_feature_draft needs a feature draft (config.feature_size > 0)")
     if (c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size) != (
-            tc.hidden_size, tc.num_heads, tc.num_kv_heads, tc.intermediate_size):
+        tc.hidden_size,
+        tc.num_heads,
+        tc.num_kv_heads,
+        tc.intermediate_size,
+    ):
         raise DraftError("the draft's layers are not shaped like the target's: cannot initialise new ones from it")
     if isinstance(extra_layers, bool) or not isinstance(extra_layers, int) or not 1 <= extra_layers <= tc.num_layers:
         raise DraftError(f"extra_layers must be an int in 1..{tc.num_layers}; got {extra_layers!r}")
@@ -90,9 +112,10 @@ def deepen_feature_draft(draft: Decoder, target: Decoder, extra_layers: int = 1)
         t_prefix, d_prefix = f"layers.{tc.num_layers - extra_layers + i}.", f"layers.{c.num_layers + i}."
         for k, v in src.items():
             if k.startswith(t_prefix):
-                name = d_prefix + k[len(t_prefix):]
-                zero = name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight", "o_proj.bias",
-                                      "down_proj.bias"))
+                name = d_prefix + k[len(t_prefix) :]
+                zero = name.endswith(
+                    ("self_attn.o_proj.weight", "mlp.down_proj.weight", "o_proj.bias", "down_proj.bias")
+                )
                 state[name] = torch.zeros_like(v) if zero else v.detach().clone()
     out.load_state_dict(state, strict=True)
     return out.to(next(draft.parameters()).dtype)
@@ -130,16 +153,18 @@ def shift_features(hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_features(target: Decoder, tokens: torch.Tensor, *, batch_size: int = 16,
-                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def target_features(
+    target: Decoder, tokens: torch.Tensor, *, batch_size: int = 16, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """The target's final-norm hidden states ``[N, L, hidden]`` of ``tokens [N, L]`` (causal, positions 0..L-1).
 
     Computed with a copy of the target cast to ``dtype`` (bfloat16 by default: ~3x faster on CPU; the draft trains on
     these with added noise anyway) and returned in that dtype.
     """
     if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.numel() == 0:
-        raise DraftError(f"tokens must be a non-empty 2-D integer tensor [N, L]; got {tuple(tokens.shape)} "
-                         f"{tokens.dtype}")
+        raise DraftError(
+            f"tokens must be a non-empty 2-D integer tensor [N, L]; got {tuple(tokens.shape)} {tokens.dtype}"
+        )
     if int(tokens.min()) < 0 or int(tokens.max()) >= target.config.vocab_size:
         raise DraftError(f"token ids must be in [0, {target.config.vocab_size})")
     model = copy.deepcopy(target).to(dtype)  # a cast copy: casting in place would round the target's weights
@@ -168,8 +193,12 @@ def _qkv(model: Decoder, layer, h: torch.Tensor, rope) -> tuple[torch.Tensor, to
     return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
-def unrolled_hidden(model: Decoder, tokens: torch.Tensor, features: torch.Tensor,
-                    past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+def unrolled_hidden(
+    model: Decoder,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+):
     """Final-norm hidden states ``[B, S, H]`` of a feature draft over whole sequences, and each layer's K/V.
 
     ``past=None``: a plain causal pass. Otherwise ``past`` holds an earlier pass's per-layer K/V, and position ``i``
@@ -201,10 +230,20 @@ def unrolled_hidden(model: Decoder, tokens: torch.Tensor, features: torch.Tensor
     return model.norm(x), kvs
 
 
-def feature_draft_loss(draft: Decoder, tokens: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor,
-                       topk_ids: torch.Tensor, topk_logp: torch.Tensor, *, reg_weight: float = 1.0,
-                       noise: float = 0.0, generator: torch.Generator | None = None,
-                       lookup: torch.Tensor | None = None, unroll: int = 2) -> tuple[torch.Tensor, dict[str, float]]:
+def feature_draft_loss(
+    draft: Decoder,
+    tokens: torch.Tensor,
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logp: torch.Tensor,
+    *,
+    reg_weight: float = 1.0,
+    noise: float = 0.0,
+    generator: torch.Generator | None = None,
+    lookup: torch.Tensor | None = None,
+    unroll: int = 2,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Training loss of a feature draft on one batch; returns ``(loss, {"ce", "reg", "top1", "top1_step2"})``.
 
     ``tokens [B, L]``, ``hidden [B, L, H]`` (the target's features of ``tokens``), ``mask [B, L]`` (position has a
@@ -222,7 +261,6 @@ def feature_draft_loss(draft: Decoder, tokens: torch.Tensor, hidden: torch.Tenso
     col = lookup[topk_ids]  # [B, L, k]
     p = torch.softmax(topk_logp.float(), dim=-1) * (col >= 0)
     m = mask.float()
-    denom = m.sum().clamp(min=1.0)
     target = hidden.float()
 
     estimates = estimates_features(draft.config)
@@ -282,10 +320,12 @@ def train_feature_draft(
     """
     if steps < 1:
         raise DraftError(f"steps must be >= 1; got {steps}")
-    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0,
-                            betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0, betas=(0.9, 0.95)
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
     gen = torch.Generator().manual_seed(seed)
     lookup = _head_index(draft)
     best, best_state = -math.inf, None
@@ -308,8 +348,9 @@ def train_feature_draft(
     bar = tqdm(range(steps), desc="feature draft", unit="step", disable=not progress)
     for step in bar:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, parts = feature_draft_loss(draft, *batches(step), reg_weight=reg_weight, noise=noise,
-                                             generator=gen, lookup=lookup, unroll=unroll)
+            loss, parts = feature_draft_loss(
+                draft, *batches(step), reg_weight=reg_weight, noise=noise, generator=gen, lookup=lookup, unroll=unroll
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -333,8 +374,13 @@ def train_feature_draft(
 
 
 @torch.no_grad()
-def greedy_acceptance(draft: Decoder, sequences: Sequence[torch.Tensor], prompt_lengths: Sequence[int],
-                      hidden: Sequence[torch.Tensor], max_k: int = 4) -> list[float]:
+def greedy_acceptance(
+    draft: Decoder,
+    sequences: Sequence[torch.Tensor],
+    prompt_lengths: Sequence[int],
+    hidden: Sequence[torch.Tensor],
+    max_k: int = 4,
+) -> list[float]:
     """Exact greedy drafting on fixed sequences: ``P_j`` (j = 0..max_k-1), over every start position in the generated
     part, the fraction where the draft's first j+1 greedy proposals all equal the sequence's next tokens.
 
@@ -346,7 +392,7 @@ def greedy_acceptance(draft: Decoder, sequences: Sequence[torch.Tensor], prompt_
     """
     hits, starts = [0] * max_k, 0
     estimates = estimates_features(draft.config)
-    for seq, plen, hid in zip(sequences, prompt_lengths, hidden):
+    for seq, plen, hid in zip(sequences, prompt_lengths, hidden, strict=True):
         seq, length = seq.long(), len(seq)
         if plen < 1 or plen >= length:
             raise DraftError(f"prompt length {plen} leaves nothing to score in a sequence of {length} tokens")
@@ -354,11 +400,13 @@ def greedy_acceptance(draft: Decoder, sequences: Sequence[torch.Tensor], prompt_
         keys, values = new_cache(draft.config, 1, length + max_k + 1)
         pos = torch.arange(length)[None]
         if plen > 1:
-            _, keys, values = draft.hidden_forward(seq[None, : plen - 1], pos[:, : plen - 1], keys, values,
-                                                   inplace=True, features=feats[:, : plen - 1])
+            _, keys, values = draft.hidden_forward(
+                seq[None, : plen - 1], pos[:, : plen - 1], keys, values, inplace=True, features=feats[:, : plen - 1]
+            )
         for p in range(plen - 1, length - 1):
-            out, keys, values = draft.hidden_forward(seq[None, p : p + 1], pos[:, p : p + 1], keys, values,
-                                                     inplace=True, features=feats[:, p : p + 1])
+            out, keys, values = draft.hidden_forward(
+                seq[None, p : p + 1], pos[:, p : p + 1], keys, values, inplace=True, features=feats[:, p : p + 1]
+            )
             starts += 1
             for j in range(min(max_k, length - 1 - p)):
                 tok = int(draft.logits(out[:, -1]).argmax())
@@ -366,16 +414,18 @@ def greedy_acceptance(draft: Decoder, sequences: Sequence[torch.Tensor], prompt_
                     break
                 hits[j] += 1
                 est = out[:, -1:] if estimates else torch.zeros_like(feats[:, :1])
-                out, keys, values = draft.hidden_forward(torch.tensor([[tok]]), torch.tensor([[p + 1 + j]]), keys,
-                                                         values, inplace=True, features=est)
+                out, keys, values = draft.hidden_forward(
+                    torch.tensor([[tok]]), torch.tensor([[p + 1 + j]]), keys, values, inplace=True, features=est
+                )
     return [h / max(starts, 1) for h in hits]
 
 
 def load_feature_shards(data_dir: str | Path, feature_dir: str | Path) -> list[tuple[Path, Path]]:
     """Pairs ``(data shard, feature shard)`` with the same file name in both directories (DraftError if none)."""
     data_dir, feature_dir = Path(data_dir), Path(feature_dir)
-    pairs = [(p, feature_dir / p.name) for p in sorted(data_dir.glob("*.safetensors"))
-             if (feature_dir / p.name).is_file()]
+    pairs = [
+        (p, feature_dir / p.name) for p in sorted(data_dir.glob("*.safetensors")) if (feature_dir / p.name).is_file()
+    ]
     if not pairs:
         raise DraftError(f"no data shards in {data_dir} with features in {feature_dir}")
     return pairs

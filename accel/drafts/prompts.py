@@ -8,11 +8,36 @@ from accel.drafts.data import chat_prompt
 __all__ = ["CHAT_INSTRUCTIONS", "CODE_STARTS", "DEFAULT_PROMPTS", "HELD_OUT_PROMPTS", "code_signatures"]
 
 _TOPICS = (
-    "photosynthesis", "the water cycle", "black holes", "the French Revolution", "machine learning", "volcanoes",
-    "the immune system", "climate change", "the internet", "democracy", "electric cars", "the Moon",
-    "honey bees", "compound interest", "recycling", "the Roman Empire", "earthquakes", "vaccines", "rainbows",
-    "the stock market", "coffee", "sleep", "exercise", "solar panels", "the human heart", "dinosaurs", "gravity",
-    "the printing press", "quantum computers", "the ocean tides",
+    "photosynthesis",
+    "the water cycle",
+    "black holes",
+    "the French Revolution",
+    "machine learning",
+    "volcanoes",
+    "the immune system",
+    "climate change",
+    "the internet",
+    "democracy",
+    "electric cars",
+    "the Moon",
+    "honey bees",
+    "compound interest",
+    "recycling",
+    "the Roman Empire",
+    "earthquakes",
+    "vaccines",
+    "rainbows",
+    "the stock market",
+    "coffee",
+    "sleep",
+    "exercise",
+    "solar panels",
+    "the human heart",
+    "dinosaurs",
+    "gravity",
+    "the printing press",
+    "quantum computers",
+    "the ocean tides",
 )
 _ASKS = (
     "Explain {} in simple terms.",
@@ -62,7 +87,7 @@ _CODE_TASKS = (
 )
 _CODE_OPENINGS = (
     "def is_palindrome(s: str) -> bool:\n",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "import os\nimport sys\n\n\ndef main():\n",
     "class Stack:\n    def __init__(self):\n",
     "def binary_search(items, target):\n",
@@ -83,7 +108,9 @@ _CODE_OPENINGS = (
     "def is_prime(n):\n    if n < 2:\n        return False\n",
 )
 
-CHAT_INSTRUCTIONS: tuple[str, ...] = tuple(a.format(t) for i, t in enumerate(_TOPICS) for a in _ASKS[i % 2 :: 2]) + _TASKS
+CHAT_INSTRUCTIONS: tuple[str, ...] = (
+    tuple(a.format(t) for i, t in enumerate(_TOPICS) for a in _ASKS[i % 2 :: 2]) + _TASKS
+)
 CODE_STARTS: tuple[str, ...] = _CODE_OPENINGS
 
 # every prompt as the model sees it: chat instructions (incl. code requests) in the chat template, code openings raw
@@ -104,15 +131,67 @@ HELD_OUT_PROMPTS: tuple[str, ...] = (
 )
 
 
-_VERBS = ("count", "find", "sort", "merge", "parse", "load", "save", "compute", "filter", "reverse", "validate",
-          "format", "convert", "remove", "group", "normalize", "average", "split", "encode", "clean")
-_NOUNS = (("lines", "lines"), ("numbers", "numbers"), ("users", "users"), ("dates", "dates"), ("scores", "scores"),
-          ("prices", "prices"), ("names", "names"), ("emails", "emails"), ("records", "records"),
-          ("matrix", "matrix"), ("config", "path"), ("tokens", "text"), ("vowels", "text"), ("files", "directory"),
-          ("temperatures", "values"))
-_CLASSES = ("Stack", "LinkedList", "BankAccount", "Inventory", "Student", "Timer", "Cache", "Graph", "Matrix",
-            "Vector", "ShoppingCart", "Library", "Counter", "Logger", "Rectangle", "Deck", "Game", "Person", "Car",
-            "Tree")
+_VERBS = (
+    "count",
+    "find",
+    "sort",
+    "merge",
+    "parse",
+    "load",
+    "save",
+    "compute",
+    "filter",
+    "reverse",
+    "validate",
+    "format",
+    "convert",
+    "remove",
+    "group",
+    "normalize",
+    "average",
+    "split",
+    "encode",
+    "clean",
+)
+_NOUNS = (
+    ("lines", "lines"),
+    ("numbers", "numbers"),
+    ("users", "users"),
+    ("dates", "dates"),
+    ("scores", "scores"),
+    ("prices", "prices"),
+    ("names", "names"),
+    ("emails", "emails"),
+    ("records", "records"),
+    ("matrix", "matrix"),
+    ("config", "path"),
+    ("tokens", "text"),
+    ("vowels", "text"),
+    ("files", "directory"),
+    ("temperatures", "values"),
+)
+_CLASSES = (
+    "Stack",
+    "LinkedList",
+    "BankAccount",
+    "Inventory",
+    "Student",
+    "Timer",
+    "Cache",
+    "Graph",
+    "Matrix",
+    "Vector",
+    "ShoppingCart",
+    "Library",
+    "Counter",
+    "Logger",
+    "Rectangle",
+    "Deck",
+    "Game",
+    "Person",
+    "Car",
+    "Tree",
+)
 
 
 def code_signatures() -> tuple[str, ...]:

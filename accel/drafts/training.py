@@ -37,7 +37,7 @@ from accel.drafts.loss import sampled_topk_kl, topk_kl
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
-__all__ = ["distill", "build_data"]
+__all__ = ["build_data", "distill"]
 
 _WORK = ".distill"
 
@@ -236,7 +236,9 @@ def _batch_loss(draft: Decoder, batch: TeacherData, width: int, negatives: int, 
         ids, logp = batch.topk_ids[:, :width][mask], batch.topk_logp[:, :width][mask]
         return sampled_topk_kl(hidden, draft.lm_head.weight, ids, logp, negatives, gen)
     logits = draft.lm_head(hidden)[None]
-    return topk_kl(logits, batch.topk_ids[:, :width][mask][None], batch.topk_logp[:, :width][mask][None], mask[mask][None])
+    return topk_kl(
+        logits, batch.topk_ids[:, :width][mask][None], batch.topk_logp[:, :width][mask][None], mask[mask][None]
+    )
 
 
 @torch.no_grad()
@@ -274,9 +276,17 @@ def _write_output(draft: Decoder, out: Path, tok_dir: Path | None) -> None:
 def _fingerprint(cfg: DistillConfig) -> str:
     """The config fields a resume must agree on (architecture, data, optimisation; not the budget)."""
     keep = cfg.model_dump(
-        mode="json", exclude={
-            "max_steps", "schedule_steps", "minutes", "resume", "progress", "threads", "eval_every", "checkpoint_every"
-        }
+        mode="json",
+        exclude={
+            "max_steps",
+            "schedule_steps",
+            "minutes",
+            "resume",
+            "progress",
+            "threads",
+            "eval_every",
+            "checkpoint_every",
+        },
     )
     return json.dumps(keep, sort_keys=True)
 
@@ -290,8 +300,17 @@ def build_data(target: Decoder, cfg: DistillConfig, data_dir: Path, tokenizer_di
     # append batches: row i always uses the same prompt, temperature and seed)
     settings = cfg.model_dump(
         mode="json",
-        include={"data_files", "max_windows_per_file", "prompts", "gen_tokens", "gen_batch_size", "temperatures",
-                 "seq_len", "teacher_top_k", "seed"},
+        include={
+            "data_files",
+            "max_windows_per_file",
+            "prompts",
+            "gen_tokens",
+            "gen_batch_size",
+            "temperatures",
+            "seq_len",
+            "teacher_top_k",
+            "seed",
+        },
     )
     stamp = data_dir / "settings.json"
     if stamp.is_file() and json.loads(stamp.read_text()) != settings:
@@ -349,7 +368,7 @@ def build_data(target: Decoder, cfg: DistillConfig, data_dir: Path, tokenizer_di
             parts.append(
                 cached(
                     f"gen-{b:05d}",
-                    lambda: self_generate(
+                    lambda prompts=prompts, temps=temps, b=b: self_generate(
                         target, prompts, temps, cfg.gen_tokens, cfg.teacher_top_k, cfg.seed * 1_000_003 + b, eos
                     ),
                 )

@@ -92,11 +92,17 @@ def compress(
         layer = MXLinear(mx, linear.bias).to(weight.device)
         original = weight.detach().float().cpu().numpy()
         sqnr, max_err = error_stats(original, mx.dequantize())
-        report.layers.append(LayerReport(
-            name=f"{name}.weight", shape=tuple(weight.shape), fmt=element.name,
-            bytes_before=weight.numel() * weight.element_size(), bytes_after=mx.nbytes,
-            sqnr_db=sqnr, max_abs_error=max_err,
-        ))
+        report.layers.append(
+            LayerReport(
+                name=f"{name}.weight",
+                shape=tuple(weight.shape),
+                fmt=element.name,
+                bytes_before=weight.numel() * weight.element_size(),
+                bytes_after=mx.nbytes,
+                sqnr_db=sqnr,
+                max_abs_error=max_err,
+            )
+        )
         _set_module(model, name, layer)
     return model, report
 

@@ -79,7 +79,7 @@ def _decode_code(fmt: ElementFormat, code: int) -> float:
     return sign * (1.0 + mant / 2.0**fmt.mbits) * 2.0 ** (e_field - fmt.bias)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _code_values(fmt: ElementFormat) -> np.ndarray:
     table = np.array([_decode_code(fmt, c) for c in range(1 << fmt.bits)], dtype=np.float32)
     table.setflags(write=False)

@@ -12,6 +12,7 @@ Writes go to a temp file in the target directory, which is renamed over the targ
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -33,9 +34,18 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 #: safetensors dtype code -> numpy storage dtype (BF16 is stored as uint16 and widened on read)
 DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
 
@@ -94,8 +104,14 @@ class SafetensorsWriter:
     exception the temp file is removed and the target is left untouched.
     """
 
-    def __init__(self, path: str | os.PathLike, specs: list[TensorSpec], metadata: dict[str, str] | None = None,
-                 mx: dict[str, dict[str, Any]] | None = None, internal: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        specs: list[TensorSpec],
+        metadata: dict[str, str] | None = None,
+        mx: dict[str, dict[str, Any]] | None = None,
+        internal: dict[str, str] | None = None,
+    ) -> None:
         self.path = Path(path)
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -191,8 +207,9 @@ def _check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
     return metadata
 
 
-def save_tensors(path: str | os.PathLike, tensors: dict[str, np.ndarray | MXTensor],
-                 metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: str | os.PathLike, tensors: dict[str, np.ndarray | MXTensor], metadata: dict[str, str] | None = None
+) -> None:
     """Write numpy arrays and MXTensors to a safetensors file at ``path`` (atomically: temp file, then rename)."""
     specs: list[TensorSpec] = []
     mx: dict[str, dict[str, Any]] = {}
@@ -247,14 +264,18 @@ class SafetensorsFile:
         for name, info in head.items():
             spec, (b, e) = _parse_entry(self.path, name, info)
             if not 0 <= b <= e <= data_len:
-                raise FormatError(f"{self.path}: tensor {name!r} byte range [{b}, {e}) outside the data "
-                                  f"({data_len} bytes): truncated file or corrupt header")
+                raise FormatError(
+                    f"{self.path}: tensor {name!r} byte range [{b}, {e}) outside the data "
+                    f"({data_len} bytes): truncated file or corrupt header"
+                )
             if e - b != spec.nbytes:
-                raise FormatError(f"{self.path}: tensor {name!r}: shape {list(spec.shape)} of {spec.dtype} needs "
-                                  f"{spec.nbytes} bytes, header gives {e - b}")
+                raise FormatError(
+                    f"{self.path}: tensor {name!r}: shape {list(spec.shape)} of {spec.dtype} needs "
+                    f"{spec.nbytes} bytes, header gives {e - b}"
+                )
             self.entries[name], self.offsets[name] = spec, (b, e)
         ranges = sorted(self.offsets.items(), key=lambda kv: kv[1])
-        for (n1, (_, e1)), (n2, (b2, _)) in zip(ranges, ranges[1:]):
+        for (n1, (_, e1)), (n2, (b2, _)) in itertools.pairwise(ranges):
             if b2 < e1:
                 raise FormatError(f"{self.path}: tensors {n1!r} and {n2!r} overlap")
         self._map = np.memmap(self.path, np.uint8, "r") if size > self.data_start else np.zeros(0, np.uint8)
@@ -282,8 +303,10 @@ class SafetensorsFile:
             b, e = self.offsets[name]
             got = zlib.crc32(self._map[self.data_start + b : self.data_start + e])
             if f"{got:08x}" != crcs[name]:
-                raise FormatError(f"{self.path}: tensor {name!r}: checksum mismatch (stored {crcs[name]}, data "
-                                  f"{got:08x}): the file is corrupted")
+                raise FormatError(
+                    f"{self.path}: tensor {name!r}: checksum mismatch (stored {crcs[name]}, data "
+                    f"{got:08x}): the file is corrupted"
+                )
 
     def mx_tensor(self, name: str) -> MXTensor:
         """The MXTensor stored as ``name.mx_codes`` / ``name.mx_scales``, validated against its header."""

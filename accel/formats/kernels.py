@@ -23,7 +23,7 @@ from accel.formats.scaling import scale_values
 CHUNK_ELEMENTS = 1 << 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pair_table(fmt: ElementFormat, dtype: type) -> np.ndarray:
     """Table of (value of low code, value of high code) for every packed unit, as one 2*itemsize word each."""
     lut = fmt.code_values().astype(dtype)
@@ -59,7 +59,11 @@ def _decode_chunk(packed: np.ndarray, fmt: ElementFormat, out: np.ndarray, dtype
 
 
 def dequantize_flat(
-    codes: np.ndarray, scales: np.ndarray, fmt: ElementFormat, block_size: int, dtype: type = np.float32,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    fmt: ElementFormat,
+    block_size: int,
+    dtype: type = np.float32,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Values of every element of the padded block array, flat (C order), as ``dtype`` (float32 or float64).

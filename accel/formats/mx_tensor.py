@@ -56,7 +56,7 @@ def _work_dtype(x: np.ndarray, name: str | None) -> type:
 class MXTensor:
     """A quantized tensor: element format, original shape, blocked axis, block size, packed codes, E8M0 scales."""
 
-    __slots__ = ("fmt", "shape", "axis", "block_size", "codes", "scales")
+    __slots__ = ("axis", "block_size", "codes", "fmt", "scales", "shape")
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class MXTensor:
         self.shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in self.shape):
             raise FormatError(f"{_label(name)}: negative dimension in shape {self.shape}")
-        self.axis, nblocks = check_layout(self.shape, axis, block_size, name)
+        self.axis, _nblocks = check_layout(self.shape, axis, block_size, name)
         self.block_size = int(block_size)
         codes, scales = np.ascontiguousarray(codes), np.ascontiguousarray(scales)
         if codes.dtype != np.uint8 or scales.dtype != np.uint8:
@@ -99,7 +99,7 @@ class MXTensor:
 
     @property
     def scales_shape(self) -> tuple[int, ...]:
-        return self.prefix + (self.nblocks,)
+        return (*self.prefix, self.nblocks)
 
     @property
     def num_codes(self) -> int:
@@ -119,7 +119,7 @@ class MXTensor:
     def unpacked_codes(self) -> np.ndarray:
         """Element codes (uint8) of the padded block array, shape ``prefix + (nblocks, block_size)``."""
         codes = unpack_codes(self.codes, self.fmt.bits, self.num_codes)
-        return codes.reshape(self.scales_shape + (self.block_size,))
+        return codes.reshape((*self.scales_shape, self.block_size))
 
     def dequantize(self, dtype: Any = np.float32, out: np.ndarray | None = None) -> np.ndarray:
         """The values, in the original shape, as ``dtype`` (computed in float32, or float64 if asked; exact).
@@ -133,15 +133,19 @@ class MXTensor:
         if out is not None:
             if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != dtype:
                 raise FormatError(f"out must be an array of shape {self.shape} and dtype {dtype}")
-            direct = (out.flags.c_contiguous and dtype == work and self.axis == len(self.shape) - 1
-                      and self.shape[self.axis] % self.block_size == 0)
+            direct = (
+                out.flags.c_contiguous
+                and dtype == work
+                and self.axis == len(self.shape) - 1
+                and self.shape[self.axis] % self.block_size == 0
+            )
             if direct:
                 dequantize_flat(self.codes, self.scales, self.fmt, self.block_size, work, out=out.reshape(-1))
             else:
                 np.copyto(out, self.dequantize(dtype))
             return out
         flat = dequantize_flat(self.codes, self.scales, self.fmt, self.block_size, work)
-        moved = flat.reshape(self.prefix + (self.nblocks * self.block_size,))[..., : self.shape[self.axis]]
+        moved = flat.reshape((*self.prefix, self.nblocks * self.block_size))[..., : self.shape[self.axis]]
         out = np.ascontiguousarray(np.moveaxis(moved, -1, self.axis))
         return out if out.dtype == dtype else out.astype(dtype)
 
@@ -216,7 +220,7 @@ class MXTensor:
                 f"payload has {len(data) - start - 4}"
             )
         codes = np.frombuffer(data, np.uint8, n_codes, start).copy()
-        scales = np.frombuffer(data, np.uint8, n_scales, start + n_codes).copy().reshape(prefix + (nblocks,))
+        scales = np.frombuffer(data, np.uint8, n_scales, start + n_codes).copy().reshape((*prefix, nblocks))
         return cls(fmt, shape, axis, block_size, codes, scales, name=name)
 
 
@@ -236,7 +240,7 @@ def quantize(
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
-        except Exception as exc:  # noqa: BLE001 - anything numpy cannot take is bad input
+        except Exception as exc:
             raise FormatError(f"{_label(name)}: cannot convert {type(x).__name__} to an array: {exc}") from exc
     work = _work_dtype(x, name)
     axis, nblocks = check_layout(x.shape, axis, block_size, name)
@@ -262,7 +266,7 @@ def quantize(
         elements[s == E8M0_NAN] = 0  # canonical: a NaN-scale block stores zero codes
         parts.append(pack_codes(elements, fmt.bits))
     codes = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
-    return MXTensor(fmt, x.shape, axis, block_size, codes, scales.reshape(prefix + (nblocks,)), name=name)
+    return MXTensor(fmt, x.shape, axis, block_size, codes, scales.reshape((*prefix, nblocks)), name=name)
 
 
 def dequantize(mx: MXTensor, dtype: Any = np.float32) -> np.ndarray:

@@ -65,8 +65,10 @@ def _shards(src: Path) -> list[str]:
 def _mx_shape_spec(name: str, shape: tuple[int, ...], bits: int, block_size: int) -> list[TensorSpec]:
     rows, cols = shape
     nblocks = -(-cols // block_size)
-    return [TensorSpec(name + ".mx_codes", "U8", (packed_nbytes(rows * nblocks * block_size, bits),)),
-            TensorSpec(name + ".mx_scales", "U8", (rows, nblocks))]
+    return [
+        TensorSpec(name + ".mx_codes", "U8", (packed_nbytes(rows * nblocks * block_size, bits),)),
+        TensorSpec(name + ".mx_scales", "U8", (rows, nblocks)),
+    ]
 
 
 def compress_checkpoint(
@@ -104,21 +106,24 @@ def compress_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     with tqdm(total=total, desc=f"compress to {element.name}", unit="tensor", disable=not progress) as bar:
-        for shard, f in zip(shards, files):
+        for shard, f in zip(shards, files, strict=True):
             plan = {n: should_compress(n, s, include, exclude) for n, s in f.entries.items()}
             specs, mx_heads = [], {}
             for name, spec in f.entries.items():
                 if plan[name]:
                     specs += _mx_shape_spec(name, spec.shape, element.bits, block_size)
                     mx_heads[name] = {
-                        "fmt": element.name, "shape": list(spec.shape), "axis": 1, "block_size": block_size,
+                        "fmt": element.name,
+                        "shape": list(spec.shape),
+                        "axis": 1,
+                        "block_size": block_size,
                     }
                 else:
                     specs.append(spec)
             for s in specs:
                 weight_map[s.name] = shard
             with SafetensorsWriter(out / shard, specs, {"format": "pt"}, mx_heads) as writer:
-                for name, spec in f.entries.items():
+                for name in f.entries:
                     f.verify(name)
                     if plan[name]:
                         mx = _compress_one(f, name, element, block_size, report)
@@ -135,8 +140,12 @@ def compress_checkpoint(
         }
         _write_text_atomic(out / INDEX_NAME, json.dumps(index, indent=2))
     for p in sorted(src.iterdir()):
-        if p.is_file() and not p.name.endswith(".safetensors") and p.name != INDEX_NAME \
-                and not p.name.endswith(SKIPPED_SUFFIXES):
+        if (
+            p.is_file()
+            and not p.name.endswith(".safetensors")
+            and p.name != INDEX_NAME
+            and not p.name.endswith(SKIPPED_SUFFIXES)
+        ):
             _copy_atomic(p, out / p.name)
     return report
 
@@ -146,8 +155,17 @@ def _compress_one(f: SafetensorsFile, name: str, element, block_size: int, repor
     weight = bf16_to_f32(raw) if f.entries[name].dtype == "BF16" else np.asarray(raw)
     mx = quantize(weight, element, axis=1, block_size=block_size, name=name)
     sqnr, max_err = error_stats(weight, mx.dequantize(np.float64 if weight.dtype == np.float64 else np.float32))
-    report.layers.append(LayerReport(name=name, shape=weight.shape, fmt=element.name, bytes_before=raw.nbytes,
-                                     bytes_after=mx.nbytes, sqnr_db=sqnr, max_abs_error=max_err))
+    report.layers.append(
+        LayerReport(
+            name=name,
+            shape=weight.shape,
+            fmt=element.name,
+            bytes_before=raw.nbytes,
+            bytes_after=mx.nbytes,
+            sqnr_db=sqnr,
+            max_abs_error=max_err,
+        )
+    )
     return mx
 
 

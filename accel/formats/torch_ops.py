@@ -70,7 +70,10 @@ def _unpack_torch(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 
 def quantize_torch(
-    t: torch.Tensor, fmt: ElementFormat | str = "mxfp6", axis: int = -1, block_size: int = DEFAULT_BLOCK_SIZE,
+    t: torch.Tensor,
+    fmt: ElementFormat | str = "mxfp6",
+    axis: int = -1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     name: str | None = None,
 ) -> MXTensor:
     """Quantize a float tensor to MX with torch ops; the result is bit-identical to ``accel.formats.quantize``."""
@@ -94,8 +97,13 @@ def quantize_torch(
     elements = torch.where(bad[:, None], 0, _encode_torch(scaled, fmt))  # a NaN-scale block stores zero codes
     codes = _pack_torch(elements.reshape(-1), fmt.bits)
     return MXTensor(
-        fmt, tuple(t.shape), axis, block_size, codes.cpu().numpy(),
-        scales.to(torch.uint8).reshape(prefix + (nblocks,)).cpu().numpy(), name=name,
+        fmt,
+        tuple(t.shape),
+        axis,
+        block_size,
+        codes.cpu().numpy(),
+        scales.to(torch.uint8).reshape((*prefix, nblocks)).cpu().numpy(),
+        name=name,
     )
 
 
@@ -116,8 +124,13 @@ def _tables(fmt: ElementFormat, device: torch.device, dtype: torch.dtype) -> tup
 
 
 def dequantize_codes_torch(
-    codes: torch.Tensor, scales: torch.Tensor, fmt: ElementFormat, shape: tuple[int, ...], axis: int,
-    block_size: int, dtype: torch.dtype = torch.float32,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    fmt: ElementFormat,
+    shape: tuple[int, ...],
+    axis: int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Values of packed ``codes`` / E8M0 ``scales`` (uint8 tensors, MXTensor layout) in ``shape``, as ``dtype``.
 
@@ -130,7 +143,7 @@ def dequantize_codes_torch(
     elements = torch.index_select(values, 0, idx).view(-1, block_size)
     out = elements * torch.index_select(scale_table, 0, scales.reshape(-1).to(torch.int32))[:, None]
     prefix = tuple(shape[:axis]) + tuple(shape[axis + 1 :])
-    out = out.view(prefix + (nblocks * block_size,))[..., : shape[axis]].movedim(-1, axis)
+    out = out.view((*prefix, nblocks * block_size))[..., : shape[axis]].movedim(-1, axis)
     return out.to(dtype).contiguous()
 
 
@@ -159,23 +172,31 @@ class MXLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: ElementFormat | str = "mxfp6", block_size: int = 32,
-                    name: str | None = None) -> MXLinear:
+    def from_linear(
+        cls, linear: nn.Linear, fmt: ElementFormat | str = "mxfp6", block_size: int = 32, name: str | None = None
+    ) -> MXLinear:
         """Quantize ``linear.weight`` (bit-identical to the numpy path) and keep its bias."""
         mx = quantize_torch(linear.weight, fmt, axis=1, block_size=block_size, name=name)
         return cls(mx, linear.bias)
 
     def mx_weight(self) -> MXTensor:
         """The weight as an MXTensor (numpy, CPU)."""
-        return MXTensor(self.fmt, (self.out_features, self.in_features), 1, self.block_size,
-                        self.codes.cpu().numpy(), self.scales.cpu().numpy())
+        return MXTensor(
+            self.fmt,
+            (self.out_features, self.in_features),
+            1,
+            self.block_size,
+            self.codes.cpu().numpy(),
+            self.scales.cpu().numpy(),
+        )
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32, device: torch.device | None = None):
         codes, scales = self.codes, self.scales
         if device is not None and codes.device != torch.device(device):
             codes, scales = codes.to(device), scales.to(device)
-        return dequantize_codes_torch(codes, scales, self.fmt, (self.out_features, self.in_features), 1,
-                                      self.block_size, dtype)
+        return dequantize_codes_torch(
+            codes, scales, self.fmt, (self.out_features, self.in_features), 1, self.block_size, dtype
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.dequantized_weight(x.dtype, x.device)
@@ -183,5 +204,7 @@ class MXLinear(nn.Module):
         return F.linear(x, weight, bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt.name}, " \
-               f"block_size={self.block_size}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt.name}, "
+            f"block_size={self.block_size}, bias={self.bias is not None}"
+        )

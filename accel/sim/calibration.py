@@ -18,12 +18,18 @@ from pydantic import ConfigDict, field_validator, model_validator
 from accel.errors import SimError
 from accel.sim._base import SimModel
 from accel.sim.formats import kv_bytes_per_element, normalize_format
-from accel.sim.hardware import CalibrationReport, Hardware, hardware as _hardware
+from accel.sim.hardware import CalibrationReport, Hardware
+from accel.sim.hardware import hardware as _hardware
 from accel.sim.models import ModelSpec, resolve_model
 from accel.sim.roofline import format_arrays, resolve_devices, step_arrays
 
-FITTABLE = ("bandwidth_efficiency", "compute_efficiency", "call_overhead_s", "multi_token_penalty",
-            "multi_token_exponent")
+FITTABLE = (
+    "bandwidth_efficiency",
+    "compute_efficiency",
+    "call_overhead_s",
+    "multi_token_penalty",
+    "multi_token_exponent",
+)
 
 
 class Observation(SimModel):
@@ -48,10 +54,14 @@ class Observation(SimModel):
         return resolve_model(v)
 
     @model_validator(mode="after")
-    def _check(self) -> "Observation":
+    def _check(self) -> Observation:
         normalize_format(self.weight_format)
-        if (self.batch_size < 1 or self.new_tokens < 1 or self.context_len < 0
-                or not 1 <= self.num_logits <= self.new_tokens):
+        if (
+            self.batch_size < 1
+            or self.new_tokens < 1
+            or self.context_len < 0
+            or not 1 <= self.num_logits <= self.new_tokens
+        ):
             raise ValueError("need batch_size >= 1, new_tokens >= 1, context_len >= 0, 1 <= num_logits <= new_tokens")
         if (self.seconds_per_call is None) == (self.tokens_per_s is None):
             raise ValueError("give exactly one of seconds_per_call, tokens_per_s")
@@ -74,7 +84,7 @@ def _sigmoid(v: float) -> float:
 
 def _to_hw(hw: Hardware, names: Sequence[str], x: np.ndarray) -> Hardware:
     vals = {}
-    for name, v in zip(names, x):
+    for name, v in zip(names, x, strict=True):
         if name in ("bandwidth_efficiency", "compute_efficiency"):
             vals[name] = _sigmoid(v)
         elif name == "multi_token_exponent":
@@ -104,10 +114,19 @@ def predict_observations(hw: Hardware, observations: Sequence[Observation]) -> n
     out = np.empty(len(observations))
     for i, o in enumerate(observations):
         bpe, mx, peak = format_arrays(hw, o.weight_format)
-        out[i] = step_arrays(o.model, hw, weight_bpe=bpe, weight_mx=mx, peak_flops=peak,
-                             kv_bpe=kv_bytes_per_element(o.kv_format), batch=o.batch_size, new_tokens=o.new_tokens,
-                             context_len=o.context_len, num_logits=o.num_logits,
-                             devices=resolve_devices(hw, o.devices))["time_s"]
+        out[i] = step_arrays(
+            o.model,
+            hw,
+            weight_bpe=bpe,
+            weight_mx=mx,
+            peak_flops=peak,
+            kv_bpe=kv_bytes_per_element(o.kv_format),
+            batch=o.batch_size,
+            new_tokens=o.new_tokens,
+            context_len=o.context_len,
+            num_logits=o.num_logits,
+            devices=resolve_devices(hw, o.devices),
+        )["time_s"]
     return out
 
 
@@ -134,8 +153,9 @@ def _lm(fun, x0: np.ndarray, iters: int = 100) -> tuple[np.ndarray, float]:
     return x, cost
 
 
-def calibrate(hardware: Hardware | str, observations: Sequence[Observation | dict], *,
-              fit: Sequence[str] | None = None) -> Hardware:
+def calibrate(
+    hardware: Hardware | str, observations: Sequence[Observation | dict], *, fit: Sequence[str] | None = None
+) -> Hardware:
     """Fit efficiency terms of ``hardware`` to measured calls; returns a new ``Hardware`` whose ``calibration`` field
     holds the fitted values and relative residuals. Default ``fit``: bandwidth efficiency and call overhead, plus the
     multi-token penalty/exponent when the observations cover at least two distinct row counts B*S > 1."""
@@ -163,8 +183,8 @@ def calibrate(hardware: Hardware | str, observations: Sequence[Observation | dic
     # several starts: the logistic maps of the bounded terms go flat near their bounds, where a run can stall (seen:
     # bandwidth_efficiency pinned at 1.0 with a 25% misfit at S = 1 when the good fit had 0.67)
     starts = []
-    for gamma in ((0.4, 0.8, 1.3) if "multi_token_exponent" in fit else (None,)):
-        for eff in ((None, 0.3, 0.6) if "bandwidth_efficiency" in fit else (None,)):
+    for gamma in (0.4, 0.8, 1.3) if "multi_token_exponent" in fit else (None,):
+        for eff in (None, 0.3, 0.6) if "bandwidth_efficiency" in fit else (None,):
             update = {k: v for k, v in (("multi_token_exponent", gamma), ("bandwidth_efficiency", eff)) if v}
             start = hw.model_copy(update=update)
             if "multi_token_penalty" in fit:
@@ -177,9 +197,20 @@ def calibrate(hardware: Hardware | str, observations: Sequence[Observation | dic
     x, _ = best
     fitted = _to_hw(hw, fit, x)
     rel = np.exp(residuals(x)) - 1.0
-    report = CalibrationReport(fitted={f: float(getattr(fitted, f)) for f in fit}, residuals=[float(v) for v in rel],
-                               rms_relative_error=float(np.sqrt(np.mean(rel ** 2))),
-                               max_relative_error=float(np.max(np.abs(rel))), n_observations=len(obs))
-    return Hardware(**{**fitted.model_dump(), "calibration": report.model_dump(),
-                       "notes": (hw.notes + " " if hw.notes else "") + f"calibrated on {len(obs)} observations ("
-                       + ", ".join(f"{k}={v:.4g}" for k, v in report.fitted.items()) + ")"})
+    report = CalibrationReport(
+        fitted={f: float(getattr(fitted, f)) for f in fit},
+        residuals=[float(v) for v in rel],
+        rms_relative_error=float(np.sqrt(np.mean(rel**2))),
+        max_relative_error=float(np.max(np.abs(rel))),
+        n_observations=len(obs),
+    )
+    return Hardware(
+        **{
+            **fitted.model_dump(),
+            "calibration": report.model_dump(),
+            "notes": (hw.notes + " " if hw.notes else "")
+            + f"calibrated on {len(obs)} observations ("
+            + ", ".join(f"{k}={v:.4g}" for k, v in report.fitted.items())
+            + ")",
+        }
+    )

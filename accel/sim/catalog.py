@@ -34,57 +34,128 @@ MX_DECOMPRESS_FLOP_RATIO = 64
 LINK_LATENCY_S = 10e-6
 
 _AI100_SRC = "quic.github.io/cloud-ai-sdk-pages, Architecture (REFERENCE.md §5)"
-_AI100_NOTE = ("efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.6 of spec (REFERENCE §5: 40-70%), "
-               "compute 0.5, 200 us per call; MX decompression assumed hidden.")
-_GPU_NOTE = ("efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.8, compute 0.6, 30 us per call; "
-             "software MX dequantizer at peak_fp16/64 elements/s.")
+_AI100_NOTE = (
+    "efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.6 of spec (REFERENCE §5: 40-70%), "
+    "compute 0.5, 200 us per call; MX decompression assumed hidden."
+)
+_GPU_NOTE = (
+    "efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.8, compute 0.6, 30 us per call; "
+    "software MX dequantizer at peak_fp16/64 elements/s."
+)
 
 
-def _ai100(name: str, socs: int, card_gbs: float, card_gb: float, fp16_tflops: float, int8_tops: float,
-           sram_mb: float, tdp: float) -> Hardware:
+def _ai100(
+    name: str,
+    socs: int,
+    card_gbs: float,
+    card_gb: float,
+    fp16_tflops: float,
+    int8_tops: float,
+    sram_mb: float,
+    tdp: float,
+) -> Hardware:
     return Hardware(
-        name=name, memory_bandwidth_bytes_per_s=card_gbs * GB / socs, memory_capacity_bytes=card_gb * GB / socs,
+        name=name,
+        memory_bandwidth_bytes_per_s=card_gbs * GB / socs,
+        memory_capacity_bytes=card_gb * GB / socs,
         peak_flops_per_s={"fp16": fp16_tflops * TERA / socs, "int8": int8_tops * TERA / socs},
-        sram_bytes=sram_mb * 1e6 / socs, num_devices=socs, link_bandwidth_bytes_per_s=16 * GB,
-        link_latency_s=LINK_LATENCY_S, bandwidth_efficiency=AI100_BANDWIDTH_EFFICIENCY,
-        compute_efficiency=AI100_COMPUTE_EFFICIENCY, call_overhead_s=AI100_CALL_OVERHEAD_S,
-        mx_decompress_elements_per_s=None, tdp_w=tdp, source=_AI100_SRC,
+        sram_bytes=sram_mb * 1e6 / socs,
+        num_devices=socs,
+        link_bandwidth_bytes_per_s=16 * GB,
+        link_latency_s=LINK_LATENCY_S,
+        bandwidth_efficiency=AI100_BANDWIDTH_EFFICIENCY,
+        compute_efficiency=AI100_COMPUTE_EFFICIENCY,
+        call_overhead_s=AI100_CALL_OVERHEAD_S,
+        mx_decompress_elements_per_s=None,
+        tdp_w=tdp,
+        source=_AI100_SRC,
         notes=f"{socs} SoC(s); per SoC 4 x 64-bit LPDDR4X (~136 GB/s), 8 MB VTCM per AI core; "
-              f"SoCs linked by PCIe Gen4 x8 behind a switch. " + _AI100_NOTE)
+        f"SoCs linked by PCIe Gen4 x8 behind a switch. " + _AI100_NOTE,
+    )
 
 
-def _gpu(name: str, gbs: float, gb: float, fp16_tflops: float, int8_tops: float, sram_mb: float, tdp: float,
-         source: str, link_gbs: float, mem: str) -> Hardware:
+def _gpu(
+    name: str,
+    gbs: float,
+    gb: float,
+    fp16_tflops: float,
+    int8_tops: float,
+    sram_mb: float,
+    tdp: float,
+    source: str,
+    link_gbs: float,
+    mem: str,
+) -> Hardware:
     return Hardware(
-        name=name, memory_bandwidth_bytes_per_s=gbs * GB, memory_capacity_bytes=gb * GB,
+        name=name,
+        memory_bandwidth_bytes_per_s=gbs * GB,
+        memory_capacity_bytes=gb * GB,
         peak_flops_per_s={"fp16": fp16_tflops * TERA, "bf16": fp16_tflops * TERA, "int8": int8_tops * TERA},
-        sram_bytes=sram_mb * 1e6, num_devices=1, link_bandwidth_bytes_per_s=link_gbs * GB,
-        link_latency_s=LINK_LATENCY_S, bandwidth_efficiency=GPU_BANDWIDTH_EFFICIENCY,
-        compute_efficiency=COMPUTE_EFFICIENCY, call_overhead_s=GPU_CALL_OVERHEAD_S,
-        mx_decompress_elements_per_s=fp16_tflops * TERA / MX_DECOMPRESS_FLOP_RATIO, tdp_w=tdp, source=source,
-        notes=f"{mem}; " + _GPU_NOTE)
+        sram_bytes=sram_mb * 1e6,
+        num_devices=1,
+        link_bandwidth_bytes_per_s=link_gbs * GB,
+        link_latency_s=LINK_LATENCY_S,
+        bandwidth_efficiency=GPU_BANDWIDTH_EFFICIENCY,
+        compute_efficiency=COMPUTE_EFFICIENCY,
+        call_overhead_s=GPU_CALL_OVERHEAD_S,
+        mx_decompress_elements_per_s=fp16_tflops * TERA / MX_DECOMPRESS_FLOP_RATIO,
+        tdp_w=tdp,
+        source=source,
+        notes=f"{mem}; " + _GPU_NOTE,
+    )
 
 
 _NV = "NVIDIA datasheet (REFERENCE.md §5)"
-CATALOG: dict[str, Hardware] = {h.name: h for h in [
-    _ai100("cloud-ai-100-standard", 1, 137, 16, 110, 325, 126, 75),
-    _ai100("cloud-ai-100-pro", 1, 137, 32, 125, 375, 144, 75),
-    _ai100("cloud-ai-100-ultra", 4, 548, 128, 290, 870, 576, 150),
-    _gpu("a100-40gb", 1555, 40, 312, 624, 40, 400, _NV, 600, "HBM2, 40 MB L2, NVLink 600 GB/s"),
-    _gpu("a100-80gb", 2039, 80, 312, 624, 40, 400, _NV, 600, "HBM2e, 40 MB L2, NVLink 600 GB/s"),
-    _gpu("h100-sxm", 3350, 80, 989, 1979, 50, 700, _NV, 900, "HBM3, 50 MB L2, NVLink 900 GB/s"),
-    _gpu("h100-pcie", 2000, 80, 756, 1513, 50, 350, _NV, 64, "HBM2e, 50 MB L2, PCIe Gen5 x16"),
-    _gpu("h200", 4800, 141, 989, 1979, 50, 700, _NV, 900, "HBM3e, 50 MB L2, NVLink 900 GB/s"),
-    _gpu("l4", 300, 24, 121, 242, 48, 72, _NV, 32, "GDDR6, 48 MB L2, PCIe Gen4 x16"),
-    _gpu("l40s", 864, 48, 362, 733, 96, 350, _NV, 32, "GDDR6, 96 MB L2, PCIe Gen4 x16"),
-    _gpu("mi300x", 5300, 192, 1307, 2615, 256, 750, "AMD datasheet (REFERENCE.md §5)", 896,
-         "HBM3, 256 MB Infinity Cache, Infinity Fabric 896 GB/s"),
-    _gpu("tpu-v4", 1200, 32 * 2**30 / GB, 275, 275, 0, 170, "cloud.google.com/tpu/docs/v4 (REFERENCE.md §5)", 300,
-         "32 GiB HBM2, 275 TFLOPS bf16, ~170 W measured mean, ICI link assumed 300 GB/s"),
-]}
+CATALOG: dict[str, Hardware] = {
+    h.name: h
+    for h in [
+        _ai100("cloud-ai-100-standard", 1, 137, 16, 110, 325, 126, 75),
+        _ai100("cloud-ai-100-pro", 1, 137, 32, 125, 375, 144, 75),
+        _ai100("cloud-ai-100-ultra", 4, 548, 128, 290, 870, 576, 150),
+        _gpu("a100-40gb", 1555, 40, 312, 624, 40, 400, _NV, 600, "HBM2, 40 MB L2, NVLink 600 GB/s"),
+        _gpu("a100-80gb", 2039, 80, 312, 624, 40, 400, _NV, 600, "HBM2e, 40 MB L2, NVLink 600 GB/s"),
+        _gpu("h100-sxm", 3350, 80, 989, 1979, 50, 700, _NV, 900, "HBM3, 50 MB L2, NVLink 900 GB/s"),
+        _gpu("h100-pcie", 2000, 80, 756, 1513, 50, 350, _NV, 64, "HBM2e, 50 MB L2, PCIe Gen5 x16"),
+        _gpu("h200", 4800, 141, 989, 1979, 50, 700, _NV, 900, "HBM3e, 50 MB L2, NVLink 900 GB/s"),
+        _gpu("l4", 300, 24, 121, 242, 48, 72, _NV, 32, "GDDR6, 48 MB L2, PCIe Gen4 x16"),
+        _gpu("l40s", 864, 48, 362, 733, 96, 350, _NV, 32, "GDDR6, 96 MB L2, PCIe Gen4 x16"),
+        _gpu(
+            "mi300x",
+            5300,
+            192,
+            1307,
+            2615,
+            256,
+            750,
+            "AMD datasheet (REFERENCE.md §5)",
+            896,
+            "HBM3, 256 MB Infinity Cache, Infinity Fabric 896 GB/s",
+        ),
+        _gpu(
+            "tpu-v4",
+            1200,
+            32 * 2**30 / GB,
+            275,
+            275,
+            0,
+            170,
+            "cloud.google.com/tpu/docs/v4 (REFERENCE.md §5)",
+            300,
+            "32 GiB HBM2, 275 TFLOPS bf16, ~170 W measured mean, ICI link assumed 300 GB/s",
+        ),
+    ]
+}
 ALIASES: dict[str, str] = {
-    "ai100-standard": "cloud-ai-100-standard", "ai100-pro": "cloud-ai-100-pro", "ai100-ultra": "cloud-ai-100-ultra",
-    "cloud-ai-100": "cloud-ai-100-standard", "a100-40": "a100-40gb", "a100-80": "a100-80gb",
-    "a100-sxm-80gb": "a100-80gb", "a100-sxm-40gb": "a100-40gb", "h100": "h100-sxm", "h200-sxm": "h200",
-    "mi300": "mi300x", "tpuv4": "tpu-v4",
+    "ai100-standard": "cloud-ai-100-standard",
+    "ai100-pro": "cloud-ai-100-pro",
+    "ai100-ultra": "cloud-ai-100-ultra",
+    "cloud-ai-100": "cloud-ai-100-standard",
+    "a100-40": "a100-40gb",
+    "a100-80": "a100-80gb",
+    "a100-sxm-80gb": "a100-80gb",
+    "a100-sxm-40gb": "a100-40gb",
+    "h100": "h100-sxm",
+    "h200-sxm": "h200",
+    "mi300": "mi300x",
+    "tpuv4": "tpu-v4",
 }

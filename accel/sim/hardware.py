@@ -56,8 +56,9 @@ class Hardware(SimModel):
     mx_decompress_elements_per_s: float | None = Field(default=None, gt=0)
     multi_token_penalty: float = Field(default=0.0, ge=0)
     multi_token_exponent: float = Field(default=1.0, gt=0, le=2.0)
-    usable_memory_fraction: float = Field(default=0.9, gt=0, le=1.0,
-                                          description="capacity left for weights + KV after runtime/activations")
+    usable_memory_fraction: float = Field(
+        default=0.9, gt=0, le=1.0, description="capacity left for weights + KV after runtime/activations"
+    )
     tdp_w: float | None = None
     source: str = ""
     notes: str = ""
@@ -84,7 +85,7 @@ class Hardware(SimModel):
     def total_memory_capacity_bytes(self) -> float:
         return self.memory_capacity_bytes * self.num_devices
 
-    def with_(self, **changes: Any) -> "Hardware":
+    def with_(self, **changes: Any) -> Hardware:
         """A copy with fields changed (validated)."""
         data = self.model_dump()
         data.update(changes)
@@ -141,8 +142,10 @@ def load_hardware(path: str | Path) -> Hardware:
         raise SimError(f"hardware file {str(path)!r} must hold a mapping of Hardware fields")
     unknown = set(data) - set(Hardware.model_fields) - {"base"}
     if unknown:
-        raise SimError(f"hardware file {str(path)!r}: unknown fields {sorted(unknown)}; allowed: "
-                       f"{', '.join(Hardware.model_fields)}, base")
+        raise SimError(
+            f"hardware file {str(path)!r}: unknown fields {sorted(unknown)}; allowed: "
+            f"{', '.join(Hardware.model_fields)}, base"
+        )
     base = data.pop("base", None)
     if base is not None:
         merged = hardware(base).model_dump()

@@ -44,11 +44,12 @@ def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of an n x n float32 matmul."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    return 2.0 * n ** 3 / _median_time(lambda: a @ b, repeats)
+    return 2.0 * n**3 / _median_time(lambda: a @ b, repeats)
 
 
-def measure_weight_streaming(rows: Sequence[int] = (1, 2, 4, 8, 16), nbytes: float = 64e6,
-                             repeats: int = 7) -> tuple[np.ndarray, np.ndarray]:
+def measure_weight_streaming(
+    rows: Sequence[int] = (1, 2, 4, 8, 16), nbytes: float = 64e6, repeats: int = 7
+) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of ``W @ x.T`` (W float32 of ``nbytes``, square, stored (out, in) like a Linear layer; x has r rows)
     for each row count; returns (rows, seconds). (With this OpenBLAS, ``x @ W`` at 2+ rows was several times slower
     than ``W @ x.T``: the layout matters, so measure the one the runtime uses.)"""
@@ -93,8 +94,14 @@ def measure_ort_overhead(calls: int = 300) -> float:
     return _median_time(lambda: sess.run(None, feed), calls, warmup=20)
 
 
-def measure_host(*, copy_bytes: float = 128e6, stream_bytes: float = 64e6, rows: Sequence[int] = (1, 2, 4, 8, 16),
-                 matmul_n: int = 1024, ort_calls: int = 300) -> Hardware:
+def measure_host(
+    *,
+    copy_bytes: float = 128e6,
+    stream_bytes: float = 64e6,
+    rows: Sequence[int] = (1, 2, 4, 8, 16),
+    matmul_n: int = 1024,
+    ort_calls: int = 300,
+) -> Hardware:
     """Measure this machine (a few seconds) and return it as a ``Hardware`` (see the module docstring)."""
     bw_copy = measure_copy_bandwidth(copy_bytes)
     r, t = measure_weight_streaming(rows, stream_bytes)
@@ -112,13 +119,25 @@ def measure_host(*, copy_bytes: float = 128e6, stream_bytes: float = 64e6, rows:
     except (ValueError, OSError):
         l3 = 0.0
     return Hardware(
-        name=f"host-{platform.machine()}-{os.cpu_count()}cpu", memory_bandwidth_bytes_per_s=bw,
-        memory_capacity_bytes=mem, peak_flops_per_s={"fp32": flops}, sram_bytes=l3, num_devices=1,
-        bandwidth_efficiency=min(1.0, bw_one_row / bw), compute_efficiency=1.0, call_overhead_s=overhead,
-        mx_decompress_elements_per_s=None, multi_token_penalty=beta, multi_token_exponent=gamma,
-        usable_memory_fraction=0.8, source=f"measured by accel.sim.measure_host on {platform.node() or 'host'} "
+        name=f"host-{platform.machine()}-{os.cpu_count()}cpu",
+        memory_bandwidth_bytes_per_s=bw,
+        memory_capacity_bytes=mem,
+        peak_flops_per_s={"fp32": flops},
+        sram_bytes=l3,
+        num_devices=1,
+        bandwidth_efficiency=min(1.0, bw_one_row / bw),
+        compute_efficiency=1.0,
+        call_overhead_s=overhead,
+        mx_decompress_elements_per_s=None,
+        multi_token_penalty=beta,
+        multi_token_exponent=gamma,
+        usable_memory_fraction=0.8,
+        source=f"measured by accel.sim.measure_host on {platform.node() or 'host'} "
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        notes=(f"copy {bw_copy / 1e9:.2f} GB/s; 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s; "
-               f"W@x.T ms by rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t]))}; matmul "
-               f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime call {overhead * 1e6:.1f} us; MX formats are "
-               "not native here (timing them would need a decoder, not modeled)."))
+        notes=(
+            f"copy {bw_copy / 1e9:.2f} GB/s; 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s; "
+            f"W@x.T ms by rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; matmul "
+            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime call {overhead * 1e6:.1f} us; MX formats are "
+            "not native here (timing them would need a decoder, not modeled)."
+        ),
+    )

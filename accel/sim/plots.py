@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from accel.errors import SimError
-from accel.sim.hardware import Hardware, hardware as _hardware
+from accel.sim.hardware import Hardware
+from accel.sim.hardware import hardware as _hardware
 from accel.sim.models import resolve_model
 from accel.sim.predict import BREAKDOWN_KEYS, ModelLike, Prediction
 from accel.sim.roofline import step_time
@@ -47,16 +48,27 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def roofline(model: ModelLike, hardware: Hardware | str, path: str | Path, *, weight_format: str = "fp16",
-             k: int = 7, prompt_len: int = 128, context_len: int = 512, batch_size: int = 1,
-             devices: int | None = None) -> Path:
+def roofline(
+    model: ModelLike,
+    hardware: Hardware | str,
+    path: str | Path,
+    *,
+    weight_format: str = "fp16",
+    k: int = 7,
+    prompt_len: int = 128,
+    context_len: int = 512,
+    batch_size: int = 1,
+    devices: int | None = None,
+) -> Path:
     """Roofline (attainable FLOP/s vs arithmetic intensity, with efficiency terms applied) and the model's decode
     (S=1), scoring (S=K+1) and prefill (S=prompt_len) calls as points (FLOPs / bytes, FLOPs / predicted time)."""
     spec, hw = resolve_model(model), _hardware(hardware)
     n = hw.num_devices if devices is None else devices
-    calls = {"decode (S=1)": dict(new_tokens=1, context_len=context_len, num_logits=1),
-             f"scoring (S={k + 1})": dict(new_tokens=k + 1, context_len=context_len, num_logits=k + 1),
-             f"prefill (S={prompt_len})": dict(new_tokens=prompt_len, context_len=0, num_logits=1)}
+    calls = {
+        "decode (S=1)": dict(new_tokens=1, context_len=context_len, num_logits=1),
+        f"scoring (S={k + 1})": dict(new_tokens=k + 1, context_len=context_len, num_logits=k + 1),
+        f"prefill (S={prompt_len})": dict(new_tokens=prompt_len, context_len=0, num_logits=1),
+    }
     from accel.sim.formats import compute_dtype
 
     peak = n * hw.peak_flops(compute_dtype(weight_format)) * hw.compute_efficiency
@@ -82,17 +94,38 @@ def roofline(model: ModelLike, hardware: Hardware | str, path: str | Path, *, we
     return _save(fig, path)
 
 
-def speedup_heatmap(target: ModelLike, draft: ModelLike, hardware: Hardware | str, path: str | Path, *,
-                    target_format: str = "mxfp6", draft_format: str = "fp16", k_max: int = 12,
-                    alpha: np.ndarray | None = None, batch_size: int = 1, context_len: int = 512,
-                    devices: int | None = None, draft_devices: int = 1) -> Path:
+def speedup_heatmap(
+    target: ModelLike,
+    draft: ModelLike,
+    hardware: Hardware | str,
+    path: str | Path,
+    *,
+    target_format: str = "mxfp6",
+    draft_format: str = "fp16",
+    k_max: int = 12,
+    alpha: np.ndarray | None = None,
+    batch_size: int = 1,
+    context_len: int = 512,
+    devices: int | None = None,
+    draft_devices: int = 1,
+) -> Path:
     """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid; contour at 1x."""
     from accel.sim.sweeps import sweep
 
     alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha)
-    r = sweep(target, draft, hardware, k=range(1, k_max + 1), alpha=alpha, target_format=[target_format],
-              batch_size=[batch_size], context_len=[context_len], draft_format=draft_format, devices=devices,
-              draft_devices=draft_devices)
+    r = sweep(
+        target,
+        draft,
+        hardware,
+        k=range(1, k_max + 1),
+        alpha=alpha,
+        target_format=[target_format],
+        batch_size=[batch_size],
+        context_len=[context_len],
+        draft_format=draft_format,
+        devices=devices,
+        draft_devices=draft_devices,
+    )
     s = r.speedup[0, 0, 0]  # (K, alpha)
     fig = _figure()
     ax = fig.add_subplot()
@@ -101,8 +134,11 @@ def speedup_heatmap(target: ModelLike, draft: ModelLike, hardware: Hardware | st
     fig.colorbar(im, ax=ax, label="SpD speedup over AR")
     ax.set_xlabel("acceptance alpha")
     ax.set_ylabel("K (draft tokens per loop)")
-    ax.set_title(f"{resolve_model(target).name} ({target_format}) + {resolve_model(draft).name}, "
-                 f"{_hardware(hardware).name}, B={batch_size}, L={context_len}", fontsize=9)
+    ax.set_title(
+        f"{resolve_model(target).name} ({target_format}) + {resolve_model(draft).name}, "
+        f"{_hardware(hardware).name}, B={batch_size}, L={context_len}",
+        fontsize=9,
+    )
     return _save(fig, path)
 
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from accel.errors import SimError
 from accel.sim._base import SimModel
-from accel.sim.hardware import Hardware, hardware as _hardware
+from accel.sim.hardware import Hardware
+from accel.sim.hardware import hardware as _hardware
 from accel.sim.models import ModelSpec, resolve_model
 from accel.sim.roofline import step_time
 
@@ -74,15 +75,31 @@ class PPDResult(SimModel):
     tokens_per_s: float
 
 
-def predict_ppd(model: ModelSpec | str | dict, hardware: Hardware | str, *, dbar: float, k: int, p: float,
-                gen_len: int, weight_format: str = "fp16", kv_format: str = "fp16", context_len: int = 128,
-                batch_size: int = 1, devices: int | None = None) -> PPDResult:
+def predict_ppd(
+    model: ModelSpec | str | dict,
+    hardware: Hardware | str,
+    *,
+    dbar: float,
+    k: int,
+    p: float,
+    gen_len: int,
+    weight_format: str = "fp16",
+    kv_format: str = "fp16",
+    context_len: int = 128,
+    batch_size: int = 1,
+    devices: int | None = None,
+) -> PPDResult:
     """Expected PPD latency (s) for ``gen_len`` tokens vs autoregressive decoding on ``hardware``."""
     spec, hw = resolve_model(model), _hardware(hardware)
     d = spec.n_layers
     _check(d, dbar, k, p, gen_len)
-    kw = dict(weight_format=weight_format, kv_format=kv_format, batch_size=batch_size, context_len=context_len,
-              devices=devices)
+    kw = dict(
+        weight_format=weight_format,
+        kv_format=kv_format,
+        batch_size=batch_size,
+        context_len=context_len,
+        devices=devices,
+    )
     one = step_time(spec.model_copy(update={"n_layers": 1}), hw, **kw).time_s
     two = step_time(spec.model_copy(update={"n_layers": 2}), hw, **kw).time_s
     full = step_time(spec, hw, **kw).time_s
@@ -93,9 +110,22 @@ def predict_ppd(model: ModelSpec | str | dict, hardware: Hardware | str, *, dbar
     saved = (d - dbar) * p
     latency_s = lat_u * layer_s + gen_len * fixed
     ar_s = gen_len * full
-    return PPDResult(model=spec.name, hardware=hw.name, d=d, dbar=float(dbar), k=k, p=float(p), gen_len=gen_len,
-                     expected_latency_units=lat_u, expected_compute_units=comp_u,
-                     approx_latency_units_per_token=d - saved,
-                     approx_busy_units=(d + k * (d - dbar) - saved) / (d - saved),
-                     layer_s=layer_s, per_token_fixed_s=fixed, latency_s=latency_s, ar_latency_s=ar_s,
-                     speedup=ar_s / latency_s, tokens_per_s=batch_size * gen_len / latency_s)
+    return PPDResult(
+        model=spec.name,
+        hardware=hw.name,
+        d=d,
+        dbar=float(dbar),
+        k=k,
+        p=float(p),
+        gen_len=gen_len,
+        expected_latency_units=lat_u,
+        expected_compute_units=comp_u,
+        approx_latency_units_per_token=d - saved,
+        approx_busy_units=(d + k * (d - dbar) - saved) / (d - saved),
+        layer_s=layer_s,
+        per_token_fixed_s=fixed,
+        latency_s=latency_s,
+        ar_latency_s=ar_s,
+        speedup=ar_s / latency_s,
+        tokens_per_s=batch_size * gen_len / latency_s,
+    )

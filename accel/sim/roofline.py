@@ -28,7 +28,8 @@ import numpy as np
 from accel.errors import SimError
 from accel.sim._base import SimModel
 from accel.sim.formats import bytes_per_element, compute_dtype, is_mx, kv_bytes_per_element
-from accel.sim.hardware import Hardware, hardware as _hardware
+from accel.sim.hardware import Hardware
+from accel.sim.hardware import hardware as _hardware
 from accel.sim.models import ModelSpec, resolve_model
 
 ACT_BYTES = 2.0  # activations and all-reduce payloads in fp16
@@ -61,8 +62,12 @@ class StepTime(SimModel):
 
 
 def _check_sizes(batch, new_tokens, context_len, num_logits) -> None:
-    for name, v, lo in (("batch_size", batch, 1), ("new_tokens", new_tokens, 1), ("context_len", context_len, 0),
-                        ("num_logits", num_logits, 1)):
+    for name, v, lo in (
+        ("batch_size", batch, 1),
+        ("new_tokens", new_tokens, 1),
+        ("context_len", context_len, 0),
+        ("num_logits", num_logits, 1),
+    ):
         a = np.asarray(v)
         if not np.issubdtype(a.dtype, np.number) or np.any(~np.isfinite(a)) or np.any(a < lo):
             raise SimError(f"{name} must be a finite number >= {lo}, got {v!r}")
@@ -79,8 +84,21 @@ def resolve_devices(hw: Hardware, devices: int | None) -> int:
     return int(devices)
 
 
-def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_flops, kv_bpe, batch, new_tokens,
-                context_len, num_logits, devices: int, compress_lm_head: bool = False) -> dict[str, np.ndarray]:
+def step_arrays(
+    model: ModelSpec,
+    hw: Hardware,
+    *,
+    weight_bpe,
+    weight_mx,
+    peak_flops,
+    kv_bpe,
+    batch,
+    new_tokens,
+    context_len,
+    num_logits,
+    devices: int,
+    compress_lm_head: bool = False,
+) -> dict[str, np.ndarray]:
     """Vectorized core of :func:`step_time`: every numeric argument broadcasts (numpy arrays). Returns seconds/bytes.
 
     ``weight_bpe``: bytes per element of the linear weights; ``weight_mx``: 1 where that format is MX (decompression
@@ -114,9 +132,11 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
     head_mx = mx if compress_lm_head else 0.0 * mx
     fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
     w_head = head_params * head_bpe + m.final_norm_params * 2.0 + fc * bpe
-    act_head = (B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
-                + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
-                + B * NL * m.vocab_size * LOGIT_BYTES)
+    act_head = (
+        B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
+        + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
+        + B * NL * m.vocab_size * LOGIT_BYTES
+    )
     flops_head = 2.0 * B * NL * head_params + 2.0 * rows * fc
     mem_h = (w_head * g(B * NL) + act_head) / bw
     comp_h = flops_head / fl
@@ -126,7 +146,8 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
     t_l = np.maximum(np.maximum(mem_l, comp_l), dec_l)
     t_h = np.maximum(np.maximum(mem_h, comp_h), dec_h)
     mem_bound = nl * np.where(mem_l >= np.maximum(comp_l, dec_l), t_l, 0.0) + np.where(
-        mem_h >= np.maximum(comp_h, dec_h), t_h, 0.0)
+        mem_h >= np.maximum(comp_h, dec_h), t_h, 0.0
+    )
     compute_bound = nl * t_l + t_h - mem_bound
     if n > 1:
         ar_bytes = rows * m.d_model * ACT_BYTES
@@ -137,10 +158,18 @@ def step_arrays(model: ModelSpec, hw: Hardware, *, weight_bpe, weight_mx, peak_f
     overhead = hw.call_overhead_s + 0.0 * rows
     total = nl * t_l + t_h + comm + overhead
     out = {
-        "time_s": total, "memory_bound_s": mem_bound, "compute_bound_s": compute_bound, "comm_s": comm,
-        "overhead_s": overhead, "memory_s": nl * mem_l + mem_h, "compute_s": nl * comp_l + comp_h,
-        "decompress_s": nl * dec_l + dec_h, "weight_bytes": nl * w_layer + w_head + 0.0 * rows,
-        "kv_read_bytes": nl * kv_read, "kv_write_bytes": nl * kv_write, "activation_bytes": nl * act + act_head,
+        "time_s": total,
+        "memory_bound_s": mem_bound,
+        "compute_bound_s": compute_bound,
+        "comm_s": comm,
+        "overhead_s": overhead,
+        "memory_s": nl * mem_l + mem_h,
+        "compute_s": nl * comp_l + comp_h,
+        "decompress_s": nl * dec_l + dec_h,
+        "weight_bytes": nl * w_layer + w_head + 0.0 * rows,
+        "kv_read_bytes": nl * kv_read,
+        "kv_write_bytes": nl * kv_write,
+        "activation_bytes": nl * act + act_head,
         "flops": nl * flops_layer + flops_head,
     }
     shape = np.broadcast_shapes(*(np.shape(v) for v in out.values()))
@@ -157,9 +186,19 @@ def format_arrays(hw: Hardware, weight_format: str) -> tuple[float, float, float
     return bytes_per_element(weight_format), float(is_mx(weight_format)), hw.peak_flops(compute_dtype(weight_format))
 
 
-def step_time(model: ModelSpec | str | dict, hardware: Hardware | str, *, weight_format: str = "fp16",
-              kv_format: str = "fp16", batch_size: int = 1, new_tokens: int = 1, context_len: int = 0,
-              num_logits: int | None = None, devices: int | None = None, compress_lm_head: bool = False) -> StepTime:
+def step_time(
+    model: ModelSpec | str | dict,
+    hardware: Hardware | str,
+    *,
+    weight_format: str = "fp16",
+    kv_format: str = "fp16",
+    batch_size: int = 1,
+    new_tokens: int = 1,
+    context_len: int = 0,
+    num_logits: int | None = None,
+    devices: int | None = None,
+    compress_lm_head: bool = False,
+) -> StepTime:
     """Roofline time (seconds) of one call of ``model`` with ``new_tokens`` per sequence after ``context_len`` cached
     tokens, at ``batch_size``. ``num_logits`` (default: 1) = positions whose logits are returned: 1 for prefill and
     decode, K+1 for speculative scoring. ``devices`` = devices used in tensor parallel (default: all)."""
@@ -169,10 +208,27 @@ def step_time(model: ModelSpec | str | dict, hardware: Hardware | str, *, weight
     _check_sizes(batch_size, new_tokens, context_len, num_logits)
     n = resolve_devices(hw, devices)
     bpe, mx, peak = format_arrays(hw, weight_format)
-    r = step_arrays(spec, hw, weight_bpe=bpe, weight_mx=mx, peak_flops=peak, kv_bpe=kv_bytes_per_element(kv_format),
-                    batch=batch_size, new_tokens=new_tokens, context_len=context_len, num_logits=num_logits,
-                    devices=n, compress_lm_head=compress_lm_head)
+    r = step_arrays(
+        spec,
+        hw,
+        weight_bpe=bpe,
+        weight_mx=mx,
+        peak_flops=peak,
+        kv_bpe=kv_bytes_per_element(kv_format),
+        batch=batch_size,
+        new_tokens=new_tokens,
+        context_len=context_len,
+        num_logits=num_logits,
+        devices=n,
+        compress_lm_head=compress_lm_head,
+    )
     vals = {k: float(v) for k, v in r.items()}
     b = BOUNDS[int(bound_of(vals["memory_bound_s"], vals["compute_bound_s"], vals["comm_s"] + vals["overhead_s"]))]
-    return StepTime(**vals, bound=b, batch_size=int(batch_size), new_tokens=int(new_tokens),
-                    context_len=int(context_len), num_logits=int(num_logits))
+    return StepTime(
+        **vals,
+        bound=b,
+        batch_size=int(batch_size),
+        new_tokens=int(new_tokens),
+        context_len=int(context_len),
+        num_logits=int(num_logits),
+    )

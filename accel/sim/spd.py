@@ -13,11 +13,10 @@ E[tokens] = 1 + a_1 + a_1 a_2 + ... + a_1...a_K, exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import math
+from collections.abc import Sequence
 
 import numpy as np
-
 from pydantic import Field, model_validator
 
 from accel.errors import SimError
@@ -95,8 +94,9 @@ def alpha_for_expected_tokens(e: float, k: int) -> float:
     return hi
 
 
-def draft_catch_up_s(catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool,
-                     lookup_fraction: float = 0.0):
+def draft_catch_up_s(
+    catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool, lookup_fraction: float = 0.0
+):
     """Extra draft seconds per loop beyond its one-token calls (vectorized). ``catch_up_token_s`` = the draft's cost
     of one more token in a call (its 2-token call minus its 1-token call). A standalone draft pays it after
     all-accepted loops (``p_all_accepted``); a feature draft re-feeds the whole loop, ``E - 1`` extra tokens.
@@ -114,26 +114,46 @@ class LoopStats(SimModel):
     varies per loop). ``accel.spd``'s ``GenerationStats`` has all three (``LoopStats.from_stats``)."""
 
     tokens_per_loop: float = Field(ge=1.0, description="E: mean tokens emitted per target call (accepted + 1)")
-    drafts_per_loop: float = Field(gt=0.0, description="mean draft tokens proposed per loop; the target scores "
-                                   "drafts_per_loop + 1 positions per call")
+    drafts_per_loop: float = Field(
+        gt=0.0,
+        description="mean draft tokens proposed per loop; the target scores drafts_per_loop + 1 positions per call",
+    )
     all_accepted_fraction: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="loops whose drafts were all accepted (a standalone draft's "
-        "catch-up); default ((E - 1) / drafts) ** drafts, the i.i.d. estimate")
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="loops whose drafts were all accepted (a standalone draft's "
+        "catch-up); default ((E - 1) / drafts) ** drafts, the i.i.d. estimate",
+    )
     draft_calls_per_loop: float | None = Field(
-        default=None, ge=0.0, description="draft-model calls per loop; default drafts_per_loop (one call per draft). "
-        "Fewer with n-gram lookup drafts (accel.spd.generate(ngram=...)), which call no draft")
-    lookup_fraction: float = Field(default=0.0, ge=0.0, le=1.0, description="loops drafted by n-gram lookup: no "
-                                   "draft call, and the draft catches up on their tokens later")
+        default=None,
+        ge=0.0,
+        description="draft-model calls per loop; default drafts_per_loop (one call per draft). "
+        "Fewer with n-gram lookup drafts (accel.spd.generate(ngram=...)), which call no draft",
+    )
+    lookup_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="loops drafted by n-gram lookup: no draft call, and the draft catches up on their tokens later",
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "LoopStats":
+    def _check(self) -> LoopStats:
         if self.tokens_per_loop > self.drafts_per_loop + 1.0 + 1e-9:
-            raise SimError(f"LoopStats: tokens_per_loop {self.tokens_per_loop:g} exceeds drafts_per_loop + 1 = "
-                           f"{self.drafts_per_loop + 1:g} (a loop emits at most its drafts plus one)")
-        if self.draft_calls_per_loop is not None and self.lookup_fraction == 0.0 and (
-                self.draft_calls_per_loop > self.drafts_per_loop + 1e-9):
-            raise SimError(f"LoopStats: draft_calls_per_loop {self.draft_calls_per_loop:g} exceeds drafts_per_loop "
-                           f"{self.drafts_per_loop:g} without lookup drafts (a call proposes one draft per row)")
+            raise SimError(
+                f"LoopStats: tokens_per_loop {self.tokens_per_loop:g} exceeds drafts_per_loop + 1 = "
+                f"{self.drafts_per_loop + 1:g} (a loop emits at most its drafts plus one)"
+            )
+        if (
+            self.draft_calls_per_loop is not None
+            and self.lookup_fraction == 0.0
+            and (self.draft_calls_per_loop > self.drafts_per_loop + 1e-9)
+        ):
+            raise SimError(
+                f"LoopStats: draft_calls_per_loop {self.draft_calls_per_loop:g} exceeds drafts_per_loop "
+                f"{self.drafts_per_loop:g} without lookup drafts (a call proposes one draft per row)"
+            )
         return self
 
     def draft_calls(self) -> float:
@@ -141,15 +161,18 @@ class LoopStats(SimModel):
         return self.drafts_per_loop if self.draft_calls_per_loop is None else self.draft_calls_per_loop
 
     @classmethod
-    def from_stats(cls, stats) -> "LoopStats":
+    def from_stats(cls, stats) -> LoopStats:
         """From an ``accel.spd.GenerationStats`` (or anything with ``mean_tokens_per_loop``,
         ``mean_drafts_per_loop``, ``all_accepted_rounds`` and ``row_calls``)."""
         rows = getattr(stats, "row_calls", 0)
         calls = getattr(stats, "draft_calls_per_loop", None)
-        return cls(tokens_per_loop=stats.mean_tokens_per_loop, drafts_per_loop=stats.mean_drafts_per_loop,
-                   all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None,
-                   draft_calls_per_loop=calls if calls is not None and math.isfinite(calls) else None,
-                   lookup_fraction=getattr(stats, "lookup_rounds", 0) / rows if rows else 0.0)
+        return cls(
+            tokens_per_loop=stats.mean_tokens_per_loop,
+            drafts_per_loop=stats.mean_drafts_per_loop,
+            all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None,
+            draft_calls_per_loop=calls if calls is not None and math.isfinite(calls) else None,
+            lookup_fraction=getattr(stats, "lookup_rounds", 0) / rows if rows else 0.0,
+        )
 
     def all_accepted(self) -> float:
         """``all_accepted_fraction``, or its i.i.d. estimate."""
@@ -169,8 +192,16 @@ def speedup(expected_tokens_per_loop, loop_s, target_step_s):
     return np.asarray(expected_tokens_per_loop) * target_step_s / loop_s
 
 
-def break_even_alpha(k: int, target_step_s: float, draft_step_s: float, score_step_s: float, host_s: float = 0.0,
-                     tol: float = 1e-10, catch_up_s: float = 0.0, feature_draft: bool = False) -> float | None:
+def break_even_alpha(
+    k: int,
+    target_step_s: float,
+    draft_step_s: float,
+    score_step_s: float,
+    host_s: float = 0.0,
+    tol: float = 1e-10,
+    catch_up_s: float = 0.0,
+    feature_draft: bool = False,
+) -> float | None:
     """Smallest i.i.d. alpha at which SpD with this K is at least as fast as AR (bisection on the speedup, which
     increases with alpha as long as the draft catch-up ``catch_up_s`` (seconds per extra token,
     :func:`draft_catch_up_s`) is smaller than a target step). 0.0 if SpD already wins at alpha = 0; ``None`` if it
@@ -179,7 +210,7 @@ def break_even_alpha(k: int, target_step_s: float, draft_step_s: float, score_st
 
     def gain(a: float) -> float:
         e = expected_tokens(a, k)
-        return float(speedup(e, lt + draft_catch_up_s(catch_up_s, e, a ** k, feature_draft), target_step_s)) - 1.0
+        return float(speedup(e, lt + draft_catch_up_s(catch_up_s, e, a**k, feature_draft), target_step_s)) - 1.0
 
     if gain(0.0) >= 0:
         return 0.0

@@ -15,7 +15,8 @@ from pydantic import ConfigDict
 from accel.errors import SimError
 from accel.sim._base import SimModel
 from accel.sim.formats import kv_bytes_per_element, normalize_format
-from accel.sim.hardware import Hardware, hardware as _hardware
+from accel.sim.hardware import Hardware
+from accel.sim.hardware import hardware as _hardware
 from accel.sim.models import resolve_model
 from accel.sim.predict import ModelLike, spd_step_arrays
 from accel.sim.roofline import format_arrays, resolve_devices
@@ -54,17 +55,34 @@ class SweepResult(SimModel):
 
 def _int_axis(name: str, v, lo: int) -> np.ndarray:
     a = np.atleast_1d(np.asarray(v))
-    if (a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.any(a < lo)
-            or np.any(a != np.round(a))):
+    if (
+        a.ndim != 1
+        or a.size == 0
+        or not np.issubdtype(a.dtype, np.number)
+        or np.any(a < lo)
+        or np.any(a != np.round(a))
+    ):
         raise SimError(f"{name} must be integers >= {lo}, got {v!r}")
     return a.astype(np.int64)
 
 
-def sweep(target: ModelLike, draft: ModelLike, hardware: Hardware | str, *, k: Sequence[int] = range(1, 17),
-          alpha: Sequence[float] = np.linspace(0, 1, 21), target_format: Sequence[str] = ("fp16", "mxfp6"),
-          batch_size: Sequence[int] = (1,), context_len: Sequence[int] = (512,), draft_format: str = "fp16",
-          kv_format: str = "fp16", devices: int | None = None, draft_devices: int = 1, host_s: float = 0.0,
-          compress_lm_head: bool = False) -> SweepResult:
+def sweep(
+    target: ModelLike,
+    draft: ModelLike,
+    hardware: Hardware | str,
+    *,
+    k: Sequence[int] = range(1, 17),
+    alpha: Sequence[float] = np.linspace(0, 1, 21),
+    target_format: Sequence[str] = ("fp16", "mxfp6"),
+    batch_size: Sequence[int] = (1,),
+    context_len: Sequence[int] = (512,),
+    draft_format: str = "fp16",
+    kv_format: str = "fp16",
+    devices: int | None = None,
+    draft_devices: int = 1,
+    host_s: float = 0.0,
+    compress_lm_head: bool = False,
+) -> SweepResult:
     """Evaluate SpD decode speed on the full grid (formats x batch x context x K x alpha); see ``SweepResult``."""
     tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
     fmts = [normalize_format(f) for f in ([target_format] if isinstance(target_format, str) else target_format)]
@@ -83,8 +101,19 @@ def sweep(target: ModelLike, draft: ModelLike, hardware: Hardware | str, *, k: S
     L = ls.reshape(1, 1, -1, 1).astype(np.float64)
     K = ks.reshape(1, 1, 1, -1)
     t_tgt, t_draft, t_score, t_catch = spd_step_arrays(
-        tgt, drf, hw, target_fmt=tf, draft_fmt=format_arrays(hw, draft_format), k=K, context_len=L, batch_size=B,
-        kv_bpe=kv_bytes_per_element(kv_format), devices=n, draft_devices=nd, compress_lm_head=compress_lm_head)
+        tgt,
+        drf,
+        hw,
+        target_fmt=tf,
+        draft_fmt=format_arrays(hw, draft_format),
+        k=K,
+        context_len=L,
+        batch_size=B,
+        kv_bpe=kv_bytes_per_element(kv_format),
+        devices=n,
+        draft_devices=nd,
+        compress_lm_head=compress_lm_head,
+    )
     shape = (len(fmts), bs.size, ls.size, ks.size, al.size)
     e = np.broadcast_to(expected_tokens(al[None, :], ks[:, None]), shape)  # (K, A) -> full
     t_tgt5 = np.broadcast_to(np.asarray(t_tgt)[..., None], shape)
@@ -99,15 +128,32 @@ def sweep(target: ModelLike, draft: ModelLike, hardware: Hardware | str, *, k: S
         fp16_tps = ar_tps[fmts.index("fp16")][None]
     else:
         f16 = format_arrays(hw, "fp16")
-        t16 = spd_step_arrays(tgt, drf, hw, target_fmt=f16, draft_fmt=f16, k=K[..., :1], context_len=L,
-                              batch_size=B, kv_bpe=kv_bytes_per_element(kv_format), devices=n, draft_devices=nd,
-                              compress_lm_head=compress_lm_head)[0]
+        t16 = spd_step_arrays(
+            tgt,
+            drf,
+            hw,
+            target_fmt=f16,
+            draft_fmt=f16,
+            k=K[..., :1],
+            context_len=L,
+            batch_size=B,
+            kv_bpe=kv_bytes_per_element(kv_format),
+            devices=n,
+            draft_devices=nd,
+            compress_lm_head=compress_lm_head,
+        )[0]
         fp16_tps = B5 / np.asarray(t16)[..., None]
     speed = spd_tps / ar_tps
     return SweepResult(
         axes={"target_format": fmts, "batch_size": bs, "context_len": ls, "k": ks, "alpha": al},
-        expected_tokens=np.ascontiguousarray(e), target_step_s=np.ascontiguousarray(t_tgt5),
+        expected_tokens=np.ascontiguousarray(e),
+        target_step_s=np.ascontiguousarray(t_tgt5),
         draft_steps_s=np.ascontiguousarray(np.broadcast_to(t_draft, shape)),
         score_step_s=np.ascontiguousarray(np.broadcast_to(np.asarray(t_score)[..., None], shape)),
-        loop_s=np.ascontiguousarray(loop), ar_tokens_per_s=np.ascontiguousarray(ar_tps), spd_tokens_per_s=spd_tps,
-        speedup=speed, speedup_vs_fp16=spd_tps / fp16_tps, best_k=ks[np.argmax(speed, axis=3)])
+        loop_s=np.ascontiguousarray(loop),
+        ar_tokens_per_s=np.ascontiguousarray(ar_tps),
+        spd_tokens_per_s=spd_tps,
+        speedup=speed,
+        speedup_vs_fp16=spd_tps / fp16_tps,
+        best_k=ks[np.argmax(speed, axis=3)],
+    )

@@ -1,4 +1,5 @@
-"""Input checks of ``generate``/``generate_ar``: vocabularies, prompts, limits, K, feature-draft pairs (``SpdError``)."""
+"""Input checks of ``generate``/``generate_ar``: vocabularies, prompts, limits, K, feature-draft pairs
+(``SpdError``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from accel.backends.base import Backend
 from accel.errors import SpdError
 from accel.spd.warps import Sampling
 
-__all__ = ["check_compatible", "validate", "eos_set"]
+__all__ = ["check_compatible", "eos_set", "validate"]
 
 
 def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -57,24 +58,34 @@ def eos_set(eos_token_id) -> np.ndarray:
 def _check_feature_pair(target: Backend, draft: Backend, k: int) -> None:
     """A feature draft needs a target that outputs hidden states of its feature width, and room for K+1 tokens."""
     if "hidden_states" not in target.info.capabilities:
-        raise SpdError("the draft is a feature draft (it reads the target's hidden states) but the target backend "
-                       "does not output them: export the target with hidden_output=True")
+        raise SpdError(
+            "the draft is a feature draft (it reads the target's hidden states) but the target backend "
+            "does not output them: export the target with hidden_output=True"
+        )
     if target.info.hidden_size != draft.info.feature_size:
-        raise SpdError(f"the feature draft reads features of width {draft.info.feature_size} but the target's hidden "
-                       f"states have width {target.info.hidden_size}: it was trained for another target")
+        raise SpdError(
+            f"the feature draft reads features of width {draft.info.feature_size} but the target's hidden "
+            f"states have width {target.info.hidden_size}: it was trained for another target"
+        )
     if draft.info.max_seq_len < k + 1:
-        raise SpdError(f"a feature draft's catch-up feeds up to k+1={k + 1} tokens; its max_seq_len is "
-                       f"{draft.info.max_seq_len}")
+        raise SpdError(
+            f"a feature draft's catch-up feeds up to k+1={k + 1} tokens; its max_seq_len is {draft.info.max_seq_len}"
+        )
 
 
-def validate(target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens,
-              sampling: Sampling) -> tuple[list[np.ndarray], np.ndarray]:
+def validate(
+    target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens, sampling: Sampling
+) -> tuple[list[np.ndarray], np.ndarray]:
     if draft is not None:
         check_compatible(target, draft)
     prompts = _as_prompts(prompt_ids, target.info.vocab_size)
     limits = np.asarray(max_new_tokens)
-    if (limits.ndim > 1 or (limits.ndim == 1 and limits.shape != (len(prompts),))
-            or not np.issubdtype(limits.dtype, np.integer) or np.any(limits < 0)):
+    if (
+        limits.ndim > 1
+        or (limits.ndim == 1 and limits.shape != (len(prompts),))
+        or not np.issubdtype(limits.dtype, np.integer)
+        or np.any(limits < 0)
+    ):
         raise SpdError(
             f"max_new_tokens must be an integer >= 0 or one per row ({len(prompts)} rows); got {max_new_tokens!r}"
         )

@@ -24,20 +24,33 @@ _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``generate`` subcommand."""
-    p = subparsers.add_parser("generate", help="speculative decoding with a draft and a target model",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "generate", help="speculative decoding with a draft and a target model", description=__doc__
+    )
     p.add_argument("--target", required=True, help="target checkpoint directory (or .onnx with --backend ort)")
-    p.add_argument("--draft", default=None, help="draft checkpoint directory or .onnx (omit: autoregressive); a "
-                   "feature draft (accel.drafts.feature) is fed the target's hidden states")
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint directory or .onnx (omit: autoregressive); a "
+        "feature draft (accel.drafts.feature) is fed the target's hidden states",
+    )
     p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--min-draft-prob", type=float, default=None,
-                   help="dynamic draft length: end a round's drafting after a proposal the draft gave less than "
-                        "this probability (--k is then the cap; default: always --k)")
-    p.add_argument("--ngram", type=int, default=None,
-                   help="n-gram lookup drafts: when the last N tokens (or a shorter suffix, down to 2) occurred earlier "
-                        "in the text, propose what followed them instead of calling the draft (exact; default off; "
-                        "without --draft: lookup drafts only)")
+    p.add_argument(
+        "--min-draft-prob",
+        type=float,
+        default=None,
+        help="dynamic draft length: end a round's drafting after a proposal the draft gave less than "
+        "this probability (--k is then the cap; default: always --k)",
+    )
+    p.add_argument(
+        "--ngram",
+        type=int,
+        default=None,
+        help="n-gram lookup drafts: when the last N tokens (or a shorter suffix, down to 2) occurred earlier "
+        "in the text, propose what followed them instead of calling the draft (exact; default off; "
+        "without --draft: lookup drafts only)",
+    )
     p.add_argument("--ngram-k", type=int, default=None, help="tokens proposed from a lookup match (default --k)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -48,17 +61,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("ort", "torch"), default="ort")
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (checkpoint directories)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads of the target (torch: both models)")
-    p.add_argument("--draft-threads", type=int, default=None,
-                   help="onnxruntime intra-op threads of the draft (default 1: a standalone draft's calls are too short "
-                        "to split; a feature draft's wide matmuls get the target's --threads)")
-    p.add_argument("--draft-weights", choices=("fp32", "int8"), default=None,
-                   help="onnxruntime export of a draft checkpoint directory: fp32, or int8 matmuls (an approximate "
-                        "draft; SpD stays exact). Default: int8 for a feature draft (~40%% cheaper calls), fp32 for a "
-                        "standalone draft (its narrow matmuls gain nothing)")
-    p.add_argument("--target-weights", choices=("fp32", "mxint8-nbits"), default="fp32",
-                   help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits (MXINT8 "
-                        "weights run by onnxruntime's MatMulNBits with int8 activations per block: an approximate "
-                        "target, about half the step time on CPU; see docs/backends.md)")
+    p.add_argument(
+        "--draft-threads",
+        type=int,
+        default=None,
+        help="onnxruntime intra-op threads of the draft (default 1: a standalone draft's calls are too short "
+        "to split; a feature draft's wide matmuls get the target's --threads)",
+    )
+    p.add_argument(
+        "--draft-weights",
+        choices=("fp32", "int8"),
+        default=None,
+        help="onnxruntime export of a draft checkpoint directory: fp32, or int8 matmuls (an approximate "
+        "draft; SpD stays exact). Default: int8 for a feature draft (~40%% cheaper calls), fp32 for a "
+        "standalone draft (its narrow matmuls gain nothing)",
+    )
+    p.add_argument(
+        "--target-weights",
+        choices=("fp32", "mxint8-nbits"),
+        default="fp32",
+        help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits (MXINT8 "
+        "weights run by onnxruntime's MatMulNBits with int8 activations per block: an approximate "
+        "target, about half the step time on CPU; see docs/backends.md)",
+    )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
@@ -77,8 +102,15 @@ def _model_config(path: Path) -> dict[str, Any]:
     return {}
 
 
-def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp: Path, hidden_output: bool = False,
-                  weights: str = "fp32"):
+def _open_backend(
+    path: Path,
+    kind: str,
+    ctx_len: int,
+    threads: int | None,
+    tmp: Path,
+    hidden_output: bool = False,
+    weights: str = "fp32",
+):
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory or an .onnx file")
     if kind == "torch":
@@ -94,8 +126,7 @@ def _open_backend(path: Path, kind: str, ctx_len: int, threads: int | None, tmp:
         from accel.backends import export_cached
         from accel.models.smollm2 import cache_root
 
-        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output,
-                             weights=weights)
+        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output, weights=weights)
     if path.suffix != ".onnx":
         raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
     return OrtBackend(path, batch_size=1, threads=threads)
@@ -136,7 +167,7 @@ class _Printer:
         return piece
 
     def __call__(self, row: int, tokens: list[int], from_draft: list[bool]) -> None:
-        for t, d in zip(tokens, from_draft):
+        for t, d in zip(tokens, from_draft, strict=True):
             piece = self._piece(int(t))
             if d:
                 piece = f"{_GREEN}{piece}{_RESET}" if self.color else f"[{piece}]"
@@ -154,17 +185,23 @@ def _summary(stats, messages: list[str]) -> str:
     ]
     if s.mode == "spd":
         per_pos = " ".join(f"{a:.2f}" for a in s.acceptance_per_position)
-        lines.append(f"alpha {s.alpha_counts:.3f} (counts), {s.alpha_overlap:.3f} (sum min(p,q))  "
-                     f"accepted histogram {s.accepted_histogram}  per position [{per_pos}]  "
-                     f"calls: draft {s.draft_calls}, target {s.target_calls}")
-        lines.append(f"loops: {s.mean_tokens_per_loop:.3f} tokens and {s.mean_drafts_per_loop:.3f} drafts per loop, "
-                     f"{s.all_accepted_rounds}/{s.row_calls} all accepted (accel predict --tokens-per-loop / "
-                     "--drafts-per-loop take these)")
+        lines.append(
+            f"alpha {s.alpha_counts:.3f} (counts), {s.alpha_overlap:.3f} (sum min(p,q))  "
+            f"accepted histogram {s.accepted_histogram}  per position [{per_pos}]  "
+            f"calls: draft {s.draft_calls}, target {s.target_calls}"
+        )
+        lines.append(
+            f"loops: {s.mean_tokens_per_loop:.3f} tokens and {s.mean_drafts_per_loop:.3f} drafts per loop, "
+            f"{s.all_accepted_rounds}/{s.row_calls} all accepted (accel predict --tokens-per-loop / "
+            "--drafts-per-loop take these)"
+        )
         if s.lookup_rounds:
-            lines.append(f"n-gram lookup: {s.lookup_rounds}/{s.row_calls} loops drafted by lookup, "
-                         f"{s.lookup_accepted} of their drafts accepted; {s.draft_calls_per_loop:.3f} draft calls per "
-                         f"loop (accel predict --draft-calls-per-loop {s.draft_calls_per_loop:.3f} --lookup-fraction "
-                         f"{s.lookup_rounds / s.row_calls:.3f})")
+            lines.append(
+                f"n-gram lookup: {s.lookup_rounds}/{s.row_calls} loops drafted by lookup, "
+                f"{s.lookup_accepted} of their drafts accepted; {s.draft_calls_per_loop:.3f} draft calls per "
+                f"loop (accel predict --draft-calls-per-loop {s.draft_calls_per_loop:.3f} --lookup-fraction "
+                f"{s.lookup_rounds / s.row_calls:.3f})"
+            )
     lines += [f"note: {m}" for m in messages]
     return "\n".join(lines)
 
@@ -181,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             prompt = [int(x) for x in args.prompt.split()]
         except ValueError:
-            raise SpdError(f"no tokenizer found for {target_path}: give --tokenizer, or the prompt as token ids")
+            raise SpdError(
+                f"no tokenizer found for {target_path}: give --tokenizer, or the prompt as token ids"
+            ) from None
     if not prompt:
         raise SpdError("the prompt encodes to no tokens")
     eos = _model_config(target_path).get("eos_token_id")
@@ -189,15 +228,23 @@ def run(args: argparse.Namespace) -> int:
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
         if args.target_weights != "fp32" and (args.backend != "ort" or not target_path.is_dir()):
-            raise SpdError("--target-weights applies to a target checkpoint directory on --backend ort (an .onnx file "
-                           "keeps the weights it was exported with)")
-        target = _open_backend(target_path, args.backend, args.ctx_len, args.threads, Path(tmp),
-                               hidden_output=feature_draft, weights=args.target_weights)
+            raise SpdError(
+                "--target-weights applies to a target checkpoint directory on --backend ort (an .onnx file "
+                "keeps the weights it was exported with)"
+            )
+        target = _open_backend(
+            target_path,
+            args.backend,
+            args.ctx_len,
+            args.threads,
+            Path(tmp),
+            hidden_output=feature_draft,
+            weights=args.target_weights,
+        )
         draft = None
         if args.draft:
             draft_path = Path(args.draft)
-            threads = args.draft_threads if args.draft_threads is not None else (
-                args.threads if feature_draft else 1)
+            threads = args.draft_threads if args.draft_threads is not None else (args.threads if feature_draft else 1)
             if args.backend != "ort":
                 threads = args.threads  # torch threads are global
             weights = args.draft_weights or ("int8" if feature_draft else "fp32")
@@ -207,11 +254,27 @@ def run(args: argparse.Namespace) -> int:
         printer = None if args.json else _Printer(tokenizer)
         if printer is not None:
             sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
-        kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, greedy=args.greedy, seed=args.seed, eos_token_id=eos, stream=printer)
+        kw = dict(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            greedy=args.greedy,
+            seed=args.seed,
+            eos_token_id=eos,
+            stream=printer,
+        )
         if draft is not None or args.ngram:  # without --draft, --ngram drafts by lookup only
-            res = generate(target, draft, [prompt], k=args.k, min_draft_prob=args.min_draft_prob, ngram=args.ngram,
-                           ngram_k=args.ngram_k, **kw)
+            res = generate(
+                target,
+                draft,
+                [prompt],
+                k=args.k,
+                min_draft_prob=args.min_draft_prob,
+                ngram=args.ngram,
+                ngram_k=args.ngram_k,
+                **kw,
+            )
         else:
             res = generate_ar(target, [prompt], **kw)
     if args.json:

@@ -17,7 +17,7 @@ import numpy as np
 
 from accel.errors import SpdError
 
-__all__ = ["ngram_proposal", "check_ngram"]
+__all__ = ["check_ngram", "ngram_proposal"]
 
 
 def check_ngram(ngram: int | None, ngram_k: int | None, k: int) -> tuple[int, int]:

@@ -36,7 +36,7 @@ round's first drafted position: ``draft_fed = n`` (old ``n``), and the next catc
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from accel.spd.mrs import greedy_accept, sample, speculative_accept
 from accel.spd.stats import GenerationResult, StatsAccumulator
 from accel.spd.warps import Sampling, check_logits
 
-__all__ = ["generate", "generate_ar", "check_compatible", "StreamCallback"]
+__all__ = ["StreamCallback", "check_compatible", "generate", "generate_ar"]
 
 StreamCallback = Callable[[int, list, list], None]
 """``stream(row, tokens, accepted_from_draft)``: called per row and round with the newly emitted tokens."""
@@ -57,9 +57,21 @@ StreamCallback = Callable[[int, list, list], None]
 class _Loop:
     """One generation run: per-row buffers, positions, and the backends' call bookkeeping."""
 
-    def __init__(self, target: Backend, draft: Backend | None, prompts: list[np.ndarray], k: int,
-                 max_new_tokens: np.ndarray, sampling: Sampling, rng: np.random.Generator, eos: np.ndarray,
-                 stream: StreamCallback | None, min_draft_prob: float = 0.0, ngram: int = 0, ngram_k: int = 0) -> None:
+    def __init__(
+        self,
+        target: Backend,
+        draft: Backend | None,
+        prompts: list[np.ndarray],
+        k: int,
+        max_new_tokens: np.ndarray,
+        sampling: Sampling,
+        rng: np.random.Generator,
+        eos: np.ndarray,
+        stream: StreamCallback | None,
+        min_draft_prob: float = 0.0,
+        ngram: int = 0,
+        ngram_k: int = 0,
+    ) -> None:
         self.target, self.draft, self.k, self.min_draft_prob = target, draft, k, min_draft_prob
         self.ngram, self.ngram_k = ngram, ngram_k
         self.sampling, self.rng, self.stream = sampling, rng, stream
@@ -86,13 +98,21 @@ class _Loop:
         # feature draft (a standalone draft given the target's states, accel.drafts.feature.augment_draft) gets zeros
         self.estimates = self.feature and draft.info.hidden_size == draft.info.feature_size
         # target hidden states by position (feature drafts only): feat[b, p] = target's final-norm state at p
-        self.feat = np.zeros((self.batch, self.buf.shape[1], draft.info.feature_size) if self.feature else (0, 0, 0),
-                             dtype=np.float32)
+        self.feat = np.zeros(
+            (self.batch, self.buf.shape[1], draft.info.feature_size) if self.feature else (0, 0, 0), dtype=np.float32
+        )
 
     # ------------------------------------------------------------------ backend calls
 
-    def _call(self, which: str, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False,
-              features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    def _call(
+        self,
+        which: str,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        num_logits: int,
+        prefill: bool = False,
+        features: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, hidden)`` of one call; ``hidden`` only with a feature draft (else None). Target hidden states
         are stored in ``feat`` at the call's positions."""
         backend = self.target if which == "target" else self.draft
@@ -180,8 +200,9 @@ class _Loop:
         """Rows whose drafts come from n-gram lookup this round (``accel.spd.lookup``): row -> proposed tokens."""
         found = {}
         for b in np.flatnonzero(self.active & (room >= 2)):
-            prop = ngram_proposal(self.buf[b, : self.n[b]], self.ngram, int(min(self.ngram_k, room[b] - 1)),
-                                  n_min=min(2, self.ngram))
+            prop = ngram_proposal(
+                self.buf[b, : self.n[b]], self.ngram, int(min(self.ngram_k, room[b] - 1)), n_min=min(2, self.ngram)
+            )
             if prop.size:
                 found[int(b)] = prop
         return found
@@ -215,8 +236,11 @@ class _Loop:
                 logits, hidden = self._call("draft", ids, pos, 1, features=estimate)
             logits = logits[:, -1, :]
             if hidden is not None:
-                estimate = (np.ascontiguousarray(hidden[:, -1:, :]) if self.estimates
-                            else np.zeros((self.batch, 1, self.feat.shape[2]), np.float32))
+                estimate = (
+                    np.ascontiguousarray(hidden[:, -1:, :])
+                    if self.estimates
+                    else np.zeros((self.batch, 1, self.feat.shape[2]), np.float32)
+                )
             probs = self._probs(logits, rows, "draft logits")
             tok = np.argmax(probs, axis=-1) if self.greedy else sample(probs, self.rng)
             drafts[:, j] = np.where(rows, tok, drafts[:, j])
@@ -365,8 +389,9 @@ def generate(
     """
     sampling = Sampling(temperature, top_k, top_p, greedy)
     if draft is None and not ngram:
-        raise SpdError("generate needs a draft backend, or ngram=n for lookup drafts only (generate_ar decodes "
-                       "without either)")
+        raise SpdError(
+            "generate needs a draft backend, or ngram=n for lookup drafts only (generate_ar decodes without either)"
+        )
     prompts, limits = validate(target, draft, prompt_ids, k, max_new_tokens, sampling)
     threshold = 0.0 if min_draft_prob is None else min_draft_prob
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 <= threshold <= 1.0:
@@ -377,8 +402,20 @@ def generate(
     if n_k + 1 > target.info.max_seq_len:
         raise SpdError(f"ngram_k + 1 = {n_k + 1} tokens exceed the target's max_seq_len {target.info.max_seq_len}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _Loop(target, draft, prompts, int(k) if draft is not None else 0, limits, sampling, rng,
-                 eos_set(eos_token_id), stream, float(threshold), n_gram, n_k).run()
+    return _Loop(
+        target,
+        draft,
+        prompts,
+        int(k) if draft is not None else 0,
+        limits,
+        sampling,
+        rng,
+        eos_set(eos_token_id),
+        stream,
+        float(threshold),
+        n_gram,
+        n_k,
+    ).run()
 
 
 def generate_ar(
@@ -398,5 +435,4 @@ def generate_ar(
     sampling = Sampling(temperature, top_k, top_p, greedy)
     prompts, limits = validate(target, None, prompt_ids, 0, max_new_tokens, sampling)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _Loop(target, None, prompts, 0, limits, sampling, rng, eos_set(eos_token_id),
-                 stream).run()
+    return _Loop(target, None, prompts, 0, limits, sampling, rng, eos_set(eos_token_id), stream).run()

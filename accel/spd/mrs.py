@@ -32,10 +32,10 @@ from accel.errors import SpdError
 __all__ = [
     "RoundResult",
     "acceptance_probs",
+    "greedy_accept",
     "residual",
     "sample",
     "speculative_accept",
-    "greedy_accept",
 ]
 
 
@@ -93,7 +93,9 @@ def _inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     vocab = probs.shape[-1]
     cdf = np.cumsum(probs.reshape(-1, vocab), axis=-1)
     thresholds = np.ravel(u) * cdf[:, -1]
-    idx = np.array([np.searchsorted(row, t, side="left") for row, t in zip(cdf, thresholds)], dtype=np.int64)
+    idx = np.array(
+        [np.searchsorted(row, t, side="left") for row, t in zip(cdf, thresholds, strict=True)], dtype=np.int64
+    )
     return np.minimum(idx, vocab - 1).reshape(probs.shape[:-1])
 
 
@@ -168,9 +170,7 @@ def speculative_accept(
     return RoundResult(num_accepted=m, next_token=next_token, overlap=overlap)
 
 
-def greedy_accept(
-    draft_tokens: np.ndarray, q_logits: np.ndarray, num_drafts: np.ndarray | None = None
-) -> RoundResult:
+def greedy_accept(draft_tokens: np.ndarray, q_logits: np.ndarray, num_drafts: np.ndarray | None = None) -> RoundResult:
     """Greedy verification: accept while ``d_i == argmax q_i``; emit ``argmax`` of the first mismatching/bonus slot.
 
     Args:

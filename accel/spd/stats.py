@@ -12,7 +12,8 @@ Counting conventions (used by the tests and the benchmark):
   two numbers are what ``accel.sim.LoopStats`` takes to predict a dynamic-length run on other hardware.
 - ``accepted_histogram[m]``: rounds (per row) in which exactly ``m`` drafts were accepted, ``m = 0..K``.
 - ``acceptance_per_position[i]``: of the drafts *reached* at slot ``i`` (proposed, and the previous ``i`` were
-  accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones. ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
+  accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones.
+  ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
   per-token acceptance rate under the i.i.d. model of REFERENCE.md §3. ``alpha_overlap`` = mean of
   ``sum_x min(p(x), q(x))`` over the reached slots: the expected acceptance, computed from both distributions.
 - ``draft_calls_per_loop``: draft calls outside the prefill per round (= ``mean_drafts_per_loop`` at batch 1
@@ -29,8 +30,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,13 +60,18 @@ class GenerationStats(BaseModel):
     acceptance_per_position: list[float] = Field(description="accepted / proposed at draft slot i (NaN if none)")
     proposed_per_position: list[int]
     all_accepted_rounds: int = Field(description="(row, round) pairs with k >= 1 drafts all accepted (catch-up next)")
-    draft_tokens: int = Field(description="draft tokens proposed over all (row, round) pairs: K per round at a fixed "
-                              "K, fewer when min_draft_prob stops drafting early")
+    draft_tokens: int = Field(
+        description="draft tokens proposed over all (row, round) pairs: K per round at a fixed "
+        "K, fewer when min_draft_prob stops drafting early"
+    )
     mean_drafts_per_loop: float = Field(description="draft_tokens / row_calls: the mean draft length (NaN for AR)")
     accepted_drafts: int
     proposed_drafts: int
-    draft_calls_per_loop: float = Field(default=math.nan, description="draft calls outside the prefill per round (one "
-                                        "call serves all rows; fewer than the drafts with n-gram lookup)")
+    draft_calls_per_loop: float = Field(
+        default=math.nan,
+        description="draft calls outside the prefill per round (one "
+        "call serves all rows; fewer than the drafts with n-gram lookup)",
+    )
     lookup_rounds: int = Field(default=0, description="(row, round) pairs drafted by n-gram lookup")
     lookup_accepted: int = Field(default=0, description="accepted drafts of those rounds")
     target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
@@ -149,7 +156,7 @@ class StatsAccumulator:
             self.lookup_rounds += int(lk.sum())
             self.lookup_accepted += int(np.asarray(num_accepted)[lk].sum())
         self.row_calls += int(a.sum())
-        for n, m in zip(num_drafts[a], num_accepted[a]):
+        for n, m in zip(num_drafts[a], num_accepted[a], strict=True):
             self.hist[m] += 1
             self.proposed[: min(n, m + 1)] += 1  # slots reached: the accepted ones and the first rejected one
             self.accepted[:m] += 1
@@ -184,7 +191,7 @@ class StatsAccumulator:
             draft_calls=self.draft_calls,
             tokens_per_target_call=_nan_div(self.new_tokens, self.row_calls),
             accepted_histogram=[int(x) for x in self.hist],
-            acceptance_per_position=[_nan_div(a, p) for a, p in zip(self.accepted, self.proposed)],
+            acceptance_per_position=[_nan_div(a, p) for a, p in zip(self.accepted, self.proposed, strict=True)],
             proposed_per_position=[int(x) for x in self.proposed],
             all_accepted_rounds=self.all_accepted,
             draft_tokens=self.drafted,

@@ -17,7 +17,16 @@ import numpy as np
 
 from accel.errors import SpdError
 
-__all__ = ["Sampling", "check_logits", "softmax", "apply_temperature", "top_k_mask", "top_p_mask", "greedy_probs", "warp"]
+__all__ = [
+    "Sampling",
+    "apply_temperature",
+    "check_logits",
+    "greedy_probs",
+    "softmax",
+    "top_k_mask",
+    "top_p_mask",
+    "warp",
+]
 
 
 def check_logits(logits: np.ndarray, what: str = "logits") -> np.ndarray:
@@ -159,7 +168,7 @@ class Sampling:
     top_p: float | None = None
     greedy: bool = False
 
-    def validate(self) -> "Sampling":
+    def validate(self) -> Sampling:
         """Check the arguments once (greedy ignores the others); returns self."""
         if not self.greedy:
             self.probs(np.zeros((1, 2)))

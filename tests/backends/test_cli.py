@@ -14,8 +14,25 @@ def test_export_cli(tmp_path, capsys):
     model = Decoder(cfg).init_weights(3, std=0.1)
     ckpt = save_pretrained(model, tmp_path / "ckpt")
     out = tmp_path / "m.onnx"
-    code = main(["export", str(ckpt), "-o", str(out), "--ctx-len", "16", "--weights", "mx-packed",
-                 "--qaic-dir", str(tmp_path / "qaic"), "--prompt-len", "8", "--k", "3", "--quiet"])
+    code = main(
+        [
+            "export",
+            str(ckpt),
+            "-o",
+            str(out),
+            "--ctx-len",
+            "16",
+            "--weights",
+            "mx-packed",
+            "--qaic-dir",
+            str(tmp_path / "qaic"),
+            "--prompt-len",
+            "8",
+            "--k",
+            "3",
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert "wrote" in capsys.readouterr().out
     assert (tmp_path / "qaic" / "specializations.json").is_file()

@@ -44,8 +44,9 @@ def _prime(backend, feats=None):
 @pytest.mark.parametrize("weights", ["fp32", "mx-packed"])
 def test_target_hidden_output_matches_torch(models, tmp_path, weights):
     target, _ = models
-    path = export_onnx(target, tmp_path / "t.onnx", ctx_len=16, batch_size=2, hidden_output=True, weights=weights,
-                       progress=False)
+    path = export_onnx(
+        target, tmp_path / "t.onnx", ctx_len=16, batch_size=2, hidden_output=True, weights=weights, progress=False
+    )
     ort_b = OrtBackend(path, threads=1)
     assert "hidden_states" in ort_b.info.capabilities and ort_b.info.hidden_size == 32
     assert ort_b.metadata["accel.hidden_output"] == "1"

@@ -23,8 +23,9 @@ ATOL = 1e-5
 
 
 def _tiny_llama(seed: int = 0) -> Decoder:
-    cfg = ModelConfig(vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=80,
-                      norm_eps=1e-5)
+    cfg = ModelConfig(
+        vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=80, norm_eps=1e-5
+    )
     return Decoder(cfg).init_weights(seed, std=0.1)
 
 
@@ -32,8 +33,9 @@ def _tiny_llama(seed: int = 0) -> Decoder:
 def exported(request, tmp_path_factory):
     hf = tiny_hf_model(request.param)
     model = load(hf)
-    path = export_onnx(model, tmp_path_factory.mktemp("onnx") / f"{request.param}.onnx", ctx_len=CTX, batch_size=2,
-                       progress=False)
+    path = export_onnx(
+        model, tmp_path_factory.mktemp("onnx") / f"{request.param}.onnx", ctx_len=CTX, batch_size=2, progress=False
+    )
     return hf, model, path
 
 
@@ -42,7 +44,7 @@ def test_ort_matches_torch_and_transformers(exported):
     rows = make_tokens(model.config.vocab_size, PROMPTS, seed=1)
     ort_out = run_scenario(OrtBackend(path, threads=1), rows, PROMPTS)
     torch_out = run_scenario(TorchBackend(model, ctx_len=CTX, batch_size=2), rows, PROMPTS)
-    for o, t, r in zip(ort_out, torch_out, hf_reference(hf, rows)):
+    for o, t, r in zip(ort_out, torch_out, hf_reference(hf, rows), strict=True):
         np.testing.assert_allclose(o, t, atol=ATOL, rtol=0)
         np.testing.assert_allclose(o, r, atol=2e-5, rtol=0)
 
@@ -143,8 +145,11 @@ def test_fp16_weights(llama, tmp_path):
         for p in rounded.parameters():
             p.copy_(p.half().float())
     rows = make_tokens(96, PROMPTS, seed=7)
-    for o, t in zip(run_scenario(OrtBackend(path), rows, PROMPTS),
-                    run_scenario(TorchBackend(rounded, ctx_len=CTX, batch_size=2), rows, PROMPTS)):
+    for o, t in zip(
+        run_scenario(OrtBackend(path), rows, PROMPTS),
+        run_scenario(TorchBackend(rounded, ctx_len=CTX, batch_size=2), rows, PROMPTS),
+        strict=True,
+    ):
         np.testing.assert_allclose(o, t, atol=ATOL, rtol=0)
 
 
@@ -177,15 +182,18 @@ def test_graph_missing_expected_io(llama, tmp_path):
     del proto.graph.output[:]
     proto.graph.output.extend(kept)
     onnx.save(proto, tmp_path / "no_out.onnx")
-    with pytest.raises(BackendError, match="'past_value.1_RetainedState' is missing"):
+    with pytest.raises(BackendError, match=r"'past_value.1_RetainedState' is missing"):
         OrtBackend(tmp_path / "no_out.onnx")
     g = onnx.helper.make_graph(
-        [onnx.helper.make_node("Identity", ["input_ids"], ["logits"])], "g",
+        [onnx.helper.make_node("Identity", ["input_ids"], ["logits"])],
+        "g",
         [onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, 1])],
         [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.INT64, [1, 1])],
     )
-    onnx.save(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8),
-              tmp_path / "bare.onnx")
+    onnx.save(
+        onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8),
+        tmp_path / "bare.onnx",
+    )
     with pytest.raises(BackendError, match="input 'position_ids' is missing"):
         OrtBackend(tmp_path / "bare.onnx")
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
@@ -200,14 +208,14 @@ def test_inplace_cache_needs_reads_before_the_write(llama, tmp_path):
     proto.graph.node.append(onnx.helper.make_node("ReduceSum", ["past_value.1"], ["late_read"], keepdims=0))
     proto.graph.output.append(onnx.helper.make_tensor_value_info("late_read", onnx.TensorProto.FLOAT, []))
     onnx.save(proto, tmp_path / "late.onnx")
-    with pytest.raises(BackendError, match="past_value.1 is read by .* independently of its cache write"):
+    with pytest.raises(BackendError, match=r"past_value.1 is read by .* independently of its cache write"):
         OrtBackend(tmp_path / "late.onnx")
     proto = onnx.load(str(llama[1]))
     writer = next(n for n in proto.graph.node if "past_key.0_RetainedState" in n.output)
     writer.output[0] = "scattered"
     proto.graph.node.append(onnx.helper.make_node("Identity", ["scattered"], ["past_key.0_RetainedState"]))
     onnx.save(proto, tmp_path / "copy.onnx")
-    with pytest.raises(BackendError, match="past_key.0_RetainedState is not a ScatterND of past_key.0"):
+    with pytest.raises(BackendError, match=r"past_key.0_RetainedState is not a ScatterND of past_key.0"):
         OrtBackend(tmp_path / "copy.onnx")
 
 
@@ -231,7 +239,9 @@ def test_smollm2_ort_matches_torch(tmp_path):
     rows = make_tokens(model.config.vocab_size, prompts, seed=8)
     ort_out = run_scenario(OrtBackend(path), rows, prompts)
     torch_out = run_scenario(TorchBackend(model, ctx_len=16, batch_size=2), rows, prompts)
-    for o, t in zip(ort_out, torch_out):  # logits reach ~30: fp32 order over 30 layers, see test_smollm2.py
+    for o, t in zip(
+        ort_out, torch_out, strict=True
+    ):  # logits reach ~30: fp32 order over 30 layers, see test_smollm2.py
         np.testing.assert_allclose(o, t, atol=1e-3, rtol=0)
 
 
@@ -253,8 +263,9 @@ def test_padding_writes_nothing(llama, runtime):
     np.testing.assert_allclose(got[0, 1], want[0, 1], atol=ATOL, rtol=0)
     np.testing.assert_allclose(got[1, 0], want[1, 0], atol=ATOL, rtol=0)
     ids = np.array([[rows[0][8]], [rows[1][7]]])
-    np.testing.assert_allclose(padded.forward(ids, np.array([[8], [7]])), plain.forward(ids, np.array([[8], [7]])),
-                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        padded.forward(ids, np.array([[8], [7]])), plain.forward(ids, np.array([[8], [7]])), atol=ATOL, rtol=0
+    )
 
 
 def test_padding_with_no_free_slot_is_rejected(llama):
@@ -291,8 +302,17 @@ def test_chunked_prefill_equals_one_call(llama):
 
 
 def test_export_refuses_ctx_beyond_sliding_window(tmp_path):
-    cfg = ModelConfig.from_hf({"model_type": "mistral", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
-                               "num_attention_heads": 2, "intermediate_size": 32, "sliding_window": 8})
+    cfg = ModelConfig.from_hf(
+        {
+            "model_type": "mistral",
+            "vocab_size": 32,
+            "hidden_size": 16,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 32,
+            "sliding_window": 8,
+        }
+    )
     with pytest.raises(BackendError, match="sliding_window 8"):
         export_onnx(Decoder(cfg), tmp_path / "m.onnx", ctx_len=16, progress=False)
     assert export_onnx(Decoder(cfg), tmp_path / "m.onnx", ctx_len=8, progress=False).is_file()

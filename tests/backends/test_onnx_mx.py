@@ -21,8 +21,15 @@ CTX = 16
 
 def _model(hidden=64, inter=80, vocab=96, layers=2, tied=False) -> Decoder:
     # inter=80 is not a multiple of the block (32): down_proj's padded last block exercises the in-graph Slice
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2,
-                      intermediate_size=inter, tie_word_embeddings=tied)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=inter,
+        tie_word_embeddings=tied,
+    )
     return Decoder(cfg).init_weights(0, std=0.1)
 
 
@@ -37,14 +44,16 @@ def _compressed(model: Decoder, fmt: str) -> Decoder:
 def test_mx_export_matches_compressed_torch(fmt, weights, tmp_path):
     model = _model(tied=fmt == "mxfp6")
     reference = _compressed(model, fmt)
-    path = export_onnx(model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights=weights, mx_format=fmt,
-                       progress=False)
-    from_compressed = export_onnx(reference, tmp_path / "c.onnx", ctx_len=CTX, batch_size=2, weights=weights,
-                                  progress=False)
+    path = export_onnx(
+        model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights=weights, mx_format=fmt, progress=False
+    )
+    from_compressed = export_onnx(
+        reference, tmp_path / "c.onnx", ctx_len=CTX, batch_size=2, weights=weights, progress=False
+    )
     rows = make_tokens(96, PROMPTS, seed=11)
     want = run_scenario(TorchBackend(reference, ctx_len=CTX, batch_size=2), rows, PROMPTS)
     for p in (path, from_compressed):
-        for got, w in zip(run_scenario(OrtBackend(p), rows, PROMPTS), want):
+        for got, w in zip(run_scenario(OrtBackend(p), rows, PROMPTS), want, strict=True):
             np.testing.assert_allclose(got, w, atol=1e-5, rtol=0)
     meta = {m.key: m.value for m in onnx.load(str(path), load_external_data=False).metadata_props}
     assert meta["accel.weights"] == weights and meta["accel.mx_format"] == accel.formats.get_format(fmt).name
@@ -84,14 +93,18 @@ def test_packed_with_fp16_float_weights(tmp_path):
     import torch
 
     model = _model(tied=True)
-    path = export_onnx(model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights="mx-packed",
-                       float_weights="fp16", progress=False)
+    path = export_onnx(
+        model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights="mx-packed", float_weights="fp16", progress=False
+    )
     reference = _compressed(model, "mxfp6")
     with torch.no_grad():
         for p in reference.parameters():  # the weights left float are stored as fp16
             p.copy_(p.half().float())
     rows = make_tokens(96, PROMPTS, seed=12)
-    for got, want in zip(run_scenario(OrtBackend(path), rows, PROMPTS),
-                         run_scenario(TorchBackend(reference, ctx_len=CTX, batch_size=2), rows, PROMPTS)):
+    for got, want in zip(
+        run_scenario(OrtBackend(path), rows, PROMPTS),
+        run_scenario(TorchBackend(reference, ctx_len=CTX, batch_size=2), rows, PROMPTS),
+        strict=True,
+    ):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert OrtBackend(path).metadata["accel.float_weights"] == "fp16"

@@ -29,16 +29,33 @@ CTX = 32
 
 def _model(tied: bool, inter: int = 80, seed: int = 0) -> Decoder:
     # inter=80: down_proj's input (80) is not a multiple of the block (32), so its last block is padded
-    cfg = ModelConfig(vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=inter, tie_word_embeddings=tied)
+    cfg = ModelConfig(
+        vocab_size=96,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=inter,
+        tie_word_embeddings=tied,
+    )
     return Decoder(cfg).init_weights(seed, std=0.1)
 
 
 def _linear_names(model: Decoder) -> list[str]:
-    names = [f"layers.{i}.{m}.weight" for i in range(model.config.num_layers)
-             for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-    return names + ["lm_head.weight"]
+    names = [
+        f"layers.{i}.{m}.weight"
+        for i in range(model.config.num_layers)
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]
+    return [*names, "lm_head.weight"]
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -83,17 +100,38 @@ def test_logits_close_to_float_activations_and_closer_than_int8(tmp_path):
     1.7%; on SmolLM2-135M the KL to fp32 is 0.005 vs 0.46 nats per token)."""
     model = _model(tied=True)
     rows = make_tokens(96, PROMPTS, seed=3)
-    nbits = run_scenario(OrtBackend(export_onnx(model, tmp_path / "n.onnx", ctx_len=CTX, batch_size=2,
-                                                weights="mxint8-nbits", progress=False)), rows, PROMPTS)
-    rounded = run_scenario(OrtBackend(export_onnx(model, tmp_path / "r.onnx", ctx_len=CTX, batch_size=2,
-                                                  weights="mx-rounded", mx_format="mxint8", progress=False)),
-                           rows, PROMPTS)
-    int8 = run_scenario(OrtBackend(export_onnx(model, tmp_path / "i.onnx", ctx_len=CTX, batch_size=2,
-                                               weights="int8", progress=False)), rows, PROMPTS)
-    fp32 = run_scenario(OrtBackend(export_onnx(model, tmp_path / "f.onnx", ctx_len=CTX, batch_size=2,
-                                               progress=False)), rows, PROMPTS)
-    err_nbits = max(float(np.abs(a - b).max() / np.ptp(b)) for a, b in zip(nbits, rounded))
-    err_int8 = max(float(np.abs(a - b).max() / np.ptp(b)) for a, b in zip(int8, fp32))
+    nbits = run_scenario(
+        OrtBackend(
+            export_onnx(model, tmp_path / "n.onnx", ctx_len=CTX, batch_size=2, weights="mxint8-nbits", progress=False)
+        ),
+        rows,
+        PROMPTS,
+    )
+    rounded = run_scenario(
+        OrtBackend(
+            export_onnx(
+                model,
+                tmp_path / "r.onnx",
+                ctx_len=CTX,
+                batch_size=2,
+                weights="mx-rounded",
+                mx_format="mxint8",
+                progress=False,
+            )
+        ),
+        rows,
+        PROMPTS,
+    )
+    int8 = run_scenario(
+        OrtBackend(export_onnx(model, tmp_path / "i.onnx", ctx_len=CTX, batch_size=2, weights="int8", progress=False)),
+        rows,
+        PROMPTS,
+    )
+    fp32 = run_scenario(
+        OrtBackend(export_onnx(model, tmp_path / "f.onnx", ctx_len=CTX, batch_size=2, progress=False)), rows, PROMPTS
+    )
+    err_nbits = max(float(np.abs(a - b).max() / np.ptp(b)) for a, b in zip(nbits, rounded, strict=True))
+    err_int8 = max(float(np.abs(a - b).max() / np.ptp(b)) for a, b in zip(int8, fp32, strict=True))
     assert err_nbits < 0.02, err_nbits
     assert err_nbits < err_int8, (err_nbits, err_int8)
 
@@ -115,9 +153,10 @@ def test_compressed_mxint8_model_keeps_its_codes_and_other_formats_are_rejected(
     with pytest.raises(BackendError, match="MXINT8 weights only; this model is compressed with mxfp6"):
         export_onnx(fp6, tmp_path / "x.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
     with pytest.raises(BackendError, match="float_weights applies to the MX modes only"):
-        export_onnx(model, tmp_path / "y.onnx", ctx_len=CTX, weights="mxint8-nbits", float_weights="fp16",
-                    progress=False)
-    with pytest.raises(BackendError, match="com.microsoft .*export with fp32, fp16 or mx-rounded for Cloud AI 100"):
+        export_onnx(
+            model, tmp_path / "y.onnx", ctx_len=CTX, weights="mxint8-nbits", float_weights="fp16", progress=False
+        )
+    with pytest.raises(BackendError, match=r"com.microsoft .*export with fp32, fp16 or mx-rounded for Cloud AI 100"):
         write_qaic_files(b, tmp_path / "qaic", prompt_len=8, k=3, ctx_len=CTX)
 
 
@@ -137,8 +176,9 @@ def test_one_row_and_multi_row_calls(tmp_path):
     def run(backend: OrtBackend, s: int) -> np.ndarray:
         backend.reset()
         backend.forward(ids[:, :8], np.arange(8)[None], num_logits=1)
-        return np.concatenate([backend.forward(ids[:, i : i + s], np.arange(i, i + s)[None])
-                               for i in range(8, 24, s)], axis=1)
+        return np.concatenate(
+            [backend.forward(ids[:, i : i + s], np.arange(i, i + s)[None]) for i in range(8, 24, s)], axis=1
+        )
 
     one, two, four = run(padded, 1), run(padded, 2), run(padded, 4)
     assert one.shape == four.shape == (1, 16, 96)
@@ -153,8 +193,16 @@ def test_one_row_and_multi_row_calls(tmp_path):
 def test_min_rows_padding_keeps_outputs_and_checks_its_argument(tmp_path):
     """Padding columns change nothing a caller sees: logits, hidden states and the features a feature draft reads
     line up with the real tokens (fp32 graph, compared with unpadded calls to fp32 rounding), at batch 1 and 2."""
-    cfg = ModelConfig(vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=80,
-                      feature_size=48, embed_size=16)
+    cfg = ModelConfig(
+        vocab_size=96,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=80,
+        feature_size=48,
+        embed_size=16,
+    )
     model = Decoder(cfg).init_weights(5, std=0.1)
     rng = np.random.default_rng(0)
     for batch in (1, 2):
@@ -181,10 +229,19 @@ def test_greedy_spd_on_an_nbits_target_equals_its_ar(tmp_path):
     target = _model(tied=True, inter=128, seed=1)
     draft = _model(tied=True, inter=128, seed=2)
     for batch, lens in ((1, (7,)), (3, (5, 9, 6))):
-        tb = OrtBackend(export_onnx(target, tmp_path / f"t{batch}.onnx", ctx_len=CTX * 2, batch_size=batch,
-                                    weights="mxint8-nbits", progress=False))
-        db = OrtBackend(export_onnx(draft, tmp_path / f"d{batch}.onnx", ctx_len=CTX * 2, batch_size=batch,
-                                    progress=False))
+        tb = OrtBackend(
+            export_onnx(
+                target,
+                tmp_path / f"t{batch}.onnx",
+                ctx_len=CTX * 2,
+                batch_size=batch,
+                weights="mxint8-nbits",
+                progress=False,
+            )
+        )
+        db = OrtBackend(
+            export_onnx(draft, tmp_path / f"d{batch}.onnx", ctx_len=CTX * 2, batch_size=batch, progress=False)
+        )
         prompts = make_tokens(96, lens, seed=batch)
         ar = generate_ar(tb, prompts, max_new_tokens=20, greedy=True).tokens
         for k in (1, 3):

@@ -27,8 +27,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def onnx_file(tmp_path_factory):
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
-    return export_onnx(Decoder(cfg).init_weights(0), tmp_path_factory.mktemp("q") / "model.onnx", ctx_len=64,
-                       progress=False)
+    return export_onnx(
+        Decoder(cfg).init_weights(0), tmp_path_factory.mktemp("q") / "model.onnx", ctx_len=64, progress=False
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -51,14 +52,22 @@ def test_files_match_golden(onnx_file, case):
 def test_golden_structure():
     # independent of the writer: the facts the Cloud AI 100 flow relies on (REFERENCE.md §2)
     spec = json.loads((GOLDEN / "default" / "specializations.json").read_text())["specializations"]
-    assert spec == [{"batch_size": "1", "seq_len": "32", "ctx_len": "64"},
-                    {"batch_size": "1", "seq_len": "8", "ctx_len": "64"}]
+    assert spec == [
+        {"batch_size": "1", "seq_len": "32", "ctx_len": "64"},
+        {"batch_size": "1", "seq_len": "8", "ctx_len": "64"},
+    ]
     io = (GOLDEN / "default" / "custom_io.yaml").read_text()
     assert io.count("IOName") == 8 and " - IOName: past_value.1_RetainedState\n   Precision: float16\n" in io
     assert "mxint8" in (GOLDEN / "mxint8_2dev" / "custom_io.yaml").read_text()
     cmd = (GOLDEN / "default" / "compile.sh").read_text()
-    for flag in ("-retained-state", "-convert-to-fp16", "-mxfp6-matmul", "-aic-num-cores=16",
-                 "-network-specialization-config=specializations.json", "-custom-IO-list-file=custom_io.yaml"):
+    for flag in (
+        "-retained-state",
+        "-convert-to-fp16",
+        "-mxfp6-matmul",
+        "-aic-num-cores=16",
+        "-network-specialization-config=specializations.json",
+        "-custom-IO-list-file=custom_io.yaml",
+    ):
         assert flag in cmd
 
 
@@ -73,6 +82,7 @@ def test_missing_sdk_is_a_clear_error(tmp_path):
     # the SDK is genuinely absent on this machine (no mock); where it is installed this test does not apply
     try:
         import QEfficient  # noqa: F401
+
         pytest.skip("QEfficient is installed")
     except ImportError:
         pass

@@ -29,8 +29,14 @@ def byte_tokenizer():
 
 def tiny_config(vocab: int = VOCAB, **kw) -> ModelConfig:
     base = dict(
-        vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-        rope_theta=10000.0, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
     )
     base.update(kw)
     return ModelConfig(**base)

@@ -46,7 +46,7 @@ def test_build_draft_keeps_target_vocab_and_rope():
     dc = draft_config(target.config, cfg)
     assert (dc.vocab_size, dc.rope_theta, dc.eos_token_id, dc.hidden_size) == (256, 50000.0, 3, 32)
     a, b = build_draft(target, cfg), build_draft(target, cfg)
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q), n  # deterministic in the seed
     assert a.lm_head.weight is a.embed_tokens.weight  # tied by default
     torch.testing.assert_close(a.embed_tokens.weight, svd_embedding(target.embed_tokens.weight, 32))

@@ -11,11 +11,35 @@ def test_distill_then_eval_draft(tiny_target, text_file, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def f(x):\\n\nWrite a haiku\n")
     out = tmp_path / "draft"
-    code = main([
-        "distill", str(tiny_target), "-o", str(out), "--layers", "1", "--d-model", "32", "--heads", "2",
-        "--data", str(text_file), "--self-generate", "4", "--prompts", str(prompts), "--chat", "--gen-tokens", "8",
-        "--steps", "6", "--batch-size", "4", "--threads", "1",
-    ])
+    code = main(
+        [
+            "distill",
+            str(tiny_target),
+            "-o",
+            str(out),
+            "--layers",
+            "1",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--data",
+            str(text_file),
+            "--self-generate",
+            "4",
+            "--prompts",
+            str(prompts),
+            "--chat",
+            "--gen-tokens",
+            "8",
+            "--steps",
+            "6",
+            "--batch-size",
+            "4",
+            "--threads",
+            "1",
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0, text
     assert "draft written to" in text and "6 steps" in text

@@ -56,7 +56,9 @@ def test_teacher_data_roundtrip_concat_and_split():
     model = _target()
     a = teacher_topk(model, [[1, 2, 3, 4, 5, 6, 7, 8, 9], list(range(20, 40))], k=3, batch_size=1)
     b = TeacherData.from_tensors(a.tensors())
-    assert all(torch.equal(x, y) for x, y in zip((a.tokens, a.mask, a.topk_ids), (b.tokens, b.mask, b.topk_ids)))
+    assert all(
+        torch.equal(x, y) for x, y in zip((a.tokens, a.mask, a.topk_ids), (b.tokens, b.mask, b.topk_ids), strict=True)
+    )
     c = TeacherData.concat([a, a.subset(torch.tensor([0]))])
     assert len(c) == 3 and c.num_positions == 8 + 19 + 8
     train, held = split_rows(20, 0.1, seed=0)

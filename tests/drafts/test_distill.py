@@ -16,10 +16,26 @@ from accel.models.loading import read_checkpoint_tensors
 
 def _cfg(text_file, **kw) -> DistillConfig:
     base = dict(
-        layers=1, d_model=32, heads=2, data_files=[text_file], max_windows_per_file=12, seq_len=32,
-        prompts=["def f(x):\n", "hello world"], self_generate=4, gen_tokens=12, gen_batch_size=4,
-        batch_size=4, lr=1e-2, warmup_steps=2, max_steps=16, eval_every=4, checkpoint_every=4, seed=0,
-        threads=1, progress=False, held_out_fraction=0.2,
+        layers=1,
+        d_model=32,
+        heads=2,
+        data_files=[text_file],
+        max_windows_per_file=12,
+        seq_len=32,
+        prompts=["def f(x):\n", "hello world"],
+        self_generate=4,
+        gen_tokens=12,
+        gen_batch_size=4,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=2,
+        max_steps=16,
+        eval_every=4,
+        checkpoint_every=4,
+        seed=0,
+        threads=1,
+        progress=False,
+        held_out_fraction=0.2,
     )
     base.update(kw)
     return DistillConfig(**base)

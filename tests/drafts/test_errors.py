@@ -32,7 +32,7 @@ def test_missing_checkpoint_and_files(tiny_target, tmp_path):
     no_config = tmp_path / "no_config"
     no_config.mkdir()
     shutil.copy(tiny_target / "model.safetensors", no_config / "model.safetensors")
-    with pytest.raises(DraftError, match="no config.json"):
+    with pytest.raises(DraftError, match=r"no config.json"):
         evaluate_draft(no_config, tiny_target, [TEXT])
 
 

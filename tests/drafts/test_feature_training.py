@@ -24,8 +24,7 @@ VOCAB = 24
 
 @pytest.fixture(scope="module")
 def target() -> Decoder:
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                      intermediate_size=48)
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=48)
     return Decoder(cfg).init_weights(4, std=0.5).eval()
 
 
@@ -45,8 +44,9 @@ def _draft(target: Decoder) -> Decoder:
 def test_training_lowers_loss_and_raises_agreement(target):
     batch = _batch(target)
     before = feature_draft_loss(_draft(target), *batch)[1]
-    draft = train_feature_draft(_draft(target), lambda step: _batch(target, step % 8), steps=300, lr=1e-2,
-                                warmup=10, progress=False)
+    draft = train_feature_draft(
+        _draft(target), lambda step: _batch(target, step % 8), steps=300, lr=1e-2, warmup=10, progress=False
+    )
     after = feature_draft_loss(draft, *batch)[1]
     assert after["ce"] < 0.6 * before["ce"] and after["reg"] < before["reg"], (before, after)
     assert after["top1"] > before["top1"] + 0.2 and after["top1_step2"] > before["top1_step2"] + 0.2
@@ -63,8 +63,15 @@ def test_best_state_is_kept(target):
         return score
 
     logs = []
-    draft = train_feature_draft(_draft(target), lambda step: _batch(target, step), steps=30, eval_fn=eval_fn,
-                                eval_every=10, progress=False, log=logs.append)
+    draft = train_feature_draft(
+        _draft(target),
+        lambda step: _batch(target, step),
+        steps=30,
+        eval_fn=eval_fn,
+        eval_every=10,
+        progress=False,
+        log=logs.append,
+    )
     for name, value in draft.state_dict().items():
         assert torch.equal(value, seen[0.9][name]), name
     assert len(logs) == 3
@@ -72,8 +79,14 @@ def test_best_state_is_kept(target):
 
 def test_time_budget_stops_early(target):
     logs = []
-    train_feature_draft(_draft(target), lambda step: _batch(target, step), steps=10_000, max_seconds=0.0,
-                        progress=False, log=logs.append)
+    train_feature_draft(
+        _draft(target),
+        lambda step: _batch(target, step),
+        steps=10_000,
+        max_seconds=0.0,
+        progress=False,
+        log=logs.append,
+    )
     assert any("stopped at step 1:" in line for line in logs)
 
 
@@ -141,8 +154,15 @@ def test_deepened_draft_starts_equal_and_trains(target):
     rounding), then training changes it and lowers the loss."""
     from accel.drafts.feature import deepen_feature_draft, unrolled_hidden
 
-    small = train_feature_draft(_draft(target), lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5,
-                                log=lambda s: None, progress=False)
+    small = train_feature_draft(
+        _draft(target),
+        lambda step: _batch(target, step % 4),
+        steps=30,
+        lr=1e-2,
+        warmup=5,
+        log=lambda s: None,
+        progress=False,
+    )
     deep = deepen_feature_draft(small, target)
     assert deep.config.num_layers == 2 and small.config.num_layers == 1
     tokens, hidden, *_ = _batch(target, 9)
@@ -153,8 +173,9 @@ def test_deepened_draft_starts_equal_and_trains(target):
         torch.testing.assert_close(h_deep, h_small, atol=1e-6, rtol=0)
         torch.testing.assert_close(deep.lm_head(h_deep), small.lm_head(h_small), atol=1e-5, rtol=0)
         before, _ = feature_draft_loss(deep, *_batch(target, 0))
-    train_feature_draft(deep, lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5,
-                        log=lambda s: None, progress=False)
+    train_feature_draft(
+        deep, lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5, log=lambda s: None, progress=False
+    )
     assert deep.layers[1].self_attn.o_proj.weight.abs().max() > 0
     with torch.no_grad():
         after, _ = feature_draft_loss(deep, *_batch(target, 0))

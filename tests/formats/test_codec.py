@@ -89,8 +89,9 @@ def test_saturation(name):
     fmt = get_format(name)
     big = np.array([fmt.max_normal * 1.01, fmt.max_normal * 1000, np.inf, -np.inf, -fmt.max_normal * 3], np.float32)
     vals = decode_elements(encode_elements(big, fmt), fmt)
-    np.testing.assert_array_equal(vals, [fmt.max_normal, fmt.max_normal, fmt.max_normal, -fmt.max_normal,
-                                         -fmt.max_normal])
+    np.testing.assert_array_equal(
+        vals, [fmt.max_normal, fmt.max_normal, fmt.max_normal, -fmt.max_normal, -fmt.max_normal]
+    )
 
 
 @pytest.mark.parametrize("name", FLOAT_FORMATS)
@@ -104,8 +105,16 @@ def test_agrees_with_ml_dtypes_in_range(name, rng):
     random = rng.standard_normal(20000) * fmt.max_normal / 4
     log_uniform = np.exp2(rng.uniform(np.log2(fmt.min_subnormal) - 3, np.log2(fmt.max_normal), 20000))
     log_uniform *= rng.choice([-1, 1], 20000)
-    adversarial = np.concatenate([mids, -mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf), finite,
-                                  [0.0, -0.0, fmt.min_subnormal / 2, fmt.min_subnormal / 2 * 1.0001, 1e-30]])
+    adversarial = np.concatenate(
+        [
+            mids,
+            -mids,
+            np.nextafter(mids, 0),
+            np.nextafter(mids, np.inf),
+            finite,
+            [0.0, -0.0, fmt.min_subnormal / 2, fmt.min_subnormal / 2 * 1.0001, 1e-30],
+        ]
+    )
     x = np.concatenate([random, log_uniform, adversarial]).astype(np.float32)
     x = x[np.abs(x) <= fmt.max_normal]
     ours = encode_elements(x, fmt)

@@ -16,8 +16,14 @@ from accel.formats import quantize  # noqa: E402
 from accel.formats.compress import select_linear_layers  # noqa: E402
 from accel.formats.torch_ops import MXLinear  # noqa: E402
 
-CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=256)
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+)
 
 
 def tiny_llama(seed: int = 0, **overrides):
@@ -77,7 +83,7 @@ def test_save_load_round_trip(tmp_path, ids):
     for name, module in model.named_modules():
         if isinstance(module, MXLinear):
             assert loaded.get_submodule(name).mx_weight() == module.mx_weight()
-    for (k1, v1), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (k1, v1), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k1 == k2 and torch.equal(v1, v2), k1
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
@@ -86,13 +92,17 @@ def test_save_load_round_trip(tmp_path, ids):
 def test_tied_embeddings_are_kept_and_saved_once(tmp_path, ids):
     model = tiny_llama(tie_word_embeddings=True)
     model.lm_head.weight = model.model.embed_tokens.weight  # make sure the tie is real
-    chosen, skipped = select_linear_layers(model, exclude=None)
+    _chosen, skipped = select_linear_layers(model, exclude=None)
     assert "lm_head" in skipped
-    assert select_linear_layers(model, include=["*q_proj"])[0] == ["model.layers.0.self_attn.q_proj",
-                                                                    "model.layers.1.self_attn.q_proj"]
+    assert select_linear_layers(model, include=["*q_proj"])[0] == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.self_attn.q_proj",
+    ]
     model, report = accel.compress(model, "mxfp8", include=["*q_proj", "*k_proj"], exclude=["model.layers.1.*"])
-    assert [layer.name for layer in report.layers] == ["model.layers.0.self_attn.q_proj.weight",
-                                                        "model.layers.0.self_attn.k_proj.weight"]
+    assert [layer.name for layer in report.layers] == [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+    ]
     path = tmp_path / "tied.safetensors"
     accel.save(model, path)
     from safetensors import safe_open
@@ -106,7 +116,7 @@ def test_tied_embeddings_are_kept_and_saved_once(tmp_path, ids):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(FormatError, match="nn.Module"):
+    with pytest.raises(FormatError, match=r"nn.Module"):
         accel.compress(object(), "mxfp6")
     with pytest.raises(FormatError, match="known formats"):
         accel.compress(tiny_llama(), "mxfp3")
@@ -128,7 +138,7 @@ def test_bf16_model_round_trip(tmp_path, ids):
     path = tmp_path / "bf16.safetensors"
     accel.save(model, path)
     loaded = accel.load(path, tiny_llama(seed=5).to(torch.bfloat16))
-    for (k1, v1), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (k1, v1), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k1 == k2 and v1.dtype == v2.dtype and torch.equal(v1, v2), k1
     with torch.no_grad():
         out = loaded(ids).logits

@@ -96,7 +96,7 @@ def test_aliases_and_lookup():
 def test_unknown_format_lists_known_names():
     with pytest.raises(FormatError) as err:
         get_format("mxfp5")
-    for name in ALL_FORMATS + ["mxfp6"]:
+    for name in [*ALL_FORMATS, "mxfp6"]:
         assert name in str(err.value)
     with pytest.raises(FormatError):
         get_format(6)  # type: ignore[arg-type]

@@ -42,8 +42,17 @@ def test_round_trip_and_safetensors_compatible(tmp_path, tensors):
     from safetensors import safe_open
 
     with safe_open(str(path), framework="numpy") as f:
-        assert set(f.keys()) == {"embed.weight", "ids", "half", "scalar", "mask", "layer.weight.mx_codes",
-                                 "layer.weight.mx_scales", "layer4.weight.mx_codes", "layer4.weight.mx_scales"}
+        assert set(f.keys()) == {
+            "embed.weight",
+            "ids",
+            "half",
+            "scalar",
+            "mask",
+            "layer.weight.mx_codes",
+            "layer.weight.mx_scales",
+            "layer4.weight.mx_codes",
+            "layer4.weight.mx_scales",
+        }
         assert f.metadata()["note"] == "hi"
         np.testing.assert_array_equal(f.get_tensor("layer.weight.mx_scales"), tensors["layer.weight"].scales)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]  # no temp file left
@@ -102,7 +111,7 @@ def test_wrong_shape_in_header(tmp_path, tensors):
     data, n, head = _header(path)
     head["embed.weight"]["shape"] = [41, 16]
     _rewrite_header(path, head, n, data)
-    with pytest.raises(FormatError, match="'embed.weight': shape \\[41, 16\\] of F32 needs"):
+    with pytest.raises(FormatError, match=r"'embed.weight': shape \[41, 16\] of F32 needs"):
         load_tensors(path)
     # an MX header whose logical shape disagrees with the stored codes/scales
     data, n, head = _header(path)
@@ -111,7 +120,7 @@ def test_wrong_shape_in_header(tmp_path, tensors):
     mx["layer.weight"]["shape"] = [25, 70]
     head["__metadata__"]["accel.mx"] = json.dumps(mx, separators=(",", ":"))
     _rewrite_header(path, head, n, data)
-    with pytest.raises(FormatError, match="'layer.weight': scales shape"):
+    with pytest.raises(FormatError, match=r"'layer.weight': scales shape"):
         load_tensors(path)
     mx["layer.weight"]["shape"] = [24, 70]
     mx["layer.weight"]["fmt"] = "mxfp9"
@@ -123,9 +132,9 @@ def test_wrong_shape_in_header(tmp_path, tensors):
 
 def test_bad_values_and_no_partial_output(tmp_path, rng):
     path = tmp_path / "out.safetensors"
-    with pytest.raises(FormatError, match="'c'.*complex"):
+    with pytest.raises(FormatError, match=r"'c'.*complex"):
         save_tensors(path, {"a": np.ones(3, np.float32), "c": np.ones(2, np.complex64)})
-    with pytest.raises(FormatError, match="'x'.*list"):
+    with pytest.raises(FormatError, match=r"'x'.*list"):
         save_tensors(path, {"x": [1.0]})  # type: ignore[dict-item]
     with pytest.raises(FormatError, match="reserved"):
         save_tensors(path, {"a": np.ones(3)}, metadata={"accel.mx": "{}"})
@@ -141,7 +150,7 @@ def test_bad_values_and_no_partial_output(tmp_path, rng):
         with SafetensorsWriter(path, specs) as writer:
             writer.write("a", np.zeros(3, np.float32))
             raise RuntimeError("interrupted")
-    with pytest.raises(FormatError, match="never written.*'b'"):
+    with pytest.raises(FormatError, match=r"never written.*'b'"):
         with SafetensorsWriter(path, specs) as writer:
             writer.write("a", np.zeros(3, np.float32))
     with pytest.raises(FormatError, match="'b': got F64"):

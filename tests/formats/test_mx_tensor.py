@@ -19,8 +19,8 @@ def reference_quantize(x: np.ndarray, name: str, axis: int, block_size: int) -> 
     fmt = get_format(name)
     moved = np.moveaxis(x.astype(np.float64), axis, -1)
     pad = -moved.shape[-1] % block_size
-    padded = np.concatenate([moved, np.zeros(moved.shape[:-1] + (pad,))], axis=-1)
-    blocks = padded.reshape(moved.shape[:-1] + (-1, block_size))
+    padded = np.concatenate([moved, np.zeros((*moved.shape[:-1], pad))], axis=-1)
+    blocks = padded.reshape((*moved.shape[:-1], -1, block_size))
     scales = scale_codes_from_amax(np.abs(blocks).max(axis=-1), fmt)
     codes = encode_elements(blocks / 2.0 ** (scales.astype(np.float64) - 127)[..., None], fmt)
     return codes, scales
@@ -39,9 +39,16 @@ def test_layout(name, shape, axis, rng):
     np.testing.assert_array_equal(mx.codes, pack_codes(codes.reshape(-1), mx.fmt.bits))
     out = mx.dequantize()
     assert out.shape == shape and out.dtype == np.float32
-    np.testing.assert_array_equal(out, np.moveaxis(
-        (get_format(name).code_values()[codes] * 2.0 ** (scales.astype(np.float64) - 127)[..., None]).reshape(
-            np.moveaxis(x, axis, -1).shape[:-1] + (-1,))[..., : shape[axis]], -1, axis))
+    np.testing.assert_array_equal(
+        out,
+        np.moveaxis(
+            (get_format(name).code_values()[codes] * 2.0 ** (scales.astype(np.float64) - 127)[..., None]).reshape(
+                (*np.moveaxis(x, axis, -1).shape[:-1], -1)
+            )[..., : shape[axis]],
+            -1,
+            axis,
+        ),
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 7, 16, 32, 64])
@@ -106,7 +113,7 @@ def test_input_dtypes(rng):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     xb = x.astype(ml_dtypes.bfloat16)
     assert quantize(xb, "mxfp6") == quantize(xb.astype(np.float32), "mxfp6")
-    with pytest.raises(FormatError, match="longdouble|float128"):
+    with pytest.raises(FormatError, match=r"longdouble|float128"):
         quantize(x.astype(np.longdouble), "mxfp6")
 
 
@@ -148,7 +155,7 @@ def test_bytes_round_trip(name, rng):
 
 def test_bytes_validation(rng):
     data = quantize(rng.standard_normal((4, 64)).astype(np.float32), "mxfp6").to_bytes()
-    with pytest.raises(FormatError, match="truncated|checksum"):
+    with pytest.raises(FormatError, match=r"truncated|checksum"):
         MXTensor.from_bytes(data[:-10], name="w")
     with pytest.raises(FormatError, match="truncated"):
         MXTensor.from_bytes(data[:6], name="w")
@@ -162,7 +169,7 @@ def test_bytes_validation(rng):
 
 def test_bad_inputs_name_the_problem():
     x = np.ones((4, 64), np.float32)
-    with pytest.raises(FormatError, match="'w'.*int64.*allowed"):
+    with pytest.raises(FormatError, match=r"'w'.*int64.*allowed"):
         quantize(np.ones((4, 64), np.int64), "mxfp6", name="w")
     with pytest.raises(FormatError, match="complex"):
         quantize(np.ones(4, np.complex64), "mxfp6")

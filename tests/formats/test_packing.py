@@ -8,7 +8,7 @@ import pytest
 from accel.errors import FormatError
 from accel.formats import pack_codes, packed_nbytes, unpack_codes
 
-LENGTHS = list(range(0, 71)) + [1000, 4097, 100003]
+LENGTHS = [*list(range(0, 71)), 1000, 4097, 100003]
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])

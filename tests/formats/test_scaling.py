@@ -32,10 +32,15 @@ def test_scale_codes_follow_floor_rule(name, rng):
     fmt = get_format(name)
     powers = np.ldexp(1.0, np.arange(-149, 128)).astype(np.float32)
     below = np.nextafter(powers, np.float32(0))
-    amax = np.concatenate([
-        np.abs(rng.standard_normal(2000)).astype(np.float32) * 10.0 ** rng.uniform(-40, 38, 2000).astype(np.float32),
-        powers, below[below > 0], [0.0, np.inf, np.nan, np.float32(3.4e38), 1e-45],
-    ]).astype(np.float32)
+    amax = np.concatenate(
+        [
+            np.abs(rng.standard_normal(2000)).astype(np.float32)
+            * 10.0 ** rng.uniform(-40, 38, 2000).astype(np.float32),
+            powers,
+            below[below > 0],
+            [0.0, np.inf, np.nan, np.float32(3.4e38), 1e-45],
+        ]
+    ).astype(np.float32)
     ours = scale_codes_from_amax(amax, fmt)
     ref = np.array([floor_rule(float(a), fmt.emax) for a in amax], np.uint8)
     np.testing.assert_array_equal(ours, ref)
@@ -68,11 +73,26 @@ def test_tiny_blocks_clamp_to_smallest_scale():
 def test_float32_bit_path_equals_float_path(name, rng):
     """block_scale_codes reads float32 bit patterns; it must agree with the float floor rule on every kind of amax."""
     fmt = get_format(name)
-    special = np.array([0.0, -0.0, 1e-45, 2.0**-126, np.nextafter(np.float32(2.0**-126), 0), 3.4e38, np.inf,
-                        -np.inf, np.nan, 1.0, np.nextafter(np.float32(1), 0)], np.float32)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            1e-45,
+            2.0**-126,
+            np.nextafter(np.float32(2.0**-126), 0),
+            3.4e38,
+            np.inf,
+            -np.inf,
+            np.nan,
+            1.0,
+            np.nextafter(np.float32(1), 0),
+        ],
+        np.float32,
+    )
     blocks = (rng.standard_normal((400, 32)) * np.exp2(rng.integers(-149, 127, (400, 1)))).astype(np.float32)
     blocks[: special.size, 7] = special
     blocks[: special.size, :7] = 0
     blocks[: special.size, 8:] = 0
-    np.testing.assert_array_equal(block_scale_codes(blocks, fmt), scale_codes_from_amax(
-        np.max(np.abs(blocks.astype(np.float64)), axis=-1), fmt))
+    np.testing.assert_array_equal(
+        block_scale_codes(blocks, fmt), scale_codes_from_amax(np.max(np.abs(blocks.astype(np.float64)), axis=-1), fmt)
+    )

@@ -47,8 +47,14 @@ def test_compress_checkpoint_matches_quantize(tmp_path, rng, with_index):
     report = compress_checkpoint(tmp_path / "src", tmp_path / "out", fmt="mxfp6", progress=False)
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "tokenizer.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-         "model.safetensors.index.json"])
+        [
+            "config.json",
+            "tokenizer.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+        ]
+    )
     loaded = {}
     for shard in sorted(out.glob("*.safetensors")):
         loaded.update(load_tensors(shard))
@@ -68,8 +74,25 @@ def test_compress_checkpoint_matches_quantize(tmp_path, rng, with_index):
 
 def test_cli_compress(tmp_path, rng, capsys):
     originals = make_checkpoint(tmp_path / "src", rng)
-    code = main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--fmt", "mxfp4", "--quiet",
-                 "--exclude", "*embed*", "--exclude", "*lm_head*", "--exclude", "*norm*", "--exclude", "*mlp*"])
+    code = main(
+        [
+            "compress",
+            str(tmp_path / "src"),
+            "-o",
+            str(tmp_path / "out"),
+            "--fmt",
+            "mxfp4",
+            "--quiet",
+            "--exclude",
+            "*embed*",
+            "--exclude",
+            "*lm_head*",
+            "--exclude",
+            "*norm*",
+            "--exclude",
+            "*mlp*",
+        ]
+    )
     assert code == 0
     assert "1 weights compressed to mxfp4_e2m1" in capsys.readouterr().out
     loaded = load_tensors(tmp_path / "out" / "model-00001-of-00002.safetensors")

@@ -75,7 +75,7 @@ def test_mxlinear_forward_equals_f_linear(name, bias):
 
 
 def test_torch_bad_inputs():
-    with pytest.raises(FormatError, match="'w'.*int64"):
+    with pytest.raises(FormatError, match=r"'w'.*int64"):
         quantize_torch(torch.ones(4, 32, dtype=torch.int64), "mxfp6", name="w")
     with pytest.raises(FormatError, match="axis"):
         quantize_torch(torch.ones(4, 32), "mxfp6", axis=3)
@@ -90,8 +90,11 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 @settings(max_examples=40, deadline=None)
 @given(
-    x=hnp.arrays(np.float32, st.tuples(st.integers(1, 3), st.integers(1, 70)),
-                 elements=st.floats(width=32, allow_nan=True, allow_infinity=True)),
+    x=hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 3), st.integers(1, 70)),
+        elements=st.floats(width=32, allow_nan=True, allow_infinity=True),
+    ),
     name=st.sampled_from(ALL_FORMATS),
 )
 def test_same_bits_as_numpy_property(x, name):

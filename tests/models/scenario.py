@@ -34,12 +34,12 @@ def run_scenario(backend, rows: list[np.ndarray], prompt_lens: tuple[int, ...]) 
     for b, n in enumerate(prompt_lens):
         out[b].extend(logits[b, width - n :])
     for s in range(STEPS):
-        step_ids = np.array([[r[n + s]] for r, n in zip(rows, prompt_lens)])
+        step_ids = np.array([[r[n + s]] for r, n in zip(rows, prompt_lens, strict=True)])
         step_pos = np.array([[n + s] for n in prompt_lens])
         logits = backend.forward(step_ids, step_pos, num_logits=1)
         for b in range(bsz):
             out[b].append(logits[b, 0])
-    sc_ids = np.stack([r[n + STEPS : n + STEPS + SCORE] for r, n in zip(rows, prompt_lens)])
+    sc_ids = np.stack([r[n + STEPS : n + STEPS + SCORE] for r, n in zip(rows, prompt_lens, strict=True)])
     sc_pos = np.stack([np.arange(n + STEPS, n + STEPS + SCORE) for n in prompt_lens])
     logits = backend.forward(sc_ids, sc_pos, num_logits=SCORE)
     for b in range(bsz):
@@ -62,22 +62,34 @@ def tiny_hf_model(family: str, seed: int = 0):
     common = dict(vocab_size=96, num_hidden_layers=2, intermediate_size=80, max_position_embeddings=128)
     if family == "llama":
         cfg = tf.LlamaConfig(
-            hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, **common,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 16},
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            **common,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         )
         model = tf.LlamaForCausalLM(cfg)
     elif family == "qwen2":
-        cfg = tf.Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True,
-                             **common)
+        cfg = tf.Qwen2Config(
+            hidden_size=64, num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True, **common
+        )
         model = tf.Qwen2ForCausalLM(cfg)
     elif family == "mistral":
-        cfg = tf.MistralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
-                               **common)
+        cfg = tf.MistralConfig(
+            hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=None, **common
+        )
         model = tf.MistralForCausalLM(cfg)
     elif family == "gpt2":
-        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=96, n_positions=128, bos_token_id=0,
-                            eos_token_id=0)
+        cfg = tf.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=96, n_positions=128, bos_token_id=0, eos_token_id=0
+        )
         model = tf.GPT2LMHeadModel(cfg)
     else:
         raise ValueError(family)

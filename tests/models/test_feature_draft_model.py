@@ -22,8 +22,9 @@ ATOL = 1e-5
 
 
 def _target(layers: int = 2) -> Decoder:
-    cfg = ModelConfig(vocab_size=40, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2,
-                      intermediate_size=48)
+    cfg = ModelConfig(
+        vocab_size=40, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=48
+    )
     return Decoder(cfg).init_weights(0, std=0.3).eval()
 
 
@@ -35,17 +36,21 @@ def draft() -> Decoder:
     return d.eval()
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(embed_size=8), "needs feature_size"),
-    (dict(feature_size=-1), "feature_size must be an int >= 0"),
-    (dict(feature_size=True), "feature_size must be an int"),
-    (dict(feature_size=32, embed_size=8, tie_word_embeddings=True), "tie_word_embeddings needs embed_size"),
-    (dict(feature_size=32, positions="learned"), "positions='rope'"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(embed_size=8), "needs feature_size"),
+        (dict(feature_size=-1), "feature_size must be an int >= 0"),
+        (dict(feature_size=True), "feature_size must be an int"),
+        (dict(feature_size=32, embed_size=8, tie_word_embeddings=True), "tie_word_embeddings needs embed_size"),
+        (dict(feature_size=32, positions="learned"), "positions='rope'"),
+    ],
+)
 def test_bad_feature_config(changes, match):
     with pytest.raises(ModelError, match=match):
-        ModelConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=48,
-                    **changes)
+        ModelConfig(
+            vocab_size=40, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=48, **changes
+        )
 
 
 def test_config_json_round_trip(draft):
@@ -58,7 +63,7 @@ def test_config_json_round_trip(draft):
 
 def test_checkpoint_round_trip(draft, tmp_path):
     back = load(save_pretrained(draft, tmp_path / "d"))
-    for (name, a), b in zip(draft.state_dict().items(), back.state_dict().values()):
+    for (name, a), b in zip(draft.state_dict().items(), back.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert back.fc.weight.shape == (32, 8 + 32)
 
@@ -118,8 +123,9 @@ def test_unrolled_hidden_matches_cached_drafting(layers):
         for i in range(7):
             keys, values = new_cache(d.config, 2, 8)
             if i:
-                _, keys, values = d.hidden_forward(tok[:, :i], pos[:, :i], keys, values, inplace=True,
-                                                   features=true[:, :i])
+                _, keys, values = d.hidden_forward(
+                    tok[:, :i], pos[:, :i], keys, values, inplace=True, features=true[:, :i]
+                )
             step = d.hidden_forward(tok[:, i : i + 1], pos[:, i : i + 1], keys, values, features=est[:, i : i + 1])
             np.testing.assert_allclose(step[0][:, 0].numpy(), out2[:, i].numpy(), atol=ATOL)
             same = d.hidden_forward(tok[:, i : i + 1], pos[:, i : i + 1], keys, values, features=true[:, i : i + 1])
@@ -137,9 +143,10 @@ def test_build_feature_draft_init():
     assert torch.equal(d.layers[0].mlp.down_proj.weight, target.layers[1].mlp.down_proj.weight)  # the last layer
     x = torch.randn(1, 1, 32)
     # fc starts as [0 | I]: the feature passes through, the token adds nothing
-    np.testing.assert_allclose(d.embed(torch.tensor([[5]]), torch.tensor([[0]]), x).detach().numpy(), x.numpy(),
-                               atol=ATOL)
-    with pytest.raises(DraftError, match="layers must be in 1..2"):
+    np.testing.assert_allclose(
+        d.embed(torch.tensor([[5]]), torch.tensor([[0]]), x).detach().numpy(), x.numpy(), atol=ATOL
+    )
+    with pytest.raises(DraftError, match=r"layers must be in 1..2"):
         build_feature_draft(target, ids, layers=3)
     with pytest.raises(DraftError, match="itself a feature draft"):
         build_feature_draft(d, ids)

@@ -31,8 +31,15 @@ PROMPTS = (4, 6)
 
 
 def _full(tied: bool = False, seed: int = 0) -> Decoder:
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=80, tie_word_embeddings=tied)
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=80,
+        tie_word_embeddings=tied,
+    )
     return Decoder(cfg).init_weights(seed, std=0.1).eval()
 
 
@@ -79,7 +86,7 @@ def test_kv_cache_forward(pair):
     rows = make_tokens(VOCAB, PROMPTS, seed=3)
     got = run_scenario(TorchBackend(small, ctx_len=CTX, batch_size=2), rows, PROMPTS)
     want = run_scenario(TorchBackend(full, ctx_len=CTX, batch_size=2), rows, PROMPTS)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         _check_restricted(g, w)
 
 
@@ -274,7 +281,7 @@ def test_onnx_export_matches_torch(pair, weights, tmp_path):
     rows = make_tokens(VOCAB, PROMPTS, seed=5)
     want = run_scenario(TorchBackend(reference, ctx_len=CTX, batch_size=2), rows, PROMPTS)
     got = run_scenario(OrtBackend(path, threads=1), rows, PROMPTS)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)
         masked = np.setdiff1d(np.arange(VOCAB), KEEP)
         assert np.all(g[..., masked] == np.float32(MASKED_LOGIT))
@@ -291,14 +298,15 @@ def test_greedy_spd_with_restricted_draft_equals_ar_on_ort(tmp_path):
     from tests.spd.conftest import perturbed, random_model
 
     target = random_model(seed=1, std=0.5)
-    draft = restrict_head(perturbed(target, 3, 0.02), list(range(0, 32, 2)) + [1, 3, 5])
+    draft = restrict_head(perturbed(target, 3, 0.02), [*list(range(0, 32, 2)), 1, 3, 5])
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9], [3, 30, 11, 4]]
     tpath = export_onnx(target, tmp_path / "t.onnx", ctx_len=64, batch_size=3, progress=False)
     dpath = export_onnx(draft, tmp_path / "d.onnx", ctx_len=64, batch_size=3, progress=False)
     ar = generate_ar(OrtBackend(tpath, threads=1), prompts, max_new_tokens=24, greedy=True)
     for k in (1, 3, 5):
-        res = generate(OrtBackend(tpath, threads=1), OrtBackend(dpath, threads=1), prompts, k=k, max_new_tokens=24,
-                       greedy=True)
+        res = generate(
+            OrtBackend(tpath, threads=1), OrtBackend(dpath, threads=1), prompts, k=k, max_new_tokens=24, greedy=True
+        )
         assert res.tokens == ar.tokens
         assert res.stats.alpha_counts > 0.2
 

@@ -35,7 +35,7 @@ def family(request, tmp_path_factory):
 
 def _check(model: Decoder, rows, ref, atol=ATOL):
     got = run_scenario(TorchBackend(model, ctx_len=32, batch_size=2), rows, PROMPTS)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         np.testing.assert_allclose(g, r, atol=atol, rtol=0)
 
 
@@ -52,15 +52,15 @@ def test_load_directory_matches_transformers(family):
 def test_save_pretrained_round_trip_and_transformers_loads_it(family, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    _, hf, directory, rows, ref = family
+    _, _hf, directory, rows, ref = family
     model = load(directory)
     save_pretrained(model, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     again = load(tmp_path)
-    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items()):
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2), n1
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    for r, g in zip(ref, hf_reference(theirs, rows)):
+    for r, g in zip(ref, hf_reference(theirs, rows), strict=True):
         np.testing.assert_allclose(g, r, atol=ATOL, rtol=0)
 
 
@@ -84,8 +84,9 @@ def test_sharded_and_bin_checkpoints(tmp_path):
 
 @pytest.fixture()
 def saved_llama(tmp_path):
-    model = Decoder(ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                                intermediate_size=48)).init_weights(1)
+    model = Decoder(
+        ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
+    ).init_weights(1)
     return save_pretrained(model, tmp_path / "ckpt")
 
 
@@ -117,8 +118,10 @@ def test_extra_and_misshaped_weights_are_named(saved_llama):
     _rewrite(saved_llama, lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(48, 32)}))
     with pytest.raises(ModelError, match=r"unexpected tensor.*layers\.2\.mlp\.up_proj\.weight"):
         load(saved_llama)
-    _rewrite(saved_llama, lambda t: (t.pop("model.layers.2.mlp.up_proj.weight"),
-                                     t.update({"model.norm.weight": torch.ones(31)})))
+    _rewrite(
+        saved_llama,
+        lambda t: (t.pop("model.layers.2.mlp.up_proj.weight"), t.update({"model.norm.weight": torch.ones(31)})),
+    )
     with pytest.raises(ModelError, match=r"'norm\.weight' has shape \(31,\)"):
         load(saved_llama)
 
@@ -135,9 +138,9 @@ def test_truncated_safetensors(saved_llama):
 
 
 def test_bad_sources(tmp_path):
-    with pytest.raises(ModelError, match="neither a checkpoint directory nor a .gguf"):
+    with pytest.raises(ModelError, match=r"neither a checkpoint directory nor a .gguf"):
         load(tmp_path / "nope")
-    with pytest.raises(ModelError, match="no config.json"):
+    with pytest.raises(ModelError, match=r"no config.json"):
         load(tmp_path)
     with pytest.raises(ModelError, match="cannot load a model from int"):
         load(3)
@@ -170,7 +173,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelError, match="general.architecture='falcon' is not supported"):
+    with pytest.raises(ModelError, match=r"general.architecture='falcon' is not supported"):
         load(path)
     path.write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(ModelError, match="not a readable GGUF"):
@@ -180,8 +183,9 @@ def test_unsupported_gguf_architecture(tmp_path):
 def test_save_pretrained_refuses_compressed_models(tmp_path):
     import accel
 
-    model = Decoder(ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                                intermediate_size=64))
+    model = Decoder(
+        ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    )
     accel.compress(model, "mxfp6")
     with pytest.raises(ModelError, match="MX-compressed layers"):
         save_pretrained(model, tmp_path / "x")

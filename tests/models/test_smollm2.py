@@ -19,8 +19,8 @@ try:
 except ModelError as exc:  # pragma: no cover - the dev extra installs it
     pytest.skip(f"SmolLM2 is not installed: {exc}", allow_module_level=True)
 
-from accel.models import load_tokenizer, smollm2_checkpoint  # noqa: E402
-from tests.models.scenario import hf_reference, make_tokens, run_scenario, smollm2_model  # noqa: E402
+from accel.models import load_tokenizer, smollm2_checkpoint
+from tests.models.scenario import hf_reference, make_tokens, run_scenario, smollm2_model
 
 PROMPTS = (3, 5)
 TEXTS = [
@@ -49,7 +49,7 @@ def test_gguf_loader_matches_transformers(ours):
     rows = make_tokens(ours.config.vocab_size, PROMPTS, seed=3)
     ref = hf_reference(hf, rows)
     got = run_scenario(TorchBackend(ours, ctx_len=16, batch_size=2), rows, PROMPTS)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         np.testing.assert_allclose(g, r, atol=1e-3, rtol=0)
     assert ours.config.tie_word_embeddings and ours.config.num_kv_heads == 3
 
@@ -79,4 +79,3 @@ def test_smollm2_checkpoint_is_cached(ours, gguf_tok):
     assert (directory / "model.safetensors").stat().st_mtime_ns == stamp  # not rewritten
     for text in TEXTS:
         assert load_tokenizer(directory).encode(text).ids == gguf_tok.encode(text).ids
-

@@ -11,12 +11,16 @@ TRUE = dict(bandwidth_efficiency=0.45, call_overhead_s=4e-4, multi_token_penalty
 
 
 def _observations(hw, noise=0.0, seed=0):
-    obs = [Observation(model=m, new_tokens=S, num_logits=S, context_len=L, seconds_per_call=1.0)
-           for m in ("llama-2-7b", "tinyllama-1.1b", "smollm2-135m") for S in (1, 2, 4, 8) for L in (0, 512)]
+    obs = [
+        Observation(model=m, new_tokens=S, num_logits=S, context_len=L, seconds_per_call=1.0)
+        for m in ("llama-2-7b", "tinyllama-1.1b", "smollm2-135m")
+        for S in (1, 2, 4, 8)
+        for L in (0, 512)
+    ]
     t = predict_observations(hw.with_(**TRUE), obs)
     rng = np.random.default_rng(seed)
     t = t * (1 + noise * rng.standard_normal(t.size))
-    return [o.model_copy(update={"seconds_per_call": float(x)}) for o, x in zip(obs, t)]
+    return [o.model_copy(update={"seconds_per_call": float(x)}) for o, x in zip(obs, t, strict=True)]
 
 
 def test_recovers_exact_terms_without_noise():

@@ -7,8 +7,20 @@ import pytest
 from accel.errors import SimError
 from accel.sim import Hardware, hardware, list_hardware, load_hardware
 
-REFERENCE_DEVICES = ["cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-40gb", "a100-80gb",
-                     "h100-sxm", "h100-pcie", "h200", "l4", "l40s", "mi300x", "tpu-v4"]
+REFERENCE_DEVICES = [
+    "cloud-ai-100-standard",
+    "cloud-ai-100-pro",
+    "cloud-ai-100-ultra",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "l4",
+    "l40s",
+    "mi300x",
+    "tpu-v4",
+]
 
 
 def test_catalog_covers_reference_and_cites_sources():
@@ -28,15 +40,23 @@ def test_ultra_is_four_socs_of_the_card_totals():
     assert hw.bandwidth_efficiency == 0.6  # REFERENCE §5: 40-70 %
 
 
-@pytest.mark.parametrize("alias,name", [("Cloud AI 100 Ultra", "cloud-ai-100-ultra"), ("A100-80GB", "a100-80gb"),
-                                        ("nvidia_h100_sxm", "h100-sxm"), ("AMD MI300X", "mi300x"),
-                                        ("TPU v4", "tpu-v4"), ("ai100-pro", "cloud-ai-100-pro")])
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("Cloud AI 100 Ultra", "cloud-ai-100-ultra"),
+        ("A100-80GB", "a100-80gb"),
+        ("nvidia_h100_sxm", "h100-sxm"),
+        ("AMD MI300X", "mi300x"),
+        ("TPU v4", "tpu-v4"),
+        ("ai100-pro", "cloud-ai-100-pro"),
+    ],
+)
 def test_name_lookup(alias, name):
     assert hardware(alias).name == name
 
 
 def test_unknown_lists_names():
-    with pytest.raises(SimError, match="known: .*cloud-ai-100-ultra"):
+    with pytest.raises(SimError, match=r"known: .*cloud-ai-100-ultra"):
         hardware("a100-81gb")
 
 
@@ -46,12 +66,18 @@ def test_load_yaml_and_json(tmp_path):
     hw = load_hardware(y)
     assert hw.bandwidth_efficiency == 0.45 and hw.num_devices == 4 and hw.name == "cloud-ai-100-ultra"
     j = tmp_path / "x.json"
-    j.write_text(json.dumps({"memory_bandwidth_bytes_per_s": 1e11, "memory_capacity_bytes": 8e9,
-                             "peak_flops_per_s": {"fp16": 1e13}}))
+    j.write_text(
+        json.dumps(
+            {"memory_bandwidth_bytes_per_s": 1e11, "memory_capacity_bytes": 8e9, "peak_flops_per_s": {"fp16": 1e13}}
+        )
+    )
     assert load_hardware(j).name == "x"
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"memory_bandwidth_bytes_per_s": -1, "memory_capacity_bytes": 8e9,
-                               "peak_flops_per_s": {"fp16": 1e13}}))
+    bad.write_text(
+        json.dumps(
+            {"memory_bandwidth_bytes_per_s": -1, "memory_capacity_bytes": 8e9, "peak_flops_per_s": {"fp16": 1e13}}
+        )
+    )
     with pytest.raises(SimError, match="memory_bandwidth_bytes_per_s"):
         load_hardware(bad)
     typo = tmp_path / "typo.yaml"
@@ -59,5 +85,10 @@ def test_load_yaml_and_json(tmp_path):
     with pytest.raises(SimError, match="unknown fields"):
         load_hardware(typo)
     with pytest.raises(SimError, match="efficiency"):
-        Hardware(name="x", memory_bandwidth_bytes_per_s=1e9, memory_capacity_bytes=1e9,
-                 peak_flops_per_s={"fp16": 1e12}, bandwidth_efficiency=1.5)
+        Hardware(
+            name="x",
+            memory_bandwidth_bytes_per_s=1e9,
+            memory_capacity_bytes=1e9,
+            peak_flops_per_s={"fp16": 1e12},
+            bandwidth_efficiency=1.5,
+        )

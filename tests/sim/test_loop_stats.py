@@ -4,8 +4,18 @@ import numpy as np
 import pytest
 
 from accel.errors import SimError
-from accel.sim import (LoopStats, ModelSpec, alpha_for_expected_tokens, best_k, break_even_alpha, expected_tokens,
-                       predict_speedup, preset, step_time, sweep)
+from accel.sim import (
+    LoopStats,
+    ModelSpec,
+    alpha_for_expected_tokens,
+    best_k,
+    break_even_alpha,
+    expected_tokens,
+    predict_speedup,
+    preset,
+    step_time,
+    sweep,
+)
 
 T, HW = "llama-2-7b", "cloud-ai-100-ultra"
 D = "qualcomm-llama2-draft-115m"
@@ -14,13 +24,24 @@ D = "qualcomm-llama2-draft-115m"
 def _feature_draft() -> ModelSpec:
     """A one-layer feature draft of the 7B target: reads the target's 4096-wide hidden state, 8192-token head."""
     t = preset(T)
-    return ModelSpec(name="feature-draft", n_layers=1, d_model=t.d_model, n_heads=t.n_heads, ffn_dim=t.ffn_dim,
-                     vocab_size=t.vocab_size, head_vocab=8192, feature_dim=t.d_model, embed_dim=256)
+    return ModelSpec(
+        name="feature-draft",
+        n_layers=1,
+        d_model=t.d_model,
+        n_heads=t.n_heads,
+        ffn_dim=t.ffn_dim,
+        vocab_size=t.vocab_size,
+        head_vocab=8192,
+        feature_dim=t.d_model,
+        embed_dim=256,
+    )
 
 
 def _one_more_token_s(draft, L):
-    return (step_time(draft, HW, context_len=L, new_tokens=2, devices=1).time_s
-            - step_time(draft, HW, context_len=L, devices=1).time_s)
+    return (
+        step_time(draft, HW, context_len=L, new_tokens=2, devices=1).time_s
+        - step_time(draft, HW, context_len=L, devices=1).time_s
+    )
 
 
 def test_alpha_for_expected_tokens_inverts_expected_tokens():
@@ -48,7 +69,8 @@ def test_feature_draft_pays_e_minus_one_refeed_tokens_per_loop():
     # the plain spec has fewer weights (no fc) so compare its loop with its own by-hand value
     drafts_p = sum(step_time(plain, HW, context_len=L + j, devices=1).time_s for j in range(k))
     assert pp.config("mxfp6 + SpD").loop_s == pytest.approx(
-        drafts_p + t_score + a**k * _one_more_token_s(plain, L), rel=1e-12)
+        drafts_p + t_score + a**k * _one_more_token_s(plain, L), rel=1e-12
+    )
 
 
 def test_feature_draft_sweep_best_k_and_break_even_agree():
@@ -60,8 +82,7 @@ def test_feature_draft_sweep_best_k_and_break_even_agree():
         assert r.speedup[0, 0, 0, k - 1, i] == pytest.approx(s, rel=1e-12)
         e = expected_tokens(a, 3)
         drafts = sum(step_time(fd, HW, context_len=512 + j, devices=1).time_s for j in range(3))
-        assert r.draft_steps_s[0, 0, 0, 2, i] == pytest.approx(drafts + (e - 1) * _one_more_token_s(fd, 512),
-                                                               rel=1e-12)
+        assert r.draft_steps_s[0, 0, 0, 2, i] == pytest.approx(drafts + (e - 1) * _one_more_token_s(fd, 512), rel=1e-12)
     a = break_even_alpha(T, fd, HW, 4, context_len=512)
     assert 0 < a < 1
     r = sweep(T, fd, HW, k=[4], alpha=[a], target_format=["mxfp6"], context_len=[512])
@@ -86,8 +107,15 @@ def test_dynamic_loop_stats_interpolate_between_fixed_lengths():
     """A run drafting 2.5 tokens per loop costs between the 2- and 3-draft loops with the same tokens per loop."""
     tpot = {}
     for d in (2.0, 2.5, 3.0):
-        p = predict_speedup(T, D, HW, k=6, loop_stats={"tokens_per_loop": 2.2, "drafts_per_loop": d,
-                                                       "all_accepted_fraction": 0.2}, prompt_len=64, gen_len=32)
+        p = predict_speedup(
+            T,
+            D,
+            HW,
+            k=6,
+            loop_stats={"tokens_per_loop": 2.2, "drafts_per_loop": d, "all_accepted_fraction": 0.2},
+            prompt_len=64,
+            gen_len=32,
+        )
         tpot[d] = p.config("mxfp6 + SpD").tpot_s
     assert tpot[2.0] < tpot[2.5] < tpot[3.0]
     assert tpot[2.5] == pytest.approx((tpot[2.0] + tpot[3.0]) / 2, rel=0.02)  # the S-curve is nearly linear here
@@ -123,20 +151,45 @@ def test_lookup_loops_price_only_draft_model_calls_and_the_later_catch_up():
     kw = dict(k=3, prompt_len=L, gen_len=2)
     for draft, extra in ((fd, lambda e, f, p: e - (1 - f)), (D, lambda e, f, p: p + f * e)):
         plain = predict_speedup(T, draft, HW, loop_stats=base, **kw).config("mxfp6 + SpD").loop_s
-        look = predict_speedup(T, draft, HW, loop_stats={**base, "draft_calls_per_loop": 1.2, "lookup_fraction": 0.6},
-                               **kw).config("mxfp6 + SpD").loop_s
+        look = (
+            predict_speedup(
+                T, draft, HW, loop_stats={**base, "draft_calls_per_loop": 1.2, "lookup_fraction": 0.6}, **kw
+            )
+            .config("mxfp6 + SpD")
+            .loop_s
+        )
         one = step_time(draft, HW, context_len=L + 1, devices=1).time_s  # a call at the loop's mean past length
         more = _one_more_token_s(draft, L)
         want = plain - (3.0 - 1.2) * one + (extra(2.5, 0.6, 0.2) - extra(2.5, 0.0, 0.2)) * more
         assert look == pytest.approx(want, rel=1e-6)
         assert look < plain  # fewer draft calls outweigh the longer catch-up here
     # drafts beyond K are allowed with lookup (its guesses may be longer than K); draft calls are not
-    ok = predict_speedup(T, D, HW, k=2, loop_stats={"tokens_per_loop": 3.0, "drafts_per_loop": 3.5,
-                                                    "draft_calls_per_loop": 1.0, "lookup_fraction": 0.5})
+    ok = predict_speedup(
+        T,
+        D,
+        HW,
+        k=2,
+        loop_stats={
+            "tokens_per_loop": 3.0,
+            "drafts_per_loop": 3.5,
+            "draft_calls_per_loop": 1.0,
+            "lookup_fraction": 0.5,
+        },
+    )
     assert ok.config("mxfp6 + SpD").tpot_s > 0
-    with pytest.raises(SimError, match="draft_calls_per_loop 2.5 exceeds K=2"):
-        predict_speedup(T, D, HW, k=2, loop_stats={"tokens_per_loop": 3.0, "drafts_per_loop": 3.5,
-                                                   "draft_calls_per_loop": 2.5, "lookup_fraction": 0.5})
+    with pytest.raises(SimError, match=r"draft_calls_per_loop 2.5 exceeds K=2"):
+        predict_speedup(
+            T,
+            D,
+            HW,
+            k=2,
+            loop_stats={
+                "tokens_per_loop": 3.0,
+                "drafts_per_loop": 3.5,
+                "draft_calls_per_loop": 2.5,
+                "lookup_fraction": 0.5,
+            },
+        )
     with pytest.raises(SimError, match="without lookup drafts"):
         LoopStats(tokens_per_loop=2.0, drafts_per_loop=2.0, draft_calls_per_loop=3.0)
     with pytest.raises(SimError, match="lookup_fraction"):

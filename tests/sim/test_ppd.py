@@ -8,32 +8,34 @@ from accel.sim import predict_ppd, step_time
 from accel.sim.ppd import ppd_expected_compute, ppd_expected_latency
 
 
-def _simulate_latency(d, dbar, p, l, runs, rng):
+def _simulate_latency(d, dbar, p, n_tok, runs, rng):
     """Timeline per run: token i starts at s_i; its early prediction is ready at s_i + dbar. If the prediction matches
     (prob p) the next token was already started then (s_{i+1} = s_i + dbar); otherwise it starts at s_i + d.
     The run ends when the last token's d layers finish."""
     start = np.zeros(runs)
-    for _ in range(l - 1):
+    for _ in range(n_tok - 1):
         hit = rng.random(runs) < p
         start += np.where(hit, dbar, d)
     return start + d
 
 
-@pytest.mark.parametrize("d,dbar,p,l", [(32, 16, 0.6, 50), (40, 30, 0.9, 20), (24, 24, 0.5, 10), (12, 8, 0.0, 5)])
-def test_expected_latency_vs_monte_carlo(d, dbar, p, l):
+@pytest.mark.parametrize("d,dbar,p,n_tok", [(32, 16, 0.6, 50), (40, 30, 0.9, 20), (24, 24, 0.5, 10), (12, 8, 0.0, 5)])
+def test_expected_latency_vs_monte_carlo(d, dbar, p, n_tok):
     rng = np.random.default_rng(99)
-    x = _simulate_latency(d, dbar, p, l, 100_000, rng)
+    x = _simulate_latency(d, dbar, p, n_tok, 100_000, rng)
     se = max(x.std() / np.sqrt(x.size), 1e-12)
-    assert abs(x.mean() - ppd_expected_latency(d, dbar, p, l)) <= 4.5 * se
+    assert abs(x.mean() - ppd_expected_latency(d, dbar, p, n_tok)) <= 4.5 * se
 
 
 def test_compute_and_approximations():
-    d, dbar, k, p, l = 32, 16, 3, 0.7, 10_000
-    assert ppd_expected_compute(d, dbar, k, p, l) == ppd_expected_latency(d, dbar, p, l) + k * (d - dbar) * l
-    r = predict_ppd("llama-2-7b", "a100-80gb", dbar=dbar, k=k, p=p, gen_len=l)
+    d, dbar, k, p, n_tok = 32, 16, 3, 0.7, 10_000
+    assert (
+        ppd_expected_compute(d, dbar, k, p, n_tok) == ppd_expected_latency(d, dbar, p, n_tok) + k * (d - dbar) * n_tok
+    )
+    r = predict_ppd("llama-2-7b", "a100-80gb", dbar=dbar, k=k, p=p, gen_len=n_tok)
     assert r.approx_latency_units_per_token == pytest.approx(d * (1 - p / 2))
     assert r.approx_busy_units == pytest.approx((k + 2 - p) / (2 - p))
-    assert r.expected_latency_units / l == pytest.approx(r.approx_latency_units_per_token, rel=1e-3)
+    assert r.expected_latency_units / n_tok == pytest.approx(r.approx_latency_units_per_token, rel=1e-3)
 
 
 def test_device_mapping():

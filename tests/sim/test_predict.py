@@ -15,8 +15,10 @@ def _loop_by_hand(k, L, fmt="mxfp6", p_all=0.0):
     """K draft calls at past L..L+K-1 on one SoC + one (K+1)-token scoring call on four, from scalar step_time;
     with probability p_all (all K accepted) the draft's first call of the next loop feeds 2 tokens."""
     draft = sum(step_time(D, HW, context_len=L + j, devices=1).time_s for j in range(k))
-    draft += p_all * (step_time(D, HW, context_len=L, new_tokens=2, devices=1).time_s
-                      - step_time(D, HW, context_len=L, devices=1).time_s)
+    draft += p_all * (
+        step_time(D, HW, context_len=L, new_tokens=2, devices=1).time_s
+        - step_time(D, HW, context_len=L, devices=1).time_s
+    )
     score = step_time(T, HW, weight_format=fmt, new_tokens=k + 1, num_logits=k + 1, context_len=L).time_s
     return draft + score, step_time(T, HW, weight_format=fmt, context_len=L).time_s
 
@@ -48,7 +50,7 @@ def test_ar_tpot_is_mean_of_decode_steps():
 
 def test_alpha_zero_slowdown_equals_draft_overhead():
     p = predict_speedup(T, D, HW, k=4, acceptance=0.0, prompt_len=100, gen_len=3)
-    loops, steps = zip(*[_loop_by_hand(4, L) for L in (100, 101)])
+    loops, steps = zip(*[_loop_by_hand(4, L) for L in (100, 101)], strict=True)
     spd, ar = p.config("mxfp6 + SpD"), p.config("mxfp6 AR")
     assert spd.expected_tokens_per_loop == 1.0
     assert spd.tpot_s == pytest.approx(np.mean(loops), rel=1e-12)
@@ -66,7 +68,7 @@ def test_alpha_one_gives_k_plus_one_tokens():
 
 
 def test_best_k_and_break_even_consistent():
-    k, s = best_k(T, D, HW, 0.8, context_len=512)
+    _k, s = best_k(T, D, HW, 0.8, context_len=512)
     others = [best_k(T, D, HW, 0.8, context_len=512, k_max=kk)[1] for kk in range(1, 17)]
     assert s == pytest.approx(max(others))
     a = break_even_alpha(T, D, HW, 7, context_len=512)
@@ -95,8 +97,14 @@ def test_max_batch_size_is_the_largest_that_fits():
 
 
 def test_model_inputs_and_table(tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 768, "num_hidden_layers": 9, "num_attention_heads": 12,
-           "intermediate_size": 2176, "vocab_size": 32000}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 768,
+        "num_hidden_layers": 9,
+        "num_attention_heads": 12,
+        "intermediate_size": 2176,
+        "vocab_size": 32000,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     a = predict_speedup(preset(T), cfg, hardware(HW))

@@ -44,8 +44,17 @@ def test_breakdown_partitions_time():
 @pytest.mark.parametrize("S,L,B", [(1, 0, 1), (8, 2048, 1), (1, 512, 64), (256, 0, 4)])
 def test_more_bandwidth_never_slower(fmt, S, L, B):
     hw = hardware("l40s")
-    times = [step_time("mistral-7b", hw.with_(memory_bandwidth_bytes_per_s=bw), weight_format=fmt, new_tokens=S,
-                       context_len=L, batch_size=B).time_s for bw in np.geomspace(1e11, 1e13, 9)]
+    times = [
+        step_time(
+            "mistral-7b",
+            hw.with_(memory_bandwidth_bytes_per_s=bw),
+            weight_format=fmt,
+            new_tokens=S,
+            context_len=L,
+            batch_size=B,
+        ).time_s
+        for bw in np.geomspace(1e11, 1e13, 9)
+    ]
     assert np.all(np.diff(times) <= 0)
 
 

@@ -34,8 +34,9 @@ def test_pmf_chi_square_against_monte_carlo():
     # chi-square with K = 5 degrees of freedom: 20.52 is the 0.999 quantile (alpha = 0.001)
     assert chi2 < 20.52
     assert tokens_pmf(acc, k).sum() == pytest.approx(1.0)
-    assert expected_tokens_from(acc, k) == pytest.approx(1 + 0.9 + 0.9 * 0.8 + 0.9 * 0.8 * 0.7 + 0.9 * 0.8 * 0.7 * 0.5
-                                                         + 0.9 * 0.8 * 0.7 * 0.5 * 0.4)
+    assert expected_tokens_from(acc, k) == pytest.approx(
+        1 + 0.9 + 0.9 * 0.8 + 0.9 * 0.8 * 0.7 + 0.9 * 0.8 * 0.7 * 0.5 + 0.9 * 0.8 * 0.7 * 0.5 * 0.4
+    )
 
 
 def test_limits():

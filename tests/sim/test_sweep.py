@@ -15,22 +15,25 @@ def test_sweep_matches_scalar_step_times():
     assert r.speedup.shape == (3, 2, 2, 3, 3) and r.size == 108
     rng = np.random.default_rng(0)
     for _ in range(12):
-        f, b, l, k, a = (int(rng.integers(n)) for n in r.speedup.shape)
-        fmt, B, L, K, A = fmts[f], bs[b], ls[l], ks[k], al[a]
+        f, b, n_tok, k, a = (int(rng.integers(n)) for n in r.speedup.shape)
+        fmt, B, L, K, A = fmts[f], bs[b], ls[n_tok], ks[k], al[a]
         t_tgt = step_time(T, HW, weight_format=fmt, batch_size=B, context_len=L).time_s
-        t_score = step_time(T, HW, weight_format=fmt, batch_size=B, context_len=L, new_tokens=K + 1,
-                            num_logits=K + 1).time_s
+        t_score = step_time(
+            T, HW, weight_format=fmt, batch_size=B, context_len=L, new_tokens=K + 1, num_logits=K + 1
+        ).time_s
         t_draft = sum(step_time(D, HW, batch_size=B, context_len=L + j, devices=1).time_s for j in range(K))
         # after an all-accepted loop (prob A^K) the draft's first call feeds 2 tokens
-        catch_up = (step_time(D, HW, batch_size=B, context_len=L, new_tokens=2, devices=1).time_s
-                    - step_time(D, HW, batch_size=B, context_len=L, devices=1).time_s)
+        catch_up = (
+            step_time(D, HW, batch_size=B, context_len=L, new_tokens=2, devices=1).time_s
+            - step_time(D, HW, batch_size=B, context_len=L, devices=1).time_s
+        )
         t_draft += A**K * catch_up
         e = expected_tokens(A, K)
-        assert r.target_step_s[f, b, l, k, a] == pytest.approx(t_tgt, rel=1e-12)
-        assert r.loop_s[f, b, l, k, a] == pytest.approx(t_draft + t_score, rel=1e-12)
-        assert r.speedup[f, b, l, k, a] == pytest.approx(e * t_tgt / (t_draft + t_score), rel=1e-12)
+        assert r.target_step_s[f, b, n_tok, k, a] == pytest.approx(t_tgt, rel=1e-12)
+        assert r.loop_s[f, b, n_tok, k, a] == pytest.approx(t_draft + t_score, rel=1e-12)
+        assert r.speedup[f, b, n_tok, k, a] == pytest.approx(e * t_tgt / (t_draft + t_score), rel=1e-12)
         t16 = step_time(T, HW, weight_format="fp16", batch_size=B, context_len=L).time_s
-        assert r.speedup_vs_fp16[f, b, l, k, a] == pytest.approx(e * t16 / (t_draft + t_score), rel=1e-12)
+        assert r.speedup_vs_fp16[f, b, n_tok, k, a] == pytest.approx(e * t16 / (t_draft + t_score), rel=1e-12)
 
 
 def test_best_k_matches_scalar_function():

@@ -23,8 +23,21 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
     target, draft = checkpoints
-    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
-              "--backend", backend, "--ctx-len", "32", "--threads", "1"]
+    common = [
+        "--target",
+        str(target),
+        "--prompt",
+        "5 17 2",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--backend",
+        backend,
+        "--ctx-len",
+        "32",
+        "--threads",
+        "1",
+    ]
     assert main(["generate", *common, "--draft", str(draft), "--k", "3", "--json"]) == 0
     spd = json.loads(capsys.readouterr().out)
     assert main(["generate", *common, "--json"]) == 0
@@ -44,8 +57,10 @@ def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
     assert first.count("[") == spd["stats"]["accepted_drafts"] > 0
     assert "alpha" in out and "tokens/s" in out
     st = spd["stats"]
-    assert (f"{st['mean_tokens_per_loop']:.3f} tokens and {st['mean_drafts_per_loop']:.3f} drafts per loop, "
-            f"{st['all_accepted_rounds']}/{st['row_calls']} all accepted") in out
+    assert (
+        f"{st['mean_tokens_per_loop']:.3f} tokens and {st['mean_drafts_per_loop']:.3f} drafts per loop, "
+        f"{st['all_accepted_rounds']}/{st['row_calls']} all accepted"
+    ) in out
 
 
 def test_generate_errors(checkpoints, tmp_path, capsys):
@@ -71,8 +86,22 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     from .test_feature_draft import oracle_feature_draft
 
     target, _ = checkpoints
-    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
-              "--backend", backend, "--ctx-len", "32", "--threads", "1", "--json"]
+    common = [
+        "--target",
+        str(target),
+        "--prompt",
+        "5 17 2",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--backend",
+        backend,
+        "--ctx-len",
+        "32",
+        "--threads",
+        "1",
+        "--json",
+    ]
     assert main(["generate", *common]) == 0
     ar = json.loads(capsys.readouterr().out)
     unused = next(t for t in range(32) if t not in ar["tokens"][0])
@@ -103,8 +132,22 @@ def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
     from accel.models.smollm2 import cache_root
 
     target, draft = checkpoints
-    common = ["--target", str(target), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
-              "--ctx-len", "32", "--threads", "1", "--json", "--target-weights", "mxint8-nbits"]
+    common = [
+        "--target",
+        str(target),
+        "--prompt",
+        "5 17 2",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--ctx-len",
+        "32",
+        "--threads",
+        "1",
+        "--json",
+        "--target-weights",
+        "mxint8-nbits",
+    ]
     assert main(["generate", *common]) == 0
     ar = json.loads(capsys.readouterr().out)
     exported = sorted((cache_root() / "onnx").glob("*.onnx"), key=lambda f: f.stat().st_mtime)[-1]
@@ -119,12 +162,24 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     """``--ngram``/``--ngram-k``: lookup drafts where the text repeats (the prompt's last two tokens occurred before,
     so the first round is a lookup round); greedy output is still the target's own; the summary reports the lookups."""
     target, draft = checkpoints
-    common = ["--target", str(target), "--prompt", "5 17 2 9 5 17", "--max-new-tokens", "12", "--greedy",
-              "--ctx-len", "32", "--threads", "1"]
+    common = [
+        "--target",
+        str(target),
+        "--prompt",
+        "5 17 2 9 5 17",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--ctx-len",
+        "32",
+        "--threads",
+        "1",
+    ]
     assert main(["generate", *common, "--json"]) == 0
     ar = json.loads(capsys.readouterr().out)
-    assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2", "--ngram-k", "3",
-                 "--json"]) == 0
+    assert (
+        main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2", "--ngram-k", "3", "--json"]) == 0
+    )
     spd = json.loads(capsys.readouterr().out)
     assert spd["tokens"] == ar["tokens"] and spd["stats"]["lookup_rounds"] >= 1
     assert main(["generate", *common, "--draft", str(draft), "--k", "2", "--ngram", "2"]) == 0

@@ -113,7 +113,8 @@ def test_draft_alone_fails(pair):
 
 def test_restricted_head_draft_is_exact(pair):
     """A draft whose LM head scores only 5 of the 8 tokens (``head_vocab``; p(x) = 0 for the other 3, which the
-    target does produce) still yields the target's law: the residual (q - p)+ carries that mass. Same chi-square test."""
+    target does produce) still yields the target's law: the residual (q - p)+ carries that mass. Same chi-square
+    test."""
     from accel.drafts import restrict_head
 
     target, draft = pair
@@ -139,7 +140,10 @@ def test_dynamic_draft_length_is_exact(pair):
     print(f"chi-square p-value [min_draft_prob]: {pvalue:.4g}")
     assert pvalue > ALPHA
     _, fixed = sample_counts(target, draft, sampling, seed=102, runs=1)
-    second = lambda st: sum(s.proposed_per_position[1] for s in st) / sum(s.proposed_per_position[0] for s in st)
+
+    def second(st):
+        return sum(s.proposed_per_position[1] for s in st) / sum(s.proposed_per_position[0] for s in st)
+
     assert second(stats) < 0.8 * second(fixed), (second(stats), second(fixed))
 
 

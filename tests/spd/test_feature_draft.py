@@ -20,8 +20,8 @@ from .test_exactness import NEW, PROMPT, SETTINGS, VOCAB, chi_square, exact_law,
 torch = pytest.importorskip("torch")
 
 from accel.drafts.architecture import causal_hidden  # noqa: E402
-from accel.models import Decoder  # noqa: E402
 from accel.drafts.feature import build_feature_draft, train_feature_draft  # noqa: E402
+from accel.models import Decoder  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [3, 1], [5, 5, 2, 0, 1]]
 
@@ -48,8 +48,9 @@ def teacher_batches(target, vocab: int, rows: int = 64, length: int = 12, seed: 
 
 def trained_feature_draft(target, vocab: int, head_ids, steps: int = 300):
     draft = build_feature_draft(target, torch.as_tensor(head_ids), layers=1, embed_size=8, seed=1)
-    return train_feature_draft(draft, teacher_batches(target, vocab), steps=steps, lr=1e-2, warmup=20,
-                               log=lambda s: None, progress=False).eval()
+    return train_feature_draft(
+        draft, teacher_batches(target, vocab), steps=steps, lr=1e-2, warmup=20, log=lambda s: None, progress=False
+    ).eval()
 
 
 def oracle_feature_draft(target, head_ids, feature_weight: float = 0.0, seed: int = 0):
@@ -136,14 +137,14 @@ def test_loop_feeds_target_features_and_draft_estimates(greedy_pair):
     log: list = []
     tb, db = Recording(backend(target, 3), "target", log), Recording(backend(draft, 3), "draft", log)
     res = generate(tb, db, prompts, k=3, max_new_tokens=20, greedy=True)
-    seqs = [p + t for p, t in zip(prompts, res.tokens)]
+    seqs = [p + t for p, t in zip(prompts, res.tokens, strict=True)]
     with torch.no_grad():
         hid = [causal_hidden(target, torch.tensor([s]))[0].numpy() for s in seqs]
     checked = {"target": 0, "estimate": 0}
-    for (prev_who, _, prev_pos, _, prev_out), (who, ids, pos, feats, out) in zip([(None,) * 5] + log[:-1], log):
+    for (prev_who, _, _, _, prev_out), (who, ids, pos, feats, _) in zip([(None,) * 5, *log[:-1]], log, strict=True):
         if who != "draft":
             continue
-        for b, j in zip(*np.nonzero(pos >= 0)):
+        for b, j in zip(*np.nonzero(pos >= 0), strict=True):
             p = int(pos[b, j])
             if prev_who == "draft":  # drafting step: the previous call's estimate, bit for bit
                 np.testing.assert_array_equal(feats[b, j], prev_out[1][b, -1])
@@ -175,8 +176,9 @@ def test_greedy_feature_draft_equals_ar_onnxruntime(greedy_pair, tmp_path, batch
     prompts = PROMPTS[:batch]
     ar = generate_ar(OrtBackend(tp, threads=1), prompts, max_new_tokens=24, greedy=True)
     for k in (1, 3):
-        sd = generate(OrtBackend(tp, threads=1), OrtBackend(dp, threads=1), prompts, k=k, max_new_tokens=24,
-                      greedy=True)
+        sd = generate(
+            OrtBackend(tp, threads=1), OrtBackend(dp, threads=1), prompts, k=k, max_new_tokens=24, greedy=True
+        )
         assert sd.tokens == ar.tokens
         assert sd.stats.accepted_drafts > 0
 
@@ -197,8 +199,16 @@ def test_feature_draft_sampling_is_exact(exact_pair):
 def test_feature_draft_with_dynamic_length_and_eos(greedy_pair):
     target, draft = greedy_pair
     ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=30, greedy=True, eos_token_id=7)
-    sd = generate(backend(target, 3), backend(draft, 3), PROMPTS, k=5, max_new_tokens=30, greedy=True,
-                  eos_token_id=7, min_draft_prob=0.5)
+    sd = generate(
+        backend(target, 3),
+        backend(draft, 3),
+        PROMPTS,
+        k=5,
+        max_new_tokens=30,
+        greedy=True,
+        eos_token_id=7,
+        min_draft_prob=0.5,
+    )
     assert sd.tokens == ar.tokens
 
 
@@ -243,5 +253,7 @@ def test_augmented_standalone_draft_starts_as_the_standalone_draft():
     wide_features = augment_draft(narrow, 32)
     assert wide_features.config.feature_size == 32 and not estimates_features(wide_features.config)
     ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=15, greedy=True)
-    assert generate(backend(target, 3), backend(wide_features, 3), PROMPTS, k=3, max_new_tokens=15,
-                    greedy=True).tokens == ar.tokens
+    assert (
+        generate(backend(target, 3), backend(wide_features, 3), PROMPTS, k=3, max_new_tokens=15, greedy=True).tokens
+        == ar.tokens
+    )

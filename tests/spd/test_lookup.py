@@ -21,18 +21,21 @@ PROMPTS_3 = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [7, 0, 6, 7, 0], [3, 6, 1, 4,
 MAX_NEW = 40
 
 
-@pytest.mark.parametrize(("tokens", "n", "k", "want"), [
-    ([1, 2, 3, 9, 1, 2, 3], 3, 4, [9, 1, 2, 3]),  # suffix 1 2 3 seen at 0: what followed, up to k
-    ([1, 2, 3, 9, 1, 2, 3], 3, 2, [9, 1]),
-    ([5, 2, 3, 8, 1, 2, 3], 3, 4, [8, 1, 2, 3]),  # no 3-gram match: the 2-gram "2 3", its most recent occurrence
-    ([2, 3, 7, 2, 3, 8, 2, 3], 2, 1, [8]),  # most recent of several occurrences
-    ([4, 4, 4, 4], 2, 3, [4]),  # overlapping occurrences: the latest one with a token after it
-    ([1, 2, 3, 4], 3, 4, []),  # nothing repeats
-    ([1, 2, 1], 3, 4, []),  # n_min 2: a 1-gram match does not count
-    ([1, 2, 1], 1, 4, [2, 1]),  # ngram 1 allows it
-    ([7], 2, 4, []),
-    ([], 2, 4, []),
-])
+@pytest.mark.parametrize(
+    ("tokens", "n", "k", "want"),
+    [
+        ([1, 2, 3, 9, 1, 2, 3], 3, 4, [9, 1, 2, 3]),  # suffix 1 2 3 seen at 0: what followed, up to k
+        ([1, 2, 3, 9, 1, 2, 3], 3, 2, [9, 1]),
+        ([5, 2, 3, 8, 1, 2, 3], 3, 4, [8, 1, 2, 3]),  # no 3-gram match: the 2-gram "2 3", its most recent occurrence
+        ([2, 3, 7, 2, 3, 8, 2, 3], 2, 1, [8]),  # most recent of several occurrences
+        ([4, 4, 4, 4], 2, 3, [4]),  # overlapping occurrences: the latest one with a token after it
+        ([1, 2, 3, 4], 3, 4, []),  # nothing repeats
+        ([1, 2, 1], 3, 4, []),  # n_min 2: a 1-gram match does not count
+        ([1, 2, 1], 1, 4, [2, 1]),  # ngram 1 allows it
+        ([7], 2, 4, []),
+        ([], 2, 4, []),
+    ],
+)
 def test_ngram_proposal(tokens, n, k, want):
     got = ngram_proposal(np.array(tokens, dtype=np.int64), n, k, n_min=min(2, n))
     assert got.tolist() == want and got.dtype == np.int64
@@ -48,11 +51,22 @@ def target():
 @pytest.mark.parametrize("draft_kind", ["random", "perturbed"])
 def test_greedy_with_lookup_equals_ar(target, batch, k, ngram, ngram_k, draft_kind):
     prompts = PROMPTS_3[:batch]
-    draft = (random_model(seed=2, vocab_size=VOCAB, std=0.5) if draft_kind == "random"
-             else perturbed(target, seed=3, rel=0.02))
+    draft = (
+        random_model(seed=2, vocab_size=VOCAB, std=0.5)
+        if draft_kind == "random"
+        else perturbed(target, seed=3, rel=0.02)
+    )
     ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, greedy=True)
-    res = generate(backend(target, batch), backend(draft, batch), prompts, k=k, max_new_tokens=MAX_NEW, greedy=True,
-                   ngram=ngram, ngram_k=ngram_k)
+    res = generate(
+        backend(target, batch),
+        backend(draft, batch),
+        prompts,
+        k=k,
+        max_new_tokens=MAX_NEW,
+        greedy=True,
+        ngram=ngram,
+        ngram_k=ngram_k,
+    )
     assert res.tokens == ar.tokens
     s = res.stats
     assert 0 < s.lookup_rounds < s.row_calls  # both kinds of rounds ran
@@ -70,8 +84,16 @@ def test_long_catch_up_after_lookup_rounds_goes_in_chunks(target):
     prompts = [[1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]]
     draft = perturbed(target, seed=3, rel=0.02)
     ar = generate_ar(backend(target, 1), prompts, max_new_tokens=MAX_NEW, greedy=True)
-    res = generate(backend(target, 1), backend(draft, 1, max_seq_len=2), prompts, k=1, max_new_tokens=MAX_NEW,
-                   greedy=True, ngram=3, ngram_k=5)
+    res = generate(
+        backend(target, 1),
+        backend(draft, 1, max_seq_len=2),
+        prompts,
+        k=1,
+        max_new_tokens=MAX_NEW,
+        greedy=True,
+        ngram=3,
+        ngram_k=5,
+    )
     assert res.tokens == ar.tokens
     assert res.stats.lookup_rounds > 0 and res.stats.lookup_rounds < res.stats.row_calls
 
@@ -82,14 +104,23 @@ def test_lookup_on_onnxruntime_with_a_feature_draft(tmp_path):
     from accel.backends import OrtBackend, export_onnx
     from accel.models import Decoder, ModelConfig
 
-    tcfg = ModelConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96)
+    tcfg = ModelConfig(
+        vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96
+    )
     tgt = Decoder(tcfg).init_weights(7, std=0.5)
-    fcfg = ModelConfig(vocab_size=VOCAB, hidden_size=48, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                       feature_size=48, embed_size=16)
+    fcfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        feature_size=48,
+        embed_size=16,
+    )
     feat = Decoder(fcfg).init_weights(8, std=0.5)
     prompts = PROMPTS_3
-    tb = OrtBackend(export_onnx(tgt, tmp_path / "t.onnx", ctx_len=96, batch_size=3, hidden_output=True,
-                                progress=False))
+    tb = OrtBackend(export_onnx(tgt, tmp_path / "t.onnx", ctx_len=96, batch_size=3, hidden_output=True, progress=False))
     fb = OrtBackend(export_onnx(feat, tmp_path / "f.onnx", ctx_len=96, batch_size=3, progress=False))
     ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, greedy=True)
     res = generate(tb, fb, prompts, k=2, max_new_tokens=MAX_NEW, greedy=True, ngram=3, ngram_k=4)

@@ -52,7 +52,9 @@ def test_greedy_equals_target_greedy(target, drafts, ar_greedy, k, batch, draft_
     s = res.stats
     assert s.accepted_histogram[0] > 0  # rejections happened
     if draft_kind == "perturbed":
-        assert s.all_accepted_rounds > 0  # rounds whose drafts were all accepted: the catch-up [d_K, bonus] is exercised
+        assert (
+            s.all_accepted_rounds > 0
+        )  # rounds whose drafts were all accepted: the catch-up [d_K, bonus] is exercised
         assert s.accepted_histogram[k] > 0 or k == 7
         assert s.alpha_counts > 0.6
     else:
@@ -72,8 +74,17 @@ def test_greedy_draft_equals_target_accepts_everything(target):
 
 
 def test_multinomial_draft_equals_target_acceptance_one(target):
-    res = generate(backend(target, 3), backend(target, 3), PROMPTS_3, k=3, max_new_tokens=MAX_NEW, temperature=0.9,
-                   top_k=20, top_p=0.95, seed=4)
+    res = generate(
+        backend(target, 3),
+        backend(target, 3),
+        PROMPTS_3,
+        k=3,
+        max_new_tokens=MAX_NEW,
+        temperature=0.9,
+        top_k=20,
+        top_p=0.95,
+        seed=4,
+    )
     s = res.stats
     # p and q come from different call shapes (1-2 vs K+1 tokens), so they agree to float32 rounding, not bit for bit
     assert s.alpha_overlap > 1 - 1e-5
@@ -95,8 +106,16 @@ def test_seeded_runs_reproducible(target, drafts):
 def test_statistics_add_up_and_stream(target, drafts):
     k = 3
     streamed: dict[int, list[tuple[list[int], list[bool]]]] = {0: []}
-    res = generate(backend(target, 1), backend(drafts["perturbed"], 1), PROMPTS_1, k=k, max_new_tokens=MAX_NEW,
-                   temperature=1.0, seed=5, stream=lambda row, toks, flags: streamed[row].append((list(toks), flags)))
+    res = generate(
+        backend(target, 1),
+        backend(drafts["perturbed"], 1),
+        PROMPTS_1,
+        k=k,
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        seed=5,
+        stream=lambda row, toks, flags: streamed[row].append((list(toks), flags)),
+    )
     s = res.stats
     assert s.new_tokens == sum(len(t) for t in res.tokens) == MAX_NEW
     assert s.new_tokens == s.accepted_drafts + s.target_tokens  # accepted drafts + one residual/bonus per round
@@ -130,8 +149,15 @@ def test_eos_per_row(target, drafts, ar_greedy):
     ref = ar_greedy["b3"].tokens
     eos = ref[0][5]  # a token row 0 emits at index <= 5
     expected = [r[: r.index(eos) + 1] if eos in r else r for r in ref]
-    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=MAX_NEW,
-                   greedy=True, eos_token_id=eos)
+    res = generate(
+        backend(target, 3),
+        backend(drafts["perturbed"], 3),
+        PROMPTS_3,
+        k=4,
+        max_new_tokens=MAX_NEW,
+        greedy=True,
+        eos_token_id=eos,
+    )
     assert res.tokens == expected
     assert res.finish_reasons == ["eos" if eos in r else "length" for r in ref]
     assert len(res.tokens[0]) <= 6
@@ -141,9 +167,10 @@ def test_eos_per_row(target, drafts, ar_greedy):
 
 def test_max_new_tokens_per_row_list(target, drafts, ar_greedy):
     limits = [3, 0, 11]
-    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=limits,
-                   greedy=True)
-    assert res.tokens == [r[:n] for r, n in zip(ar_greedy["b3"].tokens, limits)]
+    res = generate(
+        backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=limits, greedy=True
+    )
+    assert res.tokens == [r[:n] for r, n in zip(ar_greedy["b3"].tokens, limits, strict=True)]
     assert res.finish_reasons == ["length"] * 3
     with pytest.raises(SpdError, match="max_new_tokens"):
         generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=[1, 2])
@@ -151,8 +178,9 @@ def test_max_new_tokens_per_row_list(target, drafts, ar_greedy):
 
 @pytest.mark.parametrize("max_new", [0, 1, 2, 5])
 def test_max_new_tokens_per_row(target, drafts, max_new):
-    res = generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=7, max_new_tokens=max_new,
-                   greedy=True)
+    res = generate(
+        backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=7, max_new_tokens=max_new, greedy=True
+    )
     assert [len(t) for t in res.tokens] == [max_new] * 3
     assert res.stats.new_tokens == 3 * max_new
 
@@ -160,23 +188,41 @@ def test_max_new_tokens_per_row(target, drafts, max_new):
 def test_context_exhaustion_stops_cleanly(target, drafts):
     ctx = 20
     prompts = [[1, 2, 3, 4, 5], [7] * 12, [3] * 19]
-    res = generate(backend(target, 3, ctx_len=ctx), backend(drafts["perturbed"], 3, ctx_len=ctx), prompts, k=7,
-                   max_new_tokens=100, greedy=True)
-    assert [len(p) + len(t) for p, t in zip(prompts, res.tokens)] == [ctx] * 3
+    res = generate(
+        backend(target, 3, ctx_len=ctx),
+        backend(drafts["perturbed"], 3, ctx_len=ctx),
+        prompts,
+        k=7,
+        max_new_tokens=100,
+        greedy=True,
+    )
+    assert [len(p) + len(t) for p, t in zip(prompts, res.tokens, strict=True)] == [ctx] * 3
     assert res.finish_reasons == ["context"] * 3
     assert len(res.messages) == 3 and "context full" in res.messages[0]
     ar = generate_ar(backend(target, 3, ctx_len=ctx), prompts, max_new_tokens=100, greedy=True)
     assert ar.tokens == res.tokens
-    full = generate(backend(target, 1, ctx_len=ctx), backend(drafts["perturbed"], 1, ctx_len=ctx), [[2] * ctx], k=2,
-                    max_new_tokens=5, greedy=True)
+    full = generate(
+        backend(target, 1, ctx_len=ctx),
+        backend(drafts["perturbed"], 1, ctx_len=ctx),
+        [[2] * ctx],
+        k=2,
+        max_new_tokens=5,
+        greedy=True,
+    )
     assert full.tokens == [[]] and full.finish_reasons == ["context"]
 
 
 def test_chunked_prefill_and_smaller_draft_context(target, drafts):
     prompts = [list(range(1, 30)), [4, 5]]
     ref = generate_ar(backend(target, 2), prompts, max_new_tokens=10, greedy=True)
-    res = generate(backend(target, 2, max_seq_len=8), backend(drafts["perturbed"], 2, ctx_len=40, max_seq_len=3),
-                   prompts, k=4, max_new_tokens=20, greedy=True)
+    res = generate(
+        backend(target, 2, max_seq_len=8),
+        backend(drafts["perturbed"], 2, ctx_len=40, max_seq_len=3),
+        prompts,
+        k=4,
+        max_new_tokens=20,
+        greedy=True,
+    )
     # the draft's ctx_len (40) bounds the run: row 0 has 29 prompt tokens, so 11 new tokens fit
     assert res.tokens[0] == ref.tokens[0] + res.tokens[0][10:] and len(res.tokens[0]) == 11
     assert res.tokens[1][:10] == ref.tokens[1] and res.finish_reasons == ["context", "length"]
@@ -190,7 +236,7 @@ def test_bad_inputs_raise(target):
     with pytest.raises(SpdError, match="vocab_size"):
         generate(tb, backend(other_vocab, 2), prompts, k=2, max_new_tokens=4)
     for bad_k in (0, -1):
-        with pytest.raises(SpdError, match="k .*>= 1"):
+        with pytest.raises(SpdError, match=r"k .*>= 1"):
             generate(tb, db, prompts, k=bad_k, max_new_tokens=4)
     with pytest.raises(SpdError, match="too large"):
         generate(backend(target, 2, max_seq_len=4), db, prompts, k=4, max_new_tokens=4)
@@ -252,8 +298,10 @@ def test_dynamic_draft_length_greedy(target, drafts, ar_greedy, batch):
     tb, db = backend(target, len(prompts)), backend(drafts["perturbed"], len(prompts))
     kw = dict(k=6, max_new_tokens=MAX_NEW, greedy=True)
     fixed = generate(tb, db, prompts, **kw)
-    assert generate(tb, db, prompts, min_draft_prob=0.0, **kw).stats.proposed_per_position == \
-        fixed.stats.proposed_per_position
+    assert (
+        generate(tb, db, prompts, min_draft_prob=0.0, **kw).stats.proposed_per_position
+        == fixed.stats.proposed_per_position
+    )
     one = generate(tb, db, prompts, min_draft_prob=1.0, **kw)
     assert one.tokens == ar_greedy[batch].tokens
     # one draft per round (a row's last round, with one token of room left, proposes none)

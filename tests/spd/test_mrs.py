@@ -125,7 +125,7 @@ def _markov_round(P, Q, c, k, n, rng, p_for_mrs=None):
     ctx = np.concatenate([np.full((n, 1), c), drafts], axis=1)  # q_i conditions on the token before slot i
     q = Q[ctx]
     res = speculative_accept(drafts, p if p_for_mrs is None else p_for_mrs(p), q, rng)
-    return [tuple(drafts[b, : res.num_accepted[b]]) + (int(res.next_token[b]),) for b in range(n)]
+    return [(*tuple(drafts[b, : res.num_accepted[b]]), int(res.next_token[b])) for b in range(n)]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -153,7 +153,15 @@ def test_round_wrong_p_fails():
     P, Q = _markov(4, 10, 1.5), _markov(4, 11, 1.5)
     # "unwarped" draft probabilities: the drafts were sampled from P at temperature 0.5, MRS is told P
     P_warm = P**2 / (P**2).sum(1, keepdims=True)
-    outs = _markov_round(P_warm, Q, 0, 2, 30_000, np.random.default_rng(2), p_for_mrs=lambda p: np.sqrt(p) / np.sqrt(p).sum(-1, keepdims=True))
+    outs = _markov_round(
+        P_warm,
+        Q,
+        0,
+        2,
+        30_000,
+        np.random.default_rng(2),
+        p_for_mrs=lambda p: np.sqrt(p) / np.sqrt(p).sum(-1, keepdims=True),
+    )
     assert chi_square(np.bincount([o[0] for o in outs], minlength=4), Q[0]) < ALPHA
 
 

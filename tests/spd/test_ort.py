@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from accel.backends import OrtBackend, export_onnx  # noqa: E402
-from accel.spd import generate, generate_ar  # noqa: E402
+from accel.backends import OrtBackend, export_onnx
+from accel.spd import generate, generate_ar
 
-from .conftest import perturbed, random_model  # noqa: E402
-from .test_loop import MAX_NEW, PROMPTS_1, PROMPTS_3  # noqa: E402
+from .conftest import perturbed, random_model
+from .test_loop import MAX_NEW, PROMPTS_1, PROMPTS_3
 
 CTX = 64
 
