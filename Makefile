@@ -1,12 +1,12 @@
-# The two commands a newcomer runs: `make demo` (the main job) and `make test` (the test suite).
-# Each creates .venv and installs what it needs on first use.
+# The two commands a newcomer runs: `make demo` (the main job) and `make test` (the test suite); contributors also
+# run `make lint`. Each creates .venv and installs what it needs on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: test demo install bench clean
+.PHONY: test lint demo install bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# ruff (lint, import order, format), mypy over accel/, and no tracked file over 5 MiB outside declared assets
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) tools/check_large_files.py
 
 demo: $(STAMP)
 	$(VENV)/bin/accel demo

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -170,8 +171,6 @@ def run_demo(
     """
     import torch
 
-    out = out or sys.stdout
-    color = out.isatty() if hasattr(out, "isatty") else False
     t_start = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)
@@ -179,153 +178,274 @@ def run_demo(
         raise DraftError(f"--k must be >= 1; got {k}")
     if max_new_tokens < 1:
         raise DraftError(f"--max-new-tokens must be >= 1; got {max_new_tokens}")
-    prompts = DEMO_PROMPTS[:1] if quick else DEMO_PROMPTS
-    max_new = min(max_new_tokens, 12) if quick else max_new_tokens
-    results = Path(out_dir)
-    results.mkdir(parents=True, exist_ok=True)
+    out = out or sys.stdout
+    run = _Run(
+        k=k,
+        max_new=min(max_new_tokens, 12) if quick else max_new_tokens,
+        temperature=temperature,
+        threads=threads,
+        quick=quick,
+        results=Path(out_dir),
+        out=out,
+        color=out.isatty() if hasattr(out, "isatty") else False,
+    )
+    run.results.mkdir(parents=True, exist_ok=True)
+    pair = _load_pair(target, draft, feature_draft, DEMO_PROMPTS[:1] if quick else DEMO_PROMPTS, run)
+    run.say("\n== 1. MXFP6 weight compression of the target (measured here)")
+    comp = _compression_stage(pair, run)
+    run.say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
+    dec = _decoding_stage(pair, comp.pop("mx_model"), run)
+    run.say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
+    predictions, plot_paths = _predict(
+        pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
+    )
+    result = DemoResult(
+        out_dir=run.results,
+        target=str(pair.target_dir),
+        draft=str(pair.draft_dir),
+        k=k,
+        feature_draft=str(pair.feat_dir) if pair.feat_dir is not None else None,
+        predictions=predictions,
+        figures=plot_paths,
+        wall_s=time.perf_counter() - t_start,
+        **comp,
+        **dec,
+    )
+    tmp = run.results / ".demo.json.tmp"
+    tmp.write_text(result.model_dump_json(indent=2))
+    os.replace(tmp, run.results / "demo.json")
+    run.say(f"\nresults: {run.results.resolve()} (demo.json, figures/, onnx/); total {result.wall_s:.0f} s")
+    return result
 
-    def say(text: str = "") -> None:
-        print(text, file=out, flush=True)
 
-    # ---------------------------------------------------------------- the pair
+@dataclass
+class _Run:
+    """Settings of one demo run and where it writes."""
+
+    k: int
+    max_new: int
+    temperature: float
+    threads: int | None
+    quick: bool
+    results: Path
+    out: TextIO
+    color: bool
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+
+@dataclass
+class _Pair:
+    """The loaded target, drafts and tokenized prompts."""
+
+    target_dir: Path
+    draft_dir: Path
+    feat_dir: Path | None
+    t_model: Any
+    d_model: Any
+    f_model: Any
+    tok: Any
+    prompts: tuple[tuple[str, str], ...]
+    prompt_ids: list[list[int]]
+    eos: list[int] | None
+
+
+def _load_pair(
+    target: str | Path | None,
+    draft: str | Path | None,
+    feature_draft: str | Path | None,
+    prompts: tuple[tuple[str, str], ...],
+    run: _Run,
+) -> _Pair:
+    """Load and check the target, the draft and (default: the shipped one with the default target) a feature draft."""
     from accel.drafts.checkpoint import check_pair, load_model
 
     target_dir = Path(target) if target else _smollm2_dir()
     draft_dir = Path(draft) if draft else default_draft_dir()
-    say(f"== accel demo: target {target_dir}\n               draft  {draft_dir}")
+    run.say(f"== accel demo: target {target_dir}\n               draft  {draft_dir}")
     t_model = load_model(target_dir, "target")
     d_model = load_model(draft_dir, "draft")
     check_pair(t_model, d_model, str(target_dir), str(draft_dir))
     tok = _tokenizer(target_dir, draft_dir)
-    prompt_ids = [tok.encode(p).ids for _, p in prompts]
-    eos = list(t_model.config.eos_token_ids) or None
-    say(
+    run.say(
         f"target {t_model.num_parameters / 1e6:.1f} M parameters, draft {d_model.num_parameters / 1e6:.2f} M "
         f"({d_model.config.num_layers} layers x {d_model.config.hidden_size}), vocab {t_model.config.vocab_size}"
     )
     if feature_draft is None and target is None and (default_feature_draft_dir() / "config.json").is_file():
         feature_draft = default_feature_draft_dir()
-    feat_dir = None if feature_draft in (None, "none") else Path(feature_draft)
+    feat_dir = None if feature_draft in (None, "none") else Path(str(feature_draft))
     f_model = load_model(feat_dir, "feature draft") if feat_dir is not None else None
     if f_model is not None:
         if not f_model.config.feature_size:
             raise DraftError(f"{feat_dir} is not a feature draft (its config has no accel_feature_size)")
         check_pair(t_model, f_model, str(target_dir), str(feat_dir))
-        say(
+        run.say(
             f"feature draft {feat_dir}: {f_model.num_parameters / 1e6:.2f} M parameters, reads the target's "
             "hidden states (EAGLE-style)"
         )
+    return _Pair(
+        target_dir=target_dir,
+        draft_dir=draft_dir,
+        feat_dir=feat_dir,
+        t_model=t_model,
+        d_model=d_model,
+        f_model=f_model,
+        tok=tok,
+        prompts=prompts,
+        prompt_ids=[tok.encode(p).ids for _, p in prompts],
+        eos=list(t_model.config.eos_token_ids) or None,
+    )
 
-    # ---------------------------------------------------------------- 1. MXFP6 compression
-    say("\n== 1. MXFP6 weight compression of the target (measured here)")
+
+def _compression_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
+    """Stage 1: compress the target to MXFP6; sizes and quality. Returns ``DemoResult`` fields and ``mx_model``."""
+    import torch
+
     from accel.drafts.architecture import causal_logits
     from accel.formats.compress import compress
 
-    mx_model, report = compress(copy.deepcopy(t_model), "mxfp6")
-    n_params = t_model.num_parameters
+    mx_model, report = compress(copy.deepcopy(pair.t_model), "mxfp6")
     mx_numel = report.bytes_fp16 // 2  # elements of the compressed weights
-    model_fp16 = 2 * n_params
+    model_fp16 = 2 * pair.t_model.num_parameters
     model_mx = model_fp16 - 2 * mx_numel + report.bytes_after
-    quality_ids = torch.tensor([functools.reduce(operator.iadd, prompt_ids, [])[: 48 if quick else 192]])
+    all_ids: list[int] = functools.reduce(operator.iadd, pair.prompt_ids, [])
+    quality_ids = torch.tensor([all_ids[: 48 if run.quick else 192]])
     with torch.no_grad():
-        ref = causal_logits(t_model, quality_ids)[0]
+        ref = causal_logits(pair.t_model, quality_ids)[0]
         got = causal_logits(mx_model, quality_ids)[0]
     err = (got - ref).abs()
     agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     ratio = report.bytes_after / report.bytes_fp16
-    say(
+    run.say(
         f"{len(report.layers)} Linear weights -> MXFP6 (block 32): {report.bytes_fp16 / 1e6:.1f} MB as FP16 -> "
         f"{report.bytes_after / 1e6:.1f} MB ({ratio:.3f} of FP16, saving {report.saving_vs_fp16:.1%}); "
         f"mean SQNR {report.mean_sqnr_db:.1f} dB"
     )
-    say(
+    run.say(
         f"whole model (embedding and norms kept FP16): {model_fp16 / 1e6:.1f} MB -> {model_mx / 1e6:.1f} MB "
         f"(saving {1 - model_mx / model_fp16:.1%})"
     )
-    say(
+    run.say(
         f"quality over {len(ref)} positions of the demo prompts: logits max |err| {float(err.max()):.3f}, mean "
         f"{float(err.mean()):.4f}; greedy agreement MXFP6 vs FP32 target {agree:.3f}"
     )
+    return {
+        "mx_model": mx_model,
+        "mx_layers_bytes_fp16": report.bytes_fp16,
+        "mx_layers_bytes_mxfp6": report.bytes_after,
+        "mx_size_ratio_vs_fp16": ratio,
+        "model_bytes_fp16": model_fp16,
+        "model_bytes_mx": model_mx,
+        "mean_sqnr_db": report.mean_sqnr_db,
+        "logit_max_abs_error": float(err.max()),
+        "logit_mean_abs_error": float(err.mean()),
+        "compressed_greedy_agreement": agree,
+        "quality_positions": len(ref),
+    }
 
-    # ---------------------------------------------------------------- 2. ONNX + speculative decoding
-    say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
+
+def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any]:
+    """The target (MXFP6-rounded weights), draft and feature-draft (or None) ``OrtBackend``s, exported once."""
     from accel.backends import OrtBackend
     from accel.backends.export import export_cached
-    from accel.spd import generate, generate_ar
 
-    ctx_len = _round_up(max(len(p) for p in prompt_ids) + max_new + k + 2, 64)
-    onnx_dir = results / "onnx"
-    t_onnx = export_cached(
-        target_dir,
-        onnx_dir,
+    ctx_len = _round_up(max(len(p) for p in pair.prompt_ids) + run.max_new + run.k + 2, 64)
+    onnx_dir = run.results / "onnx"
+    cached = functools.partial(export_cached, onnx_dir=onnx_dir, ctx_len=ctx_len, say=run.say)
+    t_onnx = cached(
+        pair.target_dir,
         name="target-mxfp6",
-        ctx_len=ctx_len,
         weights="mx-rounded",
         model=mx_model,
-        say=say,
-        hidden_output=f_model is not None,
+        hidden_output=pair.f_model is not None,
     )
-    d_onnx = export_cached(draft_dir, onnx_dir, name="draft", ctx_len=ctx_len, model=d_model, say=say)
+    d_onnx = cached(pair.draft_dir, name="draft", model=pair.d_model)
     fb = None
-    if f_model is not None:
+    if pair.feat_dir is not None:
         # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
         # int8 matmuls (weights="int8"): ~40% cheaper calls, an approximate draft, the same exact SpD output
-        fb = OrtBackend(
-            export_cached(
-                feat_dir, onnx_dir, name="feature-draft", ctx_len=ctx_len, model=f_model, weights="int8", say=say
-            ),
-            threads=threads,
-        )
-    del mx_model
-    tb = OrtBackend(t_onnx, threads=threads)
+        f_onnx = cached(pair.feat_dir, name="feature-draft", model=pair.f_model, weights="int8")
+        fb = OrtBackend(f_onnx, threads=run.threads)
+    tb = OrtBackend(t_onnx, threads=run.threads)
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
     # on the cores the target's next call needs
     db = OrtBackend(d_onnx, threads=1)
-    t_call, t_score, d_call = _call_times(tb, db, k, reps=3 if quick else 8)
-    say(
-        f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={k + 1}); "
+    return tb, db, fb
+
+
+def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
+    """Stage 2: AR and SpD runs on onnxruntime, streamed; returns ``DemoResult`` fields."""
+    tb, db, fb = _backends(pair, mx_model, run)
+    del mx_model
+    t_call, t_score, d_call = _call_times(tb, db, run.k, reps=3 if run.quick else 8)
+    run.say(
+        f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
     )
     f_call = None
     if fb is not None:
-        f_call = _feature_call_time(fb, reps=3 if quick else 8)
-        say(f"feature draft {f_call * 1e3:.2f} ms (S=1) = {f_call / t_call:.1%} of a target call")
+        f_call = _feature_call_time(fb, reps=3 if run.quick else 8)
+        run.say(f"feature draft {f_call * 1e3:.2f} ms (S=1) = {f_call / t_call:.1%} of a target call")
+    runs, matches = _decode_prompts(pair, tb, db, fb, run)
+    run.say(
+        f"\n(draft tokens shown {'in green' if run.color else 'in [brackets]'}; greedy SpD == AR output: "
+        f"{'yes' if matches else 'NO'})"
+    )
+    figures = _summarise_runs(runs)
+    _print_runs(figures, run.say)
+    return {
+        "draft_call_s": d_call,
+        "feature_draft_call_s": f_call,
+        "target_call_s": t_call,
+        "target_score_call_s": t_score,
+        "runs": figures,
+        "greedy_spd_matches_ar": matches,
+    }
 
-    sampled_name = f"SpD sampled T={temperature:g}"
+
+def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
+    """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
+    from accel.spd import generate, generate_ar
+
+    sampled_name = f"SpD sampled T={run.temperature:g}"
     runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
-    drafters = [("SpD greedy", db, dict(greedy=True)), (sampled_name, db, dict(temperature=temperature, seed=0))]
+    greedy: dict[str, Any] = {"greedy": True}
+    sampled: dict[str, Any] = {"temperature": run.temperature, "seed": 0}
+    drafters: list[tuple[str, Any, dict[str, Any]]] = [("SpD greedy", db, greedy), (sampled_name, db, sampled)]
     if fb is not None:
-        runs.update({"feature SpD greedy": [], f"feature SpD T={temperature:g}": [], LOOKUP_MODE: []})
+        runs.update({"feature SpD greedy": [], f"feature SpD T={run.temperature:g}": [], LOOKUP_MODE: []})
         drafters += [
-            ("feature SpD greedy", fb, dict(greedy=True)),
-            (f"feature SpD T={temperature:g}", fb, dict(temperature=temperature, seed=0)),
-            (LOOKUP_MODE, fb, dict(greedy=True, ngram=3)),
+            ("feature SpD greedy", fb, greedy),
+            (f"feature SpD T={run.temperature:g}", fb, sampled),
+            (LOOKUP_MODE, fb, {"greedy": True, "ngram": 3}),
         ]  # + n-gram lookup drafts (accel.spd.lookup)
     matches = True
-    for (kind, text), ids in zip(prompts, prompt_ids, strict=True):
-        say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
-        ar = generate_ar(tb, [ids], max_new_tokens=max_new, greedy=True, eos_token_id=eos)
+    for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
+        run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
+        ar = generate_ar(tb, [ids], max_new_tokens=run.max_new, greedy=True, eos_token_id=pair.eos)
         runs["AR (greedy)"].append(ar)
-        say(f"[AR greedy] {tok.decode(ar.tokens[0])}")
+        run.say(f"[AR greedy] {pair.tok.decode(ar.tokens[0])}")
         for name, drafter, kw in drafters:
-            printer = _StreamPrinter(tok, out, color)
-            out.write(f"[{name}] ")
-            res = generate(tb, drafter, [ids], k=k, max_new_tokens=max_new, eos_token_id=eos, stream=printer, **kw)
-            out.write("\n")
+            printer = _StreamPrinter(pair.tok, run.out, run.color)
+            run.out.write(f"[{name}] ")
+            res = generate(
+                tb, drafter, [ids], k=run.k, max_new_tokens=run.max_new, eos_token_id=pair.eos, stream=printer, **kw
+            )
+            run.out.write("\n")
             runs[name].append(res)
             s = res.stats
-            say(
+            run.say(
                 f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
                 f"tokens, {s.tokens_per_target_call:.2f} tokens per target call"
             )
             if kw.get("greedy") and res.tokens[0] != ar.tokens[0]:
                 matches = False
-                say("    WARNING: greedy SpD output differs from AR greedy output")
-    say(
-        f"\n(draft tokens shown {'in green' if color else 'in [brackets]'}; greedy SpD == AR output: "
-        f"{'yes' if matches else 'NO'})"
-    )
-    figures = _summarise_runs(runs)
+                run.say("    WARNING: greedy SpD output differs from AR greedy output")
+    return runs, matches
+
+
+def _print_runs(figures: list[RunFigures], say: Callable[[str], None]) -> None:
     say(
         f"{'mode':<26}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
         f"{'draft s':>9}{'target s':>9}{'host s':>8}"
@@ -337,42 +457,6 @@ def run_demo(
             f"{r.mode:<26}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
             f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}"
         )
-
-    # ---------------------------------------------------------------- 3. simulator
-    say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
-    predictions, plot_paths = _predict(target_dir, draft_dir, figures, k, results, quick, say, feat_dir)
-
-    result = DemoResult(
-        out_dir=results,
-        target=str(target_dir),
-        draft=str(draft_dir),
-        k=k,
-        mx_layers_bytes_fp16=report.bytes_fp16,
-        mx_layers_bytes_mxfp6=report.bytes_after,
-        mx_size_ratio_vs_fp16=ratio,
-        model_bytes_fp16=model_fp16,
-        model_bytes_mx=model_mx,
-        mean_sqnr_db=report.mean_sqnr_db,
-        logit_max_abs_error=float(err.max()),
-        logit_mean_abs_error=float(err.mean()),
-        compressed_greedy_agreement=agree,
-        quality_positions=len(ref),
-        draft_call_s=d_call,
-        feature_draft=str(feat_dir) if feat_dir is not None else None,
-        feature_draft_call_s=f_call,
-        target_call_s=t_call,
-        target_score_call_s=t_score,
-        runs=figures,
-        greedy_spd_matches_ar=matches,
-        predictions=predictions,
-        figures=plot_paths,
-        wall_s=time.perf_counter() - t_start,
-    )
-    tmp = results / ".demo.json.tmp"
-    tmp.write_text(result.model_dump_json(indent=2))
-    os.replace(tmp, results / "demo.json")
-    say(f"\nresults: {results.resolve()} (demo.json, figures/, onnx/); total {result.wall_s:.0f} s")
-    return result
 
 
 class _StreamPrinter:
@@ -534,9 +618,14 @@ def _predict(
         predictions[hw] = {c.name: c.speedup for c in p.configs}
         figures.append(plots.breakdown_bars(p, fig_dir / f"breakdown-{hw}.png"))
     # the feature draft: its measured loops (sampled, like alpha above) as LoopStats; it re-feeds each loop
-    feat = [r for r in runs if r.mode.startswith("feature SpD T=") and r.drafts_per_loop]
+    feat = [
+        r
+        for r in runs
+        if r.mode.startswith("feature SpD T=") and r.drafts_per_loop is not None and r.mean_tokens_per_loop is not None
+    ]
     if feat_dir is not None and feat:
         f = feat[0]
+        assert f.drafts_per_loop is not None and f.mean_tokens_per_loop is not None
         stats = LoopStats(
             tokens_per_loop=min(f.mean_tokens_per_loop, f.drafts_per_loop + 1),
             drafts_per_loop=f.drafts_per_loop,

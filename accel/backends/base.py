@@ -24,7 +24,7 @@ Conventions (every backend follows them, so the SpD loop is backend-agnostic):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -189,6 +189,6 @@ def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | 
     for start in range(0, ids.shape[1], step):
         chunk_ids = ids[:, start : start + step]
         chunk_pos = pos[:, start : start + step]
-        logits = backend.forward(chunk_ids, chunk_pos, num_logits=1)
+        logits = cast(np.ndarray, backend.forward(chunk_ids, chunk_pos, num_logits=1))
     assert logits is not None
     return logits[:, -1, :]

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.errors import BackendError
+from accel.models.decoder import Decoder
 
 __all__ = ["WEIGHT_MODES", "export_cached", "export_onnx", "model_tensors"]
 
@@ -52,8 +53,9 @@ def _mx_of(module: torch.nn.Module) -> Any | None:
     """The MXTensor weight of a compressed Linear (``accel.formats.torch_ops.MXLinear``), else None."""
     if getattr(module, "mx", None) is not None:
         return module.mx
-    if callable(getattr(module, "mx_weight", None)):
-        return module.mx_weight()
+    mx_weight = getattr(module, "mx_weight", None)
+    if callable(mx_weight):
+        return mx_weight()
     return None
 
 
@@ -67,7 +69,7 @@ def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
     return isinstance(module, torch.nn.Linear) and name != "fc.weight"  # a feature draft's fc reads raw features
 
 
-def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
+def model_tensors(model: Decoder, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
     """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format
     used.
 
@@ -129,7 +131,7 @@ def model_tensors(model: torch.nn.Module, weights: str, mx_format: str) -> tuple
 
 
 def export_onnx(
-    model: torch.nn.Module,
+    model: Decoder,
     path: str | Path,
     *,
     ctx_len: int,
@@ -293,7 +295,7 @@ def export_cached(
     name: str | None = None,
     ctx_len: int,
     weights: str = "fp32",
-    model: torch.nn.Module | None = None,
+    model: Decoder | None = None,
     say=None,
     hidden_output: bool = False,
 ) -> Path:

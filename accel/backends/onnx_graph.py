@@ -378,6 +378,7 @@ def build_decoder_graph(
         return g.op("Mul", g.op("Div", xin, rms), w.plain(f"{prefix}.weight"))
 
     def apply_rope(t: str) -> str:
+        assert rope is not None
         cos, sin, half_turn = rope
         # rotate_half(t) = concat(-t[D/2:], t[:D/2]) as one MatMul by a signed permutation: each output is one
         # input times +-1 plus exact zeros, so it is bit-exact, in one node instead of Split + Neg + Concat

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from accel.drafts.config import DistillConfig
 from accel.errors import DraftError
 from accel.models.config import ModelConfig
-from accel.models.decoder import Decoder, _rotate_half
+from accel.models.decoder import Decoder, rotate_half
 
-__all__ = ["build_draft", "causal_hidden", "causal_logits", "draft_config", "restrict_head"]
+__all__ = ["build_draft", "causal_hidden", "causal_logits", "draft_config", "restrict_head", "sorted_token_ids"]
 
 
 def draft_config(target: ModelConfig, cfg: DistillConfig) -> ModelConfig:
@@ -79,9 +79,9 @@ def causal_hidden(model: Decoder, input_ids: torch.Tensor, features: torch.Tenso
     bsz, seq = input_ids.shape
     pos = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
     x = model.embed(input_ids, pos, features)
-    rope = model._rope(pos, x.dtype)
+    rope = model.rope_tables(pos, x.dtype)
     groups = c.num_heads // c.num_kv_heads
-    for layer in model.layers:
+    for layer in model.blocks:
         att = layer.self_attn
         h = layer.input_layernorm(x)
         q = att.q_proj(h).view(bsz, seq, c.num_heads, c.head_dim).transpose(1, 2)
@@ -89,8 +89,8 @@ def causal_hidden(model: Decoder, input_ids: torch.Tensor, features: torch.Tenso
         v = att.v_proj(h).view(bsz, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
@@ -114,7 +114,7 @@ def restrict_head(model: Decoder, token_ids: Sequence[int] | np.ndarray | torch.
     otherwise. The head's cost per token drops from ``vocab_size * hidden`` to ``head_vocab * hidden`` MACs.
     """
     cfg = model.config
-    ids = _sorted_ids(token_ids, cfg.vocab_size)
+    ids = sorted_token_ids(token_ids, cfg.vocab_size)
     if cfg.head_vocab:  # already restricted: the kept ids must be a subset of the scored ones
         have = model.lm_head_token_ids.cpu()
         pos = torch.searchsorted(have, ids)
@@ -132,7 +132,7 @@ def restrict_head(model: Decoder, token_ids: Sequence[int] | np.ndarray | torch.
     return out.to(device=weight.device, dtype=weight.dtype).train(model.training)
 
 
-def _sorted_ids(token_ids: Sequence[int] | np.ndarray | torch.Tensor, vocab_size: int) -> torch.Tensor:
+def sorted_token_ids(token_ids: Sequence[int] | np.ndarray | torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``token_ids`` as a sorted int64 tensor; DraftError unless they are distinct ints in ``[0, vocab_size)``."""
     t = token_ids.detach().cpu() if isinstance(token_ids, torch.Tensor) else torch.as_tensor(np.asarray(token_ids))
     if t.ndim != 1 or t.numel() == 0:

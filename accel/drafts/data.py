@@ -146,8 +146,8 @@ def teacher_topk(target: Decoder, windows: list[list[int]], k: int, batch_size: 
     for start in range(0, n, batch_size):
         rows = slice(start, start + batch_size)
         width = int(mask[rows].sum(dim=1).max()) + 1
-        i, v = _topk(causal_logits(target, tokens[rows, :width]), kk)
-        ids[rows, :width], logp[rows, :width] = i, v
+        top_ids, top_logp = _topk(causal_logits(target, tokens[rows, :width]), kk)
+        ids[rows, :width], logp[rows, :width] = top_ids, top_logp
         if progress is not None:
             progress.update(min(batch_size, n - start))
     return TeacherData(tokens, mask, ids, logp)

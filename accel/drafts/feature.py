@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from accel.drafts.architecture import _sorted_ids, causal_hidden, svd_embedding
+from accel.drafts.architecture import causal_hidden, sorted_token_ids, svd_embedding
 from accel.errors import DraftError
-from accel.models.decoder import Decoder, _rotate_half, new_cache
+from accel.models.decoder import Decoder, new_cache, rotate_half
 
 __all__ = [
     "augment_draft",
@@ -61,7 +61,7 @@ def build_feature_draft(
         raise DraftError("the target is itself a feature draft")
     if not 1 <= layers <= tc.num_layers:
         raise DraftError(f"layers must be in 1..{tc.num_layers} (the target's layer count); got {layers}")
-    ids = _sorted_ids(head_ids, tc.vocab_size)  # DraftError unless distinct ints in range, fewer than vocab
+    ids = sorted_token_ids(head_ids, tc.vocab_size)  # DraftError unless distinct ints in range, fewer than vocab
     cfg = tc.with_(
         num_layers=layers,
         tie_word_embeddings=False,
@@ -73,7 +73,7 @@ def build_feature_draft(
     sd = target.state_dict()
     first = tc.num_layers - layers
     with torch.no_grad():
-        for i, layer in enumerate(draft.layers):
+        for i, layer in enumerate(draft.blocks):
             layer.load_state_dict(
                 {k[len(f"layers.{first + i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{first + i}.")}
             )
@@ -188,7 +188,7 @@ def _qkv(model: Decoder, layer, h: torch.Tensor, rope) -> tuple[torch.Tensor, to
     k = att.k_proj(h).view(bsz, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
     v = att.v_proj(h).view(bsz, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
     cos, sin = rope
-    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     groups = c.num_heads // c.num_kv_heads
     return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
@@ -210,11 +210,11 @@ def unrolled_hidden(
     bsz, seq = tokens.shape
     pos = torch.arange(seq).expand(bsz, seq)
     x = model.embed(tokens, pos, features)
-    rope = model._rope(pos, x.dtype)
+    rope = model.rope_tables(pos, x.dtype)
     scale = 1.0 / math.sqrt(c.head_dim)
     strict = torch.ones(seq, seq, dtype=torch.bool).tril(-1)
     kvs = []
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.blocks):
         q, k, v = _qkv(model, layer, layer.input_layernorm(x), rope)
         kvs.append((k, v))
         if past is None:

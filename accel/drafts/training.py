@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -87,7 +88,7 @@ def distill(
     del target_model
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     batch_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    state = {"step": 0, "order": torch.randperm(len(train), generator=batch_gen), "cursor": 0}
+    state: dict[str, Any] = {"step": 0, "order": torch.randperm(len(train), generator=batch_gen), "cursor": 0}
     history: list[HistoryPoint] = []
     best = {"step": 0, "agreement": -1.0}
     elapsed_before = 0.0
@@ -125,7 +126,7 @@ def distill(
         )
 
     def next_rows() -> torch.Tensor:
-        rows = []
+        rows: list[int] = []
         while len(rows) < cfg.batch_size:
             if state["cursor"] >= len(train):
                 state["order"] = torch.randperm(len(train), generator=batch_gen)
@@ -338,7 +339,7 @@ def build_data(target: Decoder, cfg: DistillConfig, data_dir: Path, tokenizer_di
         os.replace(tmp, path)
         return part
 
-    tokenizer = None
+    tokenizer: Any = None
     if cfg.data_files or cfg.self_generate:
         if tokenizer_dir is None:
             raise DraftError("text data and prompts need the target's tokenizer: pass tokenizer_dir or a target dir")

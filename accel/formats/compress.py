@@ -11,6 +11,7 @@ import fnmatch
 import json
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ from accel.formats.elements import get_format
 from accel.formats.file import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code, json_meta, mx_specs
 from accel.formats.report import CompressionReport, LayerReport, error_stats
 from accel.formats.torch_ops import MXLinear, quantize_torch
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 _MX_BUFFERS = ("codes", "scales")
 
@@ -47,7 +50,8 @@ def select_linear_layers(
     """
     include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
     embedding_ptrs = {m.weight.data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
-    chosen, skipped = [], []
+    chosen: list[str] = []
+    skipped: list[str] = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
@@ -68,13 +72,13 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def compress(
-    model: nn.Module,
+    model: ModuleT,
     fmt: str = "mxfp6",
     include: str | list[str] | None = None,
     exclude: str | list[str] | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     progress: bool = False,
-) -> tuple[nn.Module, CompressionReport]:
+) -> tuple[ModuleT, CompressionReport]:
     """Replace the weights of the selected nn.Linear layers by MX (in place) and report what that cost.
 
     Returns the same model object and a CompressionReport (bytes before/after per layer, SQNR in dB, max abs
@@ -87,6 +91,7 @@ def compress(
     report = CompressionReport(fmt=element.name, block_size=block_size, skipped=skipped)
     for name in tqdm(chosen, desc=f"compress to {element.name}", disable=not progress):
         linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)  # select_linear_layers picks Linears only
         weight = linear.weight
         mx = quantize_torch(weight, element, axis=1, block_size=block_size, name=f"{name}.weight")
         layer = MXLinear(mx, linear.bias).to(weight.device)
@@ -138,12 +143,14 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
     for name, tensor in model.state_dict(keep_vars=False).items():
         if name in mx_buffer_names:
             continue
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
-        if key is not None and key in seen:
-            tied[name] = seen[key]
+        ident = (
+            (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
+        )
+        if ident is not None and ident in seen:
+            tied[name] = seen[ident]
             continue
-        if key is not None:
-            seen[key] = name
+        if ident is not None:
+            seen[ident] = name
         array = _numpy_of(tensor)
         code = "BF16" if tensor.dtype == torch.bfloat16 else dtype_code(array, name)
         specs.append(TensorSpec(name, code, tuple(array.shape)))
@@ -167,7 +174,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     tied = json_meta(f.path, f.metadata, FILE_TIED_KEY)
     swaps: list[tuple[str, MXLinear, torch.device]] = []
     for key in f.mx_headers:
-        mod_name = key[: -len(".weight")] if key.endswith(".weight") else None
+        mod_name = key[: -len(".weight")] if key.endswith(".weight") else ""
         try:
             module = model.get_submodule(mod_name) if mod_name else None
         except AttributeError:

@@ -161,9 +161,9 @@ class SafetensorsWriter:
         if code != spec.dtype or tuple(array.shape) != spec.shape:
             raise FormatError(f"tensor {name!r}: got {code} {array.shape}, declared {spec.dtype} {spec.shape}")
         data = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
-        self.crcs[name] = zlib.crc32(data)
+        self.crcs[name] = zlib.crc32(data.data)
         self.file.seek(8 + self.header_len + self.offsets[name][0])
-        self.file.write(data.tobytes() if data.size < (1 << 20) else memoryview(data))
+        self.file.write(data.tobytes() if data.size < (1 << 20) else data.data)
         self.written.add(name)
 
     def close(self) -> None:
@@ -301,7 +301,7 @@ class SafetensorsFile:
         crcs = json_meta(self.path, self.metadata, CRC_KEY)
         if name in crcs:
             b, e = self.offsets[name]
-            got = zlib.crc32(self._map[self.data_start + b : self.data_start + e])
+            got = zlib.crc32(self._map[self.data_start + b : self.data_start + e].data)
             if f"{got:08x}" != crcs[name]:
                 raise FormatError(
                     f"{self.path}: tensor {name!r}: checksum mismatch (stored {crcs[name]}, data "
@@ -313,7 +313,7 @@ class SafetensorsFile:
         head = self.mx_headers.get(name)
         if not isinstance(head, dict):
             raise FormatError(f"{self.path}: no MX header for tensor {name!r}")
-        parts = []
+        parts: list[np.ndarray] = []
         for suffix in (CODES_SUFFIX, SCALES_SUFFIX):
             if name + suffix not in self.entries:
                 raise FormatError(f"{self.path}: tensor {name!r}: missing {name + suffix}")
@@ -322,7 +322,10 @@ class SafetensorsFile:
             self.verify(name + suffix)
             parts.append(self.raw(name + suffix))
         try:
-            return MXTensor(head["fmt"], tuple(head["shape"]), head["axis"], head["block_size"], *parts, name=name)
+            codes, scales = parts
+            return MXTensor(
+                head["fmt"], tuple(head["shape"]), head["axis"], head["block_size"], codes, scales, name=name
+            )
         except (KeyError, TypeError) as exc:
             raise FormatError(f"{self.path}: tensor {name!r}: bad MX header {head}: {exc}") from exc
         except FormatError as exc:

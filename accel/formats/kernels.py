@@ -26,7 +26,7 @@ CHUNK_ELEMENTS = 1 << 16
 @functools.cache
 def _pair_table(fmt: ElementFormat, dtype: type) -> np.ndarray:
     """Table of (value of low code, value of high code) for every packed unit, as one 2*itemsize word each."""
-    lut = fmt.code_values().astype(dtype)
+    lut: np.ndarray = fmt.code_values().astype(dtype)
     if fmt.bits == 8:
         return lut
     unit_bits = 2 * fmt.bits

@@ -250,7 +250,7 @@ def quantize(
     if length == nblocks * block_size and moved.dtype == work:
         blocks = np.ascontiguousarray(moved).reshape(rows * nblocks, block_size)  # a view when already C-ordered
     else:
-        padded = np.zeros((rows, nblocks * block_size), work)
+        padded: np.ndarray = np.zeros((rows, nblocks * block_size), work)
         padded[:, :length] = moved.reshape(rows, length)
         blocks = padded.reshape(rows * nblocks, block_size)
     scales = np.empty(rows * nblocks, np.uint8)

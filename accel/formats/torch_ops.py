@@ -161,6 +161,9 @@ class MXLinear(nn.Module):
     on the fly into the input's dtype and device and runs ``F.linear``; nothing big is cached.
     """
 
+    codes: torch.Tensor  # registered buffers, declared for type checkers
+    scales: torch.Tensor
+
     def __init__(self, mx: MXTensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         if len(mx.shape) != 2 or mx.axis != 1:

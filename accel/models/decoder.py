@@ -20,7 +20,7 @@ from torch import nn
 from accel.models.config import MASKED_LOGIT, ModelConfig
 from accel.models.config import rope_inv_freq as _rope_inv_freq_np
 
-__all__ = ["Decoder", "new_cache", "rope_inv_freq", "write_cache"]
+__all__ = ["Block", "Decoder", "new_cache", "rope_inv_freq", "rotate_half", "write_cache"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -77,7 +77,8 @@ def _norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation of the two halves of the last axis: ``concat(-x[D/2:], x[:D/2])``."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -110,8 +111,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope  # [B, 1, S, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         k_cache = write_cache(k_cache, k, position_ids, inplace)
         v_cache = write_cache(v_cache, v, position_ids, inplace)
         groups = self.num_heads // self.num_kv_heads
@@ -183,6 +184,12 @@ class Decoder(nn.Module):
     persistent int64 buffer ``lm_head_token_ids`` (sorted, distinct); the logits stay full-vocabulary (``logits``).
     """
 
+    # registered buffers and optional submodules, declared for type checkers (nn.Module resolves them dynamically)
+    lm_head_token_ids: torch.Tensor
+    inv_freq: torch.Tensor
+    fc: nn.Linear
+    embed_positions: nn.Embedding
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -214,7 +221,13 @@ class Decoder(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
         return self
 
-    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    @property
+    def blocks(self) -> list[Block]:
+        """The transformer blocks, typed (``self.layers`` is an ``nn.ModuleList``)."""
+        return list(self.layers)  # type: ignore[arg-type]
+
+    def rope_tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE ``(cos, sin)`` tables ``[B, 1, S, head_dim]`` for ``position_ids [B, S]`` (None without RoPE)."""
         if self.config.positions != "rope":
             return None
         freqs = position_ids.to(torch.float32)[:, :, None] * self.inv_freq[None, None, :]
@@ -279,7 +292,7 @@ class Decoder(nn.Module):
         slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
         # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
-        rope = self._rope(position_ids, x.dtype)
+        rope = self.rope_tables(position_ids, x.dtype)
         new_keys, new_values = [], []
         for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values, strict=True):
             x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def _ignored(name: str) -> bool:
     return name.endswith(IGNORED_HF_SUFFIXES) or bool(_GPT2_ATTN_MASK.search(name))
 
 
-def hf_to_accel(config: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def hf_to_accel(config: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """Rename (and for GPT-2, split/transpose) HF checkpoint tensors to ``Decoder`` state-dict names.
 
     Names already in ``Decoder`` form pass through unchanged, so accel-written checkpoints load too.

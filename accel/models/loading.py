@@ -34,6 +34,7 @@ def load(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
     dequantized), a ``.gguf`` file (llama.cpp; quantized tensors are dequantized to float32), or a live
     ``transformers`` model object (its ``config`` and ``state_dict()``).
     """
+    tensors: Mapping[str, Any]
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_file() and path.suffix == ".gguf":
@@ -65,7 +66,7 @@ def load_state(model: Decoder, state: Mapping[str, Any]) -> None:
     Persistent buffers (a restricted head's ``lm_head_token_ids``) are loaded too; the token ids are validated
     (``check_head_token_ids``).
     """
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     params.update(_persistent_buffers(model))
     tied = model.config.tie_word_embeddings
     expected = {n for n in params if not (tied and n == "lm_head.weight")}

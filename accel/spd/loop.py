@@ -93,16 +93,23 @@ class _Loop:
         self.from_draft: list[list[bool]] = [[] for _ in range(self.batch)]
         self.messages: list[str] = []
         self.acc = StatsAccumulator("spd" if draft is not None or ngram else "ar", k, self.batch, max(k, ngram_k))
-        self.feature = draft is not None and draft.info.feature_size > 0
+        feature_size = draft.info.feature_size if draft is not None else 0
+        self.feature = feature_size > 0
         # a draft whose hidden states live in the feature space feeds them back while drafting (EAGLE); another
         # feature draft (a standalone draft given the target's states, accel.drafts.feature.augment_draft) gets zeros
-        self.estimates = self.feature and draft.info.hidden_size == draft.info.feature_size
+        self.estimates = draft is not None and self.feature and draft.info.hidden_size == feature_size
         # target hidden states by position (feature drafts only): feat[b, p] = target's final-norm state at p
         self.feat = np.zeros(
-            (self.batch, self.buf.shape[1], draft.info.feature_size) if self.feature else (0, 0, 0), dtype=np.float32
+            (self.batch, self.buf.shape[1], feature_size) if self.feature else (0, 0, 0), dtype=np.float32
         )
 
     # ------------------------------------------------------------------ backend calls
+
+    def _backend(self, which: str) -> Backend:
+        """The target, or the draft (which exists whenever a draft call is made)."""
+        backend = self.target if which == "target" else self.draft
+        assert backend is not None, "a draft call without a draft backend"
+        return backend
 
     def _call(
         self,
@@ -115,7 +122,7 @@ class _Loop:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, hidden)`` of one call; ``hidden`` only with a feature draft (else None). Target hidden states
         are stored in ``feat`` at the call's positions."""
-        backend = self.target if which == "target" else self.draft
+        backend = self._backend(which)
         hidden = None
         with self.acc.timed(which, prefill):
             if self.feature:
@@ -158,7 +165,8 @@ class _Loop:
         """The draft call that feeds each drafting row's un-consumed tail ``tokens[draft_fed:n]``. A tail longer than
         the draft's ``max_seq_len`` (possible after n-gram lookup rounds) goes in chunks; the last gives the logits."""
         ids, pos = self._left_padded(self.draft_fed, self.n, rows)
-        step, lead = self.draft.info.max_seq_len, max(0, ids.shape[1] - self.draft.info.max_seq_len)
+        step = self._backend("draft").info.max_seq_len
+        lead = max(0, ids.shape[1] - step)
         for s in range(0, lead, step):
             chunk = pos[:, s : min(s + step, lead)]
             if np.any(chunk >= 0):
@@ -172,7 +180,7 @@ class _Loop:
             return
         ids, pos = self._left_padded(np.zeros_like(stops), stops, np.ones(self.batch, dtype=bool))
         for which in ("target", "draft") if self.draft is not None else ("target",):
-            step = (self.target if which == "target" else self.draft).info.max_seq_len
+            step = self._backend(which).info.max_seq_len
             for s in range(0, ids.shape[1], step):
                 chunk = pos[:, s : s + step]
                 if np.any(chunk >= 0):
@@ -257,7 +265,7 @@ class _Loop:
         width = k_round + 1
         ids = np.zeros((self.batch, width), dtype=np.int64)
         pos = np.full((self.batch, width), -1, dtype=np.int64)
-        for b in np.flatnonzero(self.active):
+        for b in np.flatnonzero(self.active).tolist():
             kb = int(k_rows[b])
             ids[b, width - kb - 1 :] = np.concatenate(([self.buf[b, self.n[b] - 1]], drafts[b, :kb]))
             pos[b, width - kb - 1 :] = np.arange(self.n[b] - 1, self.n[b] + kb)
@@ -272,6 +280,7 @@ class _Loop:
         if self.greedy:
             res = greedy_accept(drafts, q, k_rows)
         else:
+            assert p is not None  # sampled rounds keep the draft distributions
             res = speculative_accept(drafts, p, q, self.rng, k_rows)
         self._emit(k_rows, drafts, res, looked_up)
 
@@ -307,7 +316,7 @@ class _Loop:
         self.acc.add_round(was_active, k_rows, res.num_accepted, res.overlap, emitted, emitted_draft, looked_up)
         self._check_done()
 
-    def _finish(self, b: int, reason: str) -> None:
+    def _finish(self, b: int | np.integer, reason: str) -> None:
         self.active[b] = False
         self.reasons[b] = reason
         if reason == "context":
@@ -335,7 +344,7 @@ class _Loop:
         return GenerationResult(
             tokens=[[int(t) for t in self.buf[b, self.prompt_len[b] : self.n[b]]] for b in range(self.batch)],
             from_draft=self.from_draft,
-            finish_reasons=self.reasons,  # type: ignore[arg-type]
+            finish_reasons=self.reasons,
             messages=self.messages,
             stats=self.acc.finish(),
         )

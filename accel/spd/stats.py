@@ -101,7 +101,7 @@ class GenerationResult(BaseModel):
     stats: GenerationStats
 
 
-def _nan_div(a: float, b: float) -> float:
+def _nan_div(a: float | np.integer, b: float | np.integer) -> float:
     return float(a) / float(b) if b else math.nan
 
 
@@ -181,7 +181,7 @@ class StatsAccumulator:
         draft_s, target_s, prefill_s = self.times["draft"], self.times["target"], self.times["prefill"]
         decode_s = wall - prefill_s
         return GenerationStats(
-            mode=self.mode,  # type: ignore[arg-type]
+            mode=self.mode,
             k=self.k,
             batch_size=self.batch_size,
             new_tokens=self.new_tokens,
