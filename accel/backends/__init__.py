@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from accel._lazy import lazy_getattr
 from accel.backends.base import Backend, BackendInfo, check_step_inputs, prefill
+from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 
 _LAZY = {
     "TorchBackend": "accel.backends.torch_backend",
     "export_onnx": "accel.backends.export",
     "export_cached": "accel.backends.export",
-    "WEIGHT_MODES": "accel.backends.export",
     "OrtBackend": "accel.backends.ort_backend",
     "QaicBackend": "accel.backends.qaic",
     "QaicCompileSpec": "accel.backends.qaic",
@@ -30,10 +30,12 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendInfo",
+    "ExportWeights",
     "OrtBackend",
     "QaicBackend",
     "QaicCompileSpec",
     "TorchBackend",
+    "WeightFormat",
     "check_step_inputs",
     "export_cached",
     "export_onnx",

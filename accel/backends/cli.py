@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-# = accel.backends.export.WEIGHT_MODES, repeated so that building the parser imports no torch
-_WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbits")
+from accel.backends.weights import WEIGHT_MODES as _WEIGHT_MODES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
     from accel.backends.export import export_onnx
+    from accel.backends.weights import ExportWeights
     from accel.models import load
 
     if not args.quiet:
@@ -53,10 +53,8 @@ def run(args: argparse.Namespace) -> int:
         ctx_len=args.ctx_len,
         batch_size=args.batch_size,
         num_logits=args.num_logits,
-        weights=args.weights,
-        mx_format=args.fmt,
+        weights=ExportWeights(args.weights, mx_format=args.fmt, float_storage=args.float_weights),
         progress=not args.quiet,
-        float_weights=args.float_weights,
     )
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
     if args.qaic_dir:

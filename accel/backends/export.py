@@ -2,19 +2,8 @@
 
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
-with an in-graph decode. Weight modes:
-
-- ``fp32`` / ``fp16``: every weight as float32 / float16 (fp16 is cast to float32 in the graph; compute stays fp32).
-- ``mx-rounded``: Linear weights quantized to ``mx_format`` and dequantized back to float32 -- the values an MX compiler
-  (``qaic-compile -mxfp6-matmul``) reproduces; same file size as fp32.
-- ``mx-packed``: Linear weights as packed MX codes + E8M0 scales (uint8) decoded in the graph with standard ops; other
-  tensors (embeddings, norms, biases) stay float32. MXFP6 costs 6.25 bits per weight: 39% of FP16.
-- ``int8``: for drafts. onnxruntime's dynamic quantization of the fp32 graph: every MatMul with a weight operand
-  (attention and MLP projections, ``lm_head``) takes int8 weights, symmetric per output channel, and uint8 activations
-  quantized per call (``DynamicQuantizeLinear`` + ``MatMulInteger``, fused by onnxruntime). A feature draft's ``fc``
-  (which reads the target's hidden states, whose outlier channels per-tensor uint8 would flatten) stays float32.
-  Approximate: logits move by a few percent of their spread. A draft only proposes, so speculative decoding stays
-  exact; one SmolLM2 feature-draft call costs ~40% less on 2 CPU cores. Not for targets.
+with an in-graph decode. The weight storage is an ``ExportWeights`` (``accel.backends.weights``: ``fp32``, ``fp16``,
+``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits``).
 
 Which Linear weights are MX: if the model was compressed (``accel.compress``: modules with an MX weight), exactly
 those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
@@ -40,12 +29,11 @@ import torch
 from tqdm.auto import tqdm
 
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
+from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 from accel.models.decoder import Decoder
 
-__all__ = ["WEIGHT_MODES", "export_cached", "export_onnx", "model_tensors"]
-
-WEIGHT_MODES = ("fp32", "fp16", "mx-rounded", "mx-packed", "int8", "mxint8-nbits")
+__all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat", "export_cached", "export_onnx", "model_tensors"]
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
 
 
@@ -69,15 +57,15 @@ def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
     return isinstance(module, torch.nn.Linear) and name != "fc.weight"  # a feature draft's fc reads raw features
 
 
-def model_tensors(model: Decoder, weights: str, mx_format: str) -> tuple[dict[str, Any], str | None]:
-    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights`` mode; and the MX format
-    used.
+def model_tensors(model: Decoder, weights: ExportWeights | WeightFormat | str) -> tuple[dict[str, Any], str | None]:
+    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights``; and the MX format used.
 
     A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
     there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
-    if weights not in WEIGHT_MODES:
-        raise BackendError(f"weights={weights!r} is not supported; supported: {', '.join(WEIGHT_MODES)}")
+    spec = ExportWeights.of(weights)
+    fmt = spec.format
+    own_head = fmt in (WeightFormat.INT8, WeightFormat.MXINT8_NBITS)
     tensors: dict[str, Any] = {}
     mx_modules: dict[str, Any] = {}
     for name, module in model.named_modules():
@@ -86,48 +74,49 @@ def model_tensors(model: Decoder, weights: str, mx_format: str) -> tuple[dict[st
             mx_modules[f"{name}.weight"] = mx
     for name, p in model.named_parameters():  # remove_duplicate: a tied lm_head.weight appears once (as embed_tokens)
         tensors[name] = p.detach().float().cpu().numpy()
-    if model.config.tie_word_embeddings and weights not in ("int8", "mxint8-nbits"):
+    if model.config.tie_word_embeddings and not own_head:
         tensors.pop("lm_head.weight", None)
     elif model.config.tie_word_embeddings and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = tensors["embed_tokens.weight"]  # the head gets its own (quantized) copy
     if getattr(model.config, "head_vocab", 0):  # restricted head: its token ids (int64) go into the graph as is
         tensors["lm_head_token_ids"] = model.lm_head_token_ids.detach().cpu().numpy().astype(np.int64)
     tensors.update(mx_modules)
-    used_format = None
-    if weights in ("fp32", "fp16", "int8"):  # int8: quantized afterwards from the float graph (_quantize_int8)
+    if fmt in (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8):  # int8: quantized later (_quantize_int8)
         for name, mx in mx_modules.items():
             tensors[name] = mx.dequantize(np.float32)
-    else:
-        from accel.formats import get_format, quantize
-
-        if weights == "mxint8-nbits":  # every Linear and the head, in MXINT8 (a compressed model: its own codes)
-            other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
-            if other:
-                raise BackendError(
-                    f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
-                    f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
-                )
-            fmt = get_format("mxint8")
-            used_format = fmt.name
-            for name in sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules):
-                mx_modules[name] = quantize(tensors[name], fmt, axis=-1, block_size=32, name=name)
-                tensors[name] = mx_modules[name]
-        elif mx_modules:  # a compressed model: keep exactly its MX weights and format
-            formats = {mx.fmt.name for mx in mx_modules.values()}
-            used_format = ",".join(sorted(formats))
-        else:
-            from accel.formats.compress import select_linear_layers
-
-            fmt = get_format(mx_format)
-            used_format = fmt.name
-            chosen, _ = select_linear_layers(model)  # as accel.compress: not lm_head, not embedding-tied Linears
-            for name in sorted(f"{n}.weight" for n in chosen):
-                mx_modules[name] = quantize(tensors[name], fmt, axis=-1, block_size=32, name=name)
-                tensors[name] = mx_modules[name]
-        if weights == "mx-rounded":
-            for name, mx in mx_modules.items():
-                tensors[name] = mx.dequantize(np.float32)
+        return tensors, None
+    used_format = _mx_weights(model, spec, tensors, mx_modules)
+    if fmt == WeightFormat.MX_ROUNDED:
+        for name, mx in mx_modules.items():
+            tensors[name] = mx.dequantize(np.float32)
     return tensors, used_format
+
+
+def _mx_weights(model: Decoder, spec: ExportWeights, tensors: dict[str, Any], mx_modules: dict[str, Any]) -> str:
+    """Put the MX weights of an MX mode into ``tensors`` (and ``mx_modules``); returns the element format(s) used."""
+    from accel.formats import get_format, quantize
+
+    if spec.format == WeightFormat.MXINT8_NBITS:  # every Linear and the head (a compressed model: its own codes)
+        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
+        if other:
+            raise BackendError(
+                f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
+                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
+            )
+        names = sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules)
+        element = get_format("mxint8")
+    elif mx_modules:  # a compressed model: keep exactly its MX weights and formats
+        return ",".join(sorted({mx.fmt.name for mx in mx_modules.values()}))
+    else:
+        from accel.formats.compress import select_linear_layers
+
+        chosen, _ = select_linear_layers(model)  # as accel.compress: not lm_head, not embedding-tied Linears
+        names = sorted(f"{n}.weight" for n in chosen)
+        element = get_format(spec.mx_format)
+    for name in names:
+        mx_modules[name] = quantize(tensors[name], element, axis=-1, block_size=32, name=name)
+        tensors[name] = mx_modules[name]
+    return element.name
 
 
 def export_onnx(
@@ -137,11 +126,9 @@ def export_onnx(
     ctx_len: int,
     batch_size: int = 1,
     num_logits: int | None = None,
-    weights: str = "fp32",
-    mx_format: str = "mxfp6",
+    weights: ExportWeights | WeightFormat | str = "fp32",
     opset: int = OPSET,
     progress: bool = True,
-    float_weights: str = "fp32",
     hidden_output: bool = False,
 ) -> Path:
     """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
@@ -151,13 +138,11 @@ def export_onnx(
         batch_size: rows per call (fixed in the graph).
         num_logits: if given, the graph returns logits for the last ``num_logits`` positions only (the Cloud AI 100
             decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
-        weights: ``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8`` or ``mxint8-nbits`` (see the module
-            docstring).
-        mx_format: element format for the MX modes when the model is not already compressed (e.g. ``mxfp6``).
+        weights: the weight storage: an ``ExportWeights`` (format, MX element format, float storage) or a
+            ``WeightFormat`` / its name (``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8``,
+            ``mxint8-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
         progress: show a tqdm bar.
-        float_weights: storage of the weights that stay float in the MX modes (embeddings, norms, biases, lm_head):
-            ``fp32`` (default; logits then equal the ``accel.compress``-ed torch model's) or ``fp16`` (smaller file).
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
             what a feature draft reads from its target. A feature draft (``config.feature_size > 0``) always has it,
             and its input ``features``.
@@ -168,6 +153,49 @@ def export_onnx(
     """
     from accel import __version__
 
+    spec = ExportWeights.of(weights)
+    cfg = _check_export(model, ctx_len, batch_size, num_logits, opset)
+    path = Path(path)
+    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
+    bar.set_postfix_str("weights")
+    tensors, used_format = model_tensors(model, spec)
+    bar.update(1)
+    bar.set_postfix_str("graph")
+    proto = build_decoder_graph(
+        cfg,
+        tensors,
+        ctx_len=ctx_len,
+        batch_size=batch_size,
+        num_logits=num_logits,
+        float_dtype=spec.float_dtype,
+        progress=bar.update,
+        hidden_output=hidden_output,
+        matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
+    )
+    meta = {
+        "accel.version": __version__,
+        "accel.weights": spec.format.value,
+        "accel.mx_format": used_format or "",
+        "accel.float_weights": spec.float_dtype,
+        "accel.ctx_len": str(ctx_len),
+        "accel.batch_size": str(batch_size),
+        "accel.num_logits": str(num_logits or 0),
+        "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
+        "accel.model_config": json.dumps(cfg.to_hf()),
+    }
+    if spec.format == WeightFormat.INT8:
+        bar.set_postfix_str("int8")
+        proto = _quantize_int8(proto)
+    onnx.helper.set_model_props(proto, meta)
+    bar.set_postfix_str("write")
+    _save_atomic(proto, path)
+    bar.update(1)
+    bar.close()
+    return path
+
+
+def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
+    """The model's config, after checking the export settings against it (BackendError naming the problem)."""
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "num_kv_heads"):
         raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
@@ -182,47 +210,7 @@ def export_onnx(
         raise BackendError(f"ctx_len {ctx_len} exceeds the model's sliding_window {window} (full attention only)")
     if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
         raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
-    if float_weights not in ("fp32", "fp16"):
-        raise BackendError(f"float_weights={float_weights!r} is not supported; supported: fp32, fp16")
-    if weights in ("fp32", "fp16", "int8", "mxint8-nbits") and float_weights != "fp32":
-        raise BackendError(f"float_weights applies to the MX modes only; use weights={float_weights!r}")
-    path = Path(path)
-    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
-    bar.set_postfix_str("weights")
-    tensors, used_format = model_tensors(model, weights, mx_format)
-    bar.update(1)
-    bar.set_postfix_str("graph")
-    proto = build_decoder_graph(
-        cfg,
-        tensors,
-        ctx_len=ctx_len,
-        batch_size=batch_size,
-        num_logits=num_logits,
-        float_dtype="fp16" if "fp16" in (weights, float_weights) else "fp32",
-        progress=bar.update,
-        hidden_output=hidden_output,
-        matmul_nbits=weights == "mxint8-nbits",
-    )
-    meta = {
-        "accel.version": __version__,
-        "accel.weights": weights,
-        "accel.mx_format": used_format or "",
-        "accel.float_weights": "fp16" if "fp16" in (weights, float_weights) else "fp32",
-        "accel.ctx_len": str(ctx_len),
-        "accel.batch_size": str(batch_size),
-        "accel.num_logits": str(num_logits or 0),
-        "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
-        "accel.model_config": json.dumps(cfg.to_hf()),
-    }
-    if weights == "int8":
-        bar.set_postfix_str("int8")
-        proto = _quantize_int8(proto)
-    onnx.helper.set_model_props(proto, meta)
-    bar.set_postfix_str("write")
-    _save_atomic(proto, path)
-    bar.update(1)
-    bar.close()
-    return path
+    return cfg
 
 
 def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -294,7 +282,7 @@ def export_cached(
     *,
     name: str | None = None,
     ctx_len: int,
-    weights: str = "fp32",
+    weights: ExportWeights | WeightFormat | str = "fp32",
     model: Decoder | None = None,
     say=None,
     hidden_output: bool = False,
@@ -319,8 +307,10 @@ def export_cached(
         if f.suffix in (".json", ".safetensors"):
             st = f.stat()
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    key.update(f"{ctx_len}:{weights}:{__version__}:{int(hidden_output)}".encode())
-    for module in (Path(__file__), Path(__file__).with_name("onnx_graph.py")):  # the graph code itself
+    spec = ExportWeights.of(weights)
+    key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}".encode())
+    graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
+    for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
     path = Path(onnx_dir) / f"{name or src.name}-{key.hexdigest()[:12]}.onnx"
     if path.is_file():
@@ -335,12 +325,10 @@ def export_cached(
     import time
 
     t0 = time.perf_counter()
-    export_onnx(
-        model, path, ctx_len=ctx_len, batch_size=1, weights=weights, progress=False, hidden_output=hidden_output
-    )
+    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=spec, progress=False, hidden_output=hidden_output)
     if say:
         say(
-            f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, weights {weights}, "
-            f"ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s"
+            f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, "
+            f"weights {spec.format.value}, ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s"
         )
     return path

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accel.backends import BackendError, OrtBackend, TorchBackend, export_onnx  # noqa: E402
+from accel.backends import BackendError, ExportWeights, OrtBackend, TorchBackend, export_onnx  # noqa: E402
 from accel.drafts.feature import build_feature_draft  # noqa: E402
 from accel.models import Decoder, ModelConfig  # noqa: E402
 
@@ -152,5 +152,7 @@ def test_int8_draft_export(models, tmp_path):
     assert 0 < err < 0.05 * (scored.max() - scored.min())
     assert np.array_equal(l8[valid][:, :5], lf[valid][:, :5])
     assert np.abs(h8[valid] - hf[valid]).max() < 0.05 * np.abs(hf[valid]).max()
-    with pytest.raises(BackendError, match="float_weights"):
-        export_onnx(draft, tmp_path / "x.onnx", ctx_len=16, weights="int8", float_weights="fp16", progress=False)
+    with pytest.raises(BackendError, match="float_storage"):
+        export_onnx(
+            draft, tmp_path / "x.onnx", ctx_len=16, weights=ExportWeights("int8", float_storage="fp16"), progress=False
+        )

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import accel
-from accel.backends import OrtBackend, TorchBackend, export_onnx
+from accel.backends import ExportWeights, OrtBackend, TorchBackend, export_onnx
 from accel.models import Decoder, ModelConfig
 from tests.models.scenario import make_tokens, run_scenario
 
@@ -45,7 +45,12 @@ def test_mx_export_matches_compressed_torch(fmt, weights, tmp_path):
     model = _model(tied=fmt == "mxfp6")
     reference = _compressed(model, fmt)
     path = export_onnx(
-        model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights=weights, mx_format=fmt, progress=False
+        model,
+        tmp_path / "m.onnx",
+        ctx_len=CTX,
+        batch_size=2,
+        weights=ExportWeights(weights, mx_format=fmt),
+        progress=False,
     )
     from_compressed = export_onnx(
         reference, tmp_path / "c.onnx", ctx_len=CTX, batch_size=2, weights=weights, progress=False
@@ -94,7 +99,12 @@ def test_packed_with_fp16_float_weights(tmp_path):
 
     model = _model(tied=True)
     path = export_onnx(
-        model, tmp_path / "m.onnx", ctx_len=CTX, batch_size=2, weights="mx-packed", float_weights="fp16", progress=False
+        model,
+        tmp_path / "m.onnx",
+        ctx_len=CTX,
+        batch_size=2,
+        weights=ExportWeights("mx-packed", float_storage="fp16"),
+        progress=False,
     )
     reference = _compressed(model, "mxfp6")
     with torch.no_grad():

@@ -15,7 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 import accel
-from accel.backends import OrtBackend, export_onnx
+from accel.backends import ExportWeights, OrtBackend, export_onnx
 from accel.backends.qaic import write_qaic_files
 from accel.errors import BackendError
 from accel.formats import get_format, quantize
@@ -114,8 +114,7 @@ def test_logits_close_to_float_activations_and_closer_than_int8(tmp_path):
                 tmp_path / "r.onnx",
                 ctx_len=CTX,
                 batch_size=2,
-                weights="mx-rounded",
-                mx_format="mxint8",
+                weights=ExportWeights("mx-rounded", mx_format="mxint8"),
                 progress=False,
             )
         ),
@@ -152,9 +151,13 @@ def test_compressed_mxint8_model_keeps_its_codes_and_other_formats_are_rejected(
     accel.compress(fp6, "mxfp6")
     with pytest.raises(BackendError, match="MXINT8 weights only; this model is compressed with mxfp6"):
         export_onnx(fp6, tmp_path / "x.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
-    with pytest.raises(BackendError, match="float_weights applies to the MX modes only"):
+    with pytest.raises(BackendError, match="float_storage applies to mx-rounded / mx-packed only"):
         export_onnx(
-            model, tmp_path / "y.onnx", ctx_len=CTX, weights="mxint8-nbits", float_weights="fp16", progress=False
+            model,
+            tmp_path / "y.onnx",
+            ctx_len=CTX,
+            weights=ExportWeights("mxint8-nbits", float_storage="fp16"),
+            progress=False,
         )
     with pytest.raises(BackendError, match=r"com.microsoft .*export with fp32, fp16 or mx-rounded for Cloud AI 100"):
         write_qaic_files(b, tmp_path / "qaic", prompt_len=8, k=3, ctx_len=CTX)

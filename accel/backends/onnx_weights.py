@@ -1,0 +1,192 @@
+"""Weights in an accel ONNX graph: float initializers, MX-packed weights decoded in the graph, MatMulNBits.
+
+Weight storage per tensor:
+- ``np.ndarray``: stored as float32, or float16 when ``float_dtype="fp16"`` (with an in-graph Cast to float32);
+- ``MXTensor`` (2-D ``[out, in]``, blocked along ``in``): packed codes + E8M0 scales as uint8 initializers, decoded in
+  the graph with standard ops (BitShift/BitwiseAnd/BitwiseOr on uint8, a 2**bits-entry Gather LUT for the elements, a
+  256-entry LUT for the scales, Mul, Reshape, Slice, Transpose). onnxruntime constant-folds the decode at load time.
+  With ``nbits=True`` an MXINT8 weight instead feeds onnxruntime's ``com.microsoft.MatMulNBits`` (8 bits,
+  blocks of 32): its uint8 codes are the MXINT8 codes + 128 and its float32 scales the block scales times 2^-6, which
+  represent the MXINT8 values exactly; onnxruntime (only) runs it on int8 activations quantized per block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from accel.backends.onnx_builder import GraphBuilder
+from accel.errors import BackendError
+
+__all__ = ["GraphWeights", "decode_mx", "restricted_logits"]
+
+_E8M0_BIAS, _E8M0_NAN = 127, 0xFF  # OCP MX v1.0 §5.4 (REFERENCE.md §1)
+
+
+def decode_mx(g: GraphBuilder, name: str, mx: Any) -> str:
+    """In-graph decode of an MXTensor ``[out, in]`` blocked on axis 1; returns the name of W^T ``[in, out]`` fp32."""
+    if len(mx.shape) != 2 or mx.axis != 1:
+        raise BackendError(
+            f"MX weight {name!r}: need a 2-D [out, in] tensor blocked along axis 1; got {mx.shape} axis {mx.axis}"
+        )
+    out_f, in_f = mx.shape
+    bits, bs, nblocks = mx.fmt.bits, mx.block_size, mx.nblocks
+    codes = g.init(f"{name}.codes", mx.codes)
+    scales = g.init(f"{name}.scales", mx.scales)
+    u8 = lambda v: g.const([v], np.uint8)  # noqa: E731
+    shr = lambda x, k: g.op("BitShift", x, u8(k), direction="RIGHT")  # noqa: E731
+    shl = lambda x, k: g.op("BitShift", x, u8(k), direction="LEFT")  # noqa: E731
+    band = lambda x, m: g.op("BitwiseAnd", x, u8(m))  # noqa: E731
+    bor = lambda a, b: g.op("BitwiseOr", a, b)  # noqa: E731
+    if bits == 8:
+        elems = codes
+    elif bits == 4:  # two per byte, first element in the low nibble (REFERENCE.md §1)
+        b = g.op("Unsqueeze", codes, g.const([1]))
+        elems = g.op("Concat", band(b, 0x0F), shr(b, 4), axis=1)
+    elif bits == 6:  # 4 codes in 3 bytes, LSB-first stream (onnx.proto FP6 packing, REFERENCE.md §1)
+        b = g.op("Reshape", codes, g.const([-1, 3]))
+        b0, b1, b2 = g.ops("Split", [b, g.const([1, 1, 1])], 3, axis=1)
+        x0 = band(b0, 0x3F)
+        x1 = bor(shr(b0, 6), shl(band(b1, 0x0F), 2))
+        x2 = bor(shr(b1, 4), shl(band(b2, 0x03), 4))
+        x3 = shr(b2, 2)
+        elems = g.op("Concat", x0, x1, x2, x3, axis=1)
+    else:
+        raise BackendError(f"MX weight {name!r}: {bits}-bit elements cannot be decoded in the graph (4, 6, 8 allowed)")
+    lut = g.const(mx.fmt.code_values().astype(np.float32), np.float32)
+    values = g.op("Gather", lut, g.op("Cast", elems, to=TensorProto.INT32), axis=0)
+    values = g.op("Reshape", values, g.const([out_f, nblocks, bs]))
+    scale_lut = np.ldexp(1.0, np.arange(256) - _E8M0_BIAS)  # float64: 2**128 (code 255) is NaN anyway
+    scale_lut[_E8M0_NAN] = np.nan
+    scale_lut = scale_lut.astype(np.float32)
+    scale = g.op("Gather", g.const(scale_lut, np.float32), g.op("Cast", scales, to=TensorProto.INT32), axis=0)
+    w = g.op("Mul", values, g.op("Unsqueeze", scale, g.const([2])))
+    w = g.op("Reshape", w, g.const([out_f, nblocks * bs]))
+    if nblocks * bs != in_f:
+        w = g.op("Slice", w, g.const([0]), g.const([in_f]), g.const([1]))
+    return g.op("Transpose", w, perm=[1, 0], name=f"{name}.T")
+
+
+class GraphWeights:
+    """Hands out graph names for weights, storing each once (tied embeddings share one initializer)."""
+
+    def __init__(
+        self, g: GraphBuilder, tensors: Mapping[str, Any], float_dtype: str, tied: bool, nbits: bool = False
+    ) -> None:
+        self.g, self.tensors, self.fp16, self.tied, self.nbits = g, tensors, float_dtype == "fp16", tied, nbits
+        self._done: dict[str, str] = {}
+
+    def linear(self, xin: str, *names: str, out: str | None = None) -> str:
+        """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
+        concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
+        separate MatMuls). A MatMul, or (``nbits``) a MatMulNBits on MXINT8 codes."""
+        ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
+        if self.nbits and all(hasattr(t, "codes") for t in ts):
+            return self._matmul_nbits(xin, names, ts, out)
+        if len(names) == 1:
+            return self.g.op("MatMul", xin, self.matmul_t(names[0]), name=out)
+        if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)
+            return self.g.op("MatMul", xin, self.g.op("Concat", *[self.matmul_t(n) for n in names], axis=1), name=out)
+        joined = np.concatenate([np.asarray(t, np.float32).T for t in ts], axis=1)  # one initializer [in, sum(out)]
+        key = "+".join(names)
+        if self.fp16:
+            w = self.g.op("Cast", self.g.init(key, joined.astype(np.float16)), to=TensorProto.FLOAT)
+        else:
+            w = self.g.init(key, joined)
+        return self.g.op("MatMul", xin, w, name=out)
+
+    def bias(self, *names: str) -> str:
+        """The biases of ``names`` concatenated (one Add after a joined ``linear``)."""
+        if len(names) == 1:
+            return self.plain(names[0])
+        joined = np.concatenate([np.asarray(self._get(n), np.float32) for n in names])
+        if self.fp16:
+            return self.g.op("Cast", self.g.init("+".join(names), joined.astype(np.float16)), to=TensorProto.FLOAT)
+        return self.g.init("+".join(names), joined)
+
+    def _matmul_nbits(self, xin: str, names: tuple[str, ...], ts: list[Any], out: str | None) -> str:
+        codes, scales = [], []
+        for name, t in zip(names, ts, strict=True):
+            if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
+                raise BackendError(
+                    f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 "
+                    f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
+                )
+            c = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
+            sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
+            sc[t.scales == _E8M0_NAN] = np.nan
+            codes.append(c.astype(np.uint8).reshape(t.shape[0], t.nblocks, 32))
+            scales.append(sc.astype(np.float32).reshape(t.shape[0], t.nblocks))
+        if len({t.shape[1] for t in ts}) != 1:
+            raise BackendError(f"weights {names} have different input features; they cannot share one MatMulNBits")
+        key = "+".join(names)
+        self.g.init(f"{key}.q", np.concatenate(codes))
+        self.g.init(f"{key}.block_scales", np.concatenate(scales).reshape(-1))
+        self.g.opsets.add("com.microsoft")
+        return self.g.op(
+            "MatMulNBits",
+            xin,
+            f"{key}.q",
+            f"{key}.block_scales",
+            name=out,
+            domain="com.microsoft",
+            K=ts[0].shape[1],
+            N=sum(t.shape[0] for t in ts),
+            bits=8,
+            block_size=32,
+            accuracy_level=4,
+        )
+
+    def _get(self, name: str) -> Any:
+        if name not in self.tensors:
+            raise BackendError(f"weight {name!r} is missing from the model")
+        return self.tensors[name]
+
+    def plain(self, name: str) -> str:
+        """A float tensor as stored (fp32, or fp16 + Cast)."""
+        if name in self._done:
+            return self._done[name]
+        t = self._get(name)
+        if hasattr(t, "dequantize"):
+            t = t.dequantize(np.float32)
+        if self.fp16:
+            out = self.g.op("Cast", self.g.init(name, np.asarray(t, np.float16)), to=TensorProto.FLOAT)
+        else:
+            out = self.g.init(name, np.asarray(t, np.float32))
+        self._done[name] = out
+        return out
+
+    def matmul_t(self, name: str) -> str:
+        """``W^T [in, out]`` of a Linear weight ``[out, in]`` (decoded in-graph when it is an MXTensor)."""
+        key = name + ":T"
+        if key in self._done:
+            return self._done[key]
+        t = None if (name == "lm_head.weight" and self.tied) else self._get(name)
+        if hasattr(t, "codes") and hasattr(t, "scales"):
+            out = decode_mx(self.g, name, t)
+        elif name == "lm_head.weight" and self.tied:
+            out = self.g.op("Transpose", self.plain("embed_tokens.weight"), perm=[1, 0])  # tied: one initializer
+        elif self.fp16:
+            out = self.g.op("Cast", self.g.init(name, np.asarray(t, np.float16).T), to=TensorProto.FLOAT)
+        else:
+            out = self.g.init(name, np.asarray(t, np.float32).T)
+        self._done[key] = out
+        return out
+
+
+def restricted_logits(g: GraphBuilder, scored: str, tensors: Mapping[str, Any], vocab: int) -> str:
+    """``logits [B, N, vocab]``: ``MASKED_LOGIT`` everywhere, the head's ``scored [B, N, head_vocab]`` scattered at
+    the ``lm_head_token_ids`` initializer (ScatterElements on axis 2 into an Expand of the constant)."""
+    from accel.models.config import MASKED_LOGIT  # numpy only
+
+    if "lm_head_token_ids" not in tensors:
+        raise BackendError("weight 'lm_head_token_ids' is missing from the model (config has head_vocab > 0)")
+    ids = np.asarray(tensors["lm_head_token_ids"], np.int64)
+    shape = g.op("Shape", scored)  # [B, N, head_vocab]
+    full_shape = g.op("Concat", g.op("Slice", shape, g.const([0]), g.const([2])), g.const([vocab]), axis=0)
+    base = g.op("Expand", g.const([MASKED_LOGIT], np.float32), full_shape)
+    index = g.op("Expand", g.init("lm_head_token_ids", ids), shape)
+    return g.op("ScatterElements", base, index, scored, axis=2, name="logits")

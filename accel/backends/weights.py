@@ -1,0 +1,88 @@
+"""How ``export_onnx`` stores a decoder's weights: ``WeightFormat`` and the full ``ExportWeights`` spec (no torch).
+
+- ``fp32`` / ``fp16``: every weight as float32 / float16 (fp16 is cast to float32 in the graph; compute stays fp32).
+- ``mx-rounded``: Linear weights quantized to the MX element format and dequantized back to float32 -- the values an
+  MX compiler (``qaic-exec -mxfp6-matmul``) reproduces; same file size as fp32.
+- ``mx-packed``: Linear weights as packed MX codes + E8M0 scales (uint8) decoded in the graph with standard ops.
+- ``int8``: for drafts; onnxruntime's dynamic int8 quantization of the float graph's weight MatMuls (approximate).
+- ``mxint8-nbits``: every Linear (and the head) in MXINT8 as onnxruntime ``MatMulNBits`` (exact weights, int8
+  activations quantized per block; onnxruntime only).
+
+docs/backends.md describes each in full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from accel.errors import BackendError
+
+__all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat"]
+
+
+class WeightFormat(str, Enum):
+    """The weight storage of an exported graph (the value is the CLI's ``--weights`` name)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    MX_ROUNDED = "mx-rounded"
+    MX_PACKED = "mx-packed"
+    INT8 = "int8"
+    MXINT8_NBITS = "mxint8-nbits"
+
+    @property
+    def uses_mx_format(self) -> bool:
+        """Whether ``ExportWeights.mx_format`` chooses the element format (the MX modes that take any format)."""
+        return self in (WeightFormat.MX_ROUNDED, WeightFormat.MX_PACKED)
+
+
+WEIGHT_MODES: tuple[str, ...] = tuple(f.value for f in WeightFormat)
+FloatStorage = Literal["fp32", "fp16"]
+
+
+@dataclass(frozen=True)
+class ExportWeights:
+    """Weight storage of one export.
+
+    Attributes:
+        format: the ``WeightFormat``.
+        mx_format: element format (``mxfp6``, ``mxfp4``, ...) for ``mx-rounded`` / ``mx-packed`` when the model is
+            not already compressed (a compressed model keeps its own formats).
+        float_storage: storage of the tensors that stay float in ``mx-rounded`` / ``mx-packed`` (embeddings, norms,
+            biases, ``lm_head``): ``fp32`` (logits equal the ``accel.compress``-ed torch model's) or ``fp16``.
+    """
+
+    format: WeightFormat = WeightFormat.FP32
+    mx_format: str = "mxfp6"
+    float_storage: FloatStorage = "fp32"
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "format", WeightFormat(self.format))
+        except ValueError:
+            raise BackendError(
+                f"weights={self.format!r} is not supported; supported: {', '.join(WEIGHT_MODES)}"
+            ) from None
+        if self.float_storage not in ("fp32", "fp16"):
+            raise BackendError(f"float_storage={self.float_storage!r} is not supported; supported: fp32, fp16")
+        if self.float_storage != "fp32" and not self.format.uses_mx_format:
+            raise BackendError(
+                f"float_storage applies to mx-rounded / mx-packed only; for {self.format.value} use "
+                f"weights={self.float_storage!r} or keep float_storage='fp32'"
+            )
+
+    @classmethod
+    def of(cls, weights: ExportWeights | WeightFormat | str) -> ExportWeights:
+        """``weights`` as an ``ExportWeights`` (a format or its name gets the default MX format and fp32 floats)."""
+        if isinstance(weights, ExportWeights):
+            return weights
+        if not isinstance(weights, (str, WeightFormat)):
+            raise BackendError(f"weights must be an ExportWeights, a WeightFormat or one of {', '.join(WEIGHT_MODES)}")
+        return cls(format=WeightFormat(weights) if weights in WEIGHT_MODES else weights)  # type: ignore[arg-type]
+
+    @property
+    def float_dtype(self) -> FloatStorage:
+        """Storage of every float tensor in the graph."""
+        return "fp16" if WeightFormat.FP16 == self.format or self.float_storage == "fp16" else "fp32"
