@@ -26,8 +26,8 @@ __version__ = "0.1.0"
 _LAZY_SUBMODULES = {"formats", "models", "backends", "spd", "sim", "drafts"}
 _LAZY_FUNCTIONS = {
     "compress": "accel.formats.compress",
-    "save": "accel.formats.compress",
-    "load": "accel.formats.compress",
+    "save_compressed": "accel.formats.compress",
+    "load_compressed": "accel.formats.compress",
 }
 
 
@@ -44,6 +44,6 @@ __all__ = [
     "SpdError",
     "__version__",
     "compress",
-    "load",
-    "save",
+    "load_compressed",
+    "save_compressed",
 ]

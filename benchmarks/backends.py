@@ -4,7 +4,7 @@ For SmolLM2-135M and a ~40M random Llama (hidden 512, 8 layers, 8 heads, FFN 153
 for S = 1, 2, 4, 8, 16 at past lengths 128 and 512 (the cache is prefilled, then the timed call writes positions
 past .. past+S-1 again and again -- overwriting is free in the cache contract). Note the exported graph attends over
 all ctx_len slots (masked), so its cost depends on ctx_len, not on the past length; torch's eager decoder does the
-same. Ratios T(S)/T(1) are what speculative decoding lives on (REFERENCE.md §8). The overhead line compares
+same. Ratios T(S)/T(1) are what speculative decoding lives on (docs/reference.md §8). The overhead line compares
 OrtBackend.forward with a bare ``session.run`` on the
 same inputs (numpy feeds for the whole cache) and with a bare IO-binding run (no validation, no flipping). Calls are
 timed round robin over all (past, S) points of a runtime, so drifting machine load affects the ratios less.
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from accel.backends import OrtBackend, TorchBackend, export_onnx, prefill
 from accel.backends.ort_backend import session_feeds
-from accel.models import Decoder, ModelConfig, load, smollm2_checkpoint
+from accel.models import Decoder, ModelConfig, load_checkpoint, smollm2_checkpoint
 
 LLAMA_40M = ModelConfig(
     vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8, intermediate_size=1536
@@ -140,7 +140,7 @@ def main() -> None:
             if name == "llama40m":
                 model = Decoder(LLAMA_40M).init_weights(0).eval()
             elif name == "smollm2":
-                model = load(smollm2_checkpoint())
+                model = load_checkpoint(smollm2_checkpoint())
             else:
                 raise SystemExit(f"unknown model {name!r}; allowed: llama40m, smollm2")
             results["models"][name] = bench_model(name, model, seqs, pasts, repeats, args.threads, Path(tmp), bar)

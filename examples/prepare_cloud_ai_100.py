@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = accel.models.load(args.model or accel.models.smollm2_checkpoint())
+    model = accel.models.load_checkpoint(args.model or accel.models.smollm2_checkpoint())
     # fp16 float weights: the compiler converts to fp16 anyway (-convert-to-fp16) and compresses MatMul weights
     # to MXFP6 itself (-mxfp6-matmul), so we export plain floats.
     onnx_path = export_onnx(model, out / "model.onnx", ctx_len=args.ctx_len, weights="fp16")

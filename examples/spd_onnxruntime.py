@@ -15,7 +15,7 @@ target_dir = accel.models.smollm2_checkpoint()
 tok = accel.models.load_tokenizer(target_dir)
 for name, src in (("target", target_dir), ("draft", default_draft_dir())):
     if not (out / f"{name}.onnx").exists():
-        export_onnx(accel.models.load(src), out / f"{name}.onnx", ctx_len=256)
+        export_onnx(accel.models.load_checkpoint(src), out / f"{name}.onnx", ctx_len=256)
 target, draft = OrtBackend(out / "target.onnx", threads=2), OrtBackend(out / "draft.onnx", threads=1)
 
 prompt = tok.encode(

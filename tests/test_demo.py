@@ -18,12 +18,12 @@ from accel.demo import HARDWARE, default_draft_dir
 
 
 def test_shipped_draft_is_small_and_loads():
-    from accel.models import load
+    from accel.models import load_checkpoint
 
     d = default_draft_dir()
     weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
     assert weights < 8 * 2**20, f"shipped draft weights are {weights / 2**20:.1f} MiB"
-    model = load(d)
+    model = load_checkpoint(d)
     assert model.config.vocab_size == 49152
 
 
@@ -35,7 +35,7 @@ def test_demo_quick(tmp_path, capsys):
         assert stage in text, stage
     r = json.loads((out / "demo.json").read_text())
 
-    # 1. MXFP6 stores 6 bits per element + one 8-bit scale per 32: 6.25 / 16 of FP16 (REFERENCE.md §1)
+    # 1. MXFP6 stores 6 bits per element + one 8-bit scale per 32: 6.25 / 16 of FP16 (docs/reference.md §1)
     assert r["mx_size_ratio_vs_fp16"] == pytest.approx(6.25 / 16, rel=1e-3)
     assert r["mx_layers_bytes_mxfp6"] < r["mx_layers_bytes_fp16"]
     assert r["model_bytes_mx"] < r["model_bytes_fp16"]

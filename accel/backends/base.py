@@ -1,6 +1,6 @@
 """The ``Backend`` protocol: what the speculative decoding loop needs from a runtime.
 
-A backend owns one model instance and its KV cache (the position-indexed contract of REFERENCE.md §2): every call
+A backend owns one model instance and its KV cache (the position-indexed contract of docs/reference.md §2): every call
 writes the keys/values of its tokens at ``position_ids`` and attends to every cache slot ``<=`` the query's position.
 Nothing is ever rolled back: a rejected speculative token is simply overwritten by a later call at the same position.
 

@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
     from accel.backends.export import export_onnx
     from accel.backends.weights import ExportWeights
-    from accel.models import load
+    from accel.models import load_checkpoint
 
     if not args.quiet:
         print(f"loading {args.model}")
-    model = load(args.model)
+    model = load_checkpoint(args.model)
     path = export_onnx(
         model,
         args.out,

@@ -1,4 +1,4 @@
-"""``export_onnx``: write a ``Decoder`` as an ONNX file with the KV-cache contract of REFERENCE.md §2.
+"""``export_onnx``: write a ``Decoder`` as an ONNX file with the KV-cache contract of docs/reference.md §2.
 
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
@@ -318,9 +318,9 @@ def export_cached(
             say(f"ONNX {name or src.name}: cached {path}")
         return path
     if model is None:
-        from accel.models import load
+        from accel.models import load_checkpoint
 
-        model = load(src)
+        model = load_checkpoint(src)
     path.parent.mkdir(parents=True, exist_ok=True)
     import time
 

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 __all__ = ["IR_VERSION", "OPSET", "GraphBuilder"]
 
 OPSET = 18  # BitwiseAnd/Or need 18; LayerNormalization 17
-IR_VERSION = 8  # the IR of opset 18; stock onnxruntime rejects IR 14 (REFERENCE.md §1)
+IR_VERSION = 8  # the IR of opset 18; stock onnxruntime rejects IR 14 (docs/reference.md §1)
 
 
 class GraphBuilder:

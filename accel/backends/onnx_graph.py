@@ -1,4 +1,5 @@
-"""Build the ONNX graph of a decoder with the position-indexed KV-cache contract (REFERENCE.md §2), from numpy weights.
+"""Build the ONNX graph of a decoder with the position-indexed KV-cache contract (docs/reference.md §2), from numpy
+weights.
 
 The graph computes what ``accel.models.decoder.Decoder.forward`` computes (same masking, same RoPE, same op order in
 the layers), so ORT and torch agree to fp32 rounding; the cache write is an exact ScatterND of each new row at its
@@ -138,7 +139,7 @@ class _DecoderGraph:
         return g.op("Where", visible, self.f32(0.0), self.f32(np.finfo(np.float32).min))
 
     def cache_slots(self) -> None:
-        """ScatterND indices of the cache write (REFERENCE.md §2) and the validity mask of the written rows.
+        """ScatterND indices of the cache write (docs/reference.md §2) and the validity mask of the written rows.
 
         Each token's K/V row is scattered at its slot. A padding column (position -1) must write nothing; it is sent
         to a slot q that no real token of its row writes in this call (min valid position - 1, else max valid

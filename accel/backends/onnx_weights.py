@@ -23,7 +23,7 @@ from accel.errors import BackendError
 
 __all__ = ["GraphWeights", "decode_mx", "restricted_logits"]
 
-_E8M0_BIAS, _E8M0_NAN = 127, 0xFF  # OCP MX v1.0 §5.4 (REFERENCE.md §1)
+_E8M0_BIAS, _E8M0_NAN = 127, 0xFF  # OCP MX v1.0 §5.4 (docs/reference.md §1)
 
 
 def decode_mx(g: GraphBuilder, name: str, mx: Any) -> str:
@@ -43,10 +43,10 @@ def decode_mx(g: GraphBuilder, name: str, mx: Any) -> str:
     bor = lambda a, b: g.op("BitwiseOr", a, b)  # noqa: E731
     if bits == 8:
         elems = codes
-    elif bits == 4:  # two per byte, first element in the low nibble (REFERENCE.md §1)
+    elif bits == 4:  # two per byte, first element in the low nibble (docs/reference.md §1)
         b = g.op("Unsqueeze", codes, g.const([1]))
         elems = g.op("Concat", band(b, 0x0F), shr(b, 4), axis=1)
-    elif bits == 6:  # 4 codes in 3 bytes, LSB-first stream (onnx.proto FP6 packing, REFERENCE.md §1)
+    elif bits == 6:  # 4 codes in 3 bytes, LSB-first stream (onnx.proto FP6 packing, docs/reference.md §1)
         b = g.op("Reshape", codes, g.const([-1, 3]))
         b0, b1, b2 = g.ops("Split", [b, g.const([1, 1, 1])], 3, axis=1)
         x0 = band(b0, 0x3F)
@@ -116,7 +116,7 @@ class GraphWeights:
                     f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
                 )
             c = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
-            sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (REFERENCE.md §1)
+            sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (docs/reference.md §1)
             sc[t.scales == _E8M0_NAN] = np.nan
             codes.append(c.astype(np.uint8).reshape(t.shape[0], t.nblocks, 32))
             scales.append(sc.astype(np.float32).reshape(t.shape[0], t.nblocks))

@@ -1,4 +1,5 @@
-"""``OrtBackend``: an exported decoder (``export_onnx``, or any graph with the REFERENCE.md §2 contract) on onnxruntime.
+"""``OrtBackend``: an exported decoder (``export_onnx``, or any graph with the docs/reference.md §2 contract) on
+onnxruntime.
 
 The KV cache never crosses to numpy: one buffer per cache tensor (a numpy array wrapped as an OrtValue without a copy)
 is bound as both the ``past_*`` input and the ``*_RetainedState`` output, so the graph's ScatterND updates it in place

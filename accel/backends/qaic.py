@@ -5,7 +5,7 @@ NOT VERIFIED ON HARDWARE: no Cloud AI 100 card or SDK was available; the files f
 tests check them byte for byte against golden files.
 
 - ``specializations.json``: one fixed-shape graph per call shape -- prefill (``seq_len = prompt_len``) and decode /
-  scoring (``seq_len = K + 1``), both at ``ctx_len`` and ``batch_size`` (REFERENCE.md §2).
+  scoring (``seq_len = K + 1``), both at ``ctx_len`` and ``batch_size`` (docs/reference.md §2).
 - ``custom_io.yaml``: the KV buffers (``past_key.{i}`` and ``past_key.{i}_RetainedState``, same for values) kept in
   ``float16`` on the device, or ``mxint8`` with ``mxint8_kv``.
 - ``compile.sh``: the ``qaic-exec`` command (``-retained-state`` keeps the cache on the card; ``-convert-to-fp16``;

@@ -67,10 +67,10 @@ def load_model(model: Decoder | str | Path, role: str = "model") -> Decoder:
         raise DraftError(f"{role} checkpoint {path} has no config.json")
     if not any((path / f).is_file() for f in _WEIGHT_FILES):
         raise DraftError(f"{role} checkpoint {path} has no weights (expected one of {', '.join(_WEIGHT_FILES)})")
-    from accel.models.loading import load
+    from accel.models.loading import load_checkpoint
 
     try:
-        return load(path).eval()
+        return load_checkpoint(path).eval()
     except AccelError as exc:
         raise DraftError(f"{role} checkpoint {path} cannot be loaded: {exc}") from exc
     except Exception as exc:  # safetensors/json/struct errors from a corrupted file

@@ -135,9 +135,9 @@ class DraftEval(BaseModel):
     - ``accept_rate_by_position[j]`` (j = 0..max_k-1): probability that draft position j+1 of a speculative run is
       accepted under greedy SpD, i.e. that positions 1..j+1 all agree (averaged over every start position).
     - ``expected_tokens_per_step[K-1]`` (K = 1..max_k): 1 + sum_{j<K} accept_rate_by_position[j], the tokens one
-      greedy SpD step emits on average (REFERENCE.md §3, without assuming i.i.d. acceptance).
+      greedy SpD step emits on average (docs/reference.md §3, without assuming i.i.d. acceptance).
     - ``alpha``: mean over positions of sum_x min(p(x), q(x)) at ``temperature`` (the per-token acceptance of
-      modified rejection sampling, Chen et al. 2023; REFERENCE.md §3).
+      modified rejection sampling, Chen et al. 2023; docs/reference.md §3).
     - ``alpha_greedy_iid``: the greedy_agreement as an i.i.d. alpha, for ``accel.sim``.
     """
 

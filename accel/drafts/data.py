@@ -179,7 +179,7 @@ def self_generate(
     ctx = width + gen_tokens
     ids = torch.zeros(bsz, width, dtype=torch.long)
     pos = torch.full((bsz, width), -1, dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: position -1 (REFERENCE.md §2)
+    for i, p in enumerate(prompts):  # left padding: position -1 (docs/reference.md §2)
         ids[i, width - len(p) :] = torch.tensor(p)
         pos[i, width - len(p) :] = torch.arange(len(p))
     keys, values = new_cache(target.config, bsz, ctx)

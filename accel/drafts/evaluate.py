@@ -4,7 +4,7 @@ Everything is teacher-forced along the given sequences (one causal pass of each 
 acceptance of a K-token run started at position s is exact for greedy SpD when the text is the target's own greedy
 output (then every accepted draft token equals the text's next token); on other text it is an estimate. alpha at a
 temperature is exact per position: sum_x min(p(x), q(x)) is the acceptance probability of modified rejection sampling
-(Chen et al. 2023, Alg. 2; REFERENCE.md §3).
+(Chen et al. 2023, Alg. 2; docs/reference.md §3).
 """
 
 from __future__ import annotations

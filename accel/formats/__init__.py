@@ -1,7 +1,8 @@
 """OCP Microscaling (MX) formats: element codecs, block scaling, bit packing, MXTensor, checkpoint files.
 
 ``import accel.formats`` needs no torch: ``accel.formats.torch_ops`` (MXLinear, torch quantize/dequantize) and
-``accel.formats.compress`` (``accel.compress``, ``accel.save``, ``accel.load``) import torch and load on demand.
+``accel.formats.compress`` (``accel.compress``, ``accel.save_compressed``, ``accel.load_compressed``) import torch and
+load on demand.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Model-level workflow: ``accel.compress`` swaps nn.Linear weights for MX, ``accel.save`` / ``accel.load`` round-trip.
+"""Model-level workflow: ``accel.compress`` swaps nn.Linear weights for MX; ``accel.save_compressed`` /
+``accel.load_compressed`` round-trip a compressed model through an accel safetensors file.
+
+(``accel.models.load_checkpoint`` is the other loader: it reads a Hugging Face directory or a GGUF file into a
+``Decoder``, dequantizing any MX tensors.)
 
 Shaped like gpt-fast's two-step quantization handler: pick the Linear layers, quantize their weights (blocked along
 in_features, the reduction axis, as an MX matmul does), then swap each for an ``MXLinear``. By default every Linear
@@ -119,7 +123,7 @@ def _numpy_of(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def save(model: nn.Module, path: str | os.PathLike) -> None:
+def save_compressed(model: nn.Module, path: str | os.PathLike) -> None:
     """Write a (compressed) model's state to a safetensors file: MX weights as codes/scales, the rest as is.
 
     Tensors that share storage (tied embeddings) are written once; the others are recorded as aliases.
@@ -161,7 +165,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 @torch.no_grad()
-def load(path: str | os.PathLike, model: nn.Module) -> nn.Module:
+def load_compressed(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """Load a file written by ``save`` into ``model``, an uncompressed skeleton of the same architecture.
 
     The Linear layers stored as MX become MXLinear (weights bit-exact); every other tensor is copied into the model.

@@ -1,6 +1,6 @@
 """Plain named numbers of the OCP Microscaling (MX) v1.0 spec and of accel's file formats.
 
-Sources: OCP MX v1.0 §5 (block of k = 32 elements, E8M0 scale), REFERENCE.md §1.
+Sources: OCP MX v1.0 §5 (block of k = 32 elements, E8M0 scale), docs/reference.md §1.
 """
 
 from __future__ import annotations

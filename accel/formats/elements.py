@@ -1,6 +1,6 @@
 """Element formats of OCP Microscaling v1.0 (§5.3): frozen descriptions and the value of every code.
 
-| element | bias | emax | max normal | min normal | min subnormal | Inf/NaN |      (REFERENCE.md §1)
+| element | bias | emax | max normal | min normal | min subnormal | Inf/NaN |      (docs/reference.md §1)
 | FP8 E5M2 | 15 | 15 | 57344 | 2^-14 | 2^-16 | IEEE-like |
 | FP8 E4M3 | 7 | 8 | 448 | 2^-6 | 2^-9 | NaN only (S.1111.111) |
 | FP6 E3M2 | 3 | 4 | 28 | 0.25 | 0.0625 | none |

@@ -1,4 +1,4 @@
-"""Bit packing of element codes (the layouts of onnx.proto, onnx >= 1.20; REFERENCE.md §1).
+"""Bit packing of element codes (the layouts of onnx.proto, onnx >= 1.20; docs/reference.md §1).
 
 - 8-bit codes: one per byte.
 - FP6: a contiguous LSB-first bit stream, 4 codes in 3 bytes: ``b0 = x0 | (x1 & 3) << 6``,

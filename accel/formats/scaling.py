@@ -6,7 +6,7 @@ the spec computes X from amax, and for amax = NaN or Inf no power of two exists,
 (accel's choice: an Inf is never silently turned into a finite number).
 
 floor(log2(amax)) is taken from ``np.frexp`` (exact for every normal and subnormal float), never from ml_dtypes'
-float8_e8m0fnu cast, which rounds to the nearest power of two (REFERENCE.md §1).
+float8_e8m0fnu cast, which rounds to the nearest power of two (docs/reference.md §1).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Importing this package needs torch (the ``[torch]`` extra).
 
 from accel.models.config import MASKED_LOGIT, ModelConfig, RopeScaling
 from accel.models.decoder import Decoder, new_cache
-from accel.models.loading import load, save_pretrained
+from accel.models.loading import load_checkpoint, save_pretrained
 from accel.models.smollm2 import load_tokenizer, smollm2_checkpoint, smollm2_gguf_path
 
 __all__ = [
@@ -13,7 +13,7 @@ __all__ = [
     "Decoder",
     "ModelConfig",
     "RopeScaling",
-    "load",
+    "load_checkpoint",
     "load_tokenizer",
     "new_cache",
     "save_pretrained",

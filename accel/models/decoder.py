@@ -1,7 +1,8 @@
 """A compact decoder-only transformer (Llama family and GPT-2) with a position-indexed KV cache.
 
-The cache contract is the one accelerator SDKs use (REFERENCE.md §2): per layer fixed buffers ``[B, H_kv, ctx_len, D]``;
-a call writes its tokens' keys/values at ``position_ids`` and a query at position ``p`` attends to slots ``0..p``.
+The cache contract is the one accelerator SDKs use (docs/reference.md §2): per layer fixed buffers
+``[B, H_kv, ctx_len, D]``; a call writes its tokens' keys/values at ``position_ids`` and a query at position ``p``
+attends to slots ``0..p``.
 Slots beyond ``p`` may hold stale values from rejected speculative tokens: they are masked, and later overwritten.
 Padding columns carry ``position_id = -1``: they write nothing and their outputs are garbage (finite).
 

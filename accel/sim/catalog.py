@@ -1,19 +1,19 @@
-"""Built-in device catalog. Spec-sheet numbers from REFERENCE.md §5 (dense FP16, no sparsity), per device.
+"""Built-in device catalog. Spec-sheet numbers from docs/reference.md §5 (dense FP16, no sparsity), per device.
 
 Units: GB/s and GB are decimal (1e9); GPU "80 GB" is taken as 80e9 bytes (conservative: the parts hold 80 GiB).
 Cloud AI 100 Ultra is 4 SoCs: the card totals (548 GB/s, 128 GB, 290 TFLOPS, 576 MB SRAM) are split per SoC.
 
 ASSUMPTIONS (not from spec sheets; override with ``load_hardware`` or fit with ``calibrate``):
-- ``AI100_BANDWIDTH_EFFICIENCY = 0.6``: REFERENCE §5 says published decode rates reach roughly 40–70% of the
+- ``AI100_BANDWIDTH_EFFICIENCY = 0.6``: docs/reference.md §5 says published decode rates reach roughly 40–70% of the
   bandwidth roofline; 0.6 is inside that range.
 - ``GPU_BANDWIDTH_EFFICIENCY = 0.8``: memory-bound GEMV kernels on HBM/GDDR GPUs typically reach 70–90% of spec.
 - ``COMPUTE_EFFICIENCY = 0.6`` (GPU/TPU) and 0.5 (AI 100): achieved fraction of dense peak in large matmuls.
 - ``AI100_CALL_OVERHEAD_S = 200e-6`` and ``GPU_CALL_OVERHEAD_S = 30e-6``: fixed per-call time (host round trip,
   launch; CUDA-graph style launch on GPUs). Unpublished; calibrate on real runs.
-- MX decompression: Cloud AI 100 compiles MatMul weights to MXFP6 (``-mxfp6-matmul``, REFERENCE §2) and we assume the
-  expansion is hidden behind the weight stream (``None``). Devices without native MX run a software dequantizer:
-  assumed ``peak_fp16 / MX_DECOMPRESS_FLOP_RATIO`` elements/s with ``MX_DECOMPRESS_FLOP_RATIO = 64``.
-- Links: Cloud AI 100 Ultra SoCs sit behind a PCIe switch, each Gen4 x8 (REFERENCE §5) = 16 GB/s per direction;
+- MX decompression: Cloud AI 100 compiles MatMul weights to MXFP6 (``-mxfp6-matmul``, docs/reference.md §2) and we
+  assume the expansion is hidden behind the weight stream (``None``). Devices without native MX run a software
+  dequantizer: assumed ``peak_fp16 / MX_DECOMPRESS_FLOP_RATIO`` elements/s with ``MX_DECOMPRESS_FLOP_RATIO = 64``.
+- Links: Cloud AI 100 Ultra SoCs sit behind a PCIe switch, each Gen4 x8 (docs/reference.md §5) = 16 GB/s per direction;
   NVLink/IF/ICI figures are vendor numbers per GPU quoted for completeness (catalog GPUs have ``num_devices = 1``).
   ``LINK_LATENCY_S = 10e-6`` per all-reduce hop is an assumption.
 """
@@ -33,9 +33,9 @@ GPU_CALL_OVERHEAD_S = 30e-6
 MX_DECOMPRESS_FLOP_RATIO = 64
 LINK_LATENCY_S = 10e-6
 
-_AI100_SRC = "quic.github.io/cloud-ai-sdk-pages, Architecture (REFERENCE.md §5)"
+_AI100_SRC = "quic.github.io/cloud-ai-sdk-pages, Architecture (docs/reference.md §5)"
 _AI100_NOTE = (
-    "efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.6 of spec (REFERENCE §5: 40-70%), "
+    "efficiency terms assumed (see accel/sim/catalog.py): bandwidth 0.6 of spec (docs/reference.md §5: 40-70%), "
     "compute 0.5, 200 us per call; MX decompression assumed hidden."
 )
 _GPU_NOTE = (
@@ -105,7 +105,7 @@ def _gpu(
     )
 
 
-_NV = "NVIDIA datasheet (REFERENCE.md §5)"
+_NV = "NVIDIA datasheet (docs/reference.md §5)"
 CATALOG: dict[str, Hardware] = {
     h.name: h
     for h in [
@@ -127,7 +127,7 @@ CATALOG: dict[str, Hardware] = {
             2615,
             256,
             750,
-            "AMD datasheet (REFERENCE.md §5)",
+            "AMD datasheet (docs/reference.md §5)",
             896,
             "HBM3, 256 MB Infinity Cache, Infinity Fabric 896 GB/s",
         ),
@@ -139,7 +139,7 @@ CATALOG: dict[str, Hardware] = {
             275,
             0,
             170,
-            "cloud.google.com/tpu/docs/v4 (REFERENCE.md §5)",
+            "cloud.google.com/tpu/docs/v4 (docs/reference.md §5)",
             300,
             "32 GiB HBM2, 275 TFLOPS bf16, ~170 W measured mean, ICI link assumed 300 GB/s",
         ),

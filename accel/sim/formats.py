@@ -1,6 +1,6 @@
 """Storage cost of weight and KV-cache number formats, in bits per element *including* their scales.
 
-MX formats (OCP Microscaling v1.0, REFERENCE.md §1): one 8-bit E8M0 scale per block of 32 elements, so
+MX formats (OCP Microscaling v1.0, docs/reference.md §1): one 8-bit E8M0 scale per block of 32 elements, so
 MXFP6 = 6 + 8/32 = 6.25 bits = 0.390625 of FP16, MXFP4 = 4.25, MXFP8 / MXINT8 = 8.25.
 
 Integer weight-only formats (assumptions, stated here once):
@@ -11,7 +11,7 @@ Integer weight-only formats (assumptions, stated here once):
 
 Compute: MX and integer weights are expanded to the compute dtype before the matrix product (weight-only
 quantization; on Cloud AI 100 ``-mxfp6-matmul`` compresses MatMul weights offline and compute stays FP16,
-REFERENCE §2).
+docs/reference.md §2).
 So every format computes at ``fp16`` peak except ``fp32`` (fp32 peak) and ``bf16`` (bf16 peak if the device lists one).
 """
 

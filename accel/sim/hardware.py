@@ -10,8 +10,8 @@ Efficiency terms (what the roofline does not know) are explicit fields with docu
 - ``mx_decompress_elements_per_s``: how many MX weight elements/s the device can expand to its compute dtype;
   ``None`` = decompression hidden (hardware path or fully overlapped).
 - ``multi_token_penalty`` (beta) and ``multi_token_exponent`` (gamma): a call with r = batch * new_tokens rows
-  streams weights ``1 + beta * (r - 1) ** gamma`` times slower than a single row (REFERENCE §8: on the 2-core EPYC a
-  matmul with 2–16 rows streams at ~4–5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline (weights read once).
+  streams weights ``1 + beta * (r - 1) ** gamma`` times slower than a single row (docs/reference.md §8: on the 2-core
+  EPYC a matmul with 2–16 rows streams at ~4–5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline (weights read once).
 """
 
 from __future__ import annotations

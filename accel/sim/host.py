@@ -4,7 +4,8 @@
 - weight streaming: ``W @ x.T`` with a float32 ``W`` of ``stream_bytes`` at r = 1, 2, 4, ... rows; bytes of W / time
   at one row gives ``bandwidth_efficiency`` (relative to the copy bandwidth, capped at 1), and
   t(r)/t(1) = 1 + beta (r-1)^gamma fitted by least squares on log(t(r)/t(1) - 1) gives the multi-token term
-  (REFERENCE §8: on these CPUs several rows stream weights far slower than one, so scoring K+1 tokens is not free);
+  (docs/reference.md §8: on these CPUs several rows stream weights far slower than one, so scoring K+1 tokens is not
+  free);
 - matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call.
 Timing uses ``time.perf_counter``; the machine may be shared, hence medians.
@@ -87,7 +88,7 @@ def measure_ort_overhead(calls: int = 300) -> float:
     one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
     graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "tiny", [x], [y], [one])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # REFERENCE §1: ORT 1.31 accepts IR <= 13
+    model.ir_version = 8  # docs/reference.md §1: ORT 1.31 accepts IR <= 13
     onnx.checker.check_model(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = {"x": np.zeros((1, 8), dtype=np.float32)}

@@ -2,7 +2,7 @@
 
 The parameter count is *derived* from the architecture, never typed in. Which weights take the compressed format:
 the linear layers of the decoder blocks (Q, K, V, O, FFN) — what Qualcomm's ``-mxfp6-matmul`` compresses
-(REFERENCE §2).
+(docs/reference.md §2).
 Embeddings, norms and biases stay FP16; the LM head stays FP16 unless ``compress_lm_head=True`` (it is a MatMul too,
 so on Cloud AI 100 ``-mxfp6-matmul`` would compress it: set the option to model that). A tied LM head is the
 embedding table; it is stored once (in the LM-head format when compressed) and read in full by every call.
@@ -216,11 +216,11 @@ def _mlp(name: str, L: int, d: int, h: int, vocab: int, note: str = "", **kw: An
     )
 
 
-_SEED = "REFERENCE.md §6"
+_SEED = "docs/reference.md §6"
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
-        # models of the seed papers (REFERENCE.md §6); fields REFERENCE does not give are assumptions, stated in `note`
+        # models of the seed papers (docs/reference.md §6); fields it does not give are assumptions, stated in `note`
         _mlp(
             "chinchilla-70b",
             80,
@@ -304,7 +304,15 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         _llama("qwen2.5-7b", 28, 3584, 28, 18944, 152064, kv=4, qkv_bias=True, note="HF Qwen/Qwen2.5-7B config"),
         _llama(
-            "smollm2-135m", 30, 576, 9, 1536, 49152, kv=3, tied=True, note="HF HuggingFaceTB/SmolLM2-135M; REFERENCE §7"
+            "smollm2-135m",
+            30,
+            576,
+            9,
+            1536,
+            49152,
+            kv=3,
+            tied=True,
+            note="HF HuggingFaceTB/SmolLM2-135M; docs/reference.md §7",
         ),
         _llama("smollm2-360m", 32, 960, 15, 2560, 49152, kv=5, tied=True, note="HF HuggingFaceTB/SmolLM2-360M config"),
         _llama(

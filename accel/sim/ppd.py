@@ -1,4 +1,4 @@
-"""Predictive Pipelined Decoding (PPD), Theorem 4.1 of the seed paper (REFERENCE.md §4).
+"""Predictive Pipelined Decoding (PPD), Theorem 4.1 of the seed paper (docs/reference.md §4).
 
 d layers; at layer dbar (d/2 <= dbar <= d) an early prediction proposes top-k candidates and k sub-processes start the
 next token from layer 1 in parallel; with probability p one matches the final token and its head start saves

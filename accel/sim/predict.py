@@ -5,7 +5,7 @@ Timeline of one request (per sequence, batch B in lock step):
 - AR: ``gen_len - 1`` decode calls at past lengths prompt_len .. prompt_len + gen_len - 2 (each evaluated).
 - SpD: (gen_len - 1) / E loops; a loop at past length L = K draft calls (S = 1, past L .. L+K-1) + one target call
   scoring K+1 tokens (past L, K+1 logits) + ``host_s`` + the draft's catch-up (its next first call feeds 2 tokens
-  after an all-accepted loop, REFERENCE §2; a feature draft re-feeds all E tokens of the loop:
+  after an all-accepted loop, docs/reference.md §2; a feature draft re-feeds all E tokens of the loop:
   ``accel.sim.spd.draft_catch_up_s``); loop times are averaged over L in the generation range.
 - SpD with measured ``loop_stats`` (a dynamic draft length): D = ``drafts_per_loop`` draft calls and a target call
   scoring D + 1 tokens per loop (fractional D: the call cost is interpolated along the S-curve), E =
@@ -218,7 +218,7 @@ def spd_step_arrays(
     shape = np.broadcast_shapes(cum.shape[:-1], k.shape)
     idx = np.broadcast_to(k - 1, shape)[..., None]
     t_draft = np.take_along_axis(np.broadcast_to(cum, shape + cum.shape[-1:]), idx, axis=-1)[..., 0]
-    # all-accepted loops: the draft never saw d_K, so its next first call feeds [d_K, bonus] (REFERENCE §2)
+    # all-accepted loops: the draft never saw d_K, so its next first call feeds [d_K, bonus] (docs/reference.md §2)
     catch_up = steps(draft, draft_fmt, 2, L, 1, draft_devices, on=draft_hw or hw) - steps(
         draft, draft_fmt, 1, L, 1, draft_devices, on=draft_hw or hw
     )

@@ -1,4 +1,4 @@
-"""Speculative decoding math (REFERENCE.md §3): tokens per loop, its distribution, loop time, speedup.
+"""Speculative decoding math (docs/reference.md §3): tokens per loop, its distribution, loop time, speedup.
 
 One loop = K draft calls (one token each) + one target call scoring K+1 positions + host time. It yields the accepted
 draft prefix plus one target token (the correction or the bonus): between 1 and K+1 tokens.

@@ -117,9 +117,9 @@ def _open_backend(
         if not path.is_dir():
             raise SpdError(f"--backend torch needs a checkpoint directory; got {path}")
         from accel.backends import TorchBackend
-        from accel.models import load
+        from accel.models import load_checkpoint
 
-        return TorchBackend(load(path), ctx_len=ctx_len, batch_size=1, threads=threads)
+        return TorchBackend(load_checkpoint(path), ctx_len=ctx_len, batch_size=1, threads=threads)
     from accel.backends import OrtBackend
 
     if path.is_dir():  # exported once per checkpoint and ctx_len, cached in $ACCEL_CACHE/onnx

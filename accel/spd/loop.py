@@ -6,7 +6,7 @@ State per row (``n`` = tokens so far, prompt included): the target has consumed 
 
 1. draft ``k_b`` tokens autoregressively; the first draft call of the round feeds the row's un-consumed tail
    ``tokens[draft_fed:n]`` (1 token, or 2 = ``[d_K, bonus]`` after an all-accepted round: the cache catch-up of
-   REFERENCE.md §2), rows needing fewer tokens left-padded with position -1. With ``min_draft_prob`` a row stops
+   docs/reference.md §2), rows needing fewer tokens left-padded with position -1. With ``min_draft_prob`` a row stops
    drafting early, after a proposal the draft itself gave less than that probability (dynamic draft length: the
    decision uses the draft's side only, so sampling stays exact);
    With ``ngram`` (``accel.spd.lookup``), a row whose recent tokens occurred earlier takes what followed them as its

@@ -7,8 +7,8 @@ One speculative round per row: the draft proposed ``d_1..d_k`` with ``d_i ~ p_i`
 - on a rejection at ``i``, emit one token from the residual ``(q_i - p_i)+ / sum((q_i - p_i)+)``;
 - if all ``k`` drafts are accepted, emit a bonus token from ``q_{k+1}``.
 
-Every emitted token is then distributed exactly as the target's ``q`` (REFERENCE.md §3), provided ``p`` and ``q`` are
-the distributions actually sampled from (same warps). Edge cases, explicit:
+Every emitted token is then distributed exactly as the target's ``q`` (docs/reference.md §3), provided ``p`` and
+``q`` are the distributions actually sampled from (same warps). Edge cases, explicit:
 
 - ``p_i(d_i) == 0`` (impossible if ``d_i`` was sampled from ``p_i``): treated as a rejection;
 - residual mass 0 (only when ``p_i == q_i`` up to rounding, where a rejection has probability ~0): emit from ``q_i``.

@@ -14,7 +14,7 @@ Counting conventions (used by the tests and the benchmark):
 - ``acceptance_per_position[i]``: of the drafts *reached* at slot ``i`` (proposed, and the previous ``i`` were
   accepted, so this one was tested), the fraction accepted; ``proposed_per_position`` counts the reached ones.
   ``alpha_counts`` = accepted / proposed over all slots, the maximum-likelihood estimate of the
-  per-token acceptance rate under the i.i.d. model of REFERENCE.md §3. ``alpha_overlap`` = mean of
+  per-token acceptance rate under the i.i.d. model of docs/reference.md §3. ``alpha_overlap`` = mean of
   ``sum_x min(p(x), q(x))`` over the reached slots: the expected acceptance, computed from both distributions.
 - ``draft_calls_per_loop``: draft calls outside the prefill per round (= ``mean_drafts_per_loop`` at batch 1
   without lookup; lookup rounds call no draft, and a long catch-up may take several calls).
@@ -78,7 +78,8 @@ class GenerationStats(BaseModel):
     alpha_counts: float = Field(description="accepted / proposed drafts (NaN if none proposed)")
     alpha_overlap: float = Field(description="mean sum_x min(p, q) over reached slots (NaN if none)")
     mean_tokens_per_loop: float = Field(
-        description="mean accepted + 1 per (row, round) before EOS truncation: E[tokens per loop] of REFERENCE.md §3"
+        description="mean accepted + 1 per (row, round) before EOS truncation: E[tokens per loop] of "
+        "docs/reference.md §3"
     )
     wall_s: float
     prefill_s: float

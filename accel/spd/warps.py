@@ -1,9 +1,9 @@
 """Logits warps: logits ``[..., V]`` -> probabilities ``[..., V]`` (numpy, batched over leading axes).
 
 The order is Hugging Face's ``LogitsProcessorList`` order for sampling: temperature -> top-k -> top-p, then softmax
-(REFERENCE.md §3). Greedy is the top-1 warp: a one-hot on the first argmax. The draft's ``p`` and the target's ``q`` go
-through the same :func:`warp` with the same arguments, and modified rejection sampling uses exactly the arrays that were
-sampled from; that is what makes speculative sampling exact (Chen et al. 2023, Thm. 1).
+(docs/reference.md §3). Greedy is the top-1 warp: a one-hot on the first argmax. The draft's ``p`` and the target's
+``q`` go through the same :func:`warp` with the same arguments, and modified rejection sampling uses exactly the arrays
+that were sampled from; that is what makes speculative sampling exact (Chen et al. 2023, Thm. 1).
 
 Everything is computed in float64. Masked logits are ``-inf`` internally; raw logits with NaN or ``±inf`` are rejected
 with ``SpdError`` (a model that produced them is broken, and a silent sample from them would be a wrong answer).

@@ -14,7 +14,7 @@ import torch
 
 from accel.backends import OrtBackend, TorchBackend, export_onnx
 from accel.errors import BackendError
-from accel.models import Decoder, ModelConfig, load
+from accel.models import Decoder, ModelConfig, load_checkpoint
 from tests.models.scenario import SCORE, hf_reference, make_tokens, run_scenario, smollm2_model, tiny_hf_model
 
 PROMPTS = (4, 6)
@@ -32,7 +32,7 @@ def _tiny_llama(seed: int = 0) -> Decoder:
 @pytest.fixture(scope="module", params=("llama", "qwen2", "mistral", "gpt2"))
 def exported(request, tmp_path_factory):
     hf = tiny_hf_model(request.param)
-    model = load(hf)
+    model = load_checkpoint(hf)
     path = export_onnx(
         model, tmp_path_factory.mktemp("onnx") / f"{request.param}.onnx", ctx_len=CTX, batch_size=2, progress=False
     )

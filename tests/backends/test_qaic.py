@@ -50,7 +50,7 @@ def test_files_match_golden(onnx_file, case):
 
 
 def test_golden_structure():
-    # independent of the writer: the facts the Cloud AI 100 flow relies on (REFERENCE.md §2)
+    # independent of the writer: the facts the Cloud AI 100 flow relies on (docs/reference.md §2)
     spec = json.loads((GOLDEN / "default" / "specializations.json").read_text())["specializations"]
     assert spec == [
         {"batch_size": "1", "seq_len": "32", "ctx_len": "64"},

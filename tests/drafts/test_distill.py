@@ -10,7 +10,7 @@ import torch
 from accel.drafts import DistillConfig, distill
 from accel.drafts.loss import topk_kl
 from accel.errors import DraftError
-from accel.models import load
+from accel.models import load_checkpoint
 from accel.models.loading import read_checkpoint_tensors
 
 
@@ -65,7 +65,7 @@ def test_distill_trains_and_writes_a_loadable_checkpoint(tiny_target, text_file,
     assert 0.0 <= report.greedy_agreement <= 1.0
     for name in ("config.json", "model.safetensors", "tokenizer.json", "distill.json"):
         assert (out / name).is_file(), name
-    draft = load(out)  # the models loader reads it like any HF checkpoint
+    draft = load_checkpoint(out)  # the models loader reads it like any HF checkpoint
     assert draft.config.vocab_size == 256 and draft.config.num_layers == 1 and draft.config.hidden_size == 32
     assert json.loads((out / "distill.json").read_text())["steps"] == 16
 
@@ -131,7 +131,7 @@ def test_init_from_warm_starts_and_checks_architecture(tiny_target, text_file, t
     report = distill(tiny_target, tmp_path / "second", cfg)
     # a (practically) zero learning rate leaves the warm-started weights: same agreement as the first draft
     assert report.history[0].greedy_agreement is not None
-    a, b = load(first), load(tmp_path / "second")
+    a, b = load_checkpoint(first), load_checkpoint(tmp_path / "second")
     torch.testing.assert_close(a.embed_tokens.weight, b.embed_tokens.weight, rtol=0, atol=1e-6)
     with pytest.raises(DraftError, match="different architecture"):
         distill(tiny_target, tmp_path / "third", _cfg(text_file, d_model=16, init_from=first))

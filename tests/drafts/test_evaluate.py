@@ -49,9 +49,9 @@ def test_temperature_zero_alpha_is_greedy_agreement(tiny_target):
 
 def test_alpha_matches_direct_overlap(tiny_target):
     from accel.drafts.architecture import causal_logits
-    from accel.models import load
+    from accel.models import load_checkpoint
 
-    t = load(tiny_target)
+    t = load_checkpoint(tiny_target)
     d = Decoder(tiny_config()).init_weights(seed=11, std=0.15)
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
     ev = evaluate_draft(t, d, ids.numpy(), temperature=0.5)

@@ -125,7 +125,7 @@ def test_agrees_with_ml_dtypes_in_range(name, rng):
 
 @pytest.mark.parametrize("name", ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1"])
 def test_ml_dtypes_traps_differ_from_mx(name):
-    """ml_dtypes' FP6/FP4 casts silently map NaN to -0 and ±Inf to ±max (REFERENCE.md §1). accel does not: a block
+    """ml_dtypes' FP6/FP4 casts silently map NaN to -0 and ±Inf to ±max (docs/reference.md §1). accel does not: a block
     holding NaN or Inf gets the NaN scale 0xFF and decodes to NaN."""
     fmt = get_format(name)
     dt = ml_dtype(name)

@@ -48,7 +48,7 @@ def test_compress_tiny_llama(ids):
     assert [layer.name for layer in report.layers] == [f"{n}.weight" for n in linear_names if n != "lm_head"]
     assert all(isinstance(compressed.get_submodule(n), MXLinear) for n in linear_names if n != "lm_head")
     assert isinstance(compressed.lm_head, torch.nn.Linear) and not isinstance(compressed.lm_head, MXLinear)
-    # 6.25 bits / element against 16: 60.9 % saving (REFERENCE.md §1); every in_features here is a multiple of 32
+    # 6.25 bits / element against 16: 60.9 % saving (docs/reference.md §1); every in_features here is a multiple of 32
     assert report.saving_vs_fp16 == pytest.approx(1 - 6.25 / 16, abs=1e-12)
     assert report.saving_vs_fp32 == pytest.approx(1 - 6.25 / 32, abs=1e-12)
     assert round(report.saving_vs_fp16 * 100, 1) == 60.9
@@ -75,9 +75,9 @@ def test_compress_tiny_llama(ids):
 def test_save_load_round_trip(tmp_path, ids):
     model, _ = accel.compress(tiny_llama(), "mxfp4", exclude=["*.mlp.down_proj"])
     path = tmp_path / "tiny.safetensors"
-    accel.save(model, path)
+    accel.save_compressed(model, path)
     skeleton = tiny_llama(seed=1)  # different random weights: everything must come from the file
-    loaded = accel.load(path, model=skeleton)
+    loaded = accel.load_compressed(path, model=skeleton)
     assert isinstance(loaded.model.layers[0].mlp.down_proj, torch.nn.Linear)
     assert not isinstance(loaded.model.layers[0].mlp.down_proj, MXLinear)
     for name, module in model.named_modules():
@@ -104,13 +104,13 @@ def test_tied_embeddings_are_kept_and_saved_once(tmp_path, ids):
         "model.layers.0.self_attn.k_proj.weight",
     ]
     path = tmp_path / "tied.safetensors"
-    accel.save(model, path)
+    accel.save_compressed(model, path)
     from safetensors import safe_open
 
     with safe_open(str(path), framework="numpy") as f:
         keys = set(f.keys())
     assert ("lm_head.weight" in keys) != ("model.embed_tokens.weight" in keys)  # stored once
-    loaded = accel.load(path, tiny_llama(seed=3, tie_word_embeddings=True))
+    loaded = accel.load_compressed(path, tiny_llama(seed=3, tie_word_embeddings=True))
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
 
@@ -122,12 +122,12 @@ def test_bad_inputs(tmp_path):
         accel.compress(tiny_llama(), "mxfp3")
     model, _ = accel.compress(tiny_llama(), "mxfp6")
     path = tmp_path / "m.safetensors"
-    accel.save(model, path)
+    accel.save_compressed(model, path)
     wrong = tiny_llama(hidden_size=96, intermediate_size=128)
     with pytest.raises(FormatError, match="shape"):
-        accel.load(path, wrong)
+        accel.load_compressed(path, wrong)
     with pytest.raises(FormatError, match="missing"):
-        accel.load(path, tiny_llama(num_hidden_layers=3))
+        accel.load_compressed(path, tiny_llama(num_hidden_layers=3))
 
 
 def test_bf16_model_round_trip(tmp_path, ids):
@@ -136,8 +136,8 @@ def test_bf16_model_round_trip(tmp_path, ids):
     assert report.layers[0].bytes_before == 64 * 64 * 2
     assert report.saving_vs_fp16 == pytest.approx(1 - 6.25 / 16, abs=1e-12)
     path = tmp_path / "bf16.safetensors"
-    accel.save(model, path)
-    loaded = accel.load(path, tiny_llama(seed=5).to(torch.bfloat16))
+    accel.save_compressed(model, path)
+    loaded = accel.load_compressed(path, tiny_llama(seed=5).to(torch.bfloat16))
     for (k1, v1), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k1 == k2 and v1.dtype == v2.dtype and torch.equal(v1, v2), k1
     with torch.no_grad():
@@ -148,13 +148,13 @@ def test_bf16_model_round_trip(tmp_path, ids):
 def test_failed_load_leaves_the_skeleton_untouched(tmp_path):
     model, _ = accel.compress(tiny_llama(), "mxfp6")
     path = tmp_path / "m.safetensors"
-    accel.save(model, path)
+    accel.save_compressed(model, path)
     data = bytearray(path.read_bytes())
     data[-5] ^= 0xFF  # corrupt the last stored bytes
     path.write_bytes(bytes(data))
     skeleton = tiny_llama(seed=7)
     before = {k: v.clone() for k, v in skeleton.state_dict().items()}
     with pytest.raises(FormatError, match="checksum mismatch"):
-        accel.load(path, skeleton)
+        accel.load_compressed(path, skeleton)
     assert not any(isinstance(m, MXLinear) for m in skeleton.modules())
     assert all(torch.equal(before[k], v) for k, v in skeleton.state_dict().items())

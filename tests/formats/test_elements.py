@@ -1,4 +1,4 @@
-"""Element code tables against the spec (REFERENCE.md §1, OCP MX v1.0 §5.3) and against ml_dtypes."""
+"""Element code tables against the spec (docs/reference.md §1, OCP MX v1.0 §5.3) and against ml_dtypes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from accel.formats import ALIASES, FORMATS, get_format
 
 from .conftest import ALL_FORMATS, FLOAT_FORMATS, ml_dtype
 
-# (max normal, min normal, min subnormal) from REFERENCE.md §1 (copied from the spec's tables, not computed)
+# (max normal, min normal, min subnormal) from docs/reference.md §1 (copied from the spec's tables, not computed)
 SPEC = {
     "mxfp8_e5m2": (57344.0, 2.0**-14, 2.0**-16),
     "mxfp8_e4m3": (448.0, 2.0**-6, 2.0**-9),

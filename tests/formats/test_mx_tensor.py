@@ -69,7 +69,7 @@ def test_nbytes_is_true_storage():
 
 
 def test_saturation_edge_e2m3():
-    """Floor rule: a block amax of 7.9 * 2^k gets scale 2^k and clamps to 7.5 * 2^k (REFERENCE.md §1)."""
+    """Floor rule: a block amax of 7.9 * 2^k gets scale 2^k and clamps to 7.5 * 2^k (docs/reference.md §1)."""
     for k in (-3, 0, 5):
         x = np.zeros(32, np.float32)
         x[0], x[1] = 7.9 * 2.0**k, -7.9 * 2.0**k

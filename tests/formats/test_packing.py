@@ -22,7 +22,7 @@ def test_round_trip_every_length(bits, rng):
 
 
 def test_fp6_layout_by_hand():
-    # REFERENCE.md §1: b0 = x0 | (x1&3)<<6; b1 = x1>>2 | (x2&0xF)<<4; b2 = x2>>4 | x3<<2
+    # docs/reference.md §1: b0 = x0 | (x1&3)<<6; b1 = x1>>2 | (x2&0xF)<<4; b2 = x2>>4 | x3<<2
     x = [0b101010, 0b110011, 0b011100, 0b111111]
     expected = [x[0] | (x[1] & 3) << 6, x[1] >> 2 | (x[2] & 0xF) << 4, x[2] >> 4 | x[3] << 2]
     assert list(pack_codes(np.array(x, np.uint8), 6)) == [b & 0xFF for b in expected]

@@ -104,6 +104,6 @@ def tiny_hf_model(family: str, seed: int = 0):
 def smollm2_model():
     """SmolLM2-135M as a ``Decoder``, loaded from the cached HF-style conversion (``smollm2_checkpoint()``, built once
     per machine from the GGUF; ``ACCEL_CACHE`` overrides its location). Shared by every test in a process."""
-    from accel.models import load, smollm2_checkpoint
+    from accel.models import load_checkpoint, smollm2_checkpoint
 
-    return load(smollm2_checkpoint())
+    return load_checkpoint(smollm2_checkpoint())

@@ -16,7 +16,7 @@ import torch
 
 from accel.drafts.feature import build_feature_draft, shift_features, unrolled_hidden
 from accel.errors import DraftError, ModelError
-from accel.models import Decoder, ModelConfig, load, new_cache, save_pretrained
+from accel.models import Decoder, ModelConfig, load_checkpoint, new_cache, save_pretrained
 
 ATOL = 1e-5
 
@@ -62,7 +62,7 @@ def test_config_json_round_trip(draft):
 
 
 def test_checkpoint_round_trip(draft, tmp_path):
-    back = load(save_pretrained(draft, tmp_path / "d"))
+    back = load_checkpoint(save_pretrained(draft, tmp_path / "d"))
     for (name, a), b in zip(draft.state_dict().items(), back.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert back.fc.weight.shape == (32, 8 + 32)
@@ -75,7 +75,7 @@ def test_mxfp6_checkpoint_round_trip(draft, tmp_path):
 
     src = save_pretrained(draft, tmp_path / "d")
     compress_checkpoint(src, tmp_path / "mx", fmt="mxfp6", exclude=["*norm*"], progress=False)
-    back = load(tmp_path / "mx")
+    back = load_checkpoint(tmp_path / "mx")
     assert back.config.feature_size == 32
     ids = torch.tensor([[1, 5, 9, 2]])
     feats = torch.randn(1, 4, 32, generator=torch.Generator().manual_seed(0))

@@ -20,7 +20,7 @@ from accel.backends import TorchBackend
 from accel.drafts import restrict_head
 from accel.drafts.architecture import causal_logits
 from accel.errors import DraftError, ModelError
-from accel.models import MASKED_LOGIT, Decoder, ModelConfig, load, new_cache, save_pretrained
+from accel.models import MASKED_LOGIT, Decoder, ModelConfig, load_checkpoint, new_cache, save_pretrained
 from tests.models.scenario import make_tokens, run_scenario
 
 ATOL = 1e-5
@@ -123,7 +123,7 @@ def test_save_load_round_trip(saved):
 
     stored = load_file(path / "model.safetensors")
     assert stored["lm_head.token_ids"].dtype == torch.int64
-    loaded = load(path)
+    loaded = load_checkpoint(path)
     assert loaded.config == small.config
     for name, t in small.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], t), name
@@ -141,7 +141,7 @@ def test_compressed_checkpoint_round_trip(saved, tmp_path):
     out = tmp_path / "mx"
     report = compress_checkpoint(path, out, fmt="mxfp6", progress=False)
     assert "lm_head.token_ids" in report.skipped and "lm_head.weight" in report.skipped
-    loaded = load(out)
+    loaded = load_checkpoint(out)
     assert torch.equal(loaded.lm_head_token_ids, small.lm_head_token_ids)
     reference = copy.deepcopy(small)
     accel.compress(reference, "mxfp6")
@@ -154,10 +154,10 @@ def test_accel_save_load_round_trip(pair, tmp_path):
     _, small = pair
     model = copy.deepcopy(small)
     accel.compress(model, "mxfp6")
-    accel.save(model, tmp_path / "m.safetensors")
+    accel.save_compressed(model, tmp_path / "m.safetensors")
     skeleton = Decoder(small.config)
     assert not torch.equal(skeleton.lm_head_token_ids, small.lm_head_token_ids)
-    back = accel.load(tmp_path / "m.safetensors", skeleton)
+    back = accel.load_compressed(tmp_path / "m.safetensors", skeleton)
     assert torch.equal(back.lm_head_token_ids, small.lm_head_token_ids)
     ids = torch.tensor([[4, 9, 2]])
     with torch.no_grad():
@@ -209,7 +209,7 @@ def test_bad_token_ids_in_checkpoint(tmp_path, ids, match):
     tensors["lm_head.token_ids"] = ids
     save_file(tensors, path / "model.safetensors")
     with pytest.raises(ModelError, match=match):
-        load(path)
+        load_checkpoint(path)
 
 
 def test_missing_token_ids_in_checkpoint(tmp_path):
@@ -220,7 +220,7 @@ def test_missing_token_ids_in_checkpoint(tmp_path):
     del tensors["lm_head.token_ids"]
     save_file(tensors, path / "model.safetensors")
     with pytest.raises(ModelError, match="lm_head_token_ids"):
-        load(path)
+        load_checkpoint(path)
 
 
 @pytest.mark.parametrize(

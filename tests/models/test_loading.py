@@ -15,7 +15,7 @@ import torch
 
 from accel.backends import TorchBackend
 from accel.errors import ModelError
-from accel.models import Decoder, ModelConfig, load, save_pretrained
+from accel.models import Decoder, ModelConfig, load_checkpoint, save_pretrained
 from tests.models.scenario import hf_reference, make_tokens, run_scenario, tiny_hf_model
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
@@ -41,22 +41,22 @@ def _check(model: Decoder, rows, ref, atol=ATOL):
 
 def test_load_live_model_matches_transformers(family):
     _, hf, _, rows, ref = family
-    _check(load(hf), rows, ref)
+    _check(load_checkpoint(hf), rows, ref)
 
 
 def test_load_directory_matches_transformers(family):
     _, _, directory, rows, ref = family
-    _check(load(directory), rows, ref)
+    _check(load_checkpoint(directory), rows, ref)
 
 
 def test_save_pretrained_round_trip_and_transformers_loads_it(family, tmp_path):
     from transformers import AutoModelForCausalLM
 
     _, _hf, directory, rows, ref = family
-    model = load(directory)
+    model = load_checkpoint(directory)
     save_pretrained(model, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
-    again = load(tmp_path)
+    again = load_checkpoint(tmp_path)
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2), n1
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -71,12 +71,12 @@ def test_sharded_and_bin_checkpoints(tmp_path):
     sharded = tmp_path / "sharded"
     hf.save_pretrained(sharded, max_shard_size="30KB")
     assert (sharded / "model.safetensors.index.json").is_file()
-    _check(load(sharded), rows, ref)
+    _check(load_checkpoint(sharded), rows, ref)
     binary = tmp_path / "bin"
     binary.mkdir()
     (binary / "config.json").write_text(json.dumps(hf.config.to_dict()))
     torch.save(hf.state_dict(), binary / "pytorch_model.bin")
-    _check(load(binary), rows, ref)
+    _check(load_checkpoint(binary), rows, ref)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -102,28 +102,28 @@ def test_unsupported_config_field(saved_llama):
     cfg = json.loads((saved_llama / "config.json").read_text())
     (saved_llama / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
     with pytest.raises(ModelError, match="hidden_act"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
     (saved_llama / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
     with pytest.raises(ModelError, match="model_type"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
 
 
 def test_missing_weight_is_named(saved_llama):
     _rewrite(saved_llama, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(ModelError, match=r"missing weight.*layers\.1\.mlp\.up_proj\.weight"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
 
 
 def test_extra_and_misshaped_weights_are_named(saved_llama):
     _rewrite(saved_llama, lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(48, 32)}))
     with pytest.raises(ModelError, match=r"unexpected tensor.*layers\.2\.mlp\.up_proj\.weight"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
     _rewrite(
         saved_llama,
         lambda t: (t.pop("model.layers.2.mlp.up_proj.weight"), t.update({"model.norm.weight": torch.ones(31)})),
     )
     with pytest.raises(ModelError, match=r"'norm\.weight' has shape \(31,\)"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
 
 
 def test_truncated_safetensors(saved_llama):
@@ -131,19 +131,19 @@ def test_truncated_safetensors(saved_llama):
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelError, match="truncated"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
     f.write_bytes(data[:5])
     with pytest.raises(ModelError, match="truncated"):
-        load(saved_llama)
+        load_checkpoint(saved_llama)
 
 
 def test_bad_sources(tmp_path):
     with pytest.raises(ModelError, match=r"neither a checkpoint directory nor a .gguf"):
-        load(tmp_path / "nope")
+        load_checkpoint(tmp_path / "nope")
     with pytest.raises(ModelError, match=r"no config.json"):
-        load(tmp_path)
+        load_checkpoint(tmp_path)
     with pytest.raises(ModelError, match="cannot load a model from int"):
-        load(3)
+        load_checkpoint(3)
 
 
 def test_load_accel_compressed_checkpoint(saved_llama, tmp_path):
@@ -154,8 +154,8 @@ def test_load_accel_compressed_checkpoint(saved_llama, tmp_path):
 
     out = tmp_path / "mx"
     compress_checkpoint(saved_llama, out, fmt="mxfp6", progress=False)
-    loaded = load(out)  # MX tensors dequantized
-    reference = copy.deepcopy(load(saved_llama))
+    loaded = load_checkpoint(out)  # MX tensors dequantized
+    reference = copy.deepcopy(load_checkpoint(saved_llama))
     accel.compress(reference, "mxfp6")
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
@@ -174,10 +174,10 @@ def test_unsupported_gguf_architecture(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ModelError, match=r"general.architecture='falcon' is not supported"):
-        load(path)
+        load_checkpoint(path)
     path.write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(ModelError, match="not a readable GGUF"):
-        load(path)
+        load_checkpoint(path)
 
 
 def test_save_pretrained_refuses_compressed_models(tmp_path):

@@ -1,4 +1,4 @@
-"""SmolLM2-135M (GGUF, REFERENCE.md §7): our GGUF loader and tokenizer vs transformers' GGUF loader.
+"""SmolLM2-135M (GGUF, docs/reference.md §7): our GGUF loader and tokenizer vs transformers' GGUF loader.
 
 Tolerance: SmolLM2's logits reach ~30; fp32 operation order (30 layers) moves them by ~3e-5, so ``atol=1e-3``
 (a wrong Q/K un-permutation or a swapped weight changes them by O(1)).

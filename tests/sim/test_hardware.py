@@ -27,7 +27,7 @@ def test_catalog_covers_reference_and_cites_sources():
     assert set(REFERENCE_DEVICES) <= set(list_hardware())
     for name in list_hardware():
         hw = hardware(name)
-        assert hw.source and "REFERENCE" in hw.source
+        assert hw.source and "docs/reference.md" in hw.source
         assert hw.notes and "assumed" in hw.notes.lower()
 
 
@@ -37,7 +37,7 @@ def test_ultra_is_four_socs_of_the_card_totals():
     assert hw.num_devices * hw.memory_bandwidth_bytes_per_s == pytest.approx(548e9)
     assert hw.total_memory_capacity_bytes == pytest.approx(128e9)
     assert hw.num_devices * hw.peak_flops("fp16") == pytest.approx(290e12)
-    assert hw.bandwidth_efficiency == 0.6  # REFERENCE §5: 40-70 %
+    assert hw.bandwidth_efficiency == 0.6  # docs/reference.md §5: 40-70 %
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ def test_llama2_7b_bytes_fp16_and_mxfp6():
     fp16 = weight_breakdown(spec, "fp16")
     mx = weight_breakdown(spec, "mxfp6")
     assert fp16["total"] == 2 * spec.num_params
-    assert mx["linear"] / fp16["linear"] == 0.390625  # exactly 6.25 / 16 (REFERENCE §1)
+    assert mx["linear"] / fp16["linear"] == 0.390625  # exactly 6.25 / 16 (docs/reference.md §1)
     lin = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
     assert mx["linear"] == lin * 6.25 / 8
     # embeddings, LM head and norms stay fp16 by default

@@ -81,7 +81,7 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     """A feature-draft checkpoint: the CLI exports the target with its hidden states (ort) and the output is AR's."""
     import numpy as np
 
-    from accel.models import load
+    from accel.models import load_checkpoint
 
     from .test_feature_draft import oracle_feature_draft
 
@@ -105,7 +105,9 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     assert main(["generate", *common]) == 0
     ar = json.loads(capsys.readouterr().out)
     unused = next(t for t in range(32) if t not in ar["tokens"][0])
-    fd = oracle_feature_draft(load(target), [t for t in range(32) if t != unused])  # the target as a feature draft
+    fd = oracle_feature_draft(
+        load_checkpoint(target), [t for t in range(32) if t != unused]
+    )  # the target as a feature draft
     fd_dir = save_pretrained(fd, tmp_path / "feature_draft")
     assert main(["generate", *common, "--draft", str(fd_dir), "--k", "3"]) == 0
     spd = json.loads(capsys.readouterr().out)
