@@ -15,7 +15,7 @@ import torch
 from accel.backends import OrtBackend, TorchBackend, export_onnx
 from accel.errors import BackendError
 from accel.models import Decoder, ModelConfig, load_checkpoint
-from tests.models.scenario import SCORE, hf_reference, make_tokens, run_scenario, smollm2_model, tiny_hf_model
+from tests.helpers.scenario import SCORE, hf_reference, make_tokens, run_scenario, smollm2_model, tiny_hf_model
 
 PROMPTS = (4, 6)
 CTX = 32

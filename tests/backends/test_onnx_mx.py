@@ -13,7 +13,7 @@ import pytest
 import accel
 from accel.backends import ExportWeights, OrtBackend, TorchBackend, export_onnx
 from accel.models import Decoder, ModelConfig
-from tests.models.scenario import make_tokens, run_scenario
+from tests.helpers.scenario import make_tokens, run_scenario
 
 PROMPTS = (4, 6)
 CTX = 16

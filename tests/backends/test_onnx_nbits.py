@@ -21,7 +21,7 @@ from accel.errors import BackendError
 from accel.formats import get_format, quantize
 from accel.models import Decoder, ModelConfig
 from accel.spd import generate, generate_ar
-from tests.models.scenario import make_tokens, run_scenario
+from tests.helpers.scenario import make_tokens, run_scenario
 
 PROMPTS = (4, 6)
 CTX = 32

@@ -8,8 +8,7 @@ import torch
 from accel.drafts import DistillConfig
 from accel.drafts.architecture import build_draft, causal_logits, draft_config, svd_embedding
 from accel.models.decoder import Decoder
-
-from .conftest import tiny_config
+from tests.helpers.drafts import tiny_config
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])

@@ -10,8 +10,7 @@ from accel.drafts.architecture import causal_logits
 from accel.drafts.data import TeacherData, chat_prompt, self_generate, split_rows, teacher_topk
 from accel.models.decoder import Decoder
 from accel.spd import generate_ar
-
-from .conftest import tiny_config
+from tests.helpers.drafts import tiny_config
 
 
 def _target() -> Decoder:

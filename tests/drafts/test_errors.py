@@ -9,8 +9,7 @@ import pytest
 from accel.cli import main
 from accel.drafts import DistillConfig, distill, evaluate_draft
 from accel.errors import DraftError
-
-from .conftest import write_target
+from tests.helpers.drafts import write_target
 
 TEXT = "def add(a, b):\n    return a + b\n" * 4
 

@@ -13,8 +13,7 @@ import torch
 from accel.drafts import evaluate_draft
 from accel.drafts.evaluate import run_acceptance
 from accel.models.decoder import Decoder
-
-from .conftest import tiny_config
+from tests.helpers.drafts import tiny_config
 
 TEXT = inspect.getsource(textwrap)[:1500]
 

@@ -126,7 +126,7 @@ def test_target_features_in_bfloat16(target):
 def test_greedy_acceptance_oracle_and_untrained(target):
     """The target's own function as a feature draft accepts every proposal; an untrained draft far fewer."""
     from accel.drafts.feature import greedy_acceptance
-    from tests.spd.test_feature_draft import oracle_feature_draft
+    from tests.helpers.decoders import oracle_feature_draft
 
     seqs, plens, hidden = [], [], []
     for prompt in ([1, 2, 3], [5, 9]):

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from accel.formats import decode_elements, encode_elements, get_format, quantize
-
-from .conftest import ALL_FORMATS, FLOAT_FORMATS, ml_dtype
+from tests.helpers.formats import ALL_FORMATS, FLOAT_FORMATS, ml_dtype
 
 
 def finite_codes(name: str) -> np.ndarray:

@@ -7,10 +7,8 @@ import pytest
 
 from accel.errors import FormatError
 from accel.formats import ALIASES, FORMATS, get_format
+from tests.helpers.formats import ALL_FORMATS, FLOAT_FORMATS, ml_dtype
 
-from .conftest import ALL_FORMATS, FLOAT_FORMATS, ml_dtype
-
-# (max normal, min normal, min subnormal) from docs/reference.md §1 (copied from the spec's tables, not computed)
 SPEC = {
     "mxfp8_e5m2": (57344.0, 2.0**-14, 2.0**-16),
     "mxfp8_e4m3": (448.0, 2.0**-6, 2.0**-9),

@@ -10,8 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from accel.errors import FormatError
 from accel.formats import MXTensor, encode_elements, get_format, pack_codes, quantize, scale_codes_from_amax
-
-from .conftest import ALL_FORMATS
+from tests.helpers.formats import ALL_FORMATS
 
 
 def reference_quantize(x: np.ndarray, name: str, axis: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:

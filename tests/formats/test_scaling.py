@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from accel.formats import block_scale_codes, get_format, quantize, scale_codes_from_amax
-
-from .conftest import ALL_FORMATS
+from tests.helpers.formats import ALL_FORMATS
 
 
 def floor_rule(amax: float, emax: int) -> int:

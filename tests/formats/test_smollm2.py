@@ -7,8 +7,7 @@ import pytest
 
 from accel.formats import get_format, quantize
 from accel.formats.report import error_stats
-
-from .conftest import smollm2_gguf
+from tests.helpers.formats import smollm2_gguf
 
 
 def test_mxfp6_alias_is_the_better_fp6_on_smollm2():

@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 from accel.errors import FormatError  # noqa: E402
 from accel.formats import quantize  # noqa: E402
 from accel.formats.torch_ops import MXLinear, dequantize_torch, quantize_torch  # noqa: E402
-
-from .conftest import ALL_FORMATS  # noqa: E402
+from tests.helpers.formats import ALL_FORMATS  # noqa: E402
 
 
 def adversarial(rng: np.random.Generator) -> np.ndarray:

@@ -21,7 +21,7 @@ from accel.drafts import restrict_head
 from accel.drafts.architecture import causal_logits
 from accel.errors import DraftError, ModelError
 from accel.models import MASKED_LOGIT, Decoder, ModelConfig, load_checkpoint, new_cache, save_pretrained
-from tests.models.scenario import make_tokens, run_scenario
+from tests.helpers.scenario import make_tokens, run_scenario
 
 ATOL = 1e-5
 VOCAB = 96
@@ -295,7 +295,7 @@ def test_greedy_spd_with_restricted_draft_equals_ar_on_ort(tmp_path):
     pytest.importorskip("onnxruntime")
     from accel.backends import OrtBackend, export_onnx
     from accel.spd import generate, generate_ar
-    from tests.spd.conftest import perturbed, random_model
+    from tests.helpers.decoders import perturbed, random_model
 
     target = random_model(seed=1, std=0.5)
     draft = restrict_head(perturbed(target, 3, 0.02), [*list(range(0, 32, 2)), 1, 3, 5])

@@ -16,7 +16,7 @@ import torch
 from accel.backends import TorchBackend
 from accel.errors import ModelError
 from accel.models import Decoder, ModelConfig, load_checkpoint, save_pretrained
-from tests.models.scenario import hf_reference, make_tokens, run_scenario, tiny_hf_model
+from tests.helpers.scenario import hf_reference, make_tokens, run_scenario, tiny_hf_model
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 PROMPTS = (4, 6)

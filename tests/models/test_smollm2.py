@@ -20,7 +20,7 @@ except ModelError as exc:  # pragma: no cover - the dev extra installs it
     pytest.skip(f"SmolLM2 is not installed: {exc}", allow_module_level=True)
 
 from accel.models import load_tokenizer, smollm2_checkpoint
-from tests.models.scenario import hf_reference, make_tokens, run_scenario, smollm2_model
+from tests.helpers.scenario import hf_reference, make_tokens, run_scenario, smollm2_model
 
 PROMPTS = (3, 5)
 TEXTS = [

@@ -9,8 +9,7 @@ import pytest
 
 from accel.cli import main
 from accel.models import save_pretrained
-
-from .conftest import perturbed, random_model
+from tests.helpers.decoders import perturbed, random_model
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +81,7 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     import numpy as np
 
     from accel.models import load_checkpoint
-
-    from .test_feature_draft import oracle_feature_draft
+    from tests.helpers.decoders import oracle_feature_draft
 
     target, _ = checkpoints
     common = [

@@ -10,29 +10,15 @@ probabilities, HF's old bug) must fail the same test.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 import accel.spd.loop as loop_module
-from accel.spd import generate, generate_ar, warp
-
-from .conftest import backend, perturbed, random_model
-from .test_mrs import ALPHA, chi_square
+from accel.spd import generate
+from tests.helpers.decoders import backend, perturbed, random_model
+from tests.helpers.spd import ALPHA, NEW, PROMPT, ROWS, SETTINGS, VOCAB, K, chi_square, exact_law, sample_counts
 
 torch = pytest.importorskip("torch")
-
-VOCAB, PROMPT, NEW, K = 8, [1, 2, 3], 3, 2
-ROWS, RUNS = 2000, 10  # 20,000 samples
-
-SETTINGS = {
-    "plain": dict(temperature=1.0),
-    "temperature": dict(temperature=0.6),
-    "top_k": dict(temperature=1.0, top_k=3),
-    "top_p": dict(temperature=1.0, top_p=0.7),
-    "all": dict(temperature=1.4, top_k=5, top_p=0.8),
-}
 
 
 @pytest.fixture(scope="module")
@@ -41,35 +27,6 @@ def pair():
     target = random_model(seed=21, vocab_size=VOCAB, std=0.3)
     draft = perturbed(target, seed=22, rel=0.15)
     return target, draft
-
-
-def exact_law(target, sampling: dict) -> np.ndarray:
-    """P(t1, t2, t3 | PROMPT) under the warped target, ``[V, V, V]``, by running every continuation."""
-    conts = np.array(list(itertools.product(range(VOCAB), repeat=NEW)))
-    seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-    with torch.inference_mode():
-        logits = target.causal_forward(torch.from_numpy(seqs)).float().numpy()
-    law = np.ones(len(conts))
-    for i in range(NEW):
-        probs = warp(logits[:, len(PROMPT) - 1 + i], **sampling)
-        law *= probs[np.arange(len(conts)), conts[:, i]]
-    return law.reshape((VOCAB,) * NEW)
-
-
-def sample_counts(target, draft, sampling: dict, seed: int, spd: bool = True, runs: int = RUNS, **extra):
-    tb, db = backend(target, ROWS, ctx_len=8), backend(draft, ROWS, ctx_len=8)
-    rng = np.random.default_rng(seed)
-    counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
-    stats = []
-    for _ in range(runs):
-        if spd:
-            res = generate(tb, db, [PROMPT] * ROWS, k=K, max_new_tokens=NEW, seed=rng, **sampling, **extra)
-        else:
-            res = generate_ar(tb, [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, **sampling)
-        toks = np.array(res.tokens)
-        np.add.at(counts, tuple(toks.T), 1)
-        stats.append(res.stats)
-    return counts, stats
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))

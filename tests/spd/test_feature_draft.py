@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from accel.spd import SpdError, generate, generate_ar
-
-from .conftest import backend, random_model, tiny_config
-from .test_exactness import NEW, PROMPT, SETTINGS, VOCAB, chi_square, exact_law, sample_counts
+from tests.helpers.decoders import backend, oracle_feature_draft, random_model, tiny_config
+from tests.helpers.spd import NEW, PROMPT, SETTINGS, VOCAB, chi_square, exact_law, sample_counts
 
 torch = pytest.importorskip("torch")
 
@@ -51,22 +50,6 @@ def trained_feature_draft(target, vocab: int, head_ids, steps: int = 300):
     return train_feature_draft(
         draft, teacher_batches(target, vocab), steps=steps, lr=1e-2, warmup=20, log=lambda s: None, progress=False
     ).eval()
-
-
-def oracle_feature_draft(target, head_ids, feature_weight: float = 0.0, seed: int = 0):
-    """A feature draft that computes the target itself: all its layers copied, the full-width embedding copied and
-    ``fc = [I | feature_weight * R]``, so with ``feature_weight = 0`` it ignores the features and its logits equal
-    the target's at ``head_ids`` (greedy SpD then accepts every draft whose token is in the head)."""
-    c = target.config
-    draft = build_feature_draft(target, torch.as_tensor(head_ids), layers=c.num_layers, embed_size=c.hidden_size)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(target.embed_tokens.weight)
-        fc = torch.zeros_like(draft.fc.weight)
-        fc[:, : c.hidden_size] = torch.eye(c.hidden_size)
-        fc[:, c.hidden_size :] = feature_weight * torch.randn(c.hidden_size, c.hidden_size, generator=gen)
-        draft.fc.weight.copy_(fc)
-    return draft.eval()
 
 
 class Recording:
@@ -237,8 +220,7 @@ def test_augmented_standalone_draft_starts_as_the_standalone_draft():
     acceptances as the draft it came from (seeded multinomial), although the loop now passes it features and
     refeeds every drafted position. A draft narrower than the target cannot estimate features (zeros while drafting)."""
     from accel.drafts.feature import augment_draft, estimates_features
-
-    from .conftest import perturbed
+    from tests.helpers.decoders import perturbed
 
     target = random_model(seed=0)
     draft = perturbed(target, 1, 0.05)

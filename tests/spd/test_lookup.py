@@ -11,10 +11,8 @@ import pytest
 from accel.errors import SpdError
 from accel.spd import generate, generate_ar
 from accel.spd.lookup import ngram_proposal
+from tests.helpers.decoders import backend, perturbed, random_model
 
-from .conftest import backend, perturbed, random_model
-
-# A vocabulary of 8: n-grams recur by chance in the random models' continuations, so lookup rounds are frequent and
 # some of their guesses are right (with 32 tokens they almost never are); the prompts repeat themselves too.
 VOCAB = 8
 PROMPTS_3 = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [7, 0, 6, 7, 0], [3, 6, 1, 4, 3, 6, 1]]

@@ -14,12 +14,8 @@ import pytest
 
 from accel.errors import SpdError
 from accel.spd import generate, generate_ar
-
-from .conftest import backend, perturbed, random_model
-
-PROMPTS_3 = [[1, 2, 3, 4, 5, 6, 7], [9], [3, 30, 11, 4]]  # ragged: left-padded inside the loop
-PROMPTS_1 = [[5, 17, 2]]
-MAX_NEW = 24
+from tests.helpers.decoders import backend, perturbed, random_model
+from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
 
 @pytest.fixture(scope="module")

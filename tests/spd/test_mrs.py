@@ -13,40 +13,14 @@ import pytest
 
 from accel.errors import SpdError
 from accel.spd.mrs import acceptance_probs, greedy_accept, residual, sample, speculative_accept
+from tests.helpers.spd import ALPHA, chi_square
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
-ALPHA = 0.001  # significance level of every chi-square test in tests/spd
 
 # Qualcomm AI Research blog, "speculative decoding" toy example: draft p, target q over a 4-token vocabulary
 P_TOY = np.array([0.4, 0.3, 0.2, 0.1])
 Q_TOY = np.array([0.3, 0.45, 0.1, 0.15])
-
-
-def chi_square(observed: np.ndarray, expected_probs: np.ndarray, min_expected: float = 5.0) -> float:
-    """p-value of a chi-square goodness-of-fit test; cells with expected count < ``min_expected`` are merged.
-
-    Cells are sorted by expected count and the small ones pooled into one cell (pooled with the next smallest
-    until the pool reaches ``min_expected``). Observations in cells of probability 0 make the p-value 0.
-    """
-    observed = np.asarray(observed, dtype=np.float64).ravel()
-    probs = np.asarray(expected_probs, dtype=np.float64).ravel()
-    n = observed.sum()
-    if np.any(observed[probs <= 0] > 0):
-        return 0.0
-    keep = probs > 0
-    observed, expected = observed[keep], probs[keep] / probs[keep].sum() * n
-    order = np.argsort(expected)
-    observed, expected = observed[order], expected[order]
-    cut = 0
-    while cut < len(expected) and expected[:cut].sum() < min_expected:
-        cut += 1
-    if cut > 1:
-        observed = np.concatenate(([observed[:cut].sum()], observed[cut:]))
-        expected = np.concatenate(([expected[:cut].sum()], expected[cut:]))
-    if len(expected) < 2:
-        return 1.0
-    return float(scipy_stats.chisquare(observed, expected).pvalue)
 
 
 def test_toy_example_acceptance_and_residual():

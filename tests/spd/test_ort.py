@@ -12,9 +12,8 @@ pytest.importorskip("onnxruntime")
 
 from accel.backends import OrtBackend, export_onnx
 from accel.spd import generate, generate_ar
-
-from .conftest import perturbed, random_model
-from .test_loop import MAX_NEW, PROMPTS_1, PROMPTS_3
+from tests.helpers.decoders import perturbed, random_model
+from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
 CTX = 64
 
@@ -55,7 +54,7 @@ def test_ort_greedy_equals_target_greedy(onnx_files, ort_ar, k, batch, draft_kin
 
 def test_ort_matches_torch_greedy(onnx_files, ort_ar):
     """The ORT run decodes the same greedy continuation as the torch reference (tiny fp32 models: no near-ties)."""
-    from .conftest import backend
+    from tests.helpers.decoders import backend
 
     ref = generate_ar(backend(random_model(seed=1, std=0.5), 3), PROMPTS_3, max_new_tokens=MAX_NEW, greedy=True)
     assert ort_ar[3].tokens == ref.tokens
