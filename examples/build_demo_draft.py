@@ -175,7 +175,7 @@ def train(args: argparse.Namespace) -> Path | None:
     )
     if args.data_only:  # stages 2-3 only: build the data cache that a later --resume run trains on
         from accel.drafts.checkpoint import load_model
-        from accel.drafts.training import build_data
+        from accel.drafts.distill_data import build_data
 
         build_data(load_model(target, "target"), cfg, work / "draft" / ".distill" / "data", target)
         return None

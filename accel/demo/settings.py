@@ -1,0 +1,34 @@
+"""The demo's fixed settings: held-out prompts, the hardware it predicts, the shipped drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["DEMO_PROMPTS", "HARDWARE", "LOOKUP_MODE", "default_draft_dir", "default_feature_draft_dir"]
+
+# held-out prompts (not in the draft's training prompts): code and chat, in SmolLM2's ChatML template where chat
+DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
+    (
+        "code",
+        "<|im_start|>user\nWrite a Python function that returns the sum of the squares of a list of numbers."
+        "<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "chat",
+        "<|im_start|>user\nWhat is the difference between a compiler and an interpreter?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    ("code", "def bubble_sort(items):\n"),
+)
+HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-80gb")
+LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
+
+
+def default_draft_dir() -> Path:
+    """The shipped demo draft (``accel/demo_data/smollm2-draft``)."""
+    return Path(__file__).resolve().parents[1] / "demo_data" / "smollm2-draft"
+
+
+def default_feature_draft_dir() -> Path:
+    """The shipped feature draft (reads the target's hidden states): ``accel/demo_data/smollm2-feature-draft``."""
+    return Path(__file__).resolve().parents[1] / "demo_data" / "smollm2-feature-draft"
