@@ -96,7 +96,8 @@ def batch_source(pairs: list[tuple[Path, Path]], rows: int, seed: int):
     return batches
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--data",
@@ -135,23 +136,15 @@ def main() -> int:
     )
     ap.add_argument("--warmup", type=int, default=100, help="linear warm-up steps of the learning rate")
     ap.add_argument("--note", default="", help="appended to the card's built_with")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    return ap.parse_args()
 
+
+def train(args: argparse.Namespace, target, pairs, held) -> tuple:
+    """Stage 3-4: build (or load) the draft and train it; returns it, its float checkpoint dir and the seconds."""
     from accel.drafts.feature import build_feature_draft, deepen_feature_draft, greedy_acceptance, train_feature_draft
-    from accel.formats import compress_checkpoint
-    from accel.models import load_checkpoint, save_pretrained, smollm2_checkpoint
+    from accel.models import load_checkpoint, save_pretrained
 
-    work = Path(args.work)
-    target = load_checkpoint(smollm2_checkpoint()).eval()
-    t0 = time.perf_counter()
-    pairs = [
-        pair
-        for i, d in enumerate(args.data)
-        for pair in features(target, Path(d), work / ("features" if i == 0 else f"features-{i}"))
-    ]
-    feature_s = time.perf_counter() - t0
-    seqs, plens, hidden = held_out(target)
+    seqs, plens, hidden = held
     head_ids = load_checkpoint(HEAD_FROM).lm_head_token_ids.clone()
     draft = (
         load_checkpoint(args.init)
@@ -168,24 +161,32 @@ def main() -> int:
 
     t1 = time.perf_counter()
     if args.ship_only:
-        draft, plain = load_checkpoint(args.ship_only), Path(args.ship_only)
-    else:
-        draft = train_feature_draft(
-            draft,
-            batch_source(pairs, args.batch_rows, seed=0),
-            steps=args.steps,
-            lr=args.lr,
-            warmup=args.warmup,
-            noise=0.1,
-            reg_weight=1.0,
-            max_seconds=args.minutes * 60,
-            eval_fn=score,
-            eval_every=300,
-        )
-        plain = save_pretrained(draft, work / "draft")
-    train_s = time.perf_counter() - t1
-    ship = Path(args.ship_dir)
-    tmp = ship.with_name(ship.name + ".tmp")
+        return load_checkpoint(args.ship_only), Path(args.ship_only), None
+    draft = train_feature_draft(
+        draft,
+        batch_source(pairs, args.batch_rows, seed=0),
+        steps=args.steps,
+        lr=args.lr,
+        warmup=args.warmup,
+        noise=0.1,
+        reg_weight=1.0,
+        max_seconds=args.minutes * 60,
+        eval_fn=score,
+        eval_every=300,
+    )
+    plain = save_pretrained(draft, Path(args.work) / "draft")
+    return draft, plain, time.perf_counter() - t1
+
+
+def ship(args: argparse.Namespace, draft, plain: Path, pairs, held, timing: dict) -> dict:
+    """Stage 5: MXFP6 to ``--ship-dir`` (written beside it, renamed into place) with its ``draft_card.json``."""
+    from accel.drafts.feature import greedy_acceptance
+    from accel.formats import compress_checkpoint
+    from accel.models import load_checkpoint
+
+    seqs, plens, hidden = held
+    dest = Path(args.ship_dir)
+    tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     compress_checkpoint(plain, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
     shipped = load_checkpoint(tmp).eval()
@@ -195,24 +196,44 @@ def main() -> int:
         "kind": "feature draft (EAGLE-style): reads the target's final-norm hidden states",
         "architecture": {
             "layers": draft.config.num_layers,
-            "hidden": target.config.hidden_size,
+            "hidden": draft.config.hidden_size,
             "embed_size": draft.config.embed_size,
-            "head_vocab": len(head_ids),
+            "head_vocab": len(draft.lm_head_token_ids),
         },
         "num_parameters": draft.num_parameters,
         "weights_format": "mxfp6",
         "weights_bytes": sum(f.stat().st_size for f in tmp.glob("*.safetensors")),
         "train_positions": sum(int(load_file(str(d))["mask"].sum()) for d, _ in pairs),
-        "feature_time_s": round(feature_s),
-        "train_time_s": None if args.ship_only else round(train_s),
+        "feature_time_s": round(timing["features"]),
+        "train_time_s": None if timing["train"] is None else round(timing["train"]),
         "held_out_greedy_accept_by_position": rates,
         "held_out_expected_tokens_per_round": [1.0 + sum(rates[:k]) for k in range(1, len(rates) + 1)],
         "held_out_note": "exact greedy drafting on continuations of HELD_OUT_PROMPTS (generated positions only)",
         "built_with": "examples/build_feature_draft.py" + (f" ({args.note})" if args.note else ""),
     }
     (tmp / "draft_card.json").write_text(json.dumps(card, indent=2))
-    shutil.rmtree(ship, ignore_errors=True)
-    tmp.rename(ship)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return card
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    from accel.models import load_checkpoint, smollm2_checkpoint
+
+    work = Path(args.work)
+    target = load_checkpoint(smollm2_checkpoint()).eval()
+    t0 = time.perf_counter()
+    pairs = [
+        pair
+        for i, d in enumerate(args.data)
+        for pair in features(target, Path(d), work / ("features" if i == 0 else f"features-{i}"))
+    ]
+    feature_s = time.perf_counter() - t0
+    held = held_out(target)
+    draft, plain, train_s = train(args, target, pairs, held)
+    card = ship(args, draft, plain, pairs, held, {"features": feature_s, "train": train_s})
     print(json.dumps(card, indent=2))
     return 0
 
