@@ -8,7 +8,7 @@ from pathlib import Path
 import accel.models
 from accel.backends import OrtBackend, export_onnx
 from accel.demo import default_draft_dir
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, generate, generate_ar
 
 out = Path("results/example_spd")
 target_dir = accel.models.smollm2_checkpoint()
@@ -21,8 +21,8 @@ target, draft = OrtBackend(out / "target.onnx", threads=2), OrtBackend(out / "dr
 prompt = tok.encode(
     "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n"
 ).ids
-ar = generate_ar(target, [prompt], max_new_tokens=64, greedy=True)
-spd = generate(target, draft, [prompt], k=2, max_new_tokens=64, greedy=True)
+ar = generate_ar(target, [prompt], max_new_tokens=64, sampling=GREEDY)
+spd = generate(target, DraftChain(draft, k=2), [prompt], max_new_tokens=64, sampling=GREEDY)
 assert spd.tokens == ar.tokens  # greedy speculative decoding is token-identical to greedy decoding
 print(tok.decode(spd.tokens[0]))
 print(

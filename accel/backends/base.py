@@ -18,7 +18,14 @@ Conventions (every backend follows them, so the SpD loop is backend-agnostic):
   - ``"features"`` (a feature draft, ``accel.drafts.feature``): ``forward`` requires ``features``, float32
     ``[B, S, info.feature_size]``, the target's hidden state at each column's position - 1.
 
-  Layer-range execution, tree masks and ``inputs_embeds`` are later extension points of the same form.
+  - ``"tree"`` (token trees, docs/backends.md "Tree calls"): ``forward`` also takes ``slot_ids`` (int64 ``[B, S]``,
+    the cache slot each token's K/V are written to, unique per row) and ``tree_mask`` (bool ``[B, S, ctx_len]``:
+    token s attends to slot j iff ``tree_mask[b, s, j]``: its row's committed slots, its ancestors' slots and its
+    own). Positions only drive RoPE then, so siblings may share one. Without them a call is a chain call
+    (``slot_ids = position_ids``, slot j visible iff ``j <= position``). Such a backend also has
+    ``move_cache(src, dst)``, which copies K/V between slots (the compaction after a tree is accepted).
+
+  Layer-range execution and ``inputs_embeds`` are later extension points of the same form.
 """
 
 from __future__ import annotations
@@ -30,7 +37,18 @@ import numpy as np
 
 from accel.errors import BackendError
 
-__all__ = ["Backend", "BackendError", "BackendInfo", "check_extensions", "check_step_inputs", "prefill"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendInfo",
+    "TreeBackend",
+    "chain_tree_inputs",
+    "check_extensions",
+    "check_moves",
+    "check_step_inputs",
+    "check_tree_inputs",
+    "prefill",
+]
 
 
 @dataclass(frozen=True)
@@ -45,7 +63,8 @@ class BackendInfo:
         max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
             prefilled in chunks by :func:`prefill`.
         num_layers: transformer layers (for statistics and the simulator).
-        capabilities: optional ``forward`` features this backend supports (``"hidden_states"``, ``"features"``).
+        capabilities: optional ``forward`` features this backend supports (``"hidden_states"``, ``"features"``,
+            ``"tree"``).
         hidden_size: width of the ``hidden_states`` output (0 when unknown).
         feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
     """
@@ -78,6 +97,8 @@ class Backend(Protocol):
         num_logits: int | None = None,
         features: np.ndarray | None = None,
         return_hidden: bool = False,
+        slot_ids: np.ndarray | None = None,
+        tree_mask: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns
         (``(logits, hidden)`` with ``return_hidden``; see the module docstring for the extension arguments)."""
@@ -85,6 +106,16 @@ class Backend(Protocol):
 
     def reset(self) -> None:
         """Forget the cached sequence (zero the KV cache)."""
+        ...
+
+
+@runtime_checkable
+class TreeBackend(Backend, Protocol):
+    """A backend with the ``"tree"`` capability: tree calls (``slot_ids``, ``tree_mask``) and cache moves."""
+
+    def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy the K/V of every layer from slots ``src`` to slots ``dst`` (int ``[B, M]``, -1 = no move) of each row;
+        all sources are read before any destination is written. See :func:`check_moves`."""
         ...
 
 
@@ -192,3 +223,93 @@ def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | 
         logits = cast(np.ndarray, backend.forward(chunk_ids, chunk_pos, num_logits=1))
     assert logits is not None
     return logits[:, -1, :]
+
+
+def chain_tree_inputs(position_ids: np.ndarray, ctx_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(slot_ids, tree_mask)`` of a chain call: each token at the slot of its position, seeing slots
+    ``0 .. position`` (padding sees nothing). A graph with tree inputs computes the chain contract from these."""
+    pos = np.asarray(position_ids, dtype=np.int64)
+    slots = np.where(pos >= 0, pos, 0)
+    mask = np.arange(ctx_len, dtype=np.int64)[None, None, :] <= pos[:, :, None]
+    return np.ascontiguousarray(slots), mask
+
+
+def check_tree_inputs(
+    info: BackendInfo, position_ids: np.ndarray, slot_ids: np.ndarray | None, tree_mask: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Validate the tree inputs of one ``forward`` call (``position_ids`` already checked); returns them as
+    C-contiguous ``(int64 slot_ids, bool tree_mask)``, or None for a chain call (neither given).
+
+    ``BackendError`` naming the problem when only one is given, the backend has no ``"tree"`` capability, a shape is
+    not ``[B, S]`` / ``[B, S, ctx_len]``, the mask is not boolean, a token's slot is outside the cache or shared with
+    another token of its row, a token does not see its own slot, or a token sees the slot of another token of the
+    call that is not at an earlier position (a sibling, a descendant, or a cycle: in-call ancestors come first).
+    Padding columns (position -1) write nothing; their slots and mask rows are ignored.
+    """
+    if slot_ids is None and tree_mask is None:
+        return None
+    if slot_ids is None or tree_mask is None:
+        raise BackendError("a tree call needs both slot_ids [B, S] and tree_mask [B, S, ctx_len]; got only one")
+    if "tree" not in info.capabilities:
+        raise BackendError(
+            f"this {info.name} backend has no tree inputs (slot_ids, tree_mask): export the model with tree=True"
+        )
+    pos = np.asarray(position_ids)
+    slots, mask = np.asarray(slot_ids), np.asarray(tree_mask)
+    if slots.shape != pos.shape or not np.issubdtype(slots.dtype, np.integer):
+        raise BackendError(f"slot_ids must be an integer array of shape {pos.shape}; got {slots.dtype} {slots.shape}")
+    want = (*pos.shape, info.ctx_len)
+    if mask.shape != want:
+        raise BackendError(f"tree_mask has shape {mask.shape}; expected {want} ([batch, seq, ctx_len])")
+    if mask.dtype != np.bool_:
+        raise BackendError(f"tree_mask must be a boolean array; got {mask.dtype}")
+    valid = pos >= 0
+    bad = valid & ((slots < 0) | (slots >= info.ctx_len))
+    if bad.any():
+        raise BackendError(f"slot {int(slots[bad][0])} is outside the KV cache (slots 0..{info.ctx_len - 1})")
+    slots = np.where(valid, slots, 0).astype(np.int64)
+    for b in np.flatnonzero(valid.any(axis=1)):
+        row = slots[b, valid[b]]
+        if np.unique(row).size != row.size:
+            dup = int(np.flatnonzero(np.bincount(row) > 1)[0])
+            raise BackendError(f"row {b}: slot {dup} is written by two tokens of one call (slots must be unique)")
+    # sees[b, s, t]: token s sees the slot token t writes
+    sees = np.take_along_axis(mask, np.broadcast_to(slots[:, None, :], mask.shape[:2] + slots.shape[1:]), axis=2)
+    pair = valid[:, :, None] & valid[:, None, :]
+    own = np.diagonal(sees, axis1=1, axis2=2)
+    if np.any(valid & ~own):
+        b, s = np.argwhere(valid & ~own)[0]
+        raise BackendError(f"row {b}, column {s}: tree_mask hides the token's own slot {int(slots[b, s])}")
+    later = sees & pair & ~np.eye(pos.shape[1], dtype=bool)[None] & (pos[:, None, :] >= pos[:, :, None])
+    if later.any():
+        b, s, t = np.argwhere(later)[0]
+        raise BackendError(
+            f"row {b}: column {s} (position {int(pos[b, s])}) sees column {t} (position {int(pos[b, t])}), which "
+            "is not an ancestor: a token may see only tokens of the call at earlier positions (no siblings, "
+            "descendants or cycles)"
+        )
+    return slots, np.ascontiguousarray(mask)
+
+
+def check_moves(info: BackendInfo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a ``move_cache`` request: int arrays ``[B, M]`` of equal shape, -1 marking no move (in both), slots
+    otherwise in ``0 .. ctx_len - 1``, destinations unique per row. Returns them as int64 (BackendError otherwise)."""
+    s, d = np.asarray(src), np.asarray(dst)
+    if s.shape != d.shape or s.ndim != 2 or s.shape[0] != info.batch_size:
+        raise BackendError(
+            f"move_cache needs src and dst of one shape [batch={info.batch_size}, M]; got {s.shape}, {d.shape}"
+        )
+    if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(d.dtype, np.integer)):
+        raise BackendError("move_cache slots must be integers")
+    if np.any((s < 0) != (d < 0)):
+        raise BackendError("move_cache: -1 (no move) must appear in src and dst at the same places")
+    for name, a in (("src", s), ("dst", d)):
+        if np.any(a < -1) or np.any(a >= info.ctx_len):
+            raise BackendError(
+                f"move_cache {name} slots must be in 0..{info.ctx_len - 1} (or -1); got {a.min()}..{a.max()}"
+            )
+    for b in range(d.shape[0]):
+        row = d[b][d[b] >= 0]
+        if np.unique(row).size != row.size:
+            raise BackendError(f"move_cache: row {b} writes one destination slot twice")
+    return s.astype(np.int64), d.astype(np.int64)

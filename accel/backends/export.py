@@ -130,6 +130,7 @@ def export_onnx(
     opset: int = OPSET,
     progress: bool = True,
     hidden_output: bool = False,
+    tree: bool = False,
 ) -> Path:
     """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
 
@@ -146,6 +147,9 @@ def export_onnx(
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
             what a feature draft reads from its target. A feature draft (``config.feature_size > 0``) always has it,
             and its input ``features``.
+        tree: add the tree inputs ``slot_ids`` ``[B, S]`` and ``tree_mask`` ``[B, S, ctx_len]`` (token-tree calls
+            for speculative decoding; docs/backends.md, "Tree calls"). ``OrtBackend`` feeds chain calls to such a
+            graph with the equivalent inputs.
 
     The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
     weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
@@ -171,6 +175,7 @@ def export_onnx(
         progress=bar.update,
         hidden_output=hidden_output,
         matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
+        tree=tree,
     )
     meta = {
         "accel.version": __version__,
@@ -181,6 +186,7 @@ def export_onnx(
         "accel.batch_size": str(batch_size),
         "accel.num_logits": str(num_logits or 0),
         "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
+        "accel.tree": str(int(tree)),
         "accel.model_config": json.dumps(cfg.to_hf()),
     }
     if spec.format == WeightFormat.INT8:
@@ -286,14 +292,15 @@ def export_cached(
     model: Decoder | None = None,
     say=None,
     hidden_output: bool = False,
+    tree: bool = False,
 ) -> Path:
     """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
     sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the exporter's source) and reused
     afterwards (batch 1).
 
     ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
-    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output``: as
-    ``export_onnx`` (part of the cache key).
+    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output`` and
+    ``tree``: as ``export_onnx`` (part of the cache key).
     """
     import hashlib
 
@@ -308,7 +315,7 @@ def export_cached(
             st = f.stat()
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     spec = ExportWeights.of(weights)
-    key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}".encode())
+    key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
     graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
     for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
@@ -325,7 +332,9 @@ def export_cached(
     import time
 
     t0 = time.perf_counter()
-    export_onnx(model, path, ctx_len=ctx_len, batch_size=1, weights=spec, progress=False, hidden_output=hidden_output)
+    export_onnx(
+        model, path, ctx_len=ctx_len, batch_size=1, weights=spec, progress=False, hidden_output=hidden_output, tree=tree
+    )
     if say:
         say(
             f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, "

@@ -37,6 +37,7 @@ def build_decoder_graph(
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
     matmul_nbits: bool = False,
+    tree: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -48,9 +49,11 @@ def build_decoder_graph(
     float32 ``[batch_size, seq_len, hidden]``: the final-norm hidden state of every column. A feature draft also has
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
     ``progress(1)`` is called once per layer. ``matmul_nbits``: MXINT8 weights as onnxruntime ``MatMulNBits`` nodes
-    (see ``accel.backends.onnx_weights``).
+    (see ``accel.backends.onnx_weights``). ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size,
+    seq_len]`` (each token's cache slot) and ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each
+    token attends to), which replace the position-derived write slots and mask (docs/backends.md, "Tree calls").
     """
-    d = _DecoderGraph(config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits)
+    d = _DecoderGraph(config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree)
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed()
     mask = d.attention_mask()
@@ -80,8 +83,10 @@ class _DecoderGraph:
         float_dtype: str,
         hidden_output: bool,
         matmul_nbits: bool,
+        tree: bool = False,
     ) -> None:
         c = self.c = config
+        self.tree = tree
         self.g = g = GraphBuilder()
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
         self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits=matmul_nbits)
@@ -108,6 +113,9 @@ class _DecoderGraph:
         outputs = [value("logits", TensorProto.FLOAT, [B, num_logits if num_logits else "seq_len", c.vocab_size])]
         if self.feature_size:
             inputs.append(value("features", TensorProto.FLOAT, [B, "seq_len", self.feature_size]))
+        if self.tree:
+            inputs.append(value("slot_ids", TensorProto.INT64, [B, "seq_len"]))
+            inputs.append(value("tree_mask", TensorProto.BOOL, [B, "seq_len", self.ctx_len]))
         if self.hidden_output:
             outputs.append(value("hidden_states", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
         for i in range(c.num_layers):
@@ -132,10 +140,13 @@ class _DecoderGraph:
 
     def attention_mask(self) -> str:
         """Additive mask ``[B, 1, 1, S, ctx]``: 0 where slot <= position, float32 min elsewhere (padding sees
-        nothing)."""
+        nothing); a tree graph takes the visible slots from its ``tree_mask`` input instead."""
         g = self.g
-        slots = g.const(np.arange(self.ctx_len).reshape(1, 1, 1, 1, self.ctx_len))
-        visible = g.op("LessOrEqual", slots, g.op("Unsqueeze", "position_ids", g.const([1, 2, 4])))
+        if self.tree:
+            visible = g.op("Unsqueeze", "tree_mask", g.const([1, 2]))
+        else:
+            slots = g.const(np.arange(self.ctx_len).reshape(1, 1, 1, 1, self.ctx_len))
+            visible = g.op("LessOrEqual", slots, g.op("Unsqueeze", "position_ids", g.const([1, 2, 4])))
         return g.op("Where", visible, self.f32(0.0), self.f32(np.finfo(np.float32).min))
 
     def cache_slots(self) -> None:
@@ -145,11 +156,11 @@ class _DecoderGraph:
         to a slot q that no real token of its row writes in this call (min valid position - 1, else max valid
         position + 1) with that slot's current value, a no-op. Rows that are all padding use q = ctx - 1.
         (OrtBackend rejects the one layout with no free slot: a padded row whose valid positions include both 0 and
-        ctx - 1.)
+        ctx - 1.) A tree graph writes at ``slot_ids`` instead of the positions, with the same padding rule.
         """
         g, ctx, B, Hkv = self.g, self.ctx_len, self.batch_size, self.c.num_kv_heads
-        pos = "position_ids"
-        valid = g.op("GreaterOrEqual", pos, g.const(0))
+        valid = g.op("GreaterOrEqual", "position_ids", g.const(0))
+        pos = "slot_ids" if self.tree else "position_ids"
         lo = g.op("ReduceMin", g.op("Where", valid, pos, g.const(ctx)), g.const([1]), keepdims=1)  # [B, 1]
         hi = g.op("ReduceMax", g.op("Where", valid, pos, g.const(-1)), g.const([1]), keepdims=1)
         free = g.op(

@@ -7,6 +7,11 @@ is bound as both the ``past_*`` input and the ``*_RetainedState`` output, so the
 ``input_ids``, ``position_ids`` and ``logits``, and runs. Only the logits are copied out (and the ``hidden_states``
 output when asked for: graphs exported with ``hidden_output=True`` or feature drafts, whose ``features`` input is
 bound per call too).
+
+A graph exported with ``tree=True`` has the inputs ``slot_ids`` and ``tree_mask`` (the ``"tree"`` capability:
+token-tree calls); chain calls to it get the equivalent chain inputs. All cache buffers are views of one array
+``[2 x layers, B, H_kv, ctx, D]``, so ``move_cache`` (the compaction after a tree round) moves every layer's K/V with
+one numpy assignment on the host.
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from accel.backends.base import BackendInfo, check_extensions, check_step_inputs
+from accel.backends.base import (
+    BackendInfo,
+    chain_tree_inputs,
+    check_extensions,
+    check_moves,
+    check_step_inputs,
+    check_tree_inputs,
+)
 from accel.errors import BackendError
 
 __all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
@@ -41,10 +53,17 @@ class GraphContract:
         metadata: dict[str, str],
         hidden_size: int = 0,
         feature_size: int = 0,
+        tree: bool = False,
     ) -> None:
         self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
-        self.num_layers, self.kv_shape, self.num_logits, self.metadata = num_layers, kv_shape, num_logits, metadata
-        self.hidden_size, self.feature_size = hidden_size, feature_size
+        self.num_logits, self.metadata = num_logits, metadata
+        self.num_layers, self.kv_shape, self.hidden_size, self.feature_size = (
+            num_layers,
+            kv_shape,
+            hidden_size,
+            feature_size,
+        )
+        self.tree = tree
 
 
 def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
@@ -92,7 +111,25 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
         if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
             raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
         widths.append(shape[2] if shape is not None else 0)
-    return GraphContract(kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, *widths)
+    tree = _tree_inputs(inputs, kv_shape[2], source)
+    return GraphContract(
+        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree
+    )
+
+
+def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
+    """Whether the graph has the tree inputs (both, with the right types and a ``ctx_len`` mask width)."""
+    have = [name for name in ("slot_ids", "tree_mask") if name in inputs]
+    if not have:
+        return False
+    if len(have) == 1:
+        raise BackendError(f"{source}: a tree graph needs both inputs slot_ids and tree_mask; it has only {have[0]}")
+    if inputs["slot_ids"].type != "tensor(int64)" or inputs["tree_mask"].type != "tensor(bool)":
+        raise BackendError(f"{source}: slot_ids must be int64 and tree_mask bool")
+    shape = inputs["tree_mask"].shape
+    if len(shape) != 3 or shape[2] != ctx_len:
+        raise BackendError(f"{source}: tree_mask must be [B, seq_len, ctx_len={ctx_len}]; got {shape}")
+    return True
 
 
 def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
@@ -198,7 +235,9 @@ class OrtBackend:
             max_seq_len=min(max_seq_len or c.ctx_len, c.ctx_len),
             num_layers=c.num_layers,
             capabilities=frozenset(
-                name for name, width in (("hidden_states", c.hidden_size), ("features", c.feature_size)) if width
+                name
+                for name, have in (("hidden_states", c.hidden_size), ("features", c.feature_size), ("tree", c.tree))
+                if have
             ),
             hidden_size=c.hidden_size,
             feature_size=c.feature_size,
@@ -214,7 +253,8 @@ class OrtBackend:
         # updates it in place. Double buffering (two sets, flipped per call) made onnxruntime copy the whole cache
         # every call: 4.5 ms of a 37 ms SmolLM2-135M step at ctx 256. A failed call may leave some layers' slots at
         # its positions written; the position-indexed cache masks those slots until a later call writes them again.
-        self._buffers = [np.zeros(c.kv_shape, np.float32) for _ in self._names]
+        self._kv = np.zeros((len(self._names), *c.kv_shape), np.float32)  # one array: move_cache is one assignment
+        self._buffers = [self._kv[i] for i in range(len(self._names))]  # contiguous views, bound without copies
         io = self.session.io_binding()
         io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
         if c.hidden_size:
@@ -243,11 +283,16 @@ class OrtBackend:
         num_logits: int | None = None,
         features: np.ndarray | None = None,
         return_hidden: bool = False,
+        slot_ids: np.ndarray | None = None,
+        tree_mask: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); see ``accel.backends.base``."""
+        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call. See ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
+        tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
+        if tree is None and self.contract.tree:
+            tree = chain_tree_inputs(pos, self._info.ctx_len)
         seq = ids.shape[1]
         extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
         if extra > 0:
@@ -255,6 +300,12 @@ class OrtBackend:
             pos = np.concatenate([np.full((pos.shape[0], extra), -1, pos.dtype), pos], axis=1)
             if feats is not None:
                 feats = np.concatenate([np.zeros((feats.shape[0], extra, feats.shape[2]), feats.dtype), feats], axis=1)
+            if tree is not None:
+                b = ids.shape[0]
+                tree = (
+                    np.concatenate([np.zeros((b, extra), np.int64), tree[0]], axis=1),
+                    np.concatenate([np.zeros((b, extra, self._info.ctx_len), bool), tree[1]], axis=1),
+                )
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
             raise BackendError(
@@ -262,13 +313,14 @@ class OrtBackend:
                 f"a call with {seq} tokens needs num_logits <= {baked}"
             )
         pad = pos < 0
-        if pad.any():  # the graph sends padding to a free slot next to the row's positions (see onnx_graph)
-            vmin = np.where(pad, self._info.ctx_len, pos).min(axis=1)
-            vmax = np.where(pad, -1, pos).max(axis=1)
+        if pad.any():  # the graph sends padding to a free slot next to the row's slots (see onnx_graph)
+            written = pos if tree is None else tree[0]
+            vmin = np.where(pad, self._info.ctx_len, written).min(axis=1)
+            vmax = np.where(pad, -1, written).max(axis=1)
             bad = pad.any(axis=1) & (vmin == 0) & (vmax == self._info.ctx_len - 1)
             if bad.any():
                 raise BackendError(
-                    f"row {int(np.argmax(bad))} mixes padding with positions 0 and {self._info.ctx_len - 1} in one "
+                    f"row {int(np.argmax(bad))} mixes padding with slots 0 and {self._info.ctx_len - 1} in one "
                     "call: no cache slot is free for its padding; split the call"
                 )
         io = self._binding
@@ -276,6 +328,9 @@ class OrtBackend:
         io.bind_cpu_input("position_ids", pos)
         if feats is not None:
             io.bind_cpu_input("features", feats)
+        if tree is not None:
+            io.bind_cpu_input("slot_ids", tree[0])
+            io.bind_cpu_input("tree_mask", tree[1])
         io.bind_output("logits")
         if self._info.hidden_size:
             io.bind_output("hidden_states")
@@ -298,6 +353,14 @@ class OrtBackend:
         """Zero the KV cache."""
         for buf in self._buffers:
             buf.fill(0.0)
+
+    def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy every layer's K/V from slots ``src`` to ``dst`` (int ``[B, M]``, -1 = none; ``check_moves``) in the
+        host buffers: one numpy assignment per row (the right side is gathered, a copy, before the write)."""
+        s, d = check_moves(self._info, src, dst)
+        for b in np.flatnonzero((s >= 0).any(axis=1)):
+            keep = s[b] >= 0
+            self._kv[:, b, :, d[b, keep], :] = self._kv[:, b, :, s[b, keep], :]
 
     def cache(self) -> list[np.ndarray]:
         """The live cache buffers ``[past_key.0, past_value.0, past_key.1, ...]`` (views, for inspection)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accel.backends.base import BackendInfo, check_extensions, check_step_inputs
+from accel.backends.base import BackendInfo, check_extensions, check_moves, check_step_inputs, check_tree_inputs
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -50,7 +50,7 @@ class TorchBackend:
             batch_size=batch_size,
             max_seq_len=min(max_seq_len or ctx_len, ctx_len),
             num_layers=cfg.num_layers,
-            capabilities=frozenset({"hidden_states"} | ({"features"} if cfg.feature_size else set())),
+            capabilities=frozenset({"hidden_states", "tree"} | ({"features"} if cfg.feature_size else set())),
             hidden_size=cfg.hidden_size,
             feature_size=cfg.feature_size,
         )
@@ -69,11 +69,14 @@ class TorchBackend:
         num_logits: int | None = None,
         features: np.ndarray | None = None,
         return_hidden: bool = False,
+        slot_ids: np.ndarray | None = None,
+        tree_mask: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); see ``accel.backends.base``."""
+        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call. See ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
+        tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
         with torch.inference_mode():
             hidden, self.keys, self.values = self.model.hidden_forward(
                 torch.from_numpy(ids),
@@ -82,6 +85,8 @@ class TorchBackend:
                 self.values,
                 inplace=True,
                 features=None if feats is None else torch.from_numpy(feats).to(self.dtype),
+                slot_ids=None if tree is None else torch.from_numpy(tree[0]),
+                tree_mask=None if tree is None else torch.from_numpy(tree[1]),
             )
             head_in = hidden if num_logits is None else hidden[:, -num_logits:, :]
             logits = self.model.logits(head_in).float().numpy()
@@ -91,3 +96,12 @@ class TorchBackend:
         """Zero the KV cache."""
         for t in (*self.keys, *self.values):
             t.zero_()
+
+    def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy every layer's K/V from slots ``src`` to ``dst`` (int ``[B, M]``, -1 = none; ``check_moves``)."""
+        s, d = check_moves(self._info, src, dst)
+        for b in np.flatnonzero((s >= 0).any(axis=1)):
+            keep = s[b] >= 0
+            fro, to = torch.from_numpy(s[b, keep]), torch.from_numpy(d[b, keep])
+            for t in (*self.keys, *self.values):
+                t[b, :, to] = t[b, :, fro]  # the right side is gathered (a copy) before the write

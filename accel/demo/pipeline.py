@@ -283,31 +283,39 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
 
 def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
     """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
-    from accel.spd import generate, generate_ar
+    from accel.spd import GREEDY, DraftChain, NgramLookup, Sampling, generate, generate_ar
 
     sampled_name = f"SpD sampled T={run.temperature:g}"
     runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
-    greedy: dict[str, Any] = {"greedy": True}
-    sampled: dict[str, Any] = {"temperature": run.temperature, "seed": 0}
-    drafters: list[tuple[str, Any, dict[str, Any]]] = [("SpD greedy", db, greedy), (sampled_name, db, sampled)]
+    sampled = Sampling(temperature=run.temperature)
+    drafters: list[tuple[str, Any, Sampling]] = [
+        ("SpD greedy", lambda: DraftChain(db, k=run.k), GREEDY),
+        (sampled_name, lambda: DraftChain(db, k=run.k), sampled),
+    ]
     if fb is not None:
         runs.update({"feature SpD greedy": [], f"feature SpD T={run.temperature:g}": [], LOOKUP_MODE: []})
         drafters += [
-            ("feature SpD greedy", fb, greedy),
-            (f"feature SpD T={run.temperature:g}", fb, sampled),
-            (LOOKUP_MODE, fb, {"greedy": True, "ngram": 3}),
+            ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),
+            (f"feature SpD T={run.temperature:g}", lambda: DraftChain(fb, k=run.k), sampled),
+            (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
         ]  # + n-gram lookup drafts (accel.spd.lookup)
     matches = True
     for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
         run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
-        ar = generate_ar(tb, [ids], max_new_tokens=run.max_new, greedy=True, eos_token_id=pair.eos)
+        ar = generate_ar(tb, [ids], max_new_tokens=run.max_new, sampling=GREEDY, eos_token_id=pair.eos)
         runs["AR (greedy)"].append(ar)
         run.say(f"[AR greedy] {pair.tok.decode(ar.tokens[0])}")
-        for name, drafter, kw in drafters:
+        for name, proposer, sampling in drafters:
             printer = _StreamPrinter(pair.tok, run.out, run.color)
             run.out.write(f"[{name}] ")
             res = generate(
-                tb, drafter, [ids], k=run.k, max_new_tokens=run.max_new, eos_token_id=pair.eos, stream=printer, **kw
+                tb,
+                proposer(),
+                [ids],
+                max_new_tokens=run.max_new,
+                sampling=sampling,
+                eos_token_id=pair.eos,
+                stream=printer,
             )
             run.out.write("\n")
             runs[name].append(res)
@@ -316,7 +324,7 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
                 f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
                 f"tokens, {s.tokens_per_target_call:.2f} tokens per target call"
             )
-            if kw.get("greedy") and res.tokens[0] != ar.tokens[0]:
+            if sampling.greedy and res.tokens[0] != ar.tokens[0]:
                 matches = False
                 run.say("    WARNING: greedy SpD output differs from AR greedy output")
     return runs, matches

@@ -6,6 +6,10 @@ attends to slots ``0..p``.
 Slots beyond ``p`` may hold stale values from rejected speculative tokens: they are masked, and later overwritten.
 Padding columns carry ``position_id = -1``: they write nothing and their outputs are garbage (finite).
 
+Tree calls (docs/backends.md, "Tree calls") add ``slot_ids [B, S]`` (where each token's K/V are written; positions
+then only drive RoPE, so siblings of a token tree can share one) and ``tree_mask [B, S, ctx]`` (the cache slots each
+token attends to: its committed prefix, its ancestors and itself).
+
 Module names follow Hugging Face's Llama naming (``embed_tokens``, ``layers.{i}.self_attn.q_proj``, ...), so a Llama
 state dict maps 1:1 after dropping the ``model.`` prefix; GPT-2 weights are renamed by the loader.
 """
@@ -40,7 +44,7 @@ def new_cache(
 
 
 def write_cache(cache: torch.Tensor, new: torch.Tensor, position_ids: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """Write ``new [B, H, S, D]`` into ``cache [B, H, ctx, D]`` at ``position_ids [B, S]``; -1 writes nothing.
+    """Write ``new [B, H, S, D]`` into ``cache [B, H, ctx, D]`` at slots ``position_ids [B, S]``; -1 writes nothing.
 
     ``inplace=True`` uses index assignment (fast in eager torch). ``inplace=False`` is functional and made of
     standard ops (a one-hot ``[B, 1, ctx, S]`` matmul), so it exports to ONNX; it is exact because each slot
@@ -100,12 +104,14 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
-        position_ids: torch.Tensor,
+        slots: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         visible: torch.Tensor,
         inplace: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention of ``x [B, S, hidden]``; K/V written at ``slots [B, S]`` (-1: nothing), queries see the cache
+        slots where ``visible [B, 1, 1, S, ctx]`` holds."""
         bsz, seq, _ = x.shape
         q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -114,8 +120,8 @@ class Attention(nn.Module):
             cos, sin = rope  # [B, 1, S, D]
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        k_cache = write_cache(k_cache, k, position_ids, inplace)
-        v_cache = write_cache(v_cache, v, position_ids, inplace)
+        k_cache = write_cache(k_cache, k, slots, inplace)
+        v_cache = write_cache(v_cache, v, slots, inplace)
         groups = self.num_heads // self.num_kv_heads
         # the G query heads of a KV head are stacked along the sequence axis:
         # [B, Hkv, G*S, D] x [B, Hkv, D, ctx] -> [B, Hkv, G*S, ctx]; no copy or repeat of the cache (a broadcast
@@ -166,9 +172,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = _norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, position_ids, k_cache, v_cache, visible, inplace):
+    def forward(self, x, rope, slots, k_cache, v_cache, visible, inplace):
         attn, k_cache, v_cache = self.self_attn(
-            self.input_layernorm(x), rope, position_ids, k_cache, v_cache, visible, inplace
+            self.input_layernorm(x), rope, slots, k_cache, v_cache, visible, inplace
         )
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
@@ -266,10 +272,19 @@ class Decoder(nn.Module):
         num_logits: int | None = None,
         inplace: bool = False,
         features: torch.Tensor | None = None,
+        slot_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """``(logits [B, N, V], new_keys, new_values)``; see ``hidden_forward`` for the arguments."""
         hidden, new_keys, new_values = self.hidden_forward(
-            input_ids, position_ids, past_keys, past_values, inplace=inplace, features=features
+            input_ids,
+            position_ids,
+            past_keys,
+            past_values,
+            inplace=inplace,
+            features=features,
+            slot_ids=slot_ids,
+            tree_mask=tree_mask,
         )
         if num_logits is not None:
             hidden = hidden[:, -num_logits:, :]
@@ -283,20 +298,31 @@ class Decoder(nn.Module):
         past_values: list[torch.Tensor],
         inplace: bool = False,
         features: torch.Tensor | None = None,
+        slot_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Final-norm hidden states ``[B, S, hidden]`` of every column (what the LM head reads), and the new cache.
 
-        ``features``: a feature draft's input (see ``embed``); None for every other model.
+        ``features``: a feature draft's input (see ``embed``); None for every other model. ``slot_ids [B, S]`` and
+        ``tree_mask [B, S, ctx]`` (bool): a tree call (module docstring); without them the K/V of a token are
+        written at its position and it sees slots ``0 .. position``.
         """
         x = self.embed(input_ids, position_ids, features)
         ctx = past_keys[0].shape[2]
-        slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
-        # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
-        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
+        if (slot_ids is None) != (tree_mask is None):
+            raise ValueError("a tree call needs both slot_ids and tree_mask")
+        if tree_mask is not None and slot_ids is not None:
+            slots = torch.where(position_ids >= 0, slot_ids, -1)
+            visible = tree_mask.to(torch.bool)[:, None, None, :, :]
+        else:
+            cache_slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
+            # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
+            visible = (cache_slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
+            slots = position_ids
         rope = self.rope_tables(position_ids, x.dtype)
         new_keys, new_values = [], []
         for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values, strict=True):
-            x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)
+            x, k_cache, v_cache = layer(x, rope, slots, k_cache, v_cache, visible, inplace)
             new_keys.append(k_cache)
             new_values.append(v_cache)
         return self.norm(x), new_keys, new_values

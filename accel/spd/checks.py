@@ -1,5 +1,5 @@
-"""Input checks of ``generate``/``generate_ar``: vocabularies, prompts, limits, K, feature-draft pairs
-(``SpdError``)."""
+"""Input checks of ``generate``/``generate_ar``: vocabularies, prompts, limits (``SpdError``). Proposers check their own
+models (``Proposer.check``)."""
 
 from __future__ import annotations
 
@@ -55,29 +55,11 @@ def eos_set(eos_token_id) -> np.ndarray:
     return np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
 
 
-def _check_feature_pair(target: Backend, draft: Backend, k: int) -> None:
-    """A feature draft needs a target that outputs hidden states of its feature width, and room for K+1 tokens."""
-    if "hidden_states" not in target.info.capabilities:
-        raise SpdError(
-            "the draft is a feature draft (it reads the target's hidden states) but the target backend "
-            "does not output them: export the target with hidden_output=True"
-        )
-    if target.info.hidden_size != draft.info.feature_size:
-        raise SpdError(
-            f"the feature draft reads features of width {draft.info.feature_size} but the target's hidden "
-            f"states have width {target.info.hidden_size}: it was trained for another target"
-        )
-    if draft.info.max_seq_len < k + 1:
-        raise SpdError(
-            f"a feature draft's catch-up feeds up to k+1={k + 1} tokens; its max_seq_len is {draft.info.max_seq_len}"
-        )
-
-
 def validate(
-    target: Backend, draft: Backend | None, prompt_ids, k: int, max_new_tokens, sampling: Sampling
+    target: Backend, prompt_ids, max_new_tokens, sampling: Sampling, ctx_len: int | None = None
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    if draft is not None:
-        check_compatible(target, draft)
+    """Prompts (one int64 array per row) and per-row limits, after checking them against ``target`` and the context
+    (``ctx_len``: the tighter of the target's and the proposer's, default the target's); ``SpdError`` otherwise."""
     prompts = _as_prompts(prompt_ids, target.info.vocab_size)
     limits = np.asarray(max_new_tokens)
     if (
@@ -89,25 +71,11 @@ def validate(
         raise SpdError(
             f"max_new_tokens must be an integer >= 0 or one per row ({len(prompts)} rows); got {max_new_tokens!r}"
         )
-    for name, info in (("target", target.info), ("draft", draft.info if draft is not None else None)):
-        if info is not None and info.batch_size != len(prompts):
-            raise SpdError(
-                f"prompt batch {len(prompts)} does not match the {name} backend's batch_size {info.batch_size}"
-            )
-    if draft is not None:
-        if not isinstance(k, (int, np.integer)) or k < 1:
-            raise SpdError(f"k (draft tokens per round) must be an integer >= 1; got {k!r}")
-        limit = min(target.info.max_seq_len, target.info.ctx_len)
-        if k + 1 > limit:
-            raise SpdError(
-                f"k={k} too large: the target scores k+1 tokens per call but its max_seq_len/ctx_len allow {limit} "
-                f"(k <= {limit - 1})"
-            )
-        if draft.info.max_seq_len < 2:
-            raise SpdError("the draft backend's max_seq_len must be >= 2 (the cache catch-up feeds [d_K, bonus])")
-        if draft.info.feature_size:
-            _check_feature_pair(target, draft, k)
-    ctx = min(target.info.ctx_len, draft.info.ctx_len if draft is not None else target.info.ctx_len)
+    if target.info.batch_size != len(prompts):
+        raise SpdError(
+            f"prompt batch {len(prompts)} does not match the target backend's batch_size {target.info.batch_size}"
+        )
+    ctx = min(target.info.ctx_len, ctx_len or target.info.ctx_len)
     too_long = [i for i, p in enumerate(prompts) if len(p) > ctx]
     if too_long:
         raise SpdError(f"prompt rows {too_long} are longer than the context ({ctx} tokens)")

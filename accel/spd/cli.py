@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from accel.errors import SpdError
 
 __all__ = ["register", "run"]
@@ -52,6 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without --draft: lookup drafts only)",
     )
     p.add_argument("--ngram-k", type=int, default=None, help="tokens proposed from a lookup match (default --k)")
+    p.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=None,
+        help="propose a dynamic token tree of up to N nodes per round (EAGLE-2 style; exact; default: a chain of "
+        "--k). The target and draft are exported with tree inputs",
+    )
+    p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
+    p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -110,6 +121,7 @@ def _open_backend(
     tmp: Path,
     hidden_output: bool = False,
     weights: str = "fp32",
+    tree: bool = False,
 ):
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory or an .onnx file")
@@ -126,7 +138,9 @@ def _open_backend(
         from accel.backends import export_cached
         from accel.models.smollm2 import cache_root
 
-        path = export_cached(path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output, weights=weights)
+        path = export_cached(
+            path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output, weights=weights, tree=tree
+        )
     if path.suffix != ".onnx":
         raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
     return OrtBackend(path, batch_size=1, threads=threads)
@@ -184,6 +198,7 @@ def _summary(stats, messages: list[str]) -> str:
         f"draft {s.draft_s:.3f} + target {s.target_s:.3f} + host {s.host_s:.3f}  (prefill {s.prefill_s:.3f})",
     ]
     if s.mode == "spd":
+        lines.insert(0, f"proposer {s.proposer}")
         per_pos = " ".join(f"{a:.2f}" for a in s.acceptance_per_position)
         lines.append(
             f"alpha {s.alpha_counts:.3f} (counts), {s.alpha_overlap:.3f} (sum min(p,q))  "
@@ -195,6 +210,19 @@ def _summary(stats, messages: list[str]) -> str:
             f"{s.all_accepted_rounds}/{s.row_calls} all accepted (accel predict --tokens-per-loop / "
             "--drafts-per-loop take these)"
         )
+        if s.tree_rounds:
+            ranks = _rank_rates(s)
+            lines.append(
+                f"trees: {s.tree_rounds}/{s.row_calls} rounds branched; {s.mean_drafts_per_loop:.2f} nodes and "
+                f"{s.mean_target_call_tokens:.2f} target tokens per call; {s.draft_calls_per_loop:.2f} draft calls "
+                f"of {s.mean_draft_tokens_per_call:.2f} tokens per loop; acceptance by sibling rank "
+                f"[{' '.join(f'{a:.2f}' for a in ranks)}]"
+            )
+            lines.append(
+                f"(accel predict --tree-nodes {round(s.mean_drafts_per_loop)} --acceptance "
+                f"{','.join(f'{a:.3f}' for a in ranks)} --draft-calls-per-loop {s.draft_calls_per_loop:.3f} "
+                f"--draft-tokens-per-call {s.mean_draft_tokens_per_call:.3f})"
+            )
         if s.lookup_rounds:
             lines.append(
                 f"n-gram lookup: {s.lookup_rounds}/{s.row_calls} loops drafted by lookup, "
@@ -206,9 +234,31 @@ def _summary(stats, messages: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _rank_rates(stats) -> list[float]:
+    """Per sibling rank, pooled over depths: how often the rank-r candidate was the target's token at a reached node
+    that had one (``accel.sim``'s per-rank acceptance)."""
+    avail = np.asarray(stats.rank_available, dtype=float).sum(axis=0)
+    acc = np.asarray(stats.rank_accepted, dtype=float).sum(axis=0)
+    return [float(a / n) if n else 0.0 for a, n in zip(acc, avail, strict=True)]
+
+
+def _proposer(args: argparse.Namespace, draft) -> list | None:
+    """The proposers the options ask for: n-gram lookup first, then the draft's tree or chain."""
+    from accel.spd import DraftChain, DraftTree, NgramLookup
+
+    parts: list = []
+    if args.ngram:
+        parts.append(NgramLookup(args.ngram, args.ngram_k or args.k))
+    if draft is not None and args.tree_nodes:
+        parts.append(DraftTree(draft, nodes=args.tree_nodes, top_k=args.tree_top_k, depth=args.tree_depth))
+    elif draft is not None:
+        parts.append(DraftChain(draft, k=args.k, min_draft_prob=args.min_draft_prob))
+    return parts or None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``accel generate``; returns the exit code."""
-    from accel.spd.loop import check_compatible, generate, generate_ar
+    from accel.spd import Sampling, check_compatible, generate
 
     target_path = Path(args.target)
     tokenizer = _find_tokenizer(args, target_path)
@@ -224,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompt:
         raise SpdError("the prompt encodes to no tokens")
     eos = _model_config(target_path).get("eos_token_id")
+    if args.tree_nodes is not None and not args.draft:
+        raise SpdError("--tree-nodes needs a draft model (--draft) to build the trees with")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
@@ -240,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             Path(tmp),
             hidden_output=feature_draft,
             weights=args.target_weights,
+            tree=bool(args.tree_nodes),
         )
         draft = None
         if args.draft:
@@ -248,35 +301,24 @@ def run(args: argparse.Namespace) -> int:
             if args.backend != "ort":
                 threads = args.threads  # torch threads are global
             weights = args.draft_weights or ("int8" if feature_draft else "fp32")
-            draft = _open_backend(draft_path, args.backend, args.ctx_len, threads, Path(tmp), weights=weights)
+            draft = _open_backend(
+                draft_path, args.backend, args.ctx_len, threads, Path(tmp), weights=weights, tree=bool(args.tree_nodes)
+            )
             draft_tok = _find_tokenizer(argparse.Namespace(tokenizer=None), draft_path) if tokenizer else None
             check_compatible(target, draft, tokenizer, draft_tok)
         printer = None if args.json else _Printer(tokenizer)
         if printer is not None:
             sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
-        kw = dict(
+        res = generate(
+            target,
+            _proposer(args, draft),
+            [prompt],
             max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            greedy=args.greedy,
+            sampling=Sampling(args.temperature, args.top_k, args.top_p, args.greedy),
             seed=args.seed,
             eos_token_id=eos,
             stream=printer,
         )
-        if draft is not None or args.ngram:  # without --draft, --ngram drafts by lookup only
-            res = generate(
-                target,
-                draft,
-                [prompt],
-                k=args.k,
-                min_draft_prob=args.min_draft_prob,
-                ngram=args.ngram,
-                ngram_k=args.ngram_k,
-                **kw,
-            )
-        else:
-            res = generate_ar(target, [prompt], **kw)
     if args.json:
         print(json.dumps(res.model_dump(mode="json"), indent=2))
     else:

@@ -37,6 +37,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.spd.verify import TreeOutcome
+
 __all__ = ["GenerationResult", "GenerationStats", "StatsAccumulator"]
 
 FinishReason = Literal["eos", "length", "context"]
@@ -48,7 +50,8 @@ class GenerationStats(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mode: Literal["ar", "spd"]
-    k: int = Field(description="draft tokens per round (0 for autoregressive)")
+    proposer: str = Field(default="", description="the proposer that made the candidates (empty for AR)")
+    k: int = Field(description="most draft tokens (tree nodes below the root) per round (0 for autoregressive)")
     batch_size: int
     new_tokens: int = Field(description="tokens emitted over all rows")
     rounds: int = Field(description="target decode calls (after prefill)")
@@ -72,8 +75,28 @@ class GenerationStats(BaseModel):
         description="draft calls outside the prefill per round (one "
         "call serves all rows; fewer than the drafts with n-gram lookup)",
     )
+    mean_draft_tokens_per_call: float = Field(
+        default=math.nan, description="tokens fed per draft call outside the prefill (a tree level's width)"
+    )
+    mean_target_call_tokens: float = Field(
+        default=math.nan, description="columns of a target decode call (the tree or chain size with its root)"
+    )
     lookup_rounds: int = Field(default=0, description="(row, round) pairs drafted by n-gram lookup")
     lookup_accepted: int = Field(default=0, description="accepted drafts of those rounds")
+    tree_rounds: int = Field(
+        default=0, description="(row, round) pairs whose candidates branched (a tree, not a chain)"
+    )
+    tree_nodes_histogram: list[int] = Field(
+        default_factory=list, description="(row, round) pairs with n nodes below the root, n = 0, 1, ..."
+    )
+    tree_depth_histogram: list[int] = Field(default_factory=list, description="(row, round) pairs with d levels")
+    rank_available: list[list[int]] = Field(
+        default_factory=list,
+        description="[depth][rank]: reached nodes at depth d (0 = the root) that had a child of sibling rank r",
+    )
+    rank_accepted: list[list[int]] = Field(
+        default_factory=list, description="[depth][rank]: times the rank-r child of a reached depth-d node was accepted"
+    )
     target_tokens: int = Field(description="tokens emitted from the target (residual or bonus samples)")
     alpha_counts: float = Field(description="accepted / proposed drafts (NaN if none proposed)")
     alpha_overlap: float = Field(description="mean sum_x min(p, q) over reached slots (NaN if none)")
@@ -109,16 +132,21 @@ def _nan_div(a: float | np.integer, b: float | np.integer) -> float:
 class StatsAccumulator:
     """Mutable counters filled by the loop; :meth:`finish` freezes them into :class:`GenerationStats`."""
 
-    def __init__(self, mode: str, k: int, batch_size: int, slots: int | None = None) -> None:
-        self.mode, self.k, self.batch_size = mode, k, batch_size
-        slots = k if slots is None else slots  # draft slots per round: max(K, ngram_k) with n-gram lookup
+    def __init__(
+        self, mode: Literal["ar", "spd"], k: int, batch_size: int, slots: int | None = None, proposer: str = ""
+    ) -> None:
+        self.mode, self.k, self.batch_size, self.proposer = mode, k, batch_size, proposer
+        slots = k if slots is None else slots  # deepest tree (draft slots of a chain) per round
         self.hist = np.zeros(slots + 1, dtype=np.int64)
-        self.proposed = np.zeros(slots, dtype=np.int64)
-        self.accepted = np.zeros(slots, dtype=np.int64)
-        self.lookup_rounds = self.lookup_accepted = 0
+        self.available = np.zeros((slots, 1), dtype=np.int64)  # [depth, rank]: reached nodes with a rank-r child
+        self.rank_acc = np.zeros((slots, 1), dtype=np.int64)  # [depth, rank]: rank-r child accepted
+        self.nodes_hist = np.zeros(1, dtype=np.int64)
+        self.depth_hist = np.zeros(slots + 1, dtype=np.int64)
+        self.lookup_rounds = self.lookup_accepted = self.tree_rounds = 0
         self.overlap_sum = 0.0
         self.overlap_n = 0
         self.rounds = self.row_calls = self.target_calls = self.draft_calls = self.draft_decode_calls = 0
+        self.draft_call_tokens = self.target_call_tokens = 0
         self.new_tokens = self.target_tokens = self.from_draft_tokens = 0
         self.loop_tokens = 0
         self.all_accepted = 0
@@ -138,51 +166,64 @@ class StatsAccumulator:
             if prefill:
                 self.times["prefill"] += dt
 
-    def add_round(
-        self,
-        active: np.ndarray,
-        num_drafts: np.ndarray,
-        num_accepted: np.ndarray,
-        overlap: np.ndarray,
-        emitted: np.ndarray,
-        emitted_from_draft: np.ndarray,
-        looked_up: np.ndarray | None = None,
-    ) -> None:
-        """Record one round. All arrays are ``[B]`` except ``overlap [B, K]``; only ``active`` rows count.
-        ``looked_up`` marks rows whose drafts came from n-gram lookup."""
+    def add_round(self, call_tokens: int) -> None:
+        """One target decode call of ``call_tokens`` columns."""
         self.rounds += 1
-        a = np.asarray(active, dtype=bool)
-        if looked_up is not None:
-            lk = a & np.asarray(looked_up, dtype=bool)
-            self.lookup_rounds += int(lk.sum())
-            self.lookup_accepted += int(np.asarray(num_accepted)[lk].sum())
-        self.row_calls += int(a.sum())
-        for n, m in zip(num_drafts[a], num_accepted[a], strict=True):
-            self.hist[m] += 1
-            self.proposed[: min(n, m + 1)] += 1  # slots reached: the accepted ones and the first rejected one
-            self.accepted[:m] += 1
-            self.loop_tokens += int(m) + 1
-            self.all_accepted += int(n >= 1 and m == n)
-            self.drafted += int(n)
-        slots = np.arange(overlap.shape[1])[None, :]
-        reached = slots < np.minimum(num_drafts, num_accepted + 1)[:, None]
-        ov = overlap[reached & a[:, None]]
-        ov = ov[np.isfinite(ov)]
-        self.overlap_sum += float(ov.sum())
-        self.overlap_n += int(ov.size)
-        e = int(np.asarray(emitted)[a].sum())
-        d = int(np.asarray(emitted_from_draft)[a].sum())
-        self.new_tokens += e
-        self.from_draft_tokens += d
-        self.target_tokens += e - d
+        self.target_call_tokens += call_tokens
+
+    def add_row(
+        self,
+        nodes: int,
+        depth: int,
+        branching: bool,
+        outcome: TreeOutcome,
+        leaf: bool,
+        emitted: int,
+        emitted_from_draft: int,
+        lookup: bool = False,
+    ) -> None:
+        """One active row of a round: its tree (``nodes`` below the root, ``depth`` levels, ``branching`` if some node
+        has two children), the verification ``outcome``, whether the accepted path ended at a leaf, and the tokens
+        emitted (after EOS / length truncation) and how many of them came from the tree."""
+        m = outcome.accepted
+        self.row_calls += 1
+        self.hist = _grown(self.hist, m + 1)
+        self.hist[m] += 1
+        self.loop_tokens += m + 1
+        self.all_accepted += int(m >= 1 and leaf)
+        self.drafted += nodes
+        self.nodes_hist = _grown(self.nodes_hist, nodes + 1)
+        self.nodes_hist[nodes] += 1
+        self.depth_hist = _grown(self.depth_hist, depth + 1)
+        self.depth_hist[depth] += 1
+        self.tree_rounds += int(branching)
+        for d, tried, rank in outcome.steps:
+            shape = (max(d + 1, self.available.shape[0]), max(tried, self.available.shape[1]))
+            self.available, self.rank_acc = _grown2(self.available, shape), _grown2(self.rank_acc, shape)
+            self.available[d, :tried] += 1
+            if rank >= 0:
+                self.rank_acc[d, rank] += 1
+        ov = [o for o in outcome.overlaps if math.isfinite(o)]
+        self.overlap_sum += float(sum(ov))
+        self.overlap_n += len(ov)
+        if lookup:
+            self.lookup_rounds += 1
+            self.lookup_accepted += m
+        self.new_tokens += emitted
+        self.from_draft_tokens += emitted_from_draft
+        self.target_tokens += emitted - emitted_from_draft
 
     def finish(self) -> GenerationStats:
         """Freeze the counters (wall time ends now)."""
         wall = time.perf_counter() - self._t0
         draft_s, target_s, prefill_s = self.times["draft"], self.times["target"], self.times["prefill"]
         decode_s = wall - prefill_s
+        spd = self.mode == "spd"
+        reached = self.available[:, 0]
+        accepted = self.rank_acc.sum(axis=1)
         return GenerationStats(
             mode=self.mode,
+            proposer=self.proposer,
             k=self.k,
             batch_size=self.batch_size,
             new_tokens=self.new_tokens,
@@ -192,18 +233,25 @@ class StatsAccumulator:
             draft_calls=self.draft_calls,
             tokens_per_target_call=_nan_div(self.new_tokens, self.row_calls),
             accepted_histogram=[int(x) for x in self.hist],
-            acceptance_per_position=[_nan_div(a, p) for a, p in zip(self.accepted, self.proposed, strict=True)],
-            proposed_per_position=[int(x) for x in self.proposed],
+            acceptance_per_position=[_nan_div(a, p) for a, p in zip(accepted, reached, strict=True)],
+            proposed_per_position=[int(x) for x in reached],
             all_accepted_rounds=self.all_accepted,
             draft_tokens=self.drafted,
-            mean_drafts_per_loop=_nan_div(self.drafted, self.row_calls) if self.mode == "spd" else math.nan,
-            accepted_drafts=int(self.accepted.sum()),
-            proposed_drafts=int(self.proposed.sum()),
-            draft_calls_per_loop=_nan_div(self.draft_decode_calls, self.rounds) if self.mode == "spd" else math.nan,
+            mean_drafts_per_loop=_nan_div(self.drafted, self.row_calls) if spd else math.nan,
+            accepted_drafts=int(accepted.sum()),
+            proposed_drafts=int(reached.sum()),
+            draft_calls_per_loop=_nan_div(self.draft_decode_calls, self.rounds) if spd else math.nan,
+            mean_draft_tokens_per_call=_nan_div(self.draft_call_tokens, self.draft_decode_calls),
+            mean_target_call_tokens=_nan_div(self.target_call_tokens, self.rounds),
             lookup_rounds=self.lookup_rounds,
             lookup_accepted=self.lookup_accepted,
+            tree_rounds=self.tree_rounds,
+            tree_nodes_histogram=[int(x) for x in self.nodes_hist],
+            tree_depth_histogram=[int(x) for x in self.depth_hist],
+            rank_available=self.available.tolist(),
+            rank_accepted=self.rank_acc.tolist(),
             target_tokens=self.target_tokens,
-            alpha_counts=_nan_div(self.accepted.sum(), self.proposed.sum()),
+            alpha_counts=_nan_div(accepted.sum(), reached.sum()),
             alpha_overlap=_nan_div(self.overlap_sum, self.overlap_n),
             mean_tokens_per_loop=_nan_div(self.loop_tokens, self.row_calls),
             wall_s=wall,
@@ -214,3 +262,15 @@ class StatsAccumulator:
             tokens_per_s=_nan_div(self.new_tokens, wall),
             decode_tokens_per_s=_nan_div(self.new_tokens, decode_s),
         )
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    return a if a.size >= size else np.concatenate([a, np.zeros(size - a.size, dtype=a.dtype)])
+
+
+def _grown2(a: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    if a.shape == shape:
+        return a
+    out = np.zeros(shape, dtype=a.dtype)
+    out[: a.shape[0], : a.shape[1]] = a
+    return out

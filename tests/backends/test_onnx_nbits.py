@@ -20,7 +20,7 @@ from accel.backends.qaic import write_qaic_files
 from accel.errors import BackendError
 from accel.formats import get_format, quantize
 from accel.models import Decoder, ModelConfig
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, generate, generate_ar
 from tests.helpers.scenario import make_tokens, run_scenario
 
 PROMPTS = (4, 6)
@@ -246,6 +246,6 @@ def test_greedy_spd_on_an_nbits_target_equals_its_ar(tmp_path):
             export_onnx(draft, tmp_path / f"d{batch}.onnx", ctx_len=CTX * 2, batch_size=batch, progress=False)
         )
         prompts = make_tokens(96, lens, seed=batch)
-        ar = generate_ar(tb, prompts, max_new_tokens=20, greedy=True).tokens
+        ar = generate_ar(tb, prompts, max_new_tokens=20, sampling=GREEDY).tokens
         for k in (1, 3):
-            assert generate(tb, db, prompts, k=k, max_new_tokens=20, greedy=True).tokens == ar
+            assert generate(tb, DraftChain(db, k=k), prompts, max_new_tokens=20, sampling=GREEDY).tokens == ar

@@ -9,7 +9,7 @@ from accel.backends import TorchBackend
 from accel.drafts.architecture import causal_logits
 from accel.drafts.data import TeacherData, chat_prompt, self_generate, split_rows, teacher_topk
 from accel.models.decoder import Decoder
-from accel.spd import generate_ar
+from accel.spd import GREEDY, generate_ar
 from tests.helpers.drafts import tiny_config
 
 
@@ -22,7 +22,7 @@ def test_self_generate_greedy_rows_match_autoregressive_decoding():
     prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42]]  # ragged: left padding in one batch
     data = self_generate(model, prompts, [0.0, 0.0, 0.0], gen_tokens=10, k=8, seed=0)
     for i, p in enumerate(prompts):
-        ref = generate_ar(TorchBackend(model, ctx_len=32), [p], max_new_tokens=10, greedy=True)
+        ref = generate_ar(TorchBackend(model, ctx_len=32), [p], max_new_tokens=10, sampling=GREEDY)
         assert data.tokens[i, len(p) : len(p) + 10].tolist() == ref.tokens[0]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
-from accel.spd import generate, generate_ar, warp
+from accel.spd import DraftChain, Sampling, generate, warp
 from tests.helpers.decoders import backend
 
 ALPHA = 0.001  # significance level of every chi-square test in tests/spd
@@ -71,16 +71,17 @@ def exact_law(target, sampling: dict) -> np.ndarray:
     return law.reshape((VOCAB,) * NEW)
 
 
-def sample_counts(target, draft, sampling: dict, seed: int, spd: bool = True, runs: int = RUNS, **extra):
+def sample_counts(target, draft, sampling: dict, seed: int, spd: bool = True, runs: int = RUNS, proposer=None):
+    """Counts ``[V, V, V]`` of ``runs`` x ``ROWS`` sampled continuations of PROMPT and the runs' statistics.
+    ``proposer(draft_backend)`` builds the proposer (default: ``DraftChain(draft, k=K)``); ``spd=False``: AR."""
     tb, db = backend(target, ROWS, ctx_len=8), backend(draft, ROWS, ctx_len=8)
     rng = np.random.default_rng(seed)
     counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
     stats = []
+    make = proposer or (lambda d: DraftChain(d, k=K))
     for _ in range(runs):
-        if spd:
-            res = generate(tb, db, [PROMPT] * ROWS, k=K, max_new_tokens=NEW, seed=rng, **sampling, **extra)
-        else:
-            res = generate_ar(tb, [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, **sampling)
+        prop = make(db) if spd else None
+        res = generate(tb, prop, [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, sampling=Sampling(**sampling))
         toks = np.array(res.tokens)
         np.add.at(counts, tuple(toks.T), 1)
         stats.append(res.stats)

@@ -294,7 +294,7 @@ def test_greedy_spd_with_restricted_draft_equals_ar_on_ort(tmp_path):
     """Greedy SpD is token-identical to greedy AR whatever the draft; the restricted draft still gets accepted."""
     pytest.importorskip("onnxruntime")
     from accel.backends import OrtBackend, export_onnx
-    from accel.spd import generate, generate_ar
+    from accel.spd import GREEDY, DraftChain, generate, generate_ar
     from tests.helpers.decoders import perturbed, random_model
 
     target = random_model(seed=1, std=0.5)
@@ -302,10 +302,14 @@ def test_greedy_spd_with_restricted_draft_equals_ar_on_ort(tmp_path):
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9], [3, 30, 11, 4]]
     tpath = export_onnx(target, tmp_path / "t.onnx", ctx_len=64, batch_size=3, progress=False)
     dpath = export_onnx(draft, tmp_path / "d.onnx", ctx_len=64, batch_size=3, progress=False)
-    ar = generate_ar(OrtBackend(tpath, threads=1), prompts, max_new_tokens=24, greedy=True)
+    ar = generate_ar(OrtBackend(tpath, threads=1), prompts, max_new_tokens=24, sampling=GREEDY)
     for k in (1, 3, 5):
         res = generate(
-            OrtBackend(tpath, threads=1), OrtBackend(dpath, threads=1), prompts, k=k, max_new_tokens=24, greedy=True
+            OrtBackend(tpath, threads=1),
+            DraftChain(OrtBackend(dpath, threads=1), k=k),
+            prompts,
+            max_new_tokens=24,
+            sampling=GREEDY,
         )
         assert res.tokens == ar.tokens
         assert res.stats.alpha_counts > 0.2

@@ -5,20 +5,27 @@ of a fixed prompt is computed by enumeration (the target run on all 8^3 continua
 logits); 20,000 continuations are sampled with ``generate`` (K = 2, batch 2,000 rows of the same prompt, so one run is
 ~3 batched rounds), and compared with a chi-square test at significance level ALPHA = 0.001 (fixed seed; cells merged
 to expected counts >= 5). A deliberately wrong loop (modified rejection sampling told the unwarped draft
-probabilities, HF's old bug) must fail the same test.
+probabilities, HF's old bug) must fail the same test. Trees (width >= 2): test_tree_exactness.py.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import accel.spd.loop as loop_module
-from accel.spd import generate
+from accel.spd import DraftChain, NgramLookup, Sampling, generate
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, NEW, PROMPT, ROWS, SETTINGS, VOCAB, K, chi_square, exact_law, sample_counts
 
 torch = pytest.importorskip("torch")
+
+
+def with_lookup(db):
+    """Lookup drafts (n 1, 2 tokens) where a row's last token occurred before, the draft model elsewhere."""
+    return [NgramLookup(1, 2), DraftChain(db, k=K)]
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +51,20 @@ def test_spd_continuations_match_target_exactly(pair, name):
 
 
 def test_wrong_variant_fails(pair, monkeypatch):
-    """MRS given unwarped draft probabilities (the drafts were sampled at temperature 0.6) is not exact."""
+    """Verification given unwarped draft probabilities (the drafts were sampled at temperature 0.6) is not exact."""
     target, draft = pair
     sampling = dict(temperature=0.6)
-    real = loop_module.speculative_accept
+    real = loop_module.verify_sampled
 
-    def unwarped_p(drafts, p, q, rng, num_drafts=None):
+    def unwarped_p(tree, q_of, rng):
+        if tree.dists is None:  # a plain target step
+            return real(tree, q_of, rng)
         # p = softmax(l / T)  =>  p**T / sum(p**T) = softmax(l): the draft's unwarped distribution
-        pt = p ** sampling["temperature"]
-        return real(drafts, pt / pt.sum(-1, keepdims=True), q, rng, num_drafts)
+        pt = tree.dists ** sampling["temperature"]
+        unwarped = pt / np.maximum(pt.sum(-1, keepdims=True), 1e-300)
+        return real(dataclasses.replace(tree, dists=unwarped), q_of, rng)
 
-    monkeypatch.setattr(loop_module, "speculative_accept", unwarped_p)
+    monkeypatch.setattr(loop_module, "verify_sampled", unwarped_p)
     counts, _ = sample_counts(target, draft, sampling, seed=100, runs=5)  # 10,000 samples are plenty here
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [wrong variant]: {pvalue:.4g}")
@@ -92,7 +102,8 @@ def test_dynamic_draft_length_is_exact(pair):
     proposed than with a fixed K."""
     target, draft = pair
     sampling = SETTINGS["all"]
-    counts, stats = sample_counts(target, draft, sampling, seed=102, runs=5, min_draft_prob=0.4)
+    dynamic = lambda d: DraftChain(d, k=K, min_draft_prob=0.4)  # noqa: E731
+    counts, stats = sample_counts(target, draft, sampling, seed=102, runs=5, proposer=dynamic)
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [min_draft_prob]: {pvalue:.4g}")
     assert pvalue > ALPHA
@@ -110,7 +121,7 @@ def test_ngram_lookup_is_exact(pair):
     law (same chi-square test)."""
     target, draft = pair
     sampling = SETTINGS["all"]
-    counts, stats = sample_counts(target, draft, sampling, seed=103, runs=5, ngram=1, ngram_k=2)
+    counts, stats = sample_counts(target, draft, sampling, seed=103, runs=5, proposer=with_lookup)
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [ngram lookup]: {pvalue:.4g}")
     assert pvalue > ALPHA
@@ -120,18 +131,20 @@ def test_ngram_lookup_is_exact(pair):
 
 
 def test_ngram_lookup_wrong_variant_fails(pair, monkeypatch):
-    """Power check: verifying lookup drafts as if the draft model had proposed them (its distribution instead of the
-    point mass) is not exact, and the same test sees it."""
+    """Power check: verifying lookup drafts as if they had been sampled from a uniform distribution (instead of as
+    point masses) is not exact, and the same test sees it."""
     target, draft = pair
     sampling = SETTINGS["all"]
-    real = loop_module.speculative_accept
+    real = loop_module.verify_sampled
 
-    def as_if_uniform(drafts, p, q, rng, num_drafts=None):
-        point = np.isclose(p.max(-1, keepdims=True), 1.0) & (p.sum(-1, keepdims=True) > 0)
-        return real(drafts, np.where(point, 1.0 / p.shape[-1], p), q, rng, num_drafts)
+    def as_if_uniform(tree, q_of, rng):
+        if tree.source != "lookup":
+            return real(tree, q_of, rng)
+        uniform = np.full((tree.size, VOCAB), 1.0 / VOCAB)
+        return real(dataclasses.replace(tree, dists=uniform, sampled=None), q_of, rng)
 
-    monkeypatch.setattr(loop_module, "speculative_accept", as_if_uniform)
-    counts, _ = sample_counts(target, draft, sampling, seed=103, runs=5, ngram=1, ngram_k=2)
+    monkeypatch.setattr(loop_module, "verify_sampled", as_if_uniform)
+    counts, _ = sample_counts(target, draft, sampling, seed=103, runs=5, proposer=with_lookup)
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [ngram wrong variant]: {pvalue:.4g}")
     assert pvalue < ALPHA
@@ -146,7 +159,9 @@ def test_lookup_only_is_exact(pair):
     counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
     looked = 0
     for _ in range(5):
-        res = generate(tb, None, [PROMPT] * ROWS, k=2, max_new_tokens=NEW, seed=rng, ngram=1, **sampling)
+        res = generate(
+            tb, NgramLookup(1, 2), [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, sampling=Sampling(**sampling)
+        )
         np.add.at(counts, tuple(np.array(res.tokens).T), 1)
         looked += res.stats.lookup_accepted
     pvalue = chi_square(counts, exact_law(target, sampling))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel.spd import SpdError, generate, generate_ar
+from accel.spd import GREEDY, DraftChain, Sampling, SpdError, generate, generate_ar
 from tests.helpers.decoders import backend, oracle_feature_draft, random_model, tiny_config
 from tests.helpers.spd import NEW, PROMPT, SETTINGS, VOCAB, chi_square, exact_law, sample_counts
 
@@ -90,8 +90,10 @@ def exact_pair():
 def test_greedy_feature_draft_equals_ar_torch(greedy_pair, k, batch):
     target, draft = greedy_pair
     prompts = PROMPTS[:batch]
-    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=24, greedy=True)
-    sd = generate(backend(target, batch), backend(draft, batch), prompts, k=k, max_new_tokens=24, greedy=True)
+    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=24, sampling=GREEDY)
+    sd = generate(
+        backend(target, batch), DraftChain(backend(draft, batch), k=k), prompts, max_new_tokens=24, sampling=GREEDY
+    )
     assert sd.tokens == ar.tokens
     assert sd.stats.accepted_drafts > 0  # the trained draft is accepted
 
@@ -101,9 +103,9 @@ def test_oracle_feature_draft_accepts_everything(k):
     """A feature draft equal to the target accepts all k drafts every round (the k+1-token catch-up included)."""
     target = random_model(seed=5, vocab_size=32, std=1.0)
     draft = oracle_feature_draft(target, np.arange(1, 32))
-    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=21, greedy=True)
+    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=21, sampling=GREEDY)
     assert all(0 not in row for row in ar.tokens)  # every greedy token is in the head
-    sd = generate(backend(target, 3), backend(draft, 3), PROMPTS, k=k, max_new_tokens=21, greedy=True)
+    sd = generate(backend(target, 3), DraftChain(backend(draft, 3), k=k), PROMPTS, max_new_tokens=21, sampling=GREEDY)
     assert sd.tokens == ar.tokens
     hist = sd.stats.accepted_histogram
     assert hist[k] >= sd.stats.row_calls - 3 and sd.stats.row_calls <= 3 * -(-21 // (k + 1)), hist
@@ -119,7 +121,7 @@ def test_loop_feeds_target_features_and_draft_estimates(greedy_pair):
     prompts = [[1], [3], [5]]
     log: list = []
     tb, db = Recording(backend(target, 3), "target", log), Recording(backend(draft, 3), "draft", log)
-    res = generate(tb, db, prompts, k=3, max_new_tokens=20, greedy=True)
+    res = generate(tb, DraftChain(db, k=3), prompts, max_new_tokens=20, sampling=GREEDY)
     seqs = [p + t for p, t in zip(prompts, res.tokens, strict=True)]
     with torch.no_grad():
         hid = [causal_hidden(target, torch.tensor([s]))[0].numpy() for s in seqs]
@@ -143,7 +145,10 @@ def test_loop_feeds_target_features_and_draft_estimates(greedy_pair):
 def test_feature_draft_beats_untrained(greedy_pair):
     target, draft = greedy_pair
     untrained = build_feature_draft(target, torch.arange(4, 32), layers=1, embed_size=8, seed=1).eval()
-    run = lambda d: generate(backend(target, 3), backend(d, 3), PROMPTS, k=2, max_new_tokens=24, greedy=True)  # noqa
+
+    def run(d):
+        return generate(backend(target, 3), DraftChain(backend(d, 3), k=2), PROMPTS, max_new_tokens=24, sampling=GREEDY)
+
     trained, before = run(draft).stats.accepted_drafts, run(untrained).stats.accepted_drafts
     assert trained > 2 * max(1, before), (trained, before)
 
@@ -157,10 +162,14 @@ def test_greedy_feature_draft_equals_ar_onnxruntime(greedy_pair, tmp_path, batch
     tp = export_onnx(target, tmp_path / "t.onnx", ctx_len=64, batch_size=batch, hidden_output=True, progress=False)
     dp = export_onnx(draft, tmp_path / "d.onnx", ctx_len=64, batch_size=batch, progress=False, weights=draft_weights)
     prompts = PROMPTS[:batch]
-    ar = generate_ar(OrtBackend(tp, threads=1), prompts, max_new_tokens=24, greedy=True)
+    ar = generate_ar(OrtBackend(tp, threads=1), prompts, max_new_tokens=24, sampling=GREEDY)
     for k in (1, 3):
         sd = generate(
-            OrtBackend(tp, threads=1), OrtBackend(dp, threads=1), prompts, k=k, max_new_tokens=24, greedy=True
+            OrtBackend(tp, threads=1),
+            DraftChain(OrtBackend(dp, threads=1), k=k),
+            prompts,
+            max_new_tokens=24,
+            sampling=GREEDY,
         )
         assert sd.tokens == ar.tokens
         assert sd.stats.accepted_drafts > 0
@@ -181,16 +190,14 @@ def test_feature_draft_sampling_is_exact(exact_pair):
 
 def test_feature_draft_with_dynamic_length_and_eos(greedy_pair):
     target, draft = greedy_pair
-    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=30, greedy=True, eos_token_id=7)
+    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=30, eos_token_id=7, sampling=GREEDY)
     sd = generate(
         backend(target, 3),
-        backend(draft, 3),
+        DraftChain(backend(draft, 3), k=5, min_draft_prob=0.5),
         PROMPTS,
-        k=5,
         max_new_tokens=30,
-        greedy=True,
         eos_token_id=7,
-        min_draft_prob=0.5,
+        sampling=GREEDY,
     )
     assert sd.tokens == ar.tokens
 
@@ -201,7 +208,7 @@ def test_feature_draft_needs_target_hidden_states(greedy_pair, tmp_path):
     target, draft = greedy_pair
     plain = OrtBackend(export_onnx(target, tmp_path / "t.onnx", ctx_len=64, progress=False))
     with pytest.raises(SpdError, match="hidden_output=True"):
-        generate(plain, backend(draft, 1), [PROMPT], k=2, max_new_tokens=NEW)
+        generate(plain, DraftChain(backend(draft, 1), k=2), [PROMPT], max_new_tokens=NEW)
 
 
 def test_feature_draft_width_and_catch_up_checked(greedy_pair):
@@ -210,9 +217,9 @@ def test_feature_draft_width_and_catch_up_checked(greedy_pair):
     wide = build_feature_draft(other, torch.arange(8), embed_size=8)  # features of width 32
     narrow_target = type(other)(other.config.with_(hidden_size=48, num_heads=4)).init_weights(0)
     with pytest.raises(SpdError, match="width"):
-        generate(backend(narrow_target, 1), backend(wide, 1), [PROMPT], k=2, max_new_tokens=NEW)
+        generate(backend(narrow_target, 1), DraftChain(backend(wide, 1), k=2), [PROMPT], max_new_tokens=NEW)
     with pytest.raises(SpdError, match="catch-up"):
-        generate(backend(target, 1), backend(draft, 1, max_seq_len=3), [PROMPT], k=3, max_new_tokens=NEW)
+        generate(backend(target, 1), DraftChain(backend(draft, 1, max_seq_len=3), k=3), [PROMPT], max_new_tokens=NEW)
 
 
 def test_augmented_standalone_draft_starts_as_the_standalone_draft():
@@ -226,16 +233,18 @@ def test_augmented_standalone_draft_starts_as_the_standalone_draft():
     draft = perturbed(target, 1, 0.05)
     augmented = augment_draft(draft, target.config.hidden_size).eval()
     for k in (1, 3):
-        kw = dict(k=k, max_new_tokens=15, temperature=0.8, seed=3)
-        a = generate(backend(target, 3), backend(draft, 3), PROMPTS, **kw)
-        b = generate(backend(target, 3), backend(augmented, 3), PROMPTS, **kw)
+        kw = dict(max_new_tokens=15, sampling=Sampling(temperature=0.8), seed=3)
+        a = generate(backend(target, 3), DraftChain(backend(draft, 3), k=k), PROMPTS, **kw)
+        b = generate(backend(target, 3), DraftChain(backend(augmented, 3), k=k), PROMPTS, **kw)
         assert a.tokens == b.tokens and a.stats.accepted_histogram == b.stats.accepted_histogram
         assert a.stats.accepted_drafts > 0
     narrow = Decoder(tiny_config(32).with_(hidden_size=16, num_heads=2, num_kv_heads=1)).init_weights(0)
     wide_features = augment_draft(narrow, 32)
     assert wide_features.config.feature_size == 32 and not estimates_features(wide_features.config)
-    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=15, greedy=True)
+    ar = generate_ar(backend(target, 3), PROMPTS, max_new_tokens=15, sampling=GREEDY)
     assert (
-        generate(backend(target, 3), backend(wide_features, 3), PROMPTS, k=3, max_new_tokens=15, greedy=True).tokens
+        generate(
+            backend(target, 3), DraftChain(backend(wide_features, 3), k=3), PROMPTS, max_new_tokens=15, sampling=GREEDY
+        ).tokens
         == ar.tokens
     )

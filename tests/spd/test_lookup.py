@@ -1,4 +1,4 @@
-"""N-gram lookup drafts (``generate(..., ngram=n)``, ``accel.spd.lookup``): the search itself, greedy SpD == AR with
+"""N-gram lookup drafts (``NgramLookup``, ``accel.spd.lookup``): the search itself, greedy SpD == AR with
 lookup rounds mixed into model-drafted ones (batch 1 and 3, torch and onnxruntime), a catch-up longer than the
 draft's ``max_seq_len`` after lookup rounds, and the argument checks. Distribution exactness under sampling is in
 test_exactness.py."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, NgramLookup, generate, generate_ar
 from accel.spd.lookup import ngram_proposal
 from tests.helpers.decoders import backend, perturbed, random_model
 
@@ -54,16 +54,13 @@ def test_greedy_with_lookup_equals_ar(target, batch, k, ngram, ngram_k, draft_ki
         if draft_kind == "random"
         else perturbed(target, seed=3, rel=0.02)
     )
-    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, greedy=True)
+    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     res = generate(
         backend(target, batch),
-        backend(draft, batch),
+        [NgramLookup(ngram, ngram_k or k), DraftChain(backend(draft, batch), k=k)],
         prompts,
-        k=k,
         max_new_tokens=MAX_NEW,
-        greedy=True,
-        ngram=ngram,
-        ngram_k=ngram_k,
+        sampling=GREEDY,
     )
     assert res.tokens == ar.tokens
     s = res.stats
@@ -72,7 +69,9 @@ def test_greedy_with_lookup_equals_ar(target, batch, k, ngram, ngram_k, draft_ki
     assert s.new_tokens == s.accepted_drafts + s.target_tokens == sum(len(t) for t in res.tokens)
     assert len(s.accepted_histogram) == max(k, ngram_k or k) + 1
     assert s.draft_tokens <= s.row_calls * max(k, ngram_k or k)
-    plain = generate(backend(target, batch), backend(draft, batch), prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    plain = generate(
+        backend(target, batch), DraftChain(backend(draft, batch), k=k), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY
+    )
     assert plain.stats.lookup_rounds == 0 and plain.stats.draft_calls > s.draft_calls  # lookup rounds skip the draft
     assert s.draft_calls_per_loop < plain.stats.draft_calls_per_loop <= k
 
@@ -81,16 +80,13 @@ def test_long_catch_up_after_lookup_rounds_goes_in_chunks(target):
     """A draft that can take 2 tokens per call: after lookup rounds its catch-up is longer and is fed in chunks."""
     prompts = [[1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]]
     draft = perturbed(target, seed=3, rel=0.02)
-    ar = generate_ar(backend(target, 1), prompts, max_new_tokens=MAX_NEW, greedy=True)
+    ar = generate_ar(backend(target, 1), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     res = generate(
         backend(target, 1),
-        backend(draft, 1, max_seq_len=2),
+        [NgramLookup(3, 5), DraftChain(backend(draft, 1, max_seq_len=2), k=1)],
         prompts,
-        k=1,
         max_new_tokens=MAX_NEW,
-        greedy=True,
-        ngram=3,
-        ngram_k=5,
+        sampling=GREEDY,
     )
     assert res.tokens == ar.tokens
     assert res.stats.lookup_rounds > 0 and res.stats.lookup_rounds < res.stats.row_calls
@@ -120,8 +116,8 @@ def test_lookup_on_onnxruntime_with_a_feature_draft(tmp_path):
     prompts = PROMPTS_3
     tb = OrtBackend(export_onnx(tgt, tmp_path / "t.onnx", ctx_len=96, batch_size=3, hidden_output=True, progress=False))
     fb = OrtBackend(export_onnx(feat, tmp_path / "f.onnx", ctx_len=96, batch_size=3, progress=False))
-    ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, greedy=True)
-    res = generate(tb, fb, prompts, k=2, max_new_tokens=MAX_NEW, greedy=True, ngram=3, ngram_k=4)
+    ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    res = generate(tb, [NgramLookup(3, 4), DraftChain(fb, k=2)], prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert res.tokens == ar.tokens
     assert 0 < res.stats.lookup_rounds < res.stats.row_calls
 
@@ -130,27 +126,27 @@ def test_bad_lookup_arguments_raise(target):
     tb, db = backend(target, 1, max_seq_len=6), backend(random_model(seed=2, vocab_size=VOCAB), 1)
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(SpdError, match="ngram must be an int >= 1"):
-            generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=bad)
+            generate(tb, [NgramLookup(bad, 2), DraftChain(db, k=2)], [[1, 2]], max_new_tokens=4)
     for bad in (0, -2, 2.0, True):
         with pytest.raises(SpdError, match="ngram_k must be an int >= 1"):
-            generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=2, ngram_k=bad)
+            generate(tb, [NgramLookup(2, bad), DraftChain(db, k=2)], [[1, 2]], max_new_tokens=4)
     with pytest.raises(SpdError, match="ngram_k \\+ 1 = 7 tokens exceed the target's max_seq_len 6"):
-        generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=2, ngram_k=6)
-    assert generate(tb, db, [[1, 2]], k=2, max_new_tokens=4, ngram=0).stats.lookup_rounds == 0
+        generate(tb, [NgramLookup(2, 6), DraftChain(db, k=2)], [[1, 2]], max_new_tokens=4)
+    assert generate(tb, DraftChain(db, k=2), [[1, 2]], max_new_tokens=4).stats.lookup_rounds == 0
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_lookup_only_without_a_draft_equals_ar(target, batch):
-    """``generate(target, None, ngram=n)``: prompt lookup decoding; rows without a match take a plain target step."""
+    """``generate(target, NgramLookup(n, k), ...)``: prompt lookup decoding; rows without a match take a plain target
+    step."""
     prompts = PROMPTS_3[:batch]
-    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, greedy=True)
-    res = generate(backend(target, batch), None, prompts, k=4, max_new_tokens=MAX_NEW, greedy=True, ngram=2)
+    ar = generate_ar(backend(target, batch), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    res = generate(backend(target, batch), NgramLookup(2, 4), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert res.tokens == ar.tokens
     s = res.stats
     assert s.mode == "spd" and s.draft_calls == 0 and s.draft_calls_per_loop == 0
     assert 0 < s.lookup_rounds < s.row_calls and s.lookup_accepted > 0 and s.draft_tokens <= 4 * s.lookup_rounds
     assert s.rounds < ar.stats.rounds  # fewer target calls than AR
-    with pytest.raises(SpdError, match="needs a draft backend, or ngram"):
-        generate(backend(target, batch), None, prompts, k=4, max_new_tokens=4)
-    with pytest.raises(SpdError, match="k \\(default tokens per lookup guess\\)"):
-        generate(backend(target, batch), None, prompts, k=0, max_new_tokens=4, ngram=2)
+    with pytest.raises(SpdError, match="ngram_k must be an int >= 1"):
+        generate(backend(target, batch), NgramLookup(2, 0), prompts, max_new_tokens=4)
+    assert generate(backend(target, batch), None, prompts, max_new_tokens=4).stats.mode == "ar"

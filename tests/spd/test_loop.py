@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, Sampling, generate, generate_ar
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
@@ -32,7 +32,7 @@ def drafts(target):
 def ar_greedy(target):
     out = {}
     for name, prompts in (("b1", PROMPTS_1), ("b3", PROMPTS_3)):
-        out[name] = generate_ar(backend(target, len(prompts)), prompts, max_new_tokens=MAX_NEW, greedy=True)
+        out[name] = generate_ar(backend(target, len(prompts)), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     return out
 
 
@@ -42,7 +42,7 @@ def ar_greedy(target):
 def test_greedy_equals_target_greedy(target, drafts, ar_greedy, k, batch, draft_kind):
     prompts = PROMPTS_1 if batch == "b1" else PROMPTS_3
     tb, db = backend(target, len(prompts)), backend(drafts[draft_kind], len(prompts))
-    res = generate(tb, db, prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    res = generate(tb, DraftChain(db, k=k), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert res.tokens == ar_greedy[batch].tokens
     assert all(len(t) == MAX_NEW for t in res.tokens) and res.finish_reasons == ["length"] * len(prompts)
     s = res.stats
@@ -60,7 +60,9 @@ def test_greedy_equals_target_greedy(target, drafts, ar_greedy, k, batch, draft_
 def test_greedy_draft_equals_target_accepts_everything(target):
     prompts = PROMPTS_3
     k = 4
-    res = generate(backend(target, 3), backend(target, 3), prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    res = generate(
+        backend(target, 3), DraftChain(backend(target, 3), k=k), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY
+    )
     s = res.stats
     assert s.all_accepted_rounds == s.row_calls  # every round accepts all of its drafts and adds the bonus
     assert s.alpha_counts == 1.0 and s.alpha_overlap == 1.0
@@ -72,14 +74,11 @@ def test_greedy_draft_equals_target_accepts_everything(target):
 def test_multinomial_draft_equals_target_acceptance_one(target):
     res = generate(
         backend(target, 3),
-        backend(target, 3),
+        DraftChain(backend(target, 3), k=3),
         PROMPTS_3,
-        k=3,
         max_new_tokens=MAX_NEW,
-        temperature=0.9,
-        top_k=20,
-        top_p=0.95,
         seed=4,
+        sampling=Sampling(temperature=0.9, top_k=20, top_p=0.95),
     )
     s = res.stats
     # p and q come from different call shapes (1-2 vs K+1 tokens), so they agree to float32 rounding, not bit for bit
@@ -89,13 +88,13 @@ def test_multinomial_draft_equals_target_acceptance_one(target):
 
 def test_seeded_runs_reproducible(target, drafts):
     tb, db = backend(target, 3), backend(drafts["perturbed"], 3)
-    kw = dict(k=3, max_new_tokens=MAX_NEW, temperature=1.0)
-    a = generate(tb, db, PROMPTS_3, seed=11, **kw)
-    b = generate(tb, db, PROMPTS_3, seed=11, **kw)
-    c = generate(tb, db, PROMPTS_3, seed=12, **kw)
+    kw = dict(max_new_tokens=MAX_NEW, sampling=Sampling(temperature=1.0))
+    a = generate(tb, DraftChain(db, k=3), PROMPTS_3, seed=11, **kw)
+    b = generate(tb, DraftChain(db, k=3), PROMPTS_3, seed=11, **kw)
+    c = generate(tb, DraftChain(db, k=3), PROMPTS_3, seed=12, **kw)
     assert a.tokens == b.tokens and a.from_draft == b.from_draft
     assert a.tokens != c.tokens
-    d = generate(tb, db, PROMPTS_3, seed=np.random.default_rng(11), **kw)
+    d = generate(tb, DraftChain(db, k=3), PROMPTS_3, seed=np.random.default_rng(11), **kw)
     assert d.tokens == a.tokens
 
 
@@ -104,13 +103,12 @@ def test_statistics_add_up_and_stream(target, drafts):
     streamed: dict[int, list[tuple[list[int], list[bool]]]] = {0: []}
     res = generate(
         backend(target, 1),
-        backend(drafts["perturbed"], 1),
+        DraftChain(backend(drafts["perturbed"], 1), k=k),
         PROMPTS_1,
-        k=k,
         max_new_tokens=MAX_NEW,
-        temperature=1.0,
         seed=5,
         stream=lambda row, toks, flags: streamed[row].append((list(toks), flags)),
+        sampling=Sampling(temperature=1.0),
     )
     s = res.stats
     assert s.new_tokens == sum(len(t) for t in res.tokens) == MAX_NEW
@@ -119,7 +117,6 @@ def test_statistics_add_up_and_stream(target, drafts):
     assert s.target_tokens == s.rounds == s.row_calls == sum(s.accepted_histogram)
     assert sum(m * c for m, c in enumerate(s.accepted_histogram)) == s.accepted_drafts
     assert s.target_calls == s.rounds + 1 and s.mean_tokens_per_loop == pytest.approx(s.tokens_per_target_call)
-    assert s.draft_tokens == k * s.rounds and s.mean_drafts_per_loop == k  # room for k drafts in every round here
     # streamed tokens are the result; each event is [accepted drafts..., one target token]
     assert [t for toks, _ in streamed[0] for t in toks] == res.tokens[0]
     assert [f for _, flags in streamed[0] for f in flags] == res.from_draft[0]
@@ -130,6 +127,7 @@ def test_statistics_add_up_and_stream(target, drafts):
         expected += min(k, MAX_NEW - done - 1)
         done += len(toks)
     assert s.draft_calls == expected
+    assert s.draft_tokens == expected - 1 and s.mean_drafts_per_loop == pytest.approx((expected - 1) / s.rounds)
     # acceptance per position = accepted / reached
     reached = np.array(s.proposed_per_position)
     assert reached[0] == s.rounds and np.all(np.diff(reached) <= 0)
@@ -147,35 +145,42 @@ def test_eos_per_row(target, drafts, ar_greedy):
     expected = [r[: r.index(eos) + 1] if eos in r else r for r in ref]
     res = generate(
         backend(target, 3),
-        backend(drafts["perturbed"], 3),
+        DraftChain(backend(drafts["perturbed"], 3), k=4),
         PROMPTS_3,
-        k=4,
         max_new_tokens=MAX_NEW,
-        greedy=True,
         eos_token_id=eos,
+        sampling=GREEDY,
     )
     assert res.tokens == expected
     assert res.finish_reasons == ["eos" if eos in r else "length" for r in ref]
     assert len(res.tokens[0]) <= 6
-    ar = generate_ar(backend(target, 3), PROMPTS_3, max_new_tokens=MAX_NEW, greedy=True, eos_token_id=[eos, 10_000])
+    ar = generate_ar(backend(target, 3), PROMPTS_3, max_new_tokens=MAX_NEW, eos_token_id=[eos, 10_000], sampling=GREEDY)
     assert ar.tokens == expected
 
 
 def test_max_new_tokens_per_row_list(target, drafts, ar_greedy):
     limits = [3, 0, 11]
     res = generate(
-        backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=limits, greedy=True
+        backend(target, 3),
+        DraftChain(backend(drafts["perturbed"], 3), k=4),
+        PROMPTS_3,
+        max_new_tokens=limits,
+        sampling=GREEDY,
     )
     assert res.tokens == [r[:n] for r, n in zip(ar_greedy["b3"].tokens, limits, strict=True)]
     assert res.finish_reasons == ["length"] * 3
     with pytest.raises(SpdError, match="max_new_tokens"):
-        generate(backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=4, max_new_tokens=[1, 2])
+        generate(backend(target, 3), DraftChain(backend(drafts["perturbed"], 3), k=4), PROMPTS_3, max_new_tokens=[1, 2])
 
 
 @pytest.mark.parametrize("max_new", [0, 1, 2, 5])
 def test_max_new_tokens_per_row(target, drafts, max_new):
     res = generate(
-        backend(target, 3), backend(drafts["perturbed"], 3), PROMPTS_3, k=7, max_new_tokens=max_new, greedy=True
+        backend(target, 3),
+        DraftChain(backend(drafts["perturbed"], 3), k=7),
+        PROMPTS_3,
+        max_new_tokens=max_new,
+        sampling=GREEDY,
     )
     assert [len(t) for t in res.tokens] == [max_new] * 3
     assert res.stats.new_tokens == 3 * max_new
@@ -186,38 +191,35 @@ def test_context_exhaustion_stops_cleanly(target, drafts):
     prompts = [[1, 2, 3, 4, 5], [7] * 12, [3] * 19]
     res = generate(
         backend(target, 3, ctx_len=ctx),
-        backend(drafts["perturbed"], 3, ctx_len=ctx),
+        DraftChain(backend(drafts["perturbed"], 3, ctx_len=ctx), k=7),
         prompts,
-        k=7,
         max_new_tokens=100,
-        greedy=True,
+        sampling=GREEDY,
     )
     assert [len(p) + len(t) for p, t in zip(prompts, res.tokens, strict=True)] == [ctx] * 3
     assert res.finish_reasons == ["context"] * 3
     assert len(res.messages) == 3 and "context full" in res.messages[0]
-    ar = generate_ar(backend(target, 3, ctx_len=ctx), prompts, max_new_tokens=100, greedy=True)
+    ar = generate_ar(backend(target, 3, ctx_len=ctx), prompts, max_new_tokens=100, sampling=GREEDY)
     assert ar.tokens == res.tokens
     full = generate(
         backend(target, 1, ctx_len=ctx),
-        backend(drafts["perturbed"], 1, ctx_len=ctx),
+        DraftChain(backend(drafts["perturbed"], 1, ctx_len=ctx), k=2),
         [[2] * ctx],
-        k=2,
         max_new_tokens=5,
-        greedy=True,
+        sampling=GREEDY,
     )
     assert full.tokens == [[]] and full.finish_reasons == ["context"]
 
 
 def test_chunked_prefill_and_smaller_draft_context(target, drafts):
     prompts = [list(range(1, 30)), [4, 5]]
-    ref = generate_ar(backend(target, 2), prompts, max_new_tokens=10, greedy=True)
+    ref = generate_ar(backend(target, 2), prompts, max_new_tokens=10, sampling=GREEDY)
     res = generate(
         backend(target, 2, max_seq_len=8),
-        backend(drafts["perturbed"], 2, ctx_len=40, max_seq_len=3),
+        DraftChain(backend(drafts["perturbed"], 2, ctx_len=40, max_seq_len=3), k=4),
         prompts,
-        k=4,
         max_new_tokens=20,
-        greedy=True,
+        sampling=GREEDY,
     )
     # the draft's ctx_len (40) bounds the run: row 0 has 29 prompt tokens, so 11 new tokens fit
     assert res.tokens[0] == ref.tokens[0] + res.tokens[0][10:] and len(res.tokens[0]) == 11
@@ -230,24 +232,24 @@ def test_bad_inputs_raise(target):
     tb, db = backend(target, 2), backend(random_model(seed=2), 2)
     prompts = [[1, 2], [3]]
     with pytest.raises(SpdError, match="vocab_size"):
-        generate(tb, backend(other_vocab, 2), prompts, k=2, max_new_tokens=4)
+        generate(tb, DraftChain(backend(other_vocab, 2), k=2), prompts, max_new_tokens=4)
     for bad_k in (0, -1):
         with pytest.raises(SpdError, match=r"k .*>= 1"):
-            generate(tb, db, prompts, k=bad_k, max_new_tokens=4)
+            generate(tb, DraftChain(db, k=bad_k), prompts, max_new_tokens=4)
     with pytest.raises(SpdError, match="too large"):
-        generate(backend(target, 2, max_seq_len=4), db, prompts, k=4, max_new_tokens=4)
+        generate(backend(target, 2, max_seq_len=4), DraftChain(db, k=4), prompts, max_new_tokens=4)
     with pytest.raises(SpdError, match="batch"):
-        generate(tb, db, [[1, 2]], k=2, max_new_tokens=4)
+        generate(tb, DraftChain(db, k=2), [[1, 2]], max_new_tokens=4)
     with pytest.raises(SpdError, match="batch"):
-        generate(tb, backend(random_model(seed=2), 3), prompts, k=2, max_new_tokens=4)
+        generate(tb, DraftChain(backend(random_model(seed=2), 3), k=2), prompts, max_new_tokens=4)
     with pytest.raises(SpdError, match="vocabulary"):
-        generate(tb, db, [[1, 2], [32]], k=2, max_new_tokens=4)
+        generate(tb, DraftChain(db, k=2), [[1, 2], [32]], max_new_tokens=4)
     with pytest.raises(SpdError, match="non-empty"):
-        generate(tb, db, [[1, 2], []], k=2, max_new_tokens=4)
+        generate(tb, DraftChain(db, k=2), [[1, 2], []], max_new_tokens=4)
     with pytest.raises(SpdError, match="longer than the context"):
-        generate(tb, db, [[1] * 65, [2]], k=2, max_new_tokens=4)
+        generate(tb, DraftChain(db, k=2), [[1] * 65, [2]], max_new_tokens=4)
     with pytest.raises(SpdError, match="temperature"):
-        generate(tb, db, prompts, k=2, max_new_tokens=4, temperature=0.0)
+        generate(tb, DraftChain(db, k=2), prompts, max_new_tokens=4, sampling=Sampling(temperature=0.0))
     with pytest.raises(SpdError, match="max_new_tokens"):
         generate_ar(tb, prompts, max_new_tokens=-1)
 
@@ -258,9 +260,9 @@ def test_nan_logits_raise(target):
     with torch.no_grad():
         broken.lm_head.weight[3, 0] = float("nan")
     with pytest.raises(SpdError, match="NaN or inf"):
-        generate(backend(target, 1), backend(broken, 1), PROMPTS_1, k=2, max_new_tokens=4)
+        generate(backend(target, 1), DraftChain(backend(broken, 1), k=2), PROMPTS_1, max_new_tokens=4)
     with pytest.raises(SpdError, match="NaN or inf"):
-        generate_ar(backend(broken, 1), PROMPTS_1, max_new_tokens=4, greedy=True)
+        generate_ar(backend(broken, 1), PROMPTS_1, max_new_tokens=4, sampling=GREEDY)
 
 
 def test_tokenizer_mismatch_raises(target):
@@ -279,11 +281,18 @@ def test_tokenizer_mismatch_raises(target):
 
 def test_prompt_as_2d_array(target, drafts):
     prompts = np.array([[1, 2, 3], [4, 5, 6]])
-    res = generate(backend(target, 2), backend(drafts["perturbed"], 2), prompts, k=3, max_new_tokens=8, greedy=True)
-    ref = generate_ar(backend(target, 2), prompts.tolist(), max_new_tokens=8, greedy=True)
+    res = generate(
+        backend(target, 2), DraftChain(backend(drafts["perturbed"], 2), k=3), prompts, max_new_tokens=8, sampling=GREEDY
+    )
+    ref = generate_ar(backend(target, 2), prompts.tolist(), max_new_tokens=8, sampling=GREEDY)
     assert res.tokens == ref.tokens
     with pytest.raises(SpdError, match="2-D"):
-        generate(backend(target, 2), backend(drafts["perturbed"], 2), np.zeros((2, 3, 1), int), k=3, max_new_tokens=8)
+        generate(
+            backend(target, 2),
+            DraftChain(backend(drafts["perturbed"], 2), k=3),
+            np.zeros((2, 3, 1), int),
+            max_new_tokens=8,
+        )
 
 
 @pytest.mark.parametrize("batch", ["b1", "b3"])
@@ -292,13 +301,13 @@ def test_dynamic_draft_length_greedy(target, drafts, ar_greedy, batch):
     target's; 0 is the fixed-k loop; 1.0 (no softmax reaches it here) proposes one token per round."""
     prompts = PROMPTS_1 if batch == "b1" else PROMPTS_3
     tb, db = backend(target, len(prompts)), backend(drafts["perturbed"], len(prompts))
-    kw = dict(k=6, max_new_tokens=MAX_NEW, greedy=True)
-    fixed = generate(tb, db, prompts, **kw)
+    kw = dict(max_new_tokens=MAX_NEW, sampling=GREEDY)
+    fixed = generate(tb, DraftChain(db, k=6), prompts, **kw)
     assert (
-        generate(tb, db, prompts, min_draft_prob=0.0, **kw).stats.proposed_per_position
+        generate(tb, DraftChain(db, k=6, min_draft_prob=0.0), prompts, **kw).stats.proposed_per_position
         == fixed.stats.proposed_per_position
     )
-    one = generate(tb, db, prompts, min_draft_prob=1.0, **kw)
+    one = generate(tb, DraftChain(db, k=6, min_draft_prob=1.0), prompts, **kw)
     assert one.tokens == ar_greedy[batch].tokens
     # one draft per round (a row's last round, with one token of room left, proposes none)
     assert one.stats.proposed_per_position[1:] == [0] * 5
@@ -306,7 +315,7 @@ def test_dynamic_draft_length_greedy(target, drafts, ar_greedy, batch):
     # draft_tokens counts every proposal (the reached ones and those after a rejection): 1 per round here
     assert one.stats.draft_tokens == one.stats.proposed_per_position[0]
     assert one.stats.mean_drafts_per_loop == pytest.approx(one.stats.draft_tokens / one.stats.row_calls)
-    mid = generate(tb, db, prompts, min_draft_prob=0.5, **kw)
+    mid = generate(tb, DraftChain(db, k=6, min_draft_prob=0.5), prompts, **kw)
     assert mid.tokens == ar_greedy[batch].tokens
     assert mid.stats.proposed_drafts < fixed.stats.proposed_drafts
     assert mid.stats.proposed_per_position[1] > 0  # confident proposals still continue
@@ -320,4 +329,4 @@ def test_dynamic_draft_length_rejects_bad_threshold(target):
     tb, db = backend(target, 1), backend(random_model(seed=2), 1)
     for bad in (-0.1, 1.5, float("nan"), "0.5", True):
         with pytest.raises(SpdError, match="min_draft_prob"):
-            generate(tb, db, PROMPTS_1, k=2, max_new_tokens=4, min_draft_prob=bad)
+            generate(tb, DraftChain(db, k=2, min_draft_prob=bad), PROMPTS_1, max_new_tokens=4)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from accel.backends import OrtBackend, export_onnx
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, Sampling, generate, generate_ar
 from tests.helpers.decoders import perturbed, random_model
 from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
@@ -33,7 +33,7 @@ def onnx_files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ort_ar(onnx_files):
     return {
-        b: generate_ar(OrtBackend(onnx_files[("target", b)], threads=1), p, max_new_tokens=MAX_NEW, greedy=True)
+        b: generate_ar(OrtBackend(onnx_files[("target", b)], threads=1), p, max_new_tokens=MAX_NEW, sampling=GREEDY)
         for b, p in ((1, PROMPTS_1), (3, PROMPTS_3))
     }
 
@@ -45,7 +45,7 @@ def test_ort_greedy_equals_target_greedy(onnx_files, ort_ar, k, batch, draft_kin
     prompts = PROMPTS_1 if batch == 1 else PROMPTS_3
     tb = OrtBackend(onnx_files[("target", batch)], threads=1)
     db = OrtBackend(onnx_files[(draft_kind, batch)], threads=1)
-    res = generate(tb, db, prompts, k=k, max_new_tokens=MAX_NEW, greedy=True)
+    res = generate(tb, DraftChain(db, k=k), prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert res.tokens == ort_ar[batch].tokens
     assert res.stats.accepted_histogram[0] > 0
     if draft_kind == "perturbed":
@@ -56,12 +56,14 @@ def test_ort_matches_torch_greedy(onnx_files, ort_ar):
     """The ORT run decodes the same greedy continuation as the torch reference (tiny fp32 models: no near-ties)."""
     from tests.helpers.decoders import backend
 
-    ref = generate_ar(backend(random_model(seed=1, std=0.5), 3), PROMPTS_3, max_new_tokens=MAX_NEW, greedy=True)
+    ref = generate_ar(backend(random_model(seed=1, std=0.5), 3), PROMPTS_3, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert ort_ar[3].tokens == ref.tokens
 
 
 def test_ort_draft_equals_target_multinomial(onnx_files):
     tb = OrtBackend(onnx_files[("target", 3)], threads=1)
     db = OrtBackend(onnx_files[("target", 3)], threads=1)
-    res = generate(tb, db, PROMPTS_3, k=3, max_new_tokens=MAX_NEW, temperature=0.8, seed=3)
+    res = generate(
+        tb, DraftChain(db, k=3), PROMPTS_3, max_new_tokens=MAX_NEW, seed=3, sampling=Sampling(temperature=0.8)
+    )
     assert res.stats.alpha_counts == 1.0 and res.stats.alpha_overlap > 1 - 1e-5

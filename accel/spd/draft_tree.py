@@ -1,0 +1,223 @@
+"""``DraftTree``: a draft model proposes a dynamic token tree per round (EAGLE-2's tree, Li et al. 2024).
+
+A node's *score* is the draft's cumulative probability of its path (the product of the draft's probabilities along
+it, kept as a log). Per round, for the rows asked:
+
+1. the catch-up call (``accel.spd.draft_model``) gives the draft's distribution after the root: its ``top_k`` tokens
+   are the first candidates;
+2. **expand**, level by level up to ``depth``: the ``top_k`` best-scored candidates of the newest level are fed to
+   the draft in one tree call (each sees the committed prefix and its own ancestors; a feature draft gets its
+   parent's estimated hidden state), and each gets its ``top_k`` tokens as candidates. A level whose best candidate
+   cannot enter the final tree any more (a child never scores above its parent) ends the expansion;
+3. **rerank**: the ``nodes`` best-scored candidates form the tree (ties favour shallower nodes, so every parent is
+   kept with its children), siblings ordered by score: the draft's top-1 chain is the first-child chain.
+
+Candidates are the draft's top-k tokens, a deterministic function of the row's tokens, so the tree is verified as
+point masses (``accel.spd.tree``): exact under greedy and sampling alike. With sampling, candidates and scores come
+from the draft's distribution after the run's warps. The draft's cache holds the tree's nodes at scratch slots after
+the committed prefix; after the round it re-feeds the accepted tokens at their positions (the catch-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accel.backends.base import Backend, BackendInfo
+from accel.errors import SpdError
+from accel.spd.draft_model import DraftModel, draft_probs
+from accel.spd.proposers import ProposerInfo, RowOutcome, RunState
+from accel.spd.tree import TokenTree
+
+__all__ = ["DraftTree"]
+
+
+@dataclass
+class _Pool:
+    """One row's candidates: token, parent (-1 = root), depth, log score, draft slot (-1 = not fed), estimate."""
+
+    base: int  # the row's committed length n (the root sits at slot n - 1)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    estimates: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def add(self, parent: int, tokens: np.ndarray, logp: np.ndarray) -> None:
+        base_score = self.scores[parent] if parent >= 0 else 0.0
+        depth = self.depths[parent] + 1 if parent >= 0 else 1
+        for t, lp in zip(tokens.tolist(), logp.tolist(), strict=True):
+            self.tokens.append(int(t))
+            self.parents.append(parent)
+            self.depths.append(depth)
+            self.scores.append(base_score + float(lp))
+            self.slots.append(-1)
+
+    def ranked(self) -> list[int]:
+        """Candidate indices, best first (score, then shallower, then older)."""
+        return sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], self.depths[i], i))
+
+    def ancestors(self, i: int) -> list[int]:
+        out = []
+        while i >= 0:
+            out.append(i)
+            i = self.parents[i]
+        return out
+
+
+class DraftTree:
+    """Dynamic token trees from a draft backend (module docstring).
+
+    Args:
+        draft: the draft backend; it needs the ``"tree"`` capability (a torch backend, or an ONNX graph exported
+            with ``tree=True``), the target's vocabulary and batch size, and ``max_seq_len >= depth + 1``.
+        nodes: the node budget: most nodes below the root (the target scores ``nodes + 1`` tokens per call).
+        top_k: candidates per expanded node, and nodes expanded per level.
+        depth: most levels (tokens a round can accept); ``nodes`` by default, capped at 8.
+    """
+
+    def __init__(self, draft: Backend, nodes: int = 10, top_k: int = 4, depth: int | None = None) -> None:
+        for name, v in (("nodes", nodes), ("top_k", top_k), ("depth", depth if depth is not None else 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise SpdError(f"DraftTree {name} must be an integer >= 1; got {v!r}")
+        self.model = DraftModel(draft)
+        self.nodes, self.top_k = int(nodes), int(top_k)
+        self.depth = int(depth) if depth is not None else min(self.nodes, 8)
+
+    @property
+    def info(self) -> ProposerInfo:
+        feat = "feature " if self.model.feature else ""
+        return ProposerInfo(
+            f"{feat}tree(nodes={self.nodes}, top_k={self.top_k}, depth={self.depth})",
+            self.nodes,
+            self.depth,
+            branching=self.top_k > 1,
+            needs_hidden=self.model.feature,
+            ctx_len=self.model.info.ctx_len,
+        )
+
+    def check(self, target: BackendInfo) -> None:
+        limit = min(target.max_seq_len, target.ctx_len)
+        if self.nodes + 1 > limit:
+            raise SpdError(f"nodes={self.nodes} too large: the target scores nodes+1 tokens but allows {limit}")
+        if "tree" not in self.model.info.capabilities:
+            raise SpdError("DraftTree needs a draft backend with tree inputs: export the draft with tree=True")
+        if self.model.info.max_seq_len < max(self.depth + 1, self.top_k):
+            raise SpdError(
+                f"the draft's max_seq_len {self.model.info.max_seq_len} is below what a tree round feeds it "
+                f"(depth + 1 = {self.depth + 1} catch-up tokens, top_k = {self.top_k} nodes per level)"
+            )
+        self.model.check(target, self.depth + 1)
+
+    def start(self, run: RunState) -> None:
+        self.model.start(run)
+
+    def _logp(self, run: RunState, logits: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Log draft probabilities ``[B, V]`` (greedy: log-softmax of the logits; sampling: of the warped ones)."""
+        probs = draft_probs(run, logits, rows)
+        if run.sampling.greedy:
+            x = probs - probs.max(axis=-1, keepdims=True)
+            return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+        with np.errstate(divide="ignore"):
+            return np.log(probs)
+
+    def _top(self, logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best tokens of each row of ``logp [R, V]`` (finite only), best first, and their log probs."""
+        k = min(k, logp.shape[-1])
+        idx = np.argpartition(-logp, k - 1, axis=-1)[:, :k]
+        vals = np.take_along_axis(logp, idx, axis=-1)
+        order = np.argsort(-vals, axis=-1, kind="stable")
+        return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+
+    def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
+        logits, hidden = self.model.catch_up(run, rows)
+        budget = np.where(rows, np.minimum(self.nodes, run.max_nodes), 0)
+        levels = np.where(rows, np.minimum(self.depth, run.max_depth), 0)
+        free = self.model.info.ctx_len - run.n  # draft slots after the committed prefix
+        root_est = self.model.estimate(hidden, run.batch)
+        pools: dict[int, _Pool] = {}
+        tok, lp = self._top(self._logp(run, logits, rows), self.top_k)
+        for b in np.flatnonzero(rows).tolist():
+            pools[b] = _Pool(int(run.n[b]))
+            keep = np.isfinite(lp[b])
+            pools[b].add(-1, tok[b][keep], lp[b][keep])
+        for level in range(1, self.depth):
+            expand = self._frontier(pools, level, budget, levels, free)
+            if not expand:
+                break
+            self._expand(run, pools, expand, level, root_est)
+        out: list[TokenTree | None] = [None] * run.batch
+        for b, pool in pools.items():
+            out[b] = self._tree(run, b, pool, int(budget[b]), int(levels[b]))
+        return out
+
+    def _frontier(self, pools, level: int, budget, levels, free) -> dict[int, list[int]]:
+        """Per row: the candidates of depth ``level`` to feed (best first), at most ``top_k``, only those that can
+        still make the final tree and whose children fit the row's depth and the draft's cache."""
+        out = {}
+        for b, pool in pools.items():
+            if level >= levels[b]:
+                continue
+            ranked = pool.ranked()
+            cut = pool.scores[ranked[budget[b] - 1]] if len(ranked) >= budget[b] else -np.inf
+            fed = sum(s >= 0 for s in pool.slots)
+            pick = [i for i in ranked if pool.depths[i] == level and pool.scores[i] >= cut][: self.top_k]
+            pick = pick[: max(0, int(free[b]) - fed)]
+            if pick:
+                out[b] = pick
+        return out
+
+    def _expand(self, run: RunState, pools, expand: dict[int, list[int]], level: int, root_est) -> None:
+        """One draft tree call feeding the ``expand`` candidates of every row; adds their top-k children."""
+        width = max(len(v) for v in expand.values())
+        info = self.model.info
+        ids = np.zeros((run.batch, width), dtype=np.int64)
+        pos = np.full((run.batch, width), -1, dtype=np.int64)
+        slots = np.zeros((run.batch, width), dtype=np.int64)
+        mask = np.zeros((run.batch, width, info.ctx_len), dtype=bool)
+        feats = np.zeros((run.batch, width, info.feature_size), np.float32) if self.model.feature else None
+        for b, nodes in expand.items():
+            pool = pools[b]
+            next_slot = pool.base + sum(s >= 0 for s in pool.slots)
+            for j, i in enumerate(nodes):
+                pool.slots[i] = next_slot + j
+                ids[b, j], pos[b, j], slots[b, j] = pool.tokens[i], pool.base - 1 + level, pool.slots[i]
+                mask[b, j, : pool.base] = True
+                mask[b, j, [pool.slots[a] for a in pool.ancestors(i)]] = True
+                if feats is not None:
+                    parent = pool.parents[i]
+                    est = root_est[b, 0] if parent < 0 else pool.estimates[parent]
+                    feats[b, j] = est
+        out, hidden = self.model.call(run, ids, pos, num_logits=width, slot_ids=slots, tree_mask=mask, features=feats)
+        est = self.model.estimate(hidden, run.batch)
+        rows = np.zeros(run.batch, dtype=bool)
+        rows[list(expand)] = True
+        flat = out.reshape(-1, out.shape[-1])
+        flat_rows = np.repeat(rows, width) & (pos.reshape(-1) >= 0)
+        tok, lp = self._top(self._logp(run, flat, flat_rows), self.top_k)
+        tok, lp = tok.reshape(run.batch, width, -1), lp.reshape(run.batch, width, -1)
+        for b, nodes in expand.items():
+            for j, i in enumerate(nodes):
+                keep = np.isfinite(lp[b, j])
+                pools[b].add(i, tok[b, j][keep], lp[b, j][keep])
+                if est is not None:
+                    pools[b].estimates[i] = est[b, j]
+
+    def _tree(self, run: RunState, b: int, pool: _Pool, budget: int, levels: int) -> TokenTree | None:
+        """The ``budget`` best candidates within ``levels`` as a tree, siblings by score (best first)."""
+        chosen = [i for i in pool.ranked() if pool.depths[i] <= levels][:budget]
+        if not chosen:
+            return None
+        chosen.sort(key=lambda i: (pool.depths[i], -pool.scores[i], i))  # parents first, siblings best first
+        index = {i: j + 1 for j, i in enumerate(chosen)}
+        tokens = [int(run.tokens[b, run.n[b] - 1])] + [pool.tokens[i] for i in chosen]
+        parents = [-1] + [index.get(pool.parents[i], 0) if pool.parents[i] >= 0 else 0 for i in chosen]
+        return TokenTree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64))
+
+    def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
+        for b, o in enumerate(outcomes):
+            if o is not None:  # the tree's nodes sat at scratch slots: re-feed the accepted tokens at their positions
+                self.model.fed[b] = o.n_old
