@@ -29,9 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--num-logits", type=int, default=None, help="return only the last N logits (default: all positions)"
     )
+    p.add_argument(
+        "--tree", action="store_true", help="add the token-tree inputs slot_ids and tree_mask (docs/backends.md)"
+    )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
     p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
+    p.add_argument(
+        "--tree-nodes", type=int, default=None, help="qaic: also compile tree calls of N tokens (needs --tree)"
+    )
     p.add_argument("--num-cores", type=int, default=16, help="qaic AI cores (default 16)")
     p.add_argument("--mxint8-kv", action="store_true", help="qaic: keep the KV cache in MXINT8 on the device")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         num_logits=args.num_logits,
         weights=ExportWeights(args.weights, mx_format=args.fmt, float_storage=args.float_weights),
         progress=not args.quiet,
+        tree=args.tree,
     )
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
     if args.qaic_dir:
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_cores=args.num_cores,
             mxint8_kv=args.mxint8_kv,
+            tree_nodes=args.tree_nodes,
         )
         print(
             f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
