@@ -219,9 +219,9 @@ def _summary(stats, messages: list[str]) -> str:
                 f"[{' '.join(f'{a:.2f}' for a in ranks)}]"
             )
             lines.append(
-                f"(accel predict --tree-nodes {round(s.mean_drafts_per_loop)} --acceptance "
-                f"{','.join(f'{a:.3f}' for a in ranks)} --draft-calls-per-loop {s.draft_calls_per_loop:.3f} "
-                f"--draft-tokens-per-call {s.mean_draft_tokens_per_call:.3f})"
+                f"(the tree round's shape for accel.sim: nodes {round(s.mean_drafts_per_loop)}, acceptance by rank "
+                f"{','.join(f'{a:.3f}' for a in ranks)}, draft calls per loop {s.draft_calls_per_loop:.3f}, "
+                f"draft tokens per call {s.mean_draft_tokens_per_call:.3f})"
             )
         if s.lookup_rounds:
             lines.append(
