@@ -15,7 +15,7 @@ import numpy as np
 from accel.errors import SimError
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import resolve_model
+from accel.sim.hf_config import resolve_model
 from accel.sim.predict import BREAKDOWN_KEYS, ModelLike, Prediction
 from accel.sim.roofline import step_time
 
@@ -64,10 +64,10 @@ def roofline(
     (S=1), scoring (S=K+1) and prefill (S=prompt_len) calls as points (FLOPs / bytes, FLOPs / predicted time)."""
     spec, hw = resolve_model(model), _hardware(hardware)
     n = hw.num_devices if devices is None else devices
-    calls = {
-        "decode (S=1)": dict(new_tokens=1, context_len=context_len, num_logits=1),
-        f"scoring (S={k + 1})": dict(new_tokens=k + 1, context_len=context_len, num_logits=k + 1),
-        f"prefill (S={prompt_len})": dict(new_tokens=prompt_len, context_len=0, num_logits=1),
+    calls = {  # (new tokens, past length, logits)
+        "decode (S=1)": (1, context_len, 1),
+        f"scoring (S={k + 1})": (k + 1, context_len, k + 1),
+        f"prefill (S={prompt_len})": (prompt_len, 0, 1),
     }
     from accel.sim.formats import compute_dtype
 
@@ -76,8 +76,17 @@ def roofline(
     fig = _figure()
     ax = fig.add_subplot()
     pts = []
-    for label, kw in calls.items():
-        st = step_time(spec, hw, weight_format=weight_format, batch_size=batch_size, devices=devices, **kw)
+    for label, (S, L, NL) in calls.items():
+        st = step_time(
+            spec,
+            hw,
+            weight_format=weight_format,
+            batch_size=batch_size,
+            devices=devices,
+            new_tokens=S,
+            context_len=L,
+            num_logits=NL,
+        )
         nbytes = st.weight_bytes + st.kv_read_bytes + st.kv_write_bytes + st.activation_bytes
         pts.append((label, st.flops / nbytes, st.flops / st.time_s, st.bound))
     lo = min(p[1] for p in pts) / 4
@@ -112,7 +121,7 @@ def speedup_heatmap(
     """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid; contour at 1x."""
     from accel.sim.sweeps import sweep
 
-    alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha)
+    alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha, dtype=np.float64)
     r = sweep(
         target,
         draft,

@@ -108,6 +108,7 @@ def test_cli_measured_loop_statistics(capsys):
         "all_accepted_fraction": 0.2,
         "draft_calls_per_loop": None,
         "lookup_fraction": 0.0,
+        "draft_tokens_per_call": 1.0,
     }
     assert data["configs"][3]["expected_tokens_per_loop"] == 2.1
     p = predict_speedup(
