@@ -1,5 +1,9 @@
-"""Validate accel.sim against measurements on this machine: calibrate on S = 1 calls + the multi-token S-curve,
-then predict autoregressive and speculative decoding tokens/s and compare with measured runs.
+"""Validate accel.sim: (1) against published decode measurements of Cloud AI 100 and GPUs (accel/sim/published.py:
+calibrate one point per device, predict the rest; and with the catalog's stock defaults), (2) against measurements
+on this machine: calibrate on S = 1 calls + the multi-token S-curve, then predict autoregressive and speculative
+decoding tokens/s and compare with measured runs.
+
+    python benchmarks/sim_validation.py [--published-only] [--spd results/spd.json | --standin] [--wall]
 
 Data source:
 - ``results/spd.json`` when benchmarks/spd.py has written it (onnxruntime, SmolLM2 + draft). Fields read (anything
@@ -551,9 +555,45 @@ def sweep_rate() -> float:
     return r.size / (time.perf_counter() - t0)
 
 
+def published_table() -> dict:
+    """Print the one-point protocol on the published points (and the stock-default errors); return the summary."""
+    from accel.sim.published import summary, validate
+
+    cal, stock = validate(calibrate_first=True), validate(calibrate_first=False)
+    print(f"\n{'device':<22}{'run':<30}{'measured':>9}{'one-point':>10}{'error':>8}{'stock':>9}{'error':>8}  source")
+    for r, s in zip(cal, stock, strict=True):
+        tag = " (calibration point)" if r.calibration_point else ""
+        print(
+            f"{r.device:<22}{r.label:<30}{r.measured_tokens_per_s:>9.2f}{r.predicted_tokens_per_s:>10.2f}"
+            f"{r.error * 100:>7.1f}%{s.predicted_tokens_per_s:>9.2f}{s.error * 100:>7.1f}%  {r.where}{tag}"
+        )
+    sc, ss = summary(cal), summary(stock)
+    devices = [d for d in sc if d not in ("mean_abs_error", "points")]
+    print(
+        f"\nmean |error| after one point per device: {sc['mean_abs_error'] * 100:.1f}% over {sc['points']} points "
+        f"(goal <= 10%); stock defaults: {ss['mean_abs_error'] * 100:.1f}% over {ss['points']} (goal <= 25%)"
+    )
+    print(
+        "per device (one point / stock): " + ", ".join(f"{d} {sc[d] * 100:.1f}% / {ss[d] * 100:.1f}%" for d in devices)
+    )
+    sources = sorted({r.source for r in cal})
+    print("sources:\n  " + "\n  ".join(sources))
+    return {
+        "one_point": sc,
+        "stock": ss,
+        "rows": [r.model_dump() for r in cal],
+        "stock_rows": [r.model_dump() for r in stock],
+    }
+
+
 def main() -> int:
     rate = sweep_rate()
     print(f"sweep: {rate:,.0f} configurations/s (goal >= 100,000)")
+    published = published_table()
+    if "--published-only" in sys.argv:
+        write_json(RESULTS / "sim_validation_published.json", published)
+        print(f"wrote {RESULTS / 'sim_validation_published.json'}")
+        return 0
     print(f"timing with {'wall' if CLOCK is time.perf_counter else 'process CPU'} time; measuring host ...")
     host = sim.measure_host()
     print(f"host: {host.notes}")
@@ -604,6 +644,7 @@ def main() -> int:
         f"{max(abs(r['speedup_error_pure_roofline']) for r in res['spd']) * 100:.1f}%"
     )
     res["worst_speedup_error_ar_run"] = worst_ar
+    res["published"] = published
     res["sweep_configs_per_s"] = rate
     res["worst_speedup_error"] = worst
     res["goal_met"] = bool(min(worst, worst_ar) <= 0.15)

@@ -1,6 +1,7 @@
 """Published decode measurements, and the one-point protocol that validates the simulator against them.
 
-Each point is a whole autoregressive run (``RunObservation``) with its source: URL, table or figure, date. The
+Each point is a whole autoregressive run (``RunObservation``) with its source: URL, table or figure, date (for the
+Qualcomm pages: the day the post entered github.com/quic/cloud-ai-sdk-pages). The
 protocol (``validate``): per device, calibrate on its first point (``fit=None``: one point determines one term, the
 bandwidth efficiency, or the decompression rate where that alone sets the pace), predict every other point of that
 device, and report each point's error and the mean absolute error; ``calibrate=False`` predicts every point with the
@@ -36,8 +37,8 @@ SPD_BLOG = (
     "spec_decode_ai100/ , 2024-03-06"
 )
 AMBER_BLOG = (
-    "Qualcomm, 'AmberChat on Cloud AI 100', https://quic.github.io/cloud-ai-sdk-pages/latest/blogs/AmberChat/ , "
-    "2024-03-06"
+    "Qualcomm, 'Accelerate Inference of Fully Transparent Open-Source LLMs from LLM360 on Qualcomm Cloud AI 100 DL2q "
+    "Instances' (R. Sivalingam), https://quic.github.io/cloud-ai-sdk-pages/latest/blogs/AmberChat/ , 2024-03-06"
 )
 GPT_FAST = (
     "pytorch-labs/gpt-fast README, Benchmarks (8x A100-80GB power-limited to 330 W), "
