@@ -163,7 +163,8 @@ def breakdown_bars(prediction: Prediction, path: str | Path) -> Path:
     for key in BREAKDOWN_KEYS:
         vals = np.array([c.breakdown_s[key] for c in prediction.configs]) * 1e3
         if vals.any():
-            ax.bar(names, vals, bottom=bottom, label=key.replace("_", " "))
+            label = "target compute / decompress" if key == "target_compute" else key.replace("_", " ")
+            ax.bar(names, vals, bottom=bottom, label=label)
             bottom += vals
     for i, c in enumerate(prediction.configs):
         ax.text(i, bottom[i], f"{c.decode_speedup:.2f}x", ha="center", va="bottom", fontsize=9)
