@@ -92,6 +92,51 @@ def allreduce_s(hw: Hardware, nbytes: Any, devices: int) -> Any:
     )
 
 
+def _layer(m: ModelSpec, bpe: Any, small_bpe: float, kv_bpe: float, B: Any, S: Any, L: Any, kv_slots: Any) -> dict:
+    """Bytes, FLOPs and decompressed elements of one decoder layer (per call, all devices together)."""
+    rows = B * S
+    linear = m.attn_params_per_layer + m.router_params + m.expected_experts(rows) * m.expert_params  # experts touched
+    if kv_slots is None:
+        past = np.asarray(m.attended_tokens(L), dtype=np.float64)
+        keys = past + (S + 1.0) / 2.0  # causal within the chunk
+        kv_read = B * past * 2.0 * m.kv_dim * kv_bpe
+    else:  # a fixed cache: attention reads (masked) every slot
+        keys = np.asarray(kv_slots, dtype=np.float64)
+        kv_read = B * keys * 2.0 * m.kv_dim * kv_bpe
+    act_elems = 4 * m.d_model + 2 * m.q_dim + 2 * m.kv_dim + (3 if m.ffn_type == "gated" else 2) * m.ffn_dim
+    return {
+        "weights": linear * bpe + m.small_params_per_layer * small_bpe,
+        "kv_read": kv_read,
+        "kv_write": B * S * 2.0 * m.kv_dim * kv_bpe,
+        "act": rows * act_elems * ACT_BYTES,
+        "flops": 2.0 * rows * m.active_linear_params_per_layer + 4.0 * B * S * m.q_dim * keys,
+        "decompress": linear,
+    }
+
+
+def _head(m: ModelSpec, bpe: Any, small_bpe: float, B: Any, S: Any, NL: Any, compress_lm_head: bool) -> dict:
+    """The LM head with the final norm, the embedding gather, the logits out and a feature draft's input layer."""
+    head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
+    fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
+    head_bpe = bpe if compress_lm_head else np.float64(small_bpe)
+    return {
+        "weights": head_params * head_bpe + m.final_norm_params * small_bpe + fc * bpe,
+        "act": B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
+        + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
+        + B * NL * m.vocab_size * LOGIT_BYTES,
+        "flops": 2.0 * B * NL * head_params + 2.0 * B * S * fc,
+        "decompress": (head_params if compress_lm_head else 0.0) + fc,
+    }
+
+
+def _op_time(hw: Hardware, mem: Any, comp: Any, dec: Any) -> tuple[Any, Any]:
+    """(time, memory-bound part) of one operator: its slowest resource, decompression beside or after the stream."""
+    if hw.decompress_overlap:
+        t = np.maximum(np.maximum(mem, comp), dec)
+        return t, np.where(mem >= np.maximum(comp, dec), t, 0.0)
+    return np.maximum(mem, comp) + dec, np.where(mem >= comp, mem, 0.0)
+
+
 def step_arrays(
     model: ModelSpec,
     hw: Hardware,
@@ -116,70 +161,35 @@ def step_arrays(
     n = float(devices)
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
     fl = n * peak * hw.compute_efficiency
-    dec_rate = n * rate
     small_bpe = bytes_per_element(m.dtype)
 
     def g(rows: np.ndarray) -> np.ndarray:  # multi-token weight-streaming factor (hardware.py)
         return 1.0 + hw.multi_token_penalty * np.maximum(rows - 1.0, 0.0) ** hw.multi_token_exponent
 
-    rows = B * S
-    # --- one decoder layer: the experts the rows touch (all of a dense FFN)
-    linear = m.attn_params_per_layer + m.router_params + m.expected_experts(rows) * m.expert_params
-    w_layer = linear * bpe + m.small_params_per_layer * small_bpe
-    if kv_slots is None:
-        keys = f(m.attended_tokens(L)) + (S + 1.0) / 2.0  # causal within the chunk
-        kv_read = B * f(m.attended_tokens(L)) * 2.0 * m.kv_dim * kv_bpe
-    else:  # a fixed cache: attention reads (masked) every slot
-        keys = f(kv_slots)
-        kv_read = B * keys * 2.0 * m.kv_dim * kv_bpe
-    kv_write = B * S * 2.0 * m.kv_dim * kv_bpe
-    act_elems = 4 * m.d_model + 2 * m.q_dim + 2 * m.kv_dim + (3 if m.ffn_type == "gated" else 2) * m.ffn_dim
-    act = rows * act_elems * ACT_BYTES
-    flops_layer = 2.0 * rows * m.active_linear_params_per_layer + 4.0 * B * S * m.q_dim * keys
-    mem_l = (w_layer * g(rows) + kv_read + kv_write + act) / bw
-    comp_l = flops_layer / fl
-    dec_l = linear / dec_rate
-    # --- LM head (+ final norm, embedding gather, logits out, a feature draft's input layer)
-    head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
-    head_bpe = bpe if compress_lm_head else np.float64(small_bpe)
-    fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
-    w_head = head_params * head_bpe + m.final_norm_params * small_bpe + fc * bpe
-    act_head = (
-        B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
-        + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
-        + B * NL * m.vocab_size * LOGIT_BYTES
-    )
-    flops_head = 2.0 * B * NL * head_params + 2.0 * rows * fc
-    mem_h = (w_head * g(B * NL) + act_head) / bw
-    comp_h = flops_head / fl
-    dec_h = ((head_params if compress_lm_head else 0.0) + fc) / dec_rate
-    # --- combine: each operator runs at its slowest resource (decompression beside or after the stream)
+    lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
+    head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
+    mem_l = (lay["weights"] * g(B * S) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
+    mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
+    comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
+    dec_l, dec_h = lay["decompress"] / (n * rate), head["decompress"] / (n * rate)
+    (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
-    if hw.decompress_overlap:
-        t_l, t_h = np.maximum(np.maximum(mem_l, comp_l), dec_l), np.maximum(np.maximum(mem_h, comp_h), dec_h)
-        mem_bound = nl * np.where(mem_l >= np.maximum(comp_l, dec_l), t_l, 0.0) + np.where(
-            mem_h >= np.maximum(comp_h, dec_h), t_h, 0.0
-        )
-    else:
-        t_l, t_h = np.maximum(mem_l, comp_l) + dec_l, np.maximum(mem_h, comp_h) + dec_h
-        mem_bound = nl * np.where(mem_l >= comp_l, mem_l, 0.0) + np.where(mem_h >= comp_h, mem_h, 0.0)
-    compute_bound = nl * t_l + t_h - mem_bound
-    comm = nl * m.allreduces_per_layer * allreduce_s(hw, rows * m.d_model * ACT_BYTES, devices)
-    overhead = hw.call_overhead_s + nl * hw.layer_overhead_s + 0.0 * rows
+    comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)
+    overhead = hw.call_overhead_s + nl * hw.layer_overhead_s + 0.0 * B
     out = {
         "time_s": nl * t_l + t_h + comm + overhead,
-        "memory_bound_s": mem_bound,
-        "compute_bound_s": compute_bound,
+        "memory_bound_s": nl * mb_l + mb_h,
+        "compute_bound_s": nl * (t_l - mb_l) + t_h - mb_h,
         "comm_s": comm,
         "overhead_s": overhead,
         "memory_s": nl * mem_l + mem_h,
         "compute_s": nl * comp_l + comp_h,
         "decompress_s": nl * dec_l + dec_h,
-        "weight_bytes": nl * w_layer + w_head + 0.0 * rows,
-        "kv_read_bytes": nl * kv_read,
-        "kv_write_bytes": nl * kv_write,
-        "activation_bytes": nl * act + act_head,
-        "flops": nl * flops_layer + flops_head,
+        "weight_bytes": nl * lay["weights"] + head["weights"],
+        "kv_read_bytes": nl * lay["kv_read"],
+        "kv_write_bytes": nl * lay["kv_write"],
+        "activation_bytes": nl * lay["act"] + head["act"],
+        "flops": nl * lay["flops"] + head["flops"],
     }
     shape = np.broadcast_shapes(*(np.shape(v) for v in out.values()), np.shape(L), np.shape(B), np.shape(S))
     return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape) for k, v in out.items()}
