@@ -144,3 +144,29 @@ def test_cli_measured_loop_statistics(capsys):
     look = json.loads(capsys.readouterr().out)
     assert look["loop_stats"]["draft_calls_per_loop"] == 1.5 and look["loop_stats"]["lookup_fraction"] == 0.5
     assert look["configs"][3]["tpot_s"] < data["configs"][3]["tpot_s"]
+
+
+def test_cli_autoregressive_fixed_cache_and_refused_sizes(capsys):
+    base = ["predict", "--target", "llama-2-7b", "--hardware", "cloud-ai-100-standard"]
+    fixed = ["--cache", "fixed", "--ctx-len", "2048", "--prompt-len", "1024", "--gen-len", "1024"]
+    assert main([*base, *fixed, "--compress-lm-head"]) == 0
+    out = capsys.readouterr().out
+    assert "autoregressive only" in out and "fixed cache of 2048" in out and "mxfp6 AR" in out and "SpD" not in out
+    full = [
+        "predict",
+        "--target",
+        "llama-2-7b",
+        "--draft",
+        "qualcomm-llama2-draft-115m",
+        "--hardware",
+        "cloud-ai-100-ultra",
+    ]
+    for bad, words in (
+        (["--k", "1000000"], "[1, 64]"),  # once allocated 24 GB and was killed
+        (["--host-s", "inf"], "host_s"),
+        (["--batch", "0"], "batch_size"),
+        (["--prompt-len", "4000", "--gen-len", "1000"], "maximum context of 4096"),
+        (["--devices", "100000"], "devices"),
+    ):
+        assert main([*full, *bad]) == 1, bad
+        assert words in capsys.readouterr().err, bad
