@@ -95,8 +95,8 @@ class Deployment(SimModel):
     @field_validator("hardware", "draft_hardware", mode="before")
     @classmethod
     def _hw(cls, v: Any) -> Any:
-        if isinstance(v, dict):  # a Hardware dumped to JSON
-            return Hardware(**v)
+        if isinstance(v, dict):  # a Hardware dumped to JSON, or {base: <catalog name>, <field>: value, ...}
+            return load_hardware(v)
         return v if v is None or isinstance(v, Hardware) else resolve_hardware(v)
 
     @model_validator(mode="before")

@@ -166,10 +166,14 @@ def hardware(name: str | Hardware) -> Hardware:
     return table[_key(name)]
 
 
-def load_hardware(path: str | Path) -> Hardware:
-    """Load a device from YAML or JSON. Keys are ``Hardware`` fields; an optional ``base: <catalog name>`` inherits
-    every field not given (e.g. ``{base: cloud-ai-100-ultra, bandwidth_efficiency: 0.45}``). Types are strict:
-    ``decompress_overlap: "false"`` is an error, not ``True``."""
+def load_hardware(path: str | Path | dict[str, Any]) -> Hardware:
+    """Load a device from a YAML or JSON file, or from a mapping of the same keys. Keys are ``Hardware`` fields; an
+    optional ``base: <catalog name>`` inherits every field not given (e.g. ``{base: cloud-ai-100-ultra,
+    bandwidth_efficiency: 0.45}``). Types are strict: ``decompress_overlap: "false"`` is an error, not ``True``."""
+    if isinstance(path, dict):
+        return _from_mapping(dict(path), "hardware mapping", "custom")
+    if not isinstance(path, (str, Path)):
+        raise SimError(f"load_hardware takes a YAML/JSON path or a mapping, got {type(path).__name__}")
     path = Path(path)
     try:
         text = path.read_text()
@@ -186,16 +190,19 @@ def load_hardware(path: str | Path) -> Hardware:
         raise SimError(f"hardware file {str(path)!r} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise SimError(f"hardware file {str(path)!r} must hold a mapping of Hardware fields")
-    unknown = set(data) - set(Hardware.model_fields) - {"base"}
+    return _from_mapping(data, f"hardware file {str(path)!r}", path.stem)
+
+
+def _from_mapping(data: dict[str, Any], what: str, default_name: str) -> Hardware:
+    unknown = {str(k) for k in data} - set(Hardware.model_fields) - {"base"}
     if unknown:
-        raise SimError(
-            f"hardware file {str(path)!r}: unknown fields {sorted(unknown)}; allowed: "
-            f"{', '.join(Hardware.model_fields)}, base"
-        )
+        raise SimError(f"{what}: unknown fields {sorted(unknown)}; allowed: {', '.join(Hardware.model_fields)}, base")
     base = data.pop("base", None)
     if base is not None:
+        if not isinstance(base, str):
+            raise SimError(f"{what}: base must be a catalog name, got {base!r}")
         merged = hardware(base).model_dump()
         merged.update(data)
         data = merged
-    data.setdefault("name", path.stem)
+    data.setdefault("name", default_name)
     return Hardware(**data)

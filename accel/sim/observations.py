@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import ConfigDict, field_validator, model_validator
 
 from accel.errors import SimError
-from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int
+from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int, check_seconds
 from accel.sim.deployment import Deployment
 from accel.sim.formats import KV_FORMATS, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
@@ -145,6 +145,17 @@ class RunObservation(_Measured):
 
     @model_validator(mode="after")
     def _check(self) -> RunObservation:
+        check_int("batch_size", self.batch_size, 1, MAX_BATCH)
+        check_int("prompt_len", self.prompt_len, 1, MAX_TOKENS)
+        check_int("gen_len", self.gen_len, 1, MAX_TOKENS)
+        check_seconds("host_s_per_step", self.host_s_per_step)
+        if self.devices is not None:
+            check_int("devices", self.devices, 1, MAX_DEVICES)
+        tokens = self.prompt_len + self.gen_len
+        if self.ctx_len is not None:
+            if self.cache != "fixed":
+                raise SimError("RunObservation: ctx_len sizes a fixed cache: give cache='fixed' with it")
+            check_int("ctx_len", self.ctx_len, tokens, MAX_TOKENS)  # at least prompt_len + gen_len
         if not np.isfinite(self.tokens_per_s) or self.tokens_per_s <= 0:
             raise SimError(f"RunObservation: tokens_per_s must be a finite number > 0, got {self.tokens_per_s!r}")
         return self

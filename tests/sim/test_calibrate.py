@@ -123,6 +123,13 @@ def test_bad_input():
         RunObservation(model="gpt2", tokens_per_s=float("inf"))
     with pytest.raises(SimError, match="batch_size"):
         Observation(model="gpt2", seconds_per_call=1e-3, batch_size=True)
+    for field, bad in (("gen_len", 0), ("prompt_len", -1), ("batch_size", 1 << 30), ("host_s_per_step", -1.0)):
+        with pytest.raises(SimError, match=field):
+            RunObservation(model="gpt2", tokens_per_s=10.0, **{field: bad})
+    with pytest.raises(SimError, match="ctx_len"):  # shorter than prompt + generation
+        RunObservation(model="gpt2", tokens_per_s=10.0, prompt_len=100, gen_len=100, cache="fixed", ctx_len=150)
+    with pytest.raises(SimError, match="fixed cache"):
+        RunObservation(model="gpt2", tokens_per_s=10.0, ctx_len=1024)
 
 
 def test_far_optimizer_steps_keep_bounded_parameters_valid():

@@ -41,9 +41,9 @@ def test_cli_json_and_plot(capsys, tmp_path):
 
 
 def test_cli_errors(capsys, tmp_path):
-    assert main([*ARGS[:2], "no-such-model", *ARGS[3:]]) == 1
+    assert main([*ARGS[:2], "no-such-model", *ARGS[3:]]) != 0
     assert "known presets" in capsys.readouterr().err
-    assert main([*ARGS, "--acceptance", "1.3"]) == 1
+    assert main([*ARGS, "--acceptance", "1.3"]) != 0
     assert (
         main(
             [
@@ -57,7 +57,7 @@ def test_cli_errors(capsys, tmp_path):
                 "--strict",
             ]
         )
-        == 1
+        != 0
     )
     assert "DOES NOT FIT" in capsys.readouterr().err
     hw = tmp_path / "dev.yaml"
@@ -115,13 +115,13 @@ def test_cli_measured_loop_statistics(capsys):
         "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra", k=7, loop_stats=data["loop_stats"]
     )
     assert data["configs"][3]["tpot_s"] == p.config("mxfp6 + SpD").tpot_s
-    assert main([*base, "--tokens-per-loop", "2.1"]) == 1
+    assert main([*base, "--tokens-per-loop", "2.1"]) != 0
     assert "go together" in capsys.readouterr().err
-    assert main([*base, "--tokens-per-loop", "5", "--drafts-per-loop", "2"]) == 1
+    assert main([*base, "--tokens-per-loop", "5", "--drafts-per-loop", "2"]) != 0
     assert "exceeds drafts_per_loop" in capsys.readouterr().err
-    assert main([*base, "--all-accepted", "0.5"]) == 1
+    assert main([*base, "--all-accepted", "0.5"]) != 0
     assert "need --tokens-per-loop" in capsys.readouterr().err
-    assert main([*base, "--lookup-fraction", "0.5"]) == 1
+    assert main([*base, "--lookup-fraction", "0.5"]) != 0
     assert "need --tokens-per-loop" in capsys.readouterr().err
     # n-gram lookup loops: fewer draft-model calls than drafts, so a faster loop than the same shape without lookup
     assert (
@@ -168,5 +168,5 @@ def test_cli_autoregressive_fixed_cache_and_refused_sizes(capsys):
         (["--prompt-len", "4000", "--gen-len", "1000"], "maximum context of 4096"),
         (["--devices", "100000"], "devices"),
     ):
-        assert main([*full, *bad]) == 1, bad
+        assert main([*full, *bad]) != 0, bad
         assert words in capsys.readouterr().err, bad

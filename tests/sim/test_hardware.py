@@ -5,7 +5,7 @@ import json
 import pytest
 
 from accel.errors import SimError
-from accel.sim import Hardware, hardware, list_hardware, load_hardware
+from accel.sim import Deployment, Hardware, hardware, list_hardware, load_hardware
 
 REFERENCE_DEVICES = [
     "cloud-ai-100-standard",
@@ -94,6 +94,20 @@ def test_load_yaml_and_json(tmp_path):
             peak_flops_per_s={"fp16": 1e12},
             bandwidth_efficiency=1.5,
         )
+
+
+def test_hardware_from_a_mapping():
+    hw = load_hardware({"base": "a100-80gb", "bandwidth_efficiency": 0.5})
+    assert hw.bandwidth_efficiency == 0.5 and hw.memory_capacity_bytes == hardware("a100-80gb").memory_capacity_bytes
+    dep = Deployment(target="llama-2-7b", hardware={"base": "a100-80gb", "bandwidth_efficiency": 0.5})
+    assert dep.hardware == hw
+    assert Deployment(target="llama-2-7b", hardware=hardware("l4").model_dump(mode="json")).hardware == hardware("l4")
+    with pytest.raises(SimError, match="unknown fields"):
+        load_hardware({"base": "l4", "bandwith": 3})
+    with pytest.raises(SimError, match="base must be a catalog name"):
+        load_hardware({"base": 4})
+    with pytest.raises(SimError, match="path or a mapping"):
+        load_hardware(3.5)  # type: ignore[arg-type]
 
 
 def test_strict_types_in_hardware_files(tmp_path):

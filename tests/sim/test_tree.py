@@ -180,7 +180,7 @@ def test_cli_tree_nodes(capsys):
     assert main([*args, "--tree-nodes", "12", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["tree"]["parents"]) == 12 and data["best_tree_nodes"] in (1, 2, 4, 8, 12, 16, 32, 64, 128)
-    assert main([*args, "--tree-nodes", "5000"]) == 1
+    assert main([*args, "--tree-nodes", "5000"]) != 0
     assert "1024" in capsys.readouterr().err
-    assert main(["predict", "--target", T, "--hardware", HW, "--tree-nodes", "4"]) == 1  # no draft
+    assert main(["predict", "--target", T, "--hardware", HW, "--tree-nodes", "4"]) != 0  # no draft
     assert "need --draft" in capsys.readouterr().err
