@@ -128,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         compress_lm_head=args.compress_lm_head,
     )
     stats = _loop_stats(args)
+    if args.plot:  # checked before any work (plots.py needs matplotlib only when it draws)
+        from accel.sim.plots import check_png_path
+
+        check_png_path(args.plot)
     if args.draft is None and (stats is not None or args.tree_nodes is not None or args.acceptance is not None):
         raise SimError("--acceptance, --tree-nodes and the loop statistics need --draft")
     spd: dict[str, Any] = {} if args.draft is None else {"k": args.k, "acceptance": args.acceptance}

@@ -29,21 +29,33 @@ def _figure(w: float = 7.0, h: float = 4.5):
     return fig
 
 
-def _save(fig, path: str | Path) -> Path:
+def check_png_path(path: str | Path) -> Path:
+    """``path`` as a ``Path`` if it names a PNG file (``.png``, not an existing folder); ``SimError`` otherwise."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise SimError(f"plot path must end in .png, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
+    if path.is_dir():
+        raise SimError(f"plot path {str(path)!r} is a folder; give a file name ending in .png")
+    return path
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write ``fig`` as PNG through a temporary sibling renamed into place (no half-written file on failure)."""
+    path = check_png_path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+        os.close(fd)
         fig.savefig(tmp, format="png", bbox_inches="tight")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
+    except OSError as exc:
+        raise SimError(f"cannot write plot {str(path)!r}: {exc}") from exc
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return path
 

@@ -170,3 +170,17 @@ def test_cli_autoregressive_fixed_cache_and_refused_sizes(capsys):
     ):
         assert main([*full, *bad]) != 0, bad
         assert words in capsys.readouterr().err, bad
+
+
+def test_cli_plot_paths_are_checked_before_any_work(capsys, tmp_path):
+    assert main([*ARGS, "--plot", str(tmp_path / "bars.txt")]) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and "must end in .png" in err  # refused before the table is printed
+    (tmp_path / "folder.png").mkdir()
+    assert main([*ARGS, "--plot", str(tmp_path / "folder.png")]) != 0
+    assert "is a folder" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main([*ARGS, "--plot", str(blocker / "bars.png")]) != 0  # its parent is a file
+    assert "cannot write plot" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.png"]  # nothing half-written
