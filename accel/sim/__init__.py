@@ -25,7 +25,14 @@ from accel.sim.predict import ConfigResult, Prediction, predict_speedup
 from accel.sim.presets import list_presets, preset
 from accel.sim.roofline import StepTime, step_time
 from accel.sim.spd import LoopStats, alpha_for_expected_tokens, expected_tokens, expected_tokens_from, tokens_pmf
-from accel.sim.tree import TokenTree, best_tree, rank_acceptance, tree_expected_tokens
+from accel.sim.tree import (
+    TokenTree,
+    best_tree,
+    rank_acceptance,
+    rank_acceptance_from_counts,
+    rank_acceptance_from_stats,
+    tree_expected_tokens,
+)
 
 _LAZY = {
     "predict_ppd": "accel.sim.ppd",
@@ -77,6 +84,8 @@ __all__ = [
     "expected_tokens",
     "expected_tokens_from",
     "rank_acceptance",
+    "rank_acceptance_from_counts",
+    "rank_acceptance_from_stats",
     "tokens_pmf",
     "tree_expected_tokens",
     *_LAZY,

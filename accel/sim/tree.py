@@ -129,6 +129,46 @@ def rank_acceptance(acceptance: Any, depth: int, width: int = DEFAULT_WIDTH) -> 
     return out
 
 
+def rank_acceptance_from_counts(available: Any, accepted: Any) -> np.ndarray:
+    """The per-rank acceptance matrix ``P`` (depth x rank, as ``rank_acceptance`` takes it) from a tree run's counts.
+
+    ``available[d][r]`` = reached depth-d nodes (0 = the root) whose rank-(r + 1) child was *tried* (verification
+    tries a node's children in rank order and stops at the first match, so a rank is tried only when every rank
+    before it missed); ``accepted[d][r]`` = times that child matched. ``accepted / available`` is therefore the
+    conditional rate ``c_r = P(rank r matches | ranks before it missed)``, and the unconditional probability the
+    model needs is ``P[d, r] = c_r * prod_{j<r} (1 - c_j)`` (rows sum to ``1 - prod (1 - c_j)`` <= 1). A rank never
+    tried counts as never matching; depths below the last one with data are dropped (``rank_acceptance`` repeats
+    the last row). Passing the conditional rates themselves as acceptance overstates every rank after the first."""
+    try:
+        n = np.asarray(available, dtype=np.float64)
+        a = np.asarray(accepted, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SimError("rank counts must be (depth x rank) arrays of counts") from None
+    if n.ndim != 2 or n.shape != a.shape or n.size == 0 or n.size > MAX_TREE_NODES**2:
+        raise SimError(
+            f"rank counts must be two (depth x rank) arrays of one shape, at most {MAX_TREE_NODES} x "
+            f"{MAX_TREE_NODES}; got shapes {n.shape} and {a.shape}"
+        )
+    if np.any(~np.isfinite(n)) or np.any(~np.isfinite(a)) or np.any(a < 0) or np.any(a > n):
+        raise SimError("rank counts must be finite with 0 <= accepted <= available at every (depth, rank)")
+    rows = np.flatnonzero(n.sum(axis=1) > 0)
+    if rows.size == 0:
+        raise SimError("the rank counts hold no tried candidate (no tree or chain round was verified)")
+    n, a = n[: rows[-1] + 1], a[: rows[-1] + 1]
+    c = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
+    missed_before = np.cumprod(np.concatenate([np.ones((len(c), 1)), 1.0 - c[:, :-1]], axis=1), axis=1)
+    return c * missed_before
+
+
+def rank_acceptance_from_stats(stats: Any) -> np.ndarray:
+    """``rank_acceptance_from_counts`` of an ``accel.spd.GenerationStats`` (its ``rank_available`` and
+    ``rank_accepted``): the acceptance for ``best_tree``, ``tree_expected_tokens`` and ``predict_speedup(tree=...,
+    acceptance=...)``."""
+    if not (hasattr(stats, "rank_available") and hasattr(stats, "rank_accepted")):
+        raise SimError(f"expected GenerationStats (rank_available, rank_accepted), got {type(stats).__name__}")
+    return rank_acceptance_from_counts(stats.rank_available, stats.rank_accepted)
+
+
 def path_probabilities(tree: TokenTree, acceptance: Any) -> np.ndarray:
     """Probability that each node's whole path is accepted (the product of ``P[depth, rank]`` along it)."""
     p = rank_acceptance(acceptance, tree.depth, max(tree.ranks))

@@ -17,6 +17,8 @@ from accel.sim import (
     expected_tokens,
     predict_speedup,
     rank_acceptance,
+    rank_acceptance_from_counts,
+    rank_acceptance_from_stats,
     step_time,
     tree_expected_tokens,
     tree_speedups,
@@ -184,3 +186,64 @@ def test_cli_tree_nodes(capsys):
     assert "1024" in capsys.readouterr().err
     assert main(["predict", "--target", T, "--hardware", HW, "--tree-nodes", "4"]) != 0  # no draft
     assert "need --draft" in capsys.readouterr().err
+
+
+def test_rank_acceptance_from_counts_undoes_rank_order_verification():
+    """Verification tries ranks in order, so accepted / tried is conditional on the earlier ranks missing."""
+    got = rank_acceptance_from_counts([[100, 50, 40]], [[50, 10, 4]])  # c = 0.5, 0.2, 0.1
+    np.testing.assert_allclose(got, [[0.5, 0.5 * 0.2, 0.5 * 0.8 * 0.1]])
+    got = rank_acceptance_from_counts([[10, 0], [0, 0], [4, 2], [0, 0]], [[5, 0], [0, 0], [2, 1], [0, 0]])
+    assert got.shape == (3, 2) and got[1].sum() == 0  # a depth without data in between: never matching
+    for avail, acc, words in (
+        ([[1, 2]], [[2, 0]], "accepted <= available"),
+        ([[1, 2]], [[1]], "one shape"),
+        ([[0, 0]], [[0, 0]], "no tried candidate"),
+        ([1, 2], [1, 0], "one shape"),
+        ([["x"]], [[0]], "counts"),
+    ):
+        with pytest.raises(SimError, match=words):
+            rank_acceptance_from_counts(avail, acc)
+    with pytest.raises(SimError, match="GenerationStats"):
+        rank_acceptance_from_stats({"rank_available": [[1]]})
+
+
+def test_rank_acceptance_from_a_real_tree_run_prices_its_tokens_per_round():
+    """accel.spd's own greedy tree verification and statistics, on a target whose token at each depth is the rank-r
+    candidate with probability P[d, r]: the matrix read back from GenerationStats recovers P and predicts the run's
+    tokens per round; the per-rank accepted / tried rates taken as P (the wrong variant) overstate it."""
+    from accel.spd.stats import StatsAccumulator
+    from accel.spd.tree import TokenTree as SpdTree
+    from accel.spd.verify import verify_greedy
+
+    p = P[:3]
+    tree = best_tree(p, 10, width=3, max_depth=3)
+    spd_tree = SpdTree(
+        tokens=np.arange(100, 101 + tree.n_nodes, dtype=np.int64),
+        parents=np.array([-1, *[q + 1 for q in tree.parents]], dtype=np.int64),
+    )
+    kids, depths = spd_tree.children(), spd_tree.depths()
+    assert all(tree.ranks[c - 1] == r + 1 for ks in kids for r, c in enumerate(ks))  # sibling order = rank
+    rng = np.random.default_rng(7)
+    cum = np.cumsum(p, axis=1)
+    acc = StatsAccumulator("spd", k=tree.n_nodes, batch_size=1, slots=tree.depth)
+    for _ in range(20_000):
+        outcome = verify_greedy(spd_tree, lambda v: _target_token(v, kids, depths, cum, spd_tree.tokens, rng))
+        m = outcome.accepted
+        acc.add_round(tree.n_nodes + 1)
+        acc.add_row(tree.n_nodes, tree.depth, True, outcome, not kids[outcome.path[-1]], m + 1, m)
+    stats = acc.finish()
+    measured = rank_acceptance_from_stats(stats)
+    has_rank = {(d - 1, r - 1) for d, r in zip(tree.depths, tree.ranks, strict=True)}
+    for d, r in has_rank:
+        assert measured[d, r] == pytest.approx(p[d, r], abs=0.015), (d, r)
+    assert tree_expected_tokens(tree, measured) == pytest.approx(stats.mean_tokens_per_loop, rel=0.01)
+    exact = tree_expected_tokens(tree, p)
+    assert stats.mean_tokens_per_loop == pytest.approx(exact, rel=0.02)
+    conditional = np.divide(stats.rank_accepted, np.maximum(stats.rank_available, 1))[: tree.depth]
+    assert tree_expected_tokens(tree, conditional / conditional.sum(axis=1, keepdims=True).clip(1)) > 1.05 * exact
+
+
+def _target_token(v, kids, depths, cum, tokens, rng) -> int:
+    """The target's token after node v: its rank-r candidate with probability P[depth, r], else an outside token."""
+    rank = int(np.searchsorted(cum[min(depths[v], len(cum) - 1)], rng.random(), side="right"))
+    return int(tokens[kids[v][rank]]) if rank < len(kids[v]) else 0
