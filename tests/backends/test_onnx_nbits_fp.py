@@ -75,9 +75,16 @@ def _run_nbits_node(mx: MXTensor, x: np.ndarray, accuracy_level: int) -> np.ndar
     q, scales = nbits_blocks("w", mx)
     n, k = mx.shape
     node = helper.make_node(
-        "MatMulNBits", ["x", "q", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=8, block_size=32,
+        "MatMulNBits",
+        ["x", "q", "s"],
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=8,
+        block_size=32,
         accuracy_level=accuracy_level,
-    )  # fmt: skip
+    )
     graph = helper.make_graph(
         [node],
         "g",
@@ -85,7 +92,9 @@ def _run_nbits_node(mx: MXTensor, x: np.ndarray, accuracy_level: int) -> np.ndar
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
         [onnx.numpy_helper.from_array(q, "q"), onnx.numpy_helper.from_array(scales.reshape(-1), "s")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
@@ -127,9 +136,9 @@ def test_formats_without_an_exact_8bit_form_are_rejected(tmp_path):
     with pytest.raises(BackendError, match="runs mxfp6_e2m3 weights only; this model is compressed with mxfp6_e3m2"):
         export_onnx(e3m2, tmp_path / "x.onnx", ctx_len=CTX, weights="mxfp6-nbits", progress=False)
     for bad in (2, 0, True, "4"):
-        with pytest.raises(BackendError, match="accuracy_level=.* is not supported"):
+        with pytest.raises(BackendError, match=r"accuracy_level=.* is not supported"):
             ExportWeights("mxfp6-nbits", accuracy_level=bad)
-    with pytest.raises(BackendError, match="accuracy_level applies to the \\*-nbits formats only, not mx-packed"):
+    with pytest.raises(BackendError, match=r"accuracy_level applies to the \*-nbits formats only, not mx-packed"):
         ExportWeights("mx-packed", accuracy_level=1)
 
 
@@ -193,9 +202,13 @@ def test_greedy_spd_on_an_mxfp6_target_equals_its_ar(tmp_path):
     draft = _model(tied=True, inter=128, seed=2)
     for batch, lens in ((1, (7,)), (3, (5, 9, 6))):
         tpath = export_onnx(
-            target, tmp_path / f"t{batch}.onnx", ctx_len=CTX * 2, batch_size=batch, weights="mxfp6-nbits",
+            target,
+            tmp_path / f"t{batch}.onnx",
+            ctx_len=CTX * 2,
+            batch_size=batch,
+            weights="mxfp6-nbits",
             progress=False,
-        )  # fmt: skip
+        )
         dpath = export_onnx(draft, tmp_path / f"d{batch}.onnx", ctx_len=CTX * 2, batch_size=batch, progress=False)
         tb, db = OrtBackend(tpath), OrtBackend(dpath)
         prompts = make_tokens(96, lens, seed=batch)
