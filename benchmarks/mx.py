@@ -6,7 +6,8 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 ``accuracy_level=4``) and ``mxfp6-nbits`` at ``accuracy_level=1`` (float32 activations).
 
 1. Step time: median ms of a decode call (S = 1) and a K+1 = 4 scoring call after a 128-token prefix, timed round
-   robin over all exports in one run (machine-load drift hits them alike); ratio = fp32 time / export time.
+   robin over all exports in one run, in a new random order every round (machine-load drift and order effects hit
+   them alike); ratio = fp32 time / export time.
 2. GEMV: one ``[1, K] x [K, N]`` product (K = 4096, N = 8192: 134 MB of float32 weights, far over the caches) as a
    float32 MatMul and as a MatMulNBits; effective bandwidth = bytes of the stored format / time, and the MXFP6
    bandwidth = MXFP6's 6.25 bits per weight / time (what a kernel reading MXFP6 bytes would have to stream).
@@ -70,11 +71,12 @@ def time_steps(backends: dict[str, OrtBackend], repeats: int, bar) -> dict[str, 
     for fn in calls.values():
         fn()
     times: dict[tuple[str, int], list[float]] = {k: [] for k in calls}
+    keys = list(calls)
     for _ in range(repeats):
-        for key, fn in calls.items():
+        for i in rng.permutation(len(keys)):  # a new order every round: no export always follows the same one
             t0 = time.perf_counter()
-            fn()
-            times[key].append((time.perf_counter() - t0) * 1e3)
+            calls[keys[i]]()
+            times[keys[i]].append((time.perf_counter() - t0) * 1e3)
         bar.update(1)
     return {name: {f"S={s}": statistics.median(times[(name, s)]) for s in (1, SCORE)} for name in backends}
 
@@ -83,8 +85,8 @@ def _session(nodes, inits, k: int, n: int, threads: int) -> ort.InferenceSession
     graph = helper.make_graph(
         nodes,
         "gemv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
         inits,
     )
     model = helper.make_model(
@@ -131,12 +133,13 @@ def time_gemv(threads: int, repeats: int, k: int = 4096, n: int = 8192) -> dict[
     stored = {"fp32 MatMul": 4.0 * k * n, **{s: q.nbytes + scales.nbytes for s in sessions if "NBits" in s}}
     feed = {"x": rng.standard_normal((1, k)).astype(np.float32)}
     times: dict[str, list[float]] = {s: [] for s in sessions}
+    names = list(sessions)
     for i in range(repeats + 3):
-        for name, sess in sessions.items():
+        for j in rng.permutation(len(names)):
             t0 = time.perf_counter()
-            sess.run(None, feed)
+            sessions[names[j]].run(None, feed)
             if i >= 3:
-                times[name].append(time.perf_counter() - t0)
+                times[names[j]].append(time.perf_counter() - t0)
     out = {}
     for name, ts in times.items():
         t = statistics.median(ts)
