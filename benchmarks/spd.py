@@ -142,11 +142,11 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
     ap.add_argument(
         "--target-weights",
-        choices=("fp32", "mxint8-nbits"),
+        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits"),
         default="fp32",
         help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs) or "
-        "mxint8-nbits (MXINT8 weights on onnxruntime's MatMulNBits, int8 activations per block: "
-        "approximate, so its distance to the fp32 target is measured and reported)",
+        "mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights on onnxruntime's 8-bit MatMulNBits, int8 "
+        "activations per block: approximate, so its distance to the fp32 target is measured and reported)",
     )
     ap.add_argument(
         "--ngram",
@@ -434,9 +434,9 @@ def main() -> None:
             "target_weights": args.target_weights,
         },
         "target_quality": quality,
-        # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes (MXINT8's
-        # 0.25 bits of scales per weight are within the calibration's noise)
-        "format": "int8" if args.target_weights == "mxint8-nbits" else "fp32",
+        # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes for every MX
+        # format (the 0.25 bits of scales per weight are within the calibration's noise)
+        "format": "int8" if args.target_weights.endswith("-nbits") else "fp32",
         "target": setup.target.config.to_dict(),
         "draft": setup.draft.config.to_dict(),
         "feature_draft": setup.feat.config.to_dict() if setup.feat is not None else None,

@@ -24,6 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="fp32",
         help="MX modes: storage of the weights left float (embeddings, norms, lm_head; default fp32)",
     )
+    p.add_argument(
+        "--nbits-accuracy",
+        type=int,
+        choices=(1, 4),
+        default=4,
+        help="*-nbits modes: MatMulNBits activations, 4 = int8 per block (fast, default), 1 = float32 (slow)",
+    )
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (default 512)")
     p.add_argument("--batch-size", type=int, default=1, help="rows per call (default 1)")
     p.add_argument(
@@ -59,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         ctx_len=args.ctx_len,
         batch_size=args.batch_size,
         num_logits=args.num_logits,
-        weights=ExportWeights(args.weights, mx_format=args.fmt, float_storage=args.float_weights),
+        weights=ExportWeights(
+            args.weights, mx_format=args.fmt, float_storage=args.float_weights, accuracy_level=args.nbits_accuracy
+        ),
         progress=not args.quiet,
         tree=args.tree,
     )

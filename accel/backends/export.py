@@ -3,7 +3,7 @@
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
 with an in-graph decode. The weight storage is an ``ExportWeights`` (``accel.backends.weights``: ``fp32``, ``fp16``,
-``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits``).
+``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits`` / ``mxfp6-nbits`` / ``mxfp4-nbits``).
 
 Which Linear weights are MX: if the model was compressed (``accel.compress``: modules with an MX weight), exactly
 those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
@@ -60,12 +60,12 @@ def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
 def model_tensors(model: Decoder, weights: ExportWeights | WeightFormat | str) -> tuple[dict[str, Any], str | None]:
     """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights``; and the MX format used.
 
-    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
-    there the head is a quantized copy and the embedding stays float32 (it is only gathered).
+    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and the ``*-nbits``
+    formats: there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
     spec = ExportWeights.of(weights)
     fmt = spec.format
-    own_head = fmt in (WeightFormat.INT8, WeightFormat.MXINT8_NBITS)
+    own_head = fmt == WeightFormat.INT8 or fmt.is_nbits
     tensors: dict[str, Any] = {}
     mx_modules: dict[str, Any] = {}
     for name, module in model.named_modules():
@@ -96,15 +96,15 @@ def _mx_weights(model: Decoder, spec: ExportWeights, tensors: dict[str, Any], mx
     """Put the MX weights of an MX mode into ``tensors`` (and ``mx_modules``); returns the element format(s) used."""
     from accel.formats import get_format, quantize
 
-    if spec.format == WeightFormat.MXINT8_NBITS:  # every Linear and the head (a compressed model: its own codes)
-        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
+    if spec.format.element_format:  # *-nbits: every Linear and the head (a compressed model: its codes)
+        element = get_format(spec.format.element_format)
+        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {element.name})
         if other:
             raise BackendError(
-                f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
-                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
+                f"weights={spec.format.value!r} runs {element.name} weights only; this model is compressed with "
+                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with {element.name})"
             )
         names = sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules)
-        element = get_format("mxint8")
     elif mx_modules:  # a compressed model: keep exactly its MX weights and formats
         return ",".join(sorted({mx.fmt.name for mx in mx_modules.values()}))
     else:
@@ -141,7 +141,7 @@ def export_onnx(
             decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
         weights: the weight storage: an ``ExportWeights`` (format, MX element format, float storage) or a
             ``WeightFormat`` / its name (``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8``,
-            ``mxint8-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
+            ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
         progress: show a tqdm bar.
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
@@ -174,7 +174,7 @@ def export_onnx(
         float_dtype=spec.float_dtype,
         progress=bar.update,
         hidden_output=hidden_output,
-        matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
+        matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
         tree=tree,
     )
     meta = {

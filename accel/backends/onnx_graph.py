@@ -36,7 +36,7 @@ def build_decoder_graph(
     float_dtype: str = "fp32",
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
-    matmul_nbits: bool = False,
+    matmul_nbits: int = 0,
     tree: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
@@ -48,10 +48,11 @@ def build_decoder_graph(
     ``hidden_output`` (always on for a feature draft, ``config.feature_size > 0``) adds the output ``hidden_states``
     float32 ``[batch_size, seq_len, hidden]``: the final-norm hidden state of every column. A feature draft also has
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
-    ``progress(1)`` is called once per layer. ``matmul_nbits``: MXINT8 weights as onnxruntime ``MatMulNBits`` nodes
-    (see ``accel.backends.onnx_weights``). ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size,
-    seq_len]`` (each token's cache slot) and ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each
-    token attends to), which replace the position-derived write slots and mask (docs/backends.md, "Tree calls").
+    ``progress(1)`` is called once per layer. ``matmul_nbits``: 0, or the ``accuracy_level`` (1 or 4) of onnxruntime
+    ``MatMulNBits`` nodes running the MX weights (MXINT8, MXFP6 E2M3, MXFP4 E2M1; see ``accel.backends.onnx_weights``).
+    ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
+    ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
+    position-derived write slots and mask (docs/backends.md, "Tree calls").
     """
     d = _DecoderGraph(config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree)
     inputs, outputs = d.io_spec(num_logits)
@@ -82,14 +83,14 @@ class _DecoderGraph:
         batch_size: int,
         float_dtype: str,
         hidden_output: bool,
-        matmul_nbits: bool,
+        matmul_nbits: int,
         tree: bool = False,
     ) -> None:
         c = self.c = config
         self.tree = tree
         self.g = g = GraphBuilder()
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
-        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits=matmul_nbits)
+        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits)
         self.tensors, self.ctx_len, self.batch_size = tensors, ctx_len, batch_size
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)

@@ -89,11 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--target-weights",
-        choices=("fp32", "mxint8-nbits"),
+        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits"),
         default="fp32",
-        help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits (MXINT8 "
-        "weights run by onnxruntime's MatMulNBits with int8 activations per block: an approximate "
-        "target, about half the step time on CPU; see docs/backends.md)",
+        help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits / mxfp6-nbits / "
+        "mxfp4-nbits (exact MX weights run by onnxruntime's 8-bit MatMulNBits with int8 activations per block: "
+        "an approximate target, about half the step time on CPU; see docs/backends.md)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
