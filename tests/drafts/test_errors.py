@@ -74,7 +74,7 @@ def test_bad_data_and_options(tiny_target, tmp_path):
 def test_cli_reports_errors_with_exit_code(tiny_target, tmp_path, capsys):
     data = tmp_path / "t.txt"
     data.write_text(TEXT)
-    assert main(["eval-draft", str(tiny_target), str(tmp_path / "nowhere"), "--data", str(data)]) == 1
+    assert main(["eval-draft", str(tiny_target), str(tmp_path / "nowhere"), "--data", str(data)]) == 2
     assert "draft checkpoint" in capsys.readouterr().err
-    assert main(["distill", str(tiny_target), "-o", str(tmp_path / "d")]) == 1
+    assert main(["distill", str(tiny_target), "-o", str(tmp_path / "d")]) == 2
     assert "no data" in capsys.readouterr().err
