@@ -25,9 +25,10 @@ from tqdm.auto import tqdm
 from accel.errors import FormatError
 from accel.formats.constants import DEFAULT_BLOCK_SIZE, FILE_TIED_KEY
 from accel.formats.elements import get_format
-from accel.formats.file import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code, json_meta, mx_specs
+from accel.formats.file import SafetensorsFile, TensorSpec, dtype_code, json_meta, mx_specs
 from accel.formats.report import CompressionReport, LayerReport, error_stats
 from accel.formats.torch_ops import MXLinear, quantize_torch
+from accel.formats.writer import SafetensorsWriter
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

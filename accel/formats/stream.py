@@ -20,10 +20,11 @@ from tqdm.auto import tqdm
 from accel.errors import FormatError
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import get_format
-from accel.formats.file import SafetensorsFile, SafetensorsWriter, TensorSpec, bf16_to_f32, make_temp_file
+from accel.formats.file import SafetensorsFile, TensorSpec, bf16_to_f32
 from accel.formats.mx_tensor import MXTensor, quantize
 from accel.formats.packing import packed_nbytes
 from accel.formats.report import CompressionReport, LayerReport, error_stats
+from accel.formats.writer import SafetensorsWriter, make_temp_file
 
 INDEX_NAME = "model.safetensors.index.json"
 #: weights kept as they are unless ``exclude`` is given: embeddings, the LM head, norms
