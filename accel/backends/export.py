@@ -207,8 +207,11 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
         raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
     if opset != OPSET:
         raise BackendError(f"opset {opset} is not supported; supported: {OPSET}")
-    if ctx_len < 1 or batch_size < 1:
-        raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+    for name, value in (("ctx_len", ctx_len), ("batch_size", batch_size), ("num_logits", num_logits)):
+        if (value is not None or name != "num_logits") and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise BackendError(f"{name} must be an int >= 1; got {value!r}")
     if num_logits is not None and not 1 <= num_logits <= ctx_len:
         raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
     window = (cfg.extra or {}).get("sliding_window")

@@ -141,7 +141,10 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
     writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
     import onnx
 
-    graph = onnx.load_model(str(path), load_external_data=False).graph
+    try:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
+        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, list[Any]] = {}
     for node in graph.node:

@@ -1,0 +1,29 @@
+"""export_onnx's settings are checked before anything is built or written (BackendError naming the setting)."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel.backends import export_onnx
+from accel.errors import BackendError
+from tests.helpers.decoders import random_model
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"ctx_len": 1.5}, "ctx_len must be an int >= 1; got 1.5"),
+        ({"ctx_len": True}, "ctx_len must be an int >= 1; got True"),
+        ({"ctx_len": "64"}, "ctx_len must be an int"),
+        ({"ctx_len": 0}, "ctx_len must be an int >= 1; got 0"),
+        ({"batch_size": 2.0}, "batch_size must be an int"),
+        ({"batch_size": -1}, "batch_size must be an int"),
+        ({"num_logits": 0.5}, "num_logits must be an int"),
+        ({"num_logits": False}, "num_logits must be an int"),
+        ({"num_logits": 65}, r"num_logits=65 must be in 1\.\.ctx_len"),
+    ],
+)
+def test_export_settings_are_checked(tmp_path, kwargs, needle):
+    with pytest.raises(BackendError, match=needle):
+        export_onnx(random_model(0), tmp_path / "m.onnx", **{"ctx_len": 64, **kwargs}, progress=False)
+    assert list(tmp_path.iterdir()) == []
