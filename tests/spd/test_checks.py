@@ -44,3 +44,12 @@ def test_generate_names_a_bad_eos_token_id(pair, eos):
 def test_draft_chain_names_a_bad_k(pair, k):
     with pytest.raises(SpdError, match=r"k \(draft tokens per round\) must be an integer >= 1"):
         DraftChain(pair[1], k=k)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_generate_names_a_bad_seed(pair, seed):
+    target, draft = pair
+    with pytest.raises(SpdError, match="seed must be an int >= 0"):
+        generate(target, DraftChain(draft, k=2), [[1, 2, 3]], max_new_tokens=4, seed=seed)
+    with pytest.raises(SpdError, match="seed must be an int >= 0"):
+        generate_ar(target, [[1, 2, 3]], max_new_tokens=4, seed=seed)
