@@ -34,6 +34,8 @@ from accel.errors import BackendError
 from accel.models.decoder import Decoder
 
 __all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat", "export_cached", "export_onnx", "model_tensors"]
+MAX_CTX_LEN = 1 << 20  # tokens: a cache this long is ~10^5x SmolLM2's default; the graph's tables scale with it
+MAX_BATCH_SIZE = 4096  # rows per call
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
 
 
@@ -160,6 +162,8 @@ def export_onnx(
     spec = ExportWeights.of(weights)
     cfg = _check_export(model, ctx_len, batch_size, num_logits, opset)
     path = Path(path)
+    if path.is_dir():
+        raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
     bar.set_postfix_str("weights")
     tensors, used_format = model_tensors(model, spec)
@@ -212,6 +216,11 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise BackendError(f"{name} must be an int >= 1; got {value!r}")
+    if ctx_len > MAX_CTX_LEN or batch_size > MAX_BATCH_SIZE:  # checked before any table or cache is sized by them
+        raise BackendError(
+            f"ctx_len {ctx_len} / batch_size {batch_size} too large: at most {MAX_CTX_LEN} tokens and "
+            f"{MAX_BATCH_SIZE} rows"
+        )
     if num_logits is not None and not 1 <= num_logits <= ctx_len:
         raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
     window = (cfg.extra or {}).get("sliding_window")

@@ -21,9 +21,17 @@ from tests.helpers.decoders import random_model
         ({"num_logits": 0.5}, "num_logits must be an int"),
         ({"num_logits": False}, "num_logits must be an int"),
         ({"num_logits": 65}, r"num_logits=65 must be in 1\.\.ctx_len"),
+        ({"ctx_len": 10**9}, r"ctx_len 1000000000 / batch_size 1 too large: at most 1048576 tokens"),
+        ({"batch_size": 10**7}, r"too large: at most 1048576 tokens and 4096 rows"),
     ],
 )
 def test_export_settings_are_checked(tmp_path, kwargs, needle):
     with pytest.raises(BackendError, match=needle):
         export_onnx(random_model(0), tmp_path / "m.onnx", **{"ctx_len": 64, **kwargs}, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_to_a_directory_is_named(tmp_path):
+    with pytest.raises(BackendError, match=r"is a directory: give the path of the \.onnx file"):
+        export_onnx(random_model(0), tmp_path, ctx_len=16, progress=False)
     assert list(tmp_path.iterdir()) == []
