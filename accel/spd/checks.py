@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.backends.base import Backend
+from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
 from accel.spd.warps import Sampling
 
-__all__ = ["check_compatible", "eos_set", "make_rng", "validate"]
+__all__ = ["check_backend", "check_compatible", "eos_set", "make_rng", "validate"]
 
 
 def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -71,6 +71,13 @@ def make_rng(seed) -> np.random.Generator:
     if not _is_token_id(seed):
         raise SpdError(f"seed must be an int >= 0 or a np.random.Generator; got {seed!r}")
     return np.random.default_rng(int(seed))
+
+
+def check_backend(backend, name: str) -> None:
+    """SpdError unless ``backend`` is a Backend (has a ``BackendInfo``): ``generate(None, ...)`` or a path given
+    where a backend belongs would otherwise fail as an AttributeError deep inside."""
+    if not isinstance(getattr(backend, "info", None), BackendInfo):
+        raise SpdError(f"{name} must be a Backend (TorchBackend, OrtBackend, ...); got {type(backend).__name__}")
 
 
 def validate(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd import DraftChain, generate, generate_ar
+from accel.spd import DraftChain, Sampling, generate, generate_ar
 from accel.spd.checks import eos_set, make_rng
 from tests.helpers.decoders import backend, random_model
 
@@ -53,3 +53,19 @@ def test_generate_names_a_bad_seed(pair, seed):
         generate(target, DraftChain(draft, k=2), [[1, 2, 3]], max_new_tokens=4, seed=seed)
     with pytest.raises(SpdError, match="seed must be an int >= 0"):
         generate_ar(target, [[1, 2, 3]], max_new_tokens=4, seed=seed)
+
+
+def test_generate_names_a_non_backend(pair):
+    draft = pair[1]
+    with pytest.raises(SpdError, match=r"target must be a Backend .*; got NoneType"):
+        generate(None, DraftChain(draft, k=2), [[1, 2, 3]], max_new_tokens=4)
+    with pytest.raises(SpdError, match=r"the draft must be a Backend .*; got str"):
+        DraftChain("draft.onnx", k=2)
+    with pytest.raises(SpdError, match="target must be a Backend"):
+        generate_ar(object(), [[1, 2, 3]], max_new_tokens=4)
+
+
+def test_top_k_true_is_not_one(pair):
+    target, draft = pair
+    with pytest.raises(SpdError, match="top_k must be an integer >= 1; got True"):
+        generate(target, DraftChain(draft, k=2), [[1, 2, 3]], max_new_tokens=4, sampling=Sampling(top_k=True))
