@@ -28,14 +28,13 @@ import onnx
 import torch
 from tqdm.auto import tqdm
 
+from accel.backends.limits import check_sizes
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 from accel.models.decoder import Decoder
 
 __all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat", "export_cached", "export_onnx", "model_tensors"]
-MAX_CTX_LEN = 1 << 20  # tokens: a cache this long is ~10^5x SmolLM2's default; the graph's tables scale with it
-MAX_BATCH_SIZE = 4096  # rows per call
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
 
 
@@ -211,16 +210,9 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
         raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
     if opset != OPSET:
         raise BackendError(f"opset {opset} is not supported; supported: {OPSET}")
-    for name, value in (("ctx_len", ctx_len), ("batch_size", batch_size), ("num_logits", num_logits)):
-        if (value is not None or name != "num_logits") and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise BackendError(f"{name} must be an int >= 1; got {value!r}")
-    if ctx_len > MAX_CTX_LEN or batch_size > MAX_BATCH_SIZE:  # checked before any table or cache is sized by them
-        raise BackendError(
-            f"ctx_len {ctx_len} / batch_size {batch_size} too large: at most {MAX_CTX_LEN} tokens and "
-            f"{MAX_BATCH_SIZE} rows"
-        )
+    check_sizes(ctx_len, batch_size)  # before the graph's tables are sized by them
+    if num_logits is not None and (isinstance(num_logits, bool) or not isinstance(num_logits, int)):
+        raise BackendError(f"num_logits must be an int >= 1; got {num_logits!r}")
     if num_logits is not None and not 1 <= num_logits <= ctx_len:
         raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
     window = (cfg.extra or {}).get("sliding_window")

@@ -217,8 +217,8 @@ class OrtBackend:
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         if threads is not None:
-            if threads < 1:
-                raise BackendError(f"threads must be >= 1; got {threads}")
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise BackendError(f"threads must be an int >= 1; got {threads!r}")
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         try:
