@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from accel.errors import FormatError
-from accel.formats.constants import CODES_SUFFIX, FILE_FORMAT_KEY, FILE_FORMAT_TAG, SCALES_SUFFIX
+from accel.formats.constants import (
+    CODES_SUFFIX,
+    FILE_FORMAT_KEY,
+    FILE_FORMAT_TAG,
+    FILE_TENSORS_KEY,
+    FILE_TIED_KEY,
+    SCALES_SUFFIX,
+)
 from accel.formats.mx_tensor import MXTensor
 
 MX_KEY = "accel.mx"
@@ -197,6 +204,12 @@ class SafetensorsFile:
         out: dict[str, np.ndarray | MXTensor] = {}
         mx = self.mx_headers
         stored = {n + s for n in mx for s in (CODES_SUFFIX, SCALES_SUFFIX)}
+        orphans = [n for n in self.entries if self.is_accel and n.endswith((CODES_SUFFIX, SCALES_SUFFIX))]
+        orphans = [n for n in orphans if n not in stored]
+        if orphans:  # accel never writes these names outside an MX tensor: its header entry was removed or renamed
+            raise FormatError(
+                f"{self.path}: tensor {orphans[0]!r} has no MX header in {MX_KEY!r}: the file was altered"
+            )
         for name in sorted(self.entries, key=lambda k: self.offsets[k]):
             if name in stored:
                 continue
@@ -220,9 +233,15 @@ def _parse_entry(path: Path, name: str, info: Any) -> tuple[TensorSpec, tuple[in
     return TensorSpec(name, dtype, tuple(shape)), (b, e)
 
 
+_ACCEL_KEYS = frozenset({FILE_FORMAT_KEY, FILE_TENSORS_KEY, FILE_TIED_KEY, MX_KEY, CRC_KEY})
+
+
 def _check_file_metadata(path: Path, meta: Any) -> dict[str, str]:
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise FormatError(f"{path}: __metadata__ must map str to str")
+    unknown = sorted(k for k in meta if k.startswith("accel.") and k not in _ACCEL_KEYS)
+    if unknown:  # a renamed or altered key would otherwise change how the tensors are read
+        raise FormatError(f"{path}: unknown accel metadata key(s) {unknown[:3]} (known: {sorted(_ACCEL_KEYS)})")
     tag = meta.get(FILE_FORMAT_KEY)
     if tag is not None and tag != FILE_FORMAT_TAG:
         raise FormatError(f"{path}: unsupported accel file format {tag!r} (supported: {FILE_FORMAT_TAG})")

@@ -344,5 +344,7 @@ def _float_dtype(dtype: Any) -> np.dtype:
 
 
 def dequantize(mx: MXTensor, dtype: Any = np.float32) -> np.ndarray:
-    """``mx.dequantize(dtype)``."""
+    """``mx.dequantize(dtype)`` (FormatError if ``mx`` is not an ``MXTensor``)."""
+    if not isinstance(mx, MXTensor):
+        raise FormatError(f"dequantize needs an MXTensor (from quantize); got {type(mx).__name__}")
     return mx.dequantize(dtype)

@@ -226,3 +226,17 @@ def test_save_compressed_to_a_directory_leaks_nothing(tmp_path):
     with pytest.raises(FormatError, match="is a directory"):
         save_compressed(torch.nn.Linear(4, 4), tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("new_key", ["accel.my", "accel_mx", None])
+def test_a_renamed_or_removed_mx_header_is_an_error(tmp_path, new_key):
+    path = tmp_path / "a.safetensors"
+    save_tensors(path, {"w": quantize(np.linspace(-2, 2, 64, dtype=np.float32), "mxfp6"), "b": np.ones(2, np.float32)})
+    data, n, head = _header(path)
+    mx = head["__metadata__"].pop("accel.mx")
+    if new_key:
+        head["__metadata__"][new_key] = mx
+    _rewrite_header(path, head, n, data)  # the codes and scales would otherwise load as plain uint8 tensors
+    needle = "unknown accel metadata key" if new_key == "accel.my" else "'w.mx_codes' has no MX header"
+    with pytest.raises(FormatError, match=needle):
+        load_tensors(path)
