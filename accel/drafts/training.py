@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from accel.drafts.architecture import build_draft, causal_hidden
+from accel.drafts.architecture import build_draft, causal_hidden, draft_config
 from accel.drafts.checkpoint import (
     copy_tokenizer,
     describe,
@@ -69,6 +69,7 @@ def distill(
     work = out / _WORK
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else (None if isinstance(target, Decoder) else Path(target))
     target_model = load_model(target, "target")
+    draft_config(target_model.config, cfg)  # the draft's sizes are checked before anything is written
     if not cfg.resume and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
