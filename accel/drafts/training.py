@@ -72,10 +72,15 @@ def distill(
     draft_config(target_model.config, cfg)  # the draft's sizes are checked before anything is written
     if not cfg.resume and work.exists():
         shutil.rmtree(work)
+    new_out = not out.exists()
     work.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    data = build_data(target_model, cfg, work / "data", tok_dir)
+    try:
+        data = build_data(target_model, cfg, work / "data", tok_dir)
+    except DraftError:  # bad data (none, unreadable, too short): leave no folder behind (an interrupt keeps it)
+        shutil.rmtree(out if new_out else work, ignore_errors=True)
+        raise
     data_time_s = time.perf_counter() - t0
     train_rows, held_rows = split_rows(len(data), cfg.held_out_fraction, cfg.seed)
     if len(train_rows) == 0:

@@ -8,7 +8,8 @@ import pytest
 from accel.cli import EXIT_ERROR, main
 from tests.helpers.drafts import write_target
 
-# {T}: a tiny checkpoint dir, {F}: a text file, {D}: a text data file, {W}: an empty work folder (outputs go there)
+# {T}: a tiny checkpoint dir, {F}: a text file, {D}: a text data file, {E}: an empty file,
+# {W}: an empty work folder (outputs go there)
 GEN = ["generate", "--target", "{T}", "--prompt", "hi", "--backend", "torch", "--max-new-tokens", "2"]
 CASES = [
     (["compress", "{T}", "-o", "{W}/c"], 0),
@@ -60,6 +61,8 @@ CASES = [
     (["distill", "{T}", "-o", "{W}/d", "--lr", "nan", "--data", "{D}"], EXIT_ERROR),
     (["distill", "{T}", "-o", "{W}/d", "--heads", "3", "--data", "{D}"], EXIT_ERROR),
     (["distill", "{T}", "-o", "{W}/d"], EXIT_ERROR),  # no data
+    (["distill", "{T}", "-o", "{W}/d", "--data", "{E}"], EXIT_ERROR),  # no text windows
+    (["distill", "{T}", "-o", "{W}/d", "--data", "{W}/nope.txt"], EXIT_ERROR),
     (["demo", "--target", "{F}", "--quick"], EXIT_ERROR),
     (["demo", "--k", "0", "--quick"], EXIT_ERROR),
 ]
@@ -69,8 +72,14 @@ CASES = [
 def places(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     (root / "notes.txt").write_text("not a model\n")
+    (root / "empty.txt").write_text("")
     (root / "data.txt").write_text("def add(a, b):\n    return a + b\n" * 20)
-    return {"T": str(write_target(root / "ckpt")), "F": str(root / "notes.txt"), "D": str(root / "data.txt")}
+    return {
+        "T": str(write_target(root / "ckpt")),
+        "F": str(root / "notes.txt"),
+        "D": str(root / "data.txt"),
+        "E": str(root / "empty.txt"),
+    }
 
 
 @pytest.mark.parametrize(("argv", "status"), CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
