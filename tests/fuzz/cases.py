@@ -256,11 +256,14 @@ def _backends() -> list[Case]:
 
 
 def _spd() -> list[Case]:
-    from accel.spd import generate, generate_ar
+    from accel.spd import DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
 
-    def gen(**kw):
-        args = {"prompt_ids": [[1, 2, 3]], "k": 2, "max_new_tokens": 4, **kw}
-        return lambda w: generate(w.target, w.draft, **args)
+    def gen(k=2, sampling=None, **kw):
+        args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
+        return lambda w: generate(w.target, DraftChain(w.draft, k=k), sampling=sampling, **args)
+
+    def warped(**kw):
+        return gen(sampling=Sampling(**kw))
 
     def ar(**kw):
         args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
@@ -268,7 +271,7 @@ def _spd() -> list[Case]:
 
     return [
         Case("generate ok", gen(), OK),
-        Case("generate greedy ok", gen(greedy=True), OK),
+        Case("generate greedy ok", warped(greedy=True), OK),
         Case("generate max_new 0", gen(max_new_tokens=0), OK),
         Case("generate max_new 10**9 stops at ctx", gen(max_new_tokens=10**9), OK),
         Case("generate max_new -1", gen(max_new_tokens=-1), SpdError),
@@ -284,19 +287,28 @@ def _spd() -> list[Case]:
         Case("generate prompt a str", gen(prompt_ids="hello"), SpdError),
         Case("generate prompt beyond ctx", gen(prompt_ids=[[1] * 100]), SpdError),
         Case("generate batch 2 on batch-1", gen(prompt_ids=[[1], [2]]), SpdError),
-        Case("generate temperature 0", gen(temperature=0.0), SpdError),
-        Case("generate temperature nan", gen(temperature=float("nan")), SpdError),
-        Case("generate temperature inf", gen(temperature=float("inf")), SpdError),
-        Case("generate top_p 2", gen(top_p=2.0), SpdError),
-        Case("generate top_p 0", gen(top_p=0.0), SpdError),
-        Case("generate top_k 0", gen(top_k=0), SpdError),
-        Case("generate top_k True", gen(top_k=True), SpdError),
+        Case("generate temperature 0", warped(temperature=0.0), SpdError),
+        Case("generate temperature nan", warped(temperature=float("nan")), SpdError),
+        Case("generate temperature inf", warped(temperature=float("inf")), SpdError),
+        Case("generate top_p 2", warped(top_p=2.0), SpdError),
+        Case("generate top_p 0", warped(top_p=0.0), SpdError),
+        Case("generate top_k 0", warped(top_k=0), SpdError),
+        Case("generate top_k True", warped(top_k=True), SpdError),
+        Case(
+            "generate sampling a dict",
+            lambda w: generate(w.target, None, [[1]], max_new_tokens=2, sampling={}),
+            SpdError,
+        ),
         Case("generate seed -1", gen(seed=-1), SpdError),
         Case("generate seed 1.5", gen(seed=1.5), SpdError),
         Case("generate eos 'x'", gen(eos_token_id="x"), SpdError),
         Case("generate eos -3", gen(eos_token_id=-3), SpdError),
-        Case("generate target None", lambda w: generate(None, w.draft, [[1]], k=2, max_new_tokens=2), SpdError),
-        Case("generate draft a path", lambda w: generate(w.target, "d.onnx", [[1]], k=2, max_new_tokens=2), SpdError),
+        Case("generate target None", lambda w: generate(None, DraftChain(w.draft), [[1]], max_new_tokens=2), SpdError),
+        Case("generate proposer a path", lambda w: generate(w.target, "d.onnx", [[1]], max_new_tokens=2), SpdError),
+        Case("DraftChain of a path", lambda w: DraftChain("d.onnx", k=2), SpdError),
+        Case("DraftChain min_draft_prob 2", lambda w: DraftChain(w.draft, k=2, min_draft_prob=2.0), SpdError),
+        Case("DraftTree of None", lambda w: DraftTree(None), SpdError),
+        Case("NgramLookup n 0", lambda w: NgramLookup(0, 2), SpdError),
         Case("generate_ar ok", ar(), OK),
         Case("generate_ar seed -1", ar(seed=-1), SpdError),
         Case("generate_ar max_new -5", ar(max_new_tokens=-5), SpdError),
