@@ -33,3 +33,7 @@ class SimError(AccelError):
 
 class DraftError(AccelError):
     """Bad input to ``accel.drafts``: incompatible target/draft, missing or corrupted checkpoint."""
+
+
+class NonFiniteWarning(UserWarning):
+    """Compression kept NaN / ±Inf weights (``nonfinite="keep"``): the blocks holding them decode to NaN."""

@@ -28,6 +28,7 @@ import onnx
 import torch
 from tqdm.auto import tqdm
 
+from accel.backends.limits import check_sizes
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
@@ -160,6 +161,8 @@ def export_onnx(
     spec = ExportWeights.of(weights)
     cfg = _check_export(model, ctx_len, batch_size, num_logits, opset)
     path = Path(path)
+    if path.is_dir():
+        raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
     bar.set_postfix_str("weights")
     tensors, used_format = model_tensors(model, spec)
@@ -207,8 +210,9 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
         raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
     if opset != OPSET:
         raise BackendError(f"opset {opset} is not supported; supported: {OPSET}")
-    if ctx_len < 1 or batch_size < 1:
-        raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+    check_sizes(ctx_len, batch_size)  # before the graph's tables are sized by them
+    if num_logits is not None and (isinstance(num_logits, bool) or not isinstance(num_logits, int)):
+        raise BackendError(f"num_logits must be an int >= 1; got {num_logits!r}")
     if num_logits is not None and not 1 <= num_logits <= ctx_len:
         raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
     window = (cfg.extra or {}).get("sliding_window")

@@ -141,7 +141,10 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
     writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
     import onnx
 
-    graph = onnx.load_model(str(path), load_external_data=False).graph
+    try:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
+        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, list[Any]] = {}
     for node in graph.node:
@@ -214,8 +217,8 @@ class OrtBackend:
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         if threads is not None:
-            if threads < 1:
-                raise BackendError(f"threads must be >= 1; got {threads}")
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise BackendError(f"threads must be an int >= 1; got {threads!r}")
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         try:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from accel.backends.base import BackendInfo, check_extensions, check_moves, check_step_inputs, check_tree_inputs
+from accel.backends.limits import check_sizes
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -34,15 +35,17 @@ class TorchBackend:
         dtype: torch.dtype | None = None,
         threads: int | None = None,
     ) -> None:
-        if ctx_len < 1 or batch_size < 1:
-            raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+        if not hasattr(getattr(model, "config", None), "num_kv_heads"):
+            raise BackendError(f"TorchBackend needs an accel.models.Decoder; got {type(model).__name__}")
+        cfg = model.config
+        self.dtype = dtype or next(model.parameters()).dtype
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        check_sizes(ctx_len, batch_size, threads, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize)
         if threads is not None:
             torch.set_num_threads(threads)
         self.model = model.eval()
-        cfg = model.config
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
             raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
-        self.dtype = dtype or next(model.parameters()).dtype
         self._info = BackendInfo(
             name="torch",
             vocab_size=cfg.vocab_size,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.errors import SpdError
+from accel.errors import BackendError, SpdError
 
 __all__ = ["register", "run"]
 
@@ -104,13 +104,24 @@ def _model_config(path: Path) -> dict[str, Any]:
     """The HF config of a checkpoint directory, or the one recorded in an exported ONNX file's metadata."""
     if path.is_dir():
         cfg = path / "config.json"
-        return json.loads(cfg.read_text()) if cfg.is_file() else {}
-    if path.suffix == ".onnx":
+        text, where = (cfg.read_text(errors="replace"), str(cfg)) if cfg.is_file() else ("{}", "")
+    elif path.suffix == ".onnx" and path.is_file():
         import onnx
 
-        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-        return json.loads(meta.get("accel.model_config", "{}"))
-    return {}
+        try:
+            meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        except Exception as exc:  # protobuf DecodeError: a corrupt or truncated file
+            raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
+        text, where = meta.get("accel.model_config", "{}"), f"{path} (metadata accel.model_config)"
+    else:
+        return {}
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise SpdError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise SpdError(f"{where}: must hold a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def _open_backend(

@@ -47,7 +47,7 @@ def test_export_cli(tmp_path, capsys):
 
 
 def test_export_cli_error_exit_code(tmp_path, capsys):
-    assert main(["export", str(tmp_path / "missing"), "-o", str(tmp_path / "x.onnx"), "--quiet"]) == 1
+    assert main(["export", str(tmp_path / "missing"), "-o", str(tmp_path / "x.onnx"), "--quiet"]) == 2
     assert "neither a checkpoint directory nor a .gguf file" in capsys.readouterr().err
 
 
