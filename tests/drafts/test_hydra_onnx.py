@@ -108,7 +108,7 @@ def test_int8_heads_are_close(heads, seq, runtime, tmp_path):
 
 
 def test_runtime_errors(heads, runtime, tmp_path):
-    with pytest.raises(DraftError, match="no hydra.json"):
+    with pytest.raises(DraftError, match=r"no hydra\.json"):
         HydraRuntime(tmp_path)
     base = np.zeros((B, 1, 32), np.float32)
     with pytest.raises(DraftError, match="head index"):

@@ -45,3 +45,14 @@ def random_heads(target: Decoder, seed: int = 1, scale: float = 0.2, **kw) -> Hy
         for p in heads.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * scale)
     return heads.eval()
+
+
+def trained_heads(target: Decoder, work: Path, *, prefix: bool, steps: int = 80) -> HydraHeads:
+    """Three heads trained ``steps`` steps on 128 target-written rows (accepted often by greedy verification)."""
+    from accel.drafts.hydra import HydraTrainConfig, ShardBatches, train_hydra
+
+    pairs = write_shards(target, work, shards=2, rows=64)
+    heads = build_hydra(target, num_heads=3, mlp_layers=2, prefix=prefix)
+    cfg = HydraTrainConfig(max_steps=steps, batch_rows=8, lr=3e-3, warmup_steps=2, eval_every=1000, progress=False)
+    train_hydra(heads, ShardBatches(pairs, 8, seed=0), work / "heads", cfg)
+    return heads.eval()

@@ -6,9 +6,11 @@
   data (``feature_shards``, ``ShardBatches``), checkpointed and resumable.
 - ``evaluate_heads(heads, sequences, prompt_lengths, hidden)``: per-head acceptance and tokens per call.
 - ``export_hydra(heads, out_dir, ctx_len=...)`` -> ONNX level graphs; ``HydraRuntime(out_dir)`` runs them on
-  onnxruntime; ``grow_trees`` / ``TreeShape`` build a token tree from the heads under a node budget.
+  onnxruntime; ``grow_trees`` / ``TreeShape`` build a token tree from the heads under a node budget;
+  ``HydraProposer(runtime, shape)`` plugs them into ``accel.spd.generate`` (exact: greedy == AR, sampled == the
+  target's law).
 
-The model, training and export need torch; ``runtime``, ``tree`` and ``config`` do not (imported lazily).
+The model, training and export need torch; ``runtime``, ``proposer``, ``tree`` and ``config`` do not (imported lazily).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _LAZY = {
     "export_hydra": "accel.drafts.hydra.export",
     "export_hydra_cached": "accel.drafts.hydra.export",
     "HydraRuntime": "accel.drafts.hydra.runtime",
+    "HydraProposer": "accel.drafts.hydra.proposer",
     "TreeShape": "accel.drafts.hydra.tree",
     "grow_trees": "accel.drafts.hydra.tree",
 }
@@ -38,6 +41,7 @@ __all__ = [
     "HeadsEval",
     "HydraConfig",
     "HydraHeads",
+    "HydraProposer",
     "HydraReport",
     "HydraRuntime",
     "HydraTrainConfig",
