@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["eval_heads", "is_heads_dir", "register"]
+__all__ = ["eval_heads", "hydra_proposer", "is_heads_dir", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -126,3 +126,29 @@ def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool,
         )
     print(f"tree {ev.tree}: {ev.tree_tokens_per_call:.2f} tokens per target call, {ev.tree_nodes:.1f} nodes")
     return 0
+
+
+def hydra_proposer(args: argparse.Namespace, target_dir: Path):
+    """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
+    heads, target and settings) as a ``HydraProposer`` for batch 1 (``--tree-nodes`` nodes, default 12,
+    ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of heads)."""
+    from accel.drafts.hydra.export import export_hydra_cached
+    from accel.drafts.hydra.proposer import HydraProposer
+    from accel.drafts.hydra.runtime import HydraRuntime
+    from accel.drafts.hydra.tree import TreeShape
+    from accel.errors import DraftError
+    from accel.models.smollm2 import cache_root
+
+    if not is_heads_dir(args.hydra):
+        raise DraftError(f"{args.hydra} is not a Hydra heads directory (no config.json of kind accel-hydra-heads)")
+    if not target_dir.is_dir():
+        raise DraftError("--hydra needs the target as a checkpoint directory (the heads read its embeddings)")
+    num_heads = int(json.loads((Path(args.hydra) / "config.json").read_text())["num_heads"])
+    out = export_hydra_cached(
+        args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "fp32"
+    )
+    runtime = HydraRuntime(out, threads=args.draft_threads or 1)
+    nodes = args.tree_nodes or 12
+    depth = min(args.tree_depth or num_heads, num_heads)
+    top_k = args.tree_top_k
+    return HydraProposer(runtime, TreeShape(depth=depth, top_k=top_k, beam=top_k, budget=nodes))

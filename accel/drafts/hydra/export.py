@@ -89,25 +89,28 @@ def export_hydra(
 
 def export_hydra_cached(
     heads_dir: str | Path,
-    target: Decoder,
-    target_dir: str | Path | None,
+    target: Decoder | str | Path,
     onnx_dir: str | Path,
     *,
     ctx_len: int,
     batch_size: int = 1,
     weights: str = "fp32",
 ) -> Path:
-    """The export directory of the heads in ``heads_dir`` for ``target``, made once per (heads files, target files
-    when ``target_dir`` is given, settings, exporter source) under ``onnx_dir`` and reused afterwards."""
+    """The export directory of the heads in ``heads_dir`` for ``target`` (a ``Decoder``, or a checkpoint directory,
+    loaded only when the export is missing), made once per (heads files, target files when ``target`` is a
+    directory, settings, exporter source) under ``onnx_dir`` and reused afterwards."""
     from accel import __version__
 
     src = Path(heads_dir)
     if not src.is_dir():
         raise DraftError(f"Hydra heads directory {src} does not exist")
     key = hashlib.sha256()
-    for d in (src, Path(target_dir) if target_dir else None):
+    target_dir = None if isinstance(target, Decoder) else Path(target)
+    for d in (src, target_dir):
         if d is None:
             continue
+        if not d.is_dir():
+            raise DraftError(f"target checkpoint directory {d} does not exist")
         for f in sorted(d.iterdir()):
             if f.suffix in (".json", ".safetensors"):
                 st = f.stat()
@@ -119,4 +122,8 @@ def export_hydra_cached(
     if (out / META).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(target, Decoder):
+        from accel.models import load_checkpoint
+
+        target = load_checkpoint(target).eval()
     return export_hydra(load_hydra(src, target), out, ctx_len=ctx_len, batch_size=batch_size, weights=weights)
