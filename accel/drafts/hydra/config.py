@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["HeadsEval", "HydraConfig", "HydraHistoryPoint", "HydraReport", "HydraSpec", "HydraTrainConfig"]
 
-KIND = "accel-hydra-heads"
+KIND: Literal["accel-hydra-heads"] = "accel-hydra-heads"
 
 
 class HydraConfig(BaseModel):

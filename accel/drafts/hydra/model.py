@@ -247,7 +247,9 @@ def build_hydra(
     hidden = tc.hidden_size
     with torch.no_grad():
         for head in heads.heads:
+            assert isinstance(head, HydraHead)
             for block in head.blocks:
+                assert isinstance(block, ResBlock)
                 block.linear.weight.zero_()
                 block.linear.bias.zero_()
                 if block.res is not None:

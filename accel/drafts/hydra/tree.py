@@ -86,7 +86,7 @@ def grow_trees(
     par = [[-1] for _ in range(batch)]
     score = [[0.0] for _ in range(batch)]
     dep = [[0] for _ in range(batch)]
-    paths = [[(int(r),)] for r in roots]
+    paths: list[list[tuple[int, ...]]] = [[(int(r),)] for r in roots]
     frontier = [[0] if cap_nodes[b] > 0 and cap_depth[b] > 0 else [] for b in range(batch)]
     for level in range(1, depth + 1):
         if not any(frontier):
@@ -110,7 +110,8 @@ def grow_trees(
                     dep[b].append(level)
                     paths[b].append((*paths[b][parent], int(ids[b, m, j])))
             if level < cap_depth[b]:
-                new.sort(key=lambda i, b=b: -score[b][i])
+                row_scores = score[b]
+                new.sort(key=lambda i: -row_scores[i])
                 nxt.append(new[: shape.beam])
             else:
                 nxt.append([])
