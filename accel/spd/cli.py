@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="propose a dynamic token tree of up to N nodes per round (EAGLE-2 style; exact; default: a chain of "
         "--k). The target and draft are exported with tree inputs",
     )
+    p.add_argument(
+        "--hydra",
+        default=None,
+        metavar="DIR",
+        help="Hydra heads directory (accel distill-hydra) instead of --draft: trees from the heads, one head call "
+        "per level (shaped by --tree-nodes, default 12, and --tree-top-k; depth: the heads)",
+    )
     p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -285,8 +292,10 @@ def run(args: argparse.Namespace) -> int:
     if not prompt:
         raise SpdError("the prompt encodes to no tokens")
     eos = _model_config(target_path).get("eos_token_id")
-    if args.tree_nodes is not None and not args.draft:
-        raise SpdError("--tree-nodes needs a draft model (--draft) to build the trees with")
+    if args.hydra and args.draft:
+        raise SpdError("give --draft or --hydra, not both")
+    if args.tree_nodes is not None and not (args.draft or args.hydra):
+        raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
@@ -301,9 +310,9 @@ def run(args: argparse.Namespace) -> int:
             args.ctx_len,
             args.threads,
             Path(tmp),
-            hidden_output=feature_draft,
+            hidden_output=feature_draft or bool(args.hydra),
             weights=args.target_weights,
-            tree=bool(args.tree_nodes),
+            tree=bool(args.tree_nodes) or bool(args.hydra),
         )
         draft = None
         if args.draft:
@@ -320,9 +329,14 @@ def run(args: argparse.Namespace) -> int:
         printer = None if args.json else _Printer(tokenizer)
         if printer is not None:
             sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
+        proposers = _proposer(args, draft)
+        if args.hydra:
+            from accel.drafts.hydra.cli import hydra_proposer
+
+            proposers = [*(proposers or []), hydra_proposer(args, target_path)]
         res = generate(
             target,
-            _proposer(args, draft),
+            proposers,
             [prompt],
             max_new_tokens=args.max_new_tokens,
             sampling=Sampling(args.temperature, args.top_k, args.top_p, args.greedy),
