@@ -7,6 +7,17 @@ Needs numpy only (the backends it runs on bring their own runtimes); ``accel.sup
 
 from accel.errors import NgramError, SuperposedError
 from accel.superposed.build import build_store
+from accel.superposed.decode import Draft, SuperposedResult, superposed_generate
+from accel.superposed.scoring import SuperposedConfig
 from accel.superposed.store import NgramStore
 
-__all__ = ["NgramError", "NgramStore", "SuperposedError", "build_store"]
+__all__ = [
+    "Draft",
+    "NgramError",
+    "NgramStore",
+    "SuperposedConfig",
+    "SuperposedError",
+    "SuperposedResult",
+    "build_store",
+    "superposed_generate",
+]

@@ -76,7 +76,9 @@ class NgramStore:
                 f"{path}: the file has {size} bytes; its header describes {want} ({words} x {n} keys): "
                 f"{'truncated' if size < want else 'trailing data'}"
             )
-        keys = [np.memmap(path, dtype="<u8", mode="r", offset=offset + w * n * 8, shape=(n,)) for w in range(words)]
+        keys: list[np.ndarray] = [
+            np.memmap(path, dtype="<u8", mode="r", offset=offset + w * n * 8, shape=(n,)) for w in range(words)
+        ]
         if verify:
             for w, arr in enumerate(keys):
                 if crc32(arr) != int(header["crc32"][w]):
@@ -124,7 +126,9 @@ class NgramStore:
         if ln.shape != (s.shape[0],) or np.any(ln < 0) or np.any(ln > s.shape[1]):
             raise NgramError(f"query lengths must be [Q] ints in 0..{s.shape[1]}")
         if ln.size and int(ln.max()) + room > self.max_order:
-            raise NgramError(f"a query of {int(ln.max())} tokens exceeds this store's max_order {self.max_order - room}")
+            raise NgramError(
+                f"a query of {int(ln.max())} tokens exceeds this store's max_order {self.max_order - room}"
+            )
         used = np.arange(s.shape[1])[None, :] < ln[:, None]
         if np.any(used & ((s < 0) | (s >= self.vocab_size))):
             raise NgramError(f"query token ids must be in [0, {self.vocab_size})")
@@ -191,7 +195,7 @@ def crc32(arr: np.ndarray) -> int:
     view = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
     crc = 0
     for start in range(0, view.size, _CRC_CHUNK):
-        crc = zlib.crc32(view[start : start + _CRC_CHUNK], crc)
+        crc = zlib.crc32(view[start : start + _CRC_CHUNK].tobytes(), crc)
     return crc
 
 

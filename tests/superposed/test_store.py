@@ -58,7 +58,7 @@ def test_mixed_lengths_and_continuations(store):
     assert s.count(rows, lengths).tolist() == want
     cont = s.continuation_count(rows, lengths)
     for q, ln, got in zip(rows.tolist(), lengths.tolist(), cont.tolist(), strict=True):
-        assert got == sum(brute[tuple(q[:ln]) + (t,)] for t in range(VOCAB))
+        assert got == sum(brute[(*q[:ln], t)] for t in range(VOCAB))
 
 
 def test_multi_word_keys(tmp_path):
@@ -147,7 +147,7 @@ def test_bad_corpus(tmp_path, docs, kw, match):
 
 def test_bad_queries_and_missing_file(store, tmp_path):
     s = store[0]
-    with pytest.raises(NgramError, match="outside|in \\[0"):
+    with pytest.raises(NgramError, match="query token ids"):
         s.count(np.array([[VOCAB]]))
     with pytest.raises(NgramError, match="exceeds"):
         s.count(np.zeros((1, 5), np.int64))
