@@ -39,12 +39,14 @@ class SuperposedResult:
     """The drafts of every prompt (``drafts[row]``: k drafts, best first) and what they cost.
 
     Attributes:
-        calls: backend ``forward`` calls after the prefill (one per generated position).
+        calls: backend ``forward`` calls after the prefill (one per generated position after the first).
+        prefill_calls: the prefill's calls (chunks of ``info.max_seq_len``).
         prefill_s, decode_s: wall time of the prefill and of the decoding steps (seconds).
     """
 
     drafts: list[list[Draft]]
     calls: int = 0
+    prefill_calls: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     config: SuperposedConfig = field(default_factory=SuperposedConfig)
@@ -116,6 +118,7 @@ def superposed_generate(
     backend.reset()
     logits = prefill(backend, ids, pos)
     result = SuperposedResult([], config=cfg, prefill_s=time.perf_counter() - t0)
+    result.prefill_calls = -(-width // backend.info.max_seq_len)
     t0 = time.perf_counter()
     rows = [_Row(list(p), np.zeros((k, 0), np.int64), np.array([0.0] + [-np.inf] * (k - 1)), []) for p in prompts]
     for step in range(max_new_tokens):

@@ -153,3 +153,21 @@ def test_bad_calls(model, graphs, tmp_path):
     store = NgramStore.load(build_store([np.arange(40)], 40, tmp_path / "v.ngrams"))
     with pytest.raises(SuperposedError, match="40-token vocabulary"):
         superposed_generate(be, PROMPTS, 4, store=store)
+
+
+def test_perplexity_and_comparison(model, tmp_path):
+    """Perplexity against a direct torch computation; compare() runs both methods to full length on one graph."""
+    from accel.superposed.evaluate import compare, distinct_n, perplexity
+
+    be = OrtBackend(export_onnx(model, tmp_path / "b1.onnx", ctx_len=32, progress=False, mix_inputs=True), threads=1)
+    prompt, cont = [3, 9, 1], [4, 7, 7, 2]
+    with torch.no_grad():
+        logits = model.causal_forward(torch.tensor([prompt + cont]))[0]
+    lp = torch.log_softmax(logits.double(), -1)[len(prompt) - 1 : -1]
+    want = float(torch.exp(-lp[torch.arange(4), torch.tensor(cont)].mean()))
+    assert perplexity(be, prompt, cont) == pytest.approx(want, rel=1e-5)
+    assert distinct_n([[1, 2, 3], [1, 2, 4]], 2) == 3 / 4 and distinct_n([[1, 1]], 1) == 0.5
+    c = compare(be, prompt, 6, SuperposedConfig(k=3, temperature=1.0), seed=1)
+    for m in (c.superposed, c.nucleus):
+        assert len(m.drafts) == 3 and all(len(d) == 6 for d in m.drafts) and len(m.perplexities) == 3
+    assert c.superposed.calls == 6 and c.nucleus.calls == 18 and c.time_ratio > 0
