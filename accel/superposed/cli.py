@@ -152,13 +152,13 @@ def run_complete(args: argparse.Namespace) -> int:
 
         res = superposed_generate(backend, [prompt], args.max_new_tokens, cfg, store)
         drafts = [d.tokens for d in res.drafts[0]]
-        ppl = [perplexity(backend, prompt, d) for d in drafts]
+        ppls = [perplexity(backend, prompt, d) for d in drafts]
         wall = res.prefill_s + res.decode_s
         comps = [
             Completions(
                 "superposed",
                 drafts,
-                ppl,
+                ppls,
                 distinct_n(drafts, 1),
                 distinct_n(drafts, 2),
                 wall,
