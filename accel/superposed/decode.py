@@ -21,7 +21,7 @@ from accel.errors import SuperposedError
 from accel.superposed.scoring import SuperposedConfig, log_softmax, ngram_logprobs, select
 from accel.superposed.store import NgramStore
 
-__all__ = ["Draft", "SuperposedResult", "superposed_generate"]
+__all__ = ["Beams", "Draft", "SuperposedResult", "superposed_generate"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,54 @@ class _Row:
     score: np.ndarray
     finished: list[Draft]
     done: bool = False
+
+
+class Beams:
+    """The k drafts of every row of a batch, advanced one position per backend call (the state of one superposed
+    run; also what a proposer keeps for one round).
+
+    ``advance(logits)`` extends every unfinished row by one token from its next-token logits ``[B, V]``;
+    ``mix_inputs()`` gives the next call's ``(ids [B, 1], positions [B, 1], mix_ids [B, 1, k], mix_weights [B, 1,
+    k])`` (finished rows: position -1); ``drafts()`` each row's k best drafts.
+    """
+
+    def __init__(
+        self,
+        contexts: Sequence[Sequence[int]],
+        config: SuperposedConfig,
+        store: NgramStore | None = None,
+        eos: frozenset[int] = frozenset(),
+    ) -> None:
+        k = config.k
+        self.cfg, self.store, self.eos = config, store, eos
+        self.rows = [
+            _Row(list(c), np.zeros((k, 0), np.int64), np.array([0.0] + [-np.inf] * (k - 1)), []) for c in contexts
+        ]
+        self.steps = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether every row has stopped."""
+        return all(row.done for row in self.rows)
+
+    def advance(self, logits: np.ndarray, last: bool = False) -> None:
+        """One step for every unfinished row (``last``: the final one; rows stop after it)."""
+        for r, row in enumerate(self.rows):
+            if not row.done:
+                _advance(row, logits[r], self.cfg, self.store, self.eos, last)
+        self.steps += 1
+
+    def mix_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The next call's inputs (class docstring): each row's alive drafts' latest tokens at the next position."""
+        k = self.cfg.k
+        mix_ids = np.stack([row.tokens[:, -1] if not row.done else np.zeros(k, np.int64) for row in self.rows])
+        mix_w = np.stack([_mix_weights(row.score) for row in self.rows]).astype(np.float32)
+        pos = np.array([[len(row.prompt) + self.steps - 1 if not row.done else -1] for row in self.rows], np.int64)
+        return mix_ids[:, :1].copy(), pos, mix_ids[:, None], mix_w[:, None]
+
+    def drafts(self) -> list[list[Draft]]:
+        """Each row's k best drafts (finished and unfinished), best first."""
+        return [_final(row, self.cfg.k) for row in self.rows]
 
 
 def _check(backend: Backend, prompts: Sequence[Sequence[int]], max_new_tokens: int, store: NgramStore | None) -> None:
@@ -108,7 +156,7 @@ def superposed_generate(
     cfg = config or SuperposedConfig()
     _check(backend, prompts, max_new_tokens, store)
     eos = frozenset(int(t) for t in eos_token_ids)
-    b, k = len(prompts), cfg.k
+    b = len(prompts)
     width = max(len(p) for p in prompts)
     ids = np.zeros((b, width), np.int64)
     pos = np.full((b, width), -1, np.int64)
@@ -120,21 +168,17 @@ def superposed_generate(
     result = SuperposedResult([], config=cfg, prefill_s=time.perf_counter() - t0)
     result.prefill_calls = -(-width // backend.info.max_seq_len)
     t0 = time.perf_counter()
-    rows = [_Row(list(p), np.zeros((k, 0), np.int64), np.array([0.0] + [-np.inf] * (k - 1)), []) for p in prompts]
+    beams = Beams(prompts, cfg, store, eos)
     for step in range(max_new_tokens):
-        for r, row in enumerate(rows):
-            if not row.done:
-                _advance(row, logits[r], cfg, store, eos, last=step == max_new_tokens - 1)
-        if all(row.done for row in rows) or step == max_new_tokens - 1:
+        beams.advance(logits, last=step == max_new_tokens - 1)
+        if beams.done:
             break
-        mix_ids = np.stack([row.tokens[:, -1] if not row.done else np.zeros(k, np.int64) for row in rows])[:, None]
-        mix_w = np.stack([_mix_weights(row.score) for row in rows])[:, None].astype(np.float32)
-        step_pos = np.array([[len(row.prompt) + step if not row.done else -1] for row in rows], np.int64)
-        out = backend.forward(mix_ids[:, :, 0], step_pos, num_logits=1, mix_ids=mix_ids, mix_weights=mix_w)
+        ids1, pos1, mix_ids, mix_w = beams.mix_inputs()
+        out = backend.forward(ids1, pos1, num_logits=1, mix_ids=mix_ids, mix_weights=mix_w)
         logits = np.asarray(out[0] if isinstance(out, tuple) else out)[:, -1, :]
         result.calls += 1
     result.decode_s = time.perf_counter() - t0
-    result.drafts = [_final(row, k) for row in rows]
+    result.drafts = beams.drafts()
     return result
 
 

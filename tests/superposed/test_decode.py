@@ -12,19 +12,31 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accel.backends import OrtBackend, TorchBackend, export_onnx  # noqa: E402
-from accel.spd.loop import generate_ar  # noqa: E402
-from accel.superposed import (  # noqa: E402
-    NgramStore,
-    SuperposedError,
-    build_store,
-    superposed_generate,
-)
+from accel.backends import OrtBackend, TorchBackend, export_onnx, prefill  # noqa: E402
+from accel.superposed import NgramStore, SuperposedError, build_store, superposed_generate  # noqa: E402
 from accel.superposed.scoring import SuperposedConfig, ngram_logprobs, select  # noqa: E402
 from tests.helpers.decoders import random_model  # noqa: E402
 
 VOCAB = 32
 PROMPTS = [[3, 9, 1, 4, 7], [2, 5]]
+
+
+def greedy(backend, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy decoding by ordinary calls (the reference): left-padded prefill, then one token per call."""
+    width = max(map(len, prompts))
+    ids = np.array([[0] * (width - len(p)) + p for p in prompts])
+    pos = np.array([[-1] * (width - len(p)) + list(range(len(p))) for p in prompts])
+    backend.reset()
+    logits = prefill(backend, ids, pos)
+    out: list[list[int]] = [[] for _ in prompts]
+    for step in range(n):
+        tok = logits.argmax(-1)
+        for r, t in enumerate(tok):
+            out[r].append(int(t))
+        if step < n - 1:
+            step_pos = np.array([[len(p) + step] for p in prompts])
+            logits = backend.forward(tok[:, None], step_pos, num_logits=1)[:, -1, :]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +57,7 @@ def test_one_draft_is_greedy_decoding(model, graphs, runtime):
     be = TorchBackend(model, ctx_len=32, batch_size=2) if runtime == "torch" else OrtBackend(graphs[0], threads=1)
     cfg = SuperposedConfig(k=1, temperature=1.0)
     res = superposed_generate(be, PROMPTS, 12, cfg)
-    ref = generate_ar(be, PROMPTS, max_new_tokens=12, greedy=True)
-    for drafts, want in zip(res.drafts, ref.tokens, strict=True):
+    for drafts, want in zip(res.drafts, greedy(be, PROMPTS, 12), strict=True):
         assert len(drafts) == 1 and drafts[0].tokens == list(want)
     assert res.calls == 11  # one call per position after the prefill's
 
@@ -69,14 +80,14 @@ def test_superposition_reaches_the_model(model):
     mismatches = 0
     for prompt, drafts in zip(PROMPTS, res.drafts, strict=True):
         for d in drafts:
-            solo = generate_ar(be, [prompt + d.tokens[:1]] * 2, max_new_tokens=5, greedy=True).tokens[0]
+            solo = greedy(be, [prompt + d.tokens[:1]] * 2, 5)[0]
             mismatches += list(solo) != d.tokens[1:]
     assert mismatches > 0
 
 
 def test_finished_drafts_are_kept(graphs):
     be = OrtBackend(graphs[0], threads=1)
-    first = generate_ar(be, PROMPTS, max_new_tokens=1, greedy=True).tokens
+    first = greedy(be, PROMPTS, 1)
     eos = [int(first[0][0])]
     res = superposed_generate(be, PROMPTS, 6, SuperposedConfig(k=3, temperature=1.0), eos_token_ids=eos)
     done = [d for d in res.drafts[0] if d.finished]
