@@ -50,6 +50,7 @@ def _row(name: str, runs: list[Comparison], side: str) -> dict:
         "wall_s": float(sum(m.wall_s for m in ms)),
         "calls": int(sum(m.calls for m in ms)),
         "perplexity": float(np.mean([m.mean_perplexity for m in ms])),
+        "best_perplexity": float(np.mean([m.best_perplexity for m in ms])),
         "distinct_2": float(np.mean([m.distinct_2 for m in ms])),
     }
 
@@ -85,12 +86,13 @@ def main() -> None:
     rows.append(_row(f"{args.k} x nucleus p=0.9", results["with n-grams"], "nucleus"))
     base = rows[-1]
     print(f"\n{len(prompts)} prompts x {args.max_new_tokens} new tokens, k = {args.k}, {args.threads} threads\n")
-    print("| method | wall s | calls | x nucleus time | mean perplexity | x nucleus ppl | distinct-2 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| method | wall s | calls | x nucleus time | mean perplexity | x nucleus ppl | best-of-k ppl | distinct-2 |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['method']} | {r['wall_s']:.2f} | {r['calls']} | {r['wall_s'] / base['wall_s']:.2f}x | "
-            f"{r['perplexity']:.2f} | {r['perplexity'] / base['perplexity']:.2f}x | {r['distinct_2']:.2f} |"
+            f"{r['perplexity']:.2f} | {r['perplexity'] / base['perplexity']:.2f}x | {r['best_perplexity']:.2f} | "
+            f"{r['distinct_2']:.2f} |"
         )
     example = results["with n-grams"][0]
     for side in ("superposed", "nucleus"):

@@ -63,6 +63,11 @@ def nucleus_samples(
     time (seconds) and the backend calls (prefill chunks included)."""
     from accel.spd.warps import warp
 
+    info = backend.info
+    if info.batch_size != 1 or k < 1 or max_new_tokens < 1 or not prompt:
+        raise SuperposedError("nucleus_samples needs a batch-1 backend, k >= 1, max_new_tokens >= 1 and a prompt")
+    if len(prompt) + max_new_tokens > info.ctx_len:
+        raise SuperposedError(f"prompt + max_new_tokens exceeds the KV cache ({info.ctx_len} tokens)")
     rng = np.random.default_rng(seed)
     ids = np.asarray([list(prompt)], np.int64)
     out, calls = [], 0
@@ -104,6 +109,11 @@ class Completions:
     def mean_perplexity(self) -> float:
         """Mean of the drafts' perplexities."""
         return float(np.mean(self.perplexities))
+
+    @property
+    def best_perplexity(self) -> float:
+        """The best draft's perplexity (what a user picking one of the k suggestions can get)."""
+        return float(np.min(self.perplexities))
 
 
 @dataclass(frozen=True)

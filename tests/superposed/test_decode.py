@@ -182,3 +182,10 @@ def test_perplexity_and_comparison(model, tmp_path):
     for m in (c.superposed, c.nucleus):
         assert len(m.drafts) == 3 and all(len(d) == 6 for d in m.drafts) and len(m.perplexities) == 3
     assert c.superposed.calls == 6 and c.nucleus.calls == 18 and c.time_ratio > 0
+    assert c.superposed.best_perplexity == min(c.superposed.perplexities)
+    from accel.superposed.evaluate import nucleus_samples
+
+    with pytest.raises(SuperposedError, match="KV cache"):
+        nucleus_samples(be, prompt, 2, 30)
+    with pytest.raises(SuperposedError, match="batch-1"):
+        nucleus_samples(TorchBackend(model, ctx_len=32, batch_size=2), prompt, 2, 4)
