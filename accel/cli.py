@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "accel.spd.cli",  # generate
     "accel.sim.cli",  # predict
     "accel.drafts.cli",  # distill, eval-draft
+    "accel.superposed.cli",  # ngrams, complete
     "accel.demo",  # demo
 )
 

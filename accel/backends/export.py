@@ -132,6 +132,7 @@ def export_onnx(
     progress: bool = True,
     hidden_output: bool = False,
     tree: bool = False,
+    mix_inputs: bool = False,
 ) -> Path:
     """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
 
@@ -151,6 +152,8 @@ def export_onnx(
         tree: add the tree inputs ``slot_ids`` ``[B, S]`` and ``tree_mask`` ``[B, S, ctx_len]`` (token-tree calls
             for speculative decoding; docs/backends.md, "Tree calls"). ``OrtBackend`` feeds chain calls to such a
             graph with the equivalent inputs.
+        mix_inputs: add the inputs ``mix_ids`` / ``mix_weights`` (superposed inputs: the ``"mix"`` extension of
+            ``accel.backends.base``, used by ``accel.superposed``).
 
     The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
     weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
@@ -179,6 +182,7 @@ def export_onnx(
         hidden_output=hidden_output,
         matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
         tree=tree,
+        mix_inputs=mix_inputs,
     )
     meta = {
         "accel.version": __version__,
@@ -190,6 +194,7 @@ def export_onnx(
         "accel.num_logits": str(num_logits or 0),
         "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
         "accel.tree": str(int(tree)),
+        "accel.mix_inputs": str(int(mix_inputs)),
         "accel.model_config": json.dumps(cfg.to_hf()),
     }
     if spec.format == WeightFormat.INT8:
@@ -297,14 +302,15 @@ def export_cached(
     say=None,
     hidden_output: bool = False,
     tree: bool = False,
+    mix_inputs: bool = False,
 ) -> Path:
     """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
     sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the exporter's source) and reused
     afterwards (batch 1).
 
     ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
-    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output`` and
-    ``tree``: as ``export_onnx`` (part of the cache key).
+    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output``,
+    ``tree`` and ``mix_inputs``: as ``export_onnx`` (part of the cache key).
     """
     import hashlib
 
@@ -320,6 +326,8 @@ def export_cached(
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     spec = ExportWeights.of(weights)
     key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
+    if mix_inputs:
+        key.update(b":mix")
     graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
     for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
@@ -337,7 +345,15 @@ def export_cached(
 
     t0 = time.perf_counter()
     export_onnx(
-        model, path, ctx_len=ctx_len, batch_size=1, weights=spec, progress=False, hidden_output=hidden_output, tree=tree
+        model,
+        path,
+        ctx_len=ctx_len,
+        batch_size=1,
+        weights=spec,
+        progress=False,
+        hidden_output=hidden_output,
+        tree=tree,
+        mix_inputs=mix_inputs,
     )
     if say:
         say(
