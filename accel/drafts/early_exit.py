@@ -80,7 +80,7 @@ class ExitHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` of residual states ``[..., hidden]`` after layer ``self.layer``."""
-        x = hidden.to(self.norm.weight.dtype)
+        x = hidden.to(next(self.parameters()).dtype)
         if self.width:
             x = x + self.mlp(self.input_layernorm(x))
         return self._target_logits(self.norm(x))
