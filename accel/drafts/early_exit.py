@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.drafts.loss import topk_kl
+from accel.drafts.loss import sampled_topk_kl, topk_kl
 from accel.errors import DraftError
 from accel.models.decoder import MLP, Decoder, _norm, new_cache
 
@@ -54,6 +54,9 @@ class ExitHead(nn.Module):
     and, with ``width > 0``, ``input_layernorm.*`` and ``mlp.*``); the LM head is the target's.
     """
 
+    _target_lm_head: torch.Tensor | None  # the target's, not a parameter of the head
+    _target_logits: Callable[[torch.Tensor], torch.Tensor]
+
     def __init__(self, target: Decoder, layer: int, width: int = 0) -> None:
         super().__init__()
         c = target.config
@@ -75,15 +78,27 @@ class ExitHead(nn.Module):
                     else:
                         p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
         self._target_logits = target.logits  # the target's head: a bound method, so not registered or saved
+        # the head's weight, kept out of this module's parameters (object.__setattr__ skips nn.Module's registration)
+        object.__setattr__(self, "_target_lm_head", None if c.head_vocab else target.lm_head.weight)
         for p in self.parameters():
             p.requires_grad_(False)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., vocab]`` of residual states ``[..., hidden]`` after layer ``self.layer``."""
+    def head_weight(self) -> torch.Tensor:
+        """The target's LM head weight ``[vocab, hidden]`` (DraftError for a restricted head)."""
+        if self._target_lm_head is None:
+            raise DraftError("sampled training needs a full-vocabulary LM head; this target's is restricted")
+        return self._target_lm_head.detach()
+
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: ``norm(h + mlp(norm_in(h)))`` of residual states ``[..., hidden]``."""
         x = hidden.to(next(self.parameters()).dtype)
         if self.width:
             x = x + self.mlp(self.input_layernorm(x))
-        return self._target_logits(self.norm(x))
+        return self.norm(x)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., vocab]`` of residual states ``[..., hidden]`` after layer ``self.layer``."""
+        return self._target_logits(self.normed(hidden))
 
 
 @torch.no_grad()
@@ -131,7 +146,9 @@ def topk_agreement(
 class ExitTrainConfig:
     """Training of an exit head's adapter: AdamW (linear warm-up, cosine decay to 10%) on batches of
     ``batch_positions`` positions; ``max_seconds`` stops early; every ``eval_every`` steps ``eval_fn(head)`` scores
-    the head (higher is better) and the best weights are kept."""
+    the head (higher is better) and the best weights are kept. ``negatives > 0`` estimates the softmax normaliser
+    from the batch's teacher tokens plus that many uniformly drawn ones (``accel.drafts.loss.sampled_topk_kl``,
+    several times cheaper on a large vocabulary); 0 uses the full softmax."""
 
     steps: int = 600
     lr: float = 1e-3
@@ -139,6 +156,7 @@ class ExitTrainConfig:
     batch_positions: int = 1024
     weight_decay: float = 0.0
     eval_every: int = 100
+    negatives: int = 0
     max_seconds: float | None = None
     seed: int = 0
 
@@ -160,6 +178,7 @@ def train_exit_head(
         raise DraftError("hidden [M, H] and topk_ids/topk_logp [M, k] must describe the same M positions")
     if config.steps < 1 or config.batch_positions < 1:
         raise DraftError(f"steps and batch_positions must be >= 1; got {config.steps}, {config.batch_positions}")
+    head_weight = head.head_weight() if config.negatives else torch.empty(0)
     params = [p for p in head.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -176,14 +195,18 @@ def train_exit_head(
     ones = torch.ones(1, config.batch_positions, dtype=torch.bool)
     for step in range(steps):
         idx = torch.randint(0, hidden.shape[0], (config.batch_positions,), generator=gen)
-        logits = head(hidden[idx].float())[None]
-        loss = topk_kl(logits, topk_ids[idx][None], topk_logp[idx][None], ones)
+        if config.negatives:
+            normed = head.normed(hidden[idx].float())
+            loss = sampled_topk_kl(normed, head_weight, topk_ids[idx], topk_logp[idx], config.negatives, gen)
+        else:
+            loss = topk_kl(head(hidden[idx].float())[None], topk_ids[idx][None], topk_logp[idx][None], ones)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        run = float(loss) if math.isnan(run) else 0.95 * run + 0.05 * float(loss)
+        value = float(loss.detach())
+        run = value if math.isnan(run) else 0.95 * run + 0.05 * value
         done = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
         if (step + 1) % config.eval_every == 0 or step + 1 == steps or done:
             score = math.nan
