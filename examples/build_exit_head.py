@@ -1,7 +1,7 @@
 """Train early-exit heads for SmolLM2-135M (``accel.drafts.early_exit``), for Predictive Pipelined Decoding.
 
     nice -n 19 python examples/build_exit_head.py [--work results/exit_heads] [--layers 8 12 15 18 22]
-        [--width 256] [--steps 1500] [--minutes 12] [--ship-layer 15]
+        [--width 256] [--steps 1500] [--minutes 12] [--ship-layer 15] [--max-shards N]
 
 Recipe (every seed fixed; one torch thread by default, as the machine is shared):
 
@@ -50,6 +50,8 @@ def generate_data(target, tokenizer, work: Path, args):
     cache = ShardCache(work / "data")
     cache.stamp({"prompts": len(prompts), "gen_tokens": args.gen_tokens, "passes": args.passes, "rows": args.rows})
     rows = [(i % len(ids), 0.0 if i < len(ids) else 0.7) for i in range(len(ids) * args.passes)]
+    if args.max_shards:  # a quicker build: the first shards only (the cache stays valid for a longer run)
+        rows = rows[: args.max_shards * args.rows]
     parts = []
     for b in range(0, len(rows), args.rows):
         batch = rows[b : b + args.rows]
@@ -94,6 +96,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=12.0, help="wall-clock cap on training per layer")
     ap.add_argument("--passes", type=int, default=2, help="passes over the prompts (1st greedy, then T = 0.7)")
     ap.add_argument("--rows", type=int, default=32, help="sequences per generation batch (one data shard)")
+    ap.add_argument("--max-shards", type=int, default=0, help="generate only this many shards (0: all)")
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--code-prompts", type=int, default=60)
     ap.add_argument("--eval-tokens", type=int, default=128)
