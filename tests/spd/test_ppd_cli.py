@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from accel.cli import main
+from accel.cli import EXIT_ERROR, main
 from accel.drafts.early_exit import ExitHead, save_exit_head
 from accel.models import save_pretrained
 from tests.helpers.decoders import random_model
@@ -43,11 +43,11 @@ def test_generate_ppd_matches_ar(checkpoint, backend, capsys):
 def test_generate_ppd_errors(checkpoint, capsys):
     target, head = checkpoint
     args = ["generate", "--target", str(target), "--prompt", "5 17 2", "--backend", "torch", "--ctx-len", "32"]
-    assert main([*args, "--ppd", "2"]) == 1
+    assert main([*args, "--ppd", "2"]) == EXIT_ERROR
     assert "exit layer must be in 1..1" in capsys.readouterr().err
-    assert main([*args, "--ppd", "1", "--ngram", "3"]) == 1
+    assert main([*args, "--ppd", "1", "--ngram", "3"]) == EXIT_ERROR
     assert "drop --draft" in capsys.readouterr().err
-    assert main([*args, "--ppd", "1", "--ppd-k", "0"]) == 1
+    assert main([*args, "--ppd", "1", "--ppd-k", "0"]) == EXIT_ERROR
     assert "--ppd-k" in capsys.readouterr().err
-    assert main([*args, "--ppd", "1", "--exit-head", str(head.parent)]) == 1
+    assert main([*args, "--ppd", "1", "--exit-head", str(head.parent)]) == EXIT_ERROR
     assert "not an exit head directory" in capsys.readouterr().err
