@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from accel.backends.limits import check_sizes
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
+from accel.backends.stages import StageSpec
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 from accel.models.decoder import Decoder
@@ -133,6 +134,8 @@ def export_onnx(
     hidden_output: bool = False,
     tree: bool = False,
     mix_inputs: bool = False,
+    stage: StageSpec | None = None,
+    exit_head: torch.nn.Module | None = None,
 ) -> Path:
     """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
 
@@ -154,6 +157,11 @@ def export_onnx(
             graph with the equivalent inputs.
         mix_inputs: add the inputs ``mix_ids`` / ``mix_weights`` (superposed inputs: the ``"mix"`` extension of
             ``accel.backends.base``, used by ``accel.superposed``).
+        stage: export only layers ``[stage.start, stage.stop)`` as a pipeline stage (``accel.backends.stages``):
+            hidden-state input/output instead of tokens/logits where the stage begins/ends inside the model, its own
+            layers' cache, the layer range in the metadata (``accel.layers``).
+        exit_head: the early-exit head of a ``stage`` with ``exit_logits`` (``accel.drafts.early_exit.ExitHead``: its
+            weights go into the graph as ``exit.*``); None: the target's final norm and LM head on the stage's output.
 
     The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
     weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
@@ -169,6 +177,9 @@ def export_onnx(
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
     bar.set_postfix_str("weights")
     tensors, used_format = model_tensors(model, spec)
+    stage = _check_stage(cfg, stage, exit_head, tree)
+    if exit_head is not None:  # early-exit adapter weights, float32
+        tensors.update({f"exit.{k}": v.detach().float().cpu().numpy() for k, v in exit_head.state_dict().items()})
     bar.update(1)
     bar.set_postfix_str("graph")
     proto = build_decoder_graph(
@@ -183,6 +194,7 @@ def export_onnx(
         matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
         tree=tree,
         mix_inputs=mix_inputs,
+        stage=stage,
     )
     meta = {
         "accel.version": __version__,
@@ -196,6 +208,7 @@ def export_onnx(
         "accel.tree": str(int(tree)),
         "accel.mix_inputs": str(int(mix_inputs)),
         "accel.model_config": json.dumps(cfg.to_hf()),
+        **({} if stage.is_whole else stage.metadata()),
     }
     if spec.format == WeightFormat.INT8:
         bar.set_postfix_str("int8")
@@ -226,6 +239,20 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
     if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
         raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
     return cfg
+
+
+def _check_stage(cfg: Any, stage: StageSpec | None, exit_head: Any, tree: bool) -> StageSpec:
+    """The stage to export (the whole model by default), checked against the model and the exit head."""
+    stage = stage or StageSpec.whole(cfg.num_layers)
+    if not isinstance(stage, StageSpec) or stage.total != cfg.num_layers:
+        raise BackendError(f"stage must be a StageSpec of this model's {cfg.num_layers} layers; got {stage!r}")
+    if exit_head is not None and not stage.exit_logits:
+        raise BackendError("exit_head given for a stage without exit_logits")
+    if stage.exit_logits and cfg.feature_size:
+        raise BackendError("a feature draft cannot be exported as an exit stage")
+    if tree and not stage.is_whole:
+        raise BackendError("tree inputs are for whole-model graphs; a pipeline stage has none (export without tree)")
+    return stage
 
 
 def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:

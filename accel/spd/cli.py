@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from accel.errors import BackendError, SpdError
+from accel.spd.ppd_cli import add_arguments as add_ppd_arguments
 
 __all__ = ["register", "run"]
 
@@ -103,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "an approximate target, about half the step time on CPU; see docs/backends.md)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
+    add_ppd_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
 
@@ -297,6 +299,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tree_nodes is not None and not (args.draft or args.hydra):
         raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
+        if args.ppd is not None:
+            from accel.spd.ppd_cli import run_ppd
+
+            return run_ppd(args, prompt, tokenizer, eos, Path(tmp))
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
         if args.target_weights != "fp32" and (args.backend != "ort" or not target_path.is_dir()):
