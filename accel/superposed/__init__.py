@@ -7,16 +7,19 @@ Needs numpy only (the backends it runs on bring their own runtimes); ``accel.sup
 
 from accel.errors import NgramError, SuperposedError
 from accel.superposed.build import build_store
-from accel.superposed.decode import Draft, SuperposedResult, superposed_generate
+from accel.superposed.decode import Beams, Draft, SuperposedResult, superposed_generate
+from accel.superposed.proposer import SuperposedProposer
 from accel.superposed.scoring import SuperposedConfig
 from accel.superposed.store import NgramStore
 
 __all__ = [
+    "Beams",
     "Draft",
     "NgramError",
     "NgramStore",
     "SuperposedConfig",
     "SuperposedError",
+    "SuperposedProposer",
     "SuperposedResult",
     "build_store",
     "superposed_generate",

@@ -17,9 +17,8 @@ torch = pytest.importorskip("torch")
 import accel.spd.loop as loop_module  # noqa: E402
 from accel.backends import OrtBackend, export_onnx  # noqa: E402
 from accel.spd import Sampling, generate, generate_ar  # noqa: E402
-from accel.superposed import SuperposedConfig, SuperposedError  # noqa: E402
-from accel.superposed.decode import Draft  # noqa: E402
-from accel.superposed.proposer import SuperposedProposer, trie  # noqa: E402
+from accel.superposed import Draft, SuperposedConfig, SuperposedError, SuperposedProposer  # noqa: E402
+from accel.superposed.proposer import trie  # noqa: E402
 from tests.helpers.decoders import backend, perturbed, random_model  # noqa: E402
 from tests.helpers.spd import ALPHA, SETTINGS, VOCAB, chi_square, exact_law, sample_counts  # noqa: E402
 

@@ -157,3 +157,12 @@ def test_bad_queries_and_missing_file(store, tmp_path):
         s.count(np.zeros(3, np.int64))
     with pytest.raises(NgramError, match="no n-gram store"):
         NgramStore.load(tmp_path / "missing.ngrams")
+
+
+def test_package_does_not_import_torch():
+    """``accel.superposed`` (decoding, store, proposer) needs numpy only: torch stays unimported."""
+    import subprocess
+    import sys
+
+    code = "import sys\nimport accel.superposed\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
