@@ -255,11 +255,16 @@ def _summary(stats, messages: list[str]) -> str:
 
 
 def _rank_rates(stats) -> list[float]:
-    """Per sibling rank, pooled over depths: how often the rank-r candidate was the target's token at a reached node
-    that had one (``accel.sim``'s per-rank acceptance)."""
+    """Per sibling rank, pooled over depths: the probability that the rank-r candidate is the target's token at a
+    reached node (``accel.sim``'s per-rank acceptance). The counts give the rate conditional on every earlier rank
+    having missed (verification tries ranks in order); ``accel.sim.rank_acceptance_from_counts`` converts it."""
+    from accel.sim import rank_acceptance_from_counts
+
     avail = np.asarray(stats.rank_available, dtype=float).sum(axis=0)
     acc = np.asarray(stats.rank_accepted, dtype=float).sum(axis=0)
-    return [float(a / n) if n else 0.0 for a, n in zip(acc, avail, strict=True)]
+    if avail.size == 0 or not avail.any():
+        return []
+    return [float(x) for x in rank_acceptance_from_counts([avail], [acc])[0]]
 
 
 def _proposer(args: argparse.Namespace, draft) -> list | None:

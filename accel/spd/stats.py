@@ -92,7 +92,8 @@ class GenerationStats(BaseModel):
     tree_depth_histogram: list[int] = Field(default_factory=list, description="(row, round) pairs with d levels")
     rank_available: list[list[int]] = Field(
         default_factory=list,
-        description="[depth][rank]: reached nodes at depth d (0 = the root) that had a child of sibling rank r",
+        description="[depth][rank]: reached nodes at depth d (0 = the root) whose child of sibling rank r was "
+        "tried (ranks are tried in order until one matches)",
     )
     rank_accepted: list[list[int]] = Field(
         default_factory=list, description="[depth][rank]: times the rank-r child of a reached depth-d node was accepted"
