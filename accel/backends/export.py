@@ -1,14 +1,16 @@
-"""``export_onnx``: write a ``Decoder`` as an ONNX file with the KV-cache contract of docs/reference.md §2.
+"""``export_onnx``: write a ``Decoder`` or a checkpoint file as an ONNX file with the KV-cache contract of
+docs/reference.md §2.
 
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
 with an in-graph decode. The weight storage is an ``ExportWeights`` (``accel.backends.weights``: ``fp32``, ``fp16``,
-``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits``).
+``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits``); which weights are MX:
+``accel.backends.export_tensors``.
 
-Which Linear weights are MX: if the model was compressed (``accel.compress``: modules with an MX weight), exactly
-those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
-not ``lm_head``) are quantized with ``mx_format`` along the input features (blocks of 32). Embeddings, norms, biases and
-``lm_head`` stay float32.
+The export streams: tensors are read one at a time (from the model's parameters, or straight from a checkpoint
+directory / GGUF file without building a torch model: ``accel.models.sources``), converted, and written to the
+external-data file as the graph is built (``accel.backends.onnx_builder.ExternalData``), so peak memory is about one
+tensor beyond what the source already holds, whatever the model's size.
 
 A restricted head (``config.head_vocab > 0``) is exported as its ``[B, N, head_vocab]`` MatMul scattered into a
 ``MASKED_LOGIT``-filled ``[B, N, vocab]`` tensor, so the ``logits`` output keeps its name and shape.
@@ -17,9 +19,9 @@ A restricted head (``config.head_vocab > 0``) is exported as its ``[B, N, head_v
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,99 +30,42 @@ import onnx
 import torch
 from tqdm.auto import tqdm
 
+from accel.backends.export_tensors import model_tensors
+from accel.backends.onnx_builder import ExternalData
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 from accel.models.decoder import Decoder
 
-__all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat", "export_cached", "export_onnx", "model_tensors"]
-_EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep margin for the graph itself
+__all__ = [
+    "WEIGHT_MODES",
+    "ExportWeights",
+    "WeightFormat",
+    "export_cached",
+    "export_onnx",
+    "model_tensors",
+    "onnx_file_bytes",
+]
+#: weights above this many bytes (estimated as float32) go to external data by default; below it the file is one
+#: self-contained protobuf, which is serialized in memory (about twice its size at the peak) and limited to 2 GiB
+_EXTERNAL_DATA_BYTES = 64 * 1024 * 1024
 
 
-def _mx_of(module: torch.nn.Module) -> Any | None:
-    """The MXTensor weight of a compressed Linear (``accel.formats.torch_ops.MXLinear``), else None."""
-    if getattr(module, "mx", None) is not None:
-        return module.mx
-    mx_weight = getattr(module, "mx_weight", None)
-    if callable(mx_weight):
-        return mx_weight()
-    return None
+def _resolve(model: Decoder | str | os.PathLike) -> tuple[Decoder, Mapping[str, np.ndarray] | None]:
+    """The model's structure and, for a checkpoint path, its lazily read tensors (the structure is then built on the
+    meta device: no weights are allocated)."""
+    if not isinstance(model, (str, os.PathLike)):
+        return model, None
+    from accel.models.sources import open_checkpoint
 
-
-def _is_linear_weight(model: torch.nn.Module, name: str) -> bool:
-    """``name`` is the weight of an ``nn.Linear`` (``lm_head.weight`` too, when it is a tied copy of the embedding)."""
-    import torch
-
-    if name == "lm_head.weight":
-        return True
-    module = model.get_submodule(name.rsplit(".", 1)[0]) if name.endswith(".weight") else None
-    return isinstance(module, torch.nn.Linear) and name != "fc.weight"  # a feature draft's fc reads raw features
-
-
-def model_tensors(model: Decoder, weights: ExportWeights | WeightFormat | str) -> tuple[dict[str, Any], str | None]:
-    """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor) for ``weights``; and the MX format used.
-
-    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
-    there the head is a quantized copy and the embedding stays float32 (it is only gathered).
-    """
-    spec = ExportWeights.of(weights)
-    fmt = spec.format
-    own_head = fmt in (WeightFormat.INT8, WeightFormat.MXINT8_NBITS)
-    tensors: dict[str, Any] = {}
-    mx_modules: dict[str, Any] = {}
-    for name, module in model.named_modules():
-        mx = _mx_of(module)
-        if mx is not None:
-            mx_modules[f"{name}.weight"] = mx
-    for name, p in model.named_parameters():  # remove_duplicate: a tied lm_head.weight appears once (as embed_tokens)
-        tensors[name] = p.detach().float().cpu().numpy()
-    if model.config.tie_word_embeddings and not own_head:
-        tensors.pop("lm_head.weight", None)
-    elif model.config.tie_word_embeddings and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]  # the head gets its own (quantized) copy
-    if getattr(model.config, "head_vocab", 0):  # restricted head: its token ids (int64) go into the graph as is
-        tensors["lm_head_token_ids"] = model.lm_head_token_ids.detach().cpu().numpy().astype(np.int64)
-    tensors.update(mx_modules)
-    if fmt in (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8):  # int8: quantized later (_quantize_int8)
-        for name, mx in mx_modules.items():
-            tensors[name] = mx.dequantize(np.float32)
-        return tensors, None
-    used_format = _mx_weights(model, spec, tensors, mx_modules)
-    if fmt == WeightFormat.MX_ROUNDED:
-        for name, mx in mx_modules.items():
-            tensors[name] = mx.dequantize(np.float32)
-    return tensors, used_format
-
-
-def _mx_weights(model: Decoder, spec: ExportWeights, tensors: dict[str, Any], mx_modules: dict[str, Any]) -> str:
-    """Put the MX weights of an MX mode into ``tensors`` (and ``mx_modules``); returns the element format(s) used."""
-    from accel.formats import get_format, quantize
-
-    if spec.format == WeightFormat.MXINT8_NBITS:  # every Linear and the head (a compressed model: its own codes)
-        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
-        if other:
-            raise BackendError(
-                f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
-                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
-            )
-        names = sorted(n for n in tensors if _is_linear_weight(model, n) and n not in mx_modules)
-        element = get_format("mxint8")
-    elif mx_modules:  # a compressed model: keep exactly its MX weights and formats
-        return ",".join(sorted({mx.fmt.name for mx in mx_modules.values()}))
-    else:
-        from accel.formats.compress import select_linear_layers
-
-        chosen, _ = select_linear_layers(model)  # as accel.compress: not lm_head, not embedding-tied Linears
-        names = sorted(f"{n}.weight" for n in chosen)
-        element = get_format(spec.mx_format)
-    for name in names:
-        mx_modules[name] = quantize(tensors[name], element, axis=-1, block_size=32, name=name)
-        tensors[name] = mx_modules[name]
-    return element.name
+    config, tensors = open_checkpoint(model)
+    with torch.device("meta"):
+        structure = Decoder(config)
+    return structure, tensors
 
 
 def export_onnx(
-    model: Decoder,
+    model: Decoder | str | os.PathLike,
     path: str | Path,
     *,
     ctx_len: int,
@@ -131,10 +76,13 @@ def export_onnx(
     progress: bool = True,
     hidden_output: bool = False,
     tree: bool = False,
+    external_data: bool | None = None,
 ) -> Path:
-    """Export ``model`` (an ``accel.models.Decoder``, possibly MX-compressed) to ONNX at ``path``; returns the path.
+    """Export ``model`` to ONNX at ``path``; returns the path.
 
     Args:
+        model: an ``accel.models.Decoder`` (possibly MX-compressed), or a checkpoint directory / ``.gguf`` file, read
+            tensor by tensor without building a torch model (the way to export models near the machine's memory).
         ctx_len: KV-cache length in tokens (fixed in the graph).
         batch_size: rows per call (fixed in the graph).
         num_logits: if given, the graph returns logits for the last ``num_logits`` positions only (the Cloud AI 100
@@ -143,41 +91,68 @@ def export_onnx(
             ``WeightFormat`` / its name (``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8``,
             ``mxint8-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (one step per layer).
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
             what a feature draft reads from its target. A feature draft (``config.feature_size > 0``) always has it,
             and its input ``features``.
         tree: add the tree inputs ``slot_ids`` ``[B, S]`` and ``tree_mask`` ``[B, S, ctx_len]`` (token-tree calls
             for speculative decoding; docs/backends.md, "Tree calls"). ``OrtBackend`` feeds chain calls to such a
             graph with the equivalent inputs.
+        external_data: store the weights in ``<path>.data`` next to the file (written while the graph is built;
+            tensors under 1 KiB stay inline). Default: when the model's float32 weights exceed 64 MiB.
 
-    The file is written to a temporary name, checked with ``onnx.checker`` and renamed. Models over ~1.8 GB of
-    weights store them as external data in ``<path>.data`` next to the file. Settings are recorded in
-    ``metadata_props`` (``accel.*`` keys).
+    Files are written under temporary names and renamed (the data file first, the ``.onnx`` last, after
+    ``onnx.checker``), with mode 0644. Settings are recorded in ``metadata_props`` (``accel.*`` keys).
     """
+    spec = ExportWeights.of(weights)
+    structure, source = _resolve(model)
+    cfg = _check_export(structure, ctx_len, batch_size, num_logits, opset)
+    path = Path(path)
+    tensors, used_format = model_tensors(structure, spec, source)
+    if external_data is None:
+        elements = sum(int(np.prod(p.shape)) for p in structure.parameters())
+        external_data = elements * 4 > _EXTERNAL_DATA_BYTES
+    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
+    with _Output(path, external_data) as out:
+        bar.set_postfix_str("graph")
+        proto = build_decoder_graph(
+            cfg,
+            tensors,
+            ctx_len=ctx_len,
+            batch_size=batch_size,
+            num_logits=num_logits,
+            float_dtype=spec.float_dtype,
+            progress=bar.update,
+            hidden_output=hidden_output,
+            matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
+            tree=tree,
+            int8=spec.format == WeightFormat.INT8,
+            external=out.external,
+        )
+        bar.update(1)
+        onnx.helper.set_model_props(
+            proto, _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, hidden_output, tree)
+        )
+        bar.set_postfix_str("write")
+        out.save(proto)
+        bar.update(1)
+    bar.close()
+    return path
+
+
+def _metadata(
+    cfg: Any,
+    spec: ExportWeights,
+    used_format: str | None,
+    ctx_len: int,
+    batch_size: int,
+    num_logits: int | None,
+    hidden_output: bool,
+    tree: bool,
+) -> dict[str, str]:
     from accel import __version__
 
-    spec = ExportWeights.of(weights)
-    cfg = _check_export(model, ctx_len, batch_size, num_logits, opset)
-    path = Path(path)
-    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
-    bar.set_postfix_str("weights")
-    tensors, used_format = model_tensors(model, spec)
-    bar.update(1)
-    bar.set_postfix_str("graph")
-    proto = build_decoder_graph(
-        cfg,
-        tensors,
-        ctx_len=ctx_len,
-        batch_size=batch_size,
-        num_logits=num_logits,
-        float_dtype=spec.float_dtype,
-        progress=bar.update,
-        hidden_output=hidden_output,
-        matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
-        tree=tree,
-    )
-    meta = {
+    return {
         "accel.version": __version__,
         "accel.weights": spec.format.value,
         "accel.mx_format": used_format or "",
@@ -189,15 +164,6 @@ def export_onnx(
         "accel.tree": str(int(tree)),
         "accel.model_config": json.dumps(cfg.to_hf()),
     }
-    if spec.format == WeightFormat.INT8:
-        bar.set_postfix_str("int8")
-        proto = _quantize_int8(proto)
-    onnx.helper.set_model_props(proto, meta)
-    bar.set_postfix_str("write")
-    _save_atomic(proto, path)
-    bar.update(1)
-    bar.close()
-    return path
 
 
 def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
@@ -219,67 +185,61 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
     return cfg
 
 
-def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` with onnxruntime's dynamic int8 quantization of its weight MatMuls (``fc`` and the exact rope rotation
-    excluded)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+class _Output:
+    """The files of one export: ``<path>.data`` (external data, written while the graph is built) and ``<path>``.
 
-    weights = {t.name for t in proto.graph.initializer}
-    keep = [
-        n.name
-        for n in proto.graph.node
-        if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] in ("fc.weight", "rope_half_turn"))
-    ]
-    if sum(t.ByteSize() for t in proto.graph.initializer) > _EXTERNAL_DATA_BYTES:
-        raise BackendError("weights='int8' quantizes an inline float graph: this model's weights exceed 1.8 GB")
-    with tempfile.TemporaryDirectory(prefix="accel-int8-") as tmp:
-        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
-        onnx.save_model(proto, src)
-        previous = logging.root.manager.disable
-        logging.disable(logging.WARNING)  # the tool's root-logger advice to pre-process (shape inference) is noise here
-        try:
-            quantize_dynamic(
-                src,
-                dst,
-                weight_type=QuantType.QInt8,
-                per_channel=True,
-                op_types_to_quantize=["MatMul"],
-                nodes_to_exclude=keep,
-            )
-        finally:
-            logging.disable(previous)
-        out = onnx.load_model(dst)
-    out.ir_version = min(out.ir_version, IR_VERSION)
-    return out
+    Both are written under temporary names in the target directory: the data file is renamed first, then the
+    ``.onnx`` is saved, checked with ``onnx.checker`` and renamed, so ``<path>`` appears only when complete. On an
+    error every temporary file is removed.
+    """
 
+    def __init__(self, path: Path, external: bool) -> None:
+        self.path, self.data_path = path, path.with_name(path.name + ".data")
+        self.use_external = external
+        self.external: ExternalData | None = None
+        self._tmps: list[str] = []
 
-def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    big = sum(len(t.raw_data) for t in proto.graph.initializer) > _EXTERNAL_DATA_BYTES
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if big:  # the data file is written first under its final name; the .onnx appears only when complete
-            onnx.save_model(
-                proto,
-                tmp,
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=f"{path.name}.data",
-                size_threshold=1024,
-            )
-            onnx.checker.check_model(tmp)
-        else:
-            onnx.checker.check_model(proto)
-            onnx.save_model(proto, tmp)
+    def __enter__(self) -> _Output:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.use_external:
+            tmp = self._tmp(self.data_path)
+            self._file = open(tmp, "wb")  # closed in save() or __exit__
+            self.external = ExternalData(self._file, self.data_path.name)
+        return self
+
+    def _tmp(self, target: Path) -> str:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        self._tmps.append(tmp)
+        return tmp
+
+    def save(self, proto: onnx.ModelProto) -> None:
         if proto.ir_version > IR_VERSION:
             raise BackendError(f"IR version {proto.ir_version} > {IR_VERSION}: stock onnxruntime would reject it")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        if self.external is not None:
+            self._file.close()
+            os.replace(self._tmps[0], self.data_path)  # the .onnx that refers to it appears only after the check
+        elif self.data_path.exists():
+            self.data_path.unlink()  # a stale data file of an earlier export to this path
+        tmp = self._tmp(self.path)
+        onnx.save_model(proto, tmp)
+        onnx.checker.check_model(tmp)
+        os.replace(tmp, self.path)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.external is not None and not self._file.closed:
+            self._file.close()
+        for tmp in self._tmps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def onnx_file_bytes(path: str | Path) -> int:
+    """Size of an exported model in bytes: the ``.onnx`` file plus its external data (``<path>.data``) if any."""
+    path = Path(path)
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def export_cached(

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from accel.backends.onnx_builder import IR_VERSION, OPSET, GraphBuilder
+from accel.backends.onnx_builder import IR_VERSION, OPSET, ExternalData, GraphBuilder
 from accel.backends.onnx_weights import GraphWeights, restricted_logits
 
 __all__ = ["IR_VERSION", "OPSET", "build_decoder_graph"]
@@ -38,6 +38,8 @@ def build_decoder_graph(
     hidden_output: bool = False,
     matmul_nbits: bool = False,
     tree: bool = False,
+    int8: bool = False,
+    external: ExternalData | None = None,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -52,8 +54,13 @@ def build_decoder_graph(
     (see ``accel.backends.onnx_weights``). ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size,
     seq_len]`` (each token's cache slot) and ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each
     token attends to), which replace the position-derived write slots and mask (docs/backends.md, "Tree calls").
+    ``int8``: every Linear (and the head) as int8 weights with dynamic activation quantization
+    (``accel.backends.onnx_int8``). ``external``: write the initializers to this external-data sink as they are
+    created (``accel.backends.onnx_builder.ExternalData``).
     """
-    d = _DecoderGraph(config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree)
+    d = _DecoderGraph(
+        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, int8, external
+    )
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed()
     mask = d.attention_mask()
@@ -84,12 +91,14 @@ class _DecoderGraph:
         hidden_output: bool,
         matmul_nbits: bool,
         tree: bool = False,
+        int8: bool = False,
+        external: ExternalData | None = None,
     ) -> None:
         c = self.c = config
         self.tree = tree
-        self.g = g = GraphBuilder()
+        self.g = g = GraphBuilder(external)
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
-        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits=matmul_nbits)
+        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits=matmul_nbits, int8=int8)
         self.tensors, self.ctx_len, self.batch_size = tensors, ctx_len, batch_size
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)

@@ -74,15 +74,28 @@ class GraphWeights:
     """Hands out graph names for weights, storing each once (tied embeddings share one initializer)."""
 
     def __init__(
-        self, g: GraphBuilder, tensors: Mapping[str, Any], float_dtype: str, tied: bool, nbits: bool = False
+        self,
+        g: GraphBuilder,
+        tensors: Mapping[str, Any],
+        float_dtype: str,
+        tied: bool,
+        nbits: bool = False,
+        int8: bool = False,
     ) -> None:
         self.g, self.tensors, self.fp16, self.tied, self.nbits = g, tensors, float_dtype == "fp16", tied, nbits
+        self.int8 = int8  # every linear as int8 weights with dynamic activation quantization (accel.backends.onnx_int8)
         self._done: dict[str, str] = {}
+        self._quantized_inputs: dict[str, list[str]] = {}
 
     def linear(self, xin: str, *names: str, out: str | None = None) -> str:
         """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
         separate MatMuls). A MatMul, or (``nbits``) a MatMulNBits on MXINT8 codes."""
+        if self.int8:
+            from accel.backends.onnx_int8 import int8_matmul
+
+            w_t = np.concatenate([np.asarray(self._get(n), np.float32).T for n in names], axis=1)
+            return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out)
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
