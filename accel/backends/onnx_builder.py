@@ -30,15 +30,16 @@ class ExternalData:
     same way), so runtimes can memory-map them. Bytes are little-endian, as ONNX stores raw data.
     """
 
-    ALIGN, ALIGN_THRESHOLD = 65536, 1 << 20
+    ALIGN, ALIGN_THRESHOLD, CHUNK_BYTES = 65536, 1 << 20, 16 << 20
 
     def __init__(self, file: BinaryIO, location: str, min_bytes: int = 1024) -> None:
         self.file, self.location, self.min_bytes = file, location, min_bytes
         self.nbytes = 0  # bytes written so far (the data file's size), padding included
 
     def tensor(self, name: str, arr: np.ndarray) -> onnx.TensorProto:
-        """Write ``arr`` (numeric, C-contiguous after conversion) and return its external ``TensorProto``."""
-        arr = np.ascontiguousarray(arr)
+        """Write ``arr`` (numeric; a non-contiguous view such as a transpose is written in row chunks of at most
+        ``CHUNK_BYTES``, never copied whole) and return its external ``TensorProto``."""
+        arr = np.asarray(arr)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         if arr.nbytes >= self.ALIGN_THRESHOLD and self.nbytes % self.ALIGN:
@@ -46,7 +47,12 @@ class ExternalData:
             self.file.write(b"\0" * pad)
             self.nbytes += pad
         offset = self.nbytes
-        self.file.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
+        if arr.flags.c_contiguous or arr.ndim < 2:
+            self.file.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data if arr.size else b"")
+        else:
+            rows = max(1, self.CHUNK_BYTES // max(1, arr[0].nbytes))
+            for r in range(0, arr.shape[0], rows):
+                self.file.write(np.ascontiguousarray(arr[r : r + rows]).reshape(-1).view(np.uint8).data)
         self.nbytes += arr.nbytes
         t = onnx.TensorProto()
         t.name = name

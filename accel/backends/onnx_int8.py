@@ -30,7 +30,7 @@ def quantize_int8_columns(w_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale = scale64.astype(np.float32)
     scale[scale64 < np.finfo(np.float32).tiny] = 1.0
     codes = np.empty(w.shape, np.int8)
-    step = max(1, (1 << 24) // max(1, w.shape[1]))  # rows per chunk: bounded float32 temporaries
+    step = max(1, (1 << 22) // max(1, w.shape[1]))  # rows per chunk: float32 temporaries of at most 16 MiB
     for r in range(0, w.shape[0], step):
         q = np.round(w[r : r + step] / scale)
         codes[r : r + step] = np.clip(q, -128, 127).astype(np.int8)

@@ -94,15 +94,17 @@ class GraphWeights:
         if self.int8:
             from accel.backends.onnx_int8 import int8_matmul
 
-            w_t = np.concatenate([np.asarray(self._get(n), np.float32).T for n in names], axis=1)
+            parts = [np.asarray(self._get(n), np.float32).T for n in names]
+            w_t = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)  # one weight: no copy
             return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out)
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
-        if len(names) == 1:
-            return self.g.op("MatMul", xin, self.matmul_t(names[0]), name=out)
+        if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
+            return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
         if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)
-            return self.g.op("MatMul", xin, self.g.op("Concat", *[self.matmul_t(n) for n in names], axis=1), name=out)
+            parts = [self.matmul_t(n, t) for n, t in zip(names, ts, strict=True)]
+            return self.g.op("MatMul", xin, self.g.op("Concat", *parts, axis=1), name=out)
         joined = np.concatenate([np.asarray(t, np.float32).T for t in ts], axis=1)  # one initializer [in, sum(out)]
         key = "+".join(names)
         if self.fp16:
@@ -172,12 +174,16 @@ class GraphWeights:
         self._done[name] = out
         return out
 
-    def matmul_t(self, name: str) -> str:
-        """``W^T [in, out]`` of a Linear weight ``[out, in]`` (decoded in-graph when it is an MXTensor)."""
+    def matmul_t(self, name: str, loaded: Any = None) -> str:
+        """``W^T [in, out]`` of a Linear weight ``[out, in]`` (decoded in-graph when it is an MXTensor); ``loaded``:
+        the tensor if the caller already has it."""
         key = name + ":T"
         if key in self._done:
             return self._done[key]
-        t = None if (name == "lm_head.weight" and self.tied) else self._get(name)
+        if name == "lm_head.weight" and self.tied:
+            t = None
+        else:
+            t = loaded if loaded is not None else self._get(name)
         if hasattr(t, "codes") and hasattr(t, "scales"):
             out = decode_mx(self.g, name, t)
         elif name == "lm_head.weight" and self.tied:

@@ -126,7 +126,7 @@ def _safetensors_file(path: Path, loaders: dict[str, Loader], shapes: dict[str, 
     def plain(name: str) -> np.ndarray:
         try:
             sf.verify(name)
-            out = _as_float32(np.array(sf.array(name)))  # a copy: the map's pages are released below
+            out = _copy_float32(sf.raw(name), sf.entries[name].dtype)  # the map's pages are released below
         except FormatError as exc:
             raise ModelError(f"cannot read tensor {name!r} of {path}: {exc}") from exc
         _release(sf, *sf.offsets[name])
@@ -161,6 +161,18 @@ def _release(sf: Any, begin: int, end: int) -> None:
             raw.madvise(mmap.MADV_DONTNEED, start, stop - start)
         except (OSError, ValueError):
             pass
+
+
+def _copy_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 copy of a stored float tensor (BF16 widened exactly, in one allocation), or a plain copy of any
+    other tensor: never a view of the memory map."""
+    if dtype == "BF16":
+        out = raw.astype(np.uint32)
+        out <<= 16
+        return out.view(np.float32)
+    if raw.dtype.kind == "f":
+        return raw.astype(np.float32)  # a copy, also for F32
+    return np.array(raw)
 
 
 def _as_float32(arr: np.ndarray) -> np.ndarray:
