@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--num-logits", type=int, default=None, help="return only the last N logits (default: all positions)"
     )
+    p.add_argument(
+        "--external-data",
+        action="store_true",
+        help="weights in OUT.onnx.data even for a small model (default: above 64 MiB of float32 weights)",
+    )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
     p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
@@ -40,23 +45,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
-    from accel.backends.export import export_onnx
+    from accel.backends.export import export_onnx, onnx_file_bytes
     from accel.backends.weights import ExportWeights
-    from accel.models import load_checkpoint
 
-    if not args.quiet:
-        print(f"loading {args.model}")
-    model = load_checkpoint(args.model)
+    # the checkpoint is read tensor by tensor while the graph is written: no torch model, no second copy
     path = export_onnx(
-        model,
+        args.model,
         args.out,
         ctx_len=args.ctx_len,
         batch_size=args.batch_size,
         num_logits=args.num_logits,
         weights=ExportWeights(args.weights, mx_format=args.fmt, float_storage=args.float_weights),
         progress=not args.quiet,
+        external_data=True if args.external_data else None,
     )
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
+    data = path.with_name(path.name + ".data")
+    where = f" + {data.name}" if data.is_file() else ""
+    print(f"wrote {path}{where} ({onnx_file_bytes(path) / 1e6:.1f} MB in all, weights={args.weights})")
     if args.qaic_dir:
         from accel.backends.qaic import write_qaic_files
 
