@@ -253,51 +253,62 @@ def export_cached(
     say=None,
     hidden_output: bool = False,
     tree: bool = False,
+    progress: bool = False,
 ) -> Path:
-    """The ONNX file of checkpoint directory ``src`` in ``onnx_dir``, exported once per (checkpoint files' names,
-    sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the exporter's source) and reused
-    afterwards (batch 1).
+    """The ONNX file of checkpoint ``src`` (a directory or a ``.gguf`` file) in ``onnx_dir``, exported once per
+    (checkpoint files' names, sizes and mtimes, ``ctx_len`` in tokens, ``weights`` mode, accel version, the
+    exporter's source) and reused afterwards (batch 1).
 
-    ``model``: the already-loaded (possibly compressed) model of ``src`` to export; loaded with ``accel.models.load``
-    only when the file is not cached. ``say``: optional callable receiving one status line. ``hidden_output`` and
-    ``tree``: as ``export_onnx`` (part of the cache key).
+    ``model``: the already-loaded (possibly compressed) model of ``src`` to export; without it the checkpoint is
+    streamed from its files (``export_onnx`` of the path) when the file is not cached. ``say``: optional callable
+    receiving one status line. ``hidden_output`` and ``tree``: as ``export_onnx`` (part of the cache key).
+    ``progress``: show the export's progress bar.
     """
     import hashlib
 
     from accel import __version__
 
     src = Path(src)
-    if not src.is_dir():
-        raise BackendError(f"{src} is not a checkpoint directory")
+    if src.is_dir():
+        files = [f for f in sorted(src.iterdir()) if f.suffix in (".json", ".safetensors", ".bin")]
+    elif src.is_file() and src.suffix == ".gguf":
+        files = [src]
+    else:
+        raise BackendError(f"{src} is neither a checkpoint directory nor a .gguf file")
     key = hashlib.sha256()
-    for f in sorted(src.iterdir()):
-        if f.suffix in (".json", ".safetensors"):
-            st = f.stat()
-            key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     spec = ExportWeights.of(weights)
     key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
     graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
     for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
-    path = Path(onnx_dir) / f"{name or src.name}-{key.hexdigest()[:12]}.onnx"
+    label = name or (src.stem if src.is_file() else src.name)
+    path = Path(onnx_dir) / f"{label}-{key.hexdigest()[:12]}.onnx"
     if path.is_file():
         if say:
-            say(f"ONNX {name or src.name}: cached {path}")
+            say(f"ONNX {label}: cached {path}")
         return path
-    if model is None:
-        from accel.models import load_checkpoint
-
-        model = load_checkpoint(src)
     path.parent.mkdir(parents=True, exist_ok=True)
     import time
 
+    if say:
+        say(f"ONNX {label}: exporting {src.name} (weights {spec.format.value}, ctx {ctx_len}), once")
     t0 = time.perf_counter()
     export_onnx(
-        model, path, ctx_len=ctx_len, batch_size=1, weights=spec, progress=False, hidden_output=hidden_output, tree=tree
+        src if model is None else model,
+        path,
+        ctx_len=ctx_len,
+        batch_size=1,
+        weights=spec,
+        progress=progress,
+        hidden_output=hidden_output,
+        tree=tree,
     )
     if say:
         say(
-            f"ONNX {name or src.name}: exported {path.name} ({path.stat().st_size / 1e6:.0f} MB, "
+            f"ONNX {label}: exported {path.name} ({onnx_file_bytes(path) / 1e6:.0f} MB, "
             f"weights {spec.format.value}, ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s"
         )
     return path
