@@ -1,5 +1,5 @@
 """Read llama.cpp GGUF files: the model config from ``{arch}.*`` metadata, tensors dequantized to float32, and the
-byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata (no transformers needed).
+byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata (``accel.models.gguf_tokenizer``; no transformers needed).
 
 llama.cpp's converter permutes the rows of Q and K for its rotary layout (``convert_hf_to_gguf.py``, ``permute``);
 ``_unpermute`` undoes it exactly as transformers' GGUF loader does (``LlamaTensorProcessor._reverse_permute_weights``).
@@ -150,36 +150,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     return config, {name: tensors[name] for name in tensors}
 
 
-# ---------------------------------------------------------------------------------------------- tokenizer
-
-
 def gguf_tokenizer(path: str | Path):
-    """A ``tokenizers.Tokenizer`` for a GGUF with ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE).
+    """The GGUF's byte-level BPE tokenizer (``accel.models.gguf_tokenizer.gguf_tokenizer``)."""
+    from accel.models.gguf_tokenizer import gguf_tokenizer as build
 
-    Vocabulary and merges come from the file; control tokens (token_type 3) are special tokens. The pre-tokenizer is
-    llama.cpp's for the file's ``tokenizer.ggml.pre``: ``smollm``/``starcoder`` split digits one by one before the
-    GPT-2 byte-level regex (as SmolLM2's own tokenizer.json does); others use the plain GPT-2 regex.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    reader = _reader(path)
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"GGUF tokenizer.ggml.model={kind!r} is not supported; supported: 'gpt2' (byte-level BPE)")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    types = _field(reader, "tokenizer.ggml.token_type") or []
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    pre = _field(reader, "tokenizer.ggml.pre")
-    if pre in ("smollm", "starcoder", "refact", "command-r"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    special = [
-        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if int(ty) == 3
-    ]
-    tok.add_special_tokens(special)
-    return tok
+    return build(path)

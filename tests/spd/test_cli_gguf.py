@@ -25,7 +25,7 @@ def _byte_tokenizer() -> dict:
     types = [1] * (len(symbols) + len(merges)) + [3] * len(controls)
     return dict(
         tokenizer_model="gpt2",
-        tokenizer_pre="default",
+        tokenizer_pre="gpt-2",
         token_list=tokens,
         token_merges=merges,
         token_types=types,
