@@ -113,6 +113,8 @@ def gguf_tokenizer(path: str | Path) -> Any:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
     types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)]
+    if len(types) != len(tokens):
+        raise ModelError(f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     tok = Tokenizer(
         models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
     )
@@ -120,8 +122,9 @@ def gguf_tokenizer(path: str | Path) -> Any:
     if normalizer is not None:
         tok.normalizer = normalizer
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
+    kinds = list(zip(tokens, types, strict=True))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in kinds if ty == 3])  # control
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in kinds if ty == 4])  # user-defined
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
         name = tokens[int(bos)]

@@ -3,8 +3,9 @@
 ``--target`` / ``--draft`` are HF-style checkpoint directories or llama.cpp ``.gguf`` files (``accel.models``), or,
 with ``--backend ort``, ``.onnx`` files written by ``accel export`` (a checkpoint given with ``--backend ort`` is
 exported once, streamed tensor by tensor, and cached in ``$ACCEL_CACHE/onnx``). The tokenizer is the target's:
-``tokenizer.json`` next to it, or the ``.gguf`` file's own. Without ``--draft`` the target decodes autoregressively. The text is streamed as rounds complete;
-tokens that were accepted from the draft are shown in green on a terminal, in ``[brackets]`` otherwise.
+``tokenizer.json`` next to it, or the ``.gguf`` file's own. Without ``--draft`` the target decodes autoregressively.
+The text is streamed as rounds complete; tokens that were accepted from the draft are shown in green on a terminal,
+in ``[brackets]`` otherwise.
 """
 
 from __future__ import annotations

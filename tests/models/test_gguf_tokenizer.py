@@ -1,10 +1,10 @@
 """GGUF tokenizers per pre-tokenizer type (``tokenizer.ggml.pre``) against transformers' tokenizers.
 
-A byte-level BPE vocabulary is trained on a small corpus (code, chat templates, unicode, digits, whitespace runs), written
-into tiny GGUF files that differ only in ``tokenizer.ggml.pre``, and each file's ``accel`` tokenizer is compared token
-for token with transformers' tokenizer of the same file (and, for ``qwen2``, with ``Qwen2Tokenizer`` built from the same
-vocabulary: the model family's own tokenizer, NFC included). The GPT-2 rule, which the loader used for every file
-before, gives other tokens on the same corpus: the tests can fail.
+A byte-level BPE vocabulary is trained on a small corpus (code, chat templates, unicode, digits, whitespace runs),
+written into tiny GGUF files that differ only in ``tokenizer.ggml.pre``, and each file's ``accel`` tokenizer is compared
+token for token with transformers' tokenizer of the same file (and, for ``qwen2``, with ``Qwen2Tokenizer`` built from
+the same vocabulary: the model family's own tokenizer, NFC included). The GPT-2 rule, which the loader used for every
+file before, gives other tokens on the same corpus: the tests can fail.
 """
 
 from __future__ import annotations

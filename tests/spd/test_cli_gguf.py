@@ -12,37 +12,16 @@ from accel.cli import main
 from accel.models import ModelConfig
 from accel.models.random_checkpoint import preset_config, write_random_checkpoint
 from tests.helpers.formats import smollm2_gguf
-
-
-def _byte_tokenizer() -> dict:
-    """GGUF tokenizer metadata: GPT-2's 256 byte symbols, a few merges, 16 control tokens (the first is EOS)."""
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    symbols = sorted(ByteLevel.alphabet())
-    merges = ["h e", "l l", "he ll", "o Ġ", "Ġ w"]
-    controls = [f"<|c{i}|>" for i in range(16)]
-    tokens = symbols + [m.replace(" ", "") for m in merges] + controls
-    types = [1] * (len(symbols) + len(merges)) + [3] * len(controls)
-    return dict(
-        tokenizer_model="gpt2",
-        tokenizer_pre="gpt-2",
-        token_list=tokens,
-        token_merges=merges,
-        token_types=types,
-        eos_token_id=len(symbols) + len(merges),
-    )
-
-
-_TOKENS = 256 + 5 + 16
+from tests.helpers.gguf import BYTE_TOKENS, byte_tokenizer
 
 
 @pytest.fixture(scope="module")
 def gguf_pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("gguf_pair")
     cfg = ModelConfig(
-        vocab_size=_TOKENS, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
+        vocab_size=BYTE_TOKENS, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
     )
-    tok = _byte_tokenizer()
+    tok = byte_tokenizer()
     target = write_random_checkpoint(cfg, d / "target.gguf", kind="gguf", seed=1, std=0.3, tokenizer=tok)
     draft = write_random_checkpoint(
         cfg.with_(num_layers=1), d / "draft.gguf", kind="gguf", seed=2, std=0.3, tokenizer=tok
