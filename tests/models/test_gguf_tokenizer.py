@@ -70,11 +70,11 @@ def _gguf(tmp_path, vocab, pre: str | None, arch: str = "llama", add_bos: bool =
     return write_random_checkpoint(cfg, tmp_path / f"{pre}.gguf", kind="gguf", tokenizer=meta)
 
 
-def _transformers_ids(path) -> list[list[int]]:
+def _transformers_ids(path, texts: list[str] = CORPUS) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return [ref(text)["input_ids"] for text in CORPUS]
+    return [ref(text)["input_ids"] for text in texts]
 
 
 @pytest.mark.parametrize(
@@ -141,3 +141,56 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path, vocab, pre):
     path = _gguf(tmp_path, vocab, pre)  # None: no tokenizer.ggml.pre at all
     with pytest.raises(ModelError, match=rf"tokenizer.ggml.pre={pre!r} is not supported.*--tokenizer"):
         gguf_tokenizer(path)
+
+
+# ----------------------------------------------------------------------------------- SentencePiece (Llama 2, Mistral)
+
+
+@pytest.fixture(scope="module")
+def spm_vocab():
+    """(tokens, scores, types) like a Llama 2 GGUF: <unk> <s> </s>, 256 byte tokens, then pieces by merge order."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=700, min_frequency=1, limit_alphabet=120)
+    tok.train_from_iterator([t for t in CORPUS if "<|" not in t] * 3, trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    pieces = sorted(model["vocab"], key=model["vocab"].get)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def _spm_gguf(tmp_path, spm_vocab, **extra):
+    tokens, scores, types = spm_vocab
+    cfg = ModelConfig(
+        vocab_size=len(tokens), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
+    meta = dict(
+        tokenizer_model="llama", token_list=tokens, token_scores=scores, token_types=types,
+        bos_token_id=1, eos_token_id=2, unk_token_id=0, **extra,
+    )  # fmt: skip
+    return write_random_checkpoint(cfg, tmp_path / "spm.gguf", kind="gguf", tokenizer=meta)
+
+
+def test_sentencepiece_matches_transformers(tmp_path, spm_vocab):
+    """A Llama 2-style GGUF (SentencePiece BPE, byte fallback for the characters outside the vocabulary)."""
+    path = _spm_gguf(tmp_path, spm_vocab)
+    ours = gguf_tokenizer(path)
+    texts = [*CORPUS, "a crab \U0001f980 and \u03a9 outside the vocabulary"]  # the last one needs byte fallback
+    for text, ids in zip(texts, _transformers_ids(path, texts), strict=True):
+        assert ours.encode(text).ids == ids, text
+        assert ours.decode(ids, skip_special_tokens=True) == text
+    assert ours.encode("hello").ids[0] == 1  # BOS: llama.cpp's default for SentencePiece
+    assert any(t.startswith("<0x") for t in ours.encode(texts[-1]).tokens)
+
+
+def test_sentencepiece_merge_order_matters(tmp_path, spm_vocab):
+    """The wrong variant: merges ranked by token id instead of score give other tokens."""
+    tokens, scores, types = spm_vocab
+    flipped = scores[:259] + [-s for s in scores[259:]]  # the last-learned piece now ranks first
+    ours = gguf_tokenizer(_spm_gguf(tmp_path, (tokens, flipped, types)))
+    right = gguf_tokenizer(_spm_gguf(tmp_path / "r", spm_vocab))
+    assert any(ours.encode(t).ids != right.encode(t).ids for t in CORPUS)
