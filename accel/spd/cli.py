@@ -188,7 +188,13 @@ def _open_backend(
         )
     if path.suffix != ".onnx":
         raise SpdError(f"--backend ort needs an .onnx file, a .gguf file or a checkpoint directory; got {path}")
-    return OrtBackend(path, batch_size=1, threads=threads)
+    import time
+
+    t0 = time.perf_counter()
+    backend = OrtBackend(path, batch_size=1, threads=threads)
+    if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
+        print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return backend
 
 
 def _find_tokenizer(args: argparse.Namespace, target: Path):
