@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/backends.py
 	$(PY) benchmarks/spd.py
 	$(PY) benchmarks/sim_validation.py
+	$(PY) benchmarks/mx.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from accel.backends import OrtBackend, export_onnx
 from accel.drafts.prompts import HELD_OUT_PROMPTS
-from accel.spd import generate, generate_ar
+from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
 
 # Prompts the shipped draft was NOT trained on (accel.drafts.HELD_OUT_PROMPTS, already in chat/code form): the
 # training prompts (DEFAULT_PROMPTS) would measure memorised continuations, not the draft's real acceptance.
@@ -142,19 +142,27 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
     ap.add_argument(
         "--target-weights",
-        choices=("fp32", "mxint8-nbits"),
+        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits"),
         default="fp32",
         help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs) or "
-        "mxint8-nbits (MXINT8 weights on onnxruntime's MatMulNBits, int8 activations per block: "
-        "approximate, so its distance to the fp32 target is measured and reported)",
+        "mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights on onnxruntime's 8-bit MatMulNBits, int8 "
+        "activations per block: approximate, so its distance to the fp32 target is measured and reported)",
     )
     ap.add_argument(
         "--ngram",
         type=int,
         default=3,
-        help="also run every SpD setting with n-gram lookup drafts (generate(ngram=N); 0: off)",
+        help="also run every SpD setting with n-gram lookup drafts first (NgramLookup(N) | the model; 0: off)",
     )
     ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
+    ap.add_argument(
+        "--tree-nodes",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[4, 8, 12, 16],
+        help="node budgets of the feature draft's dynamic-tree runs (DraftTree; '' = none)",
+    )
+    ap.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded node of the tree runs")
+    ap.add_argument("--tree-depth", type=int, default=None, help="most levels of the tree runs (default: DraftTree's)")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -231,14 +239,24 @@ def load_setup(args: argparse.Namespace) -> Setup:
     ):
         args.feature_draft = str(demo_feat)
     feat = load_checkpoint(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
+    tree = bool(args.tree_nodes) and feat is not None  # every mode runs the same target graph, with tree inputs
     tb = OrtBackend(
-        export_onnx(target, tmp / "target.onnx", ctx_len=args.ctx_len, hidden_output=True, weights=args.target_weights),
+        export_onnx(
+            target,
+            tmp / "target.onnx",
+            ctx_len=args.ctx_len,
+            hidden_output=True,
+            weights=args.target_weights,
+            tree=tree,
+        ),
         threads=args.threads,
     )
     db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.draft_threads)
     fb = None
     if feat is not None:
-        f_onnx = export_onnx(feat, tmp / "feature_draft.onnx", ctx_len=args.ctx_len, weights=args.feature_draft_weights)
+        f_onnx = export_onnx(
+            feat, tmp / "feature_draft.onnx", ctx_len=args.ctx_len, weights=args.feature_draft_weights, tree=tree
+        )
         fb = OrtBackend(f_onnx, threads=args.feature_draft_threads)
     return Setup(
         target_dir=target_dir,
@@ -265,15 +283,19 @@ def measure_calls(setup: Setup, args: argparse.Namespace) -> list[dict]:
     for name, b in tqdm(models, desc="per-call latency", leave=False):
         for s, sec in call_latency_s(b, range(1, 10), args.past_len, repeats).items():
             calls.append({"model": name, "seq_len": s, "past_len": args.past_len, "seconds": sec})
+    if "tree" in setup.tb.info.capabilities:  # the cost curve of a tree call: T = 1..32 nodes (any shape costs alike)
+        sizes = [1, 2, 4, 8, 12, 16, 24, 32] if args.quick else list(range(1, 33))
+        for s, sec in call_latency_s(setup.tb, sizes, args.past_len, repeats, tree=True).items():
+            calls.append({"model": "target_tree", "seq_len": s, "past_len": args.past_len, "seconds": sec})
     return calls
 
 
-Job = tuple[tuple[str, dict], str, int, "float | None"]  # ((sampling name, kwargs), mode, K, min_draft_prob)
+Job = tuple[tuple[str, Sampling], str, int, "float | None"]  # ((sampling, warps), mode, K or nodes, min_draft_prob)
 
 
 def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
     """Every (sampling, mode, K, min_draft_prob) setting of the run; AR first."""
-    settings = [("greedy", {"greedy": True}), ("multinomial", {"temperature": args.temperature})]
+    settings = [("greedy", GREEDY), ("multinomial", Sampling(temperature=args.temperature))]
     # fixed K = 1..k_max ("spd"), then the dynamic draft length: K is a cap, min_draft_prob stops early ("spd_dyn")
     jobs: list[Job] = [(s, "ar", 0, None) for s in settings]
     if not args.no_standalone:
@@ -282,11 +304,23 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
     if setup.fb is not None:  # the feature draft: fixed K and dynamic length
         jobs += [(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
         jobs += [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob]
+        if "tree" in setup.tb.info.capabilities:  # the feature draft's dynamic tree (EAGLE-2), K = the node budget
+            jobs += [(s, "spd_feat_tree", n, None) for s in settings for n in args.tree_nodes]
     if args.ngram:  # the same SpD settings with n-gram lookup drafts where the text repeats ("+ngram")
         jobs += [(st, mode + "+ngram", k, thr) for st, mode, k, thr in jobs if mode != "ar"]
     if setup.tb.min_rows > 1:  # also greedy AR without the one-row pad (see OrtBackend min_rows): what the pad costs
         jobs.append((settings[0], "ar_one_row", 0, None))
     return jobs
+
+
+def make_proposer(setup: Setup, mode: str, k: int, thr: float | None, args: argparse.Namespace) -> Any:
+    """The proposer of one SpD job: a chain (fixed or dynamic length) or a dynamic tree, after lookup for +ngram."""
+    base = mode.removesuffix("+ngram")
+    if base == "spd_feat_tree":
+        model: Any = DraftTree(setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth)
+    else:
+        model = DraftChain(setup.fb if base.startswith("spd_feat") else setup.db, k=k, min_draft_prob=thr)
+    return [NgramLookup(args.ngram, args.ngram_k), model] if mode.endswith("+ngram") else model
 
 
 def run_jobs(setup: Setup, jobs: list[Job], args: argparse.Namespace) -> tuple[dict[int, list], dict[int, list]]:
@@ -300,25 +334,14 @@ def run_jobs(setup: Setup, jobs: list[Job], args: argparse.Namespace) -> tuple[d
     per_pass: dict[int, list] = {j: [] for j in range(len(jobs))}  # tokens/s of each job in each pass
     bar = tqdm(total=len(jobs) * len(prompts_ids) * args.repeats, desc="runs")
     for _, (i, ids) in ((r, x) for r in range(args.repeats) for x in enumerate(prompts_ids)):
-        for j, ((_, kw), mode, k, thr) in enumerate(jobs):
+        for j, ((_, sampling), mode, k, thr) in enumerate(jobs):
             if mode in ("ar", "ar_one_row"):
                 backend = tb1 if mode == "ar_one_row" else setup.tb
-                results[j].append(generate_ar(backend, [ids], max_new_tokens=max_new, seed=i, **kw))
+                results[j].append(generate_ar(backend, [ids], max_new_tokens=max_new, seed=i, sampling=sampling))
             else:
-                drafter = setup.fb if mode.startswith("spd_feat") else setup.db
-                lookup = {"ngram": args.ngram, "ngram_k": args.ngram_k} if mode.endswith("+ngram") else {}
+                proposer = make_proposer(setup, mode, k, thr, args)
                 results[j].append(
-                    generate(
-                        setup.tb,
-                        drafter,
-                        [ids],
-                        k=k,
-                        max_new_tokens=max_new,
-                        seed=i,
-                        min_draft_prob=thr,
-                        **lookup,
-                        **kw,
-                    )
+                    generate(setup.tb, proposer, [ids], max_new_tokens=max_new, seed=i, sampling=sampling)
                 )
             bar.update(1)
         if i == len(prompts_ids) - 1:  # a pass is complete: its tokens/s per job
@@ -354,7 +377,7 @@ def measure_quality(setup: Setup, jobs: list[Job], results: dict[int, list], arg
         export_onnx(setup.target, setup.tmp / "target_fp32.onnx", ctx_len=args.ctx_len), threads=args.threads
     )
     ar_fp32 = [
-        generate_ar(ref, [ids], max_new_tokens=setup.max_new, greedy=True).tokens[0]
+        generate_ar(ref, [ids], max_new_tokens=setup.max_new, sampling=GREEDY).tokens[0]
         for ids in tqdm(setup.prompts_ids, desc="fp32 target (quality reference)", leave=False)
     ]
     quality = target_quality(setup.tb, ref, setup.prompts_ids, ar_fp32)
@@ -414,9 +437,9 @@ def main() -> None:
             "target_weights": args.target_weights,
         },
         "target_quality": quality,
-        # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes (MXINT8's
-        # 0.25 bits of scales per weight are within the calibration's noise)
-        "format": "int8" if args.target_weights == "mxint8-nbits" else "fp32",
+        # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes for every MX
+        # format (the 0.25 bits of scales per weight are within the calibration's noise)
+        "format": "int8" if args.target_weights.endswith("-nbits") else "fp32",
         "target": setup.target.config.to_dict(),
         "draft": setup.draft.config.to_dict(),
         "feature_draft": setup.feat.config.to_dict() if setup.feat is not None else None,

@@ -46,7 +46,7 @@ def print_header(setup: Any, calls: list[dict], quality: Any, one_row: Any, runs
 
 def _mode_label(r: dict) -> str:
     base = r["mode"].removesuffix("+ngram")
-    mode = {"spd_feat": "feat", "spd_feat_dyn": "feat"}.get(base, base)
+    mode = {"spd_feat": "feat", "spd_feat_dyn": "feat", "spd_feat_tree": "feat tree"}.get(base, base)
     if r["min_draft_prob"] is not None:
         mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
     return mode + (" +ng" if r["mode"].endswith("+ngram") else "")

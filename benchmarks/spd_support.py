@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from accel.backends.base import chain_tree_inputs
+
 __all__ = ["aggregate", "call_latency_s", "full_head_copy", "hf_assisted", "layer_skip_draft", "plot", "target_quality"]
 
 
@@ -45,8 +47,9 @@ def full_head_copy(draft):
     return full.eval()
 
 
-def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, float]:
-    """Median seconds of one forward with S new tokens at positions past_len .. past_len+S-1 (cache pre-filled).
+def call_latency_s(backend, seq_lens, past_len: int, repeats: int, tree: bool = False) -> dict[int, float]:
+    """Median seconds of one forward with S new tokens at positions past_len .. past_len+S-1 (cache pre-filled);
+    ``tree``: as a tree call (``slot_ids``/``tree_mask`` given; the mask is dense, so any tree shape costs the same).
 
     The S values are interleaved within each of the ``repeats`` passes, so a load change on a shared machine shifts
     every S alike instead of bending the S-curve the simulator is calibrated on. A feature draft gets random target
@@ -55,8 +58,13 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, 
     vocab, width = backend.info.vocab_size, backend.info.feature_size
 
     def make(ids, start):
-        feats = rng.standard_normal((*ids.shape, width)).astype(np.float32) if width else None
-        return ids, np.arange(start, start + ids.shape[1])[None, :], {"features": feats} if width else {}
+        pos = np.arange(start, start + ids.shape[1])[None, :]
+        kw = {"features": rng.standard_normal((*ids.shape, width)).astype(np.float32)} if width else {}
+        return ids, pos, kw
+
+    def as_tree(ids, pos, kw):
+        slots, mask = chain_tree_inputs(pos, backend.info.ctx_len)
+        return ids, pos, {**kw, "slot_ids": slots, "tree_mask": mask}
 
     backend.reset()
     prompt = rng.integers(0, vocab, size=(1, past_len))
@@ -64,6 +72,8 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, 
         ids, pos, kw = make(prompt[:, s : s + backend.info.max_seq_len], s)
         backend.forward(ids, pos, num_logits=1, **kw)
     inputs = {s: make(rng.integers(0, vocab, size=(1, s)), past_len) for s in seq_lens}
+    if tree:
+        inputs = {s: as_tree(*x) for s, x in inputs.items()}
     times: dict[int, list[float]] = {s: [] for s in seq_lens}
     for ids, pos, kw in inputs.values():  # warm-up
         backend.forward(ids, pos, num_logits=ids.shape[1], **kw)
@@ -73,6 +83,15 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int) -> dict[int, 
             backend.forward(ids, pos, num_logits=s, **kw)
             times[s].append(time.perf_counter() - t0)
     return {s: statistics.median(t) for s, t in times.items()}
+
+
+def _hist_mean(hists: list[list[int]]) -> float | None:
+    """The mean value of pooled histograms (count of value i at index i); None when empty."""
+    width = max((len(h) for h in hists), default=0)
+    pooled = np.zeros(width)
+    for h in hists:
+        pooled[: len(h)] += h
+    return float(pooled @ np.arange(width) / pooled.sum()) if pooled.sum() else None
 
 
 def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float | None = None) -> dict:
@@ -103,14 +122,12 @@ def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float |
         row["loops"] = rounds
         row["drafts_per_loop"] = sum(r.stats.draft_tokens for r in results) / rounds
         row["all_accepted_fraction"] = sum(r.stats.all_accepted_rounds for r in results) / rounds
-        reached_at = np.sum([r.stats.proposed_per_position for r in results], axis=0)
-        accepted_at = np.sum(
-            [
-                np.nan_to_num(np.asarray(r.stats.acceptance_per_position) * r.stats.proposed_per_position)
-                for r in results
-            ],
-            axis=0,
-        )
+        width = max(len(r.stats.proposed_per_position) for r in results)  # a tree's depth may vary per run
+        reached_at, accepted_at = np.zeros(width), np.zeros(width)
+        for r in results:
+            n = np.asarray(r.stats.proposed_per_position, dtype=np.float64)
+            reached_at[: n.size] += n
+            accepted_at[: n.size] += np.nan_to_num(np.asarray(r.stats.acceptance_per_position) * n)
         row["acceptance_by_position"] = [
             float(a / n) if n else None for a, n in zip(accepted_at, reached_at, strict=True)
         ]
@@ -120,6 +137,9 @@ def aggregate(results, mode: str, sampling: str, k: int, min_draft_prob: float |
         row["lookup_loops"] = sum(r.stats.lookup_rounds for r in results)
         row["lookup_fraction"] = row["lookup_loops"] / rounds
         row["lookup_accepted"] = sum(r.stats.lookup_accepted for r in results)
+        row["tree_rounds"] = sum(r.stats.tree_rounds for r in results)
+        row["mean_tree_nodes"] = _hist_mean([r.stats.tree_nodes_histogram for r in results])
+        row["mean_tree_depth"] = _hist_mean([r.stats.tree_depth_histogram for r in results])
         row["draft_s"] = sum(r.stats.draft_s for r in results)
         row["target_s"] = sum(r.stats.target_s for r in results)
         row["host_s"] = sum(r.stats.host_s for r in results)

@@ -24,6 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="fp32",
         help="MX modes: storage of the weights left float (embeddings, norms, lm_head; default fp32)",
     )
+    p.add_argument(
+        "--nbits-accuracy",
+        type=int,
+        choices=(1, 4),
+        default=4,
+        help="*-nbits modes: MatMulNBits activations, 4 = int8 per block (fast, default), 1 = float32 (slow)",
+    )
     p.add_argument("--ctx-len", type=int, default=512, help="KV-cache length in tokens (default 512)")
     p.add_argument("--batch-size", type=int, default=1, help="rows per call (default 1)")
     p.add_argument(
@@ -34,9 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="weights in OUT.onnx.data even for a small model (default: above 64 MiB of float32 weights)",
     )
+    p.add_argument(
+        "--tree", action="store_true", help="add the token-tree inputs slot_ids and tree_mask (docs/backends.md)"
+    )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
     p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
+    p.add_argument(
+        "--tree-nodes", type=int, default=None, help="qaic: also compile tree calls of N tokens (needs --tree)"
+    )
     p.add_argument("--num-cores", type=int, default=16, help="qaic AI cores (default 16)")
     p.add_argument("--mxint8-kv", action="store_true", help="qaic: keep the KV cache in MXINT8 on the device")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -55,9 +68,12 @@ def run(args: argparse.Namespace) -> int:
         ctx_len=args.ctx_len,
         batch_size=args.batch_size,
         num_logits=args.num_logits,
-        weights=ExportWeights(args.weights, mx_format=args.fmt, float_storage=args.float_weights),
+        weights=ExportWeights(
+            args.weights, mx_format=args.fmt, float_storage=args.float_weights, accuracy_level=args.nbits_accuracy
+        ),
         progress=not args.quiet,
         external_data=True if args.external_data else None,
+        tree=args.tree,
     )
     data = path.with_name(path.name + ".data")
     where = f" + {data.name}" if data.is_file() else ""
@@ -74,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_cores=args.num_cores,
             mxint8_kv=args.mxint8_kv,
+            tree_nodes=args.tree_nodes,
         )
         print(
             f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "

@@ -4,8 +4,8 @@ docs/reference.md §2.
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
 with an in-graph decode. The weight storage is an ``ExportWeights`` (``accel.backends.weights``: ``fp32``, ``fp16``,
-``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits``); which weights are MX:
-``accel.backends.export_tensors``.
+``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits`` / ``mxfp6-nbits`` / ``mxfp4-nbits``); which
+weights are MX: ``accel.backends.export_tensors``.
 
 The export streams: tensors are read one at a time (from the model's parameters, or straight from a checkpoint
 directory / GGUF file without building a torch model: ``accel.models.sources``), converted, and written to the
@@ -89,7 +89,7 @@ def export_onnx(
             decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
         weights: the weight storage: an ``ExportWeights`` (format, MX element format, float storage) or a
             ``WeightFormat`` / its name (``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8``,
-            ``mxint8-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
+            ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
         progress: show a tqdm bar (one step per layer).
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
@@ -124,7 +124,7 @@ def export_onnx(
             float_dtype=spec.float_dtype,
             progress=bar.update,
             hidden_output=hidden_output,
-            matmul_nbits=spec.format == WeightFormat.MXINT8_NBITS,
+            matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
             tree=tree,
             int8=spec.format == WeightFormat.INT8,
             external=out.external,

@@ -4,7 +4,7 @@ exporter holds one tensor at a time.
 
 Which Linear weights are MX: if the model was compressed (``accel.compress``: modules with an MX weight), exactly
 those, in their format; otherwise the Linear layers ``accel.compress`` picks by default (attention and MLP projections;
-not ``lm_head``) are quantized with ``mx_format`` along the input features (blocks of 32). ``mxint8-nbits`` takes
+not ``lm_head``) are quantized with ``mx_format`` along the input features (blocks of 32). The ``*-nbits`` formats take
 every Linear and the head in MXINT8.
 """
 
@@ -92,8 +92,8 @@ def model_tensors(
 
     ``source``: where the values come from (``accel.models.sources``: a checkpoint read tensor by tensor; ``model``
     then only gives the structure and may live on the meta device); default the model's own parameters.
-    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and ``mxint8-nbits``:
-    there the head is a quantized copy and the embedding stays float32 (it is only gathered).
+    A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and the ``*-nbits``
+    formats: there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
     spec = ExportWeights.of(weights)
     fmt = spec.format
@@ -101,7 +101,7 @@ def model_tensors(
     tied = model.config.tie_word_embeddings
     names = [n for n in base if not (tied and n == "lm_head.weight")]
     alias: dict[str, str] = {}
-    if tied and fmt in (WeightFormat.INT8, WeightFormat.MXINT8_NBITS):
+    if tied and (fmt == WeightFormat.INT8 or fmt.is_nbits):
         names.append("lm_head.weight")
         alias["lm_head.weight"] = "embed_tokens.weight"  # the head gets its own (quantized) copy
     convert: dict[str, Callable[[Any], Any]] = {}
@@ -134,16 +134,16 @@ def _mx_weights(
     rounded = spec.format == WeightFormat.MX_ROUNDED
     for name, mx in mx_modules.items():  # a compressed model keeps exactly its MX weights
         convert[name] = partial(_dequantized, mx) if rounded else partial(_itself, mx)
-    if spec.format == WeightFormat.MXINT8_NBITS:  # every Linear and the head (a compressed model: its own codes)
-        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {"mxint8"})
+    if spec.format.element_format:  # *-nbits: every Linear and the head (a compressed model: its codes)
+        element = get_format(spec.format.element_format)
+        other = sorted({mx.fmt.name for mx in mx_modules.values()} - {element.name})
         if other:
             raise BackendError(
-                f"weights='mxint8-nbits' runs MXINT8 weights only; this model is compressed with "
-                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with mxint8)"
+                f"weights={spec.format.value!r} runs {element.name} weights only; this model is compressed with "
+                f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with {element.name})"
             )
         linear = _linear_weights(model)
         chosen = sorted(n for n in names if n in linear and n not in mx_modules)
-        element = get_format("mxint8")
     elif mx_modules:
         return ",".join(sorted({mx.fmt.name for mx in mx_modules.values()}))
     else:

@@ -36,7 +36,7 @@ def build_decoder_graph(
     float_dtype: str = "fp32",
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
-    matmul_nbits: bool = False,
+    matmul_nbits: int = 0,
     tree: bool = False,
     int8: bool = False,
     external: ExternalData | None = None,
@@ -50,10 +50,11 @@ def build_decoder_graph(
     ``hidden_output`` (always on for a feature draft, ``config.feature_size > 0``) adds the output ``hidden_states``
     float32 ``[batch_size, seq_len, hidden]``: the final-norm hidden state of every column. A feature draft also has
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
-    ``progress(1)`` is called once per layer. ``matmul_nbits``: MXINT8 weights as onnxruntime ``MatMulNBits`` nodes
-    (see ``accel.backends.onnx_weights``). ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size,
-    seq_len]`` (each token's cache slot) and ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each
-    token attends to), which replace the position-derived write slots and mask (docs/backends.md, "Tree calls").
+    ``progress(1)`` is called once per layer. ``matmul_nbits``: 0, or the ``accuracy_level`` (1 or 4) of onnxruntime
+    ``MatMulNBits`` nodes running the MX weights (MXINT8, MXFP6 E2M3, MXFP4 E2M1; see ``accel.backends.onnx_weights``).
+    ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
+    ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
+    position-derived write slots and mask (docs/backends.md, "Tree calls").
     ``int8``: every Linear (and the head) as int8 weights with dynamic activation quantization
     (``accel.backends.onnx_int8``). ``external``: write the initializers to this external-data sink as they are
     created (``accel.backends.onnx_builder.ExternalData``).
@@ -89,7 +90,7 @@ class _DecoderGraph:
         batch_size: int,
         float_dtype: str,
         hidden_output: bool,
-        matmul_nbits: bool,
+        matmul_nbits: int,
         tree: bool = False,
         int8: bool = False,
         external: ExternalData | None = None,
@@ -98,7 +99,7 @@ class _DecoderGraph:
         self.tree = tree
         self.g = g = GraphBuilder(external)
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
-        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits=matmul_nbits, int8=int8)
+        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits, int8=int8)
         self.tensors, self.ctx_len, self.batch_size = tensors, ctx_len, batch_size
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)

@@ -5,9 +5,13 @@ Weight storage per tensor:
 - ``MXTensor`` (2-D ``[out, in]``, blocked along ``in``): packed codes + E8M0 scales as uint8 initializers, decoded in
   the graph with standard ops (BitShift/BitwiseAnd/BitwiseOr on uint8, a 2**bits-entry Gather LUT for the elements, a
   256-entry LUT for the scales, Mul, Reshape, Slice, Transpose). onnxruntime constant-folds the decode at load time.
-  With ``nbits=True`` an MXINT8 weight instead feeds onnxruntime's ``com.microsoft.MatMulNBits`` (8 bits,
-  blocks of 32): its uint8 codes are the MXINT8 codes + 128 and its float32 scales the block scales times 2^-6, which
-  represent the MXINT8 values exactly; onnxruntime (only) runs it on int8 activations quantized per block.
+  With ``nbits_accuracy`` set, an MXINT8, MXFP6 (E2M3) or MXFP4 (E2M1) weight instead feeds onnxruntime's
+  ``com.microsoft.MatMulNBits`` (8 bits, blocks of 32, zero point 128): every element of these formats is an integer
+  multiple of the format's smallest step (2^-6, 2^-3, 2^-1) that fits in int8 (at most 127, 60, 12 steps), so the
+  uint8 code is ``value / step + 128`` and the float32 block scale ``2^(E - 127) * step``: the MX values exactly.
+  onnxruntime (only) runs it on int8 activations quantized per block (``accuracy_level=4``) or float32 activations
+  (``accuracy_level=1``). The 4-bit MatMulNBits cannot hold E2M1 (its 15 magnitudes x 2 need 25 integer levels
+  from -12 to 12, a uint4 code has 16), nor can 8 bits hold E3M2 (28 / 2^-4 = 448 steps).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from onnx import TensorProto
 from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
 
-__all__ = ["GraphWeights", "decode_mx", "restricted_logits"]
+__all__ = ["GraphWeights", "decode_mx", "nbits_blocks", "nbits_step", "restricted_logits"]
 
 _E8M0_BIAS, _E8M0_NAN = 127, 0xFF  # OCP MX v1.0 §5.4 (docs/reference.md §1)
 
@@ -79,18 +83,23 @@ class GraphWeights:
         tensors: Mapping[str, Any],
         float_dtype: str,
         tied: bool,
-        nbits: bool = False,
+        nbits_accuracy: int = 0,
         int8: bool = False,
     ) -> None:
-        self.g, self.tensors, self.fp16, self.tied, self.nbits = g, tensors, float_dtype == "fp16", tied, nbits
-        self.int8 = int8  # every linear as int8 weights with dynamic activation quantization (accel.backends.onnx_int8)
+        """``nbits_accuracy``: 0 (MX weights as MatMul on in-graph decodes) or the ``MatMulNBits`` ``accuracy_level``
+        (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: every
+        Linear as int8 weights with dynamic activation quantization (``accel.backends.onnx_int8``)."""
+        self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
+        self.nbits = nbits_accuracy
+        self.int8 = int8
         self._done: dict[str, str] = {}
         self._quantized_inputs: dict[str, list[str]] = {}
 
     def linear(self, xin: str, *names: str, out: str | None = None) -> str:
         """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
-        separate MatMuls). A MatMul, or (``nbits``) a MatMulNBits on MXINT8 codes."""
+        separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``int8``) int8
+        weights with dynamic activation quantization."""
         if self.int8:
             from accel.backends.onnx_int8 import int8_matmul
 
@@ -125,16 +134,9 @@ class GraphWeights:
     def _matmul_nbits(self, xin: str, names: tuple[str, ...], ts: list[Any], out: str | None) -> str:
         codes, scales = [], []
         for name, t in zip(names, ts, strict=True):
-            if t.fmt.name != "mxint8" or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
-                raise BackendError(
-                    f"MatMulNBits weight {name!r}: need a 2-D MXINT8 [out, in] tensor in blocks of 32 "
-                    f"along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
-                )
-            c = t.unpacked_codes().view(np.int8).astype(np.int16) + 128  # MXINT8 two's complement -> zero point 128
-            sc = np.ldexp(1.0, t.scales.astype(np.int64) - _E8M0_BIAS - 6)  # element step 2^-6 (docs/reference.md §1)
-            sc[t.scales == _E8M0_NAN] = np.nan
-            codes.append(c.astype(np.uint8).reshape(t.shape[0], t.nblocks, 32))
-            scales.append(sc.astype(np.float32).reshape(t.shape[0], t.nblocks))
+            c, sc = nbits_blocks(name, t)
+            codes.append(c)
+            scales.append(sc)
         if len({t.shape[1] for t in ts}) != 1:
             raise BackendError(f"weights {names} have different input features; they cannot share one MatMulNBits")
         key = "+".join(names)
@@ -152,7 +154,7 @@ class GraphWeights:
             N=sum(t.shape[0] for t in ts),
             bits=8,
             block_size=32,
-            accuracy_level=4,
+            accuracy_level=self.nbits,
         )
 
     def _get(self, name: str) -> Any:
@@ -194,6 +196,36 @@ class GraphWeights:
             out = self.g.init(name, np.asarray(t, np.float32).T)
         self._done[key] = out
         return out
+
+
+def nbits_step(fmt: Any) -> float | None:
+    """The element step (a power of two) that makes every finite value of the MX element format ``fmt`` an integer in
+    [-128, 127], so that 8-bit ``MatMulNBits`` codes (zero point 128) hold it exactly; None if there is none (E3M2,
+    the FP8 formats). MXINT8: 2^-6, MXFP6 E2M3: 2^-3, MXFP4 E2M1: 2^-1 (docs/reference.md §1)."""
+    values = fmt.code_values().astype(np.float64)
+    finite = values[np.isfinite(values)]
+    step = float(np.min(np.abs(finite[finite != 0])))
+    ints = finite / step
+    if len(finite) != len(values) or np.any(ints != np.round(ints)) or ints.min() < -128 or ints.max() > 127:
+        return None
+    return step
+
+
+def nbits_blocks(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit ``MatMulNBits`` form of the MX weight ``t`` ``[out, in]`` (blocks of 32 along ``in``): uint8 codes
+    ``[out, blocks, 32]`` (value / step + 128) and float32 scales ``[out, blocks]`` (2^(E - 127) * step, NaN for the
+    NaN scale code), which represent the MX values exactly."""
+    step = nbits_step(t.fmt) if t.fmt.bits <= 8 else None
+    if step is None or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32:
+        raise BackendError(
+            f"MatMulNBits weight {name!r}: need a 2-D MXINT8, MXFP6 (E2M3) or MXFP4 (E2M1) [out, in] tensor in "
+            f"blocks of 32 along in; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
+        )
+    lut = np.round(t.fmt.code_values().astype(np.float64) / step).astype(np.int16) + 128  # code -> uint8 level
+    c = lut[t.unpacked_codes()].astype(np.uint8).reshape(t.shape[0], t.nblocks, 32)
+    sc = np.ldexp(step, t.scales.astype(np.int64) - _E8M0_BIAS)  # exact in float64; in float32 down to 2^-149
+    sc[t.scales == _E8M0_NAN] = np.nan
+    return c, sc.astype(np.float32).reshape(t.shape[0], t.nblocks)
 
 
 def restricted_logits(g: GraphBuilder, scored: str, tensors: Mapping[str, Any], vocab: int) -> str:

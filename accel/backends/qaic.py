@@ -5,7 +5,9 @@ NOT VERIFIED ON HARDWARE: no Cloud AI 100 card or SDK was available; the files f
 tests check them byte for byte against golden files.
 
 - ``specializations.json``: one fixed-shape graph per call shape -- prefill (``seq_len = prompt_len``) and decode /
-  scoring (``seq_len = K + 1``), both at ``ctx_len`` and ``batch_size`` (docs/reference.md §2).
+  scoring (``seq_len = K + 1``), both at ``ctx_len`` and ``batch_size`` (docs/reference.md §2); with ``tree_nodes``
+  a third for token-tree calls (``seq_len = tree_nodes``: the root and the nodes below it) of a graph exported with
+  ``tree=True`` (its ``slot_ids``/``tree_mask`` inputs take that ``seq_len`` too).
 - ``custom_io.yaml``: the KV buffers (``past_key.{i}`` and ``past_key.{i}_RetainedState``, same for values) kept in
   ``float16`` on the device, or ``mxint8`` with ``mxint8_kv``.
 - ``compile.sh``: the ``qaic-exec`` command (``-retained-state`` keeps the cache on the card; ``-convert-to-fp16``;
@@ -52,11 +54,14 @@ class QaicCompileSpec(BaseModel):
     vocab_size: int = Field(gt=0)
     num_logits: int | None = Field(default=None, description="logits per call if baked at export, else all seq_len")
     binary_dir: str = "qpc"
+    tree_nodes: int | None = Field(
+        default=None, gt=0, description="tokens per token-tree call (root included), a tree graph only; None: no tree"
+    )
 
     @property
     def seq_lens(self) -> tuple[int, ...]:
-        """Compiled call lengths, ascending (prefill and K+1)."""
-        return tuple(sorted({self.prompt_len, self.k + 1}))
+        """Compiled call lengths, ascending (prefill, K+1 and the tree size if any)."""
+        return tuple(sorted({self.prompt_len, self.k + 1, *([self.tree_nodes] if self.tree_nodes else [])}))
 
     def command(self) -> list[str]:
         """The compiler command line (run inside the output directory)."""
@@ -82,11 +87,12 @@ class QaicCompileSpec(BaseModel):
     def specializations(self) -> dict[str, Any]:
         """QEfficient's ``specializations.json`` content (values are strings)."""
         b, c = str(self.batch_size), str(self.ctx_len)
-        return {
-            "specializations": [
-                {"batch_size": b, "seq_len": str(s), "ctx_len": c} for s in (self.prompt_len, self.k + 1)
-            ]
-        }
+        lens = (self.prompt_len, self.k + 1, *([self.tree_nodes] if self.tree_nodes else []))
+        return {"specializations": [{"batch_size": b, "seq_len": str(s), "ctx_len": c} for s in lens]}
+
+    def to_json(self) -> str:
+        """The spec file's content (``tree_nodes`` only when set, so chain specs read as before)."""
+        return self.model_dump_json(indent=2, exclude={"tree_nodes"} if self.tree_nodes is None else None) + "\n"
 
     def custom_io(self) -> str:
         """QEfficient's ``custom_io.yaml`` content: each retained-state buffer and its device precision."""
@@ -99,8 +105,9 @@ class QaicCompileSpec(BaseModel):
         return "".join(lines)
 
 
-def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None]:
-    """(num_layers, ctx_len, batch_size, vocab, baked num_logits) of an exported graph, read without its weights."""
+def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None, bool]:
+    """(num_layers, ctx_len, batch_size, vocab, baked num_logits, has tree inputs) of an exported graph, read
+    without its weights."""
     import onnx
 
     try:
@@ -135,6 +142,7 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
         int(batch),
         vocab if isinstance(vocab, int) else None,
         n_logits if isinstance(n_logits, int) else None,
+        "slot_ids" in dims and "tree_mask" in dims,
     )
 
 
@@ -150,17 +158,21 @@ def write_qaic_files(
     num_devices: int = 1,
     mxfp6: bool = True,
     mxint8_kv: bool = False,
+    tree_nodes: int | None = None,
 ) -> QaicCompileSpec:
     """Write ``specializations.json``, ``custom_io.yaml``, ``compile.sh`` (+ ``mdp_ts_config.json`` for several
     devices) and ``accel_qaic.json`` into ``out_dir`` for the exported decoder at ``onnx_path``.
 
-    ``ctx_len`` and ``batch_size`` must match the graph (export with the same values). Returns the spec; run
+    ``ctx_len`` and ``batch_size`` must match the graph (export with the same values). ``tree_nodes``: also compile
+    token-tree calls of that many tokens (root included); the graph must have been exported with ``tree=True``.
+    ``QaicBackend`` does not run tree calls yet (the compaction after a tree round must move K/V on the card: not
+    implemented). Returns the spec; run
     ``compile.sh`` on a machine with the Cloud AI 100 Platform SDK to get ``out_dir/qpc``.
     """
     onnx_path, out = Path(onnx_path), Path(out_dir)
     if not onnx_path.is_file():
         raise BackendError(f"no ONNX file at {onnx_path}")
-    num_layers, graph_ctx, graph_batch, vocab, num_logits = _graph_facts(onnx_path)
+    num_layers, graph_ctx, graph_batch, vocab, num_logits, tree = _graph_facts(onnx_path)
     if graph_ctx != ctx_len or graph_batch != batch_size:
         raise BackendError(
             f"{onnx_path} was exported with ctx_len={graph_ctx}, batch_size={graph_batch}; asked for "
@@ -168,6 +180,11 @@ def write_qaic_files(
         )
     if prompt_len > ctx_len or k + 1 > ctx_len:
         raise BackendError(f"prompt_len {prompt_len} and K+1 {k + 1} must not exceed ctx_len {ctx_len}")
+    if tree_nodes is not None:
+        if not tree:
+            raise BackendError(f"{onnx_path} has no tree inputs (slot_ids, tree_mask): export it with tree=True")
+        if not 1 <= tree_nodes <= ctx_len:
+            raise BackendError(f"tree_nodes {tree_nodes} must be in 1..ctx_len {ctx_len}")
     if vocab is None:
         raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
     out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +201,7 @@ def write_qaic_files(
         num_layers=num_layers,
         vocab_size=vocab,
         num_logits=num_logits,
+        tree_nodes=tree_nodes,
     )
     files = {
         "specializations.json": json.dumps(spec.specializations(), indent=4) + "\n",
@@ -191,7 +209,7 @@ def write_qaic_files(
         "compile.sh": '#!/bin/sh\n# Cloud AI 100 compile (not verified on hardware)\nset -e\ncd "$(dirname "$0")"\n'
         + " ".join(shlex.quote(a) for a in spec.command())
         + "\n",
-        SPEC_FILE: spec.model_dump_json(indent=2) + "\n",
+        SPEC_FILE: spec.to_json(),
     }
     if num_devices > 1:  # QEfficient's multi-device partition config
         files["mdp_ts_config.json"] = (

@@ -5,8 +5,10 @@
   MX compiler (``qaic-exec -mxfp6-matmul``) reproduces; same file size as fp32.
 - ``mx-packed``: Linear weights as packed MX codes + E8M0 scales (uint8) decoded in the graph with standard ops.
 - ``int8``: for drafts; onnxruntime's dynamic int8 quantization of the float graph's weight MatMuls (approximate).
-- ``mxint8-nbits``: every Linear (and the head) in MXINT8 as onnxruntime ``MatMulNBits`` (exact weights, int8
-  activations quantized per block; onnxruntime only).
+- ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``: every Linear (and the head) in MXINT8 / MXFP6 (E2M3) / MXFP4
+  (E2M1) as onnxruntime's 8-bit ``MatMulNBits``: an MX block of these three element types is exactly an 8-bit
+  integer block with a power-of-two scale, so the weights are exact; the activations are quantized to int8 per block
+  (``accuracy_level=4``) or kept float32 (``accuracy_level=1``, slow); onnxruntime only.
 
 docs/backends.md describes each in full.
 """
@@ -19,7 +21,7 @@ from typing import Literal
 
 from accel.errors import BackendError
 
-__all__ = ["WEIGHT_MODES", "ExportWeights", "WeightFormat"]
+__all__ = ["NBITS_ACCURACY_LEVELS", "WEIGHT_MODES", "ExportWeights", "WeightFormat"]
 
 
 class WeightFormat(str, Enum):
@@ -31,15 +33,33 @@ class WeightFormat(str, Enum):
     MX_PACKED = "mx-packed"
     INT8 = "int8"
     MXINT8_NBITS = "mxint8-nbits"
+    MXFP6_NBITS = "mxfp6-nbits"
+    MXFP4_NBITS = "mxfp4-nbits"
 
     @property
     def uses_mx_format(self) -> bool:
         """Whether ``ExportWeights.mx_format`` chooses the element format (the MX modes that take any format)."""
         return self in (WeightFormat.MX_ROUNDED, WeightFormat.MX_PACKED)
 
+    @property
+    def is_nbits(self) -> bool:
+        """Whether the graph runs its Linear weights as onnxruntime ``MatMulNBits`` (the ``*-nbits`` formats)."""
+        return self.value.endswith("-nbits")
+
+    @property
+    def element_format(self) -> str | None:
+        """The MX element format a ``*-nbits`` format fixes (``mxint8``, ``mxfp6_e2m3``, ``mxfp4_e2m1``); None for
+        the others."""
+        if not self.is_nbits:
+            return None
+        return {"mxint8": "mxint8", "mxfp6": "mxfp6_e2m3", "mxfp4": "mxfp4_e2m1"}[self.value.split("-")[0]]
+
 
 WEIGHT_MODES: tuple[str, ...] = tuple(f.value for f in WeightFormat)
 FloatStorage = Literal["fp32", "fp16"]
+#: onnxruntime ``MatMulNBits`` activation modes accel supports: 4 = int8 activations quantized per block (fast,
+#: approximate), 1 = float32 activations (the weights dequantized on every call: exact, slow)
+NBITS_ACCURACY_LEVELS = (1, 4)
 
 
 @dataclass(frozen=True)
@@ -52,11 +72,14 @@ class ExportWeights:
             not already compressed (a compressed model keeps its own formats).
         float_storage: storage of the tensors that stay float in ``mx-rounded`` / ``mx-packed`` (embeddings, norms,
             biases, ``lm_head``): ``fp32`` (logits equal the ``accel.compress``-ed torch model's) or ``fp16``.
+        accuracy_level: ``MatMulNBits``' activation mode for the ``*-nbits`` formats: 4 (int8 activations quantized
+            per block of 32, default) or 1 (float32 activations).
     """
 
     format: WeightFormat = WeightFormat.FP32
     mx_format: str = "mxfp6"
     float_storage: FloatStorage = "fp32"
+    accuracy_level: int = 4
 
     def __post_init__(self) -> None:
         try:
@@ -72,6 +95,13 @@ class ExportWeights:
                 f"float_storage applies to mx-rounded / mx-packed only; for {self.format.value} use "
                 f"weights={self.float_storage!r} or keep float_storage='fp32'"
             )
+        if isinstance(self.accuracy_level, bool) or self.accuracy_level not in NBITS_ACCURACY_LEVELS:
+            raise BackendError(
+                f"accuracy_level={self.accuracy_level!r} is not supported; supported: {NBITS_ACCURACY_LEVELS} "
+                "(4: int8 activations, 1: float32 activations)"
+            )
+        if self.accuracy_level != 4 and not self.format.is_nbits:
+            raise BackendError(f"accuracy_level applies to the *-nbits formats only, not {self.format.value}")
 
     @classmethod
     def of(cls, weights: ExportWeights | WeightFormat | str) -> ExportWeights:

@@ -19,6 +19,7 @@ from accel.demo.settings import (
     DEMO_PROMPTS,
     HARDWARE,
     LOOKUP_MODE,
+    TREE_MODE,
     default_draft_dir,
     default_feature_draft_dir,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "DEMO_PROMPTS",
     "HARDWARE",
     "LOOKUP_MODE",
+    "TREE_MODE",
     "DemoResult",
     "RunFigures",
     "default_draft_dir",

@@ -15,7 +15,14 @@ from typing import Any, TextIO
 
 from accel.demo.predict import predict
 from accel.demo.results import DemoResult, print_runs, summarise_runs
-from accel.demo.settings import DEMO_PROMPTS, LOOKUP_MODE, default_draft_dir, default_feature_draft_dir
+from accel.demo.settings import (
+    DEMO_PROMPTS,
+    LOOKUP_MODE,
+    TREE_MODE,
+    TREE_NODES,
+    default_draft_dir,
+    default_feature_draft_dir,
+)
 from accel.demo.timing import call_times, feature_call_time
 from accel.errors import DraftError
 
@@ -236,13 +243,14 @@ def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any]:
         weights="mx-rounded",
         model=mx_model,
         hidden_output=pair.f_model is not None,
+        tree=pair.f_model is not None,  # the feature draft's token trees (every mode runs this one graph)
     )
     d_onnx = cached(pair.draft_dir, name="draft", model=pair.d_model)
     fb = None
     if pair.feat_dir is not None:
         # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
         # int8 matmuls (weights="int8"): ~40% cheaper calls, an approximate draft, the same exact SpD output
-        f_onnx = cached(pair.feat_dir, name="feature-draft", model=pair.f_model, weights="int8")
+        f_onnx = cached(pair.feat_dir, name="feature-draft", model=pair.f_model, weights="int8", tree=True)
         fb = OrtBackend(f_onnx, threads=run.threads)
     tb = OrtBackend(t_onnx, threads=run.threads)
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
@@ -283,7 +291,7 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
 
 def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
     """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
-    from accel.spd import GREEDY, DraftChain, NgramLookup, Sampling, generate, generate_ar
+    from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
 
     sampled_name = f"SpD sampled T={run.temperature:g}"
     runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
@@ -293,12 +301,15 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
         (sampled_name, lambda: DraftChain(db, k=run.k), sampled),
     ]
     if fb is not None:
-        runs.update({"feature SpD greedy": [], f"feature SpD T={run.temperature:g}": [], LOOKUP_MODE: []})
+        runs.update(
+            {"feature SpD greedy": [], f"feature SpD T={run.temperature:g}": [], LOOKUP_MODE: [], TREE_MODE: []}
+        )
         drafters += [
             ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),
             (f"feature SpD T={run.temperature:g}", lambda: DraftChain(fb, k=run.k), sampled),
             (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
-        ]  # + n-gram lookup drafts (accel.spd.lookup)
+            (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
+        ]  # + n-gram lookup drafts (accel.spd.lookup), + the dynamic token tree (accel.spd.draft_tree)
     matches = True
     for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
         run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DEMO_PROMPTS", "HARDWARE", "LOOKUP_MODE", "default_draft_dir", "default_feature_draft_dir"]
+__all__ = [
+    "DEMO_PROMPTS",
+    "HARDWARE",
+    "LOOKUP_MODE",
+    "TREE_MODE",
+    "TREE_NODES",
+    "default_draft_dir",
+    "default_feature_draft_dir",
+]
 
 # held-out prompts (not in the draft's training prompts): code and chat, in SmolLM2's ChatML template where chat
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
@@ -22,6 +30,8 @@ DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
 )
 HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-80gb")
 LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
+TREE_NODES = 8  # node budget of the feature draft's dynamic tree (accel.spd.DraftTree) in the demo
+TREE_MODE = f"feature SpD tree({TREE_NODES}) greedy"  # the feature draft's dynamic token tree, greedy
 
 
 def default_draft_dir() -> Path:

@@ -1,23 +1,38 @@
 """accel.sim: roofline simulator of memory-bound decode and speculative decoding, for capacity planning.
 
-Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``, ``load_hardware(path)``) and
-``ModelSpec`` (``preset(name)``, ``list_presets()``, ``from_hf_config``). Time of one call: ``step_time`` ->
-``StepTime``. Speculative decoding: ``expected_tokens``, ``tokens_pmf``, ``best_k``, ``break_even_alpha``;
-``predict_speedup`` -> ``Prediction`` (measured loops of a dynamic draft length: ``LoopStats``); Predictive Pipelined
-Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``), ``measure_host``. Grids: ``sweep``. Figures:
-``accel.sim.plots`` (imports matplotlib lazily).
+Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``, ``load_hardware(path)``),
+``ModelSpec`` (``preset(name)``, ``list_presets()``, ``from_hf_config``) and ``Deployment`` (what runs where: models,
+formats, batch, lengths, cache layout, devices). Time of one call: ``step_time`` -> ``StepTime``. Predictions:
+``predict_speedup(deployment, k=..., acceptance=... | loop_stats=... | tree=...)`` -> ``Prediction``; planning:
+``best_k``, ``break_even_alpha``, ``tree_speedups``; token trees: ``TokenTree``, ``best_tree``,
+``tree_expected_tokens``; chains: ``expected_tokens``, ``tokens_pmf``, ``LoopStats``; Predictive Pipelined
+Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``, ``RunObservation``), ``measure_host``. Grids:
+``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
 See docs/sim.md. Nothing here imports torch or matplotlib.
 """
 
 from __future__ import annotations
 
 from accel._lazy import lazy_getattr
+from accel.sim._base import SimWarning
+from accel.sim.deployment import Deployment
 from accel.sim.formats import KV_FORMATS, WEIGHT_FORMATS, bits_per_element, bytes_per_element
 from accel.sim.hardware import CalibrationReport, Hardware, hardware, list_hardware, load_hardware
-from accel.sim.models import ModelSpec, from_hf_config, list_presets, preset, resolve_model, weight_breakdown
-from accel.sim.predict import ConfigResult, Prediction, best_k, break_even_alpha, memory_bytes, predict_speedup
+from accel.sim.hf_config import from_hf_config, resolve_model
+from accel.sim.models import ModelSpec, weight_breakdown
+from accel.sim.planning import best_k, break_even_alpha, tree_speedups
+from accel.sim.predict import ConfigResult, Prediction, predict_speedup
+from accel.sim.presets import list_presets, preset
 from accel.sim.roofline import StepTime, step_time
 from accel.sim.spd import LoopStats, alpha_for_expected_tokens, expected_tokens, expected_tokens_from, tokens_pmf
+from accel.sim.tree import (
+    TokenTree,
+    best_tree,
+    rank_acceptance,
+    rank_acceptance_from_counts,
+    rank_acceptance_from_stats,
+    tree_expected_tokens,
+)
 
 _LAZY = {
     "predict_ppd": "accel.sim.ppd",
@@ -25,7 +40,8 @@ _LAZY = {
     "ppd_expected_latency": "accel.sim.ppd",
     "ppd_expected_compute": "accel.sim.ppd",
     "calibrate": "accel.sim.calibration",
-    "Observation": "accel.sim.calibration",
+    "Observation": "accel.sim.observations",
+    "RunObservation": "accel.sim.observations",
     "measure_host": "accel.sim.host",
     "sweep": "accel.sim.sweeps",
     "SweepResult": "accel.sim.sweeps",
@@ -41,6 +57,7 @@ __all__ = [
     "bits_per_element",
     "bytes_per_element",
     "CalibrationReport",
+    "Deployment",
     "Hardware",
     "hardware",
     "list_hardware",
@@ -53,17 +70,24 @@ __all__ = [
     "weight_breakdown",
     "ConfigResult",
     "Prediction",
+    "SimWarning",
     "best_k",
     "break_even_alpha",
-    "memory_bytes",
+    "tree_speedups",
     "predict_speedup",
     "StepTime",
     "step_time",
     "LoopStats",
+    "TokenTree",
     "alpha_for_expected_tokens",
+    "best_tree",
     "expected_tokens",
     "expected_tokens_from",
+    "rank_acceptance",
+    "rank_acceptance_from_counts",
+    "rank_acceptance_from_stats",
     "tokens_pmf",
+    "tree_expected_tokens",
     *_LAZY,
     "plots",
 ]

@@ -1,17 +1,24 @@
 """``Hardware``: a device profile (per device/SoC), lookup in the built-in catalog, and YAML/JSON loading.
 
-All bandwidths and capacities are *per device* (one GPU, one Cloud AI 100 SoC, one TPU chip); ``num_devices`` says how
-many the card/node has and ``link_*`` describes the interconnect used by tensor-parallel all-reduces.
+All bandwidths, capacities and rates are *per device* (one GPU, one Cloud AI 100 SoC, one TPU chip); ``num_devices``
+says how many one card or node has (the Ultra: 4 SoCs). A deployment may use fewer, or more (several cards).
 
-Efficiency terms (what the roofline does not know) are explicit fields with documented defaults (see ``catalog.py``):
-- ``bandwidth_efficiency``: achieved fraction of the spec memory bandwidth for weight streaming at one row.
+What the roofline does not know are explicit, documented, fittable terms (defaults and their sources:
+``catalog.py``; fitting: ``calibration.py``):
+- ``bandwidth_efficiency``: achieved fraction of the spec memory bandwidth when streaming weights at one row.
 - ``compute_efficiency``: achieved fraction of peak FLOP/s in matrix products.
-- ``call_overhead_s``: fixed time per model call (launch, host round trip, synchronisation).
-- ``mx_decompress_elements_per_s``: how many MX weight elements/s the device can expand to its compute dtype;
-  ``None`` = decompression hidden (hardware path or fully overlapped).
+- ``call_overhead_s``: fixed seconds per model call (launch, host round trip, synchronisation).
+- ``layer_overhead_s``: fixed seconds per decoder layer per call (kernel launches and their tails, per-layer
+  synchronisation across cores): a per-token cost that does not shrink with weight bytes or with more devices.
+- ``decompress_elements_per_s``: weight elements per second one device expands from a stored format to its compute
+  dtype, per format (``mxfp6``, ``int4``, ``int8``, ``fp8``, ...); a format without an entry is free to expand.
+  ``decompress_overlap``: ``True`` = expansion runs beside the weight stream (the slower of the two sets the pace);
+  ``False`` = it adds to it.
 - ``multi_token_penalty`` (beta) and ``multi_token_exponent`` (gamma): a call with r = batch * new_tokens rows
   streams weights ``1 + beta * (r - 1) ** gamma`` times slower than a single row (docs/reference.md §8: on the 2-core
-  EPYC a matmul with 2–16 rows streams at ~4–5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline (weights read once).
+  EPYC a matmul with 2-16 rows streams at ~4-5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline.
+- links (tensor parallelism): one all-reduce of b bytes over n devices costs
+  ``allreduce_latency_s + link_latency_s * ceil(log2 n) + 2 (n - 1) / n * b / link_bandwidth_bytes_per_s``.
 """
 
 from __future__ import annotations
@@ -25,35 +32,44 @@ from pydantic import ConfigDict, Field, field_validator
 
 from accel.errors import SimError
 from accel.sim._base import SimModel
+from accel.sim.formats import decompress_key
 
 
 class CalibrationReport(SimModel):
-    """Result of :func:`accel.sim.calibrate`: fitted values and residuals (relative, ``pred / measured - 1``)."""
+    """Result of :func:`accel.sim.calibrate`: fitted values, relative residuals (``pred / measured - 1``, in the
+    order of the observations), the terms left at their prior values, and any warning the fit raised."""
 
     fitted: dict[str, float]
     residuals: list[float]
     rms_relative_error: float
     max_relative_error: float
     n_observations: int
+    not_fitted: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
 
 
 class Hardware(SimModel):
     """One accelerator type: per-device bandwidth (bytes/s), capacity (bytes), peak FLOP/s, plus efficiency terms."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     memory_capacity_bytes: float = Field(gt=0)
     peak_flops_per_s: dict[str, float] = Field(description="dense peak FLOP/s (or OP/s) per compute dtype")
     sram_bytes: float = Field(default=0.0, ge=0)
-    num_devices: int = Field(default=1, ge=1, description="devices (GPUs / SoCs / chips) in the card or node")
+    num_devices: int = Field(default=1, ge=1, le=4096, description="devices (GPUs / SoCs / chips) of one card/node")
     link_bandwidth_bytes_per_s: float = Field(default=16e9, gt=0, description="per-device link for all-reduces")
-    link_latency_s: float = Field(default=10e-6, ge=0, description="per hop of a ring all-reduce")
+    link_latency_s: float = Field(default=2e-6, ge=0, description="per log2 step of an all-reduce, seconds")
+    allreduce_latency_s: float = Field(default=5e-6, ge=0, description="fixed seconds per all-reduce")
     bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1.0)
     compute_efficiency: float = Field(default=0.6, gt=0, le=1.0)
     call_overhead_s: float = Field(default=20e-6, ge=0)
-    mx_decompress_elements_per_s: float | None = Field(default=None, gt=0)
+    layer_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per decoder layer per call")
+    decompress_elements_per_s: dict[str, float] = Field(
+        default_factory=dict, description="per stored weight format: elements/s one device expands"
+    )
+    decompress_overlap: bool = True
     multi_token_penalty: float = Field(default=0.0, ge=0)
     multi_token_exponent: float = Field(default=1.0, gt=0, le=2.0)
     usable_memory_fraction: float = Field(
@@ -74,6 +90,22 @@ class Hardware(SimModel):
                 raise ValueError(f"peak for {k!r} must be > 0")
         return {k.lower(): float(x) for k, x in v.items()}
 
+    @field_validator("decompress_elements_per_s")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        out = {}
+        for fmt, rate in v.items():
+            try:
+                key = decompress_key(fmt)
+            except SimError as exc:
+                raise ValueError(str(exc)) from None
+            if key is None:
+                raise ValueError(f"{fmt!r} is computed as stored; give rates for compressed formats only")
+            if not rate > 0 or rate == float("inf"):
+                raise ValueError(f"decompression rate for {fmt!r} must be a finite number > 0, got {rate!r}")
+            out[key] = float(rate)
+        return out
+
     def peak_flops(self, dtype: str = "fp16") -> float:
         """Peak FLOP/s for ``dtype``; falls back fp16 -> bf16 -> fp32 when the device lists no such entry."""
         for key in (dtype, "fp16", "bf16", "fp32"):
@@ -81,13 +113,26 @@ class Hardware(SimModel):
                 return self.peak_flops_per_s[key]
         return next(iter(self.peak_flops_per_s.values()))
 
+    def decompress_rate(self, weight_format: str) -> float | None:
+        """Elements/s one device expands ``weight_format`` weights at; ``None`` = free (no entry, or fp16/bf16/fp32)."""
+        key = decompress_key(weight_format)
+        return None if key is None else self.decompress_elements_per_s.get(key)
+
     @property
     def total_memory_capacity_bytes(self) -> float:
         return self.memory_capacity_bytes * self.num_devices
 
     def with_(self, **changes: Any) -> Hardware:
-        """A copy with fields changed (validated)."""
+        """A copy with fields changed (validated); ``decompress_elements_per_s`` entries are merged."""
         data = self.model_dump()
+        if "decompress_elements_per_s" in changes:
+            changes = {
+                **changes,
+                "decompress_elements_per_s": {
+                    **data["decompress_elements_per_s"],
+                    **changes["decompress_elements_per_s"],
+                },
+            }
         data.update(changes)
         return Hardware(**data)
 
@@ -121,9 +166,14 @@ def hardware(name: str | Hardware) -> Hardware:
     return table[_key(name)]
 
 
-def load_hardware(path: str | Path) -> Hardware:
-    """Load a device from YAML or JSON. Keys are ``Hardware`` fields; an optional ``base: <catalog name>`` inherits
-    every field not given (e.g. ``{base: cloud-ai-100-ultra, bandwidth_efficiency: 0.45}``)."""
+def load_hardware(path: str | Path | dict[str, Any]) -> Hardware:
+    """Load a device from a YAML or JSON file, or from a mapping of the same keys. Keys are ``Hardware`` fields; an
+    optional ``base: <catalog name>`` inherits every field not given (e.g. ``{base: cloud-ai-100-ultra,
+    bandwidth_efficiency: 0.45}``). Types are strict: ``decompress_overlap: "false"`` is an error, not ``True``."""
+    if isinstance(path, dict):
+        return _from_mapping(dict(path), "hardware mapping", "custom")
+    if not isinstance(path, (str, Path)):
+        raise SimError(f"load_hardware takes a YAML/JSON path or a mapping, got {type(path).__name__}")
     path = Path(path)
     try:
         text = path.read_text()
@@ -140,16 +190,19 @@ def load_hardware(path: str | Path) -> Hardware:
         raise SimError(f"hardware file {str(path)!r} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
     if not isinstance(data, dict):
         raise SimError(f"hardware file {str(path)!r} must hold a mapping of Hardware fields")
-    unknown = set(data) - set(Hardware.model_fields) - {"base"}
+    return _from_mapping(data, f"hardware file {str(path)!r}", path.stem)
+
+
+def _from_mapping(data: dict[str, Any], what: str, default_name: str) -> Hardware:
+    unknown = {str(k) for k in data} - set(Hardware.model_fields) - {"base"}
     if unknown:
-        raise SimError(
-            f"hardware file {str(path)!r}: unknown fields {sorted(unknown)}; allowed: "
-            f"{', '.join(Hardware.model_fields)}, base"
-        )
+        raise SimError(f"{what}: unknown fields {sorted(unknown)}; allowed: {', '.join(Hardware.model_fields)}, base")
     base = data.pop("base", None)
     if base is not None:
+        if not isinstance(base, str):
+            raise SimError(f"{what}: base must be a catalog name, got {base!r}")
         merged = hardware(base).model_dump()
         merged.update(data)
         data = merged
-    data.setdefault("name", path.stem)
+    data.setdefault("name", default_name)
     return Hardware(**data)

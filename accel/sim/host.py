@@ -17,13 +17,14 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from accel.sim.hardware import Hardware
 
 
-def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
     ts = []
@@ -38,7 +39,11 @@ def measure_copy_bandwidth(nbytes: float = 128e6, repeats: int = 5) -> float:
     """Bytes/s of ``np.copyto`` (read + write) on float32 arrays of ``nbytes``."""
     src = np.ones(int(nbytes) // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    return 2.0 * src.nbytes / _median_time(lambda: np.copyto(dst, src), repeats)
+
+    def copy() -> None:
+        np.copyto(dst, src)
+
+    return 2.0 * src.nbytes / _median_time(copy, repeats)
 
 
 def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
@@ -58,7 +63,11 @@ def measure_weight_streaming(
     rng = np.random.default_rng(0)
     w = rng.standard_normal((d, d), dtype=np.float32)
     xs = {r: rng.standard_normal((r, d), dtype=np.float32) for r in rows}
-    return np.asarray(rows), np.array([_median_time(lambda r=r: w @ xs[r].T, repeats) for r in rows])
+
+    def matmul(x: np.ndarray) -> Callable[[], Any]:
+        return lambda: w @ x.T
+
+    return np.asarray(rows), np.array([_median_time(matmul(xs[r]), repeats) for r in rows])
 
 
 def fit_multi_token(rows: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
@@ -129,7 +138,7 @@ def measure_host(
         bandwidth_efficiency=min(1.0, bw_one_row / bw),
         compute_efficiency=1.0,
         call_overhead_s=overhead,
-        mx_decompress_elements_per_s=None,
+        layer_overhead_s=0.0,
         multi_token_penalty=beta,
         multi_token_exponent=gamma,
         usable_memory_fraction=0.8,

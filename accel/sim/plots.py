@@ -15,7 +15,7 @@ import numpy as np
 from accel.errors import SimError
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import resolve_model
+from accel.sim.hf_config import resolve_model
 from accel.sim.predict import BREAKDOWN_KEYS, ModelLike, Prediction
 from accel.sim.roofline import step_time
 
@@ -29,21 +29,33 @@ def _figure(w: float = 7.0, h: float = 4.5):
     return fig
 
 
-def _save(fig, path: str | Path) -> Path:
+def check_png_path(path: str | Path) -> Path:
+    """``path`` as a ``Path`` if it names a PNG file (``.png``, not an existing folder); ``SimError`` otherwise."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise SimError(f"plot path must end in .png, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
+    if path.is_dir():
+        raise SimError(f"plot path {str(path)!r} is a folder; give a file name ending in .png")
+    return path
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write ``fig`` as PNG through a temporary sibling renamed into place (no half-written file on failure)."""
+    path = check_png_path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+        os.close(fd)
         fig.savefig(tmp, format="png", bbox_inches="tight")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
+    except OSError as exc:
+        raise SimError(f"cannot write plot {str(path)!r}: {exc}") from exc
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
     return path
 
@@ -64,10 +76,10 @@ def roofline(
     (S=1), scoring (S=K+1) and prefill (S=prompt_len) calls as points (FLOPs / bytes, FLOPs / predicted time)."""
     spec, hw = resolve_model(model), _hardware(hardware)
     n = hw.num_devices if devices is None else devices
-    calls = {
-        "decode (S=1)": dict(new_tokens=1, context_len=context_len, num_logits=1),
-        f"scoring (S={k + 1})": dict(new_tokens=k + 1, context_len=context_len, num_logits=k + 1),
-        f"prefill (S={prompt_len})": dict(new_tokens=prompt_len, context_len=0, num_logits=1),
+    calls = {  # (new tokens, past length, logits)
+        "decode (S=1)": (1, context_len, 1),
+        f"scoring (S={k + 1})": (k + 1, context_len, k + 1),
+        f"prefill (S={prompt_len})": (prompt_len, 0, 1),
     }
     from accel.sim.formats import compute_dtype
 
@@ -76,8 +88,17 @@ def roofline(
     fig = _figure()
     ax = fig.add_subplot()
     pts = []
-    for label, kw in calls.items():
-        st = step_time(spec, hw, weight_format=weight_format, batch_size=batch_size, devices=devices, **kw)
+    for label, (S, L, NL) in calls.items():
+        st = step_time(
+            spec,
+            hw,
+            weight_format=weight_format,
+            batch_size=batch_size,
+            devices=devices,
+            new_tokens=S,
+            context_len=L,
+            num_logits=NL,
+        )
         nbytes = st.weight_bytes + st.kv_read_bytes + st.kv_write_bytes + st.activation_bytes
         pts.append((label, st.flops / nbytes, st.flops / st.time_s, st.bound))
     lo = min(p[1] for p in pts) / 4
@@ -112,7 +133,7 @@ def speedup_heatmap(
     """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid; contour at 1x."""
     from accel.sim.sweeps import sweep
 
-    alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha)
+    alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha, dtype=np.float64)
     r = sweep(
         target,
         draft,
@@ -154,7 +175,8 @@ def breakdown_bars(prediction: Prediction, path: str | Path) -> Path:
     for key in BREAKDOWN_KEYS:
         vals = np.array([c.breakdown_s[key] for c in prediction.configs]) * 1e3
         if vals.any():
-            ax.bar(names, vals, bottom=bottom, label=key.replace("_", " "))
+            label = "target compute / decompress" if key == "target_compute" else key.replace("_", " ")
+            ax.bar(names, vals, bottom=bottom, label=label)
             bottom += vals
     for i, c in enumerate(prediction.configs):
         ax.text(i, bottom[i], f"{c.decode_speedup:.2f}x", ha="center", va="bottom", fontsize=9)

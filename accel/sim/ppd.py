@@ -18,27 +18,30 @@ layer-pipelines that takes, i.e. whether the device actually has the parallel re
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from accel.errors import SimError
-from accel.sim._base import SimModel
+from accel.sim._base import MAX_K, MAX_TOKENS, SimModel
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import ModelSpec, resolve_model
+from accel.sim.hf_config import resolve_model
+from accel.sim.models import ModelSpec
 from accel.sim.roofline import step_time
 
 
-def _check(d, dbar, k, p, l) -> None:  # noqa: E741
-    if not (isinstance(d, (int, np.integer)) and d >= 1):
+def _check(d: Any, dbar: Any, k: Any, p: Any, l: Any) -> None:  # noqa: E741
+    if isinstance(d, bool) or not (isinstance(d, (int, np.integer)) and d >= 1):
         raise SimError(f"d (layers) must be an integer >= 1, got {d!r}")
-    if not (isinstance(dbar, (int, float, np.number)) and d / 2 <= dbar <= d):
+    if isinstance(dbar, bool) or not (isinstance(dbar, (int, float, np.number)) and d / 2 <= dbar <= d):
         raise SimError(f"dbar must be in [d/2, d] = [{d / 2}, {d}] (Theorem 4.1 assumption), got {dbar!r}")
-    if not (isinstance(k, (int, np.integer)) and k >= 1):
-        raise SimError(f"k (candidates) must be an integer >= 1, got {k!r}")
-    if not (isinstance(p, (int, float, np.number)) and 0.0 <= p <= 1.0):
+    if isinstance(k, bool) or not (isinstance(k, (int, np.integer)) and 1 <= k <= MAX_K):
+        raise SimError(f"k (candidates) must be an integer in [1, {MAX_K}], got {k!r}")
+    if isinstance(p, bool) or not (isinstance(p, (int, float, np.number)) and 0.0 <= p <= 1.0):
         raise SimError(f"p (match probability) must be in [0, 1], got {p!r}")
-    if not (isinstance(l, (int, np.integer)) and l >= 1):
-        raise SimError(f"l (tokens) must be an integer >= 1, got {l!r}")
+    if isinstance(l, bool) or not (isinstance(l, (int, np.integer)) and 1 <= l <= MAX_TOKENS):
+        raise SimError(f"l (tokens) must be an integer in [1, {MAX_TOKENS}], got {l!r}")
 
 
 def ppd_expected_latency(d: int, dbar: float, p: float, l: int) -> float:  # noqa: E741
@@ -83,7 +86,7 @@ def predict_ppd(
     k: int,
     p: float,
     gen_len: int,
-    weight_format: str = "fp16",
+    weight_format: str | None = None,
     kv_format: str = "fp16",
     context_len: int = 128,
     batch_size: int = 1,
@@ -93,16 +96,21 @@ def predict_ppd(
     spec, hw = resolve_model(model), _hardware(hardware)
     d = spec.n_layers
     _check(d, dbar, k, p, gen_len)
-    kw = dict(
-        weight_format=weight_format,
-        kv_format=kv_format,
-        batch_size=batch_size,
-        context_len=context_len,
-        devices=devices,
-    )
-    one = step_time(spec.model_copy(update={"n_layers": 1}), hw, **kw).time_s
-    two = step_time(spec.model_copy(update={"n_layers": 2}), hw, **kw).time_s
-    full = step_time(spec, hw, **kw).time_s
+
+    def t(s: ModelSpec) -> float:
+        return step_time(
+            s,
+            hw,
+            weight_format=weight_format,
+            kv_format=kv_format,
+            batch_size=batch_size,
+            context_len=context_len,
+            devices=devices,
+        ).time_s
+
+    one = t(spec.model_copy(update={"n_layers": 1}))
+    two = t(spec.model_copy(update={"n_layers": 2}))
+    full = t(spec)
     layer_s = two - one  # exact: every layer costs the same
     fixed = full - d * layer_s
     lat_u = ppd_expected_latency(d, dbar, p, gen_len)

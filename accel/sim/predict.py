@@ -1,53 +1,37 @@
-"""``predict_speedup``: FP16 AR (baseline), MX AR, FP16 + SpD, MX + SpD side by side, with fit checks.
+"""``predict_speedup``: autoregressive decoding in the baseline and the compressed format, and speculative decoding
+(a chain, a token tree, or measured loops) in both, on one ``Deployment``, with memory fit checks.
 
 Timeline of one request (per sequence, batch B in lock step):
-- TTFT: target prefill of ``prompt_len`` tokens returning 1 logit (+ the draft's prefill for SpD).
-- AR: ``gen_len - 1`` decode calls at past lengths prompt_len .. prompt_len + gen_len - 2 (each evaluated).
-- SpD: (gen_len - 1) / E loops; a loop at past length L = K draft calls (S = 1, past L .. L+K-1) + one target call
-  scoring K+1 tokens (past L, K+1 logits) + ``host_s`` + the draft's catch-up (its next first call feeds 2 tokens
-  after an all-accepted loop, docs/reference.md §2; a feature draft re-feeds all E tokens of the loop:
-  ``accel.sim.spd.draft_catch_up_s``); loop times are averaged over L in the generation range.
-- SpD with measured ``loop_stats`` (a dynamic draft length): D = ``drafts_per_loop`` draft calls and a target call
-  scoring D + 1 tokens per loop (fractional D: the call cost is interpolated along the S-curve), E =
-  ``tokens_per_loop``; K is then the cap (memory and validation only). With n-gram lookup drafts
-  (``draft_calls_per_loop`` < D, ``lookup_fraction`` > 0) only the draft-model calls are priced, and the draft's
-  later catch-up on the lookup loops' tokens is added.
-Assumptions: acceptance is i.i.d. per sequence (or the given per-position vector) and the batch does not wait for its
-slowest member; the draft runs on ``draft_devices`` (default 1) devices, the target on ``devices`` (default all).
-Memory: weights + KV cache for prompt_len + gen_len (+ K) tokens of every sequence, against
-``devices * memory_capacity * usable_memory_fraction`` (the draft's weights share that pool).
+- TTFT: target prefill of ``prompt_len`` tokens returning 1 logit (+ the draft's prefill for speculative decoding).
+- AR: ``gen_len - 1`` decode calls at past lengths prompt_len .. prompt_len + gen_len - 2 (their mean; at most 2048
+  evenly spread ones are evaluated for long generations), + ``host_s_per_step`` each.
+- speculative: (gen_len - 1) / E rounds priced by ``accel.sim.rounds`` at the same past lengths (loop times
+  averaged), E = expected tokens per round.
+Assumptions: acceptance is the same for every sequence and the batch does not wait for its slowest member; the
+draft runs on ``draft_devices`` devices, the target on ``devices`` (both chosen per model size unless given).
+Memory: weights + KV cache for prompt_len + gen_len (+ the round's draft tokens) positions of every sequence (a
+fixed cache: ctx_len), against ``devices * memory_capacity * usable_memory_fraction`` (the draft's weights share that
+pool unless it has its own ``draft_hardware``).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import ConfigDict
 
 from accel.errors import SimError
-from accel.sim._base import SimModel
-from accel.sim.formats import kv_bytes_per_element, normalize_format
-from accel.sim.hardware import Hardware
-from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import ModelSpec, resolve_model
-from accel.sim.roofline import BOUNDS, bound_of, format_arrays, resolve_devices, step_arrays, step_time
-from accel.sim.spd import (
-    Acceptance,
-    LoopStats,
-    acceptance_vector,
-    alpha_for_expected_tokens,
-    check_alpha,
-    check_k,
-    draft_catch_up_s,
-    expected_tokens_from,
-    tokens_pmf,
-)
-from accel.sim.spd import break_even_alpha as _break_even
+from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, check_int
+from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment, devices_to_fit
+from accel.sim.roofline import Bound, bound_of, format_arrays
+from accel.sim.rounds import chain_round, measured_round, prefill_s, price_round, target_call, tree_round
+from accel.sim.spd import Acceptance, LoopStats, acceptance_vector, alpha_for_expected_tokens, check_alpha, check_k
+from accel.sim.tree import TokenTree, best_tree, rank_acceptance
 
-ModelLike = ModelSpec | str | dict[str, Any] | Path
 BREAKDOWN_KEYS = ("target_memory", "target_compute", "target_comm", "target_overhead", "draft", "host")
+TREE_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128)  # node budgets best_tree_nodes compares (plus the one asked for)
 
 
 class ConfigResult(SimModel):
@@ -64,7 +48,7 @@ class ConfigResult(SimModel):
     decode_tokens_per_s: float  # batch / tpot_s
     speedup: float  # baseline total_s / total_s
     decode_speedup: float  # baseline tpot_s / tpot_s
-    bound: Literal["memory", "compute", "overhead"]
+    bound: Bound
     breakdown_s: dict[str, float]
     expected_tokens_per_loop: float | None = None
     loop_s: float | None = None
@@ -74,28 +58,36 @@ class ConfigResult(SimModel):
 
 
 class Prediction(SimModel):
-    """Result of :func:`predict_speedup`."""
+    """Result of :func:`predict_speedup`. ``k`` = draft tokens per round (chain K, tree nodes, or the cap of
+    measured loops); ``None`` fields belong to speculative decoding in an autoregressive-only prediction."""
+
+    model_config = ConfigDict(frozen=True)
 
     target: str
-    draft: str
+    draft: str | None
     hardware: str
-    draft_hardware: str
+    draft_hardware: str | None
     devices: int
-    draft_devices: int
-    k: int
-    acceptance: float | list[float]
+    draft_devices: int | None
+    k: int | None
+    acceptance: float | list[float] | list[list[float]] | None
     prompt_len: int
     gen_len: int
     batch_size: int
+    cache: Literal["growing", "fixed"]
+    ctx_len: int | None
     memory_available_bytes: float
     configs: list[ConfigResult]
     fits: bool
     fit_message: str
-    best_k: int
-    best_k_speedup: float
-    break_even_alpha: float | None
+    best_k: int | None = None
+    best_k_speedup: float | None = None
+    break_even_alpha: float | None = None
     loop_stats: LoopStats | None = None
     feature_draft: bool = False
+    tree: TokenTree | None = None
+    best_tree_nodes: int | None = None
+    best_tree_speedup: float | None = None
 
     def config(self, name: str) -> ConfigResult:
         for c in self.configs:
@@ -104,572 +96,212 @@ class Prediction(SimModel):
         raise SimError(f"no configuration {name!r}; have {[c.name for c in self.configs]}")
 
     def table(self) -> str:
-        """A readable text table of the four configurations."""
-        acc = (
-            self.acceptance
-            if isinstance(self.acceptance, float)
-            else "[" + ", ".join(f"{a:.2f}" for a in self.acceptance) + "]"
-        )
-        where = "" if self.draft_hardware == self.hardware else f" of {self.draft_hardware}"
-        kind = "feature draft" if self.feature_draft else "draft"
-        if self.loop_stats is not None:
-            acc = (
-                f"measured {self.loop_stats.tokens_per_loop:.3f} tokens and {self.loop_stats.drafts_per_loop:.3f} "
-                f"drafts per loop (K cap {self.k})"
+        """A readable text table of the configurations."""
+        from accel.sim.report import prediction_table
+
+        return prediction_table(self)
+
+
+class _Speculation:
+    """Validated speculative inputs of one prediction: the round shape and what the report shows."""
+
+    def __init__(self, dep: Deployment, k: Any, acceptance: Any, loop_stats: Any, tree: Any) -> None:
+        assert dep.draft is not None
+        self.feature = dep.draft.feature_dim > 0
+        self.stats = LoopStats(**loop_stats) if isinstance(loop_stats, dict) else loop_stats
+        if self.stats is not None and not isinstance(self.stats, LoopStats):
+            raise SimError(f"loop_stats must be a LoopStats or a dict of its fields, got {type(loop_stats).__name__}")
+        self.tree: TokenTree | None = None
+        if tree is not None:
+            if self.stats is not None:
+                raise SimError("give a tree or loop_stats, not both (a measured tree run is LoopStats with its calls)")
+            acc = 0.8 if acceptance is None else acceptance
+            self.tree = (
+                best_tree(acc, check_int("tree nodes", tree, 1, MAX_TREE_NODES))
+                if not isinstance(tree, TokenTree)
+                else tree
             )
-        lines = [
-            f"{self.target} + {kind} {self.draft} on {self.hardware} (target on {self.devices} device(s), draft "
-            f"on {self.draft_devices}{where}); K={self.k}, acceptance={acc}, batch={self.batch_size}, "
-            f"prompt={self.prompt_len}, gen={self.gen_len}",
-            f"{'configuration':<22}{'TTFT ms':>9}{'TPOT ms':>9}{'tok/s':>9}{'total s':>9}{'speedup':>9}"
-            f"{'decode x':>9}  {'bound':<9}{'memory GB':>10}  fits{'max B':>7}",
-        ]
-        for c in self.configs:
-            lines.append(
-                f"{c.name:<22}{c.ttft_s * 1e3:>9.2f}{c.tpot_s * 1e3:>9.3f}{c.tokens_per_s:>9.1f}"
-                f"{c.total_s:>9.3f}{c.speedup:>8.2f}x{c.decode_speedup:>8.2f}x  {c.bound:<9}"
-                f"{c.memory_bytes / 1e9:>10.2f}  {'yes' if c.fits else 'NO ':<4}{c.max_batch_size:>7}"
-            )
-        spd = [c for c in self.configs if c.speculative][-1]
-        be = "never (SpD loses even at alpha=1)" if self.break_even_alpha is None else f"{self.break_even_alpha:.3f}"
-        lines.append(
-            f"E[tokens/loop] = {spd.expected_tokens_per_loop:.3f}; best K for {spd.name} = {self.best_k} "
-            f"({self.best_k_speedup:.2f}x over {spd.target_format} AR); break-even alpha at K={self.k}: {be}"
-        )
-        lines.append(self.fit_message)
-        return "\n".join(lines)
+            self.tree_acc = acc
+            self.acc_out: Any = rank_acceptance(acc, self.tree.depth).tolist() if np.ndim(acc) else float(acc)
+            self.k = self.tree.n_nodes
+            self.shape = tree_round(self.tree, acc, self.feature)
+            return
+        self.k = int(check_k(k))
+        if self.stats is not None:
+            s = self.stats
+            if s.lookup_fraction == 0.0 and s.drafts_per_loop > self.k:
+                raise SimError(f"loop_stats.drafts_per_loop {s.drafts_per_loop:g} exceeds K={self.k} (the cap)")
+            if s.draft_calls() > self.k + 1e-9 and s.lookup_fraction > 0.0:
+                raise SimError(f"loop_stats.draft_calls_per_loop {s.draft_calls():g} exceeds K={self.k} (the cap)")
+        if acceptance is None:
+            d = 1 if self.stats is None else min(MAX_K, max(1, round(self.stats.drafts_per_loop)))
+            acceptance = 0.8 if self.stats is None else alpha_for_expected_tokens(self.stats.tokens_per_loop, d)
+        acc = check_alpha(acceptance)
+        self.acc_out = float(acc) if acc.ndim == 0 else [float(x) for x in acceptance_vector(acc, self.k)]
+        chain = chain_round(self.k, self.acc_out, self.feature)
+        self.shape = chain if self.stats is None else measured_round(self.stats, self.feature)
+
+    @property
+    def slots(self) -> int:
+        """KV positions one round writes beyond the generated tokens (the round's drafts, at most)."""
+        return self.k
 
 
-def _check_len(name: str, v: int, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise SimError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
+def _bound_at_mid(arrays: dict[str, np.ndarray]) -> Bound:
+    return bound_of(arrays, len(arrays["time_s"]) // 2)
 
 
-def _steps(spec, hw, fmt, kv_format, *, batch, S, L, NL, devices, compress_lm_head) -> dict[str, np.ndarray]:
-    bpe, mx, peak = format_arrays(hw, fmt)
-    return step_arrays(
-        spec,
-        hw,
-        weight_bpe=bpe,
-        weight_mx=mx,
-        peak_flops=peak,
-        kv_bpe=kv_bytes_per_element(kv_format),
-        batch=batch,
-        new_tokens=S,
-        context_len=L,
-        num_logits=NL,
-        devices=devices,
-        compress_lm_head=compress_lm_head,
+def _parts(arrays: dict[str, np.ndarray], per: float) -> dict[str, float]:
+    src = (("target_memory", "memory_bound_s"), ("target_compute", "compute_bound_s"), ("target_comm", "comm_s"),
+           ("target_overhead", "overhead_s"))  # fmt: skip
+    return {key: float(np.mean(arrays[s])) / per for key, s in src}
+
+
+def _memory(dep: Deployment, fmt: str, slots: int, speculative: bool) -> tuple[float, float, float]:
+    """(bytes needed, bytes of weights, KV bytes per sequence) of one configuration."""
+    tokens = dep.context_tokens + (slots if dep.cache == "growing" else 0)
+    weights = dep.target.weight_bytes(fmt, compress_lm_head=dep.compress_lm_head)
+    per_seq = dep.target.kv_cache_bytes(tokens, dep.kv_format)
+    if speculative and dep.draft_hardware is None and dep.draft is not None:
+        weights += dep.draft.weight_bytes(dep.draft_fmt, compress_lm_head=dep.compress_lm_head)
+        per_seq += dep.draft.kv_cache_bytes(tokens, dep.kv_format)
+    return weights + dep.batch_size * per_seq, weights, per_seq
+
+
+def _row(dep: Deployment, fmt: str, spec: _Speculation | None) -> dict[str, Any]:
+    """One configuration: AR (``spec`` None) or speculative, in target format ``fmt``."""
+    L = dep.decode_contexts()
+    spd = spec is not None
+    if spec is None:
+        arrays = target_call(dep, format_arrays(dep.hardware, fmt), 1, L)
+        tpot = float(np.mean(arrays["time_s"])) + dep.host_s_per_step
+        parts = {**_parts(arrays, 1.0), "draft": 0.0, "host": dep.host_s_per_step}
+        loop, e = None, None
+    else:
+        r = price_round(dep, fmt, spec.shape, L)
+        arrays, e = r["score"], spec.shape.tokens
+        loop = float(np.mean(r["loop"]))
+        tpot = loop / e
+        host = dep.host_s + dep.host_s_per_step
+        parts = {**_parts(arrays, e), "draft": float(np.mean(r["draft"])) / e, "host": host / e}
+    ttft = prefill_s(dep, fmt, spd)
+    total = ttft + (dep.gen_len - 1) * tpot
+    mem, weights, per_seq = _memory(dep, fmt, spec.slots if spec else 0, spd)
+    avail = dep.n_devices * dep.hardware.memory_capacity_bytes * dep.hardware.usable_memory_fraction
+    return dict(
+        name=f"{fmt} + SpD" if spd else f"{fmt} AR",
+        target_format=fmt,
+        draft_format=dep.draft_fmt if spd else None,
+        speculative=spd,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        total_s=total,
+        tokens_per_s=dep.batch_size * dep.gen_len / total,
+        decode_tokens_per_s=dep.batch_size / tpot,
+        bound=_bound_at_mid(arrays),
+        breakdown_s=parts,
+        expected_tokens_per_loop=e,
+        loop_s=loop,
+        memory_bytes=mem,
+        fits=bool(mem <= avail),
+        max_batch_size=max(0, math.floor((avail - weights) / per_seq)) if avail > weights else 0,
     )
 
 
-def spd_step_arrays(
-    target: ModelSpec,
-    draft: ModelSpec,
-    hw: Hardware,
-    *,
-    target_fmt: tuple,
-    draft_fmt: tuple,
-    k,
-    context_len,
-    batch_size,
-    kv_bpe: float,
-    devices: int,
-    draft_devices: int,
-    compress_lm_head: bool = False,
-    draft_hw: Hardware | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Array core of :func:`spd_step_times`. ``*_fmt`` = (bytes/element, is MX, peak FLOP/s), each broadcastable.
-    The K draft calls are summed exactly over past lengths L .. L+K-1 (cumulative sum up to max K)."""
-
-    def steps(spec, fmt, S, L, NL, devs, batch=batch_size, on=hw):
-        return step_arrays(
-            spec,
-            on,
-            weight_bpe=fmt[0],
-            weight_mx=fmt[1],
-            peak_flops=fmt[2],
-            kv_bpe=kv_bpe,
-            batch=batch,
-            new_tokens=S,
-            context_len=L,
-            num_logits=NL,
-            devices=devs,
-            compress_lm_head=compress_lm_head,
-        )["time_s"]
-
-    k = np.asarray(k, dtype=np.int64)
-    L = np.asarray(context_len, dtype=np.float64)
-    t_tgt = steps(target, target_fmt, 1, L, 1, devices)
-    t_score = steps(target, target_fmt, k + 1.0, L, k + 1.0, devices)
-    j = np.arange(int(k.max()), dtype=np.float64)
-    d_steps = steps(
-        draft,
-        tuple(np.asarray(x, dtype=np.float64)[..., None] for x in draft_fmt),
-        1,
-        L[..., None] + j,
-        1,
-        draft_devices,
-        batch=np.asarray(batch_size)[..., None],
-        on=draft_hw or hw,
-    )  # (..., K_max): past lengths L + j
-    cum = np.cumsum(d_steps, axis=-1)
-    shape = np.broadcast_shapes(cum.shape[:-1], k.shape)
-    idx = np.broadcast_to(k - 1, shape)[..., None]
-    t_draft = np.take_along_axis(np.broadcast_to(cum, shape + cum.shape[-1:]), idx, axis=-1)[..., 0]
-    # all-accepted loops: the draft never saw d_K, so its next first call feeds [d_K, bonus] (docs/reference.md §2)
-    catch_up = steps(draft, draft_fmt, 2, L, 1, draft_devices, on=draft_hw or hw) - steps(
-        draft, draft_fmt, 1, L, 1, draft_devices, on=draft_hw or hw
+def _fit_message(dep: Deployment, configs: list[ConfigResult], strict: bool) -> str:
+    hw, n = dep.hardware, dep.n_devices
+    avail = n * hw.memory_capacity_bytes * hw.usable_memory_fraction
+    bad = [c for c in configs if not c.fits]
+    if not bad:
+        return f"fits: all configurations within {avail / 1e9:.2f} GB usable on {n} device(s) of {hw.name}"
+    need = devices_to_fit(hw, max(c.memory_bytes for c in bad))
+    msg = (
+        "DOES NOT FIT: "
+        + "; ".join(f"{c.name} needs {c.memory_bytes / 1e9:.2f} GB" for c in bad)
+        + f" > {avail / 1e9:.2f} GB usable ({n} x {hw.memory_capacity_bytes / 1e9:.1f} GB x "
+        f"{hw.usable_memory_fraction:g}) on {hw.name}; devices={need} would hold it"
     )
-    return t_tgt, t_draft, t_score, catch_up
+    if strict:
+        raise SimError(msg)
+    return msg
 
 
-def spd_step_times(
-    target: ModelSpec,
-    draft: ModelSpec,
-    hw: Hardware,
-    *,
-    target_format: str,
-    draft_format: str,
-    k,
-    context_len,
-    batch_size: int = 1,
-    kv_format: str = "fp16",
-    devices: int | None = None,
-    draft_devices: int = 1,
-    compress_lm_head: bool = False,
-    draft_hardware: Hardware | str | None = None,
-) -> tuple[np.ndarray, ...]:
-    """(target decode step, sum of the K draft steps, (K+1)-token scoring step, draft catch-up) in seconds at past
-    length ``context_len`` (vectorized over k and context_len). The catch-up is the extra cost of the draft call
-    after an all-accepted loop (2 tokens instead of 1), paid with probability P(all K accepted).
-    ``draft_hardware``: profile the draft runs on (default: the target's ``hw``; e.g. a separately calibrated profile
-    when the draft's weights stay in cache)."""
-    dhw = hw if draft_hardware is None else _hardware(draft_hardware)
-    return spd_step_arrays(
-        target,
-        draft,
-        hw,
-        target_fmt=format_arrays(hw, target_format),
-        draft_fmt=format_arrays(dhw, draft_format),
-        k=k,
-        context_len=context_len,
-        draft_hw=dhw,
-        batch_size=batch_size,
-        kv_bpe=kv_bytes_per_element(kv_format),
-        devices=resolve_devices(hw, devices),
-        draft_devices=resolve_devices(dhw, draft_devices),
-        compress_lm_head=compress_lm_head,
-    )
+def _planning(dep: Deployment, spec: _Speculation) -> dict[str, Any]:
+    """best K and the break-even alpha (chains and measured loops), or the best node budget (trees)."""
+    from accel.sim.planning import best_k, break_even_alpha, tree_speedups
 
-
-def memory_bytes(
-    model: ModelSpec, weight_format: str, kv_format: str, batch_size, tokens, *, compress_lm_head: bool = False
-) -> float:
-    """Device memory (bytes) for the weights plus a KV cache of ``tokens`` positions for each of ``batch_size``."""
-    return model.weight_bytes(weight_format, compress_lm_head=compress_lm_head) + np.asarray(
-        batch_size
-    ) * tokens * model.kv_bytes_per_token(kv_format)
+    if spec.tree is not None:
+        budgets = sorted({*TREE_BUDGETS, spec.k})
+        sp = tree_speedups(dep, spec.tree_acc, budgets)
+        i = int(np.argmax(sp))
+        return dict(best_tree_nodes=budgets[i], best_tree_speedup=float(sp[i]))
+    acc = spec.acc_out
+    k_max = 16 if isinstance(acc, float) else len(acc)
+    bk, bk_speed = best_k(dep, acceptance=acc, k_max=k_max)
+    be = break_even_alpha(dep, k=spec.k)
+    return dict(best_k=bk, best_k_speedup=bk_speed, break_even_alpha=be)
 
 
 def predict_speedup(
-    target: ModelLike,
-    draft: ModelLike,
-    hardware: Hardware | str,
+    deployment: Deployment | ModelLike | None = None,
+    draft: ModelLike | None = None,
+    hardware: HardwareLike | None = None,
     *,
-    target_format: str = "mxfp6",
-    draft_format: str = "fp16",
     k: int = 7,
     acceptance: Acceptance | None = None,
-    prompt_len: int = 128,
-    gen_len: int = 896,
-    batch_size: int = 1,
-    devices: int | None = None,
-    draft_devices: int = 1,
-    kv_format: str = "fp16",
-    host_s: float = 0.0,
-    compress_lm_head: bool = False,
-    strict: bool = False,
-    draft_hardware: Hardware | str | None = None,
     loop_stats: LoopStats | dict[str, float] | None = None,
+    tree: TokenTree | int | None = None,
+    strict: bool = False,
+    **settings: Any,
 ) -> Prediction:
-    """Predict TTFT (s), TPOT (s), tokens/s and speedups of FP16 AR, MX AR, FP16 + SpD and MX + SpD.
+    """Predict TTFT (s), TPOT (s), tokens/s and speedups of AR in the baseline and the compressed format, and of
+    speculative decoding in both when the deployment has a draft.
 
-    ``acceptance``: i.i.d. per-token acceptance alpha in [0, 1] or a measured per-position vector (length >= K);
-    default 0.8, or with ``loop_stats`` the i.i.d. alpha giving its tokens per loop (used for ``best_k`` and the
-    break-even alpha only). ``loop_stats``: measured tokens and drafts per loop (``LoopStats``, e.g. a dynamic draft
-    length); the SpD rows then use them instead of ``acceptance`` and K is the draft-length cap.
-    A draft whose spec has ``feature_dim`` (a feature draft) re-feeds each loop's tokens (module docstring).
-    ``host_s``: host seconds per SpD loop (sampling, verification). ``strict=True`` raises ``SimError`` when a
-    configuration does not fit in memory; otherwise ``fits``/``fit_message`` report it. ``draft_hardware``: a
-    different profile for the draft (its memory is then not counted against the target's devices)."""
-    tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
-    k = int(check_k(k))
-    stats = LoopStats(**loop_stats) if isinstance(loop_stats, dict) else loop_stats
-    if stats is not None and not isinstance(stats, LoopStats):
-        raise SimError(f"loop_stats must be a LoopStats or a dict of its fields, got {type(loop_stats).__name__}")
-    if stats is not None and stats.lookup_fraction == 0.0 and stats.drafts_per_loop > k:
-        raise SimError(f"loop_stats.drafts_per_loop {stats.drafts_per_loop:g} exceeds K={k} (the draft-length cap)")
-    if stats is not None and stats.draft_calls() > k + 1e-9 and stats.lookup_fraction > 0.0:
-        raise SimError(f"loop_stats.draft_calls_per_loop {stats.draft_calls():g} exceeds K={k} (the draft-length cap)")
-    if acceptance is None:
-        acceptance = (
-            0.8
-            if stats is None
-            else alpha_for_expected_tokens(stats.tokens_per_loop, max(1, round(stats.drafts_per_loop)))
-        )
-    acc = check_alpha(acceptance)
-    feature = drf.feature_dim > 0
-    acc_out: float | list[float] = float(acc) if acc.ndim == 0 else [float(x) for x in acceptance_vector(acc, k)]
-    prompt_len = _check_len("prompt_len", prompt_len, 1)
-    gen_len = _check_len("gen_len", gen_len, 1)
-    batch_size = _check_len("batch_size", batch_size, 1)
-    if not (isinstance(host_s, (int, float)) and host_s >= 0):
-        raise SimError(f"host_s must be seconds >= 0, got {host_s!r}")
-    dhw = hw if draft_hardware is None else _hardware(draft_hardware)
-    n, nd = resolve_devices(hw, devices), resolve_devices(dhw, draft_devices)
-    tfmt, dfmt = normalize_format(target_format), normalize_format(draft_format)
-    kv_format = normalize_format(
-        kv_format,
-        allowed=("fp32", "fp16", "bf16", "fp8", "int8", "mxfp8", "mxint8", "mxfp6", "mxfp4"),
-        what="KV-cache format",
-    )
-    avail = n * hw.memory_capacity_bytes * hw.usable_memory_fraction
-    ctx_tokens = prompt_len + gen_len
-    e_tokens = expected_tokens_from(acc_out, k) if stats is None else stats.tokens_per_loop
-    p_all = float(tokens_pmf(acc_out, k)[-1]) if stats is None else stats.all_accepted()  # P(all drafts accepted)
-    n_draft = k if stats is None else stats.drafts_per_loop  # draft calls per loop; the target scores n_draft + 1
-    L_dec = prompt_len + np.arange(max(gen_len - 1, 1), dtype=np.float64)  # past lengths of the decode steps
-    n_dec = gen_len - 1
-    kw = dict(batch=batch_size, devices=n, compress_lm_head=compress_lm_head)
-
-    def prefill(spec, fmt, devs):
-        return float(
-            _steps(
-                spec,
-                hw,
-                fmt,
-                kv_format,
-                S=prompt_len,
-                L=0,
-                NL=1,
-                batch=batch_size,
-                devices=devs,
-                compress_lm_head=compress_lm_head,
-            )["time_s"]
-        )
-
-    raw: list[dict[str, Any]] = []
-    for name, fmt, spd in (
-        ("fp16 AR", "fp16", False),
-        (f"{tfmt} AR", tfmt, False),
-        ("fp16 + SpD", "fp16", True),
-        (f"{tfmt} + SpD", tfmt, True),
-    ):
-        ttft = prefill(tgt, fmt, n)
-        mem = memory_bytes(
-            tgt, fmt, kv_format, batch_size, ctx_tokens + (k if spd else 0), compress_lm_head=compress_lm_head
-        )
-        per_seq_kv = (ctx_tokens + (k if spd else 0)) * tgt.kv_bytes_per_token(kv_format)
-        weights = tgt.weight_bytes(fmt, compress_lm_head=compress_lm_head)
-        if not spd:
-            r = _steps(tgt, hw, fmt, kv_format, S=1, L=L_dec, NL=1, **kw)
-            tpot = float(np.mean(r["time_s"]))
-            parts = {
-                key: float(np.mean(r[src]))
-                for key, src in (
-                    ("target_memory", "memory_bound_s"),
-                    ("target_compute", "compute_bound_s"),
-                    ("target_comm", "comm_s"),
-                    ("target_overhead", "overhead_s"),
-                )
-            }
-            parts.update(draft=0.0, host=0.0)
-            i_mid = len(L_dec) // 2
-            bnd = BOUNDS[
-                int(
-                    bound_of(
-                        r["memory_bound_s"][i_mid],
-                        r["compute_bound_s"][i_mid],
-                        r["comm_s"][i_mid] + r["overhead_s"][i_mid],
-                    )
-                )
-            ]
-            loop = None
-        else:
-            ttft += float(
-                _steps(
-                    drf,
-                    dhw,
-                    dfmt,
-                    kv_format,
-                    S=prompt_len,
-                    L=0,
-                    NL=1,
-                    batch=batch_size,
-                    devices=nd,
-                    compress_lm_head=compress_lm_head,
-                )["time_s"]
-            )
-            if dhw is hw:
-                mem += memory_bytes(drf, dfmt, kv_format, batch_size, ctx_tokens + k, compress_lm_head=compress_lm_head)
-                per_seq_kv += (ctx_tokens + k) * drf.kv_bytes_per_token(kv_format)
-                weights += drf.weight_bytes(dfmt, compress_lm_head=compress_lm_head)
-            sc = _steps(tgt, hw, fmt, kv_format, S=n_draft + 1, L=L_dec, NL=n_draft + 1, **kw)
-            _, t_draft, _, t_catch = spd_step_times(
-                tgt,
-                drf,
-                hw,
-                target_format=fmt,
-                draft_format=dfmt,
-                k=k,
-                context_len=L_dec,
-                batch_size=batch_size,
-                kv_format=kv_format,
-                devices=n,
-                draft_devices=nd,
-                compress_lm_head=compress_lm_head,
-                draft_hardware=dhw,
-            )
-            if stats is not None:  # the loops' draft calls (one-token) at the mean past length of a loop's drafts
-                t_draft = (
-                    stats.draft_calls()
-                    * _steps(
-                        drf,
-                        dhw,
-                        dfmt,
-                        kv_format,
-                        S=1,
-                        L=L_dec + (n_draft - 1) / 2,
-                        NL=1,
-                        batch=batch_size,
-                        devices=nd,
-                        compress_lm_head=compress_lm_head,
-                    )["time_s"]
-                )
-            t_draft = t_draft + draft_catch_up_s(
-                t_catch, e_tokens, p_all, feature, stats.lookup_fraction if stats is not None else 0.0
-            )
-            loop = float(np.mean(sc["time_s"] + t_draft)) + host_s
-            tpot = loop / e_tokens
-            parts = {
-                key: float(np.mean(sc[src])) / e_tokens
-                for key, src in (
-                    ("target_memory", "memory_bound_s"),
-                    ("target_compute", "compute_bound_s"),
-                    ("target_comm", "comm_s"),
-                    ("target_overhead", "overhead_s"),
-                )
-            }
-            parts.update(draft=float(np.mean(t_draft)) / e_tokens, host=host_s / e_tokens)
-            i_mid = len(L_dec) // 2
-            bnd = BOUNDS[
-                int(
-                    bound_of(
-                        sc["memory_bound_s"][i_mid],
-                        sc["compute_bound_s"][i_mid],
-                        sc["comm_s"][i_mid] + sc["overhead_s"][i_mid],
-                    )
-                )
-            ]
-        total = ttft + n_dec * tpot
-        max_b = max(0, math.floor((avail - weights) / per_seq_kv)) if avail > weights else 0
-        raw.append(
-            dict(
-                name=name,
-                target_format=fmt,
-                draft_format=dfmt if spd else None,
-                speculative=spd,
-                ttft_s=ttft,
-                tpot_s=tpot,
-                total_s=total,
-                tokens_per_s=batch_size * gen_len / total,
-                decode_tokens_per_s=batch_size / tpot,
-                bound=bnd,
-                breakdown_s=parts,
-                expected_tokens_per_loop=e_tokens if spd else None,
-                loop_s=loop,
-                memory_bytes=float(mem),
-                fits=bool(mem <= avail),
-                max_batch_size=max_b,
-            )
-        )
+    ``deployment``: a ``Deployment``, or the older form ``predict_speedup(target, draft, hardware, **settings)``
+    (settings = ``Deployment`` fields; with a ``Deployment`` they override its fields). ``draft=None``: AR only.
+    ``acceptance``: i.i.d. alpha in [0, 1] or a measured per-position vector (length >= K); for a tree, an alpha or
+    per-rank rates (``accel.sim.tree.rank_acceptance``); default 0.8, or with ``loop_stats`` the i.i.d. alpha that
+    gives its tokens per loop (for ``best_k`` and the break-even alpha only). ``loop_stats``: measured loops
+    (dynamic length, lookup, trees); K is then the cap. ``tree``: a ``TokenTree`` or a node budget (the best tree
+    for ``acceptance``); the report then compares budgets (``best_tree_nodes``). ``strict=True`` raises
+    ``SimError`` when a configuration does not fit in memory."""
+    dep = as_deployment(deployment, draft, hardware, settings)
+    spec = None if dep.draft is None else _Speculation(dep, k, acceptance, loop_stats, tree)
+    if dep.draft is None and (loop_stats is not None or tree is not None or acceptance is not None):
+        raise SimError("acceptance, loop_stats and tree describe speculative decoding: give a draft model too")
+    raw = [_row(dep, fmt, None) for fmt in dep.formats()]
+    if spec is not None:
+        raw += [_row(dep, fmt, spec) for fmt in dep.formats()]
     base = raw[0]
     configs = [
         ConfigResult(**r, speedup=base["total_s"] / r["total_s"], decode_speedup=base["tpot_s"] / r["tpot_s"])
         for r in raw
     ]
-    bad = [c for c in configs if not c.fits]
-    if bad:
-        msg = (
-            "DOES NOT FIT: "
-            + "; ".join(f"{c.name} needs {c.memory_bytes / 1e9:.2f} GB" for c in bad)
-            + f" > {avail / 1e9:.2f} GB usable ({n} x {hw.memory_capacity_bytes / 1e9:.1f} GB x "
-            f"{hw.usable_memory_fraction:g}) on {hw.name}"
-        )
-        if strict:
-            raise SimError(msg)
-    else:
-        msg = f"fits: all configurations within {avail / 1e9:.2f} GB usable on {n} device(s) of {hw.name}"
-    mid = prompt_len + gen_len / 2
-    bk, bk_speed = best_k(
-        tgt,
-        drf,
-        hw,
-        acc_out,
-        target_format=tfmt,
-        draft_format=dfmt,
-        context_len=mid,
-        batch_size=batch_size,
-        kv_format=kv_format,
-        devices=n,
-        draft_devices=nd,
-        host_s=host_s,
-        compress_lm_head=compress_lm_head,
-        k_max=16 if acc.ndim == 0 else len(acc_out),
-        draft_hardware=dhw,
-    )
-    t_tgt, t_draft, t_score, t_catch = (
-        float(x)
-        for x in spd_step_times(
-            tgt,
-            drf,
-            hw,
-            target_format=tfmt,
-            draft_format=dfmt,
-            k=k,
-            context_len=mid,
-            batch_size=batch_size,
-            kv_format=kv_format,
-            devices=n,
-            draft_devices=nd,
-            compress_lm_head=compress_lm_head,
-            draft_hardware=dhw,
-        )
-    )
-    be = _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch, feature_draft=feature)
+    msg = _fit_message(dep, configs, strict)
+    plan = _planning(dep, spec) if spec is not None else {}
     return Prediction(
-        target=tgt.name,
-        draft=drf.name,
-        hardware=hw.name,
-        draft_hardware=dhw.name,
-        devices=n,
-        draft_devices=nd,
-        k=k,
-        acceptance=acc_out,
-        prompt_len=prompt_len,
-        gen_len=gen_len,
-        batch_size=batch_size,
-        memory_available_bytes=avail,
+        target=dep.target.name,
+        draft=dep.draft.name if dep.draft else None,
+        hardware=dep.hardware.name,
+        draft_hardware=dep.draft_hw.name if dep.draft else None,
+        devices=dep.n_devices,
+        draft_devices=dep.draft_devices,
+        k=spec.k if spec else None,
+        acceptance=spec.acc_out if spec else None,
+        prompt_len=dep.prompt_len,
+        gen_len=dep.gen_len,
+        batch_size=dep.batch_size,
+        cache=dep.cache,
+        ctx_len=dep.ctx_len,
+        memory_available_bytes=dep.n_devices * dep.hardware.memory_capacity_bytes * dep.hardware.usable_memory_fraction,
         configs=configs,
-        fits=not bad,
+        fits=all(c.fits for c in configs),
         fit_message=msg,
-        best_k=bk,
-        best_k_speedup=bk_speed,
-        break_even_alpha=be,
-        loop_stats=stats,
-        feature_draft=feature,
+        loop_stats=spec.stats if spec else None,
+        feature_draft=bool(spec and spec.feature),
+        tree=spec.tree if spec else None,
+        **plan,
     )
 
 
-def best_k(
-    target: ModelLike,
-    draft: ModelLike,
-    hardware: Hardware | str,
-    acceptance: Acceptance,
-    *,
-    target_format: str = "mxfp6",
-    draft_format: str = "fp16",
-    context_len: float = 512,
-    batch_size: int = 1,
-    kv_format: str = "fp16",
-    devices: int | None = None,
-    draft_devices: int = 1,
-    host_s: float = 0.0,
-    compress_lm_head: bool = False,
-    k_max: int = 16,
-    draft_hardware: Hardware | str | None = None,
-) -> tuple[int, float]:
-    """The K in 1..k_max with the highest decode speedup of SpD over AR with the same target format, and that speedup.
-    With a per-position acceptance vector, k_max is at most its length."""
-    tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
-    k_max = int(check_k(k_max))
-    acc = check_alpha(acceptance)
-    if acc.ndim:
-        k_max = min(k_max, acc.size)
-    ks = np.arange(1, k_max + 1)
-    t_tgt, t_draft, t_score, t_catch = spd_step_times(
-        tgt,
-        drf,
-        hw,
-        target_format=target_format,
-        draft_format=draft_format,
-        k=ks,
-        context_len=context_len,
-        batch_size=batch_size,
-        kv_format=kv_format,
-        devices=devices,
-        draft_devices=draft_devices,
-        compress_lm_head=compress_lm_head,
-        draft_hardware=draft_hardware,
-    )
-    pmfs = [tokens_pmf(acc, int(kk)) for kk in ks]
-    e = np.array([float(np.sum(np.arange(1, len(p) + 1) * p)) for p in pmfs])
-    p_all = np.array([p[-1] for p in pmfs])
-    sp = e * t_tgt / (t_draft + t_score + host_s + draft_catch_up_s(t_catch, e, p_all, drf.feature_dim > 0))
-    i = int(np.argmax(sp))
-    return int(ks[i]), float(sp[i])
-
-
-def break_even_alpha(
-    target: ModelLike,
-    draft: ModelLike,
-    hardware: Hardware | str,
-    k: int,
-    *,
-    target_format: str = "mxfp6",
-    draft_format: str = "fp16",
-    context_len: float = 512,
-    batch_size: int = 1,
-    kv_format: str = "fp16",
-    devices: int | None = None,
-    draft_devices: int = 1,
-    host_s: float = 0.0,
-    compress_lm_head: bool = False,
-    draft_hardware: Hardware | str | None = None,
-) -> float | None:
-    """Smallest i.i.d. acceptance at which SpD with K drafts matches AR (same target format); None if never."""
-    tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
-    k = int(check_k(k))
-    t_tgt, t_draft, t_score, t_catch = (
-        float(x)
-        for x in spd_step_times(
-            tgt,
-            drf,
-            hw,
-            target_format=target_format,
-            draft_format=draft_format,
-            k=k,
-            context_len=context_len,
-            batch_size=batch_size,
-            kv_format=kv_format,
-            devices=devices,
-            draft_devices=draft_devices,
-            compress_lm_head=compress_lm_head,
-            draft_hardware=draft_hardware,
-        )
-    )
-    return _break_even(k, t_tgt, t_draft / k, t_score, host_s, catch_up_s=t_catch, feature_draft=drf.feature_dim > 0)
-
-
-__all__ = [
-    "ConfigResult",
-    "Prediction",
-    "best_k",
-    "break_even_alpha",
-    "memory_bytes",
-    "predict_speedup",
-    "spd_step_times",
-    "step_time",
-]
+__all__ = ["BREAKDOWN_KEYS", "ConfigResult", "Prediction", "predict_speedup"]

@@ -1,45 +1,52 @@
 """Roofline time of one model call: S new tokens per sequence, past context L, batch B (see docs/sim.md).
 
-Per decoder layer (all layers are identical), and once for the LM head operator:
+Per decoder layer (all layers are identical), on each of n tensor-parallel devices, and once for the LM head:
 
     t_mem  = (W * g(r) + KV_read + KV_write + A) / (n * BW * e_bw)       r = B*S rows, g(r) = 1 + beta (r-1)^gamma
     t_comp = FLOPs / (n * peak[dtype] * e_comp)
-    t_dec  = MX elements / (n * decompress rate)                          (only for MX weights, if the rate is finite)
-    t_op   = max(t_mem, t_comp, t_dec)
+    t_dec  = compressed weight elements / (n * decompress rate[format])  (0 when the format is stored as computed)
+    t_op   = max(t_mem, t_comp, t_dec)   if the device overlaps decompression with the weight stream,
+             max(t_mem, t_comp) + t_dec  otherwise
 
-    T = n_layers * t_layer + t_head + t_comm + call_overhead
-    t_comm = n_layers * 2 all-reduces of B*S*d_model fp16 values (ring: 2 (n-1)/n bytes/link + 2 (n-1) latency)
+    T = n_layers * (t_layer + layer_overhead + t_comm) + t_head + call_overhead
+    t_comm = all-reduces per layer (2, or 1 for a parallel block) of B*S*d_model fp16 values:
+             allreduce_latency + link_latency * ceil(log2 n) + 2 (n-1)/n * bytes / link_BW
 
-W: the layer's weights (linear layers in the weight format, norms/biases fp16); KV read = B*L*2*kv_dim, written
-B*S*2*kv_dim (KV format); A: activations in and out of each matmul (fp16), attention assumed fused (scores on chip).
-FLOPs: 2 * rows * linear params + attention 4 * B * S * heads * head_dim * (L + (S+1)/2) (causal within the chunk).
-LM head: the full head matrix (tied = the embedding table) + logits written as fp32 for the ``num_logits`` positions
-actually returned, FLOPs 2 * B * num_logits * d * vocab; the embedding gather reads B*S rows.
-Prefill (TTFT), decode (TPOT) and K+1 scoring are all this one function with different (S, L, num_logits).
-Exact: the byte and FLOP counts. Approximate: the efficiency terms, the max() overlap model, ignoring norms' FLOPs.
+W: the layer's weights (linear layers in the weight format - for a mixture of experts, the experts the r rows touch -
+norms/biases in the model's dtype); KV read = B * slots * 2 * kv_dim, slots = the past L (at most the window of a
+sliding layer) for a growing cache, or every ``kv_slots`` of a fixed-size cache (QEfficient-style compiles attend
+over all ctx_len slots, masked); KV written = B*S*2*kv_dim; A: activations in and out of each matmul (fp16),
+attention assumed fused (scores on chip). FLOPs: 2 * rows * active linear params + attention 4 * B * S * q_dim *
+(keys per query). LM head: the full head matrix (tied = the embedding table) + logits written as fp32 for the
+``num_logits`` positions returned, FLOPs 2 * B * num_logits * d * vocab; the embedding gather reads B*S rows.
+Exact: the byte and FLOP counts. Approximate: the efficiency terms, the max() overlap, ignoring norms' FLOPs.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from accel.errors import SimError
-from accel.sim._base import SimModel
-from accel.sim.formats import bytes_per_element, compute_dtype, is_mx, kv_bytes_per_element
+from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int
+from accel.sim.formats import bytes_per_element, compute_dtype, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import ModelSpec, resolve_model
+from accel.sim.hf_config import resolve_model
+from accel.sim.models import ModelSpec
 
 ACT_BYTES = 2.0  # activations and all-reduce payloads in fp16
 LOGIT_BYTES = 4.0  # logits returned as fp32
-BOUNDS = ("memory", "compute", "overhead")
+BOUNDS = ("memory", "compute", "decompress", "communication", "overhead")
+Bound = Literal["memory", "compute", "decompress", "communication", "overhead"]
+FormatArrays = tuple[Any, Any, Any]  # (bytes per element, decompress rate per device (inf = free), peak FLOP/s)
 
 
 class StepTime(SimModel):
     """Time of one model call (seconds) with its breakdown. ``time_s = memory_bound_s + compute_bound_s + comm_s +
-    overhead_s``: the first two are the time of operators limited by memory / by compute (or MX decompression)."""
+    overhead_s``: the first two are the time of operators limited by memory / by compute or decompression; comm the
+    tensor-parallel all-reduces; overhead the fixed per-call and per-layer costs. ``bound`` names the largest
+    share ("decompress" when the compute-bound share is mostly weight decompression)."""
 
     time_s: float
     memory_bound_s: float
@@ -48,187 +55,203 @@ class StepTime(SimModel):
     overhead_s: float
     memory_s: float  # memory time of all operators (whether or not they were memory bound)
     compute_s: float  # compute time of all operators
-    decompress_s: float  # MX decompression time of all operators
+    decompress_s: float  # weight decompression time of all operators
     weight_bytes: float  # bytes of weights streamed (before the multi-token factor)
     kv_read_bytes: float
     kv_write_bytes: float
     activation_bytes: float
     flops: float
-    bound: Literal["memory", "compute", "overhead"]
+    bound: Bound
     batch_size: int
     new_tokens: int
     context_len: int
     num_logits: int
+    devices: int
 
 
-def _check_sizes(batch, new_tokens, context_len, num_logits) -> None:
-    for name, v, lo in (
-        ("batch_size", batch, 1),
-        ("new_tokens", new_tokens, 1),
-        ("context_len", context_len, 0),
-        ("num_logits", num_logits, 1),
-    ):
-        a = np.asarray(v)
-        if not np.issubdtype(a.dtype, np.number) or np.any(~np.isfinite(a)) or np.any(a < lo):
-            raise SimError(f"{name} must be a finite number >= {lo}, got {v!r}")
-    if np.any(np.asarray(num_logits) > np.asarray(new_tokens)):
-        raise SimError(f"num_logits ({num_logits!r}) cannot exceed new_tokens ({new_tokens!r})")
+def format_arrays(hw: Hardware, weight_format: str) -> tuple[float, float, float]:
+    """(bytes per element, decompression rate per device or ``inf`` when free, peak FLOP/s) of a weight format."""
+    rate = hw.decompress_rate(weight_format)
+    return (
+        bytes_per_element(weight_format),
+        float("inf") if rate is None else rate,
+        hw.peak_flops(compute_dtype(weight_format)),
+    )
 
 
-def resolve_devices(hw: Hardware, devices: int | None) -> int:
-    """Number of devices used (tensor parallel); default: all of ``hw.num_devices``."""
-    if devices is None:
-        return hw.num_devices
-    if not isinstance(devices, (int, np.integer)) or not 1 <= devices <= hw.num_devices:
-        raise SimError(f"devices must be an integer in [1, {hw.num_devices}] for {hw.name!r}, got {devices!r}")
-    return int(devices)
+def allreduce_s(hw: Hardware, nbytes: Any, devices: int) -> Any:
+    """Seconds of one all-reduce of ``nbytes`` over ``devices`` (0 on one device)."""
+    n = float(devices)
+    if n <= 1:
+        return 0.0 * np.asarray(nbytes)
+    steps = float(np.ceil(np.log2(n)))
+    return (
+        hw.allreduce_latency_s
+        + hw.link_latency_s * steps
+        + 2.0 * (n - 1.0) / n * np.asarray(nbytes) / hw.link_bandwidth_bytes_per_s
+    )
+
+
+def _layer(m: ModelSpec, bpe: Any, small_bpe: float, kv_bpe: float, B: Any, S: Any, L: Any, kv_slots: Any) -> dict:
+    """Bytes, FLOPs and decompressed elements of one decoder layer (per call, all devices together)."""
+    rows = B * S
+    linear = m.attn_params_per_layer + m.router_params + m.expected_experts(rows) * m.expert_params  # experts touched
+    if kv_slots is None:
+        past = np.asarray(m.attended_tokens(L), dtype=np.float64)
+        keys = past + (S + 1.0) / 2.0  # causal within the chunk
+        kv_read = B * past * 2.0 * m.kv_dim * kv_bpe
+    else:  # a fixed cache: attention reads (masked) every slot
+        keys = np.asarray(kv_slots, dtype=np.float64)
+        kv_read = B * keys * 2.0 * m.kv_dim * kv_bpe
+    act_elems = 4 * m.d_model + 2 * m.q_dim + 2 * m.kv_dim + (3 if m.ffn_type == "gated" else 2) * m.ffn_dim
+    return {
+        "weights": linear * bpe + m.small_params_per_layer * small_bpe,
+        "kv_read": kv_read,
+        "kv_write": B * S * 2.0 * m.kv_dim * kv_bpe,
+        "act": rows * act_elems * ACT_BYTES,
+        "flops": 2.0 * rows * m.active_linear_params_per_layer + 4.0 * B * S * m.q_dim * keys,
+        "decompress": linear,
+    }
+
+
+def _head(m: ModelSpec, bpe: Any, small_bpe: float, B: Any, S: Any, NL: Any, compress_lm_head: bool) -> dict:
+    """The LM head with the final norm, the embedding gather, the logits out and a feature draft's input layer."""
+    head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
+    fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
+    head_bpe = bpe if compress_lm_head else np.float64(small_bpe)
+    return {
+        "weights": head_params * head_bpe + m.final_norm_params * small_bpe + fc * bpe,
+        "act": B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
+        + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
+        + B * NL * m.vocab_size * LOGIT_BYTES,
+        "flops": 2.0 * B * NL * head_params + 2.0 * B * S * fc,
+        "decompress": (head_params if compress_lm_head else 0.0) + fc,
+    }
+
+
+def _op_time(hw: Hardware, mem: Any, comp: Any, dec: Any) -> tuple[Any, Any]:
+    """(time, memory-bound part) of one operator: its slowest resource, decompression beside or after the stream."""
+    if hw.decompress_overlap:
+        t = np.maximum(np.maximum(mem, comp), dec)
+        return t, np.where(mem >= np.maximum(comp, dec), t, 0.0)
+    return np.maximum(mem, comp) + dec, np.where(mem >= comp, mem, 0.0)
 
 
 def step_arrays(
     model: ModelSpec,
     hw: Hardware,
     *,
-    weight_bpe,
-    weight_mx,
-    peak_flops,
-    kv_bpe,
-    batch,
-    new_tokens,
-    context_len,
-    num_logits,
+    fmt: FormatArrays,
+    kv_bpe: float,
+    batch: Any,
+    new_tokens: Any,
+    context_len: Any,
+    num_logits: Any,
     devices: int,
+    kv_slots: Any = None,
     compress_lm_head: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Vectorized core of :func:`step_time`: every numeric argument broadcasts (numpy arrays). Returns seconds/bytes.
-
-    ``weight_bpe``: bytes per element of the linear weights; ``weight_mx``: 1 where that format is MX (decompression
-    applies); ``peak_flops``: peak FLOP/s of the compute dtype. No validation here (the callers validate)."""
+    """Vectorized core of :func:`step_time`: every numeric argument broadcasts. ``fmt`` = :func:`format_arrays`
+    (each entry broadcastable); ``kv_slots``: slots a fixed-size cache attends over (``None`` = a growing cache,
+    the past ``context_len``). Returns seconds / bytes / FLOPs. No validation here (the callers validate)."""
     m = model
     f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    bpe, mx, peak, kvb = f(weight_bpe), f(weight_mx), f(peak_flops), f(kv_bpe)
+    bpe, rate, peak = f(fmt[0]), f(fmt[1]), f(fmt[2])
     B, S, L, NL = f(batch), f(new_tokens), f(context_len), f(num_logits)
     n = float(devices)
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
     fl = n * peak * hw.compute_efficiency
-    dec_rate = None if hw.mx_decompress_elements_per_s is None else n * hw.mx_decompress_elements_per_s
+    small_bpe = bytes_per_element(m.dtype)
 
-    def g(rows):  # multi-token weight-streaming factor (hardware.py)
+    def g(rows: np.ndarray) -> np.ndarray:  # multi-token weight-streaming factor (hardware.py)
         return 1.0 + hw.multi_token_penalty * np.maximum(rows - 1.0, 0.0) ** hw.multi_token_exponent
 
-    rows = B * S
-    # --- one decoder layer
-    w_layer = m.linear_params_per_layer * bpe + m.small_params_per_layer * 2.0
-    kv_read = B * L * 2.0 * m.kv_dim * kvb
-    kv_write = B * S * 2.0 * m.kv_dim * kvb
-    act_elems = 4 * m.d_model + 2 * m.q_dim + 2 * m.kv_dim + (3 if m.ffn_type == "gated" else 2) * m.ffn_dim
-    act = rows * act_elems * ACT_BYTES
-    flops_layer = 2.0 * rows * m.linear_params_per_layer + 4.0 * B * S * m.q_dim * (L + (S + 1.0) / 2.0)
-    mem_l = (w_layer * g(rows) + kv_read + kv_write + act) / bw
-    comp_l = flops_layer / fl
-    dec_l = 0.0 * mx if dec_rate is None else mx * m.linear_params_per_layer / dec_rate
-    # --- LM head (+ final norm, embedding gather, logits out)
-    head_params = m.head_rows * m.d_model  # a restricted head (head_vocab) scores fewer rows; logits stay full
-    head_bpe = bpe if compress_lm_head else np.float64(bytes_per_element("fp16"))
-    head_mx = mx if compress_lm_head else 0.0 * mx
-    fc = m.input_proj_params  # a feature draft's input layer: read like a layer matrix, applied to every token
-    w_head = head_params * head_bpe + m.final_norm_params * 2.0 + fc * bpe
-    act_head = (
-        B * S * (m.embed_dim or m.d_model) * ACT_BYTES  # embedding rows gathered
-        + B * S * m.feature_dim * ACT_BYTES  # target features in (feature drafts)
-        + B * NL * m.vocab_size * LOGIT_BYTES
-    )
-    flops_head = 2.0 * B * NL * head_params + 2.0 * rows * fc
-    mem_h = (w_head * g(B * NL) + act_head) / bw
-    comp_h = flops_head / fl
-    dec_h = 0.0 * head_mx if dec_rate is None else (head_mx * head_params + mx * fc) / dec_rate
-    # --- combine: each operator runs at its slowest resource
+    lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
+    head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
+    mem_l = (lay["weights"] * g(B * S) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
+    mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
+    comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
+    dec_l, dec_h = lay["decompress"] / (n * rate), head["decompress"] / (n * rate)
+    (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
-    t_l = np.maximum(np.maximum(mem_l, comp_l), dec_l)
-    t_h = np.maximum(np.maximum(mem_h, comp_h), dec_h)
-    mem_bound = nl * np.where(mem_l >= np.maximum(comp_l, dec_l), t_l, 0.0) + np.where(
-        mem_h >= np.maximum(comp_h, dec_h), t_h, 0.0
-    )
-    compute_bound = nl * t_l + t_h - mem_bound
-    if n > 1:
-        ar_bytes = rows * m.d_model * ACT_BYTES
-        t_ar = 2.0 * (n - 1.0) / n * ar_bytes / hw.link_bandwidth_bytes_per_s + 2.0 * (n - 1.0) * hw.link_latency_s
-        comm = nl * 2.0 * t_ar
-    else:
-        comm = 0.0 * rows
-    overhead = hw.call_overhead_s + 0.0 * rows
-    total = nl * t_l + t_h + comm + overhead
+    comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)
+    overhead = hw.call_overhead_s + nl * hw.layer_overhead_s + 0.0 * B
     out = {
-        "time_s": total,
-        "memory_bound_s": mem_bound,
-        "compute_bound_s": compute_bound,
+        "time_s": nl * t_l + t_h + comm + overhead,
+        "memory_bound_s": nl * mb_l + mb_h,
+        "compute_bound_s": nl * (t_l - mb_l) + t_h - mb_h,
         "comm_s": comm,
         "overhead_s": overhead,
         "memory_s": nl * mem_l + mem_h,
         "compute_s": nl * comp_l + comp_h,
         "decompress_s": nl * dec_l + dec_h,
-        "weight_bytes": nl * w_layer + w_head + 0.0 * rows,
-        "kv_read_bytes": nl * kv_read,
-        "kv_write_bytes": nl * kv_write,
-        "activation_bytes": nl * act + act_head,
-        "flops": nl * flops_layer + flops_head,
+        "weight_bytes": nl * lay["weights"] + head["weights"],
+        "kv_read_bytes": nl * lay["kv_read"],
+        "kv_write_bytes": nl * lay["kv_write"],
+        "activation_bytes": nl * lay["act"] + head["act"],
+        "flops": nl * lay["flops"] + head["flops"],
     }
-    shape = np.broadcast_shapes(*(np.shape(v) for v in out.values()))
+    shape = np.broadcast_shapes(*(np.shape(v) for v in out.values()), np.shape(L), np.shape(B), np.shape(S))
     return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape) for k, v in out.items()}
 
 
-def bound_of(memory_bound_s, compute_bound_s, other_s):
-    """Index into ``BOUNDS`` of the largest share (vectorized)."""
-    return np.argmax(np.stack(np.broadcast_arrays(memory_bound_s, compute_bound_s, other_s)), axis=0)
+def bound_of(arrays: dict[str, Any], i: Any = ...) -> Bound:
+    """The largest share of ``step_arrays`` output (at index ``i`` of its arrays)."""
+    v = {k: float(np.asarray(arrays[k])[i]) for k in ("memory_bound_s", "compute_bound_s", "comm_s", "overhead_s",
+                                                      "decompress_s", "compute_s")}  # fmt: skip
+    shares = [v["memory_bound_s"], v["compute_bound_s"], v["comm_s"], v["overhead_s"]]
+    j = int(np.argmax(shares))
+    names: tuple[Bound, ...] = ("memory", "compute", "communication", "overhead")
+    if j == 1 and v["decompress_s"] >= v["compute_s"]:
+        return "decompress"
+    return names[j]
 
 
-def format_arrays(hw: Hardware, weight_format: str) -> tuple[float, float, float]:
-    """(bytes per element, is MX, peak FLOP/s) for a weight format on ``hw``."""
-    return bytes_per_element(weight_format), float(is_mx(weight_format)), hw.peak_flops(compute_dtype(weight_format))
+def resolve_devices(hw: Hardware, devices: int | None) -> int:
+    """Devices used in tensor parallel: ``devices`` (1 .. 4096, more than one card allowed), default the card's."""
+    return hw.num_devices if devices is None else check_int("devices", devices, 1, MAX_DEVICES)
 
 
 def step_time(
-    model: ModelSpec | str | dict,
+    model: ModelSpec | str | dict[str, Any],
     hardware: Hardware | str,
     *,
-    weight_format: str = "fp16",
+    weight_format: str | None = None,
     kv_format: str = "fp16",
     batch_size: int = 1,
     new_tokens: int = 1,
     context_len: int = 0,
     num_logits: int | None = None,
     devices: int | None = None,
+    kv_slots: int | None = None,
     compress_lm_head: bool = False,
 ) -> StepTime:
     """Roofline time (seconds) of one call of ``model`` with ``new_tokens`` per sequence after ``context_len`` cached
-    tokens, at ``batch_size``. ``num_logits`` (default: 1) = positions whose logits are returned: 1 for prefill and
-    decode, K+1 for speculative scoring. ``devices`` = devices used in tensor parallel (default: all)."""
-    spec = resolve_model(model)
-    hw = _hardware(hardware)
+    tokens, at ``batch_size``. ``weight_format`` defaults to the model's dtype. ``num_logits`` (default 1) =
+    positions whose logits are returned: 1 for prefill and decode, K+1 for speculative scoring. ``devices`` =
+    devices in tensor parallel (default: the card's). ``kv_slots``: a fixed-size cache of that many slots, all read."""
+    spec, hw = resolve_model(model), _hardware(hardware)
     num_logits = 1 if num_logits is None else num_logits
-    _check_sizes(batch_size, new_tokens, context_len, num_logits)
+    batch = check_int("batch_size", batch_size, 1, MAX_BATCH)
+    S = check_int("new_tokens", new_tokens, 1, MAX_TOKENS)
+    L = check_int("context_len", context_len, 0, MAX_TOKENS)
+    nl = check_int("num_logits", num_logits, 1, S)
+    slots = None if kv_slots is None else check_int("kv_slots", kv_slots, L + S, MAX_TOKENS)
     n = resolve_devices(hw, devices)
-    bpe, mx, peak = format_arrays(hw, weight_format)
+    fmt = normalize_format(weight_format or spec.dtype)
     r = step_arrays(
         spec,
         hw,
-        weight_bpe=bpe,
-        weight_mx=mx,
-        peak_flops=peak,
+        fmt=format_arrays(hw, fmt),
         kv_bpe=kv_bytes_per_element(kv_format),
-        batch=batch_size,
-        new_tokens=new_tokens,
-        context_len=context_len,
-        num_logits=num_logits,
+        batch=batch,
+        new_tokens=S,
+        context_len=L,
+        num_logits=nl,
         devices=n,
+        kv_slots=slots,
         compress_lm_head=compress_lm_head,
     )
     vals = {k: float(v) for k, v in r.items()}
-    b = BOUNDS[int(bound_of(vals["memory_bound_s"], vals["compute_bound_s"], vals["comm_s"] + vals["overhead_s"]))]
-    return StepTime(
-        **vals,
-        bound=b,
-        batch_size=int(batch_size),
-        new_tokens=int(new_tokens),
-        context_len=int(context_len),
-        num_logits=int(num_logits),
-    )
+    b = bound_of(r)
+    return StepTime(**vals, bound=b, batch_size=batch, new_tokens=S, context_len=L, num_logits=nl, devices=n)

@@ -15,32 +15,42 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from accel.errors import SimError
-from accel.sim._base import SimModel
+from accel.sim._base import MAX_K, SimModel
 
 Acceptance = float | Sequence[float] | np.ndarray
 
 
-def check_k(k) -> np.ndarray:
-    """K as an integer array >= 1 (``SimError`` otherwise)."""
+def check_k(k: Any) -> np.ndarray:
+    """K as an integer array in [1, ``MAX_K``] (``SimError`` otherwise; a bool is not an integer here)."""
     a = np.asarray(k)
-    if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.any(a != np.round(a)) or np.any(a < 1):
-        raise SimError(f"K (draft tokens per loop) must be an integer >= 1, got {k!r}")
+    if (
+        a.size == 0
+        or a.dtype == bool
+        or not np.issubdtype(a.dtype, np.number)
+        or np.any(~np.isfinite(a))
+        or np.any(a != np.round(a))
+        or np.any(a < 1)
+        or np.any(a > MAX_K)
+    ):
+        raise SimError(f"K (draft tokens per loop) must be an integer in [1, {MAX_K}], got {k!r}")
     return a.astype(np.int64)
 
 
-def check_alpha(alpha) -> np.ndarray:
+def check_alpha(alpha: Any) -> np.ndarray:
     """Acceptance probabilities as a float array in [0, 1] (``SimError`` otherwise)."""
     try:
-        a = np.asarray(alpha, dtype=np.float64) if not isinstance(alpha, str) else np.asarray(np.nan)
+        bad = isinstance(alpha, (str, bool)) or np.asarray(alpha).dtype == bool
+        a = np.asarray(np.nan) if bad else np.asarray(alpha, dtype=np.float64)
     except (TypeError, ValueError):
         a = np.asarray(np.nan)
-    if a.size == 0 or np.any(~np.isfinite(a)) or np.any((a < 0) | (a > 1)):
-        raise SimError(f"acceptance rate alpha must be in [0, 1], got {alpha!r}")
+    if a.size == 0 or a.size > 1 << 20 or np.any(~np.isfinite(a)) or np.any((a < 0) | (a > 1)):
+        raise SimError(f"acceptance rate alpha must be in [0, 1], got {alpha!r}"[:300])
     return a
 
 
@@ -56,7 +66,7 @@ def acceptance_vector(acceptance: Acceptance, k: int) -> np.ndarray:
     return a[:k].copy()
 
 
-def expected_tokens(alpha, k):
+def expected_tokens(alpha: Any, k: Any) -> Any:
     """E[tokens per loop] with i.i.d. acceptance ``alpha`` (vectorized over alpha and K): (1 - a^(K+1)) / (1 - a),
     K+1 at a = 1."""
     a = check_alpha(alpha)
@@ -94,24 +104,42 @@ def alpha_for_expected_tokens(e: float, k: int) -> float:
     return hi
 
 
+def catch_up_tokens(
+    expected_tokens_per_loop: Any, p_all_accepted: Any, feature_draft: bool, lookup_fraction: float = 0.0
+) -> Any:
+    """Extra tokens the draft is fed per loop beyond its one-token calls (vectorized): ``p_all`` for a standalone
+    draft (after an all-accepted loop it reads [d_K, bonus]), ``E - 1`` for a feature draft (it re-reads the loop),
+    plus the tokens of lookup loops (see :func:`draft_catch_up_s`)."""
+    e, f = np.asarray(expected_tokens_per_loop), float(lookup_fraction)
+    return e - (1.0 - f) if feature_draft else np.asarray(p_all_accepted) + f * e
+
+
 def draft_catch_up_s(
-    catch_up_token_s, expected_tokens_per_loop, p_all_accepted, feature_draft: bool, lookup_fraction: float = 0.0
-):
+    catch_up_token_s: Any,
+    expected_tokens_per_loop: Any,
+    p_all_accepted: Any,
+    feature_draft: bool,
+    lookup_fraction: float = 0.0,
+) -> Any:
     """Extra draft seconds per loop beyond its one-token calls (vectorized). ``catch_up_token_s`` = the draft's cost
     of one more token in a call (its 2-token call minus its 1-token call). A standalone draft pays it after
     all-accepted loops (``p_all_accepted``); a feature draft re-feeds the whole loop, ``E - 1`` extra tokens.
     With n-gram lookup drafts (``lookup_fraction`` of the loops call no draft), the draft later catches up on every
     token those loops emitted: a feature draft feeds ``E - (1 - f)`` extra tokens per loop, a standalone one
     ``p_all + f E``."""
-    e, f = np.asarray(expected_tokens_per_loop), float(lookup_fraction)
-    extra = e - (1.0 - f) if feature_draft else np.asarray(p_all_accepted) + f * e
+    extra = catch_up_tokens(expected_tokens_per_loop, p_all_accepted, feature_draft, lookup_fraction)
     return extra * np.asarray(catch_up_token_s)
 
 
 class LoopStats(SimModel):
     """Measured shape of speculative loops, for runs the i.i.d. / per-position acceptance model does not describe:
     a dynamic draft length (``accel.spd.generate(min_draft_prob=...)`` stops drafting when the draft is unsure, so K
-    varies per loop). ``accel.spd``'s ``GenerationStats`` has all three (``LoopStats.from_stats``)."""
+    varies per loop), n-gram lookup drafts, or token trees. ``accel.spd``'s ``GenerationStats`` has the fields
+    (``LoopStats.from_stats``).
+
+    A measured tree run: ``tokens_per_loop`` = tokens per target call, ``drafts_per_loop`` = mean tree size T (the
+    target scores T + 1 tokens), ``draft_calls_per_loop`` = draft calls per round (one per tree level that is
+    expanded, the root's included), ``draft_tokens_per_call`` = mean tokens fed per draft call (a level's width)."""
 
     tokens_per_loop: float = Field(ge=1.0, description="E: mean tokens emitted per target call (accepted + 1)")
     drafts_per_loop: float = Field(
@@ -137,9 +165,18 @@ class LoopStats(SimModel):
         le=1.0,
         description="loops drafted by n-gram lookup: no draft call, and the draft catches up on their tokens later",
     )
+    draft_tokens_per_call: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=1024.0,
+        description="mean tokens fed per draft call: 1 for a chain, a tree level's width for a tree proposer",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LoopStats:
+        for name in ("tokens_per_loop", "drafts_per_loop"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) > 1024:
+                raise SimError(f"LoopStats: {name} must be a finite number <= 1024, got {getattr(self, name)!r}")
         if self.tokens_per_loop > self.drafts_per_loop + 1.0 + 1e-9:
             raise SimError(
                 f"LoopStats: tokens_per_loop {self.tokens_per_loop:g} exceeds drafts_per_loop + 1 = "
@@ -161,17 +198,20 @@ class LoopStats(SimModel):
         return self.drafts_per_loop if self.draft_calls_per_loop is None else self.draft_calls_per_loop
 
     @classmethod
-    def from_stats(cls, stats) -> LoopStats:
+    def from_stats(cls, stats: Any) -> LoopStats:
         """From an ``accel.spd.GenerationStats`` (or anything with ``mean_tokens_per_loop``,
-        ``mean_drafts_per_loop``, ``all_accepted_rounds`` and ``row_calls``)."""
+        ``mean_drafts_per_loop``, ``all_accepted_rounds`` and ``row_calls``; optionally ``draft_calls_per_loop``,
+        ``lookup_rounds`` and, for tree runs, ``mean_draft_tokens_per_call``)."""
         rows = getattr(stats, "row_calls", 0)
         calls = getattr(stats, "draft_calls_per_loop", None)
+        width = getattr(stats, "mean_draft_tokens_per_call", None)
         return cls(
-            tokens_per_loop=stats.mean_tokens_per_loop,
-            drafts_per_loop=stats.mean_drafts_per_loop,
+            tokens_per_loop=float(stats.mean_tokens_per_loop),
+            drafts_per_loop=float(stats.mean_drafts_per_loop),
             all_accepted_fraction=stats.all_accepted_rounds / rows if rows else None,
-            draft_calls_per_loop=calls if calls is not None and math.isfinite(calls) else None,
+            draft_calls_per_loop=float(calls) if calls is not None and math.isfinite(calls) else None,
             lookup_fraction=getattr(stats, "lookup_rounds", 0) / rows if rows else 0.0,
+            draft_tokens_per_call=float(width) if width is not None and math.isfinite(width) and width >= 1 else 1.0,
         )
 
     def all_accepted(self) -> float:
@@ -182,12 +222,12 @@ class LoopStats(SimModel):
         return min(1.0, (self.tokens_per_loop - 1.0) / d) ** d
 
 
-def loop_time(k, draft_step_s, score_step_s, host_s=0.0):
+def loop_time(k: Any, draft_step_s: Any, score_step_s: Any, host_s: float = 0.0) -> Any:
     """Seconds of one loop: K draft calls + one (K+1)-token scoring call + host time (vectorized)."""
     return np.asarray(k) * draft_step_s + score_step_s + host_s
 
 
-def speedup(expected_tokens_per_loop, loop_s, target_step_s):
+def speedup(expected_tokens_per_loop: Any, loop_s: Any, target_step_s: Any) -> Any:
     """Speedup over autoregressive decoding: tokens per second with SpD / tokens per second of the target alone."""
     return np.asarray(expected_tokens_per_loop) * target_step_s / loop_s
 

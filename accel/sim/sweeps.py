@@ -1,7 +1,8 @@
 """Vectorized sweeps of speculative decoding over grids of weight format, batch, context, K and alpha.
 
-Decode-phase quantities at a fixed past length (no prefill): the same equations as :func:`accel.sim.best_k`, evaluated
-with numpy broadcasting over the whole grid at once (millions of configurations per second).
+Decode-phase quantities at fixed past lengths (no prefill): the chain pricing of ``accel.sim.rounds``, evaluated with
+numpy broadcasting over the whole grid at once (millions of configurations per second). The grid is bounded
+(``MAX_SWEEP_POINTS`` configurations) and checked before anything is allocated.
 """
 
 from __future__ import annotations
@@ -13,16 +14,15 @@ import numpy as np
 from pydantic import ConfigDict
 
 from accel.errors import SimError
-from accel.sim._base import SimModel
-from accel.sim.formats import kv_bytes_per_element, normalize_format
-from accel.sim.hardware import Hardware
-from accel.sim.hardware import hardware as _hardware
-from accel.sim.models import resolve_model
-from accel.sim.predict import ModelLike, spd_step_arrays
-from accel.sim.roofline import format_arrays, resolve_devices
-from accel.sim.spd import check_alpha, check_k, draft_catch_up_s, expected_tokens
+from accel.sim._base import MAX_BATCH, MAX_SWEEP_POINTS, MAX_TOKENS, SimModel, check_int_array
+from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment
+from accel.sim.formats import normalize_format
+from accel.sim.roofline import format_arrays
+from accel.sim.rounds import chain_arrays
+from accel.sim.spd import catch_up_tokens, check_alpha, check_k, expected_tokens
 
 AXES = ("target_format", "batch_size", "context_len", "k", "alpha")
+DEFAULT_ALPHAS = np.linspace(0, 1, 21)
 
 
 class SweepResult(SimModel):
@@ -31,8 +31,8 @@ class SweepResult(SimModel):
     all-accepted loop; E - 1 extra tokens for a feature draft, which re-feeds each loop); ``loop_s`` = that + the
     scoring call + host time.
 
-    ``speedup``: SpD decode tokens/s over AR with the same target format; ``speedup_vs_fp16``: over FP16 AR;
-    ``best_k``: argmax over the K axis (shape without K)."""
+    ``speedup``: SpD decode tokens/s over AR with the same target format; ``speedup_vs_fp16``: over AR in the
+    deployment's baseline format (fp16 or bf16); ``best_k``: argmax over the K axis (shape without K)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -53,96 +53,64 @@ class SweepResult(SimModel):
         return int(self.speedup.size)
 
 
-def _int_axis(name: str, v, lo: int) -> np.ndarray:
-    a = np.atleast_1d(np.asarray(v))
-    if (
-        a.ndim != 1
-        or a.size == 0
-        or not np.issubdtype(a.dtype, np.number)
-        or np.any(a < lo)
-        or np.any(a != np.round(a))
-    ):
-        raise SimError(f"{name} must be integers >= {lo}, got {v!r}")
-    return a.astype(np.int64)
+def _axes(dep: Deployment, target_format: Any, batch_size: Any, context_len: Any, k: Any, alpha: Any) -> tuple:
+    fmts = dep.formats() if target_format is None else target_format
+    fmts = [normalize_format(f) for f in ([fmts] if isinstance(fmts, str) else list(fmts))]
+    if not fmts or len(fmts) > 64:
+        raise SimError(f"target_format needs 1 to 64 formats, got {len(fmts)}")
+    k_list = [k] if np.isscalar(k) else list(k)
+    if len(k_list) > 64:
+        raise SimError(f"a sweep takes at most 64 values of K, got {len(k_list)}")
+    ks = np.atleast_1d(check_k(np.asarray(k_list)))
+    al = np.atleast_1d(check_alpha(np.asarray(alpha, dtype=np.float64) if not isinstance(alpha, str) else alpha))
+    bs = check_int_array("batch_size", [dep.batch_size] if batch_size is None else batch_size, 1, MAX_BATCH)
+    ctx = [dep.prompt_len] if context_len is None else context_len
+    ls = check_int_array("context_len", ctx, 0, MAX_TOKENS)
+    n = len(fmts) * bs.size * ls.size * ks.size * al.size
+    if n > MAX_SWEEP_POINTS or al.ndim != 1:
+        raise SimError(f"a sweep grid holds at most {MAX_SWEEP_POINTS:,} configurations (1-d axes), got {n:,}")
+    return fmts, bs, ls, ks, al
 
 
 def sweep(
-    target: ModelLike,
-    draft: ModelLike,
-    hardware: Hardware | str,
+    deployment: Deployment | ModelLike | None = None,
+    draft: ModelLike | None = None,
+    hardware: HardwareLike | None = None,
     *,
-    k: Sequence[int] = range(1, 17),
-    alpha: Sequence[float] = np.linspace(0, 1, 21),
-    target_format: Sequence[str] = ("fp16", "mxfp6"),
-    batch_size: Sequence[int] = (1,),
-    context_len: Sequence[int] = (512,),
-    draft_format: str = "fp16",
-    kv_format: str = "fp16",
-    devices: int | None = None,
-    draft_devices: int = 1,
-    host_s: float = 0.0,
-    compress_lm_head: bool = False,
+    k: Sequence[int] | int = range(1, 17),
+    alpha: Sequence[float] | np.ndarray = DEFAULT_ALPHAS,
+    target_format: Sequence[str] | str | None = None,
+    batch_size: Sequence[int] | None = None,
+    context_len: Sequence[int] | None = None,
+    **settings: Any,
 ) -> SweepResult:
-    """Evaluate SpD decode speed on the full grid (formats x batch x context x K x alpha); see ``SweepResult``."""
-    tgt, drf, hw = resolve_model(target), resolve_model(draft), _hardware(hardware)
-    fmts = [normalize_format(f) for f in ([target_format] if isinstance(target_format, str) else target_format)]
-    if not fmts:
-        raise SimError("target_format needs at least one format")
-    ks = np.atleast_1d(check_k(np.asarray(list(k) if not np.isscalar(k) else [k])))
-    al = np.atleast_1d(check_alpha(np.asarray(alpha, dtype=np.float64)))
-    bs = _int_axis("batch_size", batch_size, 1)
-    ls = _int_axis("context_len", context_len, 0)
-    if not (isinstance(host_s, (int, float)) and host_s >= 0):
-        raise SimError(f"host_s must be seconds >= 0, got {host_s!r}")
-    n, nd = resolve_devices(hw, devices), resolve_devices(hw, draft_devices)
-    fa = np.array([format_arrays(hw, f) for f in fmts])  # (F, 3)
-    tf = tuple(fa[:, i].reshape(-1, 1, 1, 1) for i in range(3))
-    B = bs.reshape(1, -1, 1, 1)
-    L = ls.reshape(1, 1, -1, 1).astype(np.float64)
-    K = ks.reshape(1, 1, 1, -1)
-    t_tgt, t_draft, t_score, t_catch = spd_step_arrays(
-        tgt,
-        drf,
-        hw,
-        target_fmt=tf,
-        draft_fmt=format_arrays(hw, draft_format),
-        k=K,
-        context_len=L,
-        batch_size=B,
-        kv_bpe=kv_bytes_per_element(kv_format),
-        devices=n,
-        draft_devices=nd,
-        compress_lm_head=compress_lm_head,
-    )
+    """Speculative decode speed on the full grid (formats x batch x context x K x alpha); see ``SweepResult``.
+    ``deployment``: a ``Deployment`` (or ``target, draft, hardware, **settings``); the axes default to its formats,
+    batch and prompt length."""
+    dep = as_deployment(deployment, draft, hardware, settings)
+    if dep.draft is None:
+        raise SimError("a speculative sweep needs a deployment with a draft model")
+    fmts, bs, ls, ks, al = _axes(dep, target_format, batch_size, context_len, k, alpha)
+    fa = np.array([format_arrays(dep.hardware, f) for f in fmts])  # (F, 3)
+    tf = (fa[:, 0].reshape(-1, 1, 1, 1), fa[:, 1].reshape(-1, 1, 1, 1), fa[:, 2].reshape(-1, 1, 1, 1))
+    B, L, K = bs.reshape(1, -1, 1, 1), ls.reshape(1, 1, -1, 1).astype(np.float64), ks.reshape(1, 1, 1, -1)
+    t_tgt, t_draft, t_score, t_catch = chain_arrays(dep, tf, K, L, B)
     shape = (len(fmts), bs.size, ls.size, ks.size, al.size)
     e = np.broadcast_to(expected_tokens(al[None, :], ks[:, None]), shape)  # (K, A) -> full
-    t_tgt5 = np.broadcast_to(np.asarray(t_tgt)[..., None], shape)
-    p_all = al[None, :] ** ks[:, None]  # (K, alpha): all K drafts accepted -> 2-token draft catch-up next loop
-    extra = draft_catch_up_s(np.asarray(t_catch)[..., None], e, p_all, drf.feature_dim > 0)  # feature: E - 1 tokens
+    p_all = al[None, :] ** ks[:, None]  # (K, alpha): all K drafts accepted
+    extra = np.asarray(t_catch)[..., None] * catch_up_tokens(e, p_all, dep.draft.feature_dim > 0)
     t_draft = np.asarray(t_draft)[..., None] + extra
-    loop = np.broadcast_to(t_draft + np.asarray(t_score)[..., None] + host_s, shape)
+    host = dep.host_s + dep.host_s_per_step
+    loop = np.broadcast_to(t_draft + np.asarray(t_score)[..., None] + host, shape)
+    t_tgt5 = np.broadcast_to(np.asarray(t_tgt)[..., None] + dep.host_s_per_step, shape)
     B5 = bs.reshape(1, -1, 1, 1, 1)
     spd_tps = B5 * e / loop
     ar_tps = np.broadcast_to(B5 / t_tgt5, shape)
-    if "fp16" in fmts:
-        fp16_tps = ar_tps[fmts.index("fp16")][None]
+    if dep.baseline in fmts:
+        base_tps = ar_tps[fmts.index(dep.baseline)][None]
     else:
-        f16 = format_arrays(hw, "fp16")
-        t16 = spd_step_arrays(
-            tgt,
-            drf,
-            hw,
-            target_fmt=f16,
-            draft_fmt=f16,
-            k=K[..., :1],
-            context_len=L,
-            batch_size=B,
-            kv_bpe=kv_bytes_per_element(kv_format),
-            devices=n,
-            draft_devices=nd,
-            compress_lm_head=compress_lm_head,
-        )[0]
-        fp16_tps = B5 / np.asarray(t16)[..., None]
+        t16 = chain_arrays(dep, format_arrays(dep.hardware, dep.baseline), K[..., :1], L, B)[0]
+        base_tps = B5 / (np.asarray(t16)[..., None] + dep.host_s_per_step)
     speed = spd_tps / ar_tps
     return SweepResult(
         axes={"target_format": fmts, "batch_size": bs, "context_len": ls, "k": ks, "alpha": al},
@@ -154,6 +122,6 @@ def sweep(
         ar_tokens_per_s=np.ascontiguousarray(ar_tps),
         spd_tokens_per_s=spd_tps,
         speedup=speed,
-        speedup_vs_fp16=spd_tps / fp16_tps,
+        speedup_vs_fp16=spd_tps / base_tps,
         best_k=ks[np.argmax(speed, axis=3)],
     )

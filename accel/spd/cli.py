@@ -99,8 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=WEIGHT_MODES,
         default="fp32",
         help="onnxruntime export of a target checkpoint (the choices of accel export --weights): fp32 "
-        "(default), or e.g. mxint8-nbits (MXINT8 weights run by onnxruntime's MatMulNBits with int8 "
-        "activations per block: an approximate target, about half the step time on CPU; see docs/backends.md)",
+        "(default), or e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
+        "8-bit MatMulNBits with int8 activations per block: an approximate target, about half the step time on "
+        "CPU; see docs/backends.md)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json, directory or .gguf (default: the target's)")
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
@@ -278,9 +279,9 @@ def _summary(stats, messages: list[str]) -> str:
                 f"[{' '.join(f'{a:.2f}' for a in ranks)}]"
             )
             lines.append(
-                f"(accel predict --tree-nodes {round(s.mean_drafts_per_loop)} --acceptance "
-                f"{','.join(f'{a:.3f}' for a in ranks)} --draft-calls-per-loop {s.draft_calls_per_loop:.3f} "
-                f"--draft-tokens-per-call {s.mean_draft_tokens_per_call:.3f})"
+                f"(the tree round's shape for accel.sim: nodes {round(s.mean_drafts_per_loop)}, acceptance by rank "
+                f"{','.join(f'{a:.3f}' for a in ranks)}, draft calls per loop {s.draft_calls_per_loop:.3f}, "
+                f"draft tokens per call {s.mean_draft_tokens_per_call:.3f})"
             )
         if s.lookup_rounds:
             lines.append(

@@ -1,4 +1,5 @@
-"""``weights="mxint8-nbits"``: every Linear (and the head) as onnxruntime's MatMulNBits on MXINT8 codes.
+"""``weights="mxint8-nbits"`` (and the stored blocks of ``mxfp6-nbits`` / ``mxfp4-nbits``, whose other tests are in
+test_onnx_nbits_fp.py): every Linear (and the head) as onnxruntime's MatMulNBits on MX codes.
 
 What is exact and what is not: the stored codes and scales represent the MXINT8 weights bit for bit (checked against
 ``accel.formats.quantize``); the product uses int8 activations quantized per block of 32 by onnxruntime, so logits are
@@ -58,10 +59,13 @@ def _linear_names(model: Decoder) -> list[str]:
     return [*names, "lm_head.weight"]
 
 
+@pytest.mark.parametrize(
+    ("weights", "element"), [("mxint8-nbits", "mxint8"), ("mxfp6-nbits", "mxfp6_e2m3"), ("mxfp4-nbits", "mxfp4_e2m1")]
+)
 @pytest.mark.parametrize("tied", [False, True])
-def test_stored_blocks_are_exactly_mxint8(tied, tmp_path):
+def test_stored_blocks_are_exactly_the_mx_weights(tied, weights, element, tmp_path):
     model = _model(tied)
-    path = export_onnx(model, tmp_path / "n.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
+    path = export_onnx(model, tmp_path / "n.onnx", ctx_len=CTX, weights=weights, progress=False)
     proto = onnx.load(str(path))
     inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits"]
@@ -83,7 +87,7 @@ def test_stored_blocks_are_exactly_mxint8(tied, tmp_path):
             w = state["embed_tokens.weight" if tied and name == "lm_head.weight" else name]
             assert name not in inits and attrs["K"] == w.shape[1]
             got = values[row : row + w.shape[0], : w.shape[1]]
-            want = quantize(w, get_format("mxint8"), axis=-1, block_size=32).dequantize(np.float64)
+            want = quantize(w, get_format(element), axis=-1, block_size=32).dequantize(np.float64)
             np.testing.assert_array_equal(got, want, err_msg=name)
             row += w.shape[0]
             seen.append(name)
@@ -91,7 +95,7 @@ def test_stored_blocks_are_exactly_mxint8(tied, tmp_path):
     assert sorted(seen) == sorted(_linear_names(model))
     assert inits["embed_tokens.weight"].dtype == np.float32  # gathered, not multiplied: stays float
     meta = {m.key: m.value for m in proto.metadata_props}
-    assert meta["accel.weights"] == "mxint8-nbits" and meta["accel.mx_format"] == "mxint8"
+    assert meta["accel.weights"] == weights and meta["accel.mx_format"] == element
 
 
 def test_logits_close_to_float_activations_and_closer_than_int8(tmp_path):
@@ -149,7 +153,7 @@ def test_compressed_mxint8_model_keeps_its_codes_and_other_formats_are_rejected(
         np.testing.assert_array_equal(ia[key], ib[key], err_msg=key)
     fp6 = copy.deepcopy(model)
     accel.compress(fp6, "mxfp6")
-    with pytest.raises(BackendError, match="MXINT8 weights only; this model is compressed with mxfp6"):
+    with pytest.raises(BackendError, match="runs mxint8 weights only; this model is compressed with mxfp6_e2m3"):
         export_onnx(fp6, tmp_path / "x.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
     with pytest.raises(BackendError, match="float_storage applies to mx-rounded / mx-packed only"):
         export_onnx(

@@ -88,3 +88,17 @@ def test_missing_sdk_is_a_clear_error(tmp_path):
         pass
     with pytest.raises(BackendError, match="Cloud AI 100 runtime is not installed"):
         QaicBackend(tmp_path / "qpc")
+
+
+def test_tree_specialization(onnx_file, tmp_path):
+    """A tree graph gets a third specialization, seq_len = tree_nodes; a chain graph refuses tree_nodes."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
+    tree_file = export_onnx(Decoder(cfg).init_weights(0), tmp_path / "tree.onnx", ctx_len=64, progress=False, tree=True)
+    spec = write_qaic_files(tree_file, tmp_path / "qaic", prompt_len=32, k=3, ctx_len=64, tree_nodes=16)
+    written = json.loads((tmp_path / "qaic" / "specializations.json").read_text())["specializations"]
+    assert [s["seq_len"] for s in written] == ["32", "4", "16"] and spec.seq_lens == (4, 16, 32)
+    assert QaicCompileSpec.model_validate_json((tmp_path / "qaic" / "accel_qaic.json").read_text()).tree_nodes == 16
+    with pytest.raises(BackendError, match="no tree inputs"):
+        write_qaic_files(onnx_file, tmp_path / "chain", prompt_len=32, k=3, ctx_len=64, tree_nodes=16)
+    with pytest.raises(BackendError, match="tree_nodes 65"):
+        write_qaic_files(tree_file, tmp_path / "big", prompt_len=32, k=3, ctx_len=64, tree_nodes=65)

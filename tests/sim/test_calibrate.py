@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from accel.errors import SimError
-from accel.sim import Observation, calibrate, hardware
+from accel.sim import Observation, RunObservation, SimWarning, calibrate, hardware
 from accel.sim.calibration import predict_observations
 
 TRUE = dict(bandwidth_efficiency=0.45, call_overhead_s=4e-4, multi_token_penalty=0.3, multi_token_exponent=0.7)
@@ -44,16 +44,62 @@ def test_recovers_terms_with_one_percent_noise():
 
 
 def test_tokens_per_s_observations_and_fit_selection():
+    """Three AR calls of three models: the terms they determine are fitted (bandwidth, per-call and per-layer
+    cost: the models differ in layer count), not the multi-token curve (only S = 1)."""
     hw = hardware("l4")
-    true = hw.with_(bandwidth_efficiency=0.7, call_overhead_s=1e-4)
+    true = hw.with_(bandwidth_efficiency=0.7, call_overhead_s=1e-4, layer_overhead_s=2e-5)
     obs = []
     for m in ("llama-2-7b", "smollm2-360m", "qwen2.5-1.5b"):
         t = predict_observations(true, [Observation(model=m, context_len=256, seconds_per_call=1.0)])[0]
         obs.append(Observation(model=m, context_len=256, tokens_per_s=1.0 / t))
-    fitted = calibrate(hw, obs)  # only S = 1: the multi-token term is not fitted
-    assert set(fitted.calibration.fitted) == {"bandwidth_efficiency", "call_overhead_s"}
+    fitted = calibrate(hw, obs)
+    assert set(fitted.calibration.fitted) == {"bandwidth_efficiency", "call_overhead_s", "layer_overhead_s"}
     assert fitted.bandwidth_efficiency == pytest.approx(0.7, rel=1e-6)
-    assert fitted.call_overhead_s == pytest.approx(1e-4, rel=1e-5)
+    assert fitted.call_overhead_s == pytest.approx(1e-4, rel=1e-4)
+    assert fitted.layer_overhead_s == pytest.approx(2e-5, rel=1e-4)
+    assert "multi_token_penalty" in fitted.calibration.not_fitted
+
+
+def test_one_observation_fits_one_term_by_default():
+    """The old default asked for two terms and failed on one published point; now one point fits one term."""
+    hw = hardware("cloud-ai-100-ultra")
+    obs = [RunObservation(model="llama-2-7b", prompt_len=1024, gen_len=1024, cache="fixed", ctx_len=2048,
+                          tokens_per_s=26.49)]  # fmt: skip
+    fitted = calibrate(hw, obs)
+    assert list(fitted.calibration.fitted) == ["bandwidth_efficiency"]
+    assert abs(fitted.calibration.residuals[0]) < 1e-9
+    # an MXFP6 point on a device whose MX decoder sets the pace fits the decoder's rate instead
+    mx = obs[0].model_copy(update={"weight_format": "mxfp6", "compress_lm_head": True, "tokens_per_s": 43.78})
+    fitted = calibrate(hw, [mx])
+    assert list(fitted.calibration.fitted) == ["decompress_elements_per_s:mxfp6"]
+    both = calibrate(hw, [*obs, mx])
+    assert list(both.calibration.fitted) == ["bandwidth_efficiency", "decompress_elements_per_s:mxfp6"]
+    assert both.calibration.max_relative_error < 1e-6
+
+
+def test_fit_at_a_bound_warns_with_its_residual():
+    """An observation faster than the roofline pins the bandwidth efficiency at 1.0: say so, loudly."""
+    hw = hardware("l4")
+    with pytest.warns(SimWarning) as rec:
+        fitted = calibrate(hw, [Observation(model="llama-2-7b", seconds_per_call=1e-3)])
+    messages = [str(w.message) for w in rec]
+    assert any("bandwidth_efficiency ended at its bound" in m for m in messages)
+    assert any("residual of +" in m for m in messages)
+    assert fitted.calibration.warnings and fitted.calibration.max_relative_error > 0.5
+
+
+def test_whole_run_observations_and_link_terms():
+    """gpt-fast-style runs (prompt 5, 200 tokens, end-to-end rate) on 1/2/4/8 GPUs determine the link latency."""
+    hw = hardware("a100-80gb")
+    true = hw.with_(bandwidth_efficiency=0.7, link_latency_s=5e-6)
+    runs = [RunObservation(model="llama-2-7b", weight_format="bf16", prompt_len=5, gen_len=200, devices=n,
+                           rate="end_to_end", tokens_per_s=1.0) for n in (1, 2, 4, 8)]  # fmt: skip
+    runs = [r.model_copy(update={"tokens_per_s": r.predicted_tokens_per_s(true)}) for r in runs]
+    fitted = calibrate(hw, runs)
+    assert fitted.calibration.fitted["link_latency_s"] == pytest.approx(5e-6, rel=1e-4)
+    assert fitted.bandwidth_efficiency == pytest.approx(0.7, rel=1e-6)
+    dicts = calibrate(hw, [r.model_dump() for r in runs[:2]], fit=["bandwidth_efficiency", "link_latency_s"])
+    assert dicts.calibration.fitted["link_latency_s"] == pytest.approx(5e-6, rel=1e-4)
 
 
 def test_bad_input():
@@ -65,9 +111,25 @@ def test_bad_input():
     with pytest.raises(SimError, match="fit must name"):
         calibrate(hw, [Observation(model="gpt2", seconds_per_call=1e-3)], fit=["peak"])
     with pytest.raises(SimError, match="cannot determine"):
-        calibrate(hw, [Observation(model="gpt2", seconds_per_call=1e-3)])
-    with pytest.raises(SimError):
-        Observation(model="gpt2", seconds_per_call=-1.0)
+        calibrate(
+            hw, [Observation(model="gpt2", seconds_per_call=1e-3)], fit=["bandwidth_efficiency", "call_overhead_s"]
+        )
+    with pytest.raises(SimError, match="computed as stored"):
+        calibrate(hw, [Observation(model="gpt2", seconds_per_call=1e-3)], fit=["decompress_elements_per_s:fp16"])
+    for bad in (-1.0, float("inf"), float("nan"), True):
+        with pytest.raises(SimError):
+            Observation(model="gpt2", seconds_per_call=bad)
+    with pytest.raises(SimError, match="tokens_per_s"):
+        RunObservation(model="gpt2", tokens_per_s=float("inf"))
+    with pytest.raises(SimError, match="batch_size"):
+        Observation(model="gpt2", seconds_per_call=1e-3, batch_size=True)
+    for field, bad in (("gen_len", 0), ("prompt_len", -1), ("batch_size", 1 << 30), ("host_s_per_step", -1.0)):
+        with pytest.raises(SimError, match=field):
+            RunObservation(model="gpt2", tokens_per_s=10.0, **{field: bad})
+    with pytest.raises(SimError, match="ctx_len"):  # shorter than prompt + generation
+        RunObservation(model="gpt2", tokens_per_s=10.0, prompt_len=100, gen_len=100, cache="fixed", ctx_len=150)
+    with pytest.raises(SimError, match="fixed cache"):
+        RunObservation(model="gpt2", tokens_per_s=10.0, ctx_len=1024)
 
 
 def test_far_optimizer_steps_keep_bounded_parameters_valid():

@@ -41,9 +41,9 @@ def test_cli_json_and_plot(capsys, tmp_path):
 
 
 def test_cli_errors(capsys, tmp_path):
-    assert main([*ARGS[:2], "no-such-model", *ARGS[3:]]) == 1
+    assert main([*ARGS[:2], "no-such-model", *ARGS[3:]]) != 0
     assert "known presets" in capsys.readouterr().err
-    assert main([*ARGS, "--acceptance", "1.3"]) == 1
+    assert main([*ARGS, "--acceptance", "1.3"]) != 0
     assert (
         main(
             [
@@ -57,7 +57,7 @@ def test_cli_errors(capsys, tmp_path):
                 "--strict",
             ]
         )
-        == 1
+        != 0
     )
     assert "DOES NOT FIT" in capsys.readouterr().err
     hw = tmp_path / "dev.yaml"
@@ -108,19 +108,20 @@ def test_cli_measured_loop_statistics(capsys):
         "all_accepted_fraction": 0.2,
         "draft_calls_per_loop": None,
         "lookup_fraction": 0.0,
+        "draft_tokens_per_call": 1.0,
     }
     assert data["configs"][3]["expected_tokens_per_loop"] == 2.1
     p = predict_speedup(
         "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra", k=7, loop_stats=data["loop_stats"]
     )
     assert data["configs"][3]["tpot_s"] == p.config("mxfp6 + SpD").tpot_s
-    assert main([*base, "--tokens-per-loop", "2.1"]) == 1
+    assert main([*base, "--tokens-per-loop", "2.1"]) != 0
     assert "go together" in capsys.readouterr().err
-    assert main([*base, "--tokens-per-loop", "5", "--drafts-per-loop", "2"]) == 1
+    assert main([*base, "--tokens-per-loop", "5", "--drafts-per-loop", "2"]) != 0
     assert "exceeds drafts_per_loop" in capsys.readouterr().err
-    assert main([*base, "--all-accepted", "0.5"]) == 1
+    assert main([*base, "--all-accepted", "0.5"]) != 0
     assert "need --tokens-per-loop" in capsys.readouterr().err
-    assert main([*base, "--lookup-fraction", "0.5"]) == 1
+    assert main([*base, "--lookup-fraction", "0.5"]) != 0
     assert "need --tokens-per-loop" in capsys.readouterr().err
     # n-gram lookup loops: fewer draft-model calls than drafts, so a faster loop than the same shape without lookup
     assert (
@@ -143,3 +144,43 @@ def test_cli_measured_loop_statistics(capsys):
     look = json.loads(capsys.readouterr().out)
     assert look["loop_stats"]["draft_calls_per_loop"] == 1.5 and look["loop_stats"]["lookup_fraction"] == 0.5
     assert look["configs"][3]["tpot_s"] < data["configs"][3]["tpot_s"]
+
+
+def test_cli_autoregressive_fixed_cache_and_refused_sizes(capsys):
+    base = ["predict", "--target", "llama-2-7b", "--hardware", "cloud-ai-100-standard"]
+    fixed = ["--cache", "fixed", "--ctx-len", "2048", "--prompt-len", "1024", "--gen-len", "1024"]
+    assert main([*base, *fixed, "--compress-lm-head"]) == 0
+    out = capsys.readouterr().out
+    assert "autoregressive only" in out and "fixed cache of 2048" in out and "mxfp6 AR" in out and "SpD" not in out
+    full = [
+        "predict",
+        "--target",
+        "llama-2-7b",
+        "--draft",
+        "qualcomm-llama2-draft-115m",
+        "--hardware",
+        "cloud-ai-100-ultra",
+    ]
+    for bad, words in (
+        (["--k", "1000000"], "[1, 64]"),  # once allocated 24 GB and was killed
+        (["--host-s", "inf"], "host_s"),
+        (["--batch", "0"], "batch_size"),
+        (["--prompt-len", "4000", "--gen-len", "1000"], "maximum context of 4096"),
+        (["--devices", "100000"], "devices"),
+    ):
+        assert main([*full, *bad]) != 0, bad
+        assert words in capsys.readouterr().err, bad
+
+
+def test_cli_plot_paths_are_checked_before_any_work(capsys, tmp_path):
+    assert main([*ARGS, "--plot", str(tmp_path / "bars.txt")]) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and "must end in .png" in err  # refused before the table is printed
+    (tmp_path / "folder.png").mkdir()
+    assert main([*ARGS, "--plot", str(tmp_path / "folder.png")]) != 0
+    assert "is a folder" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main([*ARGS, "--plot", str(blocker / "bars.png")]) != 0  # its parent is a file
+    assert "cannot write plot" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.png"]  # nothing half-written

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from accel.errors import SimError
-from accel.sim import Hardware, hardware, list_hardware, load_hardware
+from accel.sim import Deployment, Hardware, hardware, list_hardware, load_hardware
 
 REFERENCE_DEVICES = [
     "cloud-ai-100-standard",
@@ -28,7 +28,7 @@ def test_catalog_covers_reference_and_cites_sources():
     for name in list_hardware():
         hw = hardware(name)
         assert hw.source and "docs/reference.md" in hw.source
-        assert hw.notes and "assumed" in hw.notes.lower()
+        assert hw.notes and "assumed" in hw.notes.lower() and "accel/sim/catalog.py" in hw.notes
 
 
 def test_ultra_is_four_socs_of_the_card_totals():
@@ -37,7 +37,9 @@ def test_ultra_is_four_socs_of_the_card_totals():
     assert hw.num_devices * hw.memory_bandwidth_bytes_per_s == pytest.approx(548e9)
     assert hw.total_memory_capacity_bytes == pytest.approx(128e9)
     assert hw.num_devices * hw.peak_flops("fp16") == pytest.approx(290e12)
-    assert hw.bandwidth_efficiency == 0.6  # docs/reference.md §5: 40-70 %
+    assert hw.bandwidth_efficiency == 0.7  # read off Qualcomm's published FP16 decode rates (accel/sim/published.py)
+    assert hw.decompress_rate("mxfp6") == 7.5e10 and hw.decompress_overlap  # per SoC, beside the weight stream
+    assert hw.decompress_rate("fp16") is None
 
 
 @pytest.mark.parametrize(
@@ -92,3 +94,48 @@ def test_load_yaml_and_json(tmp_path):
             peak_flops_per_s={"fp16": 1e12},
             bandwidth_efficiency=1.5,
         )
+
+
+def test_hardware_from_a_mapping():
+    hw = load_hardware({"base": "a100-80gb", "bandwidth_efficiency": 0.5})
+    assert hw.bandwidth_efficiency == 0.5 and hw.memory_capacity_bytes == hardware("a100-80gb").memory_capacity_bytes
+    dep = Deployment(target="llama-2-7b", hardware={"base": "a100-80gb", "bandwidth_efficiency": 0.5})
+    assert dep.hardware == hw
+    assert Deployment(target="llama-2-7b", hardware=hardware("l4").model_dump(mode="json")).hardware == hardware("l4")
+    with pytest.raises(SimError, match="unknown fields"):
+        load_hardware({"base": "l4", "bandwith": 3})
+    with pytest.raises(SimError, match="base must be a catalog name"):
+        load_hardware({"base": 4})
+    with pytest.raises(SimError, match="path or a mapping"):
+        load_hardware(3.5)  # type: ignore[arg-type]
+
+
+def test_strict_types_in_hardware_files(tmp_path):
+    """Booleans from YAML/JSON booleans only; numbers not from strings; decompression rates per compressed format."""
+    y = tmp_path / "d.yaml"
+    y.write_text("base: l4\ndecompress_overlap: 'false'\n")
+    with pytest.raises(SimError, match="decompress_overlap"):
+        load_hardware(y)
+    y.write_text("base: l4\nbandwidth_efficiency: '0.5'\n")
+    with pytest.raises(SimError, match="bandwidth_efficiency"):
+        load_hardware(y)
+    y.write_text("base: l4\nnum_devices: true\n")
+    with pytest.raises(SimError, match="num_devices"):
+        load_hardware(y)
+    y.write_text(
+        "base: l4\ndecompress_elements_per_s: {mxfp6: 2.0e+11, int4-g32: 1.0e+12}\ndecompress_overlap: false\n"
+    )
+    hw = load_hardware(y)
+    assert hw.decompress_rate("mxfp6") == 2e11 and hw.decompress_rate("int4-g64") == 1e12  # int4 groups share a rate
+    with pytest.raises(SimError, match="computed as stored"):
+        hardware("l4").with_(decompress_elements_per_s={"bf16": 1e12})
+    with pytest.raises(SimError, match="finite"):
+        hardware("l4").with_(decompress_elements_per_s={"mxfp4": float("inf")})
+
+
+def test_fixed_cost_and_link_terms_are_fields():
+    hw = hardware("a100-80gb")
+    assert hw.layer_overhead_s > 0 and hw.allreduce_latency_s > 0 and hw.link_latency_s > 0
+    assert not hw.decompress_overlap and hw.decompress_rate("int4") and hw.decompress_rate("int8")
+    with pytest.raises(SimError, match="layer_overhead_s"):
+        hw.with_(layer_overhead_s=-1.0)

@@ -34,7 +34,7 @@ def test_four_configurations_and_speedups():
         assert c.tokens_per_s == pytest.approx(896 / c.total_s)
         assert c.total_s == pytest.approx(c.ttft_s + 895 * c.tpot_s)
         assert sum(c.breakdown_s.values()) == pytest.approx(c.tpot_s)
-        assert c.bound == "memory"
+        assert c.bound in ("memory", "decompress")  # MXFP6 on Cloud AI 100: the on-chip decoder sets the pace
     assert p.config("mxfp6 AR").tpot_s < base.tpot_s
     assert p.config("mxfp6 + SpD").expected_tokens_per_loop == pytest.approx(expected_tokens(0.8, 7))
     assert p.fits
@@ -125,7 +125,7 @@ def test_bad_input():
     with pytest.raises(SimError, match="known: "):
         predict_speedup(T, D, "cloud-ai-200")
     with pytest.raises(SimError, match="devices"):
-        predict_speedup(T, D, HW, devices=5)
+        predict_speedup(T, D, HW, devices=0)
     with pytest.raises(SimError, match="at least K=7"):
         predict_speedup(T, D, HW, k=7, acceptance=[0.5, 0.5])
 

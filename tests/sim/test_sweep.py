@@ -45,7 +45,7 @@ def test_best_k_matches_scalar_function():
 
 
 def test_sweep_without_fp16_axis_and_bad_input():
-    r = sweep(T, D, HW, k=[4], alpha=[0.7], target_format="mxfp4")
+    r = sweep(T, D, HW, k=[4], alpha=[0.7], target_format="mxfp4", context_len=[512])
     t16 = step_time(T, HW, context_len=512).time_s
     assert r.speedup_vs_fp16[0, 0, 0, 0, 0] == pytest.approx(r.spd_tokens_per_s[0, 0, 0, 0, 0] * t16, rel=1e-12)
     with pytest.raises(SimError, match="alpha"):
