@@ -73,7 +73,7 @@ def test_external_data_equals_in_memory_export(weights, tmp_path):
     _same_model(inline, external)
 
 
-@pytest.mark.parametrize("weights", ("fp32", "mx-packed", "int8", "mxint8-nbits"))
+@pytest.mark.parametrize("weights", ("fp32", "mx-packed", "int8", "mxint8-nbits", "mxfp4-nbits"))
 @pytest.mark.parametrize("kind", ("safetensors", "gguf"))
 def test_checkpoint_path_export_equals_loaded_model_export(kind, weights, tmp_path):
     cfg = _config(tied=kind == "gguf")
