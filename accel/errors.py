@@ -1,7 +1,8 @@
 """Exception hierarchy shared by every subpackage.
 
 Each subpackage raises its own subclass (``FormatError``, ``ModelError``, ``BackendError``, ``SpdError``, ``SimError``,
-``DraftError``) so callers can catch one family; all are ``ValueError`` subclasses because they describe bad input.
+``DraftError``, ``SuperposedError``) so callers can catch one family; all are ``ValueError`` subclasses because they
+describe bad input.
 """
 
 from __future__ import annotations
@@ -33,3 +34,16 @@ class SimError(AccelError):
 
 class DraftError(AccelError):
     """Bad input to ``accel.drafts``: incompatible target/draft, missing or corrupted checkpoint."""
+
+
+class NonFiniteWarning(UserWarning):
+    """Compression kept NaN / ±Inf weights (``nonfinite="keep"``): the blocks holding them decode to NaN."""
+
+
+class SuperposedError(AccelError):
+    """Bad input to ``accel.superposed``: k < 1, weights that do not match the n-gram orders, a backend without
+    mixed inputs, a store for another vocabulary."""
+
+
+class NgramError(SuperposedError):
+    """A bad n-gram store or query: not a store file, truncated, failing its checksum, unsorted, ids out of range."""

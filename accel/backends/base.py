@@ -24,8 +24,13 @@ Conventions (every backend follows them, so the SpD loop is backend-agnostic):
     own). Positions only drive RoPE then, so siblings may share one. Without them a call is a chain call
     (``slot_ids = position_ids``, slot j visible iff ``j <= position``). Such a backend also has
     ``move_cache(src, dst)``, which copies K/V between slots (the compaction after a tree is accepted).
+  - ``"mix"`` (superposed inputs, ``accel.superposed``): ``forward`` also takes ``mix_ids`` (int64 ``[B, S, M]``)
+    and ``mix_weights`` (float32 ``[B, S, M]``). Column s then enters the layers as the weighted sum of token
+    embeddings ``sum_m mix_weights[b, s, m] * E[mix_ids[b, s, m]]`` instead of ``E[input_ids[b, s]]`` (``input_ids``
+    are validated but not read; pass ``mix_ids[..., 0]``). One id of weight 1 is exactly the ordinary call. The
+    weights need not sum to 1; padding columns ignore them.
 
-  Layer-range execution and ``inputs_embeds`` are later extension points of the same form.
+  Layer-range execution is a later extension point of the same form.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ __all__ = [
     "TreeBackend",
     "chain_tree_inputs",
     "check_extensions",
+    "check_mix",
     "check_moves",
     "check_step_inputs",
     "check_tree_inputs",
@@ -64,7 +70,7 @@ class BackendInfo:
             prefilled in chunks by :func:`prefill`.
         num_layers: transformer layers (for statistics and the simulator).
         capabilities: optional ``forward`` features this backend supports (``"hidden_states"``, ``"features"``,
-            ``"tree"``).
+            ``"tree"``, ``"mix"``).
         hidden_size: width of the ``hidden_states`` output (0 when unknown).
         feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
     """
@@ -99,6 +105,8 @@ class Backend(Protocol):
         return_hidden: bool = False,
         slot_ids: np.ndarray | None = None,
         tree_mask: np.ndarray | None = None,
+        mix_ids: np.ndarray | None = None,
+        mix_weights: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns
         (``(logits, hidden)`` with ``return_hidden``; see the module docstring for the extension arguments)."""
@@ -192,6 +200,44 @@ def check_extensions(
     if not np.issubdtype(f.dtype, np.floating) or not np.all(np.isfinite(f)):
         raise BackendError("features must be finite floating-point values")
     return np.require(f, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
+
+
+def check_mix(
+    info: BackendInfo, ids: np.ndarray, pos: np.ndarray, mix_ids: np.ndarray | None, mix_weights: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Validate the ``"mix"`` arguments of one ``forward`` call (``ids``/``pos`` already checked); returns C-contiguous
+    ``(int64 mix_ids, float32 mix_weights)`` with padding columns zeroed, or None when neither is given.
+
+    ``BackendError`` when only one is given, the backend has no ``"mix"`` capability, the shapes are not one
+    ``[B, S, M]`` with ``M >= 1``, an id of a real column is outside the vocabulary, or a weight is NaN/inf.
+    """
+    if mix_ids is None and mix_weights is None:
+        return None
+    if mix_ids is None or mix_weights is None:
+        raise BackendError("a mixed call needs both mix_ids and mix_weights [B, S, M]; got only one")
+    if "mix" not in info.capabilities:
+        raise BackendError(
+            f"this {info.name} backend takes no mixed inputs (mix_ids, mix_weights): export the model with "
+            "mix_inputs=True"
+        )
+    m_ids, m_w = np.asarray(mix_ids), np.asarray(mix_weights)
+    if m_ids.ndim != 3 or m_ids.shape[:2] != ids.shape or m_ids.shape[2] < 1 or m_w.shape != m_ids.shape:
+        raise BackendError(
+            f"mix_ids {m_ids.shape} and mix_weights {m_w.shape} must both be [batch, seq, M] = "
+            f"[{ids.shape[0]}, {ids.shape[1]}, M >= 1]"
+        )
+    if not np.issubdtype(m_ids.dtype, np.integer):
+        raise BackendError(f"mix_ids must be integers; got {m_ids.dtype}")
+    if not np.issubdtype(m_w.dtype, np.floating) or not np.all(np.isfinite(m_w)):
+        raise BackendError("mix_weights must be finite floating-point values")
+    real = (pos >= 0)[:, :, None]
+    bad = real & ((m_ids < 0) | (m_ids >= info.vocab_size))
+    if np.any(bad):
+        raise BackendError(f"mix id {int(m_ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
+    return (
+        np.ascontiguousarray(np.where(real, m_ids, 0), dtype=np.int64),
+        np.ascontiguousarray(np.where(real, m_w, 0.0), dtype=np.float32),
+    )
 
 
 def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:

@@ -81,17 +81,22 @@ def run(args: argparse.Namespace) -> int:
     if args.qaic_dir:
         from accel.backends.qaic import write_qaic_files
 
-        spec = write_qaic_files(
-            path,
-            args.qaic_dir,
-            prompt_len=args.prompt_len,
-            k=args.k,
-            ctx_len=args.ctx_len,
-            batch_size=args.batch_size,
-            num_cores=args.num_cores,
-            mxint8_kv=args.mxint8_kv,
-            tree_nodes=args.tree_nodes,
-        )
+        try:
+            spec = write_qaic_files(
+                path,
+                args.qaic_dir,
+                prompt_len=args.prompt_len,
+                k=args.k,
+                ctx_len=args.ctx_len,
+                batch_size=args.batch_size,
+                num_cores=args.num_cores,
+                mxint8_kv=args.mxint8_kv,
+                tree_nodes=args.tree_nodes,
+            )
+        except BaseException:  # the command's outputs are whole or absent: drop the ONNX file it just wrote
+            for written in (path, path.with_name(path.name + ".data")):
+                written.unlink(missing_ok=True)
+            raise
         print(
             f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
             f"(specializations seq_len {spec.seq_lens}; not verified on hardware)"

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from accel.backends.export_tensors import model_tensors
+from accel.backends.limits import check_sizes
 from accel.backends.onnx_builder import ExternalData
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
@@ -76,6 +77,7 @@ def export_onnx(
     progress: bool = True,
     hidden_output: bool = False,
     tree: bool = False,
+    mix_inputs: bool = False,
     external_data: bool | None = None,
 ) -> Path:
     """Export ``model`` to ONNX at ``path``; returns the path.
@@ -98,6 +100,8 @@ def export_onnx(
         tree: add the tree inputs ``slot_ids`` ``[B, S]`` and ``tree_mask`` ``[B, S, ctx_len]`` (token-tree calls
             for speculative decoding; docs/backends.md, "Tree calls"). ``OrtBackend`` feeds chain calls to such a
             graph with the equivalent inputs.
+        mix_inputs: add the inputs ``mix_ids`` / ``mix_weights`` (superposed inputs: the ``"mix"`` extension of
+            ``accel.backends.base``, used by ``accel.superposed``).
         external_data: store the weights in ``<path>.data`` next to the file (written while the graph is built;
             tensors under 1 KiB stay inline). Default: when the model's float32 weights exceed 64 MiB.
 
@@ -108,6 +112,8 @@ def export_onnx(
     structure, source = _resolve(model)
     cfg = _check_export(structure, ctx_len, batch_size, num_logits, opset)
     path = Path(path)
+    if path.is_dir():
+        raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
     tensors, used_format = model_tensors(structure, spec, source)
     if external_data is None:
         elements = sum(int(np.prod(p.shape)) for p in structure.parameters())
@@ -126,13 +132,13 @@ def export_onnx(
             hidden_output=hidden_output,
             matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
             tree=tree,
+            mix_inputs=mix_inputs,
             int8=spec.format == WeightFormat.INT8,
             external=out.external,
         )
         bar.update(1)
-        onnx.helper.set_model_props(
-            proto, _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, hidden_output, tree)
-        )
+        flags = {"hidden_output": hidden_output or bool(cfg.feature_size), "tree": tree, "mix_inputs": mix_inputs}
+        onnx.helper.set_model_props(proto, _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, flags))
         bar.set_postfix_str("write")
         out.save(proto)
         bar.update(1)
@@ -147,9 +153,9 @@ def _metadata(
     ctx_len: int,
     batch_size: int,
     num_logits: int | None,
-    hidden_output: bool,
-    tree: bool,
+    flags: dict[str, bool],
 ) -> dict[str, str]:
+    """The ``accel.*`` metadata of an export; ``flags``: ``hidden_output``, ``tree``, ``mix_inputs``."""
     from accel import __version__
 
     return {
@@ -160,10 +166,46 @@ def _metadata(
         "accel.ctx_len": str(ctx_len),
         "accel.batch_size": str(batch_size),
         "accel.num_logits": str(num_logits or 0),
-        "accel.hidden_output": str(int(hidden_output or bool(cfg.feature_size))),
-        "accel.tree": str(int(tree)),
+        **{f"accel.{key}": str(int(value)) for key, value in flags.items()},
         "accel.model_config": json.dumps(cfg.to_hf()),
     }
+
+
+def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` (an in-memory graph under 2 GB, e.g. a Hydra head) with onnxruntime's dynamic int8 quantization of
+    its weight MatMuls (``fc`` and the exact rope rotation excluded). ``export_onnx`` writes int8 decoders itself
+    (``accel.backends.onnx_int8``) without this whole-graph pass."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weights = {t.name for t in proto.graph.initializer}
+    keep = [
+        n.name
+        for n in proto.graph.node
+        if n.op_type == "MatMul" and (n.input[1] not in weights or n.input[1] in ("fc.weight", "rope_half_turn"))
+    ]
+    if sum(t.ByteSize() for t in proto.graph.initializer) > 1_800_000_000:  # protobuf's 2 GiB limit, with margin
+        raise BackendError("_quantize_int8 quantizes an inline float graph: this graph's weights exceed 1.8 GB")
+    with tempfile.TemporaryDirectory(prefix="accel-int8-") as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        onnx.save_model(proto, src)
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # the tool's root-logger advice to pre-process (shape inference) is noise here
+        try:
+            quantize_dynamic(
+                src,
+                dst,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_exclude=keep,
+            )
+        finally:
+            logging.disable(previous)
+        out = onnx.load_model(dst)
+    out.ir_version = min(out.ir_version, IR_VERSION)
+    return out
 
 
 def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
@@ -173,8 +215,9 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
         raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
     if opset != OPSET:
         raise BackendError(f"opset {opset} is not supported; supported: {OPSET}")
-    if ctx_len < 1 or batch_size < 1:
-        raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+    check_sizes(ctx_len, batch_size)  # before the graph's tables are sized by them
+    if num_logits is not None and (isinstance(num_logits, bool) or not isinstance(num_logits, int)):
+        raise BackendError(f"num_logits must be an int >= 1; got {num_logits!r}")
     if num_logits is not None and not 1 <= num_logits <= ctx_len:
         raise BackendError(f"num_logits={num_logits} must be in 1..ctx_len ({ctx_len})")
     window = (cfg.extra or {}).get("sliding_window")
@@ -253,6 +296,7 @@ def export_cached(
     say=None,
     hidden_output: bool = False,
     tree: bool = False,
+    mix_inputs: bool = False,
     progress: bool = False,
 ) -> Path:
     """The ONNX file of checkpoint ``src`` (a directory or a ``.gguf`` file) in ``onnx_dir``, exported once per
@@ -261,8 +305,8 @@ def export_cached(
 
     ``model``: the already-loaded (possibly compressed) model of ``src`` to export; without it the checkpoint is
     streamed from its files (``export_onnx`` of the path) when the file is not cached. ``say``: optional callable
-    receiving one status line. ``hidden_output`` and ``tree``: as ``export_onnx`` (part of the cache key).
-    ``progress``: show the export's progress bar.
+    receiving one status line. ``hidden_output``, ``tree`` and ``mix_inputs``: as ``export_onnx`` (part of the cache
+    key). ``progress``: show the export's progress bar.
     """
     import hashlib
 
@@ -281,6 +325,8 @@ def export_cached(
         key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     spec = ExportWeights.of(weights)
     key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
+    if mix_inputs:
+        key.update(b":mix")
     graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
     for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
@@ -305,6 +351,7 @@ def export_cached(
         progress=progress,
         hidden_output=hidden_output,
         tree=tree,
+        mix_inputs=mix_inputs,
     )
     if say:
         say(

@@ -40,6 +40,7 @@ def build_decoder_graph(
     tree: bool = False,
     int8: bool = False,
     external: ExternalData | None = None,
+    mix_inputs: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -58,10 +59,14 @@ def build_decoder_graph(
     ``int8``: every Linear (and the head) as int8 weights with dynamic activation quantization
     (``accel.backends.onnx_int8``). ``external``: write the initializers to this external-data sink as they are
     created (``accel.backends.onnx_builder.ExternalData``).
+    ``mix_inputs`` adds the inputs ``mix_ids`` int64 and ``mix_weights`` float32 ``[batch_size, seq_len, mix]``: the
+    embedding of a column is then ``sum_m mix_weights * E[mix_ids]`` (superposed inputs; ``input_ids`` is not read;
+    the ``"mix"`` extension of ``accel.backends.base``).
     """
     d = _DecoderGraph(
         config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, int8, external
     )
+    d.mix_inputs = mix_inputs
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed()
     mask = d.attention_mask()
@@ -104,6 +109,7 @@ class _DecoderGraph:
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)
         self.slot_idx = self.valid4 = ""
+        self.mix_inputs = False
         self.rope_tables: tuple[str, str, str] | None = None
 
     def f32(self, value: Any) -> str:
@@ -126,6 +132,9 @@ class _DecoderGraph:
         if self.tree:
             inputs.append(value("slot_ids", TensorProto.INT64, [B, "seq_len"]))
             inputs.append(value("tree_mask", TensorProto.BOOL, [B, "seq_len", self.ctx_len]))
+        if self.mix_inputs:
+            inputs.append(value("mix_ids", TensorProto.INT64, [B, "seq_len", "mix"]))
+            inputs.append(value("mix_weights", TensorProto.FLOAT, [B, "seq_len", "mix"]))
         if self.hidden_output:
             outputs.append(value("hidden_states", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
         for i in range(c.num_layers):
@@ -137,10 +146,15 @@ class _DecoderGraph:
     # ------------------------------------------------------------------ shared tensors
 
     def embed(self) -> str:
-        """Token embeddings (+ learned positions; a feature draft's fc over [embedding, feature])."""
+        """Token embeddings, or mixed ones (+ learned positions; a feature draft's fc over [embedding, feature])."""
         g, w, c = self.g, self.w, self.c
         # GPT-2 adds learned positions; padding positions -1 are clamped to 0 as in Decoder.embed
-        x = g.op("Gather", w.plain("embed_tokens.weight"), "input_ids", axis=0)
+        if self.mix_inputs:  # sum_m w_m E[id_m] over the last axis of [B, S, M, H]
+            mixed = g.op("Gather", w.plain("embed_tokens.weight"), "mix_ids", axis=0)
+            mixed = g.op("Mul", mixed, g.op("Unsqueeze", "mix_weights", g.const([-1])))
+            x = g.op("ReduceSum", mixed, g.const([2]), keepdims=0)
+        else:
+            x = g.op("Gather", w.plain("embed_tokens.weight"), "input_ids", axis=0)
         if c.positions == "learned":
             pos0 = g.op("Max", "position_ids", g.const(0))
             x = g.op("Add", x, g.op("Gather", w.plain("embed_positions.weight"), pos0, axis=0))

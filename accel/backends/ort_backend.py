@@ -28,6 +28,7 @@ from accel.backends.base import (
     BackendInfo,
     chain_tree_inputs,
     check_extensions,
+    check_mix,
     check_moves,
     check_step_inputs,
     check_tree_inputs,
@@ -54,6 +55,7 @@ class GraphContract:
         hidden_size: int = 0,
         feature_size: int = 0,
         tree: bool = False,
+        mix_inputs: bool = False,
     ) -> None:
         self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
         self.num_logits, self.metadata = num_logits, metadata
@@ -64,6 +66,7 @@ class GraphContract:
             feature_size,
         )
         self.tree = tree
+        self.mix_inputs = mix_inputs  # the graph has mix_ids / mix_weights (superposed inputs)
 
 
 def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
@@ -112,8 +115,11 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
             raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
         widths.append(shape[2] if shape is not None else 0)
     tree = _tree_inputs(inputs, kv_shape[2], source)
+    mix = "mix_ids" in inputs or "mix_weights" in inputs
+    if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
+        raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
     return GraphContract(
-        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree
+        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree, mix
     )
 
 
@@ -141,7 +147,10 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
     writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
     import onnx
 
-    graph = onnx.load_model(str(path), load_external_data=False).graph
+    try:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
+        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, list[Any]] = {}
     for node in graph.node:
@@ -214,8 +223,8 @@ class OrtBackend:
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         if threads is not None:
-            if threads < 1:
-                raise BackendError(f"threads must be >= 1; got {threads}")
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise BackendError(f"threads must be an int >= 1; got {threads!r}")
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         try:
@@ -236,7 +245,12 @@ class OrtBackend:
             num_layers=c.num_layers,
             capabilities=frozenset(
                 name
-                for name, have in (("hidden_states", c.hidden_size), ("features", c.feature_size), ("tree", c.tree))
+                for name, have in (
+                    ("hidden_states", c.hidden_size),
+                    ("features", c.feature_size),
+                    ("tree", c.tree),
+                    ("mix", c.mix_inputs),
+                )
                 if have
             ),
             hidden_size=c.hidden_size,
@@ -285,14 +299,21 @@ class OrtBackend:
         return_hidden: bool = False,
         slot_ids: np.ndarray | None = None,
         tree_mask: np.ndarray | None = None,
+        mix_ids: np.ndarray | None = None,
+        mix_weights: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call. See ``accel.backends.base``."""
+        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs
+        (a mixed-input graph given none gets each token with weight 1, the ordinary call bit for bit). See
+        ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
         tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
         if tree is None and self.contract.tree:
             tree = chain_tree_inputs(pos, self._info.ctx_len)
+        mix = check_mix(self._info, ids, pos, mix_ids, mix_weights)
+        if mix is None and self.contract.mix_inputs:
+            mix = (ids[:, :, None], np.ones((*ids.shape, 1), np.float32))
         seq = ids.shape[1]
         extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
         if extra > 0:
@@ -305,6 +326,12 @@ class OrtBackend:
                 tree = (
                     np.concatenate([np.zeros((b, extra), np.int64), tree[0]], axis=1),
                     np.concatenate([np.zeros((b, extra, self._info.ctx_len), bool), tree[1]], axis=1),
+                )
+            if mix is not None:
+                zero_ids = np.zeros((ids.shape[0], extra, mix[0].shape[2]), np.int64)
+                mix = (
+                    np.concatenate([zero_ids, mix[0]], axis=1),
+                    np.concatenate([zero_ids.astype(np.float32), mix[1]], axis=1),
                 )
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
@@ -331,6 +358,9 @@ class OrtBackend:
         if tree is not None:
             io.bind_cpu_input("slot_ids", tree[0])
             io.bind_cpu_input("tree_mask", tree[1])
+        if mix is not None:
+            io.bind_cpu_input("mix_ids", np.ascontiguousarray(mix[0]))
+            io.bind_cpu_input("mix_weights", np.ascontiguousarray(mix[1]))
         io.bind_output("logits")
         if self._info.hidden_size:
             io.bind_output("hidden_states")

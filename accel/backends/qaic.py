@@ -20,11 +20,13 @@ import json
 import os
 import re
 import shlex
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accel.backends.base import BackendInfo, check_step_inputs
 from accel.errors import BackendError
@@ -172,12 +174,35 @@ def write_qaic_files(
     onnx_path, out = Path(onnx_path), Path(out_dir)
     if not onnx_path.is_file():
         raise BackendError(f"no ONNX file at {onnx_path}")
+    if out.exists() and not out.is_dir():
+        raise BackendError(f"{out} exists and is not a directory; give a folder for the Cloud AI 100 files")
     num_layers, graph_ctx, graph_batch, vocab, num_logits, tree = _graph_facts(onnx_path)
     if graph_ctx != ctx_len or graph_batch != batch_size:
         raise BackendError(
             f"{onnx_path} was exported with ctx_len={graph_ctx}, batch_size={graph_batch}; asked for "
             f"ctx_len={ctx_len}, batch_size={batch_size} (re-export with the same values)"
         )
+    if vocab is None:
+        raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
+    try:
+        spec = QaicCompileSpec(
+            onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()),
+            prompt_len=prompt_len,
+            k=k,
+            ctx_len=ctx_len,
+            batch_size=batch_size,
+            num_cores=num_cores,
+            num_devices=num_devices,
+            mxfp6=mxfp6,
+            mxint8_kv=mxint8_kv,
+            num_layers=num_layers,
+            vocab_size=vocab,
+            num_logits=num_logits,
+            tree_nodes=tree_nodes,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise BackendError(f"invalid Cloud AI 100 compile settings: {problems}") from None
     if prompt_len > ctx_len or k + 1 > ctx_len:
         raise BackendError(f"prompt_len {prompt_len} and K+1 {k + 1} must not exceed ctx_len {ctx_len}")
     if tree_nodes is not None:
@@ -185,24 +210,12 @@ def write_qaic_files(
             raise BackendError(f"{onnx_path} has no tree inputs (slot_ids, tree_mask): export it with tree=True")
         if not 1 <= tree_nodes <= ctx_len:
             raise BackendError(f"tree_nodes {tree_nodes} must be in 1..ctx_len {ctx_len}")
-    if vocab is None:
-        raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
-    out.mkdir(parents=True, exist_ok=True)
-    spec = QaicCompileSpec(
-        onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()),
-        prompt_len=prompt_len,
-        k=k,
-        ctx_len=ctx_len,
-        batch_size=batch_size,
-        num_cores=num_cores,
-        num_devices=num_devices,
-        mxfp6=mxfp6,
-        mxint8_kv=mxint8_kv,
-        num_layers=num_layers,
-        vocab_size=vocab,
-        num_logits=num_logits,
-        tree_nodes=tree_nodes,
-    )
+    _write_files_atomic(out, _compile_files(spec))
+    return spec
+
+
+def _compile_files(spec: QaicCompileSpec) -> dict[str, str]:
+    """Name -> text of every file ``write_qaic_files`` writes."""
     files = {
         "specializations.json": json.dumps(spec.specializations(), indent=4) + "\n",
         "custom_io.yaml": spec.custom_io(),
@@ -211,28 +224,39 @@ def write_qaic_files(
         + "\n",
         SPEC_FILE: spec.to_json(),
     }
-    if num_devices > 1:  # QEfficient's multi-device partition config
-        files["mdp_ts_config.json"] = (
-            json.dumps(
-                {
-                    "connections": [{"devices": list(range(num_devices)), "type": "p2p"}],
-                    "partitions": [
-                        {
-                            "name": "Partition0",
-                            "devices": [{"deviceId": d, "numCores": num_cores} for d in range(num_devices)],
-                        }
-                    ],
-                },
-                indent=4,
-            )
-            + "\n"
-        )
-    for name, text in files.items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
-    (out / "compile.sh").chmod(0o755)
-    return spec
+    if spec.num_devices > 1:  # QEfficient's multi-device partition config
+        devices = [{"deviceId": d, "numCores": spec.num_cores} for d in range(spec.num_devices)]
+        mdp = {
+            "connections": [{"devices": list(range(spec.num_devices)), "type": "p2p"}],
+            "partitions": [{"name": "Partition0", "devices": devices}],
+        }
+        files["mdp_ts_config.json"] = json.dumps(mdp, indent=4) + "\n"
+    return files
+
+
+def _write_files_atomic(out: Path, files: dict[str, str]) -> None:
+    """Write ``files`` into a temp folder beside ``out``, then move them in (a new ``out`` appears complete; on a
+    failure nothing is left: no temp folder, no empty ``out``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / "compile.sh").chmod(0o755)
+        tmp.chmod(0o777 & ~_umask())
+        if not out.exists():
+            os.rename(tmp, out)
+            return
+        for name in files:
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _session_class():

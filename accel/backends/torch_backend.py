@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accel.backends.base import BackendInfo, check_extensions, check_moves, check_step_inputs, check_tree_inputs
+from accel.backends.base import (
+    BackendInfo,
+    check_extensions,
+    check_mix,
+    check_moves,
+    check_step_inputs,
+    check_tree_inputs,
+)
+from accel.backends.limits import check_sizes
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -34,15 +42,17 @@ class TorchBackend:
         dtype: torch.dtype | None = None,
         threads: int | None = None,
     ) -> None:
-        if ctx_len < 1 or batch_size < 1:
-            raise BackendError(f"ctx_len and batch_size must be >= 1; got {ctx_len}, {batch_size}")
+        if not hasattr(getattr(model, "config", None), "num_kv_heads"):
+            raise BackendError(f"TorchBackend needs an accel.models.Decoder; got {type(model).__name__}")
+        cfg = model.config
+        self.dtype = dtype or next(model.parameters()).dtype
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        check_sizes(ctx_len, batch_size, threads, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize)
         if threads is not None:
             torch.set_num_threads(threads)
         self.model = model.eval()
-        cfg = model.config
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
             raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
-        self.dtype = dtype or next(model.parameters()).dtype
         self._info = BackendInfo(
             name="torch",
             vocab_size=cfg.vocab_size,
@@ -50,7 +60,7 @@ class TorchBackend:
             batch_size=batch_size,
             max_seq_len=min(max_seq_len or ctx_len, ctx_len),
             num_layers=cfg.num_layers,
-            capabilities=frozenset({"hidden_states", "tree"} | ({"features"} if cfg.feature_size else set())),
+            capabilities=frozenset({"hidden_states", "tree", "mix"} | ({"features"} if cfg.feature_size else set())),
             hidden_size=cfg.hidden_size,
             feature_size=cfg.feature_size,
         )
@@ -71,12 +81,16 @@ class TorchBackend:
         return_hidden: bool = False,
         slot_ids: np.ndarray | None = None,
         tree_mask: np.ndarray | None = None,
+        mix_ids: np.ndarray | None = None,
+        mix_weights: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call. See ``accel.backends.base``."""
+        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs.
+        See ``accel.backends.base``."""
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
         tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
+        mix = check_mix(self._info, ids, pos, mix_ids, mix_weights)
         with torch.inference_mode():
             hidden, self.keys, self.values = self.model.hidden_forward(
                 torch.from_numpy(ids),
@@ -87,6 +101,7 @@ class TorchBackend:
                 features=None if feats is None else torch.from_numpy(feats).to(self.dtype),
                 slot_ids=None if tree is None else torch.from_numpy(tree[0]),
                 tree_mask=None if tree is None else torch.from_numpy(tree[1]),
+                mix=None if mix is None else (torch.from_numpy(mix[0]), torch.from_numpy(mix[1])),
             )
             head_in = hidden if num_logits is None else hidden[:, -num_logits:, :]
             logits = self.model.logits(head_in).float().numpy()

@@ -1,4 +1,4 @@
-"""``accel distill`` and ``accel eval-draft``."""
+"""``accel distill``, ``accel distill-hydra`` (``accel.drafts.hydra.cli``) and ``accel eval-draft``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``distill`` and ``eval-draft`` subcommands."""
+    """Add the ``distill``, ``distill-hydra`` and ``eval-draft`` subcommands."""
     p = subparsers.add_parser(
         "distill",
         help="train a draft model for a target by distillation",
@@ -49,14 +49,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="DIR", help="warm start from a draft with this architecture")
     p.set_defaults(func=_distill)
 
+    from accel.drafts.hydra.cli import register as register_hydra
+
+    register_hydra(subparsers)
+
     e = subparsers.add_parser(
         "eval-draft",
         help="measure a draft's agreement with its target",
-        description="Teacher-forced greedy agreement, greedy SpD acceptance per draft position (K <= 8) and alpha.",
+        description="Teacher-forced greedy agreement, greedy SpD acceptance per draft position (K <= 8) and alpha; "
+        "for Hydra heads, per-head acceptance and tokens per target call (chain and tree).",
     )
     e.add_argument("target", help="target checkpoint directory or .gguf file")
-    e.add_argument("draft", help="draft checkpoint directory or .gguf file")
-    e.add_argument("--data", nargs="+", required=True, metavar="FILE", help="UTF-8 text files (one sequence each)")
+    e.add_argument("draft", help="draft checkpoint directory or .gguf file, or a Hydra heads directory")
+    e.add_argument(
+        "--data",
+        nargs="+",
+        metavar="FILE",
+        help="UTF-8 text files (one sequence each); Hydra heads without --data: the target's greedy continuations of "
+        "the built-in held-out prompts",
+    )
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--max-k", type=int, default=8)
     e.add_argument("--max-len", type=int, default=512, help="tokens per file evaluated")
@@ -122,10 +133,13 @@ def _distill(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from accel.drafts import evaluate_draft
+    from accel.drafts.hydra.cli import eval_heads, is_heads_dir
     from accel.errors import DraftError
 
+    if not args.data and not is_heads_dir(args.draft):
+        raise DraftError("eval-draft needs --data FILES (only Hydra heads have a built-in held-out set)")
     texts = []
-    for f in args.data:
+    for f in args.data or []:
         p = Path(f)
         if not p.is_file():
             raise DraftError(f"data file {p} does not exist")
@@ -133,6 +147,8 @@ def _eval(args: argparse.Namespace) -> int:
     from accel.models.gguf_convert import checkpoint_dir
 
     say = None if args.json else print
+    if is_heads_dir(args.draft):
+        return eval_heads(str(checkpoint_dir(args.target, say=say)), args.draft, texts, args.json, args.max_len)
     ev = evaluate_draft(
         checkpoint_dir(args.target, say=say),
         checkpoint_dir(args.draft, say=say),

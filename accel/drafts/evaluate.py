@@ -24,6 +24,8 @@ from accel.models.decoder import Decoder
 
 __all__ = ["evaluate_draft", "run_acceptance"]
 
+MAX_K = 64  # longest speculative run measured (its cost grows with max_k x tokens)
+
 
 def evaluate_draft(
     target: Decoder | str | Path,
@@ -52,8 +54,8 @@ def evaluate_draft(
     """
     if temperature < 0:
         raise DraftError(f"temperature must be >= 0; got {temperature}")
-    if max_k < 1:
-        raise DraftError(f"max_k must be >= 1; got {max_k}")
+    if isinstance(max_k, bool) or not isinstance(max_k, int) or not 1 <= max_k <= MAX_K:
+        raise DraftError(f"max_k must be an int in 1..{MAX_K}; got {max_k!r}")
     t_model = load_model(target, "target")
     d_model = load_model(draft, "draft")
     check_pair(t_model, d_model, describe(target), describe(draft))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from accel.drafts.architecture import build_draft, causal_hidden
+from accel.drafts.architecture import build_draft, causal_hidden, draft_config
 from accel.drafts.checkpoint import (
     copy_tokenizer,
     describe,
@@ -69,12 +69,18 @@ def distill(
     work = out / _WORK
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else (None if isinstance(target, Decoder) else Path(target))
     target_model = load_model(target, "target")
+    draft_config(target_model.config, cfg)  # the draft's sizes are checked before anything is written
     if not cfg.resume and work.exists():
         shutil.rmtree(work)
+    new_out = not out.exists()
     work.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    data = build_data(target_model, cfg, work / "data", tok_dir)
+    try:
+        data = build_data(target_model, cfg, work / "data", tok_dir)
+    except DraftError:  # bad data (none, unreadable, too short): leave no folder behind (an interrupt keeps it)
+        shutil.rmtree(out if new_out else work, ignore_errors=True)
+        raise
     data_time_s = time.perf_counter() - t0
     train_rows, held_rows = split_rows(len(data), cfg.held_out_fraction, cfg.seed)
     if len(train_rows) == 0:

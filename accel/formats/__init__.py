@@ -16,7 +16,7 @@ from accel.formats.packing import pack_codes, packed_nbytes, unpack_codes
 from accel.formats.scaling import block_scale_codes, scale_codes_from_amax
 
 _LAZY = {
-    "save_tensors": "accel.formats.file",
+    "save_tensors": "accel.formats.writer",
     "load_tensors": "accel.formats.file",
     "compress_checkpoint": "accel.formats.stream",
     "CompressionReport": "accel.formats.report",

@@ -1,17 +1,29 @@
-"""``accel compress SRC_DIR -o OUT_DIR --fmt mxfp6``: stream-compress a Hugging Face safetensors checkpoint."""
+"""``accel compress SRC_DIR -o OUT_DIR --fmt mxfp6``: stream-compress a Hugging Face safetensors checkpoint.
+
+OUT_DIR appears only once complete. An interrupted run (Ctrl-C, SIGTERM, or killed) leaves OUT_DIR.accel-partial:
+``--resume`` finishes it, ``--overwrite`` starts over. Weights holding NaN/Inf are an error unless
+``--nonfinite keep`` (then they decode to NaN, with a warning and their count in the summary).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
+from pathlib import Path
 
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import known_format_names
+from accel.formats.report import NONFINITE_POLICIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``compress`` subcommand."""
     p = subparsers.add_parser(
-        "compress", help="compress a safetensors checkpoint directory to an MX format", description=__doc__
+        "compress",
+        help="compress a safetensors checkpoint directory to an MX format",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "src_dir", metavar="SRC_DIR", help="checkpoint directory (config.json + *.safetensors) or .gguf file"
@@ -27,26 +39,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="GLOB",
         help="tensor names to keep (default: embeddings, lm_head, norms)",
     )
-    p.add_argument("--overwrite", action="store_true", help="allow a non-empty OUT_DIR")
+    p.add_argument(
+        "--nonfinite",
+        choices=NONFINITE_POLICIES,
+        default="error",
+        help="weights holding NaN/Inf: error (default), or keep them as NaN blocks with a warning",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR checkpoint (or partial run)")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted run (OUT_DIR.accel-partial)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``compress``; returns the exit code (errors surface as FormatError, printed by accel.cli)."""
+    from accel.formats.staging import partial_dir
     from accel.formats.stream import compress_checkpoint
     from accel.models.gguf_convert import checkpoint_dir
 
-    report = compress_checkpoint(
-        checkpoint_dir(args.src_dir, say=print),  # a .gguf is converted to a float32 directory once
-        args.out_dir,
-        fmt=args.fmt,
-        include=args.include,
-        exclude=args.exclude,
-        block_size=args.block_size,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the summary's WARNING line says it once, for every weight
+            report = compress_checkpoint(
+                checkpoint_dir(args.src_dir, say=print),  # a .gguf is converted to a float32 directory once
+                args.out_dir,
+                fmt=args.fmt,
+                include=args.include,
+                exclude=args.exclude,
+                block_size=args.block_size,
+                overwrite=args.overwrite,
+                progress=not args.quiet,
+                nonfinite=args.nonfinite,
+                resume=args.resume,
+            )
+    except KeyboardInterrupt:
+        staging = partial_dir(Path(args.out_dir))
+        if staging.exists():
+            print(
+                f"accel compress: the unfinished run is kept in {staging}: rerun with --resume to finish it, "
+                "or --overwrite to start over",
+                file=sys.stderr,
+            )
+        raise
     print(report.summary())
+    if report.nonfinite_layers:
+        print(f"WARNING: {report.nonfinite_warning()}", file=sys.stderr)
     print(f"wrote {args.out_dir}")
     return 0

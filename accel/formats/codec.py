@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.formats.elements import ElementFormat
+from accel.errors import FormatError
+from accel.formats.elements import ElementFormat, get_format
 
 
-def encode_elements(v: np.ndarray, fmt: ElementFormat) -> np.ndarray:
-    """Element codes (uint8) of the float array ``v``: RNE, saturating to ±max_normal.
+def encode_elements(v: np.ndarray, fmt: ElementFormat | str) -> np.ndarray:
+    """Element codes (uint8) of the real array ``v``: RNE, saturating to ±max_normal.
 
-    NaN elements get code 0 (the caller marks their block with a NaN scale, so the element code is never read);
-    ±Inf saturate to ±max_normal. The sign of zero is kept for float formats (-0 has the sign bit set), as ml_dtypes.
+    ``fmt`` is an ElementFormat or a format name (``"mxfp6"``). float32 and float64 are encoded as they are; other
+    real dtypes (float16, bfloat16, integers, bool) are widened to float32 first. NaN elements get code 0 (the caller
+    marks their block with a NaN scale, so the element code is never read); ±Inf saturate to ±max_normal. The sign
+    of zero is kept for float formats (-0 has the sign bit set), as ml_dtypes.
     """
-    v = np.asarray(v)
+    fmt = get_format(fmt)
+    v = _real_array(v)
     if v.dtype not in (np.float32, np.float64):
         v = v.astype(np.float32)
     if v.dtype == np.float32 and not fmt.is_int:
@@ -76,6 +80,27 @@ def _encode_float32(v: np.ndarray, fmt: ElementFormat) -> np.ndarray:
     return code.astype(np.uint8)
 
 
-def decode_elements(codes: np.ndarray, fmt: ElementFormat) -> np.ndarray:
-    """Float32 value of each element code (a table look-up)."""
-    return fmt.code_values()[np.asarray(codes, dtype=np.uint8)]
+def _real_array(v) -> np.ndarray:
+    try:
+        a = np.asarray(v)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"cannot encode {type(v).__name__}: not an array of numbers ({exc})") from exc
+    if a.dtype.kind not in "fiub" and a.dtype.name != "bfloat16":
+        raise FormatError(f"cannot encode elements of dtype {a.dtype}; allowed: real numbers (float, int, bool)")
+    return a
+
+
+def decode_elements(codes: np.ndarray, fmt: ElementFormat | str) -> np.ndarray:
+    """Float32 value of each element code (a table look-up); ``codes`` are integers in ``[0, 2**fmt.bits)``."""
+    fmt = get_format(fmt)
+    try:
+        c = np.asarray(codes)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"cannot decode {type(codes).__name__}: not an array of codes ({exc})") from exc
+    if c.dtype.kind not in "iu":
+        raise FormatError(f"element codes must be integers, got dtype {c.dtype}")
+    if c.size and (int(c.min()) < 0 or int(c.max()) >= 1 << fmt.bits):
+        raise FormatError(
+            f"element codes of {fmt.name} must be in [0, {1 << fmt.bits}); got min {int(c.min())}, max {int(c.max())}"
+        )
+    return fmt.code_values()[c.astype(np.intp, copy=False)]

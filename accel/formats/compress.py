@@ -25,9 +25,11 @@ from tqdm.auto import tqdm
 from accel.errors import FormatError
 from accel.formats.constants import DEFAULT_BLOCK_SIZE, FILE_TIED_KEY
 from accel.formats.elements import get_format
-from accel.formats.file import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code, json_meta, mx_specs
-from accel.formats.report import CompressionReport, LayerReport, error_stats
+from accel.formats.file import SafetensorsFile, TensorSpec, dtype_code, json_meta, mx_specs
+from accel.formats.mx_tensor import check_block_size
+from accel.formats.report import CompressionReport, check_nonfinite, check_policy, layer_report
 from accel.formats.torch_ops import MXLinear, quantize_torch
+from accel.formats.writer import SafetensorsWriter
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -82,36 +84,39 @@ def compress(
     exclude: str | list[str] | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     progress: bool = False,
+    nonfinite: str = "error",
 ) -> tuple[ModuleT, CompressionReport]:
     """Replace the weights of the selected nn.Linear layers by MX (in place) and report what that cost.
 
     Returns the same model object and a CompressionReport (bytes before/after per layer, SQNR in dB, max abs
-    error; savings vs FP16 and FP32 over the compressed layers).
+    error; savings vs FP16 and FP32 over the compressed layers). ``nonfinite`` is the policy for NaN/Inf weights
+    (``accel.formats.report``): ``"error"`` (default) or ``"keep"``. Every layer is quantized before any is swapped,
+    so an error leaves the model as it was.
     """
     if not isinstance(model, nn.Module):
         raise FormatError(f"compress needs a torch.nn.Module, got {type(model).__name__}")
     element = get_format(fmt)
+    block_size = check_block_size(block_size)
     chosen, skipped = select_linear_layers(model, include, exclude)
-    report = CompressionReport(fmt=element.name, block_size=block_size, skipped=skipped)
+    report = CompressionReport(
+        fmt=element.name, block_size=block_size, skipped=skipped, nonfinite=check_policy(nonfinite)
+    )
+    swaps: list[tuple[str, MXLinear]] = []
     for name in tqdm(chosen, desc=f"compress to {element.name}", disable=not progress):
         linear = model.get_submodule(name)
         assert isinstance(linear, nn.Linear)  # select_linear_layers picks Linears only
         weight = linear.weight
+        count = int((~torch.isfinite(weight)).sum())
+        check_nonfinite(f"{name}.weight", count, weight.numel(), nonfinite)
         mx = quantize_torch(weight, element, axis=1, block_size=block_size, name=f"{name}.weight")
-        layer = MXLinear(mx, linear.bias).to(weight.device)
-        original = weight.detach().float().cpu().numpy()
-        sqnr, max_err = error_stats(original, mx.dequantize())
+        original = weight.detach().to(torch.float64 if weight.dtype == torch.float64 else torch.float32)
+        restored = mx.dequantize(np.float64 if weight.dtype == torch.float64 else np.float32)
+        nbytes = weight.numel() * weight.element_size()
         report.layers.append(
-            LayerReport(
-                name=f"{name}.weight",
-                shape=tuple(weight.shape),
-                fmt=element.name,
-                bytes_before=weight.numel() * weight.element_size(),
-                bytes_after=mx.nbytes,
-                sqnr_db=sqnr,
-                max_abs_error=max_err,
-            )
+            layer_report(f"{name}.weight", original.cpu().numpy(), restored, element.name, nbytes, mx.nbytes, count)
         )
+        swaps.append((name, MXLinear(mx, linear.bias).to(weight.device)))
+    for name, layer in swaps:
         _set_module(model, name, layer)
     return model, report
 

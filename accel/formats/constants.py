@@ -8,6 +8,11 @@ from __future__ import annotations
 #: default block size k of every MX format (OCP MX v1.0 §5.1)
 DEFAULT_BLOCK_SIZE = 32
 
+#: largest block size accepted (the spec's k is 32; larger blocks are allowed for experiments)
+MAX_BLOCK_SIZE = 1 << 16
+#: padding a tensor to whole blocks may add at most this many elements beyond doubling it (else: FormatError)
+MAX_PADDING_SLACK = 1 << 20
+
 #: E8M0 scale: unsigned 8-bit exponent, bias 127, 0xFF = NaN, no zero, no Inf (OCP MX v1.0 §5.4.1)
 E8M0_BIAS = 127
 E8M0_MIN_EXP = -127

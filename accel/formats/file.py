@@ -7,7 +7,10 @@ and byte range and may hold a ``__metadata__`` dict of strings. accel stores an 
 ``accel.crc32`` = JSON {stored tensor: CRC-32 hex}. Any safetensors reader can open the file; ``load_tensors`` also
 reads plain Hugging Face files (BF16 is widened to float32, exactly). Nothing is ever unpickled.
 
-Writes go to a temp file in the target directory, which is renamed over the target only once complete.
+Writing lives in ``accel.formats.writer`` (a temp file in the target directory, renamed over the target only once
+complete). Checksums: a file whose ``__metadata__`` has any ``accel.*`` key is an accel file and must carry a CRC-32
+for every stored tensor (``FormatError`` otherwise: a removed checksum is never read as "nothing to check"); a file
+without accel keys declares itself plain safetensors (Hugging Face) and is read without checksums.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import itertools
 import json
 import os
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from accel.errors import FormatError
-from accel.formats.constants import CODES_SUFFIX, FILE_FORMAT_KEY, FILE_FORMAT_TAG, SCALES_SUFFIX
+from accel.formats.constants import (
+    CODES_SUFFIX,
+    FILE_FORMAT_KEY,
+    FILE_FORMAT_TAG,
+    FILE_TENSORS_KEY,
+    FILE_TIED_KEY,
+    SCALES_SUFFIX,
+)
 from accel.formats.mx_tensor import MXTensor
 
 MX_KEY = "accel.mx"
@@ -48,16 +57,6 @@ DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
-
-
-def make_temp_file(target: Path) -> tuple[int, Path]:
-    """A temp file next to ``target`` (same filesystem, so the final rename is atomic) with the permissions a plain
-    ``open`` would give (mkstemp's default 0600 would make shared checkpoints unreadable)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    return fd, Path(tmp)
 
 
 def dtype_code(array: np.ndarray, name: str) -> str:
@@ -94,143 +93,6 @@ def mx_specs(name: str, mx: MXTensor) -> list[TensorSpec]:
         TensorSpec(name + CODES_SUFFIX, "U8", (mx.codes_nbytes,)),
         TensorSpec(name + SCALES_SUFFIX, "U8", mx.scales_shape),
     ]
-
-
-class SafetensorsWriter:
-    """Write a safetensors file tensor by tensor (any order), atomically; CRC-32 of each tensor in the header.
-
-    The layout is fixed up front from ``specs`` (sorted by item size, so every tensor stays aligned); the header is
-    written with placeholder checksums of the same width and rewritten on ``close``. Use as a context manager: on an
-    exception the temp file is removed and the target is left untouched.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        specs: list[TensorSpec],
-        metadata: dict[str, str] | None = None,
-        mx: dict[str, dict[str, Any]] | None = None,
-        internal: dict[str, str] | None = None,
-    ) -> None:
-        self.path = Path(path)
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            dups = sorted({n for n in names if names.count(n) > 1})
-            raise FormatError(f"duplicate tensor names in {self.path}: {dups}")
-        self.metadata = _check_metadata(metadata)
-        self.metadata.update(internal or {})  # accel's own keys (e.g. accel.tied), set by accel code only
-        self.mx = mx or {}
-        order = sorted(specs, key=lambda s: -DTYPES[s.dtype].itemsize)
-        self.specs = {s.name: s for s in specs}
-        self.offsets: dict[str, tuple[int, int]] = {}
-        pos = 0
-        for s in order:
-            self.offsets[s.name] = (pos, pos + s.nbytes)
-            pos += s.nbytes
-        self.data_bytes = pos
-        self.crcs = {n: 0 for n in names}
-        self.written: set[str] = set()
-        header = self._header()
-        self.header_len = len(header)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = make_temp_file(self.path)
-        self.file = os.fdopen(fd, "w+b")
-        self.file.write(struct.pack("<Q", self.header_len) + header)
-        self.file.truncate(8 + self.header_len + self.data_bytes)
-
-    def _header(self) -> bytes:
-        meta = dict(self.metadata)
-        meta[FILE_FORMAT_KEY] = FILE_FORMAT_TAG
-        meta[MX_KEY] = json.dumps(self.mx, sort_keys=True, separators=(",", ":"))
-        meta[CRC_KEY] = json.dumps({n: f"{c:08x}" for n, c in sorted(self.crcs.items())}, separators=(",", ":"))
-        head: dict[str, Any] = {"__metadata__": meta}
-        for name, (b, e) in sorted(self.offsets.items(), key=lambda kv: kv[1]):
-            s = self.specs[name]
-            head[name] = {"dtype": s.dtype, "shape": list(s.shape), "data_offsets": [b, e]}
-        raw = json.dumps(head, separators=(",", ":")).encode()
-        return raw + b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned (padding allowed by the format)
-
-    def write(self, name: str, array: np.ndarray) -> None:
-        """Write the data of one declared tensor (its dtype code and shape must match the spec)."""
-        if name not in self.specs:
-            raise FormatError(f"tensor {name!r} was not declared for {self.path}")
-        spec = self.specs[name]
-        array = np.asarray(array)
-        array = array if array.flags.c_contiguous else np.ascontiguousarray(array)  # (keeps 0-d arrays 0-d)
-        code = "BF16" if spec.dtype == "BF16" and array.dtype == np.uint16 else dtype_code(array, name)
-        if code != spec.dtype or tuple(array.shape) != spec.shape:
-            raise FormatError(f"tensor {name!r}: got {code} {array.shape}, declared {spec.dtype} {spec.shape}")
-        data = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
-        self.crcs[name] = zlib.crc32(data.data)
-        self.file.seek(8 + self.header_len + self.offsets[name][0])
-        self.file.write(data.tobytes() if data.size < (1 << 20) else data.data)
-        self.written.add(name)
-
-    def close(self) -> None:
-        """Check every tensor was written, write the final header, fsync and rename into place."""
-        missing = sorted(set(self.specs) - self.written)
-        if missing:
-            self.abort()
-            raise FormatError(f"{self.path}: tensors declared but never written: {missing[:5]}")
-        header = self._header()
-        assert len(header) == self.header_len, "checksum placeholders must keep the header length"
-        self.file.seek(8)
-        self.file.write(header)
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        """Drop the temp file; the target path is not touched."""
-        if not self.file.closed:
-            self.file.close()
-        self.tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> SafetensorsWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def _check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
-    metadata = dict(metadata or {})
-    for k, v in metadata.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise FormatError(f"metadata must map str to str; got {k!r}: {type(v).__name__}")
-        if k.startswith("accel."):
-            raise FormatError(f"metadata key {k!r} is reserved (keys starting with 'accel.' are accel's own)")
-    return metadata
-
-
-def save_tensors(
-    path: str | os.PathLike, tensors: dict[str, np.ndarray | MXTensor], metadata: dict[str, str] | None = None
-) -> None:
-    """Write numpy arrays and MXTensors to a safetensors file at ``path`` (atomically: temp file, then rename)."""
-    specs: list[TensorSpec] = []
-    mx: dict[str, dict[str, Any]] = {}
-    data: dict[str, np.ndarray] = {}
-    for name, value in tensors.items():
-        if not isinstance(name, str) or not name:
-            raise FormatError(f"tensor names must be non-empty str, got {name!r}")
-        if name.endswith((CODES_SUFFIX, SCALES_SUFFIX)):
-            raise FormatError(f"tensor {name!r}: names ending in {CODES_SUFFIX}/{SCALES_SUFFIX} are reserved")
-        if isinstance(value, MXTensor):
-            specs += mx_specs(name, value)
-            mx[name] = value.header()
-            data[name + CODES_SUFFIX], data[name + SCALES_SUFFIX] = value.codes, value.scales
-        elif isinstance(value, np.ndarray):
-            specs.append(TensorSpec(name, dtype_code(value, name), tuple(value.shape)))
-            data[name] = value.view(np.uint16) if value.dtype.name == "bfloat16" else value
-        else:
-            raise FormatError(f"tensor {name!r}: expected np.ndarray or MXTensor, got {type(value).__name__}")
-    with SafetensorsWriter(path, specs, metadata, mx) as writer:
-        for name, array in data.items():
-            writer.write(name, array)
 
 
 class SafetensorsFile:
@@ -278,6 +140,7 @@ class SafetensorsFile:
         for (n1, (_, e1)), (n2, (b2, _)) in itertools.pairwise(ranges):
             if b2 < e1:
                 raise FormatError(f"{self.path}: tensors {n1!r} and {n2!r} overlap")
+        self.checksums = _checksums(self.path, self.metadata, self.entries)
         self._map = np.memmap(self.path, np.uint8, "r") if size > self.data_start else np.zeros(0, np.uint8)
 
     @property
@@ -296,17 +159,22 @@ class SafetensorsFile:
         raw = self.raw(name)
         return bf16_to_f32(raw) if self.entries[name].dtype == "BF16" else raw
 
+    @property
+    def is_accel(self) -> bool:
+        """Whether the file is accel's own (any ``accel.*`` metadata key), so that it carries checksums."""
+        return self.checksums is not None
+
     def verify(self, name: str) -> None:
-        """Compare the CRC-32 of a stored tensor with the header's (if the file has accel checksums)."""
-        crcs = json_meta(self.path, self.metadata, CRC_KEY)
-        if name in crcs:
-            b, e = self.offsets[name]
-            got = zlib.crc32(self._map[self.data_start + b : self.data_start + e].data)
-            if f"{got:08x}" != crcs[name]:
-                raise FormatError(
-                    f"{self.path}: tensor {name!r}: checksum mismatch (stored {crcs[name]}, data "
-                    f"{got:08x}): the file is corrupted"
-                )
+        """Compare the CRC-32 of a stored tensor with the header's (accel files; plain safetensors have none)."""
+        if self.checksums is None:
+            return
+        b, e = self.offsets[name]
+        got = zlib.crc32(self._map[self.data_start + b : self.data_start + e].data)
+        if f"{got:08x}" != self.checksums[name]:
+            raise FormatError(
+                f"{self.path}: tensor {name!r}: checksum mismatch (stored {self.checksums[name]}, data "
+                f"{got:08x}): the file is corrupted"
+            )
 
     def mx_tensor(self, name: str) -> MXTensor:
         """The MXTensor stored as ``name.mx_codes`` / ``name.mx_scales``, validated against its header."""
@@ -336,6 +204,12 @@ class SafetensorsFile:
         out: dict[str, np.ndarray | MXTensor] = {}
         mx = self.mx_headers
         stored = {n + s for n in mx for s in (CODES_SUFFIX, SCALES_SUFFIX)}
+        orphans = [n for n in self.entries if self.is_accel and n.endswith((CODES_SUFFIX, SCALES_SUFFIX))]
+        orphans = [n for n in orphans if n not in stored]
+        if orphans:  # accel never writes these names outside an MX tensor: its header entry was removed or renamed
+            raise FormatError(
+                f"{self.path}: tensor {orphans[0]!r} has no MX header in {MX_KEY!r}: the file was altered"
+            )
         for name in sorted(self.entries, key=lambda k: self.offsets[k]):
             if name in stored:
                 continue
@@ -359,13 +233,38 @@ def _parse_entry(path: Path, name: str, info: Any) -> tuple[TensorSpec, tuple[in
     return TensorSpec(name, dtype, tuple(shape)), (b, e)
 
 
+_ACCEL_KEYS = frozenset({FILE_FORMAT_KEY, FILE_TENSORS_KEY, FILE_TIED_KEY, MX_KEY, CRC_KEY})
+
+
 def _check_file_metadata(path: Path, meta: Any) -> dict[str, str]:
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise FormatError(f"{path}: __metadata__ must map str to str")
+    unknown = sorted(k for k in meta if k.startswith("accel.") and k not in _ACCEL_KEYS)
+    if unknown:  # a renamed or altered key would otherwise change how the tensors are read
+        raise FormatError(f"{path}: unknown accel metadata key(s) {unknown[:3]} (known: {sorted(_ACCEL_KEYS)})")
     tag = meta.get(FILE_FORMAT_KEY)
     if tag is not None and tag != FILE_FORMAT_TAG:
         raise FormatError(f"{path}: unsupported accel file format {tag!r} (supported: {FILE_FORMAT_TAG})")
     return meta
+
+
+def _checksums(path: Path, meta: dict[str, str], entries: dict[str, TensorSpec]) -> dict[str, str] | None:
+    """CRC-32 of every stored tensor of an accel file (None for plain safetensors); FormatError if one is missing."""
+    if not any(k.startswith("accel.") for k in meta):
+        return None
+    if CRC_KEY not in meta:
+        raise FormatError(
+            f"{path}: accel file without checksums (metadata {CRC_KEY!r} is missing): it was altered or damaged; "
+            "accel files always carry them (a plain safetensors file has no accel.* metadata)"
+        )
+    crcs = json_meta(path, meta, CRC_KEY)
+    missing = sorted(set(entries) - set(crcs))
+    if missing:
+        raise FormatError(f"{path}: no checksum for tensor(s) {missing[:5]} in {CRC_KEY!r}: the file was altered")
+    bad = [n for n in entries if not (isinstance(crcs[n], str) and len(crcs[n]) == 8)]
+    if bad:
+        raise FormatError(f"{path}: checksum of tensor {bad[0]!r} is not 8 hex digits: {crcs[bad[0]]!r}")
+    return {n: crcs[n].lower() for n in entries}
 
 
 def json_meta(path: Path, meta: dict[str, str], key: str) -> dict[str, Any]:

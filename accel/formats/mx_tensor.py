@@ -16,7 +16,15 @@ import numpy as np
 
 from accel.errors import FormatError
 from accel.formats.codec import encode_elements
-from accel.formats.constants import DEFAULT_BLOCK_SIZE, E8M0_BIAS, E8M0_NAN, MX_BYTES_MAGIC, MX_BYTES_VERSION
+from accel.formats.constants import (
+    DEFAULT_BLOCK_SIZE,
+    E8M0_BIAS,
+    E8M0_NAN,
+    MAX_BLOCK_SIZE,
+    MAX_PADDING_SLACK,
+    MX_BYTES_MAGIC,
+    MX_BYTES_VERSION,
+)
 from accel.formats.elements import ElementFormat, get_format
 from accel.formats.kernels import dequantize_flat
 from accel.formats.packing import pack_codes, packed_nbytes, unpack_codes
@@ -30,17 +38,51 @@ def _label(name: str | None) -> str:
     return f"tensor {name!r}" if name else "tensor"
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_block_size(block_size: Any, name: str | None = None) -> int:
+    """``block_size`` as an int, or FormatError unless it is an int in 1..MAX_BLOCK_SIZE."""
+    if not _is_int(block_size) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise FormatError(f"{_label(name)}: block_size must be an int in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
+    return int(block_size)
+
+
+def check_shape(shape: Any, name: str | None = None) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints >= 0, or FormatError."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise FormatError(f"{_label(name)}: shape must be a sequence of ints, got {shape!r}") from None
+    if not all(_is_int(d) and d >= 0 for d in dims):
+        raise FormatError(f"{_label(name)}: shape must hold ints >= 0, got {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
 def check_layout(shape: tuple[int, ...], axis: int, block_size: int, name: str | None = None) -> tuple[int, int]:
-    """Validate ``axis`` and ``block_size`` for ``shape``; return (normalised axis, number of blocks)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0:
-        raise FormatError(f"{_label(name)}: block_size must be a positive int, got {block_size!r}")
+    """Validate ``axis`` and ``block_size`` for ``shape``; return (normalised axis, number of blocks).
+
+    Padding the blocked axis to whole blocks may at most double the element count (plus MAX_PADDING_SLACK), so that
+    a huge block size on a long, narrow tensor is refused before anything is allocated.
+    """
+    block_size = check_block_size(block_size, name)
+    shape = check_shape(shape, name)
     ndim = len(shape)
     if ndim == 0:
         raise FormatError(f"{_label(name)}: cannot quantize a 0-d array (need at least one axis)")
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+    if not _is_int(axis) or not -ndim <= axis < ndim:
         raise FormatError(f"{_label(name)}: axis {axis!r} out of range for shape {shape} (allowed -{ndim}..{ndim - 1})")
     axis = int(axis) % ndim
-    return axis, -(-shape[axis] // int(block_size))
+    nblocks = -(-shape[axis] // block_size)
+    numel = int(np.prod(shape, dtype=object))
+    padded = numel // shape[axis] * nblocks * block_size if shape[axis] else 0
+    if padded > 2 * numel + MAX_PADDING_SLACK:
+        raise FormatError(
+            f"{_label(name)}: block_size {block_size} pads axis {axis} of shape {shape} to {padded} elements "
+            f"(more than twice its {numel}); use a block size up to the axis length {shape[axis]}"
+        )
+    return axis, nblocks
 
 
 def _work_dtype(x: np.ndarray, name: str | None) -> type:
@@ -69,9 +111,7 @@ class MXTensor:
         name: str | None = None,
     ) -> None:
         self.fmt = get_format(fmt)
-        self.shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in self.shape):
-            raise FormatError(f"{_label(name)}: negative dimension in shape {self.shape}")
+        self.shape = check_shape(shape, name)
         self.axis, _nblocks = check_layout(self.shape, axis, block_size, name)
         self.block_size = int(block_size)
         codes, scales = np.ascontiguousarray(codes), np.ascontiguousarray(scales)
@@ -126,10 +166,12 @@ class MXTensor:
 
         ``out``: an array of the original shape and ``dtype`` to write into (saves allocating, and first-touching,
         a new result; written in place without a temporary when ``axis`` is last and its length a multiple of
-        ``block_size``).
+        ``block_size``). FormatError if a value exceeds the range of ``dtype`` (it would become inf): a float64
+        input near the top of the E8M0 range needs ``dtype=np.float64``.
         """
-        dtype = np.dtype(dtype)
+        dtype = _float_dtype(dtype)
         work = np.float64 if dtype == np.float64 else np.float32
+        self._check_fits(dtype)
         if out is not None:
             if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != dtype:
                 raise FormatError(f"out must be an array of shape {self.shape} and dtype {dtype}")
@@ -148,6 +190,25 @@ class MXTensor:
         moved = flat.reshape((*self.prefix, self.nblocks * self.block_size))[..., : self.shape[self.axis]]
         out = np.ascontiguousarray(np.moveaxis(moved, -1, self.axis))
         return out if out.dtype == dtype else out.astype(dtype)
+
+    def _check_fits(self, dtype: np.dtype) -> None:
+        """FormatError if a value would overflow ``dtype`` (checked exactly only when a block's scale allows it)."""
+        if dtype == np.float64 or not self.scales.size:
+            return
+        limit = float(np.finfo(np.float32 if dtype.name == "bfloat16" else dtype).max)
+        top = int(self.scales.max())
+        if top == E8M0_NAN:
+            finite = self.scales[self.scales != E8M0_NAN]
+            top = int(finite.max()) if finite.size else 0
+        if self.fmt.max_normal * 2.0 ** (top - E8M0_BIAS) <= limit:
+            return
+        values = self.dequantize(np.float64)
+        over = int(np.count_nonzero(np.isfinite(values) & (np.abs(values) > limit)))
+        if over:
+            raise FormatError(
+                f"{over} value(s) of this {self.fmt.name} tensor exceed the range of {dtype} (max {limit:.4g}): "
+                "dequantize to float64"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -189,6 +250,8 @@ class MXTensor:
     @classmethod
     def from_bytes(cls, data: bytes, name: str | None = None) -> MXTensor:
         """Parse ``to_bytes`` output, validating magic, version, header, sizes and checksum (FormatError if bad)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise FormatError(f"{_label(name)}: MX bytes must be bytes, got {type(data).__name__}")
         data = bytes(data)
         fixed = len(MX_BYTES_MAGIC) + 6
         if len(data) < fixed + 4:
@@ -205,7 +268,7 @@ class MXTensor:
             raise FormatError(f"{_label(name)}: checksum mismatch (corrupted or truncated MX bytes)")
         try:
             head = json.loads(data[fixed : fixed + head_len])
-            fmt, shape = get_format(head["fmt"]), tuple(int(s) for s in head["shape"])
+            fmt, shape = get_format(head["fmt"]), check_shape(head["shape"], name)
             axis, block_size = head["axis"], head["block_size"]
         except (ValueError, KeyError, TypeError) as exc:
             raise FormatError(f"{_label(name)}: bad MX header: {exc}") from exc
@@ -259,7 +322,7 @@ def quantize(
     step = max(4, (_QUANT_CHUNK_ELEMENTS // block_size) // 4 * 4)  # whole FP6 byte groups per step
     for b0 in range(0, blocks.shape[0], step):
         chunk = blocks[b0 : b0 + step]
-        s = block_scale_codes(chunk, fmt)
+        s = block_scale_codes(chunk, fmt, name)
         scales[b0 : b0 + step] = s
         scaled = chunk * inverse_scales[s][:, None]  # exact: multiplying by a power of two (as np.ldexp)
         elements = encode_elements(scaled, fmt)
@@ -269,6 +332,19 @@ def quantize(
     return MXTensor(fmt, x.shape, axis, block_size, codes, scales.reshape((*prefix, nblocks)), name=name)
 
 
+def _float_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a numpy float dtype, or FormatError (dequantized values are never cast to integers)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise FormatError(f"unknown dtype {dtype!r}: {exc}") from None
+    if dt.kind != "f" and dt.name != "bfloat16":
+        raise FormatError(f"dequantize to a float dtype (float16, float32, float64), not {dt}")
+    return dt
+
+
 def dequantize(mx: MXTensor, dtype: Any = np.float32) -> np.ndarray:
-    """``mx.dequantize(dtype)``."""
+    """``mx.dequantize(dtype)`` (FormatError if ``mx`` is not an ``MXTensor``)."""
+    if not isinstance(mx, MXTensor):
+        raise FormatError(f"dequantize needs an MXTensor (from quantize); got {type(mx).__name__}")
     return mx.dequantize(dtype)

@@ -18,18 +18,27 @@ SUPPORTED_BITS = (4, 6, 8)
 def packed_nbytes(n: int, bits: int) -> int:
     """Bytes that ``n`` codes of ``bits`` bits take once packed: ceil(bits * n / 8)."""
     _check_bits(bits)
-    return -(-bits * n // 8)
+    _check_count(n)
+    return -(-bits * int(n) // 8)
 
 
 def _check_bits(bits: int) -> None:
-    if bits not in SUPPORTED_BITS:
-        raise FormatError(f"cannot pack {bits}-bit codes; supported widths: {SUPPORTED_BITS}")
+    if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise FormatError(f"cannot pack {bits!r}-bit codes; supported widths: {SUPPORTED_BITS}")
+
+
+def _check_count(n: int) -> None:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise FormatError(f"the number of codes must be an int >= 0, got {n!r}")
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack a flat sequence of ``bits``-bit codes (uint8, C order) into a 1-D uint8 array."""
     _check_bits(bits)
-    flat = np.ascontiguousarray(codes).reshape(-1)
+    try:
+        flat = np.ascontiguousarray(codes).reshape(-1)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"codes to pack must be a uint8 array, got {type(codes).__name__} ({exc})") from exc
     if flat.dtype != np.uint8:
         raise FormatError(f"codes to pack must be uint8, got {flat.dtype}")
     if flat.size and bits < 8 and int(flat.max()) >> bits:
@@ -55,13 +64,18 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack_codes(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     """Unpack the first ``n`` codes of ``bits`` bits from a packed uint8 array (the inverse of ``pack_codes``)."""
     _check_bits(bits)
-    data = np.asarray(packed).reshape(-1)
+    _check_count(n)
+    n = int(n)
+    try:
+        data = np.asarray(packed).reshape(-1)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"packed codes must be a uint8 array, got {type(packed).__name__} ({exc})") from exc
     if data.dtype != np.uint8:
         raise FormatError(f"packed codes must be uint8, got {data.dtype}")
-    if n < 0 or data.size < packed_nbytes(n, bits):
+    if data.size < packed_nbytes(n, bits):
         raise FormatError(
             f"packed buffer of {data.size} bytes is too small for {n} codes of {bits} bits "
-            f"({packed_nbytes(n, bits) if n >= 0 else 'n < 0'} bytes needed)"
+            f"({packed_nbytes(n, bits)} bytes needed)"
         )
     if bits == 8:
         return data[:n].copy()

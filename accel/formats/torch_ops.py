@@ -17,6 +17,7 @@ from accel.formats.constants import DEFAULT_BLOCK_SIZE, E8M0_BIAS, E8M0_MAX_EXP,
 from accel.formats.elements import ElementFormat, get_format
 from accel.formats.mx_tensor import MXTensor, check_layout
 from accel.formats.packing import packed_nbytes
+from accel.formats.scaling import check_scale_range
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -89,7 +90,11 @@ def quantize_torch(
     blocks = F.pad(moved.reshape(-1, length), (0, nblocks * block_size - length)).reshape(-1, block_size)
     amax = blocks.abs().amax(-1) if blocks.numel() else torch.zeros(blocks.shape[0], dtype=work, device=t.device)
     _, e2 = torch.frexp(amax)
-    e = torch.clamp(e2 - 1 - fmt.emax, E8M0_MIN_EXP, E8M0_MAX_EXP)
+    e = e2 - 1 - fmt.emax
+    over = int((torch.isfinite(amax) & (e > E8M0_MAX_EXP)).sum())
+    if over:  # the same rule and message as the numpy path (scaling.check_scale_range)
+        check_scale_range(np.full(over, E8M0_MAX_EXP + 1), np.ones(over, bool), fmt, name)
+    e = torch.clamp(e, E8M0_MIN_EXP, E8M0_MAX_EXP)
     e = torch.where(amax == 0, torch.full_like(e, E8M0_MIN_EXP), e)
     bad = ~torch.isfinite(amax)
     scales = torch.where(bad, torch.full_like(e, E8M0_NAN), e + E8M0_BIAS)

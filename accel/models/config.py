@@ -15,17 +15,14 @@ from typing import Any
 import numpy as np
 
 from accel.errors import ModelError
+from accel.models.config_json import EMBED_SIZE_KEY, FEATURE_SIZE_KEY, HEAD_VOCAB_KEY, check_size
 
 __all__ = ["MASKED_LOGIT", "SUPPORTED_MODEL_TYPES", "ModelConfig", "RopeScaling", "rope_inv_freq"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
-_GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast")
 #: logit of the tokens a restricted head (``head_vocab > 0``) does not score: finite (the SpD warps reject inf/NaN),
 #: and low enough that ``exp`` underflows to exactly 0 probability in float32 after softmax / any temperature >= 1e-3
 MASKED_LOGIT: float = -1e9
-_HEAD_VOCAB_KEY = "accel_head_vocab"  # config.json key of head_vocab (written only when > 0)
-_FEATURE_SIZE_KEY = "accel_feature_size"  # feature drafts only (written only when > 0)
-_EMBED_SIZE_KEY = "accel_embed_size"
 
 
 @dataclass(frozen=True)
@@ -79,15 +76,13 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.head_dim == 0:
             if self.num_heads <= 0 or self.hidden_size % self.num_heads:
                 raise ModelError(
                     f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; give head_dim"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-            if getattr(self, name) <= 0:
-                raise ModelError(f"config field {name} must be positive; got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(
                 f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads} (grouped-query)"
@@ -102,6 +97,20 @@ class ModelConfig:
             raise ModelError(f"positions must be 'rope' or 'learned'; got {self.positions!r}")
         self._check_head_vocab()
         self._check_features()
+
+    def _check_types(self) -> None:
+        """Sizes are ints within ``config_json.SIZE_LIMITS``, flags are bools, eps and theta finite and > 0."""
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            object.__setattr__(self, name, check_size(name, getattr(self, name)))
+        for name in ("head_dim", "max_position_embeddings"):
+            object.__setattr__(self, name, check_size(name, getattr(self, name), minimum=int(name != "head_dim")))
+        for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ModelError(f"config field {name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ModelError(f"config field {name} must be a finite number > 0, got {v!r}")
 
     def _check_features(self) -> None:
         """``feature_size``/``embed_size`` are ints >= 0; a narrow embedding only with features, RoPE and no tying."""
@@ -166,9 +175,13 @@ class ModelConfig:
     def from_hf(cls, cfg: dict[str, Any] | str | Path) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` (a dict, a file path, or a checkpoint directory).
 
-        Raises ``ModelError`` naming the field when the config uses something the reference decoders do not
-        implement (unknown ``model_type``, an unsupported ``rope_scaling`` type or activation, sliding windows).
+        Parsing is strict (``accel.models.config_json``): types as JSON gives them (booleans only from JSON
+        booleans), required fields present, sizes within bounds. Raises ``ModelError`` naming the field, also when
+        the config uses something the reference decoders do not implement (unknown ``model_type``, an unsupported
+        ``rope_scaling`` type or activation, sliding windows).
         """
+        from accel.models.config_json import ConfigReader, gpt2_fields, llama_fields
+
         if isinstance(cfg, (str, Path)):
             path = Path(cfg)
             if path.is_dir():
@@ -177,98 +190,17 @@ class ModelConfig:
                 raise ModelError(f"no config.json at {path}")
             try:
                 cfg = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
+            except (UnicodeDecodeError, ValueError) as exc:
                 raise ModelError(f"{path} is not valid JSON: {exc}") from exc
-        assert isinstance(cfg, dict)
-        model_type = cfg.get("model_type")
+        reader = ConfigReader(cfg)
+        model_type = reader.cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelError(
                 f"config field model_type={model_type!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        if model_type == "gpt2":
-            return cls._from_gpt2(cfg)
-        return cls._from_llama_like(cfg, model_type)
-
-    @classmethod
-    def _from_llama_like(cls, cfg: dict[str, Any], model_type: str) -> ModelConfig:
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelError(f"config field hidden_act={act!r} is not supported for {model_type}; supported: 'silu'")
-        if cfg.get("use_sliding_window", False):
-            raise ModelError("config field use_sliding_window=true is not supported (full attention only)")
-        if model_type == "mistral" and cfg.get("sliding_window") not in (None, 0):
-            # Mistral's window only matters beyond it; the decoder attends fully and the backends cap ctx_len at it.
-            pass
-        if cfg.get("mlp_bias", False) and model_type != "llama":
-            raise ModelError("config field mlp_bias=true is only supported for model_type llama")
-        heads = int(cfg["num_attention_heads"])
-        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta and scaling here
-        attention_bias = bool(cfg.get("attention_bias", False))
-        return cls(
-            model_type=model_type,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or 0),
-            intermediate_size=int(cfg["intermediate_size"]),
-            norm="rms",
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            mlp="gated",
-            activation="silu",
-            positions="rope",
-            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-            rope_scaling=_parse_rope_scaling(cfg.get("rope_scaling") or rope),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=cfg.get("eos_token_id"),
-            extra={"sliding_window": cfg.get("sliding_window")} if cfg.get("sliding_window") else {},
-            head_vocab=_head_vocab_of(cfg),
-            feature_size=_accel_int(cfg, _FEATURE_SIZE_KEY),
-            embed_size=_accel_int(cfg, _EMBED_SIZE_KEY),
-        )
-
-    @classmethod
-    def _from_gpt2(cls, cfg: dict[str, Any]) -> ModelConfig:
-        act = cfg.get("activation_function", "gelu_new")
-        if act not in _GELU_ACTS:
-            raise ModelError(f"config field activation_function={act!r} is not supported; supported: {_GELU_ACTS}")
-        if act == "gelu":
-            raise ModelError("config field activation_function='gelu' (exact erf GELU) is not supported; use gelu_new")
-        if cfg.get("scale_attn_by_inverse_layer_idx") or cfg.get("reorder_and_upcast_attn"):
-            raise ModelError(
-                "config fields scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported"
-            )
-        hidden = int(cfg["n_embd"])
-        heads = int(cfg["n_head"])
-        return cls(
-            model_type="gpt2",
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=int(cfg["n_layer"]),
-            num_heads=heads,
-            num_kv_heads=heads,
-            intermediate_size=int(cfg.get("n_inner") or 4 * hidden),
-            norm="layer",
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            mlp="plain",
-            activation="gelu_tanh",
-            positions="learned",
-            max_position_embeddings=int(cfg.get("n_positions", 1024)),
-            qkv_bias=True,
-            o_bias=True,
-            mlp_bias=True,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=cfg.get("eos_token_id"),
-            head_vocab=_head_vocab_of(cfg),
-        )
+        fields = gpt2_fields(reader) if model_type == "gpt2" else llama_fields(reader, model_type)
+        return cls(**fields)
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` dict that ``from_hf`` maps back to this config (and transformers loads).
@@ -278,10 +210,10 @@ class ModelConfig:
         """
         out = self._to_hf_base()
         if self.head_vocab > 0:
-            out[_HEAD_VOCAB_KEY] = self.head_vocab
+            out[HEAD_VOCAB_KEY] = self.head_vocab
         if self.feature_size > 0:
-            out[_FEATURE_SIZE_KEY] = self.feature_size
-            out[_EMBED_SIZE_KEY] = self.embed_size
+            out[FEATURE_SIZE_KEY] = self.feature_size
+            out[EMBED_SIZE_KEY] = self.embed_size
         return out
 
     def _to_hf_base(self) -> dict[str, Any]:
@@ -345,38 +277,6 @@ class ModelConfig:
         d = asdict(self)
         d.pop("extra", None)
         return d
-
-
-def _head_vocab_of(cfg: dict[str, Any]) -> int:
-    """``accel_head_vocab`` of a config.json (0 when absent); ModelError when it is not an integer."""
-    return _accel_int(cfg, _HEAD_VOCAB_KEY)
-
-
-def _accel_int(cfg: dict[str, Any], key: str) -> int:
-    """The integer ``cfg[key]`` of an accel-only config.json field (0 when absent); ModelError otherwise."""
-    value = cfg.get(key) or 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelError(f"config field {key}={value!r} must be an integer")
-    return value
-
-
-def _parse_rope_scaling(rs: dict[str, Any] | None) -> RopeScaling | None:
-    if not rs:
-        return None
-    kind = rs.get("rope_type", rs.get("type"))
-    if kind in (None, "default"):
-        return None
-    if kind == "linear":
-        return RopeScaling(kind="linear", factor=float(rs["factor"]))
-    if kind == "llama3":
-        return RopeScaling(
-            kind="llama3",
-            factor=float(rs["factor"]),
-            low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
-        )
-    raise ModelError(f"config field rope_scaling type {kind!r} is not supported; supported: 'llama3', 'linear'")
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:

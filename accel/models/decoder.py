@@ -242,15 +242,24 @@ class Decoder(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def embed(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, features: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        features: torch.Tensor | None = None,
+        mix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Token (+ learned position) embeddings ``[B, S, hidden]``.
 
         A feature draft (``config.feature_size > 0``) needs ``features [B, S, feature_size]``: column ``s`` is the
         target's final-norm hidden state at position ``position_ids[s] - 1`` (the state that predicted this token;
         zeros at position 0), and the result is ``fc(concat(embed(token), feature))``.
+        ``mix = (ids [B, S, M], weights [B, S, M])`` replaces each token embedding by ``sum_m weights * E[ids]``
+        (superposed inputs, ``accel.superposed``; ``input_ids`` is then not read).
         """
-        x = self.embed_tokens(input_ids)
+        if mix is None:
+            x = self.embed_tokens(input_ids)
+        else:
+            x = (self.embed_tokens(mix[0]) * mix[1].to(self.embed_tokens.weight.dtype)[..., None]).sum(dim=2)
         if self.config.positions == "learned":
             x = x + self.embed_positions(position_ids.clamp(min=0))
         fs = self.config.feature_size
@@ -300,14 +309,15 @@ class Decoder(nn.Module):
         features: torch.Tensor | None = None,
         slot_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        mix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Final-norm hidden states ``[B, S, hidden]`` of every column (what the LM head reads), and the new cache.
 
-        ``features``: a feature draft's input (see ``embed``); None for every other model. ``slot_ids [B, S]`` and
-        ``tree_mask [B, S, ctx]`` (bool): a tree call (module docstring); without them the K/V of a token are
-        written at its position and it sees slots ``0 .. position``.
+        ``features``: a feature draft's input; ``mix``: superposed inputs (both: see ``embed``); None for every
+        other model. ``slot_ids [B, S]`` and ``tree_mask [B, S, ctx]`` (bool): a tree call (module docstring);
+        without them the K/V of a token are written at its position and it sees slots ``0 .. position``.
         """
-        x = self.embed(input_ids, position_ids, features)
+        x = self.embed(input_ids, position_ids, features, mix)
         ctx = past_keys[0].shape[2]
         if (slot_ids is None) != (tree_mask is None):
             raise ValueError("a tree call needs both slot_ids and tree_mask")

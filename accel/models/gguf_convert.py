@@ -65,7 +65,8 @@ def gguf_to_checkpoint(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> s
     tensor at a time. Returns a note ("" or why there is no tokenizer.json)."""
     import json
 
-    from accel.formats.file import SafetensorsWriter, TensorSpec
+    from accel.formats.file import TensorSpec
+    from accel.formats.writer import SafetensorsWriter
     from accel.models.gguf_loader import open_gguf
     from accel.models.hf_names import accel_to_hf
 

@@ -103,7 +103,8 @@ def write_random_checkpoint(
 
 
 def _write_safetensors(config: ModelConfig, out: Path, rng: np.random.Generator, std: float) -> Path:
-    from accel.formats.file import SafetensorsWriter, TensorSpec
+    from accel.formats.file import TensorSpec
+    from accel.formats.writer import SafetensorsWriter
 
     out.mkdir(parents=True, exist_ok=True)
     shapes = list(_shapes(config))

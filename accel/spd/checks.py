@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.backends.base import Backend
+from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
 from accel.spd.warps import Sampling
 
-__all__ = ["check_compatible", "eos_set", "validate"]
+__all__ = ["check_backend", "check_compatible", "eos_set", "make_rng", "validate"]
 
 
 def check_compatible(target: Backend, draft: Backend, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -49,10 +49,35 @@ def _as_prompts(prompt_ids, vocab_size: int) -> list[np.ndarray]:
     return out
 
 
+def _is_token_id(t) -> bool:
+    return isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) and bool(t >= 0)
+
+
 def eos_set(eos_token_id) -> np.ndarray:
+    """The end-of-sequence ids as an int64 array: ``None``, a token id, or a sequence of them (SpdError otherwise)."""
     if eos_token_id is None:
         return np.zeros(0, dtype=np.int64)
-    return np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
+    ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, np.ndarray)) else [eos_token_id]
+    if not all(_is_token_id(t) for t in ids):
+        raise SpdError(f"eos_token_id must be a token id (int >= 0), a list of them, or None; got {eos_token_id!r}")
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def make_rng(seed) -> np.random.Generator:
+    """The generator of a ``seed`` argument: an int >= 0 (not a bool) or a ``np.random.Generator`` (SpdError
+    otherwise, instead of numpy's bare ValueError for ``seed=-1``)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if not _is_token_id(seed):
+        raise SpdError(f"seed must be an int >= 0 or a np.random.Generator; got {seed!r}")
+    return np.random.default_rng(int(seed))
+
+
+def check_backend(backend, name: str) -> None:
+    """SpdError unless ``backend`` is a Backend (has a ``BackendInfo``): ``generate(None, ...)`` or a path given
+    where a backend belongs would otherwise fail as an AttributeError deep inside."""
+    if not isinstance(getattr(backend, "info", None), BackendInfo):
+        raise SpdError(f"{name} must be a Backend (TorchBackend, OrtBackend, ...); got {type(backend).__name__}")
 
 
 def validate(

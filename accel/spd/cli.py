@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from accel.backends.weights import WEIGHT_MODES
-from accel.errors import AccelError, SpdError
+from accel.errors import AccelError, BackendError, SpdError
 
 __all__ = ["register", "run"]
 
@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="propose a dynamic token tree of up to N nodes per round (EAGLE-2 style; exact; default: a chain of "
         "--k). The target and draft are exported with tree inputs",
+    )
+    p.add_argument(
+        "--hydra",
+        default=None,
+        metavar="DIR",
+        help="Hydra heads directory (accel distill-hydra) instead of --draft: trees from the heads, one head call "
+        "per level (shaped by --tree-nodes, default 12, and --tree-top-k; depth: the heads)",
     )
     p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")
@@ -126,13 +133,24 @@ def _model_config(path: Path) -> dict[str, Any]:
         return open_gguf(path)[0].to_hf()
     if path.is_dir():
         cfg = path / "config.json"
-        return json.loads(cfg.read_text()) if cfg.is_file() else {}
-    if path.suffix == ".onnx":
+        text, where = (cfg.read_text(errors="replace"), str(cfg)) if cfg.is_file() else ("{}", "")
+    elif path.suffix == ".onnx" and path.is_file():
         import onnx
 
-        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-        return json.loads(meta.get("accel.model_config", "{}"))
-    return {}
+        try:
+            meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        except Exception as exc:  # protobuf DecodeError: a corrupt or truncated file
+            raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
+        text, where = meta.get("accel.model_config", "{}"), f"{path} (metadata accel.model_config)"
+    else:
+        return {}
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise SpdError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise SpdError(f"{where}: must hold a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def _draft_threads(args: argparse.Namespace, feature_draft: bool) -> int | None:
@@ -334,8 +352,10 @@ def run(args: argparse.Namespace) -> int:
     if not prompt:
         raise SpdError("the prompt encodes to no tokens")
     eos = _model_config(target_path).get("eos_token_id")
-    if args.tree_nodes is not None and not args.draft:
-        raise SpdError("--tree-nodes needs a draft model (--draft) to build the trees with")
+    if args.hydra and args.draft:
+        raise SpdError("give --draft or --hydra, not both")
+    if args.tree_nodes is not None and not (args.draft or args.hydra):
+        raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
@@ -350,9 +370,9 @@ def run(args: argparse.Namespace) -> int:
             args.ctx_len,
             args.threads,
             Path(tmp),
-            hidden_output=feature_draft,
+            hidden_output=feature_draft or bool(args.hydra),
             weights=args.target_weights,
-            tree=bool(args.tree_nodes),
+            tree=bool(args.tree_nodes) or bool(args.hydra),
         )
         draft = None
         if args.draft:
@@ -369,9 +389,14 @@ def run(args: argparse.Namespace) -> int:
         printer = None if args.json else _Printer(tokenizer)
         if printer is not None:
             sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
+        proposers = _proposer(args, draft)
+        if args.hydra:
+            from accel.drafts.hydra.cli import hydra_proposer
+
+            proposers = [*(proposers or []), hydra_proposer(args, target_path)]
         res = generate(
             target,
-            _proposer(args, draft),
+            proposers,
             [prompt],
             max_new_tokens=args.max_new_tokens,
             sampling=Sampling(args.temperature, args.top_k, args.top_p, args.greedy),

@@ -18,6 +18,7 @@ import numpy as np
 
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
+from accel.spd.checks import check_backend
 from accel.spd.proposers import RunState
 from accel.spd.warps import check_logits
 
@@ -42,6 +43,7 @@ class DraftModel:
     """A draft backend and the positions it has consumed (module docstring)."""
 
     def __init__(self, backend: Backend) -> None:
+        check_backend(backend, "the draft")
         self.backend = backend
         info = backend.info
         self.feature = info.feature_size > 0

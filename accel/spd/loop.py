@@ -27,7 +27,7 @@ import numpy as np
 
 from accel.backends.base import Backend
 from accel.errors import SpdError
-from accel.spd.checks import eos_set, validate
+from accel.spd.checks import check_backend, eos_set, make_rng, validate
 from accel.spd.draft_model import left_padded
 from accel.spd.proposers import FirstOf, Proposer, RowOutcome, RunState
 from accel.spd.stats import GenerationResult, StatsAccumulator
@@ -293,6 +293,7 @@ def generate(
         :class:`~accel.spd.stats.GenerationResult`. Every row's tokens are distributed exactly as the target's
         (warped) autoregressive samples; with ``Sampling(greedy=True)`` they equal greedy decoding of the target.
     """
+    check_backend(target, "target")
     sampling = sampling if sampling is not None else Sampling()
     if isinstance(sampling, Sampling) is False:
         raise SpdError(f"sampling must be an accel.spd.Sampling; got {type(sampling).__name__}")
@@ -312,7 +313,7 @@ def generate(
                 f"the proposer {proposer.info.name} makes token trees, but the target backend has no tree inputs: "
                 "export it with tree=True (accel export --tree)"
             )
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    rng = make_rng(seed)
     return _Loop(target, proposer, prompts, limits, sampling, rng, eos_set(eos_token_id), stream).run_all()
 
 

@@ -14,7 +14,8 @@ declare how each node was proposed (sampled from a reported distribution, or det
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -106,11 +107,22 @@ class RunState:
         """``backend.forward(ids, pos, num_logits=..., **kw)``, timed and counted as a draft call (prefill or not)."""
         with self._stats.timed("draft", prefill):
             out = backend.forward(ids, pos, num_logits=num_logits, **kw)
+        self._count_draft(int(ids.shape[1]), prefill)
+        return out
+
+    @contextmanager
+    def draft_work(self, tokens: int, *, prefill: bool = False) -> Iterator[None]:
+        """Time a proposer's own model call that is not a ``Backend`` (e.g. Hydra heads' onnxruntime sessions) and
+        count it as one draft call of ``tokens`` tokens, as ``call`` does."""
+        with self._stats.timed("draft", prefill):
+            yield
+        self._count_draft(tokens, prefill)
+
+    def _count_draft(self, tokens: int, prefill: bool) -> None:
         self._stats.draft_calls += 1
         if not prefill:
             self._stats.draft_decode_calls += 1
-            self._stats.draft_call_tokens += int(ids.shape[1])
-        return out
+            self._stats.draft_call_tokens += tokens
 
 
 @runtime_checkable

@@ -61,7 +61,7 @@ def top_k_mask(logits: np.ndarray, top_k: int) -> np.ndarray:
     """Set every logit below the k-th largest of its row to ``-inf`` (ties with the k-th value are kept, as in HF)."""
     x = np.asarray(logits, dtype=np.float64)
     vocab = x.shape[-1]
-    if not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
+    if not (isinstance(top_k, (int, np.integer)) and not isinstance(top_k, bool) and top_k >= 1):
         raise SpdError(f"top_k must be an integer >= 1; got {top_k!r}")
     if top_k >= vocab:
         return x

@@ -68,13 +68,13 @@ def test_export_cli_streams_gguf_with_external_data(tmp_path, capsys):
 
 
 def test_export_cli_error_exit_code(tmp_path, capsys):
-    assert main(["export", str(tmp_path / "missing"), "-o", str(tmp_path / "x.onnx"), "--quiet"]) == 1
+    assert main(["export", str(tmp_path / "missing"), "-o", str(tmp_path / "x.onnx"), "--quiet"]) == 2
     assert "neither a checkpoint directory nor a .gguf file" in capsys.readouterr().err
 
 
 def test_export_cli_mxfp6_nbits_accuracy_level(tmp_path, capsys):
     """``--weights mxfp6-nbits --nbits-accuracy 1``: MatMulNBits nodes with float32 activations; the flag outside the
-    nbits modes is an error that names it (exit code 1)."""
+    nbits modes is an error that names it (exit code 2)."""
     import onnx
 
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -87,5 +87,5 @@ def test_export_cli_mxfp6_nbits_accuracy_level(tmp_path, capsys):
         onnx.helper.get_attribute_value(a) == 1 for n in nodes for a in n.attribute if a.name == "accuracy_level"
     )
     assert OrtBackend(out).metadata["accel.mx_format"] == "mxfp6_e2m3"
-    assert main([*args[:-3], "--weights", "fp32", "--nbits-accuracy", "1", "--quiet"]) == 1
+    assert main([*args[:-3], "--weights", "fp32", "--nbits-accuracy", "1", "--quiet"]) == 2
     assert "accuracy_level applies to the *-nbits formats only, not fp32" in capsys.readouterr().err

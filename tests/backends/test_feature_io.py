@@ -74,8 +74,8 @@ def test_feature_draft_onnx_matches_torch(models, tmp_path):
     _, draft = models
     path = export_onnx(draft, tmp_path / "d.onnx", ctx_len=16, batch_size=2, progress=False)
     ort_b, tb = OrtBackend(path, threads=1), TorchBackend(draft, ctx_len=16, batch_size=2)
-    # torch always has tree inputs; an ONNX graph only when exported with tree=True
-    assert ort_b.info.capabilities == tb.info.capabilities - {"tree"} == frozenset({"features", "hidden_states"})
+    # torch always has tree and mix inputs; an ONNX graph only when exported with tree=True / mix_inputs=True
+    assert ort_b.info.capabilities == tb.info.capabilities - {"tree", "mix"} == frozenset({"features", "hidden_states"})
     assert ort_b.info.feature_size == tb.info.feature_size == 32
     for b in (ort_b, tb):
         _prime(b, feats=True)

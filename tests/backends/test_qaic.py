@@ -102,3 +102,36 @@ def test_tree_specialization(onnx_file, tmp_path):
         write_qaic_files(onnx_file, tmp_path / "chain", prompt_len=32, k=3, ctx_len=64, tree_nodes=16)
     with pytest.raises(BackendError, match="tree_nodes 65"):
         write_qaic_files(tree_file, tmp_path / "big", prompt_len=32, k=3, ctx_len=64, tree_nodes=65)
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"k": 0}, "k: Input should be greater than 0"),
+        ({"prompt_len": 1.5}, "prompt_len"),
+        ({"num_cores": -1}, "num_cores"),
+        ({"num_devices": "two"}, "num_devices"),
+        ({"k": 64}, "must not exceed ctx_len"),
+        ({"ctx_len": 32}, "exported with ctx_len=64"),
+    ],
+)
+def test_bad_settings_leave_no_folder(onnx_file, tmp_path, changes, needle):
+    kwargs = {"prompt_len": 32, "k": 7, "ctx_len": 64, **changes}
+    with pytest.raises(BackendError, match=needle):
+        write_qaic_files(onnx_file, tmp_path / "a" / "qaic", **kwargs)
+    assert list(tmp_path.iterdir()) == []  # no empty output folder, no temp folder, no parent
+
+
+def test_output_that_is_a_file_or_unwritable(onnx_file, tmp_path):
+    (tmp_path / "f").write_text("keep")
+    with pytest.raises(BackendError, match="is not a directory"):
+        write_qaic_files(onnx_file, tmp_path / "f", prompt_len=32, k=7, ctx_len=64)
+    with pytest.raises(OSError):
+        write_qaic_files(onnx_file, tmp_path / "f" / "qaic", prompt_len=32, k=7, ctx_len=64)
+    assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "keep"
+    out = tmp_path / "existing"  # an existing folder keeps its other files and gets the new ones
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    write_qaic_files(onnx_file, out, prompt_len=32, k=7, ctx_len=64)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "compile.sh").stat().st_mode & 0o100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "f"]

@@ -74,7 +74,24 @@ def test_bad_data_and_options(tiny_target, tmp_path):
 def test_cli_reports_errors_with_exit_code(tiny_target, tmp_path, capsys):
     data = tmp_path / "t.txt"
     data.write_text(TEXT)
-    assert main(["eval-draft", str(tiny_target), str(tmp_path / "nowhere"), "--data", str(data)]) == 1
+    assert main(["eval-draft", str(tiny_target), str(tmp_path / "nowhere"), "--data", str(data)]) == 2
     assert "draft checkpoint" in capsys.readouterr().err
-    assert main(["distill", str(tiny_target), "-o", str(tmp_path / "d")]) == 1
+    assert main(["distill", str(tiny_target), "-o", str(tmp_path / "d")]) == 2
     assert "no data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("max_k", [0, 65, 10**8, True, 2.0])
+def test_max_k_is_bounded(tiny_target, max_k):
+    with pytest.raises(DraftError, match=r"max_k must be an int in 1\.\.64"):
+        evaluate_draft(tiny_target, tiny_target, [TEXT], max_k=max_k)
+
+
+@pytest.mark.parametrize("field", ["batch_size", "gen_batch_size"])
+def test_distill_batch_sizes_are_bounded(capsys, tiny_target, tmp_path, field):
+    with pytest.raises(ValueError, match=f"{field}\n  Input should be less than or equal to 1024"):
+        DistillConfig(**{field: 10**8})
+    if field == "batch_size":
+        argv = ["distill", str(tiny_target), "-o", str(tmp_path / "d"), "--batch-size", "100000000", "--steps", "1"]
+        assert main(argv) == 2
+        assert "batch_size" in capsys.readouterr().err
+        assert not (tmp_path / "d").exists()

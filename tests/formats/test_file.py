@@ -10,7 +10,8 @@ import pytest
 
 from accel.errors import FormatError
 from accel.formats import load_tensors, quantize, save_tensors
-from accel.formats.file import SafetensorsWriter, TensorSpec
+from accel.formats.file import TensorSpec
+from accel.formats.writer import SafetensorsWriter
 
 
 @pytest.fixture
@@ -169,3 +170,73 @@ def test_written_files_are_readable_by_others(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_accel_files_must_carry_their_checksums(tmp_path, tensors):
+    path = tmp_path / "a.safetensors"
+    save_tensors(path, tensors)
+    data, n, head = _header(path)
+    crcs = json.loads(head["__metadata__"].pop("accel.crc32"))
+    _rewrite_header(path, head, n, data)  # checksum key removed: never read as "nothing to check"
+    with pytest.raises(FormatError, match="accel file without checksums"):
+        load_tensors(path)
+    del crcs["ids"]
+    head["__metadata__"]["accel.crc32"] = json.dumps(crcs, separators=(",", ":"))
+    _rewrite_header(path, head, n, data)
+    with pytest.raises(FormatError, match=r"no checksum for tensor\(s\) \['ids'\]"):
+        load_tensors(path)
+    crcs["ids"] = 12345
+    head["__metadata__"]["accel.crc32"] = json.dumps(crcs, separators=(",", ":"))
+    _rewrite_header(path, head, n, data)
+    with pytest.raises(FormatError, match="'ids' is not 8 hex digits"):
+        load_tensors(path)
+    # with every accel key gone the file declares itself plain safetensors: read without checksums
+    save_tensors(path, {"w": np.ones(3, np.float32)})
+    data, n, head = _header(path)
+    head.pop("__metadata__")
+    _rewrite_header(path, head, n, data)
+    np.testing.assert_array_equal(load_tensors(path)["w"], np.ones(3, np.float32))
+
+
+def test_writer_leaves_no_temp_file_when_the_target_is_or_becomes_a_directory(tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(FormatError, match="is a directory"):
+        save_tensors(tmp_path / "taken", {"a": np.ones(3, np.float32)})
+    writer = SafetensorsWriter(tmp_path / "late", [TensorSpec("a", "F32", (3,))])
+    writer.write("a", np.ones(3, np.float32))
+    (tmp_path / "late").mkdir()  # the final rename fails
+    (tmp_path / "late" / "x").write_text("x")
+    with pytest.raises(OSError):
+        writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late", "taken"]
+
+
+def test_writer_removes_the_folders_it_created_on_failure(tmp_path):
+    with pytest.raises(FormatError, match="never written"):
+        with SafetensorsWriter(tmp_path / "a" / "b" / "f.safetensors", [TensorSpec("a", "F32", (3,))]):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_compressed_to_a_directory_leaks_nothing(tmp_path):
+    torch = pytest.importorskip("torch")
+    from accel import save_compressed
+
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FormatError, match="is a directory"):
+        save_compressed(torch.nn.Linear(4, 4), tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("new_key", ["accel.my", "accel_mx", None])
+def test_a_renamed_or_removed_mx_header_is_an_error(tmp_path, new_key):
+    path = tmp_path / "a.safetensors"
+    save_tensors(path, {"w": quantize(np.linspace(-2, 2, 64, dtype=np.float32), "mxfp6"), "b": np.ones(2, np.float32)})
+    data, n, head = _header(path)
+    mx = head["__metadata__"].pop("accel.mx")
+    if new_key:
+        head["__metadata__"][new_key] = mx
+    _rewrite_header(path, head, n, data)  # the codes and scales would otherwise load as plain uint8 tensors
+    needle = "unknown accel metadata key" if new_key == "accel.my" else "'w.mx_codes' has no MX header"
+    with pytest.raises(FormatError, match=needle):
+        load_tensors(path)

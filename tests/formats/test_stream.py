@@ -10,35 +10,7 @@ import pytest
 from accel.cli import main
 from accel.errors import FormatError
 from accel.formats import compress_checkpoint, load_tensors, quantize
-
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
-
-
-def make_checkpoint(root, rng, with_index=True):
-    """A Llama-like checkpoint in two shards: embeddings, norms, 2-D linear weights (one with 70 in-features)."""
-    root.mkdir()
-    shards = {
-        "model-00001-of-00002.safetensors": {
-            "model.embed_tokens.weight": rng.standard_normal((50, 64)).astype(np.float32),
-            "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((64, 64)).astype(np.float32),
-            "model.layers.0.input_layernorm.weight": np.ones(64, np.float32),
-        },
-        "model-00002-of-00002.safetensors": {
-            "model.layers.0.mlp.up_proj.weight": rng.standard_normal((96, 70)).astype(np.float16),
-            "model.layers.0.mlp.up_proj.bias": rng.standard_normal(96).astype(np.float32),
-            "lm_head.weight": rng.standard_normal((50, 64)).astype(np.float32),
-        },
-    }
-    weight_map = {}
-    for shard, tensors in shards.items():
-        safetensors_numpy.save_file(tensors, str(root / shard), metadata={"format": "pt"})
-        weight_map.update({name: shard for name in tensors})
-    if with_index:
-        (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    (root / "tokenizer.json").write_text("{}")
-    (root / "pytorch_model.bin").write_bytes(b"pickle: never copied")
-    return {name: t for tensors in shards.values() for name, t in tensors.items()}
+from tests.helpers.formats import make_checkpoint
 
 
 @pytest.mark.parametrize("with_index", [True, False])
@@ -98,10 +70,10 @@ def test_cli_compress(tmp_path, rng, capsys):
     loaded = load_tensors(tmp_path / "out" / "model-00001-of-00002.safetensors")
     name = "model.layers.0.self_attn.q_proj.weight"
     assert loaded[name] == quantize(originals[name], "mxfp4", axis=1)
-    # errors are reported, not raised, with exit code 1
-    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--quiet"]) == 1
+    # errors are reported, not raised, with exit code 2
+    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--quiet"]) == 2
     assert "not empty" in capsys.readouterr().err
-    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "o2"), "--fmt", "mxfp5", "--quiet"]) == 1
+    assert main(["compress", str(tmp_path / "src"), "-o", str(tmp_path / "o2"), "--fmt", "mxfp5", "--quiet"]) == 2
     assert "known formats" in capsys.readouterr().err
 
 

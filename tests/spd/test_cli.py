@@ -66,12 +66,12 @@ def test_generate_errors(checkpoints, tmp_path, capsys):
     target, draft = checkpoints
     other = save_pretrained(random_model(seed=4, vocab_size=48), tmp_path / "other")
     args = ["generate", "--target", str(target), "--prompt", "1 2", "--backend", "torch", "--ctx-len", "32"]
-    assert main([*args, "--draft", str(other)]) == 1
+    assert main([*args, "--draft", str(other)]) == 2
     assert "vocab_size" in capsys.readouterr().err
-    assert main([*args, "--draft", str(draft), "--k", "0"]) == 1
-    assert main([*args, "--draft", str(draft), "--min-draft-prob", "2"]) == 1
+    assert main([*args, "--draft", str(draft), "--k", "0"]) == 2
+    assert main([*args, "--draft", str(draft), "--min-draft-prob", "2"]) == 2
     assert "min_draft_prob" in capsys.readouterr().err
-    assert main(["generate", "--target", str(target), "--prompt", "hello", "--backend", "torch"]) == 1
+    assert main(["generate", "--target", str(target), "--prompt", "hello", "--backend", "torch"]) == 2
     assert "tokenizer" in capsys.readouterr().err
 
 
@@ -154,7 +154,7 @@ def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
     assert {p.key: p.value for p in onnx.load(exported).metadata_props}["accel.weights"] == "mxint8-nbits"
     assert main(["generate", *common, "--draft", str(draft), "--k", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
-    assert main(["generate", *common, "--backend", "torch"]) == 1
+    assert main(["generate", *common, "--backend", "torch"]) == 2
     assert (
         "--target-weights applies to a target checkpoint (directory or .gguf) on --backend ort"
         in capsys.readouterr().err
@@ -190,5 +190,5 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     assert main(["generate", *common, "--ngram", "2", "--json"]) == 0  # no draft: lookup drafts only
     alone = json.loads(capsys.readouterr().out)
     assert alone["tokens"] == ar["tokens"] and alone["stats"]["draft_calls"] == 0
-    assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 1
+    assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 2
     assert "ngram must be an int >= 1" in capsys.readouterr().err

@@ -1,0 +1,129 @@
+"""Export Hydra heads for onnxruntime: a directory with one level graph per head (``head{i}.onnx``), the Hydra++
+prefix layer's graph (``prefix.onnx``), the target's input embedding table (``embed.npy``, float32, memory-mapped
+at run time) and ``hydra.json`` (what ``HydraRuntime`` needs to know). See ``accel.drafts.hydra.graph``.
+
+``weights="int8"`` applies onnxruntime's dynamic int8 quantization to every weight MatMul of the head graphs (the
+LM head included; approximate, like the feature draft's; the prefix layer stays float32).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from accel.drafts.hydra.model import HydraHeads, load_hydra
+from accel.errors import DraftError
+from accel.models.decoder import Decoder
+
+__all__ = ["HYDRA_WEIGHTS", "export_hydra", "export_hydra_cached"]
+
+HYDRA_WEIGHTS = ("fp32", "int8")
+META = "hydra.json"
+
+
+def _tensors(heads: HydraHeads) -> dict[str, np.ndarray]:
+    out = {k: v.detach().float().cpu().numpy() for k, v in heads.state_dict().items() if k != "token_ids"}
+    out["token_ids"] = heads.token_ids.cpu().numpy().astype(np.int64)
+    out["lm_weight"] = heads.lm_weight.detach().float().cpu().numpy()
+    return out
+
+
+def export_hydra(
+    heads: HydraHeads, out_dir: str | Path, *, ctx_len: int, batch_size: int = 1, weights: str = "fp32"
+) -> Path:
+    """Write the export directory of ``heads`` (module docstring) to ``out_dir`` (replaced atomically); returns it.
+
+    ``ctx_len``: the prefix layer's cache length in tokens (the target's context); ``batch_size``: rows per call.
+    """
+    import onnx
+
+    from accel.backends.export import _quantize_int8
+    from accel.drafts.hydra.graph import head_graph, prefix_graph
+
+    if weights not in HYDRA_WEIGHTS:
+        raise DraftError(f"weights must be one of {HYDRA_WEIGHTS}; got {weights!r}")
+    if ctx_len < 2 or batch_size < 1:
+        raise DraftError(f"ctx_len must be >= 2 and batch_size >= 1; got {ctx_len}, {batch_size}")
+    heads._check_attached()
+    c = heads.config
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = _tensors(heads)
+    for i in range(1, c.num_heads + 1):
+        proto = head_graph(i, c.mlp_layers, c.hidden_size, tensors, batch_size)
+        if weights == "int8":
+            proto = _quantize_int8(proto)
+        onnx.checker.check_model(proto)
+        onnx.save_model(proto, str(tmp / f"head{i}.onnx"))
+    if heads.prefix is not None:
+        layer = {f"layers.0.{k[len('prefix.') :]}": v for k, v in tensors.items() if k.startswith("prefix.")}
+        proto = prefix_graph(heads.target_config, layer, ctx_len, batch_size)
+        onnx.checker.check_model(proto)
+        onnx.save_model(proto, str(tmp / "prefix.onnx"))
+    np.save(tmp / "embed.npy", heads.embed.detach().float().cpu().numpy())
+    tc = heads.target_config
+    meta = {
+        "num_heads": c.num_heads,
+        "prefix": c.prefix,
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "head_vocab": len(heads.token_ids),
+        "ctx_len": ctx_len,
+        "batch_size": batch_size,
+        "weights": weights,
+        "kv_shape": [batch_size, tc.num_kv_heads, ctx_len, tc.head_dim],
+        "target_fingerprint": c.target_fingerprint,
+    }
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def export_hydra_cached(
+    heads_dir: str | Path,
+    target: Decoder | str | Path,
+    onnx_dir: str | Path,
+    *,
+    ctx_len: int,
+    batch_size: int = 1,
+    weights: str = "fp32",
+) -> Path:
+    """The export directory of the heads in ``heads_dir`` for ``target`` (a ``Decoder``, or a checkpoint directory,
+    loaded only when the export is missing), made once per (heads files, target files when ``target`` is a
+    directory, settings, exporter source) under ``onnx_dir`` and reused afterwards."""
+    from accel import __version__
+
+    src = Path(heads_dir)
+    if not src.is_dir():
+        raise DraftError(f"Hydra heads directory {src} does not exist")
+    key = hashlib.sha256()
+    target_dir = None if isinstance(target, Decoder) else Path(target)
+    for d in (src, target_dir):
+        if d is None:
+            continue
+        if not d.is_dir():
+            raise DraftError(f"target checkpoint directory {d} does not exist")
+        for f in sorted(d.iterdir()):
+            if f.suffix in (".json", ".safetensors"):
+                st = f.stat()
+                key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    key.update(f"{ctx_len}:{batch_size}:{weights}:{__version__}".encode())
+    for name in ("export.py", "graph.py", "model.py"):
+        key.update((Path(__file__).with_name(name)).read_bytes())
+    out = Path(onnx_dir) / f"hydra-{src.name}-{key.hexdigest()[:12]}"
+    if (out / META).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(target, Decoder):
+        from accel.models import load_checkpoint
+
+        target = load_checkpoint(target).eval()
+    return export_hydra(load_hydra(src, target), out, ctx_len=ctx_len, batch_size=batch_size, weights=weights)

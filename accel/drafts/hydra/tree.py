@@ -1,0 +1,134 @@
+"""Growing a token tree from Hydra heads' probabilities under a node budget (numpy only; no torch).
+
+One head call per level (EAGLE-2's dynamic tree, with Hydra's heads in place of a draft model):
+
+1. level 1: head 1 on the root (the row's last token) gives ``top_k`` children, each scored by its log-probability;
+2. level l = 2..depth: the ``beam`` best-scored nodes of level l-1 are expanded by head l (one call for all of them
+   and all rows), ``top_k`` children each, scored by their parent's score + their own log-probability (the log of
+   the heads' probability of the whole path);
+3. the tree is the ``budget`` best-scored nodes (ties: shallower first). Scores never increase down a path, so the
+   kept set is closed under taking parents; siblings are ordered best first (the order verification tries them).
+
+Every node is a deterministic function of the heads' outputs (top-k, not sampled), so the speculative loop verifies
+each as a point mass and stays exact under greedy and sampled decoding (accel.spd.tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from accel.errors import DraftError
+
+__all__ = ["GrownTree", "TreeShape", "grow_trees"]
+
+#: ``expand(level, paths [B, M, level] int64) -> (token ids [B, M, k] int64, log-probs [B, M, k] float)``
+Expand = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a tree is grown (module docstring): ``depth`` levels (head calls, at most the number of heads),
+    ``top_k`` children per expanded node, ``beam`` nodes expanded per level from level 2 on, at most ``budget``
+    nodes below the root. ``TreeShape.chain(k)`` is a chain of the heads' top-1 tokens."""
+
+    depth: int = 4
+    top_k: int = 4
+    beam: int = 4
+    budget: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "top_k", "beam", "budget"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DraftError(f"TreeShape.{name} must be an int >= 1; got {v!r}")
+
+    @classmethod
+    def chain(cls, k: int) -> TreeShape:
+        return cls(depth=k, top_k=1, beam=1, budget=k)
+
+    @property
+    def max_nodes(self) -> int:
+        """Most nodes below the root a tree of this shape can have."""
+        return min(self.budget, self.top_k + (self.depth - 1) * self.beam * self.top_k)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"depth": self.depth, "top_k": self.top_k, "beam": self.beam, "budget": self.budget}
+
+
+@dataclass
+class GrownTree:
+    """One row's tree: ``tokens``/``parents`` int64 ``[N]`` (node 0 = the root, parents before children, siblings
+    best first), ``scores`` float64 ``[N]`` (log-probability of each node's path under the heads; 0 at the root)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+
+
+def grow_trees(
+    expand: Expand,
+    roots: np.ndarray,
+    shape: TreeShape,
+    max_nodes: np.ndarray | None = None,
+    max_depth: np.ndarray | None = None,
+) -> list[GrownTree]:
+    """One tree per row below ``roots [B]`` (module docstring). ``max_nodes`` / ``max_depth`` ``[B]``: per-row limits
+    within the shape (the room a row has left); a row with a limit of 0 gets the root alone."""
+    batch = int(roots.shape[0])
+    cap_nodes = np.full(batch, shape.budget) if max_nodes is None else np.minimum(max_nodes, shape.budget)
+    cap_depth = np.full(batch, shape.depth) if max_depth is None else np.minimum(max_depth, shape.depth)
+    depth = int(min(shape.depth, max(0, int(cap_depth.max(initial=0)))))
+    # per row: lists of node token, parent, score, depth, path (root first)
+    tok = [[int(r)] for r in roots]
+    par = [[-1] for _ in range(batch)]
+    score = [[0.0] for _ in range(batch)]
+    dep = [[0] for _ in range(batch)]
+    paths: list[list[tuple[int, ...]]] = [[(int(r),)] for r in roots]
+    frontier = [[0] if cap_nodes[b] > 0 and cap_depth[b] > 0 else [] for b in range(batch)]
+    for level in range(1, depth + 1):
+        if not any(frontier):
+            break
+        width = max(len(f) for f in frontier)
+        query = np.zeros((batch, width, level), dtype=np.int64)
+        for b, nodes in enumerate(frontier):
+            for m in range(width):
+                query[b, m] = paths[b][nodes[min(m, len(nodes) - 1)]] if nodes else paths[b][0][:1] * level
+        ids, logp = expand(level, query)
+        ids, logp = np.asarray(ids)[..., : shape.top_k], np.asarray(logp, np.float64)[..., : shape.top_k]
+        nxt: list[list[int]] = []
+        for b, nodes in enumerate(frontier):
+            new = []
+            for m, parent in enumerate(nodes):
+                for j in range(ids.shape[2]):
+                    new.append(len(tok[b]))
+                    tok[b].append(int(ids[b, m, j]))
+                    par[b].append(parent)
+                    score[b].append(score[b][parent] + float(logp[b, m, j]))
+                    dep[b].append(level)
+                    paths[b].append((*paths[b][parent], int(ids[b, m, j])))
+            if level < cap_depth[b]:
+                row_scores = score[b]
+                new.sort(key=lambda i: -row_scores[i])
+                nxt.append(new[: shape.beam])
+            else:
+                nxt.append([])
+        frontier = nxt
+    return [_select(tok[b], par[b], score[b], dep[b], int(cap_nodes[b]), int(cap_depth[b])) for b in range(batch)]
+
+
+def _select(tok: list[int], par: list[int], score: list[float], dep: list[int], budget: int, depth: int) -> GrownTree:
+    """The root and the ``budget`` best nodes (at most ``depth`` deep), in breadth-first order, siblings best first."""
+    cand = [i for i in range(1, len(tok)) if dep[i] <= depth]
+    cand.sort(key=lambda i: (-score[i], dep[i], i))
+    keep = set(cand[:budget])
+    order = [0, *sorted(keep, key=lambda i: (dep[i], -score[i], i))]
+    index = {node: new for new, node in enumerate(order)}
+    parents = [-1] + [index[par[i]] for i in order[1:]]  # every kept node's parent is kept (scores, depth ties)
+    return GrownTree(
+        np.asarray([tok[i] for i in order], dtype=np.int64),
+        np.asarray(parents, dtype=np.int64),
+        np.asarray([score[i] for i in order], dtype=np.float64),
+    )

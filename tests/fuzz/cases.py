@@ -1,0 +1,345 @@
+"""The table of bad inputs per public entry point: each case is a call and the outcome it must have.
+
+``OK`` means correct behaviour (the call succeeds); an error class means that class (an ``AccelError`` subclass, or
+``OSError`` for the operating system's own refusals) with a message naming the problem. Nothing else is allowed: no
+bare ``ValueError``/``TypeError``/``AttributeError`` from inside numpy, torch, onnx or pydantic, no ``MemoryError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accel.errors import BackendError, DraftError, FormatError, ModelError, SpdError
+
+OK = None
+
+
+@dataclass(frozen=True)
+class World:
+    """The real objects the cases act on (built once per module)."""
+
+    tmp: Path
+    model: Any  # a tiny random accel.models.Decoder
+    target: Any  # TorchBackend over it, batch 1, ctx 64
+    draft: Any
+    checkpoint: Path  # a tiny checkpoint directory (config.json, weights, tokenizer.json)
+    onnx: Path  # an exported ONNX file of ``model`` (ctx 32)
+    file: Path  # a plain text file
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    call: Callable[[World], Any]
+    expect: type[BaseException] | None  # OK or the error class
+
+
+X = np.linspace(-3, 3, 64, dtype=np.float32)
+CFG = {
+    "model_type": "llama",
+    "vocab_size": 32,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def _formats() -> list[Case]:
+    from accel.formats import (
+        MXTensor,
+        decode_elements,
+        dequantize,
+        encode_elements,
+        get_format,
+        load_tensors,
+        pack_codes,
+        quantize,
+        save_tensors,
+        unpack_codes,
+    )
+
+    q = lambda *a, **k: lambda w: quantize(*a, **k)  # noqa: E731
+    cases = [
+        Case("quantize ok", q(X, "mxfp6"), OK),
+        Case("quantize empty", q(np.zeros(0, np.float32), "mxfp6"), OK),
+        Case("quantize nan stays nan", q(np.array([np.nan, 1.0], np.float32), "mxfp6"), OK),
+        Case("quantize block 0", q(X, "mxfp6", block_size=0), FormatError),
+        Case("quantize block -32", q(X, "mxfp6", block_size=-32), FormatError),
+        Case("quantize block 2**28", q(X, "mxfp6", block_size=2**28), FormatError),
+        Case("quantize block 1.5", q(X, "mxfp6", block_size=1.5), FormatError),
+        Case("quantize block True", q(X, "mxfp6", block_size=True), FormatError),
+        Case("quantize block '32'", q(X, "mxfp6", block_size="32"), FormatError),
+        Case("quantize unknown format", q(X, "mxfp7"), FormatError),
+        Case("quantize format None", q(X, None), FormatError),
+        Case("quantize format 6", q(X, 6), FormatError),
+        Case("quantize str array", q(np.array(["a"]), "mxfp6"), FormatError),
+        Case("quantize None", q(None, "mxfp6"), FormatError),
+        Case("quantize list", q([1.0, 2.0], "mxfp6"), OK),
+        Case("quantize 0-d", q(np.float32(1.0), "mxfp6"), FormatError),
+        Case("quantize int32", q(np.arange(4, dtype=np.int32), "mxfp6"), FormatError),
+        Case("quantize complex", q(np.ones(4, np.complex64), "mxfp6"), FormatError),
+        Case("quantize bool", q(np.ones(4, bool), "mxfp6"), FormatError),
+        Case("quantize axis 5", q(np.ones((4, 4), np.float32), "mxfp6", axis=5), FormatError),
+        Case("quantize axis 'x'", q(np.ones((4, 4), np.float32), "mxfp6", axis="x"), FormatError),
+        Case("quantize f64 beyond E8M0", q(np.array([2.0**140, 1.0]), "mxfp6"), FormatError),
+        Case("quantize padding blow-up", q(np.ones((4096, 1)), "mxfp6", block_size=65536, axis=1), FormatError),
+        Case("encode by name", lambda w: encode_elements(X, "mxfp6"), OK),
+        Case("encode unknown name", lambda w: encode_elements(X, "fp6"), FormatError),
+        Case("decode code 64 in 6 bits", lambda w: decode_elements(np.array([64]), "mxfp6"), FormatError),
+        Case("decode negative code", lambda w: decode_elements(np.array([-1]), "mxfp4"), FormatError),
+        Case("decode float codes", lambda w: decode_elements(np.array([1.5]), "mxfp6"), FormatError),
+        Case("get_format ''", lambda w: get_format(""), FormatError),
+        Case("pack codes out of range", lambda w: pack_codes(np.array([70], np.uint8), 6), FormatError),
+        Case("pack bits 0", lambda w: pack_codes(np.array([1], np.uint8), 0), FormatError),
+        Case("unpack short buffer", lambda w: unpack_codes(np.zeros(2, np.uint8), 6, 100), FormatError),
+        Case("MXTensor.from_bytes junk", lambda w: MXTensor.from_bytes(b"junk"), FormatError),
+        Case("dequantize a list", lambda w: dequantize([1, 2]), FormatError),
+        Case("dequantize to int", lambda w: quantize(X, "mxfp6").dequantize(np.int32), FormatError),
+        Case("save_tensors ok", lambda w: save_tensors(w.tmp / "ok.safetensors", {"a": X}), OK),
+        Case("save_tensors to a dir", lambda w: save_tensors(w.tmp, {"a": X}), FormatError),
+        Case("save_tensors bad name", lambda w: save_tensors(w.tmp / "b.safetensors", {1: X}), FormatError),
+        Case("save_tensors object", lambda w: save_tensors(w.tmp / "c.safetensors", {"a": "x"}), FormatError),
+        Case("save_tensors nan", lambda w: save_tensors(w.tmp / "n.safetensors", {"a": np.array([np.nan])}), OK),
+        Case("load_tensors missing", lambda w: load_tensors(w.tmp / "nope.safetensors"), FormatError),
+        Case("load_tensors text file", lambda w: load_tensors(w.file), FormatError),
+        Case("load_tensors a dir", lambda w: load_tensors(w.tmp), FormatError),
+    ]
+    return cases
+
+
+def _compress() -> list[Case]:
+    from accel import compress, load_compressed, save_compressed
+    from accel.formats import compress_checkpoint
+
+    def compress_copy(**kw):
+        def call(w: World):
+            import copy
+
+            return compress(copy.deepcopy(w.model), **kw)
+
+        return call
+
+    return [
+        Case("compress ok", compress_copy(fmt="mxfp6"), OK),
+        Case("compress None", lambda w: compress(None), FormatError),
+        Case("compress unknown fmt", compress_copy(fmt="mxfp7"), FormatError),
+        Case("compress block 0", compress_copy(block_size=0), FormatError),
+        Case("compress block 10**9", compress_copy(block_size=10**9), FormatError),
+        Case("compress nonfinite 'maybe'", compress_copy(nonfinite="maybe"), FormatError),
+        Case("save_compressed to a dir", lambda w: save_compressed(w.model, w.tmp), FormatError),
+        Case("load_compressed missing", lambda w: load_compressed(w.tmp / "nope.safetensors", w.model), FormatError),
+        Case("load_compressed text", lambda w: load_compressed(w.file, w.model), FormatError),
+        Case("load_compressed no skeleton", lambda w: load_compressed(w.file, None), FormatError),
+        Case(
+            "ckpt src missing", lambda w: compress_checkpoint(w.tmp / "nope", w.tmp / "o1", progress=False), FormatError
+        ),
+        Case("ckpt src is a file", lambda w: compress_checkpoint(w.file, w.tmp / "o2", progress=False), FormatError),
+        Case("ckpt out is a file", lambda w: compress_checkpoint(w.checkpoint, w.file, progress=False), FormatError),
+        Case("ckpt out = src", lambda w: compress_checkpoint(w.checkpoint, w.checkpoint, progress=False), FormatError),
+        Case(
+            "ckpt block 0",
+            lambda w: compress_checkpoint(w.checkpoint, w.tmp / "o3", block_size=0, progress=False),
+            FormatError,
+        ),
+        Case(
+            "ckpt unknown nonfinite",
+            lambda w: compress_checkpoint(w.checkpoint, w.tmp / "o4", nonfinite="drop", progress=False),
+            FormatError,
+        ),
+    ]
+
+
+def _models() -> list[Case]:
+    from accel.models import ModelConfig, load_checkpoint
+
+    def cfg(**changes):
+        return lambda w: ModelConfig.from_hf({**CFG, **changes})
+
+    def drop(field):
+        return lambda w: ModelConfig.from_hf({k: v for k, v in CFG.items() if k != field})
+
+    return [
+        Case("config ok", cfg(), OK),
+        Case("config tie 'false'", cfg(tie_word_embeddings="false"), ModelError),
+        Case("config tie 0", cfg(tie_word_embeddings=0), ModelError),
+        Case("config hidden '16'", cfg(hidden_size="16"), ModelError),
+        Case("config hidden 16.0", cfg(hidden_size=16.0), ModelError),
+        Case("config hidden True", cfg(hidden_size=True), ModelError),
+        Case("config vocab 0", cfg(vocab_size=0), ModelError),
+        Case("config vocab 10**12", cfg(vocab_size=10**12), ModelError),
+        Case("config layers 10**6", cfg(num_hidden_layers=10**6), ModelError),
+        Case("config heads 3", cfg(num_attention_heads=3), ModelError),
+        Case("config kv heads 3", cfg(num_key_value_heads=3), ModelError),
+        Case("config rms eps -1", cfg(rms_norm_eps=-1.0), ModelError),
+        Case("config rope theta nan", cfg(rope_theta=float("nan")), ModelError),
+        Case("config eos 'x'", cfg(eos_token_id="x"), ModelError),
+        Case("config model_type bert", cfg(model_type="bert"), ModelError),
+        Case("config rope_scaling list", cfg(rope_scaling=[1]), ModelError),
+        Case("config no hidden_size", drop("hidden_size"), ModelError),
+        Case("config no vocab_size", drop("vocab_size"), ModelError),
+        Case("config no model_type", drop("model_type"), ModelError),
+        Case("config a list", lambda w: ModelConfig.from_hf([CFG]), ModelError),
+        Case("config None", lambda w: ModelConfig.from_hf(None), ModelError),
+        Case("load_checkpoint ok", lambda w: load_checkpoint(w.checkpoint), OK),
+        Case("load_checkpoint missing", lambda w: load_checkpoint(w.tmp / "nope"), ModelError),
+        Case("load_checkpoint text file", lambda w: load_checkpoint(w.file), ModelError),
+    ]
+
+
+def _backends() -> list[Case]:
+    from accel.backends import OrtBackend, TorchBackend, export_onnx, write_qaic_files
+
+    def export(**kw):
+        return lambda w: export_onnx(w.model, w.tmp / "e.onnx", **{"ctx_len": 16, "progress": False, **kw})
+
+    def qaic(**kw):
+        return lambda w: write_qaic_files(w.onnx, w.tmp / "q", **{"prompt_len": 8, "k": 3, "ctx_len": 32, **kw})
+
+    def torch_backend(**kw):
+        return lambda w: TorchBackend(w.model, **{"ctx_len": 16, **kw})
+
+    return [
+        Case("export ok", export(), OK),
+        Case("export ctx 1.5", export(ctx_len=1.5), BackendError),
+        Case("export ctx 0", export(ctx_len=0), BackendError),
+        Case("export ctx 10**9", export(ctx_len=10**9), BackendError),
+        Case("export ctx True", export(ctx_len=True), BackendError),
+        Case("export batch 10**7", export(batch_size=10**7), BackendError),
+        Case("export num_logits 99", export(num_logits=99), BackendError),
+        Case("export weights 'fp8'", export(weights="fp8"), BackendError),
+        Case("export opset 13", export(opset=13), BackendError),
+        Case("export to a dir", lambda w: export_onnx(w.model, w.tmp, ctx_len=16, progress=False), BackendError),
+        Case("export None", lambda w: export_onnx(None, w.tmp / "n.onnx", ctx_len=16, progress=False), BackendError),
+        Case("ort ok", lambda w: OrtBackend(w.onnx), OK),
+        Case("ort missing file", lambda w: OrtBackend(w.tmp / "nope.onnx"), BackendError),
+        Case("ort text file", lambda w: OrtBackend(w.file), BackendError),
+        Case("ort threads 0", lambda w: OrtBackend(w.onnx, threads=0), BackendError),
+        Case("ort threads 1.5", lambda w: OrtBackend(w.onnx, threads=1.5), BackendError),
+        Case("ort batch 2 of a batch-1 graph", lambda w: OrtBackend(w.onnx, batch_size=2), BackendError),
+        Case("torch ok", torch_backend(), OK),
+        Case("torch ctx 10**11", torch_backend(ctx_len=10**11), BackendError),
+        Case("torch ctx 0", torch_backend(ctx_len=0), BackendError),
+        Case("torch ctx '16'", torch_backend(ctx_len="16"), BackendError),
+        Case("torch batch 10**6", torch_backend(batch_size=10**6), BackendError),
+        Case("torch threads -1", torch_backend(threads=-1), BackendError),
+        Case("torch cache beyond memory", torch_backend(ctx_len=1 << 20, batch_size=4096), BackendError),
+        Case("torch no model", lambda w: TorchBackend(None, ctx_len=16), BackendError),
+        Case("forward ids out of vocab", lambda w: w.target.forward(np.array([[99]]), np.array([[0]])), BackendError),
+        Case(
+            "forward position beyond ctx", lambda w: w.target.forward(np.array([[1]]), np.array([[64]])), BackendError
+        ),
+        Case("forward float ids", lambda w: w.target.forward(np.array([[1.5]]), np.array([[0]])), BackendError),
+        Case("forward shapes differ", lambda w: w.target.forward(np.array([[1, 2]]), np.array([[0]])), BackendError),
+        Case("qaic ok", qaic(), OK),
+        Case("qaic k 0", qaic(k=0), BackendError),
+        Case("qaic k beyond ctx", qaic(k=64), BackendError),
+        Case("qaic ctx differs from the graph", qaic(ctx_len=64), BackendError),
+        Case("qaic cores -1", qaic(num_cores=-1), BackendError),
+        Case(
+            "qaic out is a file",
+            lambda w: write_qaic_files(w.onnx, w.file, prompt_len=8, k=3, ctx_len=32),
+            BackendError,
+        ),
+        Case(
+            "qaic onnx missing",
+            lambda w: write_qaic_files(w.tmp / "x.onnx", w.tmp / "q2", prompt_len=8, k=3, ctx_len=32),
+            BackendError,
+        ),
+    ]
+
+
+def _spd() -> list[Case]:
+    from accel.spd import DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
+
+    def gen(k=2, sampling=None, **kw):
+        args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
+        return lambda w: generate(w.target, DraftChain(w.draft, k=k), sampling=sampling, **args)
+
+    def warped(**kw):
+        return gen(sampling=Sampling(**kw))
+
+    def ar(**kw):
+        args = {"prompt_ids": [[1, 2, 3]], "max_new_tokens": 4, **kw}
+        return lambda w: generate_ar(w.target, **args)
+
+    return [
+        Case("generate ok", gen(), OK),
+        Case("generate greedy ok", warped(greedy=True), OK),
+        Case("generate max_new 0", gen(max_new_tokens=0), OK),
+        Case("generate max_new 10**9 stops at ctx", gen(max_new_tokens=10**9), OK),
+        Case("generate max_new -1", gen(max_new_tokens=-1), SpdError),
+        Case("generate max_new 1.5", gen(max_new_tokens=1.5), SpdError),
+        Case("generate k 0", gen(k=0), SpdError),
+        Case("generate k True", gen(k=True), SpdError),
+        Case("generate k 10**6", gen(k=10**6), SpdError),
+        Case("generate k '2'", gen(k="2"), SpdError),
+        Case("generate empty prompt", gen(prompt_ids=[[]]), SpdError),
+        Case("generate prompt out of vocab", gen(prompt_ids=[[99]]), SpdError),
+        Case("generate prompt negative", gen(prompt_ids=[[-1]]), SpdError),
+        Case("generate prompt floats", gen(prompt_ids=[[1.5]]), SpdError),
+        Case("generate prompt a str", gen(prompt_ids="hello"), SpdError),
+        Case("generate prompt beyond ctx", gen(prompt_ids=[[1] * 100]), SpdError),
+        Case("generate batch 2 on batch-1", gen(prompt_ids=[[1], [2]]), SpdError),
+        Case("generate temperature 0", warped(temperature=0.0), SpdError),
+        Case("generate temperature nan", warped(temperature=float("nan")), SpdError),
+        Case("generate temperature inf", warped(temperature=float("inf")), SpdError),
+        Case("generate top_p 2", warped(top_p=2.0), SpdError),
+        Case("generate top_p 0", warped(top_p=0.0), SpdError),
+        Case("generate top_k 0", warped(top_k=0), SpdError),
+        Case("generate top_k True", warped(top_k=True), SpdError),
+        Case(
+            "generate sampling a dict",
+            lambda w: generate(w.target, None, [[1]], max_new_tokens=2, sampling={}),
+            SpdError,
+        ),
+        Case("generate seed -1", gen(seed=-1), SpdError),
+        Case("generate seed 1.5", gen(seed=1.5), SpdError),
+        Case("generate eos 'x'", gen(eos_token_id="x"), SpdError),
+        Case("generate eos -3", gen(eos_token_id=-3), SpdError),
+        Case("generate target None", lambda w: generate(None, DraftChain(w.draft), [[1]], max_new_tokens=2), SpdError),
+        Case("generate proposer a path", lambda w: generate(w.target, "d.onnx", [[1]], max_new_tokens=2), SpdError),
+        Case("DraftChain of a path", lambda w: DraftChain("d.onnx", k=2), SpdError),
+        Case("DraftChain min_draft_prob 2", lambda w: DraftChain(w.draft, k=2, min_draft_prob=2.0), SpdError),
+        Case("DraftTree of None", lambda w: DraftTree(None), SpdError),
+        Case("NgramLookup n 0", lambda w: NgramLookup(0, 2), SpdError),
+        Case("generate_ar ok", ar(), OK),
+        Case("generate_ar seed -1", ar(seed=-1), SpdError),
+        Case("generate_ar max_new -5", ar(max_new_tokens=-5), SpdError),
+        Case("generate_ar eos [1, None]", ar(eos_token_id=[1, None]), SpdError),
+    ]
+
+
+def _drafts() -> list[Case]:
+    from accel.drafts import DistillConfig, evaluate_draft
+
+    text = ["def add(a, b):\n    return a + b\n" * 4]
+    return [
+        Case("eval-draft ok", lambda w: evaluate_draft(w.checkpoint, w.checkpoint, text, max_k=3), OK),
+        Case(
+            "eval-draft max_k 10**8",
+            lambda w: evaluate_draft(w.checkpoint, w.checkpoint, text, max_k=10**8),
+            DraftError,
+        ),
+        Case("eval-draft max_k 0", lambda w: evaluate_draft(w.checkpoint, w.checkpoint, text, max_k=0), DraftError),
+        Case(
+            "eval-draft temperature -1",
+            lambda w: evaluate_draft(w.checkpoint, w.checkpoint, text, temperature=-1),
+            DraftError,
+        ),
+        Case("eval-draft draft missing", lambda w: evaluate_draft(w.checkpoint, w.tmp / "nope", text), DraftError),
+        Case("distill batch 10**8", lambda w: DistillConfig(batch_size=10**8), ValueError),
+        Case("distill steps 0", lambda w: DistillConfig(max_steps=0), ValueError),
+        Case("distill lr nan", lambda w: DistillConfig(lr=float("nan")), ValueError),
+    ]
+
+
+def all_cases() -> list[Case]:
+    """Every case of the table, grouped by subpackage."""
+    return [*_formats(), *_compress(), *_models(), *_backends(), *_spd(), *_drafts()]
