@@ -35,6 +35,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/formats.py
 	$(PY) benchmarks/backends.py
+	$(PY) benchmarks/kv_compaction.py
 	$(PY) benchmarks/spd.py
 	$(PY) benchmarks/sim_validation.py
 	$(PY) benchmarks/mx.py

@@ -34,6 +34,7 @@ from accel.backends.export_tensors import model_tensors
 from accel.backends.limits import check_sizes
 from accel.backends.onnx_builder import ExternalData
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
+from accel.backends.stages import StageSpec
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 from accel.models.decoder import Decoder
@@ -79,6 +80,8 @@ def export_onnx(
     tree: bool = False,
     mix_inputs: bool = False,
     external_data: bool | None = None,
+    stage: StageSpec | None = None,
+    exit_head: torch.nn.Module | None = None,
 ) -> Path:
     """Export ``model`` to ONNX at ``path``; returns the path.
 
@@ -104,6 +107,11 @@ def export_onnx(
             ``accel.backends.base``, used by ``accel.superposed``).
         external_data: store the weights in ``<path>.data`` next to the file (written while the graph is built;
             tensors under 1 KiB stay inline). Default: when the model's float32 weights exceed 64 MiB.
+        stage: export only layers ``[stage.start, stage.stop)`` as a pipeline stage (``accel.backends.stages``):
+            hidden-state input/output instead of tokens/logits where the stage begins/ends inside the model, its own
+            layers' cache, the layer range in the metadata (``accel.layers``).
+        exit_head: the early-exit head of a ``stage`` with ``exit_logits`` (``accel.drafts.early_exit.ExitHead``: its
+            weights go into the graph as ``exit.*``); None: the target's final norm and LM head on the stage's output.
 
     Files are written under temporary names and renamed (the data file first, the ``.onnx`` last, after
     ``onnx.checker``), with mode 0644. Settings are recorded in ``metadata_props`` (``accel.*`` keys).
@@ -119,6 +127,11 @@ def export_onnx(
         elements = sum(int(np.prod(p.shape)) for p in structure.parameters())
         external_data = elements * 4 > _EXTERNAL_DATA_BYTES
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
+    stage = _check_stage(cfg, stage, exit_head, tree)
+    if exit_head is not None:  # early-exit adapter weights, float32
+        tensors = tensors.with_extra(
+            {f"exit.{k}": v.detach().float().cpu().numpy() for k, v in exit_head.state_dict().items()}
+        )
     with _Output(path, external_data) as out:
         bar.set_postfix_str("graph")
         proto = build_decoder_graph(
@@ -133,12 +146,14 @@ def export_onnx(
             matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
             tree=tree,
             mix_inputs=mix_inputs,
+            stage=stage,
             int8=spec.format == WeightFormat.INT8,
             external=out.external,
         )
         bar.update(1)
         flags = {"hidden_output": hidden_output or bool(cfg.feature_size), "tree": tree, "mix_inputs": mix_inputs}
-        onnx.helper.set_model_props(proto, _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, flags))
+        meta = _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, flags)
+        onnx.helper.set_model_props(proto, {**meta, **({} if stage.is_whole else stage.metadata())})
         bar.set_postfix_str("write")
         out.save(proto)
         bar.update(1)
@@ -226,6 +241,20 @@ def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int
     if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
         raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
     return cfg
+
+
+def _check_stage(cfg: Any, stage: StageSpec | None, exit_head: Any, tree: bool) -> StageSpec:
+    """The stage to export (the whole model by default), checked against the model and the exit head."""
+    stage = stage or StageSpec.whole(cfg.num_layers)
+    if not isinstance(stage, StageSpec) or stage.total != cfg.num_layers:
+        raise BackendError(f"stage must be a StageSpec of this model's {cfg.num_layers} layers; got {stage!r}")
+    if exit_head is not None and not stage.exit_logits:
+        raise BackendError("exit_head given for a stage without exit_logits")
+    if stage.exit_logits and cfg.feature_size:
+        raise BackendError("a feature draft cannot be exported as an exit stage")
+    if tree and not stage.is_whole:
+        raise BackendError("tree inputs are for whole-model graphs; a pipeline stage has none (export without tree)")
+    return stage
 
 
 class _Output:

@@ -50,6 +50,11 @@ class ExportTensors(Mapping[str, Any]):
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
+    def with_extra(self, extra: dict[str, Any]) -> ExportTensors:
+        """This mapping plus the in-memory tensors ``extra`` (e.g. an early-exit head's weights)."""
+        convert = dict(self.convert, **{n: partial(_constant, v) for n, v in extra.items()})
+        return ExportTensors(self.base, [*self.names, *extra], convert, self.alias)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
@@ -115,6 +120,10 @@ def model_tensors(
         return ExportTensors(base, names, convert, alias), None
     used_format = _mx_weights(model, spec, names, mx_modules, convert)
     return ExportTensors(base, names, convert, alias), used_format
+
+
+def _constant(value: Any, _: Any) -> Any:
+    return value
 
 
 def _dequantized(mx: Any, _: Any) -> np.ndarray:

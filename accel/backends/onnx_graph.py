@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 
 from accel.backends.onnx_builder import IR_VERSION, OPSET, ExternalData, GraphBuilder
 from accel.backends.onnx_weights import GraphWeights, restricted_logits
+from accel.backends.stages import StageSpec
 
 __all__ = ["IR_VERSION", "OPSET", "build_decoder_graph"]
 
@@ -41,6 +42,7 @@ def build_decoder_graph(
     int8: bool = False,
     external: ExternalData | None = None,
     mix_inputs: bool = False,
+    stage: StageSpec | None = None,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -62,21 +64,35 @@ def build_decoder_graph(
     ``mix_inputs`` adds the inputs ``mix_ids`` int64 and ``mix_weights`` float32 ``[batch_size, seq_len, mix]``: the
     embedding of a column is then ``sum_m mix_weights * E[mix_ids]`` (superposed inputs; ``input_ids`` is not read;
     the ``"mix"`` extension of ``accel.backends.base``).
+    ``stage``: only layers ``[stage.start, stage.stop)`` (``accel.backends.stages``): a later stage reads the input
+    ``hidden_in`` float32 ``[batch_size, seq_len, hidden]`` instead of ``input_ids``, a stage before the last writes
+    the output ``hidden_out`` (the residual stream after its last layer) instead of ``logits`` (and, with
+    ``stage.exit_logits``, ``logits`` of an early-exit head: the ``exit.*`` adapter weights when ``tensors`` has them,
+    then ``exit.norm.weight`` or the final norm, then the LM head); cache inputs ``past_key.{j}`` are numbered from 0
+    within the stage. Default: the whole model (the graph is then exactly as without ``stage``).
     """
+    stage = stage or StageSpec.whole(config.num_layers)
+    if stage.total != config.num_layers:
+        raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
     d = _DecoderGraph(
-        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, int8, external
+        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external
     )
     d.mix_inputs = mix_inputs
     inputs, outputs = d.io_spec(num_logits)
-    x = d.embed()
+    x = d.embed() if stage.is_first else "hidden_in"
     mask = d.attention_mask()
     d.cache_slots()
     d.rope()
-    for i in range(config.num_layers):
+    for i in range(stage.start, stage.stop):
         x = d.block(i, x, mask)
         if progress:
             progress(1)
-    d.head(x, num_logits)
+    if stage.is_last:
+        d.head(x, num_logits)
+    else:
+        d.g.op("Identity", x, name="hidden_out")
+        if stage.exit_logits:
+            d.exit_head(x, num_logits)
     graph = helper.make_graph(d.g.nodes, "accel_decoder", inputs, outputs, d.g.inits)
     opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(dom, 1) for dom in sorted(d.g.opsets)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="accel")
@@ -97,11 +113,13 @@ class _DecoderGraph:
         hidden_output: bool,
         matmul_nbits: int,
         tree: bool = False,
+        stage: StageSpec | None = None,
         int8: bool = False,
         external: ExternalData | None = None,
     ) -> None:
         c = self.c = config
         self.tree = tree
+        self.stage = stage or StageSpec.whole(c.num_layers)
         self.g = g = GraphBuilder(external)
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
         self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits, int8=int8)
@@ -119,15 +137,18 @@ class _DecoderGraph:
 
     def io_spec(self, num_logits: int | None) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
         """Graph inputs and outputs (the cache contract, plus ``features`` / ``hidden_states`` where present)."""
-        c, B = self.c, self.batch_size
+        c, B, st = self.c, self.batch_size, self.stage
         kv_shape = [B, c.num_kv_heads, self.ctx_len, c.head_dim]
         value = helper.make_tensor_value_info
-        inputs = [
-            value("input_ids", TensorProto.INT64, [B, "seq_len"]),
-            value("position_ids", TensorProto.INT64, [B, "seq_len"]),
-        ]
-        outputs = [value("logits", TensorProto.FLOAT, [B, num_logits if num_logits else "seq_len", c.vocab_size])]
-        if self.feature_size:
+        first = value("input_ids", TensorProto.INT64, [B, "seq_len"])
+        if not st.is_first:  # a later pipeline stage reads the previous stage's residual stream
+            first = value("hidden_in", TensorProto.FLOAT, [B, "seq_len", c.hidden_size])
+        inputs = [first, value("position_ids", TensorProto.INT64, [B, "seq_len"])]
+        logits = value("logits", TensorProto.FLOAT, [B, num_logits if num_logits else "seq_len", c.vocab_size])
+        outputs = [logits] if st.has_logits else []
+        if not st.is_last:
+            outputs.append(value("hidden_out", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
+        if self.feature_size and st.is_first:
             inputs.append(value("features", TensorProto.FLOAT, [B, "seq_len", self.feature_size]))
         if self.tree:
             inputs.append(value("slot_ids", TensorProto.INT64, [B, "seq_len"]))
@@ -135,11 +156,11 @@ class _DecoderGraph:
         if self.mix_inputs:
             inputs.append(value("mix_ids", TensorProto.INT64, [B, "seq_len", "mix"]))
             inputs.append(value("mix_weights", TensorProto.FLOAT, [B, "seq_len", "mix"]))
-        if self.hidden_output:
+        if self.hidden_output and st.is_last:
             outputs.append(value("hidden_states", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
-        for i in range(c.num_layers):
+        for i in range(st.num_layers):
             inputs += [value(f"past_{kv}.{i}", TensorProto.FLOAT, kv_shape) for kv in ("key", "value")]
-        for i in range(c.num_layers):
+        for i in range(st.num_layers):
             outputs += [value(f"past_{kv}.{i}_RetainedState", TensorProto.FLOAT, kv_shape) for kv in ("key", "value")]
         return inputs, outputs
 
@@ -285,8 +306,9 @@ class _DecoderGraph:
             q, k = g.ops("Split", [self.apply_rope(qk), g.const([H, Hkv])], 2, axis=1)
         else:
             q, k, v = g.ops("Split", [qkv, g.const([H, Hkv, Hkv])], 3, axis=1)
-        kc = self.write_cache(f"past_key.{i}", k, f"past_key.{i}_RetainedState")
-        vc = self.write_cache(f"past_value.{i}", v, f"past_value.{i}_RetainedState")
+        j = i - self.stage.start  # a stage's cache inputs are numbered from 0
+        kc = self.write_cache(f"past_key.{j}", k, f"past_key.{j}_RetainedState")
+        vc = self.write_cache(f"past_value.{j}", v, f"past_value.{j}_RetainedState")
         qg = g.op("Reshape", q, g.const([0, Hkv, H // Hkv, -1, D]))  # [B, Hkv, G, S, D]: no repeat of the cache
         kt = g.op("Transpose", g.op("Unsqueeze", kc, g.const([2])), perm=[0, 1, 2, 4, 3])  # [B, Hkv, 1, D, ctx]
         scores = g.op("Add", g.op("Mul", g.op("MatMul", qg, kt), self.f32(1.0 / math.sqrt(D))), mask)
@@ -297,15 +319,19 @@ class _DecoderGraph:
 
     def block(self, i: int, x: str, mask: str) -> str:
         """Pre-norm transformer block ``i``: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
-        g, c, p = self.g, self.c, f"layers.{i}"
+        g, p = self.g, f"layers.{i}"
         x = g.op("Add", x, self.attention(i, self.norm(x, f"{p}.input_layernorm"), mask))
-        h = self.norm(x, f"{p}.post_attention_layernorm")
+        return g.op("Add", x, self.mlp(self.norm(x, f"{p}.post_attention_layernorm"), f"{p}.mlp"))
+
+    def mlp(self, h: str, p: str) -> str:
+        """The MLP with weights ``{p}.gate_proj/up_proj/down_proj`` on normed input ``h``."""
+        g, c = self.g, self.c
         if c.mlp == "gated":
-            gate = self.act(self.linear(h, f"{p}.mlp.gate_proj", c.mlp_bias))
-            m = g.op("Mul", gate, self.linear(h, f"{p}.mlp.up_proj", c.mlp_bias))
+            gate = self.act(self.linear(h, f"{p}.gate_proj", c.mlp_bias))
+            m = g.op("Mul", gate, self.linear(h, f"{p}.up_proj", c.mlp_bias))
         else:
-            m = self.act(self.linear(h, f"{p}.mlp.up_proj", c.mlp_bias))
-        return g.op("Add", x, self.linear(m, f"{p}.mlp.down_proj", c.mlp_bias))
+            m = self.act(self.linear(h, f"{p}.up_proj", c.mlp_bias))
+        return self.linear(m, f"{p}.down_proj", c.mlp_bias)
 
     def head(self, x: str, num_logits: int | None) -> None:
         """Final norm (and the ``hidden_states`` output) and the LM head into ``logits``."""
@@ -320,7 +346,21 @@ class _DecoderGraph:
             if last:
                 x = g.op("Slice", x, *last)
             head = self.norm(x, "norm")
+        self.lm_head(head)
+
+    def lm_head(self, head: str) -> None:
+        """The LM head on normed states ``head`` into ``logits`` (a restricted head scattered to the vocabulary)."""
         if getattr(self.c, "head_vocab", 0):
-            restricted_logits(g, self.w.linear(head, "lm_head.weight"), self.tensors, self.c.vocab_size)
+            restricted_logits(self.g, self.w.linear(head, "lm_head.weight"), self.tensors, self.c.vocab_size)
         else:
             self.w.linear(head, "lm_head.weight", out="logits")
+
+    def exit_head(self, x: str, num_logits: int | None) -> None:
+        """Early-exit ``logits`` of residual states ``x`` (``accel.drafts.early_exit.ExitHead``): ``x + mlp(norm(x))``
+        with the ``exit.*`` adapter when present, then ``exit.norm`` (else the final norm) and the LM head."""
+        g = self.g
+        if num_logits:
+            x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
+        if "exit.mlp.down_proj.weight" in self.tensors:
+            x = g.op("Add", x, self.mlp(self.norm(x, "exit.input_layernorm"), "exit.mlp"))
+        self.lm_head(self.norm(x, "exit.norm" if "exit.norm.weight" in self.tensors else "norm"))

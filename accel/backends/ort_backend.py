@@ -33,6 +33,7 @@ from accel.backends.base import (
     check_step_inputs,
     check_tree_inputs,
 )
+from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.errors import BackendError
 
 __all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
@@ -67,16 +68,18 @@ class GraphContract:
         )
         self.tree = tree
         self.mix_inputs = mix_inputs  # the graph has mix_ids / mix_weights (superposed inputs)
+        self.stage = StageSpec.whole(num_layers)  # set by inspect_graph for pipeline-stage graphs
+        self.stage_width = 0  # width of hidden_in / hidden_out (a stage graph's residual stream)
 
 
 def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
     """Check ``session``'s inputs/outputs against the KV-cache contract; BackendError names whatever is missing."""
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = {o.name: o for o in session.get_outputs()}
-    for name in ("input_ids", "position_ids"):
-        if name not in inputs:
-            raise BackendError(f"{source}: input {name!r} is missing (inputs: {sorted(inputs)})")
-    if "logits" not in outputs:
+    for names in (("input_ids", "hidden_in"), ("position_ids",)):  # hidden_in: a later pipeline stage
+        if not any(n in inputs for n in names):
+            raise BackendError(f"{source}: input {names[0]!r} is missing (inputs: {sorted(inputs)})")
+    if "logits" not in outputs and "hidden_out" not in outputs:  # hidden_out only: a middle pipeline stage
         raise BackendError(f"{source}: output 'logits' is missing (outputs: {sorted(outputs)})")
     layers = sorted({int(m.group(2)) for n in inputs if (m := _PAST.match(n))})
     if not layers:
@@ -96,10 +99,10 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
             raise BackendError(f"{source}: {name} has shape {inputs[name].shape}, past_key.0 has {kv_shape}")
         if _PAST.match(name) and inputs[name].type != "tensor(float)":
             raise BackendError(f"{source}: {name} must be float32; got {inputs[name].type}")
-    batch = inputs["input_ids"].shape[0]
+    batch = inputs["input_ids" if "input_ids" in inputs else "hidden_in"].shape[0]
     if isinstance(batch, int) and batch != kv_shape[0]:
         raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
-    logits_shape = outputs["logits"].shape
+    logits_shape = outputs["logits"].shape if "logits" in outputs else []
     vocab = logits_shape[-1] if logits_shape else None
     meta = dict(session.get_modelmeta().custom_metadata_map)
     if not isinstance(vocab, int):
@@ -109,7 +112,12 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
         raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
     num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
     widths = []
-    for name, group in (("hidden_states", outputs), ("features", inputs)):
+    for name, group in (
+        ("hidden_states", outputs),
+        ("features", inputs),
+        ("hidden_in", inputs),
+        ("hidden_out", outputs),
+    ):
         shape = group[name].shape if name in group else None
         if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
             raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
@@ -118,9 +126,12 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
     mix = "mix_ids" in inputs or "mix_weights" in inputs
     if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
         raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
-    return GraphContract(
+    contract = GraphContract(
         kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree, mix
     )
+    contract.stage = _graph_stage(meta, num_layers, "input_ids" in inputs, "logits" in outputs, widths[2:], source)
+    contract.stage_width = max(widths[2:])
+    return contract
 
 
 def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
@@ -136,6 +147,21 @@ def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
     if len(shape) != 3 or shape[2] != ctx_len:
         raise BackendError(f"{source}: tree_mask must be [B, seq_len, ctx_len={ctx_len}]; got {shape}")
     return True
+
+
+def _graph_stage(
+    meta: dict[str, str], num_layers: int, has_ids: bool, has_logits: bool, widths: list[int], source: str
+) -> StageSpec:
+    """The pipeline stage a graph is (``StageSpec.whole`` for an ordinary model), checked against its inputs and
+    outputs: ``hidden_in`` iff it starts after layer 0, ``hidden_out`` iff it ends before the last layer."""
+    stage = StageSpec.from_metadata(meta, num_layers, source)
+    if has_ids != stage.is_first or bool(widths[0]) == stage.is_first:
+        raise BackendError(
+            f"{source}: a stage from layer {stage.start} reads {'input_ids' if stage.is_first else 'hidden_in'}"
+        )
+    if bool(widths[1]) == stage.is_last or has_logits != stage.has_logits:
+        raise BackendError(f"{source}: the graph's outputs do not match its stage {stage} (hidden_out / logits)")
+    return stage
 
 
 def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
@@ -253,7 +279,7 @@ class OrtBackend:
                 )
                 if have
             ),
-            hidden_size=c.hidden_size,
+            hidden_size=c.hidden_size or c.stage_width,
             feature_size=c.feature_size,
         )
         graph_ops = check_inplace_cache(path, c.num_layers)
@@ -270,9 +296,12 @@ class OrtBackend:
         self._kv = np.zeros((len(self._names), *c.kv_shape), np.float32)  # one array: move_cache is one assignment
         self._buffers = [self._kv[i] for i in range(len(self._names))]  # contiguous views, bound without copies
         io = self.session.io_binding()
-        io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
+        if c.stage.has_logits:
+            io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
         if c.hidden_size:
             io.bind_output("hidden_states")
+        if not c.stage.is_last:  # bound before the cache: get_outputs() lists the stage outputs first
+            io.bind_output("hidden_out")
         for name, buf in zip(self._names, self._buffers, strict=True):
             value = ort.OrtValue.ortvalue_from_numpy(buf)
             io.bind_ortvalue_input(name, value)
@@ -306,6 +335,8 @@ class OrtBackend:
         ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs
         (a mixed-input graph given none gets each token with weight 1, the ordinary call bit for bit). See
         ``accel.backends.base``."""
+        if not self.contract.stage.is_whole:
+            raise BackendError("this graph is a pipeline stage: call forward_stage (or use accel.backends.Pipeline)")
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
         tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
@@ -379,6 +410,52 @@ class OrtBackend:
         hidden = outs[1].numpy()
         return logits, (hidden[:, -seq:] if extra > 0 else hidden)
 
+    @property
+    def stage(self) -> StageSpec:
+        """The layers the graph runs (``StageSpec.whole`` for an ordinary model; see ``accel.backends.stages``)."""
+        return self.contract.stage
+
+    def forward_stage(
+        self,
+        position_ids: np.ndarray,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden_in: np.ndarray | None = None,
+        num_logits: int | None = None,
+    ) -> StageOutput:
+        """Run a stage graph (``accel.backends.stages.StageBackend``): logits of the last ``num_logits`` columns (last
+        or exit stage) and ``hidden_out`` (every stage but the last). The first stage takes ``input_ids``, a later one
+        ``hidden_in [B, S, hidden]``; the cache is updated in place as in ``forward``."""
+        st = self.contract.stage
+        ids = check_hidden_in(self._info, st, position_ids, input_ids, hidden_in)
+        ids, pos = check_step_inputs(self._info, ids, position_ids, num_logits)
+        seq = ids.shape[1]
+        feed = np.require(hidden_in, np.float32, ["C_CONTIGUOUS"]) if not st.is_first else ids
+        extra = -(-self.min_rows // ids.shape[0]) - seq  # min_rows padding (left), as in forward
+        if extra > 0:
+            pad_shape = (ids.shape[0], extra, *feed.shape[2:])
+            feed = np.concatenate([np.zeros(pad_shape, feed.dtype), feed], axis=1)
+            pos = np.concatenate([np.full((pos.shape[0], extra), -1, pos.dtype), pos], axis=1)
+        if (pos < 0).any():
+            _check_free_slot(pos, self._info.ctx_len)
+        io = self._binding
+        io.bind_cpu_input("input_ids" if st.is_first else "hidden_in", feed)
+        io.bind_cpu_input("position_ids", pos)
+        names = (["logits"] if st.has_logits else []) + ([] if st.is_last else ["hidden_out"])
+        for name in names:
+            io.bind_output(name)
+        try:
+            self.session.run_with_iobinding(io)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime failed on a stage call with input shape {feed.shape}: {exc}") from exc
+        outs = dict(zip(names, (v.numpy() for v in io.get_outputs()[: len(names)]), strict=True))
+        logits = outs.get("logits")
+        if logits is not None:
+            want = num_logits if num_logits is not None else seq
+            logits = np.ascontiguousarray(logits[:, -want:, :], dtype=np.float32)
+        hidden = outs.get("hidden_out")
+        return StageOutput(logits, None if hidden is None else hidden[:, -seq:])
+
     def reset(self) -> None:
         """Zero the KV cache."""
         for buf in self._buffers:
@@ -395,6 +472,20 @@ class OrtBackend:
     def cache(self) -> list[np.ndarray]:
         """The live cache buffers ``[past_key.0, past_value.0, past_key.1, ...]`` (views, for inspection)."""
         return self._buffers
+
+
+def _check_free_slot(pos: np.ndarray, ctx_len: int) -> None:
+    """BackendError for a padded row whose positions include both 0 and ``ctx_len - 1`` (no free slot for its
+    padding writes; see ``onnx_graph``)."""
+    pad = pos < 0
+    vmin = np.where(pad, ctx_len, pos).min(axis=1)
+    vmax = np.where(pad, -1, pos).max(axis=1)
+    bad = pad.any(axis=1) & (vmin == 0) & (vmax == ctx_len - 1)
+    if bad.any():
+        raise BackendError(
+            f"row {int(np.argmax(bad))} mixes padding with positions 0 and {ctx_len - 1} in one call: no cache slot "
+            "is free for its padding; split the call"
+        )
 
 
 def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from accel.backends.base import (
     check_tree_inputs,
 )
 from accel.backends.limits import check_sizes
+from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -30,6 +31,10 @@ class TorchBackend:
         max_seq_len: most tokens per call (default ``ctx_len``).
         dtype: cache/compute dtype (default: the model's parameter dtype).
         threads: torch intra-op threads (default: leave torch's setting).
+        stage: run only layers ``[stage.start, stage.stop)`` as a pipeline stage (``accel.backends.stages``), with
+            the cache of those layers; calls go through ``forward_stage``. Default: the whole model.
+        exit_head: for a stage with ``exit_logits``: a callable from residual states ``[B, N, hidden]`` to logits
+            ``[B, N, V]`` (``accel.drafts.early_exit.ExitHead``); default: the model's final norm and LM head.
     """
 
     def __init__(
@@ -41,6 +46,8 @@ class TorchBackend:
         max_seq_len: int | None = None,
         dtype: torch.dtype | None = None,
         threads: int | None = None,
+        stage: StageSpec | None = None,
+        exit_head=None,
     ) -> None:
         if not hasattr(getattr(model, "config", None), "num_kv_heads"):
             raise BackendError(f"TorchBackend needs an accel.models.Decoder; got {type(model).__name__}")
@@ -64,7 +71,25 @@ class TorchBackend:
             hidden_size=cfg.hidden_size,
             feature_size=cfg.feature_size,
         )
-        self.keys, self.values = new_cache(cfg, batch_size, ctx_len, self.dtype)
+        self._stage = stage or StageSpec.whole(cfg.num_layers)
+        if self._stage.total != cfg.num_layers:
+            raise BackendError(f"stage {self._stage} is not a layer range of this {cfg.num_layers}-layer model")
+        if exit_head is not None and not self._stage.exit_logits:
+            raise BackendError("exit_head given for a stage without exit_logits")
+        self.exit_head = exit_head
+        if not self._stage.is_whole:
+            self._info = BackendInfo(
+                name="torch",
+                vocab_size=cfg.vocab_size,
+                ctx_len=ctx_len,
+                batch_size=batch_size,
+                max_seq_len=self._info.max_seq_len,
+                num_layers=self._stage.num_layers,
+                hidden_size=cfg.hidden_size,
+            )
+        self.keys, self.values = new_cache(
+            cfg.with_(num_layers=self._stage.num_layers), batch_size, ctx_len, self.dtype
+        )
 
     @property
     def info(self) -> BackendInfo:
@@ -87,6 +112,8 @@ class TorchBackend:
         """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
         ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs.
         See ``accel.backends.base``."""
+        if not self._stage.is_whole:
+            raise BackendError("this TorchBackend runs a pipeline stage: call forward_stage (or use a Pipeline)")
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         feats = check_extensions(self._info, ids, features, return_hidden)
         tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
@@ -106,6 +133,44 @@ class TorchBackend:
             head_in = hidden if num_logits is None else hidden[:, -num_logits:, :]
             logits = self.model.logits(head_in).float().numpy()
         return (logits, hidden.float().numpy()) if return_hidden else logits
+
+    @property
+    def stage(self) -> StageSpec:
+        """The layers this backend runs (``StageSpec.whole`` unless built with ``stage=``)."""
+        return self._stage
+
+    def forward_stage(
+        self,
+        position_ids: np.ndarray,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden_in: np.ndarray | None = None,
+        num_logits: int | None = None,
+    ) -> StageOutput:
+        """Run the stage's layers (``accel.backends.stages.StageBackend``): logits of the last ``num_logits`` columns
+        (last stage, or exit stage) and the residual states after the stage (all but the last stage)."""
+        st = self._stage
+        ids = check_hidden_in(self._info, st, position_ids, input_ids, hidden_in)
+        ids, pos = check_step_inputs(self._info, ids, position_ids, num_logits)
+        model = self.model
+        with torch.inference_mode():
+            x, self.keys, self.values = model.stage_forward(
+                torch.from_numpy(pos),
+                self.keys,
+                self.values,
+                layers=(st.start, st.stop),
+                input_ids=torch.from_numpy(ids) if st.is_first else None,
+                hidden_in=None if st.is_first else torch.from_numpy(np.asarray(hidden_in, np.float32)).to(self.dtype),
+                inplace=True,
+            )
+            head_in = x if num_logits is None else x[:, -num_logits:, :]
+            logits = None
+            if st.is_last:
+                logits = model.logits(model.norm(head_in)).float().numpy()
+            elif st.exit_logits:
+                head = self.exit_head or (lambda h: model.logits(model.norm(h)))
+                logits = head(head_in).float().numpy()
+        return StageOutput(logits, None if st.is_last else x.float().numpy())
 
     def reset(self) -> None:
         """Zero the KV cache."""

@@ -30,7 +30,7 @@ DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
 )
 HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "a100-80gb")
 LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
-TREE_NODES = 8  # node budget of the feature draft's dynamic tree (accel.spd.DraftTree) in the demo
+TREE_NODES = 4  # node budget of the feature draft's dynamic tree (accel.spd.DraftTree) in the demo
 TREE_MODE = f"feature SpD tree({TREE_NODES}) greedy"  # the feature draft's dynamic token tree, greedy
 
 

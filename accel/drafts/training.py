@@ -79,7 +79,8 @@ def distill(
     try:
         data = build_data(target_model, cfg, work / "data", tok_dir)
     except DraftError:  # bad data (none, unreadable, too short): leave no folder behind (an interrupt keeps it)
-        shutil.rmtree(out if new_out else work, ignore_errors=True)
+        if new_out or not cfg.resume:  # a refused --resume keeps the cached data and training state it refused
+            shutil.rmtree(out if new_out else work, ignore_errors=True)
         raise
     data_time_s = time.perf_counter() - t0
     train_rows, held_rows = split_rows(len(data), cfg.held_out_fraction, cfg.seed)

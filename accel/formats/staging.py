@@ -70,7 +70,7 @@ def open_partial(out: Path, state: PartialState, resume: bool, overwrite: bool) 
         old = _read_marker(staging)
         if resume and old is not None:
             _check_resumable(staging, old, state)
-            _drop_temp_files(staging)
+            drop_temp_files(staging)
             return staging, old
         if not resume and not overwrite:
             raise FormatError(
@@ -115,9 +115,11 @@ def _check_resumable(staging: Path, old: PartialState, new: PartialState) -> Non
         raise FormatError(f"cannot resume {staging}: the source shards changed since it was started; use --overwrite")
 
 
-def _drop_temp_files(staging: Path) -> None:
-    """Remove the temp files a killed writer left (finished files were renamed into place; a shard not recorded as
-    done is simply written again)."""
+def drop_temp_files(staging: Path) -> None:
+    """Remove the temp files a killed or interrupted writer left (finished files were renamed into place; a shard
+    not recorded as done is simply written again). Nothing to do once ``staging`` was renamed into place."""
+    if not staging.is_dir():
+        return
     for p in staging.iterdir():
         if p.name.endswith(".tmp") and p.is_file():
             p.unlink()

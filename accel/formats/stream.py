@@ -39,6 +39,7 @@ from accel.formats.staging import (
     PartialState,
     check_output,
     copy_atomic,
+    drop_temp_files,
     finish,
     open_partial,
     partial_dir,
@@ -137,6 +138,7 @@ def compress_checkpoint(
         report = _write_all(src, staging, shards, files, state, progress)
         finish(staging, out)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (accel.cli): keep the finished shards for --resume
+        drop_temp_files(staging)  # a signal between a writer's mkstemp and its own cleanup would leave one
         raise
     except BaseException:
         remove_partial(staging)

@@ -337,6 +337,42 @@ class Decoder(nn.Module):
             new_values.append(v_cache)
         return self.norm(x), new_keys, new_values
 
+    def stage_forward(
+        self,
+        position_ids: torch.Tensor,
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
+        *,
+        layers: tuple[int, int],
+        input_ids: torch.Tensor | None = None,
+        hidden_in: torch.Tensor | None = None,
+        inplace: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Layers ``[start, stop)`` only (a pipeline stage, ``accel.backends.stages``): the residual stream
+        ``[B, S, hidden]`` after layer ``stop - 1`` (no norm), and the new cache of those layers.
+
+        The first stage (``start == 0``) embeds ``input_ids``; a later one continues from ``hidden_in [B, S, hidden]``,
+        an earlier stage's output. ``past_keys``/``past_values`` hold the stage's ``stop - start`` layers. Chained
+        stages compute exactly what ``hidden_forward`` computes before its final norm (the same ops in the same order).
+        """
+        start, stop = layers
+        if not 0 <= start < stop <= self.config.num_layers:
+            raise ValueError(f"layers {layers} must satisfy 0 <= start < stop <= {self.config.num_layers}")
+        if (input_ids is None) == (start == 0) or (hidden_in is None) == (start > 0):
+            raise ValueError("the first stage takes input_ids, a later stage hidden_in (exactly one of them)")
+        x = self.embed(input_ids, position_ids) if input_ids is not None else hidden_in
+        assert x is not None
+        ctx = past_keys[0].shape[2]
+        slots = torch.arange(ctx, device=x.device, dtype=position_ids.dtype)
+        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]  # as in hidden_forward
+        rope = self.rope_tables(position_ids, x.dtype)
+        new_keys, new_values = [], []
+        for layer, k_cache, v_cache in zip(self.blocks[start:stop], past_keys, past_values, strict=True):
+            x, k_cache, v_cache = layer(x, rope, position_ids, k_cache, v_cache, visible, inplace)
+            new_keys.append(k_cache)
+            new_values.append(v_cache)
+        return x, new_keys, new_values
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits ``[..., vocab_size]`` of final-norm hidden states ``[..., hidden_size]``.
 

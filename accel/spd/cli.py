@@ -22,6 +22,7 @@ import numpy as np
 
 from accel.backends.weights import WEIGHT_MODES
 from accel.errors import AccelError, BackendError, SpdError
+from accel.spd.ppd_cli import add_arguments as add_ppd_arguments
 
 __all__ = ["register", "run"]
 
@@ -111,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "CPU; see docs/backends.md)",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json, directory or .gguf (default: the target's)")
+    add_ppd_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
 
@@ -357,6 +359,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tree_nodes is not None and not (args.draft or args.hydra):
         raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
+        if args.ppd is not None:
+            from accel.spd.ppd_cli import run_ppd
+
+            return run_ppd(args, prompt, tokenizer, eos, Path(tmp))
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
         if args.target_weights != "fp32" and (args.backend != "ort" or target_path.suffix == ".onnx"):

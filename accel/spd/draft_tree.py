@@ -74,12 +74,14 @@ class DraftTree:
     Args:
         draft: the draft backend; it needs the ``"tree"`` capability (a torch backend, or an ONNX graph exported
             with ``tree=True``), the target's vocabulary and batch size, and ``max_seq_len >= depth + 1``.
-        nodes: the node budget: most nodes below the root (the target scores ``nodes + 1`` tokens per call).
+        nodes: the node budget: most nodes below the root (the target scores ``nodes + 1`` tokens per call). The
+            default 4 was the best greedy budget of the shipped feature draft on the 2-core CPU (benchmarks/spd.py:
+            budgets 4 / 8 / 12 / 16 gave 2.36x / 1.80x / 1.63x / 1.43x AR); a flat-costed accelerator wants more.
         top_k: candidates per expanded node, and nodes expanded per level.
         depth: most levels (tokens a round can accept); ``nodes`` by default, capped at 8.
     """
 
-    def __init__(self, draft: Backend, nodes: int = 10, top_k: int = 4, depth: int | None = None) -> None:
+    def __init__(self, draft: Backend, nodes: int = 4, top_k: int = 4, depth: int | None = None) -> None:
         for name, v in (("nodes", nodes), ("top_k", top_k), ("depth", depth if depth is not None else 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise SpdError(f"DraftTree {name} must be an integer >= 1; got {v!r}")

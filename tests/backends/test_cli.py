@@ -74,7 +74,7 @@ def test_export_cli_error_exit_code(tmp_path, capsys):
 
 def test_export_cli_mxfp6_nbits_accuracy_level(tmp_path, capsys):
     """``--weights mxfp6-nbits --nbits-accuracy 1``: MatMulNBits nodes with float32 activations; the flag outside the
-    nbits modes is an error that names it (exit code 2)."""
+    nbits modes is an error that names it (exit status 2)."""
     import onnx
 
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)

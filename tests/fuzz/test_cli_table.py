@@ -63,6 +63,17 @@ CASES = [
     (["distill", "{T}", "-o", "{W}/d"], EXIT_ERROR),  # no data
     (["distill", "{T}", "-o", "{W}/d", "--data", "{E}"], EXIT_ERROR),  # no text windows
     (["distill", "{T}", "-o", "{W}/d", "--data", "{W}/nope.txt"], EXIT_ERROR),
+    (["ngrams", "build", "-o", "{W}/n", "--max-order", "0", "--tokenizer", "{T}", "{D}"], EXIT_ERROR),
+    (["ngrams", "build", "-o", "{W}/n", "--tokenizer", "{T}", "{W}/nope.txt"], EXIT_ERROR),
+    (["ngrams", "build", "-o", "{W}/n", "--tokenizer", "{T}", "{E}"], EXIT_ERROR),
+    (["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--k", "100000000"], EXIT_ERROR),
+    (
+        ["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--max-new-tokens", "10000000"],
+        EXIT_ERROR,
+    ),
+    (["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--n-token-sample", "-1"], EXIT_ERROR),
+    (["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--alpha", "nan"], EXIT_ERROR),
+    (["complete", "--prompt", "a", "--target", "{F}", "--k", "2"], EXIT_ERROR),
     (["demo", "--target", "{F}", "--quick"], EXIT_ERROR),
     (["demo", "--k", "0", "--quick"], EXIT_ERROR),
 ]

@@ -52,13 +52,13 @@ def test_build_and_complete(target, tmp_path, capsys):
 
 
 def test_errors(target, tmp_path, capsys):
-    assert main(["ngrams", "build", "-o", str(tmp_path / "x"), "--tokenizer", str(target)]) == 1
+    assert main(["ngrams", "build", "-o", str(tmp_path / "x"), "--tokenizer", str(target)]) == 2
     assert "no corpus" in capsys.readouterr().err
     bad = tmp_path / "bad.ngrams"
     bad.write_bytes(b"not a store at all")
-    assert main(["complete", "--prompt", "a", "--target", str(target), "--store", str(bad)]) == 1
+    assert main(["complete", "--prompt", "a", "--target", str(target), "--store", str(bad)]) == 2
     assert "not an accel n-gram store" in capsys.readouterr().err
-    assert main(["complete", "--prompt", "a", "--target", str(tmp_path), "--k", "2"]) == 1
+    assert main(["complete", "--prompt", "a", "--target", str(tmp_path), "--k", "2"]) == 2
     assert "no checkpoint directory" in capsys.readouterr().err
-    assert main(["complete", "--prompt", "a", "--target", str(target), "--k", "0"]) == 1
+    assert main(["complete", "--prompt", "a", "--target", str(target), "--k", "0"]) == 2
     assert "k must" in capsys.readouterr().err

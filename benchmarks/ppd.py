@@ -1,0 +1,182 @@
+"""Predictive Pipelined Decoding on onnxruntime with SmolLM2-135M: match rate, tokens/s, speedup over AR, and the
+measured latency against Theorem 4.1 and a contention-aware estimate for this CPU.
+
+    flock /work/helpers/bench.lock .venv/bin/python benchmarks/ppd.py [--exit-layers 15] [--ks 1 2 3]
+        [--prompts 4] [--new 48] [--heads results/exit_heads] [--work results/ppd_bench]
+
+Per exit layer ``e`` the target is exported as stages [0, e) (exit logits through the trained head in
+``<heads>/exit-L{e}``, else the plain exit) with k rows and [e, L) with one row (``accel.backends.stages``), beside
+the whole graph for the AR baseline; every session uses one thread. On the first ``--prompts`` held-out prompts
+(``HELD_OUT_PROMPTS``, never trained on) it runs greedy AR, PPD serial (``concurrent=False``: the same work on one
+thread) and PPD concurrent (two threads) prompt by prompt, interleaved so that load changes on a shared machine hit
+all three alike, checks that PPD's tokens equal AR's, and prints per (e, k):
+
+- ``p``: the decoder's match rate (the true token among the exit's top k);
+- decode tokens/s of AR, PPD serial and PPD concurrent, and the speedup of concurrent PPD over AR;
+- ``theory``: Theorem 4.1 per token, ``L - (L - dbar) p`` layer times with ``dbar = max(e, L - e)`` and one layer time
+  = AR's measured time per token / L (the paper's assumption: the candidates run on otherwise idle hardware);
+- ``estimate``: per token ``host + P + (1 - p) t_miss`` with ``P = max(t_back, t_spec, (t_back + t_spec) / s)``: the
+  stage times measured alone (the serial run), ``s`` = how much two concurrent onnxruntime calls get done in the time
+  of one (measured on two back-stage sessions: 2 if the cores were independent, 1 if the memory bus serialises them),
+  ``host`` the serial run's time per token outside the stage calls; and its error against the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def contention_factor(path: Path, hidden: int, calls: int = 20) -> float:
+    """``s``: (2 x one call's time) / (time of two concurrent calls), medians, on two sessions of the stage graph at
+    ``path`` (one decode token at position 64)."""
+    from accel.backends import OrtBackend
+
+    a, b = OrtBackend(path, threads=1), OrtBackend(path, threads=1)
+    pos, h = np.array([[64]]), np.random.default_rng(0).normal(size=(1, 1, hidden)).astype(np.float32)
+
+    def call(s):
+        return s.forward_stage(pos, hidden_in=h, num_logits=1)
+
+    alone, pair = [], []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            call(a)
+            alone.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            job = pool.submit(call, b)
+            call(a)
+            job.result()
+            pair.append(time.perf_counter() - t0)
+    return 2 * statistics.median(alone) / statistics.median(pair)
+
+
+def per_token(res) -> float:
+    """Decode seconds per token after the first (PPD or AR result)."""
+    s = res.stats
+    return (s.wall_s - s.prefill_s) / max(s.new_tokens - 1, 1)
+
+
+def export_all(target, args, work: Path):
+    from accel.backends import export_onnx
+    from accel.backends.stages import split_layers
+    from accel.drafts.early_exit import load_exit_head
+
+    L = target.config.num_layers
+    kw = dict(ctx_len=args.ctx, progress=False)
+    out = {"whole": work / "whole.onnx", "stages": {}}
+    if not out["whole"].is_file():
+        export_onnx(target, out["whole"], batch_size=1, **kw)
+    for e in args.exit_layers:
+        front_spec, back_spec = split_layers(L, [e], exit_logits=True)
+        head_dir = Path(args.heads) / f"exit-L{e}"
+        head = load_exit_head(head_dir, target) if head_dir.is_dir() else None
+        back = work / f"back-L{e}.onnx"
+        if not back.is_file():
+            export_onnx(target, back, batch_size=1, stage=back_spec, **kw)
+        fronts, kind = {}, "trained" if head is not None else "plain"
+        for k in args.ks:
+            fronts[k] = work / f"front-L{e}-k{k}-{kind}.onnx"
+            if not fronts[k].is_file():
+                export_onnx(target, fronts[k], batch_size=k, stage=front_spec, exit_head=head, **kw)
+        out["stages"][e] = (back, fronts, kind)
+        print(f"exit layer {e}: {'trained head ' + str(head_dir) if head else 'plain exit (no trained head)'}")
+    return out
+
+
+def run_config(e, k, back_path, front_path, whole, prompts, args) -> dict:
+    """AR, serial PPD and concurrent PPD, interleaved prompt by prompt (so that a shared machine's load changes
+    affect all three alike); exactness checked against AR; ``s`` measured right after."""
+    from accel.backends import OrtBackend
+    from accel.spd import Sampling, generate_ar
+    from accel.spd.ppd import generate_ppd
+
+    front, back = OrtBackend(front_path, threads=1), OrtBackend(back_path, threads=1)
+    runs: dict[str, list] = {"ar": [], "serial": [], "concurrent": []}
+    for p in prompts:
+        ar = generate_ar(whole, [p], max_new_tokens=args.new, sampling=Sampling(greedy=True))
+        runs["ar"].append(ar)
+        for mode in ("serial", "concurrent"):
+            res = generate_ppd(front, back, p, max_new_tokens=args.new, concurrent=mode == "concurrent")
+            if res.tokens != ar.tokens[0]:
+                raise SystemExit(f"PPD (e={e}, k={k}, {mode}) differs from AR: exactness broken")
+            runs[mode].append(res)
+    row = {"e": e, "k": k, **{f"{m}_s": statistics.mean(per_token(r) for r in rs) for m, rs in runs.items()}}
+    serial = runs["serial"]
+    steps = sum(r.stats.steps for r in serial)
+    hits = sum(r.stats.hits for r in serial)
+    toks = sum(r.stats.new_tokens - 1 for r in serial)
+    calls = sum(r.stats.main_s + r.stats.spec_s + r.stats.miss_s for r in serial)
+    decode = sum(r.stats.wall_s - r.stats.prefill_s for r in serial)
+    row["p"] = hits / steps
+    row["t_back"] = sum(r.stats.main_s for r in serial) / toks
+    row["t_spec"] = sum(r.stats.spec_s for r in serial) / steps
+    row["t_miss"] = sum(r.stats.miss_s for r in serial) / max(steps - hits, 1)
+    row["host"] = (decode - calls) / toks
+    row["s"] = contention_factor(back_path, whole.info.hidden_size or back.info.hidden_size)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exit-layers", type=int, nargs="+", default=[15])
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--heads", default=str(REPO / "results" / "exit_heads"))
+    ap.add_argument("--work", default=str(REPO / "results" / "ppd_bench"))
+    args = ap.parse_args()
+
+    from accel.backends import OrtBackend
+    from accel.drafts.checkpoint import load_text_tokenizer
+    from accel.drafts.prompts import HELD_OUT_PROMPTS
+    from accel.models import load_checkpoint, smollm2_checkpoint
+    from accel.sim.ppd import ppd_expected_latency
+
+    target = load_checkpoint(smollm2_checkpoint()).eval()
+    tok = load_text_tokenizer(smollm2_checkpoint())
+    L = target.config.num_layers
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = export_all(target, args, work)
+    prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
+    whole = OrtBackend(paths["whole"], threads=1)
+    print(f"{len(prompts)} held-out prompts x {args.new} tokens, greedy; onnxruntime, 1 thread per session")
+    head = "| e | k | exit | p | AR tok/s | PPD serial | PPD conc. | speedup | theory tok/s | estimate tok/s | err |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for e, (back, fronts, kind) in paths["stages"].items():
+        for k, front in fronts.items():
+            r = run_config(e, k, back, front, whole, prompts, args)
+            p, t_ar = r["p"], r["ar_s"]
+            theory = ppd_expected_latency(L, max(e, L - e), p, 10_000) / 10_000 * t_ar / L
+            par = max(r["t_back"], r["t_spec"], (r["t_back"] + r["t_spec"]) / r["s"])
+            est = r["host"] + par + (1 - p) * r["t_miss"]
+            err = (est - r["concurrent_s"]) / r["concurrent_s"]
+            print(
+                f"| {e} | {k} | {kind} | {p:.3f} | {1 / t_ar:.1f} | {1 / r['serial_s']:.1f} | "
+                f"{1 / r['concurrent_s']:.1f} | {t_ar / r['concurrent_s']:.2f}x | {1 / theory:.1f} | {1 / est:.1f} | "
+                f"{err:+.1%} |",
+                flush=True,
+            )
+            print(
+                f"    alone: back {r['t_back'] * 1e3:.1f} ms, speculation {r['t_spec'] * 1e3:.1f} ms, miss "
+                f"{r['t_miss'] * 1e3:.1f} ms, host {r['host'] * 1e3:.2f} ms per token; AR {t_ar * 1e3:.1f} ms; "
+                f"s = {r['s']:.2f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
