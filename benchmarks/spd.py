@@ -63,11 +63,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def _model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M)")
+    ap.add_argument("--target", default=None, help="target checkpoint dir or .gguf (default: SmolLM2-135M)")
     ap.add_argument(
         "--draft",
         default=None,
-        help="draft checkpoint dir (default: the shipped demo draft accel/demo_data/smollm2-draft for the "
+        help="draft checkpoint dir or .gguf (default: the shipped demo draft accel/demo_data/smollm2-draft for the "
         "default SmolLM2 target, else a layer-skip stand-in)",
     )
     ap.add_argument(
@@ -200,7 +200,9 @@ def load_setup(args: argparse.Namespace) -> Setup:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_dir = Path(args.target) if args.target else smollm2_checkpoint()
+    from accel.models.gguf_convert import checkpoint_dir
+
+    target_dir = checkpoint_dir(args.target, say=print) if args.target else smollm2_checkpoint()
     target = load_checkpoint(target_dir)
     tmp = Path(tempfile.mkdtemp(prefix="accel-spd-bench-"))
     demo_draft = DEMO_DATA / "smollm2-draft"
@@ -212,6 +214,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
     ):
         args.draft = str(demo_draft)
     if args.draft and args.layer_skip is None:
+        args.draft = str(checkpoint_dir(args.draft, say=print))  # a .gguf: its converted directory
         draft, draft_name = load_checkpoint(args.draft), str(args.draft)
         # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints, nor a
         # restricted LM head (head_vocab), which becomes the full head it was cut from (see full_head_copy)

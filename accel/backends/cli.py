@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--num-logits", type=int, default=None, help="return only the last N logits (default: all positions)"
     )
     p.add_argument(
+        "--external-data",
+        action="store_true",
+        help="weights in OUT.onnx.data even for a small model (default: above 64 MiB of float32 weights)",
+    )
+    p.add_argument(
         "--tree", action="store_true", help="add the token-tree inputs slot_ids and tree_mask (docs/backends.md)"
     )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
@@ -53,15 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
-    from accel.backends.export import export_onnx
+    from accel.backends.export import export_onnx, onnx_file_bytes
     from accel.backends.weights import ExportWeights
-    from accel.models import load_checkpoint
 
-    if not args.quiet:
-        print(f"loading {args.model}")
-    model = load_checkpoint(args.model)
+    # the checkpoint is read tensor by tensor while the graph is written: no torch model, no second copy
     path = export_onnx(
-        model,
+        args.model,
         args.out,
         ctx_len=args.ctx_len,
         batch_size=args.batch_size,
@@ -70,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
             args.weights, mx_format=args.fmt, float_storage=args.float_weights, accuracy_level=args.nbits_accuracy
         ),
         progress=not args.quiet,
+        external_data=True if args.external_data else None,
         tree=args.tree,
     )
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, weights={args.weights})")
+    data = path.with_name(path.name + ".data")
+    where = f" + {data.name}" if data.is_file() else ""
+    print(f"wrote {path}{where} ({onnx_file_bytes(path) / 1e6:.1f} MB in all, weights={args.weights})")
     if args.qaic_dir:
         from accel.backends.qaic import write_qaic_files
 

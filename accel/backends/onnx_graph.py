@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from accel.backends.onnx_builder import IR_VERSION, OPSET, GraphBuilder
+from accel.backends.onnx_builder import IR_VERSION, OPSET, ExternalData, GraphBuilder
 from accel.backends.onnx_weights import GraphWeights, restricted_logits
 from accel.backends.stages import StageSpec
 
@@ -39,6 +39,8 @@ def build_decoder_graph(
     hidden_output: bool = False,
     matmul_nbits: int = 0,
     tree: bool = False,
+    int8: bool = False,
+    external: ExternalData | None = None,
     mix_inputs: bool = False,
     stage: StageSpec | None = None,
 ) -> onnx.ModelProto:
@@ -56,6 +58,9 @@ def build_decoder_graph(
     ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
     ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
     position-derived write slots and mask (docs/backends.md, "Tree calls").
+    ``int8``: every Linear (and the head) as int8 weights with dynamic activation quantization
+    (``accel.backends.onnx_int8``). ``external``: write the initializers to this external-data sink as they are
+    created (``accel.backends.onnx_builder.ExternalData``).
     ``mix_inputs`` adds the inputs ``mix_ids`` int64 and ``mix_weights`` float32 ``[batch_size, seq_len, mix]``: the
     embedding of a column is then ``sum_m mix_weights * E[mix_ids]`` (superposed inputs; ``input_ids`` is not read;
     the ``"mix"`` extension of ``accel.backends.base``).
@@ -69,7 +74,9 @@ def build_decoder_graph(
     stage = stage or StageSpec.whole(config.num_layers)
     if stage.total != config.num_layers:
         raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
-    d = _DecoderGraph(config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage)
+    d = _DecoderGraph(
+        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external
+    )
     d.mix_inputs = mix_inputs
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed() if stage.is_first else "hidden_in"
@@ -107,13 +114,15 @@ class _DecoderGraph:
         matmul_nbits: int,
         tree: bool = False,
         stage: StageSpec | None = None,
+        int8: bool = False,
+        external: ExternalData | None = None,
     ) -> None:
         c = self.c = config
         self.tree = tree
         self.stage = stage or StageSpec.whole(c.num_layers)
-        self.g = g = GraphBuilder()
+        self.g = g = GraphBuilder(external)
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
-        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits)
+        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits, int8=int8)
         self.tensors, self.ctx_len, self.batch_size = tensors, ctx_len, batch_size
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)

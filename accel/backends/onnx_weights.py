@@ -78,25 +78,42 @@ class GraphWeights:
     """Hands out graph names for weights, storing each once (tied embeddings share one initializer)."""
 
     def __init__(
-        self, g: GraphBuilder, tensors: Mapping[str, Any], float_dtype: str, tied: bool, nbits_accuracy: int = 0
+        self,
+        g: GraphBuilder,
+        tensors: Mapping[str, Any],
+        float_dtype: str,
+        tied: bool,
+        nbits_accuracy: int = 0,
+        int8: bool = False,
     ) -> None:
         """``nbits_accuracy``: 0 (MX weights as MatMul on in-graph decodes) or the ``MatMulNBits`` ``accuracy_level``
-        (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight."""
+        (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: every
+        Linear as int8 weights with dynamic activation quantization (``accel.backends.onnx_int8``)."""
         self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
         self.nbits = nbits_accuracy
+        self.int8 = int8
         self._done: dict[str, str] = {}
+        self._quantized_inputs: dict[str, list[str]] = {}
 
     def linear(self, xin: str, *names: str, out: str | None = None) -> str:
         """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
-        separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes."""
+        separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``int8``) int8
+        weights with dynamic activation quantization."""
+        if self.int8:
+            from accel.backends.onnx_int8 import int8_matmul
+
+            parts = [np.asarray(self._get(n), np.float32).T for n in names]
+            w_t = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)  # one weight: no copy
+            return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out)
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
-        if len(names) == 1:
-            return self.g.op("MatMul", xin, self.matmul_t(names[0]), name=out)
+        if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
+            return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
         if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)
-            return self.g.op("MatMul", xin, self.g.op("Concat", *[self.matmul_t(n) for n in names], axis=1), name=out)
+            parts = [self.matmul_t(n, t) for n, t in zip(names, ts, strict=True)]
+            return self.g.op("MatMul", xin, self.g.op("Concat", *parts, axis=1), name=out)
         joined = np.concatenate([np.asarray(t, np.float32).T for t in ts], axis=1)  # one initializer [in, sum(out)]
         key = "+".join(names)
         if self.fp16:
@@ -159,12 +176,16 @@ class GraphWeights:
         self._done[name] = out
         return out
 
-    def matmul_t(self, name: str) -> str:
-        """``W^T [in, out]`` of a Linear weight ``[out, in]`` (decoded in-graph when it is an MXTensor)."""
+    def matmul_t(self, name: str, loaded: Any = None) -> str:
+        """``W^T [in, out]`` of a Linear weight ``[out, in]`` (decoded in-graph when it is an MXTensor); ``loaded``:
+        the tensor if the caller already has it."""
         key = name + ":T"
         if key in self._done:
             return self._done[key]
-        t = None if (name == "lm_head.weight" and self.tied) else self._get(name)
+        if name == "lm_head.weight" and self.tied:
+            t = None
+        else:
+            t = loaded if loaded is not None else self._get(name)
         if hasattr(t, "codes") and hasattr(t, "scales"):
             out = decode_mx(self.g, name, t)
         elif name == "lm_head.weight" and self.tied:

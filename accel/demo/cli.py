@@ -16,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="MXFP6 compression + speculative decoding on onnxruntime + simulator predictions, end to end",
         description="accel demo: the whole story on one target/draft pair, in a few minutes on a CPU",
     )
-    p.add_argument("--target", default=None, help="target checkpoint dir (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the shipped SmolLM2 draft)")
+    p.add_argument("--target", default=None, help="target checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="draft checkpoint dir or .gguf (default: the shipped SmolLM2 draft)")
     p.add_argument(
         "--feature-draft",
         default=None,
@@ -33,9 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    run_demo(
-        args.target,
-        args.draft,
+    from accel.models.gguf_convert import checkpoint_dir
+
+    run_demo(  # a .gguf target or draft is converted to a checkpoint directory once
+        checkpoint_dir(args.target, say=print) if args.target else None,
+        checkpoint_dir(args.draft, say=print) if args.draft else None,
         k=args.k,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a small draft (target vocabulary, Llama-family) on the target's top-k next-token "
         "distributions over text files and/or continuations the target generates itself.",
     )
-    p.add_argument("target", help="target checkpoint directory (config.json + weights + tokenizer.json)")
+    p.add_argument("target", help="target checkpoint directory (config.json + weights + tokenizer.json) or .gguf file")
     p.add_argument("-o", "--out", required=True, help="draft checkpoint directory to write")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
@@ -59,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Teacher-forced greedy agreement, greedy SpD acceptance per draft position (K <= 8) and alpha; "
         "for Hydra heads, per-head acceptance and tokens per target call (chain and tree).",
     )
-    e.add_argument("target", help="target checkpoint directory")
-    e.add_argument("draft", help="draft checkpoint directory, or a Hydra heads directory")
+    e.add_argument("target", help="target checkpoint directory or .gguf file")
+    e.add_argument("draft", help="draft checkpoint directory or .gguf file, or a Hydra heads directory")
     e.add_argument(
         "--data",
         nargs="+",
@@ -118,7 +118,9 @@ def _distill(args: argparse.Namespace) -> int:
         raise DraftError(f"bad distill options: {exc}") from exc
     if not cfg.data_files and not cfg.self_generate:
         raise DraftError("no data: give --data FILES and/or --self-generate N")
-    r = distill(args.target, args.out, cfg)
+    from accel.models.gguf_convert import checkpoint_dir
+
+    r = distill(checkpoint_dir(args.target, say=print), args.out, cfg)
     agree = f"{r.greedy_agreement:.3f}" if r.greedy_agreement is not None else "n/a"
     print(
         f"draft written to {r.out_dir}: {r.num_parameters / 1e6:.2f} M parameters, {r.weights_bytes / 2**20:.1f} MiB\n"
@@ -142,10 +144,18 @@ def _eval(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise DraftError(f"data file {p} does not exist")
         texts.append(p.read_text(encoding="utf-8"))
+    from accel.models.gguf_convert import checkpoint_dir
+
+    say = None if args.json else print
     if is_heads_dir(args.draft):
-        return eval_heads(args.target, args.draft, texts, args.json, args.max_len)
+        return eval_heads(str(checkpoint_dir(args.target, say=say)), args.draft, texts, args.json, args.max_len)
     ev = evaluate_draft(
-        args.target, args.draft, texts, temperature=args.temperature, max_k=args.max_k, max_len=args.max_len
+        checkpoint_dir(args.target, say=say),
+        checkpoint_dir(args.draft, say=say),
+        texts,
+        temperature=args.temperature,
+        max_k=args.max_k,
+        max_len=args.max_len,
     )
     if args.json:
         print(json.dumps(ev.model_dump(), indent=2))

@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("src_dir", metavar="SRC_DIR", help="checkpoint directory (config.json + *.safetensors)")
+    p.add_argument(
+        "src_dir", metavar="SRC_DIR", help="checkpoint directory (config.json + *.safetensors) or .gguf file"
+    )
     p.add_argument("-o", "--out", dest="out_dir", required=True, metavar="OUT_DIR", help="output directory")
     p.add_argument("--fmt", default="mxfp6", help=f"element format, one of {', '.join(known_format_names())}")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="elements per shared scale")
@@ -53,12 +55,13 @@ def run(args: argparse.Namespace) -> int:
     """Run ``compress``; returns the exit code (errors surface as FormatError, printed by accel.cli)."""
     from accel.formats.staging import partial_dir
     from accel.formats.stream import compress_checkpoint
+    from accel.models.gguf_convert import checkpoint_dir
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the summary's WARNING line says it once, for every weight
             report = compress_checkpoint(
-                args.src_dir,
+                checkpoint_dir(args.src_dir, say=print),  # a .gguf is converted to a float32 directory once
                 args.out_dir,
                 fmt=args.fmt,
                 include=args.include,

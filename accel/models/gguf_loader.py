@@ -1,5 +1,5 @@
 """Read llama.cpp GGUF files: the model config from ``{arch}.*`` metadata, tensors dequantized to float32, and the
-byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata (no transformers needed).
+byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata (``accel.models.gguf_tokenizer``; no transformers needed).
 
 llama.cpp's converter permutes the rows of Q and K for its rotary layout (``convert_hf_to_gguf.py``, ``permute``);
 ``_unpermute`` undoes it exactly as transformers' GGUF loader does (``LlamaTensorProcessor._reverse_permute_weights``).
@@ -8,6 +8,7 @@ llama.cpp's converter permutes the rows of Q and K for its rotary layout (``conv
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 
-__all__ = ["SUPPORTED_GGUF_ARCHS", "gguf_config", "gguf_tokenizer", "read_gguf"]
+__all__ = ["SUPPORTED_GGUF_ARCHS", "gguf_config", "gguf_tokenizer", "open_gguf", "read_gguf"]
 
 SUPPORTED_GGUF_ARCHS = ("llama", "mistral", "qwen2")
 
@@ -91,73 +92,66 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Config and float32 tensors (``Decoder`` names) of a GGUF file; quantized tensors are dequantized."""
+def _decoder_name(tensor_name: str) -> tuple[str, str | None]:
+    """(``Decoder`` name, layer tensor kind or None) of a GGUF tensor name; ModelError for an unknown tensor."""
+    m = re.match(r"blk\.(\d+)\.(\w+)\.(weight|bias)$", tensor_name)
+    top = re.match(r"(\w+)\.(weight|bias)$", tensor_name)
+    if m:
+        layer, kind, part = m.groups()
+        if kind not in _LAYER_NAMES:
+            raise ModelError(f"GGUF tensor {tensor_name!r} is not supported (unknown layer tensor {kind!r})")
+        return f"layers.{layer}.{_LAYER_NAMES[kind]}.{part}", kind
+    if top and top.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[top.group(1)]}.{top.group(2)}", None
+    raise ModelError(f"GGUF tensor {tensor_name!r} is not supported")
+
+
+def _load_tensor(path: Path, t: Any, unpermute_heads: int | None) -> np.ndarray:
+    """One GGUF tensor, read from the file (only its own bytes) and dequantized to float32 ``Decoder`` layout."""
     from gguf.quants import dequantize
 
+    try:
+        raw = np.fromfile(path, dtype=np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
+        if raw.size != int(t.n_bytes):
+            raise ModelError(f"GGUF tensor {t.name!r}: file is truncated ({raw.size} of {int(t.n_bytes)} bytes)")
+        stored = raw.view(t.data.dtype).reshape(t.data.shape)  # as GGUFReader lays it out (bytes for quant types)
+        arr = np.asarray(dequantize(stored, t.tensor_type), dtype=np.float32)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot dequantize GGUF tensor {t.name!r} ({t.tensor_type.name}): {exc}") from exc
+    arr = arr.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims fastest-first
+    return _unpermute(arr, unpermute_heads) if unpermute_heads else arr
+
+
+def open_gguf(path: str | Path) -> tuple[ModelConfig, Any]:
+    """Config and lazily read float32 tensors (``Decoder`` names; a ``accel.models.sources.CheckpointTensors``) of a
+    GGUF file: each tensor is read and dequantized when looked up, so memory holds one tensor at a time."""
+    from accel.models.sources import CheckpointTensors
+
+    path = Path(path)
     reader = _reader(path)
     config = gguf_config(reader)
     permuted = config.model_type in ("llama", "mistral")  # llama.cpp permutes Q/K only for these
-    out: dict[str, np.ndarray] = {}
+    heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if permuted else {}
+    loaders: dict[str, Any] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for t in reader.tensors:
-        m = re.match(r"blk\.(\d+)\.(\w+)\.(weight|bias)$", t.name)
-        top = re.match(r"(\w+)\.(weight|bias)$", t.name)
-        if m:
-            layer, kind, part = m.groups()
-            if kind not in _LAYER_NAMES:
-                raise ModelError(f"GGUF tensor {t.name!r} is not supported (unknown layer tensor {kind!r})")
-            name = f"layers.{layer}.{_LAYER_NAMES[kind]}.{part}"
-        elif top and top.group(1) in _TOP_NAMES:
-            name = f"{_TOP_NAMES[top.group(1)]}.{top.group(2)}"
-        else:
-            raise ModelError(f"GGUF tensor {t.name!r} is not supported")
-        try:
-            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except Exception as exc:
-            raise ModelError(f"cannot dequantize GGUF tensor {t.name!r} ({t.tensor_type.name}): {exc}") from exc
-        arr = arr.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims fastest-first
-        if permuted and _kind_is(m, "attn_q"):
-            arr = _unpermute(arr, config.num_heads)
-        elif permuted and _kind_is(m, "attn_k"):
-            arr = _unpermute(arr, config.num_kv_heads)
-        out[name] = arr
-    return config, out
+        name, kind = _decoder_name(t.name)
+        n_heads = heads.get(kind or "")
+        loaders[name] = partial(_load_tensor, path, t, n_heads)
+        shapes[name] = tuple(int(d) for d in reversed(t.shape))
+    return config, CheckpointTensors(loaders, shapes)
 
 
-def _kind_is(m: re.Match | None, kind: str) -> bool:
-    return m is not None and m.group(2) == kind
-
-
-# ---------------------------------------------------------------------------------------------- tokenizer
+def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Config and float32 tensors (``Decoder`` names) of a GGUF file; quantized tensors are dequantized."""
+    config, tensors = open_gguf(path)
+    return config, {name: tensors[name] for name in tensors}
 
 
 def gguf_tokenizer(path: str | Path):
-    """A ``tokenizers.Tokenizer`` for a GGUF with ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE).
+    """The GGUF's byte-level BPE tokenizer (``accel.models.gguf_tokenizer.gguf_tokenizer``)."""
+    from accel.models.gguf_tokenizer import gguf_tokenizer as build
 
-    Vocabulary and merges come from the file; control tokens (token_type 3) are special tokens. The pre-tokenizer is
-    llama.cpp's for the file's ``tokenizer.ggml.pre``: ``smollm``/``starcoder`` split digits one by one before the
-    GPT-2 byte-level regex (as SmolLM2's own tokenizer.json does); others use the plain GPT-2 regex.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    reader = _reader(path)
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"GGUF tokenizer.ggml.model={kind!r} is not supported; supported: 'gpt2' (byte-level BPE)")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    types = _field(reader, "tokenizer.ggml.token_type") or []
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    pre = _field(reader, "tokenizer.ggml.pre")
-    if pre in ("smollm", "starcoder", "refact", "command-r"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    special = [
-        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if int(ty) == 3
-    ]
-    tok.add_special_tokens(special)
-    return tok
+    return build(path)

@@ -33,29 +33,24 @@ def load_checkpoint(source: Any, *, dtype: torch.dtype = torch.float32) -> Decod
     ``model.safetensors.index.json``, or ``pytorch_model.bin``; plain or accel-compressed MX tensors, which are
     dequantized), a ``.gguf`` file (llama.cpp; quantized tensors are dequantized to float32), or a live
     ``transformers`` model object (its ``config`` and ``state_dict()``).
-    """
-    tensors: Mapping[str, Any]
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_file() and path.suffix == ".gguf":
-            from accel.models.gguf_loader import read_gguf
 
-            config, tensors = read_gguf(path)
-        elif path.is_dir():
-            config = ModelConfig.from_hf(path)
-            tensors = read_checkpoint_tensors(path)
-        else:
-            raise ModelError(f"{path} is neither a checkpoint directory nor a .gguf file")
+    Files are read one tensor at a time (``accel.models.sources``): peak memory is the model plus its largest tensor.
+    """
+    state: Mapping[str, Any]
+    if isinstance(source, (str, os.PathLike)):
+        from accel.models.sources import open_checkpoint
+
+        config, state = open_checkpoint(source)  # read one tensor at a time while copying into the model
     elif hasattr(source, "state_dict") and hasattr(source, "config") and hasattr(source.config, "to_dict"):
         config = ModelConfig.from_hf(source.config.to_dict())
-        tensors = dict(source.state_dict())
+        state = hf_to_accel(config, dict(source.state_dict()))
     else:
         raise ModelError(
             f"cannot load a model from {type(source).__name__}; give a checkpoint directory, a .gguf file or a "
             "transformers model"
         )
     model = Decoder(config)
-    load_state(model, hf_to_accel(config, tensors))
+    load_state(model, state)
     return model.to(dtype).eval()
 
 

@@ -1,14 +1,17 @@
 """``accel generate``: speculative decoding from the command line (see docs/spd.md).
 
-``--target`` / ``--draft`` are HF-style checkpoint directories (``accel.models.load``) or, with ``--backend ort``,
-``.onnx`` files written by ``accel export`` (a checkpoint directory given with ``--backend ort`` is exported to a
-temporary file first). Without ``--draft`` the target decodes autoregressively. The text is streamed as rounds complete;
-tokens that were accepted from the draft are shown in green on a terminal, in ``[brackets]`` otherwise.
+``--target`` / ``--draft`` are HF-style checkpoint directories or llama.cpp ``.gguf`` files (``accel.models``), or,
+with ``--backend ort``, ``.onnx`` files written by ``accel export`` (a checkpoint given with ``--backend ort`` is
+exported once, streamed tensor by tensor, and cached in ``$ACCEL_CACHE/onnx``). The tokenizer is the target's:
+``tokenizer.json`` next to it, or the ``.gguf`` file's own. Without ``--draft`` the target decodes autoregressively.
+The text is streamed as rounds complete; tokens that were accepted from the draft are shown in green on a terminal,
+in ``[brackets]`` otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -17,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from accel.errors import BackendError, SpdError
+from accel.backends.weights import WEIGHT_MODES
+from accel.errors import AccelError, BackendError, SpdError
 from accel.spd.ppd_cli import add_arguments as add_ppd_arguments
 
 __all__ = ["register", "run"]
@@ -30,11 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "generate", help="speculative decoding with a draft and a target model", description=__doc__
     )
-    p.add_argument("--target", required=True, help="target checkpoint directory (or .onnx with --backend ort)")
+    p.add_argument(
+        "--target", required=True, help="target checkpoint directory or .gguf file (or .onnx with --backend ort)"
+    )
     p.add_argument(
         "--draft",
         default=None,
-        help="draft checkpoint directory or .onnx (omit: autoregressive); a "
+        help="draft checkpoint directory, .gguf file or .onnx (omit: autoregressive); a "
         "feature draft (accel.drafts.feature) is fed the target's hidden states",
     )
     p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
@@ -84,33 +90,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--draft-threads",
         type=int,
         default=None,
-        help="onnxruntime intra-op threads of the draft (default 1: a standalone draft's calls are too short "
-        "to split; a feature draft's wide matmuls get the target's --threads)",
+        help="onnxruntime intra-op threads of the draft (default: chosen from its size: 1 below "
+        f"{_WIDE_DRAFT_PARAMS // 10**6} M parameters, whose calls are too short to split; the target's --threads "
+        "for a larger draft or a feature draft, whose matmuls are wide)",
     )
     p.add_argument(
         "--draft-weights",
-        choices=("fp32", "int8"),
+        choices=WEIGHT_MODES,
         default=None,
-        help="onnxruntime export of a draft checkpoint directory: fp32, or int8 matmuls (an approximate "
-        "draft; SpD stays exact). Default: int8 for a feature draft (~40%% cheaper calls), fp32 for a "
-        "standalone draft (its narrow matmuls gain nothing)",
+        help="onnxruntime export of a draft checkpoint (the choices of accel export --weights), e.g. int8 or "
+        "mxint8-nbits matmuls (an approximate draft; SpD stays exact). Default: int8 for a feature draft (~40%% "
+        "cheaper calls), fp32 for a standalone draft (its narrow matmuls gain nothing)",
     )
     p.add_argument(
         "--target-weights",
-        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits"),
+        choices=WEIGHT_MODES,
         default="fp32",
-        help="onnxruntime export of a target checkpoint directory: fp32 (default) or mxint8-nbits / mxfp6-nbits / "
-        "mxfp4-nbits (exact MX weights run by onnxruntime's 8-bit MatMulNBits with int8 activations per block: "
-        "an approximate target, about half the step time on CPU; see docs/backends.md)",
+        help="onnxruntime export of a target checkpoint (the choices of accel export --weights): fp32 "
+        "(default), or e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
+        "8-bit MatMulNBits with int8 activations per block: an approximate target, about half the step time on "
+        "CPU; see docs/backends.md)",
     )
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: next to the target)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json, directory or .gguf (default: the target's)")
     add_ppd_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result (tokens and statistics) as JSON")
     p.set_defaults(func=run)
 
 
+#: drafts with at least this many parameters get the target's threads by default (measured: a 9 M draft runs best on
+#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md)
+_WIDE_DRAFT_PARAMS = 100_000_000
+
+
+def _is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
+@functools.lru_cache(maxsize=4)
 def _model_config(path: Path) -> dict[str, Any]:
-    """The HF config of a checkpoint directory, or the one recorded in an exported ONNX file's metadata."""
+    """The HF config of a checkpoint directory or ``.gguf`` file, or the one recorded in an exported ONNX file."""
+    if _is_gguf(path):
+        from accel.models.gguf_loader import open_gguf
+
+        return open_gguf(path)[0].to_hf()
     if path.is_dir():
         cfg = path / "config.json"
         text, where = (cfg.read_text(errors="replace"), str(cfg)) if cfg.is_file() else ("{}", "")
@@ -133,6 +155,23 @@ def _model_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
+def _draft_threads(args: argparse.Namespace, feature_draft: bool) -> int | None:
+    """Default onnxruntime threads of the draft: the target's for a feature draft or one of at least
+    ``_WIDE_DRAFT_PARAMS`` parameters, else 1."""
+    if feature_draft:
+        return args.threads
+    cfg = _model_config(Path(args.draft))
+    if not cfg:
+        return 1
+    from accel.sim.models import from_hf_config
+
+    try:
+        params = from_hf_config(cfg).num_params
+    except (AccelError, ValueError, KeyError, TypeError):  # an architecture the simulator does not describe
+        return 1
+    return args.threads if params >= _WIDE_DRAFT_PARAMS else 1
+
+
 def _open_backend(
     path: Path,
     kind: str,
@@ -144,30 +183,51 @@ def _open_backend(
     tree: bool = False,
 ):
     if not path.exists():
-        raise SpdError(f"no model at {path}: give a checkpoint directory or an .onnx file")
+        raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
     if kind == "torch":
-        if not path.is_dir():
-            raise SpdError(f"--backend torch needs a checkpoint directory; got {path}")
+        if not (path.is_dir() or _is_gguf(path)):
+            raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
         from accel.backends import TorchBackend
         from accel.models import load_checkpoint
 
         return TorchBackend(load_checkpoint(path), ctx_len=ctx_len, batch_size=1, threads=threads)
     from accel.backends import OrtBackend
 
-    if path.is_dir():  # exported once per checkpoint and ctx_len, cached in $ACCEL_CACHE/onnx
+    if path.is_dir() or _is_gguf(path):  # exported once per checkpoint and ctx_len, cached in $ACCEL_CACHE/onnx
         from accel.backends import export_cached
         from accel.models.smollm2 import cache_root
 
         path = export_cached(
-            path, cache_root() / "onnx", ctx_len=ctx_len, hidden_output=hidden_output, weights=weights, tree=tree
+            path,
+            cache_root() / "onnx",
+            ctx_len=ctx_len,
+            hidden_output=hidden_output,
+            weights=weights,
+            tree=tree,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+            progress=True,
         )
     if path.suffix != ".onnx":
-        raise SpdError(f"--backend ort needs an .onnx file or a checkpoint directory; got {path}")
-    return OrtBackend(path, batch_size=1, threads=threads)
+        raise SpdError(f"--backend ort needs an .onnx file, a .gguf file or a checkpoint directory; got {path}")
+    import time
+
+    t0 = time.perf_counter()
+    backend = OrtBackend(path, batch_size=1, threads=threads)
+    if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
+        print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return backend
 
 
 def _find_tokenizer(args: argparse.Namespace, target: Path):
     candidates = [Path(args.tokenizer)] if args.tokenizer else [target if target.is_dir() else target.parent]
+    if _is_gguf(candidates[0]):  # the tokenizer stored in the GGUF file
+        from accel.models.smollm2 import load_tokenizer
+
+        return load_tokenizer(candidates[0])
+    if not args.tokenizer and _is_gguf(target):
+        from accel.models.smollm2 import load_tokenizer
+
+        return load_tokenizer(target)
     for c in candidates:
         if (c / "tokenizer.json").is_file() or (c.is_file() and c.suffix == ".json"):
             try:
@@ -178,7 +238,7 @@ def _find_tokenizer(args: argparse.Namespace, target: Path):
                 return Tokenizer.from_file(str(c / "tokenizer.json" if c.is_dir() else c))
             return load_tokenizer(c)
     if args.tokenizer:
-        raise SpdError(f"no tokenizer.json at {args.tokenizer}")
+        raise SpdError(f"no tokenizer.json at {args.tokenizer} (give a tokenizer.json, its directory or a .gguf)")
     return None
 
 
@@ -310,10 +370,10 @@ def run(args: argparse.Namespace) -> int:
             return run_ppd(args, prompt, tokenizer, eos, Path(tmp))
         # a feature draft (EAGLE-style) reads the target's hidden states: export the target with that output
         feature_draft = bool(args.draft and _model_config(Path(args.draft)).get("accel_feature_size"))
-        if args.target_weights != "fp32" and (args.backend != "ort" or not target_path.is_dir()):
+        if args.target_weights != "fp32" and (args.backend != "ort" or target_path.suffix == ".onnx"):
             raise SpdError(
-                "--target-weights applies to a target checkpoint directory on --backend ort (an .onnx file "
-                "keeps the weights it was exported with)"
+                "--target-weights applies to a target checkpoint (directory or .gguf) on --backend ort (an .onnx "
+                "file keeps the weights it was exported with)"
             )
         target = _open_backend(
             target_path,
@@ -328,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
         draft = None
         if args.draft:
             draft_path = Path(args.draft)
-            threads = args.draft_threads if args.draft_threads is not None else (args.threads if feature_draft else 1)
+            threads = args.draft_threads if args.draft_threads is not None else _draft_threads(args, feature_draft)
             if args.backend != "ort":
                 threads = args.threads  # torch threads are global
             weights = args.draft_weights or ("int8" if feature_draft else "fp32")

@@ -46,6 +46,27 @@ def test_export_cli(tmp_path, capsys):
     np.testing.assert_allclose(backend.forward(ids, pos), TorchBackend(model, ctx_len=16).forward(ids, pos), atol=1e-5)
 
 
+def test_export_cli_streams_gguf_with_external_data(tmp_path, capsys):
+    """A .gguf exported by the CLI with external data: the size printed counts both files, both are 0644, and the
+    file runs and matches the export of the loaded model."""
+    from accel.backends.export import export_onnx, onnx_file_bytes
+    from accel.models import load_checkpoint
+    from accel.models.random_checkpoint import write_random_checkpoint
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    src = write_random_checkpoint(cfg, tmp_path / "tiny.gguf", kind="gguf")
+    out = tmp_path / "m.onnx"
+    assert main(["export", str(src), "-o", str(out), "--ctx-len", "16", "--external-data", "--quiet"]) == 0
+    data = tmp_path / "m.onnx.data"
+    assert data.is_file() and data.stat().st_size > out.stat().st_size
+    printed = capsys.readouterr().out
+    assert f"+ m.onnx.data ({onnx_file_bytes(out) / 1e6:.1f} MB in all" in printed
+    assert {oct(f.stat().st_mode & 0o777) for f in (out, data)} == {"0o644"}
+    ref = export_onnx(load_checkpoint(src), tmp_path / "ref.onnx", ctx_len=16, progress=False)
+    ids, pos = np.array([[1, 2, 3, 4]]), np.arange(4)[None]
+    np.testing.assert_array_equal(OrtBackend(out).forward(ids, pos), OrtBackend(ref).forward(ids, pos))
+
+
 def test_export_cli_error_exit_code(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing"), "-o", str(tmp_path / "x.onnx"), "--quiet"]) == 2
     assert "neither a checkpoint directory nor a .gguf file" in capsys.readouterr().err

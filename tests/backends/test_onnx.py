@@ -331,12 +331,12 @@ def test_export_cached_reuses_the_file(tmp_path):
     stamp = first.stat().st_mtime_ns
     again = export_cached(src, tmp_path / "onnx", ctx_len=32, say=lines.append)
     assert again == first and again.stat().st_mtime_ns == stamp
-    assert "cached" in lines[-1] and "exported" in lines[0]
+    assert "exporting" in lines[0] and "exported" in lines[1] and "cached" in lines[-1]
     assert export_cached(src, tmp_path / "onnx", ctx_len=64) != first
     os.utime(src / "model.safetensors", ns=(stamp + 10**9, stamp + 10**9))  # a rewritten checkpoint
     assert export_cached(src, tmp_path / "onnx", ctx_len=32) != first
     OrtBackend(first)  # a valid model file
-    with pytest.raises(BackendError, match="not a checkpoint directory"):
+    with pytest.raises(BackendError, match=r"neither a checkpoint directory nor a \.gguf file"):
         export_cached(tmp_path / "nowhere", tmp_path / "onnx", ctx_len=32)
 
 

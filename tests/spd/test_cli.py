@@ -155,7 +155,10 @@ def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
     assert main(["generate", *common, "--draft", str(draft), "--k", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == ar["tokens"]
     assert main(["generate", *common, "--backend", "torch"]) == 2
-    assert "--target-weights applies to a target checkpoint directory on --backend ort" in capsys.readouterr().err
+    assert (
+        "--target-weights applies to a target checkpoint (directory or .gguf) on --backend ort"
+        in capsys.readouterr().err
+    )
 
 
 def test_generate_with_ngram_lookup(checkpoints, capsys):

