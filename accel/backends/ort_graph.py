@@ -1,0 +1,184 @@
+"""Reading an ONNX decoder graph's contract: ``GraphContract``/``inspect_graph`` (batch, ctx_len, vocab, layers,
+cache shape, logits columns, tree and mixed inputs, pipeline stage) and ``check_inplace_cache`` (may the cache be
+updated in place?). Used by ``OrtBackend`` (``accel.backends.ort_backend``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from accel.backends.stages import StageSpec
+from accel.errors import BackendError
+
+__all__ = ["GraphContract", "check_inplace_cache", "inspect_graph"]
+
+_PAST = re.compile(r"^past_(key|value)\.(\d+)$")
+
+
+class GraphContract:
+    """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        ctx_len: int,
+        vocab_size: int,
+        num_layers: int,
+        kv_shape: tuple[int, ...],
+        num_logits: int | None,
+        metadata: dict[str, str],
+        hidden_size: int = 0,
+        feature_size: int = 0,
+        tree: bool = False,
+        mix_inputs: bool = False,
+    ) -> None:
+        self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
+        self.num_logits, self.metadata = num_logits, metadata
+        self.num_layers, self.kv_shape, self.hidden_size, self.feature_size = (
+            num_layers,
+            kv_shape,
+            hidden_size,
+            feature_size,
+        )
+        self.tree = tree
+        self.mix_inputs = mix_inputs  # the graph has mix_ids / mix_weights (superposed inputs)
+        self.stage = StageSpec.whole(num_layers)  # set by inspect_graph for pipeline-stage graphs
+        self.stage_width = 0  # width of hidden_in / hidden_out (a stage graph's residual stream)
+
+
+def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
+    """Check ``session``'s inputs/outputs against the KV-cache contract; BackendError names whatever is missing."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    for names in (("input_ids", "hidden_in"), ("position_ids",)):  # hidden_in: a later pipeline stage
+        if not any(n in inputs for n in names):
+            raise BackendError(f"{source}: input {names[0]!r} is missing (inputs: {sorted(inputs)})")
+    if "logits" not in outputs and "hidden_out" not in outputs:  # hidden_out only: a middle pipeline stage
+        raise BackendError(f"{source}: output 'logits' is missing (outputs: {sorted(outputs)})")
+    layers = sorted({int(m.group(2)) for n in inputs if (m := _PAST.match(n))})
+    if not layers:
+        raise BackendError(f"{source}: no past_key.{{i}} / past_value.{{i}} cache inputs (inputs: {sorted(inputs)})")
+    num_layers = layers[-1] + 1
+    for i in range(num_layers):
+        for kv in ("key", "value"):
+            if f"past_{kv}.{i}" not in inputs:
+                raise BackendError(f"{source}: cache input 'past_{kv}.{i}' is missing")
+            if f"past_{kv}.{i}_RetainedState" not in outputs:
+                raise BackendError(f"{source}: output 'past_{kv}.{i}_RetainedState' is missing")
+    kv_shape = inputs["past_key.0"].shape
+    if len(kv_shape) != 4 or not all(isinstance(d, int) for d in kv_shape):
+        raise BackendError(f"{source}: past_key.0 must have a fixed shape [B, H_kv, ctx_len, D]; got {kv_shape}")
+    for name in inputs:
+        if _PAST.match(name) and tuple(inputs[name].shape) != tuple(kv_shape):
+            raise BackendError(f"{source}: {name} has shape {inputs[name].shape}, past_key.0 has {kv_shape}")
+        if _PAST.match(name) and inputs[name].type != "tensor(float)":
+            raise BackendError(f"{source}: {name} must be float32; got {inputs[name].type}")
+    batch = inputs["input_ids" if "input_ids" in inputs else "hidden_in"].shape[0]
+    if isinstance(batch, int) and batch != kv_shape[0]:
+        raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
+    logits_shape = outputs["logits"].shape if "logits" in outputs else []
+    vocab = logits_shape[-1] if logits_shape else None
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if not isinstance(vocab, int):
+        cfg = json.loads(meta.get("accel.model_config", "{}"))
+        vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int):
+        raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
+    num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
+    widths = []
+    for name, group in (
+        ("hidden_states", outputs),
+        ("features", inputs),
+        ("hidden_in", inputs),
+        ("hidden_out", outputs),
+    ):
+        shape = group[name].shape if name in group else None
+        if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
+            raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
+        widths.append(shape[2] if shape is not None else 0)
+    tree = _tree_inputs(inputs, kv_shape[2], source)
+    mix = "mix_ids" in inputs or "mix_weights" in inputs
+    if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
+        raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
+    contract = GraphContract(
+        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree, mix
+    )
+    contract.stage = _graph_stage(meta, num_layers, "input_ids" in inputs, "logits" in outputs, widths[2:], source)
+    contract.stage_width = max(widths[2:])
+    return contract
+
+
+def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
+    """Whether the graph has the tree inputs (both, with the right types and a ``ctx_len`` mask width)."""
+    have = [name for name in ("slot_ids", "tree_mask") if name in inputs]
+    if not have:
+        return False
+    if len(have) == 1:
+        raise BackendError(f"{source}: a tree graph needs both inputs slot_ids and tree_mask; it has only {have[0]}")
+    if inputs["slot_ids"].type != "tensor(int64)" or inputs["tree_mask"].type != "tensor(bool)":
+        raise BackendError(f"{source}: slot_ids must be int64 and tree_mask bool")
+    shape = inputs["tree_mask"].shape
+    if len(shape) != 3 or shape[2] != ctx_len:
+        raise BackendError(f"{source}: tree_mask must be [B, seq_len, ctx_len={ctx_len}]; got {shape}")
+    return True
+
+
+def _graph_stage(
+    meta: dict[str, str], num_layers: int, has_ids: bool, has_logits: bool, widths: list[int], source: str
+) -> StageSpec:
+    """The pipeline stage a graph is (``StageSpec.whole`` for an ordinary model), checked against its inputs and
+    outputs: ``hidden_in`` iff it starts after layer 0, ``hidden_out`` iff it ends before the last layer."""
+    stage = StageSpec.from_metadata(meta, num_layers, source)
+    if has_ids != stage.is_first or bool(widths[0]) == stage.is_first:
+        raise BackendError(
+            f"{source}: a stage from layer {stage.start} reads {'input_ids' if stage.is_first else 'hidden_in'}"
+        )
+    if bool(widths[1]) == stage.is_last or has_logits != stage.has_logits:
+        raise BackendError(f"{source}: the graph's outputs do not match its stage {stage} (hidden_out / logits)")
+    return stage
+
+
+def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
+    """BackendError unless every cache output of the graph at ``path`` can share its input's buffer; returns the
+    graph's operator types.
+
+    That holds when ``past_X_RetainedState`` is produced by a ScatterND whose data input is ``past_X`` and every other
+    node reading ``past_X`` is an ancestor of that ScatterND (so it runs before the write): the graphs ``export_onnx``
+    writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
+    import onnx
+
+    try:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
+        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for i in range(num_layers):
+        for kv in ("key", "value"):
+            name = f"past_{kv}.{i}"
+            writer = producer.get(f"{name}_RetainedState")
+            if writer is None or writer.op_type != "ScatterND" or writer.input[0] != name:
+                raise BackendError(
+                    f"{path}: {name}_RetainedState is not a ScatterND of {name}; OrtBackend updates the "
+                    "cache in place and supports only such graphs (as export_onnx writes them)"
+                )
+            ancestors, todo = set(), list(writer.input[1:])
+            while todo:
+                node = producer.get(todo.pop())
+                if node is not None and id(node) not in ancestors:
+                    ancestors.add(id(node))
+                    todo.extend(node.input)
+            late = [n.name or n.op_type for n in readers[name] if n is not writer and id(n) not in ancestors]
+            if late:
+                raise BackendError(
+                    f"{path}: {name} is read by {late} independently of its cache write; OrtBackend "
+                    "updates the cache in place and needs every reader to run before the write"
+                )
+    return {node.op_type for node in graph.node}
