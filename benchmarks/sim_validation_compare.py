@@ -46,6 +46,13 @@ def load_measurements(data: dict) -> dict:
     for key in ("target", "draft", "calls", "runs"):
         if key not in data:
             raise SimError(f"measurement file lacks {key!r}")
+    # tree calls and tree runs (benchmarks/spd.py --tree-nodes) are priced by accel.sim's tree model, not compared
+    # here: they are set aside before the checks
+    data = {
+        **data,
+        "calls": [c for c in data["calls"] if not (isinstance(c, dict) and c.get("model") == "target_tree")],
+        "runs": [r for r in data["runs"] if not (isinstance(r, dict) and "_tree" in str(r.get("mode", "")))],
+    }
     for i, c in enumerate(data["calls"]):
         if (
             c.get("model") not in ("target", "draft", "feature_draft")
