@@ -16,8 +16,6 @@ one numpy assignment on the host.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -33,177 +31,11 @@ from accel.backends.base import (
     check_step_inputs,
     check_tree_inputs,
 )
+from accel.backends.ort_graph import GraphContract, check_inplace_cache, inspect_graph
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.errors import BackendError
 
 __all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
-
-_PAST = re.compile(r"^past_(key|value)\.(\d+)$")
-
-
-class GraphContract:
-    """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
-
-    def __init__(
-        self,
-        batch_size: int,
-        ctx_len: int,
-        vocab_size: int,
-        num_layers: int,
-        kv_shape: tuple[int, ...],
-        num_logits: int | None,
-        metadata: dict[str, str],
-        hidden_size: int = 0,
-        feature_size: int = 0,
-        tree: bool = False,
-        mix_inputs: bool = False,
-    ) -> None:
-        self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
-        self.num_logits, self.metadata = num_logits, metadata
-        self.num_layers, self.kv_shape, self.hidden_size, self.feature_size = (
-            num_layers,
-            kv_shape,
-            hidden_size,
-            feature_size,
-        )
-        self.tree = tree
-        self.mix_inputs = mix_inputs  # the graph has mix_ids / mix_weights (superposed inputs)
-        self.stage = StageSpec.whole(num_layers)  # set by inspect_graph for pipeline-stage graphs
-        self.stage_width = 0  # width of hidden_in / hidden_out (a stage graph's residual stream)
-
-
-def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
-    """Check ``session``'s inputs/outputs against the KV-cache contract; BackendError names whatever is missing."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = {o.name: o for o in session.get_outputs()}
-    for names in (("input_ids", "hidden_in"), ("position_ids",)):  # hidden_in: a later pipeline stage
-        if not any(n in inputs for n in names):
-            raise BackendError(f"{source}: input {names[0]!r} is missing (inputs: {sorted(inputs)})")
-    if "logits" not in outputs and "hidden_out" not in outputs:  # hidden_out only: a middle pipeline stage
-        raise BackendError(f"{source}: output 'logits' is missing (outputs: {sorted(outputs)})")
-    layers = sorted({int(m.group(2)) for n in inputs if (m := _PAST.match(n))})
-    if not layers:
-        raise BackendError(f"{source}: no past_key.{{i}} / past_value.{{i}} cache inputs (inputs: {sorted(inputs)})")
-    num_layers = layers[-1] + 1
-    for i in range(num_layers):
-        for kv in ("key", "value"):
-            if f"past_{kv}.{i}" not in inputs:
-                raise BackendError(f"{source}: cache input 'past_{kv}.{i}' is missing")
-            if f"past_{kv}.{i}_RetainedState" not in outputs:
-                raise BackendError(f"{source}: output 'past_{kv}.{i}_RetainedState' is missing")
-    kv_shape = inputs["past_key.0"].shape
-    if len(kv_shape) != 4 or not all(isinstance(d, int) for d in kv_shape):
-        raise BackendError(f"{source}: past_key.0 must have a fixed shape [B, H_kv, ctx_len, D]; got {kv_shape}")
-    for name in inputs:
-        if _PAST.match(name) and tuple(inputs[name].shape) != tuple(kv_shape):
-            raise BackendError(f"{source}: {name} has shape {inputs[name].shape}, past_key.0 has {kv_shape}")
-        if _PAST.match(name) and inputs[name].type != "tensor(float)":
-            raise BackendError(f"{source}: {name} must be float32; got {inputs[name].type}")
-    batch = inputs["input_ids" if "input_ids" in inputs else "hidden_in"].shape[0]
-    if isinstance(batch, int) and batch != kv_shape[0]:
-        raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
-    logits_shape = outputs["logits"].shape if "logits" in outputs else []
-    vocab = logits_shape[-1] if logits_shape else None
-    meta = dict(session.get_modelmeta().custom_metadata_map)
-    if not isinstance(vocab, int):
-        cfg = json.loads(meta.get("accel.model_config", "{}"))
-        vocab = cfg.get("vocab_size")
-    if not isinstance(vocab, int):
-        raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
-    num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
-    widths = []
-    for name, group in (
-        ("hidden_states", outputs),
-        ("features", inputs),
-        ("hidden_in", inputs),
-        ("hidden_out", outputs),
-    ):
-        shape = group[name].shape if name in group else None
-        if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
-            raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
-        widths.append(shape[2] if shape is not None else 0)
-    tree = _tree_inputs(inputs, kv_shape[2], source)
-    mix = "mix_ids" in inputs or "mix_weights" in inputs
-    if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
-        raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
-    contract = GraphContract(
-        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree, mix
-    )
-    contract.stage = _graph_stage(meta, num_layers, "input_ids" in inputs, "logits" in outputs, widths[2:], source)
-    contract.stage_width = max(widths[2:])
-    return contract
-
-
-def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
-    """Whether the graph has the tree inputs (both, with the right types and a ``ctx_len`` mask width)."""
-    have = [name for name in ("slot_ids", "tree_mask") if name in inputs]
-    if not have:
-        return False
-    if len(have) == 1:
-        raise BackendError(f"{source}: a tree graph needs both inputs slot_ids and tree_mask; it has only {have[0]}")
-    if inputs["slot_ids"].type != "tensor(int64)" or inputs["tree_mask"].type != "tensor(bool)":
-        raise BackendError(f"{source}: slot_ids must be int64 and tree_mask bool")
-    shape = inputs["tree_mask"].shape
-    if len(shape) != 3 or shape[2] != ctx_len:
-        raise BackendError(f"{source}: tree_mask must be [B, seq_len, ctx_len={ctx_len}]; got {shape}")
-    return True
-
-
-def _graph_stage(
-    meta: dict[str, str], num_layers: int, has_ids: bool, has_logits: bool, widths: list[int], source: str
-) -> StageSpec:
-    """The pipeline stage a graph is (``StageSpec.whole`` for an ordinary model), checked against its inputs and
-    outputs: ``hidden_in`` iff it starts after layer 0, ``hidden_out`` iff it ends before the last layer."""
-    stage = StageSpec.from_metadata(meta, num_layers, source)
-    if has_ids != stage.is_first or bool(widths[0]) == stage.is_first:
-        raise BackendError(
-            f"{source}: a stage from layer {stage.start} reads {'input_ids' if stage.is_first else 'hidden_in'}"
-        )
-    if bool(widths[1]) == stage.is_last or has_logits != stage.has_logits:
-        raise BackendError(f"{source}: the graph's outputs do not match its stage {stage} (hidden_out / logits)")
-    return stage
-
-
-def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
-    """BackendError unless every cache output of the graph at ``path`` can share its input's buffer; returns the
-    graph's operator types.
-
-    That holds when ``past_X_RetainedState`` is produced by a ScatterND whose data input is ``past_X`` and every other
-    node reading ``past_X`` is an ancestor of that ScatterND (so it runs before the write): the graphs ``export_onnx``
-    writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
-    import onnx
-
-    try:
-        graph = onnx.load_model(str(path), load_external_data=False).graph
-    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
-        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
-    producer = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for i in range(num_layers):
-        for kv in ("key", "value"):
-            name = f"past_{kv}.{i}"
-            writer = producer.get(f"{name}_RetainedState")
-            if writer is None or writer.op_type != "ScatterND" or writer.input[0] != name:
-                raise BackendError(
-                    f"{path}: {name}_RetainedState is not a ScatterND of {name}; OrtBackend updates the "
-                    "cache in place and supports only such graphs (as export_onnx writes them)"
-                )
-            ancestors, todo = set(), list(writer.input[1:])
-            while todo:
-                node = producer.get(todo.pop())
-                if node is not None and id(node) not in ancestors:
-                    ancestors.add(id(node))
-                    todo.extend(node.input)
-            late = [n.name or n.op_type for n in readers[name] if n is not writer and id(n) not in ancestors]
-            if late:
-                raise BackendError(
-                    f"{path}: {name} is read by {late} independently of its cache write; OrtBackend "
-                    "updates the cache in place and needs every reader to run before the write"
-                )
-    return {node.op_type for node in graph.node}
 
 
 class OrtBackend:
@@ -348,39 +180,28 @@ class OrtBackend:
         seq = ids.shape[1]
         extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
         if extra > 0:
-            ids = np.concatenate([np.zeros((ids.shape[0], extra), ids.dtype), ids], axis=1)
-            pos = np.concatenate([np.full((pos.shape[0], extra), -1, pos.dtype), pos], axis=1)
-            if feats is not None:
-                feats = np.concatenate([np.zeros((feats.shape[0], extra, feats.shape[2]), feats.dtype), feats], axis=1)
-            if tree is not None:
-                b = ids.shape[0]
-                tree = (
-                    np.concatenate([np.zeros((b, extra), np.int64), tree[0]], axis=1),
-                    np.concatenate([np.zeros((b, extra, self._info.ctx_len), bool), tree[1]], axis=1),
-                )
-            if mix is not None:
-                zero_ids = np.zeros((ids.shape[0], extra, mix[0].shape[2]), np.int64)
-                mix = (
-                    np.concatenate([zero_ids, mix[0]], axis=1),
-                    np.concatenate([zero_ids.astype(np.float32), mix[1]], axis=1),
-                )
+            ids, pos, feats, tree, mix = _left_pad(extra, self._info.ctx_len, ids, pos, feats, tree, mix)
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
             raise BackendError(
                 f"this graph returns only the last {baked} logits (exported with num_logits={baked}); "
                 f"a call with {seq} tokens needs num_logits <= {baked}"
             )
-        pad = pos < 0
-        if pad.any():  # the graph sends padding to a free slot next to the row's slots (see onnx_graph)
-            written = pos if tree is None else tree[0]
-            vmin = np.where(pad, self._info.ctx_len, written).min(axis=1)
-            vmax = np.where(pad, -1, written).max(axis=1)
-            bad = pad.any(axis=1) & (vmin == 0) & (vmax == self._info.ctx_len - 1)
-            if bad.any():
-                raise BackendError(
-                    f"row {int(np.argmax(bad))} mixes padding with slots 0 and {self._info.ctx_len - 1} in one "
-                    "call: no cache slot is free for its padding; split the call"
-                )
+        _check_padding_slot(pos, tree, self._info.ctx_len)
+        io = self._run(ids, pos, feats, tree, mix)
+        outs = io.get_outputs()
+        logits = outs[0].numpy()
+        want = num_logits if num_logits is not None else seq
+        if logits.shape[1] != want:
+            logits = logits[:, -want:, :]
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        if not return_hidden:
+            return logits
+        hidden = outs[1].numpy()
+        return logits, (hidden[:, -seq:] if extra > 0 else hidden)
+
+    def _run(self, ids, pos, feats, tree, mix) -> ort.IOBinding:
+        """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs)."""
         io = self._binding
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", pos)
@@ -399,16 +220,7 @@ class OrtBackend:
             self.session.run_with_iobinding(io)
         except Exception as exc:
             raise BackendError(f"onnxruntime failed on a call with input shape {ids.shape}: {exc}") from exc
-        outs = io.get_outputs()
-        logits = outs[0].numpy()
-        want = num_logits if num_logits is not None else seq
-        if logits.shape[1] != want:
-            logits = logits[:, -want:, :]
-        logits = np.ascontiguousarray(logits, dtype=np.float32)
-        if not return_hidden:
-            return logits
-        hidden = outs[1].numpy()
-        return logits, (hidden[:, -seq:] if extra > 0 else hidden)
+        return io
 
     @property
     def stage(self) -> StageSpec:
@@ -493,3 +305,41 @@ def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.n
     feeds: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
     feeds.update(zip(backend._names, backend.cache(), strict=True))
     return feeds
+
+
+def _left_pad(extra: int, ctx_len: int, ids, pos, feats, tree, mix) -> tuple:
+    """``extra`` padding columns on the left of every input of a call (position -1; logits stay last)."""
+    b = ids.shape[0]
+    ids = np.concatenate([np.zeros((b, extra), ids.dtype), ids], axis=1)
+    pos = np.concatenate([np.full((b, extra), -1, pos.dtype), pos], axis=1)
+    if feats is not None:
+        feats = np.concatenate([np.zeros((b, extra, feats.shape[2]), feats.dtype), feats], axis=1)
+    if tree is not None:
+        tree = (
+            np.concatenate([np.zeros((b, extra), np.int64), tree[0]], axis=1),
+            np.concatenate([np.zeros((b, extra, ctx_len), bool), tree[1]], axis=1),
+        )
+    if mix is not None:
+        zero_ids = np.zeros((b, extra, mix[0].shape[2]), np.int64)
+        mix = (
+            np.concatenate([zero_ids, mix[0]], axis=1),
+            np.concatenate([zero_ids.astype(np.float32), mix[1]], axis=1),
+        )
+    return ids, pos, feats, tree, mix
+
+
+def _check_padding_slot(pos: np.ndarray, tree, ctx_len: int) -> None:
+    """The graph sends padding to a free slot next to the row's slots (see onnx_graph): a row writing both slot 0 and
+    slot ``ctx_len - 1`` has none, and the call is refused."""
+    pad = pos < 0
+    if not pad.any():
+        return
+    written = pos if tree is None else tree[0]
+    vmin = np.where(pad, ctx_len, written).min(axis=1)
+    vmax = np.where(pad, -1, written).max(axis=1)
+    bad = pad.any(axis=1) & (vmin == 0) & (vmax == ctx_len - 1)
+    if bad.any():
+        raise BackendError(
+            f"row {int(np.argmax(bad))} mixes padding with slots 0 and {ctx_len - 1} in one "
+            "call: no cache slot is free for its padding; split the call"
+        )
