@@ -19,24 +19,16 @@ def checkpoints(tmp_path_factory):
     return save_pretrained(target, d / "target"), save_pretrained(perturbed(target, 3, 0.02), d / "draft")
 
 
+def _args(target, *extra: str, prompt: str = "5 17 2") -> list[str]:
+    """The options every run here shares (tiny target, 12 greedy tokens, ctx 32, 1 thread), then ``extra``."""
+    base = ["--target", str(target), "--prompt", prompt, "--max-new-tokens", "12", "--greedy"]
+    return [*base, "--ctx-len", "32", "--threads", "1", *extra]
+
+
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_generate_greedy_matches_ar(checkpoints, backend, capsys):
     target, draft = checkpoints
-    common = [
-        "--target",
-        str(target),
-        "--prompt",
-        "5 17 2",
-        "--max-new-tokens",
-        "12",
-        "--greedy",
-        "--backend",
-        backend,
-        "--ctx-len",
-        "32",
-        "--threads",
-        "1",
-    ]
+    common = _args(target, "--backend", backend)
     assert main(["generate", *common, "--draft", str(draft), "--k", "3", "--json"]) == 0
     spd = json.loads(capsys.readouterr().out)
     assert main(["generate", *common, "--json"]) == 0
@@ -84,22 +76,7 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     from tests.helpers.decoders import oracle_feature_draft
 
     target, _ = checkpoints
-    common = [
-        "--target",
-        str(target),
-        "--prompt",
-        "5 17 2",
-        "--max-new-tokens",
-        "12",
-        "--greedy",
-        "--backend",
-        backend,
-        "--ctx-len",
-        "32",
-        "--threads",
-        "1",
-        "--json",
-    ]
+    common = _args(target, "--backend", backend, "--json")
     assert main(["generate", *common]) == 0
     ar = json.loads(capsys.readouterr().out)
     unused = next(t for t in range(32) if t not in ar["tokens"][0])
@@ -132,22 +109,7 @@ def test_generate_with_mxint8_nbits_target(checkpoints, capsys):
     from accel.models.smollm2 import cache_root
 
     target, draft = checkpoints
-    common = [
-        "--target",
-        str(target),
-        "--prompt",
-        "5 17 2",
-        "--max-new-tokens",
-        "12",
-        "--greedy",
-        "--ctx-len",
-        "32",
-        "--threads",
-        "1",
-        "--json",
-        "--target-weights",
-        "mxint8-nbits",
-    ]
+    common = _args(target, "--json", "--target-weights", "mxint8-nbits")
     assert main(["generate", *common]) == 0
     ar = json.loads(capsys.readouterr().out)
     exported = sorted((cache_root() / "onnx").glob("*.onnx"), key=lambda f: f.stat().st_mtime)[-1]
@@ -165,19 +127,7 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     """``--ngram``/``--ngram-k``: lookup drafts where the text repeats (the prompt's last two tokens occurred before,
     so the first round is a lookup round); greedy output is still the target's own; the summary reports the lookups."""
     target, draft = checkpoints
-    common = [
-        "--target",
-        str(target),
-        "--prompt",
-        "5 17 2 9 5 17",
-        "--max-new-tokens",
-        "12",
-        "--greedy",
-        "--ctx-len",
-        "32",
-        "--threads",
-        "1",
-    ]
+    common = _args(target, prompt="5 17 2 9 5 17")
     assert main(["generate", *common, "--json"]) == 0
     ar = json.loads(capsys.readouterr().out)
     assert (
