@@ -17,36 +17,13 @@ def model_and_tok(tiny_target):
 def test_prompts_are_distinct_continuations_of_the_starts(model_and_tok):
     model, tok = model_and_tok
     starts = ["Q: ", "def "]
-    out = sample_prompts(
-        model,
-        tok,
-        starts,
-        6,
-        stop="\n",
-        max_tokens=24,
-        temperature=1.5,
-        batch_size=8,
-        seed=3,
-        partial=True,
-        progress=False,
-    )
+    kw = dict(stop="\n", max_tokens=24, temperature=1.5, batch_size=8, seed=3, partial=True, progress=False)
+    out = sample_prompts(model, tok, starts, 6, **kw)
     assert 0 < len(out) <= 6 and len(set(out)) == len(out)
     assert all(any(p.startswith(s) for s in starts) for p in out)
     # a kept sample either closed with the stop string (appended) or was cut after a sentence end
     assert all(p.endswith("\n") or p.rstrip()[-1] in ".?!" for p in out)
-    again = sample_prompts(
-        model,
-        tok,
-        starts,
-        6,
-        stop="\n",
-        max_tokens=24,
-        temperature=1.5,
-        batch_size=8,
-        seed=3,
-        partial=True,
-        progress=False,
-    )
+    again = sample_prompts(model, tok, starts, 6, **kw)
     assert again == out  # seeded
 
 
