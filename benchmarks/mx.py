@@ -52,7 +52,9 @@ EXPORTS = {
     "mxfp4-nbits": ExportWeights("mxfp4-nbits"),
     "mxfp6-nbits level 1": ExportWeights("mxfp6-nbits", accuracy_level=1),
 }
-SIM_FORMATS = {"fp32": "fp32", "int8": "int8", "mxint8": "mxint8", "mxfp6": "mxfp6", "mxfp4": "mxfp4"}
+ONE_ROW = ("mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits")  # also timed unpadded: OrtBackend(min_rows=1)
+SIM_FORMATS = {"fp32": "fp32", "mxint8-nbits": "mxint8", "mxfp6-nbits": "mxfp6", "mxfp4-nbits": "mxfp4"}
+PROFILED = ("fp32", "mxfp6-nbits", "mxfp6-nbits, 1 row")
 PAST, SCORE = 128, 4
 
 
@@ -177,15 +179,55 @@ def measure_accuracy(model, backends: dict[str, OrtBackend], prompts: int, new_t
     }
 
 
-def predict() -> dict[str, float]:
-    """accel.sim step time (ms) of SmolLM2-135M, S = 1 after PAST tokens, per format, on a measure_host profile."""
+def predict(threads: int) -> dict[str, dict[str, float]]:
+    """accel.sim step times (ms) of SmolLM2-135M after PAST tokens on a ``measure_host`` profile of this machine, per
+    export and rows per call (S=1, S=2: the padded one-token call, S=SCORE); the head in the weight format, as the
+    exports hold it. ``streamed``: the same profile with the MX bytes themselves streamed (no 8-bit kernel rate)."""
     from accel.sim import measure_host, step_time
 
-    hw = measure_host()
-    return {
-        label: step_time("smollm2-135m", hw, weight_format=fmt, context_len=PAST).time_s * 1e3
-        for label, fmt in SIM_FORMATS.items()
-    }
+    hw = measure_host(ort_threads=threads)
+    streamed = hw.model_copy(update={"decompress_elements_per_s": {}})
+    out: dict[str, dict[str, float]] = {"_profile": {"notes": hw.notes}}  # type: ignore[dict-item]
+    for label, fmt in SIM_FORMATS.items():
+        out[label] = {
+            f"S={s}": step_time(
+                "smollm2-135m", hw, weight_format=fmt, context_len=PAST, new_tokens=s, compress_lm_head=True
+            ).time_s
+            * 1e3
+            for s in (1, 2, SCORE)
+        }
+        out[label]["streamed S=1"] = (
+            step_time("smollm2-135m", streamed, weight_format=fmt, context_len=PAST, compress_lm_head=True).time_s
+            * 1e3
+        )
+    return out
+
+
+def profile_ops(paths: dict[str, Path], threads: int, calls: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
+    """onnxruntime's profiler over the last ``calls`` of ``calls + 3`` S=1 calls after PAST tokens, per backend of
+    ``PROFILED``: per operator type, [ms per call, nodes per call] summed over the graph's nodes; and the median
+    ``(whole call)`` as the profiler saw it (profiling itself adds a little per node)."""
+    out = {}
+    rng = np.random.default_rng(0)
+    for name in PROFILED:
+        rows = 1 if "1 row" in name else None
+        b = OrtBackend(paths[name.split(",")[0]], threads=threads, min_rows=rows, profile=tmp / "profile")
+        prefill(b, rng.integers(0, b.info.vocab_size, (1, PAST)))
+        ids, pos = rng.integers(0, b.info.vocab_size, (1, 1)), np.array([[PAST]])
+        for _ in range(calls + 3):
+            b.forward(ids, pos)
+        events = json.loads(Path(b.session.end_profiling()).read_text())
+        runs = [e for e in events if e.get("name") == "model_run"][-calls:]
+        per: dict[str, list[float]] = {}
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= runs[0]["ts"]:
+                row = per.setdefault(e["args"]["op_name"], [0.0, 0.0])
+                row[0] += e["dur"] / 1e3 / calls
+                row[1] += 1 / calls
+        per["(whole call)"] = [statistics.median(e["dur"] for e in runs) / 1e3, 0.0]
+        out[name] = per
+        del b
+    return out
 
 
 def report(r: dict) -> None:
@@ -212,16 +254,40 @@ def report(r: dict) -> None:
         for name, a in r["accuracy"].items():
             print(f"{name:<22} top-1 {a['top1_agreement']:.4f}  KL {a['kl_nats']:.5f} nats/pos ({a['positions']})")
     if r.get("predicted_ms"):
-        p = r["predicted_ms"]
-        print("\naccel.sim (measure_host profile) S=1 step vs measured")
-        pairs = [("fp32", "fp32"), ("int8", "mxint8-nbits"), ("int8", "mxfp6-nbits"), ("int8", "mxfp4-nbits")]
-        for fmt, name in pairs:
-            m = steps[name]["S=1"]
-            print(f"{fmt:<8} predicted {p[fmt]:>7.2f} ms, measured {name:<14}{m:>7.2f} ms ({p[fmt] / m - 1:+.0%})")
-        print(
-            "if the MX bytes were streamed (a kernel reading packed codes): "
-            + ", ".join(f"{f} {p[f]:.2f} ms ({p['fp32'] / p[f]:.2f}x fp32)" for f in ("mxint8", "mxfp6", "mxfp4"))
-        )
+        report_sim(r["predicted_ms"], steps)
+    if r.get("profile"):
+        report_profile(r["profile"])
+
+
+def report_sim(p: dict, steps: dict) -> None:
+    """Predicted vs measured step times: S=1 one row, the padded S=1 call (2 rows), S=SCORE."""
+    print(f"\naccel.sim on a measure_host profile of this machine ({p['_profile']['notes']})")
+    print(f"{'export':<14}{'1 row: sim':>12}{'measured':>9}{'err':>6}{'2 rows: sim':>13}{'measured':>9}{'err':>6}", end="")
+    print(f"{f'S={SCORE}: sim':>12}{'measured':>9}{'err':>6}")
+    for name in SIM_FORMATS:
+        one = steps.get(f"{name}, 1 row", steps[name])["S=1"]  # fp32 calls are never padded
+        two = steps[name]["S=1"] if f"{name}, 1 row" in steps else None
+        cells = [(p[name]["S=1"], one), (p[name]["S=2"], two), (p[name][f"S={SCORE}"], steps[name][f"S={SCORE}"])]
+        line = f"{name:<14}"
+        for pred, meas in cells:
+            line += f"{pred:>12.2f}" + (f"{meas:>9.2f}{pred / meas - 1:>+6.0%}" if meas else f"{'-':>9}{'':>6}")
+        print(line)
+    print(
+        "if the MX bytes themselves were streamed (a kernel reading packed codes), S=1: "
+        + ", ".join(f"{n} {p[n]['streamed S=1']:.2f} ms ({p['fp32']['S=1'] / p[n]['streamed S=1']:.2f}x fp32)"
+                    for n in list(SIM_FORMATS)[1:])
+    )  # fmt: skip
+
+
+def report_profile(prof: dict) -> None:
+    """Per-operator time of the profiled backends (ms per S=1 call, nodes)."""
+    names = list(prof)
+    ops = sorted({op for v in prof.values() for op in v}, key=lambda op: -max(v.get(op, [0])[0] for v in prof.values()))
+    print("\nonnxruntime profiler, S=1 after 128 tokens: ms per call (nodes) per operator type")
+    print(f"{'operator':<30}" + "".join(f"{n:>24}" for n in names))
+    for op in ops:
+        cells = [prof[n].get(op) for n in names]
+        print(f"{op:<30}" + "".join(f"{c[0]:>16.3f} ({c[1]:>4.0f})" if c else f"{'-':>24}" for c in cells))
 
 
 def main() -> None:
@@ -231,6 +297,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repeats, no accuracy, no simulator")
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts for the accuracy (default 4)")
     ap.add_argument("--new-tokens", type=int, default=48, help="fp32 greedy tokens per prompt (default 48)")
+    ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--out", default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
@@ -238,17 +305,22 @@ def main() -> None:
     r["load_start"] = os.getloadavg()[0]
     model = load_checkpoint(smollm2_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
-        backends = {}
+        backends, paths = {}, {}
         for name, w in tqdm(EXPORTS.items(), desc="export", unit="file"):
-            path = export_onnx(model, Path(tmp) / f"{len(backends)}.onnx", ctx_len=2 * PAST, weights=w, progress=False)
-            backends[name] = OrtBackend(path, threads=args.threads)
-        with tqdm(total=repeats + (0 if args.quick else len(backends)), desc="mx benchmark") as bar:
+            paths[name] = export_onnx(model, Path(tmp) / f"{len(paths)}.onnx", ctx_len=2 * PAST, weights=w, progress=False)
+            backends[name] = OrtBackend(paths[name], threads=args.threads)
+            if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
+                backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1)
+        scored = {n: b for n, b in backends.items() if not n.endswith("1 row")}  # the same logits as padded
+        with tqdm(total=repeats + (0 if args.quick else len(scored)), desc="mx benchmark") as bar:
             r["steps"] = time_steps(backends, repeats, bar)
             if not args.quick:
-                r["accuracy"] = measure_accuracy(model, backends, args.prompts, args.new_tokens, bar)
-        del backends
+                r["accuracy"] = measure_accuracy(model, scored, args.prompts, args.new_tokens, bar)
+        del backends, scored
+        if args.profile:
+            r["profile"] = profile_ops(paths, args.threads, args.profile, Path(tmp))
     r["gemv"] = time_gemv(args.threads, repeats)
-    r["predicted_ms"] = None if args.quick else predict()
+    r["predicted_ms"] = None if args.quick else predict(args.threads)
     r["load_end"] = os.getloadavg()[0]
     report(r)
     out = Path(args.out)

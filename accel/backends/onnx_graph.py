@@ -326,7 +326,11 @@ class _DecoderGraph:
     def mlp(self, h: str, p: str) -> str:
         """The MLP with weights ``{p}.gate_proj/up_proj/down_proj`` on normed input ``h``."""
         g, c = self.g, self.c
-        if c.mlp == "gated":
+        if c.mlp == "gated" and self.w.nbits:  # one MatMulNBits for gate and up: one activation quantization
+            gate, up = g.ops("Split", [self.linear(h, f"{p}.gate_proj", c.mlp_bias, f"{p}.up_proj")], 2, axis=-1,
+                             num_outputs=2)  # fmt: skip
+            m = g.op("Mul", self.act(gate), up)
+        elif c.mlp == "gated":
             gate = self.act(self.linear(h, f"{p}.gate_proj", c.mlp_bias))
             m = g.op("Mul", gate, self.linear(h, f"{p}.up_proj", c.mlp_bias))
         else:

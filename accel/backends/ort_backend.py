@@ -60,6 +60,8 @@ class OrtBackend:
             A single-token step (autoregressive decoding) and a K+1-token verification would then compute two
             different models. Padded, every call takes the multi-row path and a row's result does not depend on the
             call's shape (tested bit for bit); a one-token step costs about one more row.
+        profile: a file prefix: onnxruntime records every node's time (its profiler) from the first call; the JSON
+            is written by ``session.end_profiling()`` (``benchmarks/mx.py --profile`` sums it per operator).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class OrtBackend:
         max_seq_len: int | None = None,
         spin: bool = False,
         min_rows: int | None = None,
+        profile: str | Path | None = None,
     ) -> None:
         path = Path(path)
         if not path.is_file():
@@ -80,6 +83,8 @@ class OrtBackend:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        if profile is not None:
+            opts.enable_profiling, opts.profile_file_prefix = True, str(profile)
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise BackendError(f"threads must be an int >= 1; got {threads!r}")

@@ -69,8 +69,8 @@ def test_stored_blocks_are_exactly_the_mx_weights(tied, weights, element, tmp_pa
     proto = onnx.load(str(path))
     inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits"]
-    # q, k and v share one node per layer (their blocks stacked along the outputs)
-    assert len(nodes) == len(_linear_names(model)) - 2 * model.config.num_layers
+    # q, k and v share one node per layer, gate and up another (their blocks stacked along the outputs)
+    assert len(nodes) == len(_linear_names(model)) - 3 * model.config.num_layers
     assert all(n.domain == "com.microsoft" for n in nodes)
     assert "com.microsoft" in {o.domain for o in proto.opset_import}
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
@@ -148,7 +148,7 @@ def test_compressed_mxint8_model_keeps_its_codes_and_other_formats_are_rejected(
     ia = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(a)).graph.initializer}
     ib = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(b)).graph.initializer}
     keys = [k for k in ib if k.endswith((".q", ".block_scales"))]
-    assert len(keys) == 2 * (len(_linear_names(model)) - 2 * model.config.num_layers) and set(keys) <= set(ia)
+    assert len(keys) == 2 * (len(_linear_names(model)) - 3 * model.config.num_layers) and set(keys) <= set(ia)
     for key in keys:
         np.testing.assert_array_equal(ia[key], ib[key], err_msg=key)
     fp6 = copy.deepcopy(model)
