@@ -197,8 +197,7 @@ def predict(threads: int) -> dict[str, dict[str, float]]:
             for s in (1, 2, SCORE)
         }
         out[label]["streamed S=1"] = (
-            step_time("smollm2-135m", streamed, weight_format=fmt, context_len=PAST, compress_lm_head=True).time_s
-            * 1e3
+            step_time("smollm2-135m", streamed, weight_format=fmt, context_len=PAST, compress_lm_head=True).time_s * 1e3
         )
     return out
 
@@ -262,8 +261,9 @@ def report(r: dict) -> None:
 def report_sim(p: dict, steps: dict) -> None:
     """Predicted vs measured step times: S=1 one row, the padded S=1 call (2 rows), S=SCORE."""
     print(f"\naccel.sim on a measure_host profile of this machine ({p['_profile']['notes']})")
-    print(f"{'export':<14}{'1 row: sim':>12}{'measured':>9}{'err':>6}{'2 rows: sim':>13}{'measured':>9}{'err':>6}", end="")
-    print(f"{f'S={SCORE}: sim':>12}{'measured':>9}{'err':>6}")
+    head = [("1 row: sim", 12), ("measured", 9), ("err", 6), ("2 rows: sim", 13), ("measured", 9), ("err", 6)]
+    head += [(f"S={SCORE}: sim", 12), ("measured", 9), ("err", 6)]
+    print(f"{'export':<14}" + "".join(f"{h:>{w}}" for h, w in head))
     for name in SIM_FORMATS:
         one = steps.get(f"{name}, 1 row", steps[name])["S=1"]  # fp32 calls are never padded
         two = steps[name]["S=1"] if f"{name}, 1 row" in steps else None
@@ -307,7 +307,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         backends, paths = {}, {}
         for name, w in tqdm(EXPORTS.items(), desc="export", unit="file"):
-            paths[name] = export_onnx(model, Path(tmp) / f"{len(paths)}.onnx", ctx_len=2 * PAST, weights=w, progress=False)
+            path = Path(tmp) / f"{len(paths)}.onnx"
+            paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False)
             backends[name] = OrtBackend(paths[name], threads=args.threads)
             if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
                 backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1)

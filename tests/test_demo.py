@@ -73,5 +73,9 @@ def test_demo_quick(tmp_path, capsys):
     fs = runs["feature SpD T=0.8"]
     assert 1.0 <= fs["mean_tokens_per_loop"] <= fs["drafts_per_loop"] + 1 and 0 < fs["drafts_per_loop"] <= r["k"]
     assert all(configs["mxfp6 + feature SpD"] > 0 for configs in r["predictions"].values())
-    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), draft, feature draft
-    assert len(list((out / "onnx").glob("*.onnx"))) == 3
+    # MX speed measured here: the exact-MXFP6 (mxfp6-nbits) target step beside the float32 one, next to the predictions
+    assert 0 < r["mx_nbits_call_s"] and 0 < r["mx_nbits_one_row_call_s"] and 0 < r["fp32_paired_call_s"]
+    assert "MXFP6 weights alone, one decode step: measured here" in text and "predicted over fp16" in text
+    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), its mxfp6-nbits twin,
+    # draft, feature draft
+    assert len(list((out / "onnx").glob("*.onnx"))) == 4

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from accel.demo.predict import predict
+from accel.demo.predict import mx_summary, predict
 from accel.demo.results import DemoResult, print_runs, summarise_runs
 from accel.demo.settings import (
     DEMO_PROMPTS,
@@ -23,7 +23,7 @@ from accel.demo.settings import (
     default_draft_dir,
     default_feature_draft_dir,
 )
-from accel.demo.timing import call_times, feature_call_time
+from accel.demo.timing import call_times, feature_call_time, mx_step_times
 from accel.errors import DraftError
 
 __all__ = ["run_demo"]
@@ -83,6 +83,7 @@ def run_demo(
     predictions, plot_paths = predict(
         pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
     )
+    run.say("\n" + mx_summary(dec["fp32_paired_call_s"], dec["mx_nbits_call_s"], predictions))
     result = DemoResult(
         out_dir=run.results,
         target=str(pair.target_dir),
@@ -229,8 +230,9 @@ def _compression_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
     }
 
 
-def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any]:
-    """The target (MXFP6-rounded weights), draft and feature-draft (or None) ``OrtBackend``s, exported once."""
+def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Path]:
+    """The target (MXFP6-rounded weights), draft and feature-draft (or None) ``OrtBackend``s, exported once; and the
+    target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits; timed beside the target)."""
     from accel.backends import OrtBackend
     from accel.backends.export import export_cached
 
@@ -246,6 +248,9 @@ def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any]:
         tree=pair.f_model is not None,  # the feature draft's token trees (every mode runs this one graph)
     )
     d_onnx = cached(pair.draft_dir, name="draft", model=pair.d_model)
+    nbits = pair.f_model is not None  # the same graph as the target's, but for its weights
+    mx_onnx = cached(pair.target_dir, name="target-mxfp6-nbits", weights="mxfp6-nbits", model=mx_model,
+                     hidden_output=nbits, tree=nbits)  # fmt: skip
     fb = None
     if pair.feat_dir is not None:
         # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
@@ -256,17 +261,24 @@ def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any]:
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
     # on the cores the target's next call needs
     db = OrtBackend(d_onnx, threads=1)
-    return tb, db, fb
+    return tb, db, fb, mx_onnx
 
 
 def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
     """Stage 2: AR and SpD runs on onnxruntime, streamed; returns ``DemoResult`` fields."""
-    tb, db, fb = _backends(pair, mx_model, run)
+    tb, db, fb, mx_onnx = _backends(pair, mx_model, run)
     del mx_model
     t_call, t_score, d_call = call_times(tb, db, run.k, reps=3 if run.quick else 8)
     run.say(
         f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
+    )
+    mx = mx_step_times(tb, mx_onnx, run.threads, reps=3 if run.quick else 20)
+    fp32, padded, one = mx["fp32_paired_call_s"], mx["mx_nbits_call_s"], mx["mx_nbits_one_row_call_s"]
+    run.say(
+        f"exact MXFP6 weights on 8-bit MatMulNBits (int8 activations): {padded * 1e3:.1f} ms per step (S=1 padded to "
+        f"2 rows, as SpD runs it; 1 row {one * 1e3:.1f} ms) vs float32 {fp32 * 1e3:.1f} ms: {fp32 / padded:.2f}x "
+        f"({fp32 / one:.2f}x)"
     )
     f_call = None
     if fb is not None:
@@ -284,6 +296,7 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
         "feature_draft_call_s": f_call,
         "target_call_s": t_call,
         "target_score_call_s": t_score,
+        **mx,
         "runs": figures,
         "greedy_spd_matches_ar": matches,
     }

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-__all__ = ["call_times", "feature_call_time"]
+__all__ = ["call_times", "feature_call_time", "mx_step_times", "paired_step_times"]
 
 
 def call_times(tb, db, k: int, reps: int) -> tuple[float, float, float]:
@@ -39,3 +39,31 @@ def feature_call_time(backend, reps: int) -> float:
         times.append(time.perf_counter() - t0)
     backend.reset()
     return float(np.median(times))
+
+
+def paired_step_times(backends: list, reps: int) -> list[float]:
+    """Median seconds of one S = 1 call (past length 16) of each backend, timed round robin (load drift hits all
+    alike); the backends must take the same call (one vocabulary, no extra inputs)."""
+    for b in backends:
+        b.reset()
+        b.forward(np.ones((1, 16), np.int64), np.arange(16)[None], num_logits=1)
+    times: list[list[float]] = [[] for _ in backends]
+    for i in range(reps + 1):
+        for b, ts in zip(backends, times, strict=True):
+            t0 = time.perf_counter()
+            b.forward(np.ones((1, 1), np.int64), np.array([[16]]), num_logits=1)
+            if i:  # the first round warms up
+                ts.append(time.perf_counter() - t0)
+    for b in backends:
+        b.reset()
+    return [float(np.median(ts)) for ts in times]
+
+
+def mx_step_times(target, mx_onnx, threads: int | None, reps: int) -> dict[str, float]:
+    """One S = 1 step of the ``mxfp6-nbits`` graph ``mx_onnx`` (padded to 2 rows, as ``OrtBackend`` runs it, and one
+    row) timed round robin with the float32 ``target`` backend: ``DemoResult`` fields, seconds."""
+    from accel.backends import OrtBackend
+
+    padded, one_row = OrtBackend(mx_onnx, threads=threads), OrtBackend(mx_onnx, threads=threads, min_rows=1)
+    t_fp32, t_mx, t_one = paired_step_times([target, padded, one_row], reps)
+    return {"mx_nbits_call_s": t_mx, "mx_nbits_one_row_call_s": t_one, "fp32_paired_call_s": t_fp32}

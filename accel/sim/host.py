@@ -2,9 +2,9 @@
 
 - memory bandwidth: ``np.copyto`` of a large float32 array (bytes read + bytes written per second);
 - weight streaming: ``W @ x.T`` with a float32 ``W`` of ``stream_bytes`` at r = 1, 2, 4, ... rows (the memory
-  bandwidth is the larger of this one-row rate and the copy's), and t(r)/t(1) = 1 + beta (r-1)^gamma fitted by least squares on log(t(r)/t(1) - 1) gives the multi-token term
-  (docs/reference.md §8: on these CPUs several rows stream weights far slower than one, so scoring K+1 tokens is not
-  free);
+  bandwidth is the largest of this one-row rate, the copy's and onnxruntime's below); t(r)/t(1) = 1 + beta
+  (r-1)^gamma fitted by least squares on log(t(r)/t(1) - 1) gives the multi-token term (docs/reference.md §8: on
+  these CPUs several rows stream weights far slower than one, so scoring K+1 tokens is not free);
 - matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call;
 - onnxruntime operators (the runtime this host decodes with; ``threads`` intra-op threads, no spinning, as
@@ -151,9 +151,7 @@ def _chain(n: int, make: Callable[[str, str, int], tuple[list, list]]) -> tuple[
     return nodes, inits
 
 
-def measure_ort_node_s(
-    nodes: int = 64, width: int = 576, calls: int = 100, threads: int | None = None
-) -> float:
+def measure_ort_node_s(nodes: int = 64, width: int = 576, calls: int = 100, threads: int | None = None) -> float:
     """Seconds of one small onnxruntime node: (a chain of ``nodes`` Adds on ``[1, width]`` - one Add) / (nodes - 1)."""
     from onnx import helper, numpy_helper
 
