@@ -2,18 +2,20 @@
 
 - memory bandwidth: ``np.copyto`` of a large float32 array (bytes read + bytes written per second);
 - weight streaming: ``W @ x.T`` with a float32 ``W`` of ``stream_bytes`` at r = 1, 2, 4, ... rows (the memory
-  bandwidth is the largest of this one-row rate, the copy's and onnxruntime's below); t(r)/t(1) = 1 + beta
-  (r-1)^gamma fitted by least squares on log(t(r)/t(1) - 1) gives the multi-token term (docs/reference.md §8: on
-  these CPUs several rows stream weights far slower than one, so scoring K+1 tokens is not free);
+  bandwidth is the largest of this one-row rate, the copy's and onnxruntime's below; the rows are reported in the
+  notes: numpy's GEMM path is not onnxruntime's, docs/reference.md §8);
 - matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call;
-- onnxruntime operators (the runtime this host decodes with; ``threads`` intra-op threads, no spinning, as
-  ``OrtBackend``): the fixed cost of one small node (a chain of Adds on one ``[1, 576]`` row, the call's cost taken
-  out), times ``ORT_NODES_PER_LAYER`` = ``layer_overhead_s``; one-row weight streaming through a chain of float32
-  ``MatMul`` nodes (``bandwidth_efficiency`` = its bytes/s over the copy bandwidth) and through 8-bit ``MatMulNBits``
-  (int8 activations per block, ``accuracy_level`` 4): its weight elements per second are the decompression rate of
-  ``int8``, ``mxint8``, ``mxfp6`` and ``mxfp4``, the formats that run on that kernel here (docs/backends.md), so an
-  MX weight costs what the 8-bit kernel costs, not its 6.25 or 4.25 bits.
+- onnxruntime (the runtime this host decodes with; ``ort_threads`` intra-op threads, no spinning, as ``OrtBackend``):
+  one-row weight streaming through a chain of float32 ``MatMul`` nodes (``bandwidth_efficiency`` = its bytes/s over
+  the memory bandwidth), and the time of one decoder layer of accel's own graph (``accel.sim.host_layers``) with
+  float32 weights and with MXFP6 weights on 8-bit ``MatMulNBits`` (int8 activations) at 1, 2, 4 rows:
+  ``layer_overhead_s`` = the float32 layer less its weight bytes at the streaming bandwidth (the fixed cost of its
+  ~34 nodes); the 8-bit layer less that overhead gives the weight elements per second of ``MatMulNBits``, the
+  decompression rate of ``int8``, ``mxint8``, ``mxfp6`` and ``mxfp4`` (the formats that run on that kernel here,
+  docs/backends.md: an MX weight costs what the 8-bit kernel costs, not its 6.25 or 4.25 bits); its growth over the
+  rows is the multi-token term (``multi_token_penalty``, ``multi_token_exponent``), which on a host applies to the
+  decompression-bound kernel as to the memory-bound one.
 Timing uses ``time.perf_counter``; the machine may be shared, hence medians.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from accel.sim.hardware import Hardware
+from accel.sim.host_layers import LayerShape, layer_weight_elements, measure_layer_times
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -110,10 +113,6 @@ def measure_ort_overhead(calls: int = 300) -> float:
     return _median_time(lambda: sess.run(None, feed), calls, warmup=20)
 
 
-ORT_NODES_PER_LAYER = 34
-"""Nodes per decoder layer of an accel export of a Llama-style model once onnxruntime has fused it (profile of
-SmolLM2-135M, ``benchmarks/mx.py --profile``): 5 weight products, 3 attention products, 2 norms, softmax, the cache
-write (GatherND, Where, ScatterND per K and V) and 18 small reshapes, splits, adds and muls."""
 NBITS_FORMATS = ("int8", "mxint8", "mxfp6", "mxfp4")  # weights that run on 8-bit MatMulNBits on this host
 
 
@@ -151,51 +150,20 @@ def _chain(n: int, make: Callable[[str, str, int], tuple[list, list]]) -> tuple[
     return nodes, inits
 
 
-def measure_ort_node_s(nodes: int = 64, width: int = 576, calls: int = 100, threads: int | None = None) -> float:
-    """Seconds of one small onnxruntime node: (a chain of ``nodes`` Adds on ``[1, width]`` - one Add) / (nodes - 1)."""
-    from onnx import helper, numpy_helper
-
-    def add(src: str, dst: str, i: int) -> tuple[list, list]:
-        c = numpy_helper.from_array(np.full(width, 1e-3, np.float32), f"c{i}")
-        return [helper.make_node("Add", [src, f"c{i}"], [dst])], [c]
-
-    feed = {"x": np.zeros((1, width), np.float32)}
-    times = []
-    for n in (1, nodes):
-        sess = _ort_session(*_chain(n, add), width, threads)
-        times.append(_median_time(lambda s=sess: s.run(None, feed), calls, warmup=10))
-    return max(times[1] - times[0], 0.0) / (nodes - 1)
-
-
-def measure_ort_streaming(
-    nbits: bool, width: int = 1536, chain: int = 12, calls: int = 15, threads: int | None = None
-) -> tuple[float, float]:
-    """One-row weight streaming through ``chain`` square ``[width, width]`` products on onnxruntime: float32 ``MatMul``
-    (``nbits=False``) or 8-bit ``MatMulNBits`` (blocks of 32, float32 scales, ``accuracy_level`` 4). Returns
-    (weight bytes per second, weight elements per second) over the chain's time less one small node per product."""
+def measure_ort_streaming(width: int = 1536, chain: int = 12, calls: int = 15, threads: int | None = None) -> float:
+    """Bytes/s of one-row weight streaming through ``chain`` float32 ``[width, width]`` ``MatMul`` nodes on
+    onnxruntime (each node's fixed cost included)."""
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    blocks = width // 32
 
     def product(src: str, dst: str, i: int) -> tuple[list, list]:
-        if not nbits:
-            w = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
-            return [helper.make_node("MatMul", [src, f"w{i}"], [dst])], [numpy_helper.from_array(w, f"w{i}")]
-        q = rng.integers(68, 189, (width, blocks, 32), dtype=np.uint8)  # levels -60..60 (MXFP6 E2M3 x 8)
-        sc = np.full(width * blocks, 1.0 / (35.0 * np.sqrt(width)), np.float32)
-        node = helper.make_node(
-            "MatMulNBits", [src, f"q{i}", f"s{i}"], [dst], domain="com.microsoft",
-            K=width, N=width, bits=8, block_size=32, accuracy_level=4,
-        )  # fmt: skip
-        return [node], [numpy_helper.from_array(q, f"q{i}"), numpy_helper.from_array(sc, f"s{i}")]
+        w = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
+        return [helper.make_node("MatMul", [src, f"w{i}"], [dst])], [numpy_helper.from_array(w, f"w{i}")]
 
     sess = _ort_session(*_chain(chain, product), width, threads)
     feed = {"x": rng.standard_normal((1, width)).astype(np.float32)}
-    node_s = measure_ort_node_s(nodes=16, calls=max(calls, 20), threads=threads)
-    t = max(_median_time(lambda: sess.run(None, feed), calls, warmup=2) - chain * node_s, 1e-9)
-    elements = float(chain * width * width)
-    return elements * ((1.0 + 4.0 / 32) if nbits else 4.0) / t, elements / t
+    return 4.0 * chain * width * width / _median_time(lambda: sess.run(None, feed), calls, warmup=2)
 
 
 def measure_host(
@@ -208,20 +176,27 @@ def measure_host(
     ort_threads: int | None = None,
     ort_width: int = 1536,
     ort_chain: int = 12,
+    layer: LayerShape | None = None,
+    layer_counts: tuple[int, int] = (2, 12),
+    layer_calls: int = 15,
 ) -> Hardware:
-    """Measure this machine (a few seconds) and return it as a ``Hardware`` (see the module docstring).
+    """Measure this machine (~30 s with the defaults) and return it as a ``Hardware`` (see the module docstring).
     ``ort_threads``: onnxruntime intra-op threads of the operator measurements (default: onnxruntime's choice);
-    ``ort_width`` x ``ort_width`` weights, ``ort_chain`` of them, for the streaming measurements (default 12 x 9.4 MB
-    of float32: more than a usual last-level cache)."""
+    ``ort_width`` x ``ort_width`` float32 weights, ``ort_chain`` of them, for onnxruntime's streaming bandwidth
+    (default 12 x 9.4 MB: more than a usual last-level cache); ``layer``, ``layer_counts``, ``layer_calls``: the
+    decoder layers timed (``accel.sim.host_layers``; the larger count should hold more 8-bit weights than the cache)."""
     bw_copy = measure_copy_bandwidth(copy_bytes)
     r, t = measure_weight_streaming(rows, stream_bytes)
     bw_one_row = (int(np.sqrt(stream_bytes / 4)) ** 2 * 4) / t[0]
-    beta, gamma = fit_multi_token(r, t)
     flops = measure_matmul_flops(matmul_n)
     overhead = measure_ort_overhead(ort_calls)
-    node_s = measure_ort_node_s(threads=ort_threads)
-    bw_ort, _ = measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
-    _, nbits_rate = measure_ort_streaming(True, ort_width, ort_chain, threads=ort_threads)
+    bw_ort = measure_ort_streaming(ort_width, ort_chain, threads=ort_threads)
+    layer = layer or LayerShape()
+    try:
+        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads)
+    except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
+        lt = {}
+    terms = layer_terms(lt, layer_weight_elements(layer), bw_ort) if lt else {}
     bw = max(bw_copy, bw_one_row, bw_ort)
     try:
         mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -241,20 +216,46 @@ def measure_host(
         bandwidth_efficiency=min(1.0, bw_ort / bw),
         compute_efficiency=1.0,
         call_overhead_s=overhead,
-        layer_overhead_s=ORT_NODES_PER_LAYER * node_s,
-        decompress_elements_per_s=dict.fromkeys(NBITS_FORMATS, nbits_rate),
+        layer_overhead_s=terms.get("layer_overhead_s", 0.0),
+        decompress_elements_per_s=dict.fromkeys(NBITS_FORMATS, terms["nbits_rate"]) if terms else {},
         decompress_overlap=True,
-        multi_token_penalty=beta,
-        multi_token_exponent=gamma,
+        multi_token_penalty=terms.get("beta", 0.0),
+        multi_token_exponent=terms.get("gamma", 1.0),
         usable_memory_fraction=0.8,
         source=f"measured by accel.sim.measure_host on {platform.node() or 'host'} "
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         notes=(
-            f"copy {bw_copy / 1e9:.2f} GB/s; 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s; "
-            f"W@x.T ms by rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; matmul "
-            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime call {overhead * 1e6:.1f} us, small node "
-            f"{node_s * 1e6:.2f} us (x {ORT_NODES_PER_LAYER} per layer), one-row MatMul streaming "
-            f"{bw_ort / 1e9:.2f} GB/s, 8-bit MatMulNBits {nbits_rate / 1e9:.2f} G weights/s (the rate of "
-            f"{', '.join(NBITS_FORMATS)}: they run on that kernel here)."
+            f"copy {bw_copy / 1e9:.2f} GB/s; numpy 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s, W@x.T ms by "
+            f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; matmul "
+            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, one-row MatMul streaming "
+            f"{bw_ort / 1e9:.2f} GB/s, " + _layer_notes(lt, terms)
         ),
     )
+
+
+def _layer_notes(lt: dict[str, dict[int, float]], terms: dict[str, float]) -> str:
+    if not lt:
+        return "decoder layers not timed (building accel's graph needs the torch extra): no layer terms."
+    ms = lambda d: {k: round(v * 1e3, 3) for k, v in d.items()}  # noqa: E731
+    return (
+        f"decoder layer ms by rows fp32 {ms(lt['fp32'])} / MXFP6 on 8-bit MatMulNBits {ms(lt['nbits8'])} -> layer "
+        f"overhead {terms['layer_overhead_s'] * 1e3:.3f} ms, 8-bit MatMulNBits {terms['nbits_rate'] / 1e9:.2f} G "
+        f"weights/s (the rate of {', '.join(NBITS_FORMATS)}: they run on that kernel here)."
+    )
+
+
+def layer_terms(times: dict[str, dict[int, float]], elements: int, bw: float) -> dict[str, float]:
+    """``Hardware`` terms from per-layer times (``measure_layer_times``) of a layer of ``elements`` weights and the
+    float32 streaming bandwidth ``bw`` (bytes/s): the layer overhead (the float32 layer less its weights at ``bw``,
+    at least 0), the 8-bit MatMulNBits rate (weights / what the 8-bit layer adds to that overhead), and the
+    multi-token (beta, gamma) of the 8-bit layer's weight time over its rows."""
+    t32, t8 = times["fp32"], times["nbits8"]
+    overhead = max(t32[1] - 4.0 * elements / bw, 0.0)
+    weights_s = {r: max(t - overhead, 1e-9) for r, t in t8.items()}
+    beta, gamma = fit_multi_token(np.array(list(weights_s)), np.array(list(weights_s.values())))
+    return {
+        "layer_overhead_s": overhead,
+        "nbits_rate": elements / weights_s[1],
+        "beta": beta,
+        "gamma": gamma,
+    }

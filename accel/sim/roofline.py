@@ -4,7 +4,7 @@ Per decoder layer (all layers are identical), on each of n tensor-parallel devic
 
     t_mem  = (W * g(r) + KV_read + KV_write + A) / (n * BW * e_bw)       r = B*S rows, g(r) = 1 + beta (r-1)^gamma
     t_comp = FLOPs / (n * peak[dtype] * e_comp)
-    t_dec  = compressed weight elements / (n * decompress rate[format])  (0 when the format is stored as computed)
+    t_dec  = compressed weight elements * g(r) / (n * decompress rate[format])  (0 when stored as computed)
     t_op   = max(t_mem, t_comp, t_dec)   if the device overlaps decompression with the weight stream,
              max(t_mem, t_comp) + t_dec  otherwise
 
@@ -171,7 +171,8 @@ def step_arrays(
     mem_l = (lay["weights"] * g(B * S) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
     mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
     comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
-    dec_l, dec_h = lay["decompress"] / (n * rate), head["decompress"] / (n * rate)
+    # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression
+    dec_l, dec_h = lay["decompress"] * g(B * S) / (n * rate), head["decompress"] * g(B * NL) / (n * rate)
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
     comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)

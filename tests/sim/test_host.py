@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from accel.sim import measure_host
-from accel.sim.host import fit_multi_token
+from accel.sim.host import NBITS_FORMATS, fit_multi_token, layer_terms
+from accel.sim.host_layers import LayerShape, layer_weight_elements
 
 
 def test_fit_multi_token_recovers_power_law():
@@ -15,9 +16,29 @@ def test_fit_multi_token_recovers_power_law():
     assert fit_multi_token(rows, np.full(5, 0.01)) == (0.0, 1.0)
 
 
+def test_layer_terms_recover_known_costs():
+    """A float32 layer = weights at the bandwidth + overhead, an 8-bit one = overhead + weights at the kernel's rate,
+    growing over rows as 1 + beta (r-1)^gamma: layer_terms gives back the overhead, the rate and (beta, gamma)."""
+    n, bw, over, rate = 3_000_000, 20e9, 1.5e-4, 25e9
+    t32 = {1: 4 * n / bw + over}
+    t8 = {r: over + n / rate * (1 + 0.2 * (r - 1) ** 0.8) for r in (1, 2, 4)}
+    got = layer_terms({"fp32": t32, "nbits8": t8}, n, bw)
+    assert got["layer_overhead_s"] == pytest.approx(over, rel=1e-9)
+    assert got["nbits_rate"] == pytest.approx(rate, rel=1e-9)
+    assert (got["beta"], got["gamma"]) == (pytest.approx(0.2, rel=1e-6), pytest.approx(0.8, rel=1e-6))
+    # a float32 layer faster than its bytes at the bandwidth: no negative overhead
+    assert layer_terms({"fp32": {1: 1e-6}, "nbits8": t8}, n, bw)["layer_overhead_s"] == 0.0
+    assert layer_weight_elements(LayerShape()) == 576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536  # SmolLM2-135M
+
+
 def test_measure_host_small():
-    hw = measure_host(copy_bytes=8e6, stream_bytes=4e6, rows=(1, 2, 4), matmul_n=256, ort_calls=30)
+    tiny = LayerShape(hidden=64, intermediate=128, heads=4, kv_heads=2, ctx_len=32, past=8)
+    hw = measure_host(
+        copy_bytes=8e6, stream_bytes=4e6, rows=(1, 2, 4), matmul_n=256, ort_calls=30, ort_width=256, ort_chain=2,
+        layer=tiny, layer_counts=(1, 2), layer_calls=3,
+    )  # fmt: skip
     assert hw.memory_bandwidth_bytes_per_s > 1e8 and hw.peak_flops("fp32") > 1e8
     assert 0 < hw.bandwidth_efficiency <= 1 and 0 < hw.call_overhead_s < 0.05
     assert "fp32" in hw.peak_flops_per_s and hw.peak_flops("fp16") == hw.peak_flops("fp32")
-    assert "measured" in hw.source
+    assert "measured" in hw.source and hw.layer_overhead_s >= 0
+    assert set(hw.decompress_elements_per_s) == set(NBITS_FORMATS) and hw.decompress_rate("mxfp6") > 0

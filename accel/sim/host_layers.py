@@ -1,0 +1,119 @@
+"""Per-layer cost of accel's onnxruntime decoder graph on this machine (``measure_host``'s operator terms).
+
+A 135M-parameter model is not one large GEMV: each decoder layer is ~34 onnxruntime nodes (5 weight products, the
+attention, the cache write, norms, reshapes), and on a CPU their fixed costs are a large share of a step. So
+``measure_host`` times the real graph: ``accel.backends.onnx_graph.build_decoder_graph`` (numpy only) of a random
+Llama-style model with ``LayerShape`` layers and a tiny vocabulary, on ``OrtBackend`` (no spinning, like the
+runtime's default), one decode call after ``past`` tokens, at ``layers[0]`` and ``layers[1]`` layers: the difference
+divided by the layers added is the time of one layer, free of the call's fixed cost and of the embedding and head.
+Measured for float32 weights and for MXFP6 (E2M3) weights on 8-bit ``MatMulNBits`` (int8 activations), at 1, 2 and 4
+rows per call. Timing is the median of ``calls`` calls, the two graphs interleaved.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LayerShape", "layer_weight_elements", "measure_layer_times"]
+
+
+class LayerShape(BaseModel):
+    """The decoder layer ``measure_host`` times (default: SmolLM2-135M's), its cache and the past length (tokens)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: int = Field(default=576, ge=32)
+    intermediate: int = Field(default=1536, ge=32)
+    heads: int = Field(default=9, ge=1)
+    kv_heads: int = Field(default=3, ge=1)
+    ctx_len: int = Field(default=256, ge=8)
+    past: int = Field(default=128, ge=1)
+
+
+def layer_weight_elements(shape: LayerShape) -> int:
+    """Weight elements of the Linear layers of one decoder layer (q, k, v, o, gate, up, down)."""
+    d, hd = shape.hidden, shape.hidden // shape.heads
+    return d * (d + 2 * shape.kv_heads * hd) + d * d + 3 * d * shape.intermediate
+
+
+def _tensors(shape: LayerShape, layers: int, nbits: bool, rng: np.random.Generator) -> dict[str, Any]:
+    from accel.formats import get_format, quantize
+
+    d, f, hd = shape.hidden, shape.intermediate, shape.hidden // shape.heads
+    kv = shape.kv_heads * hd
+    out: dict[str, Any] = {"embed_tokens.weight": rng.standard_normal((64, d), dtype=np.float32)}
+    out["norm.weight"] = np.ones(d, np.float32)
+    linear = {"self_attn.q_proj": (d, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d)}
+    linear |= {"self_attn.o_proj": (d, d), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f)}
+    fmt = get_format("mxfp6_e2m3")
+    for i in range(layers):
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"layers.{i}.{norm}.weight"] = np.ones(d, np.float32)
+        for name, (o, k) in linear.items():
+            w = (rng.standard_normal((o, k), dtype=np.float32) / np.sqrt(k)).astype(np.float32)
+            out[f"layers.{i}.{name}.weight"] = quantize(w, fmt, axis=-1, block_size=32) if nbits else w
+    if nbits:
+        out["lm_head.weight"] = quantize(out["embed_tokens.weight"], fmt, axis=-1, block_size=32)
+    return out
+
+
+def _backend(shape: LayerShape, layers: int, nbits: bool, rows: int, threads: int | None, tmp: Path) -> Any:
+    import onnx
+
+    from accel.backends.onnx_graph import build_decoder_graph
+    from accel.backends.ort_backend import OrtBackend
+    from accel.models.config import ModelConfig
+
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=shape.hidden,
+        num_layers=layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        intermediate_size=shape.intermediate,
+        tie_word_embeddings=True,
+    )
+    tensors = _tensors(shape, layers, nbits, np.random.default_rng(layers))
+    proto = build_decoder_graph(cfg, tensors, ctx_len=shape.ctx_len, batch_size=1, matmul_nbits=4 if nbits else 0)
+    path = tmp / f"{layers}-{int(nbits)}.onnx"
+    onnx.save(proto, str(path))
+    b = OrtBackend(path, threads=threads, min_rows=rows)
+    b.forward(np.zeros((1, shape.past), np.int64), np.arange(shape.past)[None])
+    return b
+
+
+def measure_layer_times(
+    shape: LayerShape | None = None,
+    *,
+    layers: tuple[int, int] = (2, 8),
+    rows: tuple[int, ...] = (1, 2, 4),
+    calls: int = 15,
+    threads: int | None = None,
+) -> dict[str, dict[int, float]]:
+    """Seconds of one decoder layer per call of accel's onnxruntime graph, ``{"fp32" | "nbits8": {rows: s}}``: the
+    time of a ``layers[1]``-layer graph less a ``layers[0]``-layer one, over the layers added (``rows`` new tokens
+    after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``)."""
+    shape = shape or LayerShape()
+    out: dict[str, dict[int, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("fp32", "nbits8"):
+            out[kind] = {}
+            for r in rows:
+                pair = [_backend(shape, n, kind == "nbits8", r, threads, Path(tmp)) for n in layers]
+                ids, pos = np.zeros((1, r), np.int64), np.arange(shape.past, shape.past + r)[None]
+                times: list[list[float]] = [[], []]
+                for i in range(calls + 2):
+                    for b, ts in zip(pair, times, strict=True):
+                        t0 = time.perf_counter()
+                        b.forward(ids, pos)
+                        if i >= 2:
+                            ts.append(time.perf_counter() - t0)
+                out[kind][r] = max(float(np.median(times[1]) - np.median(times[0])), 1e-9) / (layers[1] - layers[0])
+                del pair
+    return out
