@@ -7,16 +7,21 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 
 1. Step time: median ms of a decode call (S = 1) and a K+1 = 4 scoring call after a 128-token prefix, timed round
    robin over all exports in one run, in a new random order every round (machine-load drift and order effects hit
-   them alike); ratio = fp32 time / export time.
+   them alike); ratio = fp32 time / export time. The ``*-nbits`` S = 1 call is padded to 2 rows (``OrtBackend``'s
+   ``min_rows`` default, so that greedy SpD equals AR); the ``, 1 row`` rows time the same graph unpadded.
 2. GEMV: one ``[1, K] x [K, N]`` product (K = 4096, N = 8192: 134 MB of float32 weights, far over the caches) as a
    float32 MatMul and as a MatMulNBits; effective bandwidth = bytes of the stored format / time, and the MXFP6
    bandwidth = MXFP6's 6.25 bits per weight / time (what a kernel reading MXFP6 bytes would have to stream).
 3. Accuracy: teacher-forced on the fp32 export's greedy continuations of held-out prompts: top-1 agreement and
    KL(fp32 || export) in nats per position.
-4. accel.sim: ``measure_host`` profile of this machine, ``step_time`` of SmolLM2-135M (S = 1, past 128) per format,
-   against the measured step (MatMulNBits streams 8-bit codes for every MX format: the ``int8`` row is what runs).
+4. accel.sim: a ``measure_host`` profile of this machine (its layer terms: docs/sim.md, "This CPU as a device"),
+   ``step_time`` of SmolLM2-135M after 128 tokens per export (the head in the export's weight format) at 1 row, 2 rows
+   (the padded step) and S = 4, against the measured calls; and what the MX formats would give if their own bytes
+   were streamed (the same profile without the 8-bit kernel's rate).
+5. ``--profile N``: onnxruntime's per-node profiler over N S = 1 calls of fp32 and mxfp6-nbits (padded, 1 row),
+   summed per operator type: where a step's time goes.
 
-    flock /work/helpers/bench.lock python benchmarks/mx.py            # ~3 minutes on 2 cores
+    flock /work/helpers/bench.lock python benchmarks/mx.py --profile 20   # ~5 minutes on 2 cores
     python benchmarks/mx.py --quick                                    # fewer repeats, no accuracy
 
 Prints tables and writes results/mx.json. Timings on a shared machine are noisy: compare ratios from one run.
@@ -232,7 +237,8 @@ def profile_ops(paths: dict[str, Path], threads: int, calls: int, tmp: Path) -> 
 def report(r: dict) -> None:
     """Print the tables of a result ``r``."""
     print(
-        f"\nSmolLM2-135M on onnxruntime, {r['threads']} threads, past {PAST}; median ms per call; ratio = fp32 / "
+        f"\nSmolLM2-135M on onnxruntime, {r['threads']} threads (spinning {'on' if r.get('spin') else 'off'}), past "
+        f"{PAST}; median ms per call; ratio = fp32 / "
         f"this (load average {r['load_start']:.1f} -> {r['load_end']:.1f})"
     )
     steps, fp32 = r["steps"], r["steps"]["fp32"]
@@ -297,11 +303,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repeats, no accuracy, no simulator")
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts for the accuracy (default 4)")
     ap.add_argument("--new-tokens", type=int, default=48, help="fp32 greedy tokens per prompt (default 48)")
+    ap.add_argument("--spin", action="store_true", help="idle threads spin (onnxruntime default; OrtBackend: off)")
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--out", default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
     r = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads}
+    r["spin"] = args.spin
     r["load_start"] = os.getloadavg()[0]
     model = load_checkpoint(smollm2_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
@@ -309,9 +317,9 @@ def main() -> None:
         for name, w in tqdm(EXPORTS.items(), desc="export", unit="file"):
             path = Path(tmp) / f"{len(paths)}.onnx"
             paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False)
-            backends[name] = OrtBackend(paths[name], threads=args.threads)
+            backends[name] = OrtBackend(paths[name], threads=args.threads, spin=args.spin)
             if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
-                backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1)
+                backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1, spin=args.spin)
         scored = {n: b for n, b in backends.items() if not n.endswith("1 row")}  # the same logits as padded
         with tqdm(total=repeats + (0 if args.quick else len(scored)), desc="mx benchmark") as bar:
             r["steps"] = time_steps(backends, repeats, bar)
