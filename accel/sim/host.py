@@ -7,15 +7,16 @@
 - matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call;
 - onnxruntime (the runtime this host decodes with; ``ort_threads`` intra-op threads, no spinning, as ``OrtBackend``):
-  one-row weight streaming through a chain of float32 ``MatMul`` nodes (``bandwidth_efficiency`` = its bytes/s over
-  the memory bandwidth), and the time of one decoder layer of accel's own graph (``accel.sim.host_layers``) with
-  float32 weights and with MXFP6 weights on 8-bit ``MatMulNBits`` (int8 activations) at 1, 2, 4 rows:
-  ``layer_overhead_s`` = the float32 layer less its weight bytes at the streaming bandwidth (the fixed cost of its
-  ~34 nodes); the 8-bit layer less that overhead gives the weight elements per second of ``MatMulNBits``, the
-  decompression rate of ``int8``, ``mxint8``, ``mxfp6`` and ``mxfp4`` (the formats that run on that kernel here,
-  docs/backends.md: an MX weight costs what the 8-bit kernel costs, not its 6.25 or 4.25 bits); its growth over the
-  rows is the multi-token term (``multi_token_penalty``, ``multi_token_exponent``), which on a host applies to the
-  decompression-bound kernel as to the memory-bound one.
+  one-row streaming through a chain of float32 ``MatMul`` and of 8-bit ``MatMulNBits`` nodes (int8 activations):
+  the latter's weight elements per second are the decompression rate of ``int8``, ``mxint8``, ``mxfp6`` and
+  ``mxfp4``, the formats that run on that kernel here (docs/backends.md: an MX weight costs what the 8-bit kernel
+  costs, not its 6.25 or 4.25 bits); and the time of one decoder layer of accel's own graph
+  (``accel.sim.host_layers``) with MXFP6 weights on ``MatMulNBits`` and with float32 weights, at 1, 2, 4 rows:
+  ``layer_overhead_s`` = the 8-bit layer less its weights at the kernel's rate (the fixed cost of the layer's ~34
+  nodes; its 8-bit weights are a small share of it), ``bandwidth_efficiency`` from the float32 layer less that
+  overhead (float32 weights streamed inside a layer), and the float32 layer's growth over rows is the multi-token
+  term (``multi_token_penalty``, ``multi_token_exponent``), which on a host applies to the decompression-bound
+  kernel as to the memory-bound one.
 Timing uses ``time.perf_counter``; the machine may be shared, hence medians.
 """
 
@@ -150,20 +151,31 @@ def _chain(n: int, make: Callable[[str, str, int], tuple[list, list]]) -> tuple[
     return nodes, inits
 
 
-def measure_ort_streaming(width: int = 1536, chain: int = 12, calls: int = 15, threads: int | None = None) -> float:
-    """Bytes/s of one-row weight streaming through ``chain`` float32 ``[width, width]`` ``MatMul`` nodes on
-    onnxruntime (each node's fixed cost included)."""
+def measure_ort_streaming(
+    nbits: bool, width: int = 2048, chain: int = 12, calls: int = 15, threads: int | None = None
+) -> float:
+    """Weight elements per second of one-row streaming through ``chain`` square ``[width, width]`` products on
+    onnxruntime: float32 ``MatMul`` (``nbits=False``) or 8-bit ``MatMulNBits`` (blocks of 32, float32 scales,
+    ``accuracy_level`` 4), each node's fixed cost included."""
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
 
     def product(src: str, dst: str, i: int) -> tuple[list, list]:
-        w = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
-        return [helper.make_node("MatMul", [src, f"w{i}"], [dst])], [numpy_helper.from_array(w, f"w{i}")]
+        if not nbits:
+            w = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
+            return [helper.make_node("MatMul", [src, f"w{i}"], [dst])], [numpy_helper.from_array(w, f"w{i}")]
+        q = rng.integers(68, 189, (width, width // 32, 32), dtype=np.uint8)  # levels -60..60 (MXFP6 E2M3 x 8)
+        sc = np.full(width * (width // 32), 1.0 / (35.0 * np.sqrt(width)), np.float32)
+        node = helper.make_node(
+            "MatMulNBits", [src, f"q{i}", f"s{i}"], [dst], domain="com.microsoft",
+            K=width, N=width, bits=8, block_size=32, accuracy_level=4,
+        )  # fmt: skip
+        return [node], [numpy_helper.from_array(q, f"q{i}"), numpy_helper.from_array(sc, f"s{i}")]
 
     sess = _ort_session(*_chain(chain, product), width, threads)
     feed = {"x": rng.standard_normal((1, width)).astype(np.float32)}
-    return 4.0 * chain * width * width / _median_time(lambda: sess.run(None, feed), calls, warmup=2)
+    return float(chain * width * width) / _median_time(lambda: sess.run(None, feed), calls, warmup=2)
 
 
 def measure_host(
@@ -174,30 +186,31 @@ def measure_host(
     matmul_n: int = 1024,
     ort_calls: int = 300,
     ort_threads: int | None = None,
-    ort_width: int = 1536,
+    ort_width: int = 2048,
     ort_chain: int = 12,
     layer: LayerShape | None = None,
     layer_counts: tuple[int, int] = (2, 12),
-    layer_calls: int = 15,
+    layer_calls: int = 25,
 ) -> Hardware:
     """Measure this machine (~30 s with the defaults) and return it as a ``Hardware`` (see the module docstring).
     ``ort_threads``: onnxruntime intra-op threads of the operator measurements (default: onnxruntime's choice);
-    ``ort_width`` x ``ort_width`` float32 weights, ``ort_chain`` of them, for onnxruntime's streaming bandwidth
-    (default 12 x 9.4 MB: more than a usual last-level cache); ``layer``, ``layer_counts``, ``layer_calls``: the
+    ``ort_width`` x ``ort_width`` weights, ``ort_chain`` of them, for onnxruntime's streaming rates (default 12 x 4.2 M
+    weights: 50 MB in 8 bits, more than a usual last-level cache); ``layer``, ``layer_counts``, ``layer_calls``: the
     decoder layers timed (``accel.sim.host_layers``; the larger count should hold more 8-bit weights than the cache)."""
     bw_copy = measure_copy_bandwidth(copy_bytes)
     r, t = measure_weight_streaming(rows, stream_bytes)
     bw_one_row = (int(np.sqrt(stream_bytes / 4)) ** 2 * 4) / t[0]
     flops = measure_matmul_flops(matmul_n)
     overhead = measure_ort_overhead(ort_calls)
-    bw_ort = measure_ort_streaming(ort_width, ort_chain, threads=ort_threads)
+    bw_ort = 4.0 * measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
+    nbits_rate = measure_ort_streaming(True, ort_width, ort_chain, threads=ort_threads)
     layer = layer or LayerShape()
     try:
         lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads)
     except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
         lt = {}
-    terms = layer_terms(lt, layer_weight_elements(layer), bw_ort) if lt else {}
-    bw = max(bw_copy, bw_one_row, bw_ort)
+    terms = layer_terms(lt, layer_weight_elements(layer), nbits_rate) if lt else {}
+    bw = max(bw_copy, bw_one_row, bw_ort, terms.get("fp32_bytes_per_s", 0.0))
     try:
         mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
@@ -213,11 +226,11 @@ def measure_host(
         peak_flops_per_s={"fp32": flops},
         sram_bytes=l3,
         num_devices=1,
-        bandwidth_efficiency=min(1.0, bw_ort / bw),
+        bandwidth_efficiency=min(1.0, terms.get("fp32_bytes_per_s", bw_ort) / bw),
         compute_efficiency=1.0,
         call_overhead_s=overhead,
         layer_overhead_s=terms.get("layer_overhead_s", 0.0),
-        decompress_elements_per_s=dict.fromkeys(NBITS_FORMATS, terms["nbits_rate"]) if terms else {},
+        decompress_elements_per_s=dict.fromkeys(NBITS_FORMATS, nbits_rate),
         decompress_overlap=True,
         multi_token_penalty=terms.get("beta", 0.0),
         multi_token_exponent=terms.get("gamma", 1.0),
@@ -227,8 +240,9 @@ def measure_host(
         notes=(
             f"copy {bw_copy / 1e9:.2f} GB/s; numpy 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s, W@x.T ms by "
             f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; matmul "
-            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, one-row MatMul streaming "
-            f"{bw_ort / 1e9:.2f} GB/s, " + _layer_notes(lt, terms)
+            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, one-row streaming: MatMul "
+            f"{bw_ort / 1e9:.2f} GB/s, 8-bit MatMulNBits {nbits_rate / 1e9:.2f} G weights/s (the rate of "
+            f"{', '.join(NBITS_FORMATS)}: they run on that kernel here); " + _layer_notes(lt, terms)
         ),
     )
 
@@ -239,23 +253,24 @@ def _layer_notes(lt: dict[str, dict[int, float]], terms: dict[str, float]) -> st
     ms = lambda d: {k: round(v * 1e3, 3) for k, v in d.items()}  # noqa: E731
     return (
         f"decoder layer ms by rows fp32 {ms(lt['fp32'])} / MXFP6 on 8-bit MatMulNBits {ms(lt['nbits8'])} -> layer "
-        f"overhead {terms['layer_overhead_s'] * 1e3:.3f} ms, 8-bit MatMulNBits {terms['nbits_rate'] / 1e9:.2f} G "
-        f"weights/s (the rate of {', '.join(NBITS_FORMATS)}: they run on that kernel here)."
+        f"overhead {terms['layer_overhead_s'] * 1e3:.3f} ms, float32 weights in a layer "
+        f"{terms['fp32_bytes_per_s'] / 1e9:.2f} GB/s."
     )
 
 
-def layer_terms(times: dict[str, dict[int, float]], elements: int, bw: float) -> dict[str, float]:
+def layer_terms(times: dict[str, dict[int, float]], elements: int, nbits_rate: float) -> dict[str, float]:
     """``Hardware`` terms from per-layer times (``measure_layer_times``) of a layer of ``elements`` weights and the
-    float32 streaming bandwidth ``bw`` (bytes/s): the layer overhead (the float32 layer less its weights at ``bw``,
-    at least 0), the 8-bit MatMulNBits rate (weights / what the 8-bit layer adds to that overhead), and the
-    multi-token (beta, gamma) of the 8-bit layer's weight time over its rows."""
+    8-bit ``MatMulNBits`` streaming rate (weights/s): the layer overhead = the 8-bit layer less its weights at that
+    rate (at least 0; the 8-bit weights are a small share of that layer, so the split is robust), the float32
+    weights' bytes/s in a layer = bytes / (the float32 layer less the overhead), and the multi-token (beta, gamma)
+    of the float32 layer's weight time over its rows."""
     t32, t8 = times["fp32"], times["nbits8"]
-    overhead = max(t32[1] - 4.0 * elements / bw, 0.0)
-    weights_s = {r: max(t - overhead, 1e-9) for r, t in t8.items()}
+    overhead = max(t8[1] - elements / nbits_rate, 0.0)
+    weights_s = {r: max(t - overhead, 1e-3 * t) for r, t in t32.items()}
     beta, gamma = fit_multi_token(np.array(list(weights_s)), np.array(list(weights_s.values())))
     return {
         "layer_overhead_s": overhead,
-        "nbits_rate": elements / weights_s[1],
-        "beta": beta,
+        "fp32_bytes_per_s": 4.0 * elements / weights_s[1],
+        "beta": min(beta, 4.0),
         "gamma": gamma,
     }

@@ -17,17 +17,17 @@ def test_fit_multi_token_recovers_power_law():
 
 
 def test_layer_terms_recover_known_costs():
-    """A float32 layer = weights at the bandwidth + overhead, an 8-bit one = overhead + weights at the kernel's rate,
-    growing over rows as 1 + beta (r-1)^gamma: layer_terms gives back the overhead, the rate and (beta, gamma)."""
+    """An 8-bit layer = overhead + weights at the kernel's rate; a float32 one = overhead + its bytes at a bandwidth,
+    growing over rows as 1 + beta (r-1)^gamma: layer_terms gives back the overhead, the bandwidth and (beta, gamma)."""
     n, bw, over, rate = 3_000_000, 20e9, 1.5e-4, 25e9
-    t32 = {1: 4 * n / bw + over}
-    t8 = {r: over + n / rate * (1 + 0.2 * (r - 1) ** 0.8) for r in (1, 2, 4)}
-    got = layer_terms({"fp32": t32, "nbits8": t8}, n, bw)
+    t8 = {1: over + n / rate}
+    t32 = {r: over + 4 * n / bw * (1 + 0.2 * (r - 1) ** 0.8) for r in (1, 2, 4)}
+    got = layer_terms({"fp32": t32, "nbits8": t8}, n, rate)
     assert got["layer_overhead_s"] == pytest.approx(over, rel=1e-9)
-    assert got["nbits_rate"] == pytest.approx(rate, rel=1e-9)
+    assert got["fp32_bytes_per_s"] == pytest.approx(bw, rel=1e-9)
     assert (got["beta"], got["gamma"]) == (pytest.approx(0.2, rel=1e-6), pytest.approx(0.8, rel=1e-6))
-    # a float32 layer faster than its bytes at the bandwidth: no negative overhead
-    assert layer_terms({"fp32": {1: 1e-6}, "nbits8": t8}, n, bw)["layer_overhead_s"] == 0.0
+    # an 8-bit layer faster than its weights at the kernel's rate: no negative overhead
+    assert layer_terms({"fp32": t32, "nbits8": {1: 1e-6}}, n, rate)["layer_overhead_s"] == 0.0
     assert layer_weight_elements(LayerShape()) == 576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536  # SmolLM2-135M
 
 
