@@ -126,6 +126,21 @@ def test_edge_case_blocks_are_exact(fmt, k):
     np.testing.assert_array_equal(got[:, :k], mx.dequantize(np.float64))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_joined_nodes_equal_separate_ones(rows):
+    """The nbits graphs run q+k+v and gate+up each as one MatMulNBits (blocks stacked along the outputs): every
+    output column equals the one of a separate node bit for bit, with int8 activations (level 4) too."""
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((88, 80)).astype(np.float32)
+    mx = lambda a: quantize(a, get_format("mxfp6"), axis=-1, block_size=32)  # noqa: E731  (blocks along a row)
+    joined, gate, up = mx(w), mx(w[:48]), mx(w[48:])
+    x = rng.standard_normal((rows, 80)).astype(np.float32)
+    for level in (4, 1):
+        both = _run_nbits_node(joined, x, level)
+        np.testing.assert_array_equal(both[:, :48], _run_nbits_node(gate, x, level))
+        np.testing.assert_array_equal(both[:, 48:], _run_nbits_node(up, x, level))
+
+
 def test_formats_without_an_exact_8bit_form_are_rejected(tmp_path):
     mx = quantize(np.ones((4, 32), np.float32), get_format("mxfp6_e3m2"), axis=-1, block_size=32)
     with pytest.raises(BackendError, match=r"need a 2-D MXINT8, MXFP6 \(E2M3\) or MXFP4 \(E2M1\).*got mxfp6_e3m2"):
