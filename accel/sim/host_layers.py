@@ -98,22 +98,23 @@ def measure_layer_times(
 ) -> dict[str, dict[int, float]]:
     """Seconds of one decoder layer per call of accel's onnxruntime graph, ``{"fp32" | "nbits8": {rows: s}}``: the
     time of a ``layers[1]``-layer graph less a ``layers[0]``-layer one, over the layers added (``rows`` new tokens
-    after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``)."""
+    after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``). All calls of a kind are timed
+    round robin, so load drift hits every row count and both graphs alike."""
     shape = shape or LayerShape()
     out: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("fp32", "nbits8"):
-            out[kind] = {}
-            for r in rows:
-                pair = [_backend(shape, n, kind == "nbits8", r, threads, Path(tmp)) for n in layers]
-                ids, pos = np.zeros((1, r), np.int64), np.arange(shape.past, shape.past + r)[None]
-                times: list[list[float]] = [[], []]
-                for i in range(calls + 2):
-                    for b, ts in zip(pair, times, strict=True):
-                        t0 = time.perf_counter()
-                        b.forward(ids, pos)
-                        if i >= 2:
-                            ts.append(time.perf_counter() - t0)
-                out[kind][r] = max(float(np.median(times[1]) - np.median(times[0])), 1e-9) / (layers[1] - layers[0])
-                del pair
+            pair = [_backend(shape, n, kind == "nbits8", 1, threads, Path(tmp)) for n in layers]
+            calls_ = [(b, r) for r in rows for b in pair]  # every row count of both graphs, round robin
+            times: dict[tuple[int, int], list[float]] = {(i, r): [] for i in range(2) for r in rows}
+            for i in range(calls + 2):
+                for j, (b, r) in enumerate(calls_):
+                    ids, pos = np.zeros((1, r), np.int64), np.arange(shape.past, shape.past + r)[None]
+                    t0 = time.perf_counter()
+                    b.forward(ids, pos)
+                    if i >= 2:
+                        times[(j % 2, r)].append(time.perf_counter() - t0)
+            added = layers[1] - layers[0]
+            out[kind] = {r: max(float(np.median(times[(1, r)]) - np.median(times[(0, r)])), 1e-9) / added for r in rows}
+            del pair
     return out
