@@ -5,9 +5,11 @@ and the distilled draft shipped in ``accel/demo_data/smollm2-draft`` (built by `
 
 1. compress the target to MXFP6 (``accel.compress``): size saving and quality cost (logit error, greedy agreement);
 2. export both models to ONNX (cached in ``<out>/onnx``) and decode on onnxruntime: autoregressive, greedy SpD and
-   sampled SpD, streaming the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance;
+   sampled SpD, streaming the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance; and the
+   step of the target with exact MXFP6 weights on 8-bit MatMulNBits (``mxfp6-nbits``) timed beside the float32 one;
 3. predict the same pair on Cloud AI 100 Standard/Pro/Ultra and a GPU (``accel.sim.predict_speedup``) with the
-   measured acceptance; save plots. Every figure is labelled "measured here" or "predicted".
+   measured acceptance, the measured MXFP6 step speedup printed next to the predicted ones; save plots. Every figure
+   is labelled "measured here" or "predicted".
 """
 
 from __future__ import annotations
