@@ -40,11 +40,24 @@ __all__ = [
     "exit_hidden",
     "load_exit_head",
     "save_exit_head",
+    "shipped_exit_head",
     "topk_agreement",
     "train_exit_head",
 ]
 
 WEIGHTS, CARD = "exit_head.safetensors", "exit_head.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "demo_data"
+
+
+def shipped_exit_head(layer: int) -> Path:
+    """The exit head for SmolLM2-135M after ``layer`` layers shipped with the package
+    (``accel/demo_data/smollm2-exit-L{layer}``, built by ``examples/build_exit_head.py``); ``DraftError`` listing the
+    shipped layers when there is none for ``layer``."""
+    path = SHIPPED / f"smollm2-exit-L{layer}"
+    if not (path / CARD).is_file():
+        have = sorted(int(p.name.rsplit("L", 1)[1]) for p in SHIPPED.glob("smollm2-exit-L*") if (p / CARD).is_file())
+        raise DraftError(f"no shipped exit head for layer {layer} (shipped: {have or 'none'}); pass a directory")
+    return path
 
 
 class ExitHead(nn.Module):

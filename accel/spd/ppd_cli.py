@@ -16,6 +16,8 @@ from accel.errors import SpdError
 
 __all__ = ["add_arguments", "run_ppd"]
 
+SHIPPED = "shipped"  # the value of a bare --exit-head
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The PPD options of ``accel generate``."""
@@ -28,22 +30,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "directory, no --draft; docs/ppd.md)",
     )
     p.add_argument("--ppd-k", type=int, default=3, help="PPD candidates per step (default 3)")
-    p.add_argument("--exit-head", default=None, help="trained exit head directory (default: the plain exit)")
+    p.add_argument(
+        "--exit-head",
+        nargs="?",
+        const=SHIPPED,
+        default=None,
+        metavar="DIR",
+        help="trained exit head directory; bare --exit-head: the head shipped for SmolLM2-135M at the --ppd layer "
+        "(accel/demo_data/smollm2-exit-L15); default: the plain exit",
+    )
 
 
 def _stages(args: argparse.Namespace, target_path: Path, tmp: Path):
     from accel.backends import OrtBackend, TorchBackend, export_onnx
     from accel.backends.stages import split_layers
-    from accel.drafts.early_exit import load_exit_head
+    from accel.drafts.early_exit import load_exit_head, shipped_exit_head
     from accel.models import load_checkpoint
 
     model = load_checkpoint(target_path).eval()
     layers = model.config.num_layers
     if not 1 <= args.ppd < layers:
         raise SpdError(f"--ppd exit layer must be in 1..{layers - 1} (the target has {layers} layers)")
-    head = load_exit_head(args.exit_head, model) if args.exit_head else None
+    head_dir = shipped_exit_head(args.ppd) if args.exit_head == SHIPPED else args.exit_head
+    head = load_exit_head(head_dir, model) if head_dir else None
     if head is not None and head.layer != args.ppd:
-        raise SpdError(f"the exit head at {args.exit_head} is for layer {head.layer}, not --ppd {args.ppd}")
+        raise SpdError(f"the exit head at {head_dir} is for layer {head.layer}, not --ppd {args.ppd}")
     specs = split_layers(layers, [args.ppd], exit_logits=True)
     if args.backend == "torch":
         kw = dict(ctx_len=args.ctx_len, threads=args.threads)

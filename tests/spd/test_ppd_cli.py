@@ -51,3 +51,5 @@ def test_generate_ppd_errors(checkpoint, capsys):
     assert "--ppd-k" in capsys.readouterr().err
     assert main([*args, "--ppd", "1", "--exit-head", str(head.parent)]) == EXIT_ERROR
     assert "not an exit head directory" in capsys.readouterr().err
+    assert main([*args, "--ppd", "1", "--exit-head"]) == EXIT_ERROR  # bare: the shipped head for that layer
+    assert "no shipped exit head for layer 1" in capsys.readouterr().err
