@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="fail when a configuration does not fit in memory")
     p.add_argument("--plot", default=None, help="write a time-breakdown bar chart to this PNG")
     p.add_argument("--json", action="store_true", help="print the full prediction as JSON instead of the table")
+    from accel.sim import ppd_cli
+
+    ppd_cli.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -136,12 +139,20 @@ def run(args: argparse.Namespace) -> int:
         raise SimError("--acceptance, --tree-nodes and the loop statistics need --draft")
     spd: dict[str, Any] = {} if args.draft is None else {"k": args.k, "acceptance": args.acceptance}
     pred = predict_speedup(dep, loop_stats=stats, tree=args.tree_nodes, strict=args.strict, **spd)
+    ppd = None
+    if args.ppd is not None:
+        from accel.sim.ppd_cli import ppd_section
+
+        ppd = ppd_section(args)
     if args.json:
-        print(json.dumps(pred.model_dump(mode="json"), indent=2))
+        doc = pred.model_dump(mode="json")
+        print(json.dumps(doc if ppd is None else {**doc, "ppd": ppd[1]}, indent=2))
     else:
         print(pred.table())
         if args.tree_nodes is not None:
             print(_tree_budgets(pred, dep, 0.8 if args.acceptance is None else args.acceptance))
+        if ppd is not None:
+            print(ppd[0])
     if args.plot:
         from accel.sim.plots import breakdown_bars
 

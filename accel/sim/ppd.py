@@ -10,15 +10,21 @@ Approximations (dbar = d/2, l >> 1): latency per token ~ d (1 - p/2); average bu
 General l >> 1 forms used here: latency per token ~ d - (d - dbar) p,
 busy ~ (d + k(d-dbar) - (d-dbar) p) / (d - (d-dbar) p).
 
-Mapping onto a device: one unit = one decoder layer of a decode step (S = 1) from the roofline; per token the
-per-call costs (LM head, call overhead, all-reduces outside layers) are added once. Assumption (the paper's): the
-k sub-processes run on otherwise idle compute units and do not slow the main one; ``busy_units`` says how many
-layer-pipelines that takes, i.e. whether the device actually has the parallel resources.
+Mapping onto a device (``placement="paper"``, the default): one unit = one decoder layer of a decode step (S = 1)
+from the roofline; per token the per-call costs (LM head, call overhead, all-reduces outside layers) are added once.
+Assumption (the paper's): the k sub-processes run on otherwise idle compute units and do not slow the main one;
+``busy_units`` says how many layer-pipelines that takes, i.e. whether the device actually has the parallel
+resources.
+
+Placements that price where the stages run (``accel.sim.ppd_stages``): ``"same-device"`` (both stages share one
+device's memory and compute: the contention-aware term) and ``"per-stage"`` (one device, or tensor-parallel group,
+per stage, with the hidden-state hand-off over the links); ``dbar`` is then the exit layer ``e`` (any of 1..d-1),
+the stage calls come from the roofline, and the Theorem 4.1 fields keep the paper's figure for ``max(e, d - e)``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,7 +34,8 @@ from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.models import ModelSpec
-from accel.sim.roofline import step_time
+from accel.sim.ppd_stages import PlacementKind, PPDPlacement, PPDStageTimes, ppd_step_time, stage_specs
+from accel.sim.roofline import resolve_devices, step_time
 
 
 def _check(d: Any, dbar: Any, k: Any, p: Any, l: Any) -> None:  # noqa: E741
@@ -57,7 +64,10 @@ def ppd_expected_compute(d: int, dbar: float, k: int, p: float, l: int) -> float
 
 
 class PPDResult(SimModel):
-    """PPD prediction. ``*_units`` are in layer times; seconds come from the roofline on ``hardware``."""
+    """PPD prediction. ``*_units`` are in layer times (Theorem 4.1); seconds come from the roofline on ``hardware``
+    (``latency_s``, ``speedup`` and the per-token times follow ``placement``). Stage placements add the stage calls'
+    times (``stage_times``), the two stages side by side (``parallel_s``) and, per-stage, how much faster AR gets in
+    tensor parallel over both stages' devices (``tensor_parallel_speedup``: PPD's rival for the same devices)."""
 
     model: str
     hardware: str
@@ -76,6 +86,13 @@ class PPDResult(SimModel):
     ar_latency_s: float
     speedup: float
     tokens_per_s: float
+    placement: str = "paper"
+    devices: int = 1
+    per_token_s: float = 0.0
+    ar_per_token_s: float = 0.0
+    stage_times: PPDStageTimes | None = None
+    parallel_s: float | None = None
+    tensor_parallel_speedup: float | None = None
 
 
 def predict_ppd(
@@ -91,33 +108,58 @@ def predict_ppd(
     context_len: int = 128,
     batch_size: int = 1,
     devices: int | None = None,
+    placement: PPDPlacement | str = "paper",
 ) -> PPDResult:
-    """Expected PPD latency (s) for ``gen_len`` tokens vs autoregressive decoding on ``hardware``."""
+    """Expected PPD latency (s) for ``gen_len`` tokens vs autoregressive decoding on ``hardware``. ``placement``
+    (a ``PPDPlacement`` or its kind): ``"paper"`` prices Theorem 4.1 with ``dbar`` in [d/2, d]; ``"same-device"`` /
+    ``"per-stage"`` price the two-stage decoder with exit layer ``e = dbar`` (batch 1; module docstrings)."""
     spec, hw = resolve_model(model), _hardware(hardware)
+    place = placement if isinstance(placement, PPDPlacement) else PPDPlacement(kind=cast(PlacementKind, placement))
     d = spec.n_layers
-    _check(d, dbar, k, p, gen_len)
+    n = resolve_devices(hw, devices)
+    if place.kind != "paper":
+        if batch_size != 1:
+            raise SimError(f"stage placements price PPD at batch 1 (the candidates are the rows); got {batch_size}")
+        front_spec, back_spec = stage_specs(spec, dbar)  # type: ignore[arg-type]  # checked there: an int
+        _check(d, max(dbar, d - dbar), k, p, gen_len)
+    else:
+        _check(d, dbar, k, p, gen_len)
 
-    def t(s: ModelSpec) -> float:
+    def t(s: ModelSpec, rows: int = batch_size, on: int = n):
         return step_time(
             s,
             hw,
             weight_format=weight_format,
             kv_format=kv_format,
-            batch_size=batch_size,
+            batch_size=rows,
             context_len=context_len,
-            devices=devices,
-        ).time_s
+            devices=on,
+        )
 
-    one = t(spec.model_copy(update={"n_layers": 1}))
-    two = t(spec.model_copy(update={"n_layers": 2}))
-    full = t(spec)
+    one = t(spec.model_copy(update={"n_layers": 1})).time_s
+    two = t(spec.model_copy(update={"n_layers": 2})).time_s
+    full = t(spec).time_s
     layer_s = two - one  # exact: every layer costs the same
     fixed = full - d * layer_s
-    lat_u = ppd_expected_latency(d, dbar, p, gen_len)
-    comp_u = ppd_expected_compute(d, dbar, k, p, gen_len)
-    saved = (d - dbar) * p
-    latency_s = lat_u * layer_s + gen_len * fixed
-    ar_s = gen_len * full
+    theorem_dbar = dbar if place.kind == "paper" else max(dbar, d - dbar)
+    lat_u = ppd_expected_latency(d, theorem_dbar, p, gen_len)
+    comp_u = ppd_expected_compute(d, theorem_dbar, k, p, gen_len)
+    saved = (d - theorem_dbar) * p
+    ar_tok = full + place.host_s
+    extra: dict[str, Any] = {}
+    if place.kind == "paper":
+        latency_s = lat_u * layer_s + gen_len * (fixed + place.host_s)
+    else:
+        split = place.kind == "per-stage"
+        times = PPDStageTimes.from_roofline(
+            t(front_spec, rows=k), t(back_spec, rows=1), split=split, hw=hw, hidden=spec.d_model, k=k
+        )
+        par, per_tok = ppd_step_time(times, p, place)
+        latency_s = gen_len * per_tok
+        extra = {"stage_times": times, "parallel_s": par}
+        if split:  # AR in tensor parallel over both stages' devices
+            extra["tensor_parallel_speedup"] = ar_tok / (t(spec, on=2 * n).time_s + place.host_s)
+    ar_s = gen_len * ar_tok
     return PPDResult(
         model=spec.name,
         hardware=hw.name,
@@ -129,11 +171,16 @@ def predict_ppd(
         expected_latency_units=lat_u,
         expected_compute_units=comp_u,
         approx_latency_units_per_token=d - saved,
-        approx_busy_units=(d + k * (d - dbar) - saved) / (d - saved),
+        approx_busy_units=(d + k * (d - theorem_dbar) - saved) / (d - saved),
         layer_s=layer_s,
         per_token_fixed_s=fixed,
         latency_s=latency_s,
         ar_latency_s=ar_s,
         speedup=ar_s / latency_s,
         tokens_per_s=batch_size * gen_len / latency_s,
+        placement=place.kind,
+        devices=n,
+        per_token_s=latency_s / gen_len,
+        ar_per_token_s=ar_tok,
+        **extra,
     )
