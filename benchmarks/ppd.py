@@ -2,11 +2,12 @@
 measured latency against Theorem 4.1 and a contention-aware estimate for this CPU.
 
     flock /work/helpers/bench.lock .venv/bin/python benchmarks/ppd.py [--exit-layers 15] [--ks 1 2 3]
-        [--prompts 4] [--new 48] [--heads results/exit_heads] [--work results/ppd_bench]
+        [--prompts 4] [--new 48] [--heads accel/demo_data] [--plain] [--work results/ppd_bench]
 
 Per exit layer ``e`` the target is exported as stages [0, e) (exit logits through the trained head in
-``<heads>/exit-L{e}``, else the plain exit) with k rows and [e, L) with one row (``accel.backends.stages``), beside
-the whole graph for the AR baseline; every session uses one thread. On the first ``--prompts`` held-out prompts
+``<heads>/smollm2-exit-L{e}`` or ``<heads>/exit-L{e}``, by default the heads shipped in ``accel/demo_data``; the plain
+exit where there is none, and also with ``--plain``) with k rows and [e, L) with one row (``accel.backends.stages``),
+beside the whole graph for the AR baseline; every session uses one thread. On the first ``--prompts`` held-out prompts
 (``HELD_OUT_PROMPTS``, never trained on) it runs greedy AR, PPD serial (``concurrent=False``: the same work on one
 thread) and PPD concurrent (two threads) prompt by prompt, interleaved so that load changes on a shared machine hit
 all three alike, checks that PPD's tokens equal AR's, and prints per (e, k):
@@ -15,9 +16,10 @@ all three alike, checks that PPD's tokens equal AR's, and prints per (e, k):
 - decode tokens/s of AR, PPD serial and PPD concurrent, and the speedup of concurrent PPD over AR;
 - ``theory``: Theorem 4.1 per token, ``L - (L - dbar) p`` layer times with ``dbar = max(e, L - e)`` and one layer time
   = AR's measured time per token / L (the paper's assumption: the candidates run on otherwise idle hardware);
-- ``estimate``: per token ``host + P + (1 - p) t_miss`` with ``P = max(t_back, t_spec, (t_back + t_spec) / s)``: the
-  stage times measured alone (the serial run), ``s`` = how much two concurrent onnxruntime calls get done in the time
-  of one (measured on two back-stage sessions: 2 if the cores were independent, 1 if the memory bus serialises them),
+- ``sim``: the simulator's same-device placement (``accel.sim.ppd_stages.ppd_step_time``): per token
+  ``host + P + (1 - p) t_miss`` with ``P = max(t_back, t_spec, (t_back + t_spec) / s)``, from the stage times
+  measured alone (the serial run), ``s`` = how much two concurrent onnxruntime calls get done in the time of one
+  (measured on two back-stage sessions: 2 if the cores were independent, 1 if the memory bus serialises them),
   ``host`` the serial run's time per token outside the stage calls; and its error against the measurement.
 """
 
@@ -78,18 +80,22 @@ def export_all(target, args, work: Path):
         export_onnx(target, out["whole"], batch_size=1, **kw)
     for e in args.exit_layers:
         front_spec, back_spec = split_layers(L, [e], exit_logits=True)
-        head_dir = Path(args.heads) / f"exit-L{e}"
-        head = load_exit_head(head_dir, target) if head_dir.is_dir() else None
+        head_dir = next((d for d in (Path(args.heads) / f"smollm2-exit-L{e}", Path(args.heads) / f"exit-L{e}")
+                         if d.is_dir()), None)  # fmt: skip
+        heads = {"trained": load_exit_head(head_dir, target)} if head_dir is not None else {}
+        if args.plain or not heads:
+            heads = {"plain": None, **heads}
         back = work / f"back-L{e}.onnx"
         if not back.is_file():
             export_onnx(target, back, batch_size=1, stage=back_spec, **kw)
-        fronts, kind = {}, "trained" if head is not None else "plain"
-        for k in args.ks:
-            fronts[k] = work / f"front-L{e}-k{k}-{kind}.onnx"
-            if not fronts[k].is_file():
-                export_onnx(target, fronts[k], batch_size=k, stage=front_spec, exit_head=head, **kw)
-        out["stages"][e] = (back, fronts, kind)
-        print(f"exit layer {e}: {'trained head ' + str(head_dir) if head else 'plain exit (no trained head)'}")
+        for kind, head in heads.items():
+            fronts = {}
+            for k in args.ks:
+                fronts[k] = work / f"front-L{e}-k{k}-{kind}.onnx"
+                if not fronts[k].is_file() or kind == "trained":  # a head may have been retrained: re-export
+                    export_onnx(target, fronts[k], batch_size=k, stage=front_spec, exit_head=head, **kw)
+            out["stages"][(e, kind)] = (back, fronts)
+        print(f"exit layer {e}: {'trained head ' + str(head_dir) if head_dir else 'plain exit (no trained head)'}")
     return out
 
 
@@ -133,7 +139,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--heads", default=str(REPO / "results" / "exit_heads"))
+    ap.add_argument("--heads", default=str(REPO / "accel" / "demo_data"), help="folder of exit-head directories")
+    ap.add_argument("--plain", action="store_true", help="also run the plain exit where a trained head exists")
     ap.add_argument("--work", default=str(REPO / "results" / "ppd_bench"))
     args = ap.parse_args()
 
@@ -142,6 +149,7 @@ def main() -> int:
     from accel.drafts.prompts import HELD_OUT_PROMPTS
     from accel.models import load_checkpoint, smollm2_checkpoint
     from accel.sim.ppd import ppd_expected_latency
+    from accel.sim.ppd_stages import PPDPlacement, PPDStageTimes, ppd_step_time
 
     target = load_checkpoint(smollm2_checkpoint()).eval()
     tok = load_text_tokenizer(smollm2_checkpoint())
@@ -152,16 +160,17 @@ def main() -> int:
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
     whole = OrtBackend(paths["whole"], threads=1)
     print(f"{len(prompts)} held-out prompts x {args.new} tokens, greedy; onnxruntime, 1 thread per session")
-    head = "| e | k | exit | p | AR tok/s | PPD serial | PPD conc. | speedup | theory tok/s | estimate tok/s | err |"
+    head = "| e | k | exit | p | AR tok/s | PPD serial | PPD conc. | speedup | theory tok/s | sim tok/s | err |"
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
-    for e, (back, fronts, kind) in paths["stages"].items():
+    for (e, kind), (back, fronts) in paths["stages"].items():
         for k, front in fronts.items():
             r = run_config(e, k, back, front, whole, prompts, args)
             p, t_ar = r["p"], r["ar_s"]
             theory = ppd_expected_latency(L, max(e, L - e), p, 10_000) / 10_000 * t_ar / L
-            par = max(r["t_back"], r["t_spec"], (r["t_back"] + r["t_spec"]) / r["s"])
-            est = r["host"] + par + (1 - p) * r["t_miss"]
+            times = PPDStageTimes(front_s=r["t_spec"], back_s=r["t_back"], miss_s=r["t_miss"])
+            place = PPDPlacement(kind="same-device", concurrency=min(max(r["s"], 1.0), 2.0), host_s=r["host"])
+            est = ppd_step_time(times, p, place)[1]
             err = (est - r["concurrent_s"]) / r["concurrent_s"]
             print(
                 f"| {e} | {k} | {kind} | {p:.3f} | {1 / t_ar:.1f} | {1 / r['serial_s']:.1f} | "

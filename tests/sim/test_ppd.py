@@ -153,3 +153,24 @@ def test_stage_placement_errors():
         ppd_step_time(_times(), 1.2, PPDPlacement(kind="same-device"))
     with pytest.raises(SimError, match="not 'paper'"):
         ppd_step_time(_times(), 0.5, PPDPlacement())
+
+
+def test_the_where_ppd_pays_table_in_the_docs_is_what_predict_ppd_gives():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ppd.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and "x / " in line]
+    assert len(rows) >= 8
+    for line in rows:
+        model, hw, n, ar, same, split, tp = [c.strip() for c in line.strip("|").split("|")]
+        L = preset(model).n_layers
+        got = {}
+        for place in ("same-device", "per-stage"):
+            for k, p in ((1, 0.26), (3, 0.47)):
+                got[place, k] = predict_ppd(
+                    model, hw, dbar=L // 2, k=k, p=p, gen_len=256, placement=place, devices=int(n), context_len=1024
+                )
+        assert f"{got['same-device', 1].ar_per_token_s * 1e3:.2f}" == ar, line
+        assert f"{got['same-device', 1].speedup:.2f}x / {got['same-device', 3].speedup:.2f}x" == same, line
+        assert f"{got['per-stage', 1].speedup:.2f}x / {got['per-stage', 3].speedup:.2f}x" == split, line
+        assert f"{got['per-stage', 1].tensor_parallel_speedup:.2f}x" == tp, line
