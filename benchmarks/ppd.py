@@ -19,7 +19,8 @@ all three alike, checks that PPD's tokens equal AR's, and prints per (e, k):
 - ``sim``: the simulator's same-device placement (``accel.sim.ppd_stages.ppd_step_time``): per token
   ``host + P + (1 - p) t_miss`` with ``P = max(t_back, t_spec, (t_back + t_spec) / s)``, from the stage times
   measured alone (the serial run), ``s`` = how much two concurrent onnxruntime calls get done in the time of one
-  (measured on two back-stage sessions: 2 if the cores were independent, 1 if the memory bus serialises them),
+  (measured on two back-stage sessions before each prompt, the median: 2 if the cores were independent, 1 if the
+  memory bus serialises them),
   ``host`` the serial run's time per token outside the stage calls; and its error against the measurement.
 """
 
@@ -37,12 +38,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def contention_factor(path: Path, hidden: int, calls: int = 20) -> float:
-    """``s``: (2 x one call's time) / (time of two concurrent calls), medians, on two sessions of the stage graph at
-    ``path`` (one decode token at position 64)."""
-    from accel.backends import OrtBackend
-
-    a, b = OrtBackend(path, threads=1), OrtBackend(path, threads=1)
+def contention_factor(a, b, hidden: int, calls: int = 20) -> float:
+    """``s``: (2 x one call's time) / (time of two concurrent calls), medians, on two sessions ``a``, ``b`` of the
+    back stage's graph (one decode token at position 64)."""
     pos, h = np.array([[64]]), np.random.default_rng(0).normal(size=(1, 1, hidden)).astype(np.float32)
 
     def call(s):
@@ -101,14 +99,18 @@ def export_all(target, args, work: Path):
 
 def run_config(e, k, back_path, front_path, whole, prompts, args) -> dict:
     """AR, serial PPD and concurrent PPD, interleaved prompt by prompt (so that a shared machine's load changes
-    affect all three alike); exactness checked against AR; ``s`` measured right after."""
+    affect all three alike) with ``s`` measured before each prompt (the median is used); exactness checked
+    against AR."""
     from accel.backends import OrtBackend
     from accel.spd import Sampling, generate_ar
     from accel.spd.ppd import generate_ppd
 
     front, back = OrtBackend(front_path, threads=1), OrtBackend(back_path, threads=1)
     runs: dict[str, list] = {"ar": [], "serial": [], "concurrent": []}
+    s_values, pair = [], (OrtBackend(back_path, threads=1), OrtBackend(back_path, threads=1))
+    hidden = back.info.hidden_size or whole.info.hidden_size
     for p in prompts:
+        s_values.append(contention_factor(*pair, hidden, calls=10))  # beside the runs it prices
         ar = generate_ar(whole, [p], max_new_tokens=args.new, sampling=Sampling(greedy=True))
         runs["ar"].append(ar)
         for mode in ("serial", "concurrent"):
@@ -128,7 +130,7 @@ def run_config(e, k, back_path, front_path, whole, prompts, args) -> dict:
     row["t_spec"] = sum(r.stats.spec_s for r in serial) / steps
     row["t_miss"] = sum(r.stats.miss_s for r in serial) / max(steps - hits, 1)
     row["host"] = (decode - calls) / toks
-    row["s"] = contention_factor(back_path, whole.info.hidden_size or back.info.hidden_size)
+    row["s"] = statistics.median(s_values)
     return row
 
 
