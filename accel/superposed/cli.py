@@ -4,7 +4,9 @@ against k nucleus samples). See docs/superposed.md."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("-o", "--out", required=True, help="store file to write")
     b.add_argument("--stdlib", action="store_true", help="add the Python standard library's source (code)")
     b.add_argument("--self-written", type=int, default=0, metavar="N", help="add N continuations the target writes")
+    b.add_argument(
+        "--shards",
+        nargs="+",
+        default=[],
+        metavar="SHARD",
+        help="add target-written token rows: distill-data *.safetensors shards or folders of them",
+    )
+    b.add_argument(
+        "--exclude-held-out",
+        action="store_true",
+        help="drop shard rows that contain a held-out evaluation prompt (accel.drafts.HELD_OUT_PROMPTS)",
+    )
     b.add_argument("--target", default=None, help="target checkpoint directory (default: SmolLM2-135M)")
     b.add_argument("--tokenizer", default=None, help="tokenizer.json or directory (default: the target's)")
     b.add_argument("--max-order", type=int, default=6, help="longest n-gram counted (default 6)")
@@ -64,21 +78,37 @@ def _target(path: str | None) -> Path:
 def run_build(args: argparse.Namespace) -> int:
     """``accel ngrams build``: tokenize the sources and write the store; returns the exit code."""
     from accel.models.smollm2 import load_tokenizer
-    from accel.superposed import build_store
+    from accel.superposed import NgramStore, build_store
     from accel.superposed.build import DEFAULT_MAX_TOKENS
-    from accel.superposed.corpus import (
-        self_written_texts,
-        stdlib_files,
-        tokenize_texts,
-        tokenizer_fingerprint,
-        user_text_files,
-    )
+    from accel.superposed.corpus import tokenizer_fingerprint
 
-    if not (args.paths or args.stdlib or args.self_written):
-        raise SuperposedError("no corpus: give text files/directories, --stdlib and/or --self-written N")
+    if not (args.paths or args.stdlib or args.self_written or args.shards):
+        raise SuperposedError("no corpus: give text files/directories, --stdlib, --self-written N and/or --shards")
     target = _target(args.target) if (args.target or args.self_written or not args.tokenizer) else None
     tok = load_tokenizer(args.tokenizer or str(target))
     vocab = json.loads((target / "config.json").read_text())["vocab_size"] if target else tok.get_vocab_size()
+    docs, sources = _corpus(args, tok, target, vocab)
+    meta = {"sources": sources, "tokenizer": tokenizer_fingerprint(tok)}
+    max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    out = build_store(docs, vocab, args.out, max_order=args.max_order, meta=meta, max_tokens=max_tokens)
+    store = NgramStore.load(out, verify=False)
+    print(f"wrote {out}: {store.positions} tokens, orders 1..{store.max_order}, {out.stat().st_size} bytes")
+    for s in sources:
+        print(f"  {s}")
+    return 0
+
+
+def _corpus(args: argparse.Namespace, tok: Any, target: Path | None, vocab: int) -> tuple[Iterable, list[str]]:
+    """The documents (token id arrays) of every source ``accel ngrams build`` was given, and their descriptions."""
+    from accel.superposed.corpus import (
+        drop_containing,
+        self_written_texts,
+        stdlib_files,
+        teacher_shards,
+        tokenize_texts,
+        user_text_files,
+    )
+
     texts, sources = [], []
     if args.paths:
         t, desc = user_text_files(args.paths, args.max_bytes)
@@ -95,22 +125,16 @@ def run_build(args: argparse.Namespace) -> int:
         t, desc = self_written_texts(target, tok, args.self_written, cache_dir=cache_root() / "texts")
         texts += t
         sources.append(desc)
-    meta = {"sources": sources, "tokenizer": tokenizer_fingerprint(tok)}
-    out = build_store(
-        tokenize_texts(texts, tok),
-        vocab,
-        args.out,
-        max_order=args.max_order,
-        meta=meta,
-        max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
-    )
-    from accel.superposed import NgramStore
+    shard_docs: list = []
+    if args.shards:
+        shard_docs, desc = teacher_shards(args.shards, vocab)
+        if args.exclude_held_out:
+            from accel.drafts.prompts import HELD_OUT_PROMPTS
 
-    store = NgramStore.load(out, verify=False)
-    print(f"wrote {out}: {store.positions} tokens, orders 1..{store.max_order}, {out.stat().st_size} bytes")
-    for s in sources:
-        print(f"  {s}")
-    return 0
+            shard_docs, dropped = drop_containing(shard_docs, [tok.encode(p).ids for p in HELD_OUT_PROMPTS])
+            desc += f"; {dropped} rows holding a held-out prompt dropped"
+        sources.append(desc)
+    return itertools.chain(tokenize_texts(texts, tok), shard_docs), sources
 
 
 def _open(args: argparse.Namespace, target: Path):

@@ -1,5 +1,6 @@
 """Corpora for n-gram stores, all available offline: text files a user gives, the Python standard library's source
-(code), and the target's own writing (its continuations of the drafts' built-in prompts, ``accel.drafts``).
+(code), the target's own writing (its continuations of the drafts' built-in prompts, ``accel.drafts``), and shards
+of target-written token ids made by ``accel.drafts.distill_data.build_data`` (``teacher_shards``).
 
 Each source yields documents (token id arrays, n-grams never cross them) and a one-line description for the store's
 header. Text is tokenized with the target's tokenizer (``tokenizers.Tokenizer``), in batches.
@@ -21,8 +22,10 @@ from accel.errors import NgramError
 
 __all__ = [
     "TEXT_SUFFIXES",
+    "drop_containing",
     "self_written_texts",
     "stdlib_files",
+    "teacher_shards",
     "tokenize_texts",
     "tokenizer_fingerprint",
     "user_text_files",
@@ -44,11 +47,21 @@ def tokenize_texts(texts: Sequence[str], tokenizer: Any) -> Iterator[np.ndarray]
             yield np.asarray(enc.ids, dtype=np.int64)
 
 
-def _read_files(files: Sequence[tuple[Path, bool]], max_bytes: int | None) -> tuple[list[str], int]:
-    """UTF-8 texts of ``(file, strict)`` pairs up to ``max_bytes`` in total; an undecodable file is an error where
-    ``strict``, else skipped."""
-    texts, used = [], 0
+def _read_files(files: Sequence[tuple[Path, bool]], max_bytes: int | None) -> tuple[list[str], int, int]:
+    """UTF-8 texts of ``(file, strict)`` pairs, at most ``max_bytes`` in total; an undecodable file is an error where
+    ``strict``, else skipped. A file that does not fit in what is left of ``max_bytes`` is skipped and reading goes
+    on (a later, smaller file may fit); reading stops once the budget is spent. Returns the texts, their bytes and
+    the number of files skipped for size."""
+    texts, used, skipped = [], 0, 0
     for f, strict in files:
+        if max_bytes is not None and used >= max_bytes:
+            break
+        try:
+            if max_bytes is not None and f.stat().st_size > 2 * (max_bytes - used):
+                skipped += 1
+                continue  # too big without reading it (newline translation at most halves a file)
+        except OSError as exc:
+            raise NgramError(f"cannot read {f}: {exc}") from exc
         try:
             text = f.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
@@ -59,10 +72,15 @@ def _read_files(files: Sequence[tuple[Path, bool]], max_bytes: int | None) -> tu
             raise NgramError(f"cannot read {f}: {exc}") from exc
         size = len(text.encode("utf-8"))
         if max_bytes is not None and used + size > max_bytes:
-            break
+            skipped += 1
+            continue
         texts.append(text)
         used += size
-    return texts, used
+    return texts, used, skipped
+
+
+def _skipped(n: int) -> str:
+    return f" ({n} files over --max-bytes skipped)" if n else ""
 
 
 def user_text_files(paths: Sequence[str | Path], max_bytes: int | None = None) -> tuple[list[str], str]:
@@ -76,10 +94,11 @@ def user_text_files(paths: Sequence[str | Path], max_bytes: int | None = None) -
             files.append((p, True))
         else:
             raise NgramError(f"no text file or directory at {p}")
-    texts, used = _read_files(files, max_bytes)
+    texts, used, skipped = _read_files(files, max_bytes)
     if not texts:
-        raise NgramError(f"no UTF-8 text found in {[str(p) for p in paths]}")
-    return texts, f"text: {len(texts)} files, {used} bytes from {', '.join(str(p) for p in paths)}"
+        raise NgramError(f"no UTF-8 text within max_bytes={max_bytes} found in {[str(p) for p in paths]}")
+    where = ", ".join(str(p) for p in paths)
+    return texts, f"text: {len(texts)} files, {used} bytes from {where}{_skipped(skipped)}"
 
 
 def stdlib_files(max_bytes: int | None = None) -> tuple[list[str], str]:
@@ -93,8 +112,8 @@ def stdlib_files(max_bytes: int | None = None) -> tuple[list[str], str]:
         files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
     if not files:
         raise NgramError(f"no Python sources under {root}")
-    texts, used = _read_files([(f, False) for f in files], max_bytes)
-    return texts, f"stdlib: {len(texts)} files, {used} bytes from {root}"
+    texts, used, skipped = _read_files([(f, False) for f in files], max_bytes)
+    return texts, f"stdlib: {len(texts)} files, {used} bytes from {root}{_skipped(skipped)}"
 
 
 def self_written_texts(
@@ -161,3 +180,81 @@ def _generate(ckpt: Path, tokenizer: Any, prompts: list[str], settings: dict[str
                 texts.append(tokenizer.decode(p + new[:cut], skip_special_tokens=False))
             bar.update(len(chunk))
     return texts
+
+
+def teacher_shards(paths: Sequence[str | Path], vocab_size: int) -> tuple[list[np.ndarray], str]:
+    """The token rows of ``accel.drafts.distill_data`` shards (``*.safetensors`` files, or directories holding them,
+    not searched recursively): each row is a prompt and the target's continuation, right-padded. A row's document is
+    ``tokens[: last masked position + 2]`` (the mask marks positions that carry a teacher distribution: the prompt and
+    every generated token but the last); rows with no masked position are skipped. Only ``tokens`` and ``mask`` are
+    read; ``NgramError`` names a file that is not such a shard (other tensors, shapes, dtypes, ids outside
+    ``[0, vocab_size)``)."""
+    from safetensors import safe_open
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.safetensors"))
+            if not found:
+                raise NgramError(f"no *.safetensors shards in {p} (give the shards' folder, e.g. WORK/data)")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise NgramError(f"no shard file or directory at {p}")
+    docs: list[np.ndarray] = []
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as st:
+                names = set(st.keys())
+                if not {"tokens", "mask"} <= names:
+                    raise NgramError(
+                        f"{f} is not a distill-data shard: it needs tensors 'tokens' and 'mask' "
+                        f"(accel.drafts.distill_data format); found {sorted(names)[:8]}"
+                    )
+                tokens, mask = st.get_tensor("tokens"), st.get_tensor("mask")
+        except NgramError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for a torn or foreign file
+            raise NgramError(f"cannot read the shard {f}: {exc}") from exc
+        docs += _shard_rows(f, tokens, mask, vocab_size)
+    n_tok = sum(d.size for d in docs)
+    if not docs:
+        raise NgramError(f"the shards {[str(f) for f in files]} hold no rows")
+    return docs, f"shards: {len(docs)} target-written rows, {n_tok} tokens from {len(files)} files"
+
+
+def _shard_rows(f: Path, tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """The documents of one shard (``teacher_shards``), validated."""
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise NgramError(f"{f}: 'tokens' must be a 2-D integer array; got {tokens.dtype} {tokens.shape}")
+    if mask.shape != tokens.shape or not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.integer)):
+        raise NgramError(f"{f}: 'mask' must be a bool/uint8 array shaped like 'tokens' {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise NgramError(f"{f}: token ids outside [0, {vocab_size}): not written with this target's vocabulary")
+    m = mask.astype(bool)
+    last = np.where(m.any(axis=1), tokens.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1), -1)
+    ends = np.minimum(last + 2, tokens.shape[1])
+    return [tokens[i, :e].astype(np.int64) for i, e in enumerate(ends) if last[i] >= 0]
+
+
+def drop_containing(docs: Sequence[np.ndarray], sequences: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], int]:
+    """The documents that contain none of ``sequences`` (token ids) as a contiguous run, and how many were dropped
+    (e.g. rows written from an evaluation prompt, which a store for that evaluation must not hold)."""
+    pats = [np.asarray(s, "<i4").tobytes() for s in sequences if len(s)]
+    kept = []
+    for d in docs:
+        raw = np.asarray(d, "<i4").tobytes()
+        if not any(_find_aligned(raw, p) for p in pats):
+            kept.append(d)
+    return kept, len(docs) - len(kept)
+
+
+def _find_aligned(raw: bytes, pat: bytes) -> bool:
+    """Whether ``pat`` occurs in ``raw`` at a multiple of 4 bytes (a whole int32 token)."""
+    i = raw.find(pat)
+    while i >= 0:
+        if i % 4 == 0:
+            return True
+        i = raw.find(pat, i + 1)
+    return False

@@ -18,7 +18,7 @@ import numpy as np
 
 from accel.backends.base import Backend, prefill
 from accel.errors import SuperposedError
-from accel.superposed.scoring import SuperposedConfig, log_softmax, ngram_logprobs, select
+from accel.superposed.scoring import RowsSelection, SuperposedConfig, log_softmax, ngram_logprobs, select_rows
 from accel.superposed.store import NgramStore
 
 __all__ = ["Beams", "Draft", "SuperposedResult", "superposed_generate"]
@@ -52,24 +52,18 @@ class SuperposedResult:
     config: SuperposedConfig = field(default_factory=SuperposedConfig)
 
 
-@dataclass
-class _Row:
-    """The beam of one prompt: alive drafts' tokens ``[k, steps]``, scores, and the finished drafts."""
-
-    prompt: list[int]
-    tokens: np.ndarray
-    score: np.ndarray
-    finished: list[Draft]
-    done: bool = False
-
-
 class Beams:
     """The k drafts of every row of a batch, advanced one position per backend call (the state of one superposed
-    run; also what a proposer keeps for one round).
+    run; also what a proposer keeps for one round). All rows advance together in array operations: one
+    log-softmax and top-n over ``[B, V]``, one n-gram query for every row's k drafts, one ``select_rows``.
 
     ``advance(logits)`` extends every unfinished row by one token from its next-token logits ``[B, V]``;
     ``mix_inputs()`` gives the next call's ``(ids [B, 1], positions [B, 1], mix_ids [B, 1, k], mix_weights [B, 1,
-    k])`` (finished rows: position -1); ``drafts()`` each row's k best drafts.
+    k])`` (stopped rows: position -1); ``stop(rows)`` stops rows early; ``drafts()`` each row's k best drafts.
+
+    State: ``tokens [B, k, steps]`` (row b's drafts are ``tokens[b, :, : length[b]]``), ``score [B, k]`` (``-inf``:
+    empty slot), ``context [B, k, m]`` the last ``m = max_order - 1`` tokens of prompt + draft right-aligned (what
+    the n-gram lookups read; ``context_len [B]`` of them are real), ``done [B]``, and each row's finished drafts.
     """
 
     def __init__(
@@ -79,36 +73,109 @@ class Beams:
         store: NgramStore | None = None,
         eos: frozenset[int] = frozenset(),
     ) -> None:
-        k = config.k
+        k, b = config.k, len(contexts)
         self.cfg, self.store, self.eos = config, store, eos
-        self.rows = [
-            _Row(list(c), np.zeros((k, 0), np.int64), np.array([0.0] + [-np.inf] * (k - 1)), []) for c in contexts
-        ]
+        self.prompt_len = np.array([len(c) for c in contexts], np.int64)
+        self.tokens = np.zeros((b, k, 0), np.int64)
+        self.length = np.zeros(b, np.int64)
+        self.score = np.full((b, k), -np.inf)
+        self.score[:, 0] = 0.0
+        m = config.max_order - 1
+        self.context = np.zeros((b, k, m), np.int64)
+        for r, c in enumerate(contexts):
+            tail = list(c)[-m:] if m else []
+            self.context[r, :, m - len(tail) :] = tail
+        self.context_len = np.minimum(self.prompt_len, m)
+        self.done = np.zeros(b, bool)
+        self.finished: list[list[Draft]] = [[] for _ in range(b)]
         self.steps = 0
 
     @property
-    def done(self) -> bool:
+    def all_done(self) -> bool:
         """Whether every row has stopped."""
-        return all(row.done for row in self.rows)
+        return bool(self.done.all())
+
+    def stop(self, rows: np.ndarray) -> None:
+        """Stop the rows where ``rows`` (bool ``[B]``) is true: they are not extended any more."""
+        self.done |= np.asarray(rows, bool)
 
     def advance(self, logits: np.ndarray, last: bool = False) -> None:
         """One step for every unfinished row (``last``: the final one; rows stop after it)."""
-        for r, row in enumerate(self.rows):
-            if not row.done:
-                _advance(row, logits[r], self.cfg, self.store, self.eos, last)
+        act = np.flatnonzero(~self.done)
         self.steps += 1
+        if act.size == 0:
+            return
+        cfg, k = self.cfg, self.cfg.k
+        lp = log_softmax(np.asarray(logits)[act] / cfg.temperature)
+        n = min(cfg.n_token_sample, lp.shape[1])
+        top = np.argpartition(-lp, n - 1, axis=1)[:, :n]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(lp, top, 1), axis=1, kind="stable"), 1)
+        tokens = np.broadcast_to(top[:, None, :], (act.size, k, n))
+        step = np.broadcast_to(np.take_along_axis(lp, top, 1)[:, None, :], (act.size, k, n))
+        if self.store is not None and cfg.alpha > 0:
+            ctx = self.context[act].reshape(act.size * k, -1)
+            ctx_len = np.repeat(self.context_len[act], k)
+            ng = ngram_logprobs(self.store, ctx, ctx_len, np.ascontiguousarray(tokens).reshape(act.size * k, n), cfg)
+            step = (1 - cfg.alpha) * step + cfg.alpha * ng.reshape(act.size, k, n)
+        sel = select_rows(self.score[act][:, :, None] + step, tokens, k, self.eos)  # dead drafts stay -inf
+        self._finish(act, sel)
+        self._extend(act, sel)
+        best_alive = sel.score.max(axis=1)
+        kth = np.array([f[k - 1].score if len(f) == k else -np.inf for f in (self.finished[b] for b in act)])
+        enough = kth >= best_alive  # k finished drafts all beat every alive one: scores only fall
+        self.done[act] = last | ~np.isfinite(best_alive) | enough
+
+    def _finish(self, act: np.ndarray, sel: RowsSelection) -> None:
+        """Set aside the candidates that ended in end of sequence (each row keeps its k best)."""
+        for i, p, t, s in zip(sel.fin_row, sel.fin_parent, sel.fin_token, sel.fin_score, strict=True):
+            b = int(act[i])
+            self.finished[b].append(Draft([*self.tokens[b, p, : self.length[b]].tolist(), int(t)], float(s), True))
+        for b in set(act[sel.fin_row].tolist()):
+            self.finished[b].sort(key=lambda d: -d.score)
+            del self.finished[b][self.cfg.k :]
+
+    def _extend(self, act: np.ndarray, sel: RowsSelection) -> None:
+        """Move the alive slots to their parents' tokens and contexts plus the chosen token."""
+        if self.tokens.shape[2] < int(self.length[act].max()) + 1:
+            self.tokens = np.concatenate([self.tokens, np.zeros((*self.tokens.shape[:2], 1), np.int64)], axis=2)
+        keep = sel.parent >= 0
+        parent = np.where(keep, sel.parent, 0)
+        col = self.length[act]
+        rows = np.arange(act.size)[:, None]
+        toks = np.where(keep[:, :, None], self.tokens[act][rows, parent], 0)
+        toks[np.arange(act.size), :, col] = np.where(keep, sel.token, 0)
+        self.tokens[act] = toks
+        ctx = self.context[act][rows, parent]
+        if ctx.shape[2]:
+            ctx = np.concatenate([ctx[:, :, 1:], np.where(keep, sel.token, 0)[:, :, None]], axis=2)
+        self.context[act] = ctx
+        self.context_len[act] = np.minimum(self.context_len[act] + 1, self.context.shape[2])
+        self.length[act] += 1
+        self.score[act] = sel.score
 
     def mix_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The next call's inputs (class docstring): each row's alive drafts' latest tokens at the next position."""
-        k = self.cfg.k
-        mix_ids = np.stack([row.tokens[:, -1] if not row.done else np.zeros(k, np.int64) for row in self.rows])
-        mix_w = np.stack([_mix_weights(row.score) for row in self.rows]).astype(np.float32)
-        pos = np.array([[len(row.prompt) + self.steps - 1 if not row.done else -1] for row in self.rows], np.int64)
+        b, k = self.done.size, self.cfg.k
+        if self.tokens.shape[2]:
+            latest = self.tokens[np.arange(b), :, np.maximum(self.length - 1, 0)]
+        else:
+            latest = np.zeros((b, k), np.int64)
+        mix_ids = np.where(self.done[:, None] | (self.length[:, None] == 0), 0, latest).astype(np.int64)
+        mix_w = _mix_weights(self.score).astype(np.float32)
+        pos = np.where(self.done, -1, self.prompt_len + self.length - 1)[:, None].astype(np.int64)
         return mix_ids[:, :1].copy(), pos, mix_ids[:, None], mix_w[:, None]
 
     def drafts(self) -> list[list[Draft]]:
         """Each row's k best drafts (finished and unfinished), best first."""
-        return [_final(row, self.cfg.k) for row in self.rows]
+        out = []
+        for b in range(self.done.size):
+            alive = [
+                Draft(self.tokens[b, d, : self.length[b]].tolist(), float(self.score[b, d]), False)
+                for d in range(self.cfg.k)
+                if np.isfinite(self.score[b, d])
+            ]
+            out.append(sorted(self.finished[b] + alive, key=lambda d: -d.score)[: self.cfg.k])
+        return out
 
 
 def _check(backend: Backend, prompts: Sequence[Sequence[int]], max_new_tokens: int, store: NgramStore | None) -> None:
@@ -171,7 +238,7 @@ def superposed_generate(
     beams = Beams(prompts, cfg, store, eos)
     for step in range(max_new_tokens):
         beams.advance(logits, last=step == max_new_tokens - 1)
-        if beams.done:
+        if beams.all_done:
             break
         ids1, pos1, mix_ids, mix_w = beams.mix_inputs()
         out = backend.forward(ids1, pos1, num_logits=1, mix_ids=mix_ids, mix_weights=mix_w)
@@ -183,52 +250,9 @@ def superposed_generate(
 
 
 def _mix_weights(score: np.ndarray) -> np.ndarray:
-    """The drafts' normalised probabilities ``exp(score) / sum exp(score)`` (0 for empty slots)."""
+    """Each row's drafts' normalised probabilities ``exp(score) / sum exp(score)`` (0 for empty slots), ``[B, k]``."""
     alive = np.isfinite(score)
-    if not alive.any():
-        return np.zeros_like(score)
-    p = np.where(alive, np.exp(score - score[alive].max()), 0.0)
-    return p / p.sum()
-
-
-def _advance(
-    row: _Row, logits: np.ndarray, cfg: SuperposedConfig, store: NgramStore | None, eos: frozenset[int], last: bool
-) -> None:
-    """One step of one row: extend the alive drafts by the best tokens of the shared distribution."""
-    lp = log_softmax(logits / cfg.temperature)
-    n = min(cfg.n_token_sample, lp.shape[0])
-    top = np.argpartition(-lp, n - 1)[:n]
-    top = top[np.argsort(-lp[top], kind="stable")]
-    k = cfg.k
-    tokens = np.broadcast_to(top, (k, n))
-    lm = np.broadcast_to(lp[top], (k, n))
-    if store is not None and cfg.alpha > 0:
-        m = cfg.max_order - 1
-        seqs = [row.prompt + row.tokens[d].tolist() for d in range(k)]
-        ctx = np.zeros((k, m), np.int64)
-        for d, s in enumerate(seqs):
-            tail = s[-m:]
-            ctx[d, m - len(tail) :] = tail
-        ctx_len = np.array([min(len(s), m) for s in seqs])
-        step = (1 - cfg.alpha) * lm + cfg.alpha * ngram_logprobs(store, ctx, ctx_len, np.ascontiguousarray(tokens), cfg)
-    else:
-        step = lm
-    cand = row.score[:, None] + step  # dead drafts stay -inf
-    sel = select(cand, tokens, k, eos)
-    for d, t, s in sel.finished:
-        row.finished.append(Draft([*row.tokens[d].tolist(), t], s, True))
-    keep = sel.parent >= 0
-    new = np.zeros((k, row.tokens.shape[1] + 1), np.int64)
-    new[keep, :-1] = row.tokens[sel.parent[keep]]
-    new[keep, -1] = sel.token[keep]
-    row.tokens, row.score = new, sel.score
-    row.finished.sort(key=lambda d: -d.score)
-    del row.finished[k:]
-    best_alive = sel.score.max()
-    enough = len(row.finished) == k and row.finished[-1].score >= best_alive  # scores only fall: nothing can pass
-    row.done = last or not np.isfinite(best_alive) or enough
-
-
-def _final(row: _Row, k: int) -> list[Draft]:
-    alive = [Draft(row.tokens[d].tolist(), float(row.score[d]), False) for d in range(k) if np.isfinite(row.score[d])]
-    return sorted(row.finished + alive, key=lambda d: -d.score)[:k]
+    top = np.where(alive, score, -np.inf).max(axis=1, keepdims=True)
+    p = np.where(alive, np.exp(score - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    total = p.sum(axis=1, keepdims=True)
+    return np.divide(p, total, out=np.zeros_like(p), where=total > 0)

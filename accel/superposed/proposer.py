@@ -99,14 +99,12 @@ class SuperposedProposer:
         logits, _ = self.model.catch_up(run, rows)
         contexts = [run.tokens[b, : run.n[b]].tolist() if rows[b] else [0] for b in range(run.batch)]
         beams = Beams(contexts, self.cfg, self.store)
-        for b in np.flatnonzero(~rows | (depth < 1)):
-            beams.rows[b].done = True
+        beams.stop(~rows | (depth < 1))
         levels = int(depth.max(initial=0))
         for j in range(levels):
             beams.advance(logits, last=j == levels - 1)
-            for b in np.flatnonzero(depth == j + 1):
-                beams.rows[b].done = True
-            if beams.done:
+            beams.stop(depth == j + 1)
+            if beams.all_done:
                 break
             ids, pos, mix_ids, mix_w = beams.mix_inputs()
             out, _ = self.model.call(run, ids, pos, mix_ids=mix_ids, mix_weights=mix_w)

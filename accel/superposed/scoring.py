@@ -13,7 +13,16 @@ import numpy as np
 from accel.errors import SuperposedError
 from accel.superposed.store import NgramStore
 
-__all__ = ["DEFAULT_NGRAM_WEIGHTS", "Selection", "SuperposedConfig", "log_softmax", "ngram_logprobs", "select"]
+__all__ = [
+    "DEFAULT_NGRAM_WEIGHTS",
+    "RowsSelection",
+    "Selection",
+    "SuperposedConfig",
+    "log_softmax",
+    "ngram_logprobs",
+    "select",
+    "select_rows",
+]
 
 DEFAULT_NGRAM_WEIGHTS = (0.01, 0.04, 0.15, 0.18, 0.12)  # orders 2..6 (Shen et al. 2024, docs/reference.md §9)
 
@@ -130,30 +139,68 @@ class Selection:
     finished: list[tuple[int, int, float]]
 
 
+@dataclass(frozen=True)
+class RowsSelection:
+    """``select_rows``' outcome for R rows at once.
+
+    Attributes:
+        parent, token, score: ``[R, k]`` as in ``Selection`` (-1 / -1 / ``-inf`` in empty slots).
+        fin_row, fin_parent, fin_token, fin_score: the finished candidates, one entry each, rows in order and each
+            row's best first.
+    """
+
+    parent: np.ndarray
+    token: np.ndarray
+    score: np.ndarray
+    fin_row: np.ndarray
+    fin_parent: np.ndarray
+    fin_token: np.ndarray
+    fin_score: np.ndarray
+
+
+def select_rows(cand: np.ndarray, tokens: np.ndarray, k: int, eos: frozenset[int] = frozenset()) -> RowsSelection:
+    """The k^2 -> k step for R rows at once: ``cand[r, d, j]`` is row r's draft d extended by ``tokens[r, d, j]``
+    (cumulative score, ``-inf`` for a dead draft).
+
+    Per row, the best ``2k`` candidates are walked in order (ties: lower draft, then lower column, first): one ending
+    in an ``eos`` token is finished, the others fill the ``k`` alive slots in order; the walk stops at the first
+    non-finite candidate and once ``k`` slots are filled (finished candidates after that are dropped). Vectorised:
+    one stable sort per step, no Python loop over rows or candidates.
+    """
+    r, d, n = cand.shape
+    flat = cand.reshape(r, d * n)
+    order = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * k]
+    s = np.take_along_axis(flat, order, axis=1)
+    t = np.take_along_axis(tokens.reshape(r, d * n), order, axis=1)
+    finite = np.isfinite(s)
+    finite &= np.cumprod(finite, axis=1).astype(bool)  # nothing after the first non-finite one
+    is_eos = np.isin(t, np.fromiter(eos, np.int64, len(eos))) if eos else np.zeros_like(finite)
+    fills = finite & ~is_eos
+    filled = np.cumsum(fills, axis=1)  # alive slots filled up to and including each candidate
+    keep = fills & (filled <= k)
+    done = finite & is_eos & (filled - fills < k)
+    parent = np.full((r, k), -1, np.int64)
+    token = np.full((r, k), -1, np.int64)
+    score = np.full((r, k), -np.inf)
+    rows, cols = np.nonzero(keep)
+    slot = filled[rows, cols] - 1
+    parent[rows, slot] = order[rows, cols] // n
+    token[rows, slot] = t[rows, cols]
+    score[rows, slot] = s[rows, cols]
+    fr, fc = np.nonzero(done)
+    return RowsSelection(parent, token, score, fr, order[fr, fc] // n, t[fr, fc], s[fr, fc])
+
+
 def select(cand: np.ndarray, tokens: np.ndarray, k: int, eos: frozenset[int] = frozenset()) -> Selection:
-    """Keep the best ``k`` of a row's ``[D, N]`` candidates (the k^2 -> k step).
+    """Keep the best ``k`` of one row's ``[D, N]`` candidates (the k^2 -> k step; ``select_rows`` for one row).
 
     ``cand[d, j]`` is draft d's cumulative score extended by ``tokens[d, j]`` (``-inf`` for a dead draft). The best
     ``2k`` candidates are walked in order (ties: lower draft, then lower column, first): one ending in an ``eos``
     token is set aside as finished, the others fill the ``k`` alive slots. Slots that no finite candidate fills stay
     empty.
     """
-    flat = cand.reshape(-1)
-    order = np.argsort(-flat, kind="stable")[: 2 * k]
-    parent = np.full(k, -1, np.int64)
-    token = np.full(k, -1, np.int64)
-    score = np.full(k, -np.inf)
-    finished: list[tuple[int, int, float]] = []
-    alive = 0
-    for i in order:
-        s = float(flat[i])
-        if not np.isfinite(s) or alive == k:
-            break
-        d, j = divmod(int(i), cand.shape[1])
-        t = int(tokens[d, j])
-        if t in eos:
-            finished.append((d, t, s))
-            continue
-        parent[alive], token[alive], score[alive] = d, t, s
-        alive += 1
-    return Selection(parent, token, score, finished)
+    sel = select_rows(np.asarray(cand, np.float64)[None], np.asarray(tokens)[None], k, eos)
+    finished = [
+        (int(p), int(t), float(s)) for p, t, s in zip(sel.fin_parent, sel.fin_token, sel.fin_score, strict=True)
+    ]
+    return Selection(sel.parent[0], sel.token[0], sel.score[0], finished)

@@ -189,3 +189,100 @@ def test_perplexity_and_comparison(model, tmp_path):
         nucleus_samples(be, prompt, 2, 30)
     with pytest.raises(SuperposedError, match="batch-1"):
         nucleus_samples(TorchBackend(model, ctx_len=32, batch_size=2), prompt, 2, 4)
+
+
+def _reference_select(cand, tokens, k, eos):
+    """The k^2 -> k walk written as a plain loop over one row's candidates (what ``select_rows`` vectorises)."""
+    flat = cand.reshape(-1)
+    order = sorted(range(flat.size), key=lambda i: -flat[i])[: 2 * k]  # sorted() is stable: ties keep (d, j) order
+    alive, finished = [], []
+    for i in order:
+        if not np.isfinite(flat[i]) or len(alive) == k:
+            break
+        d, j = divmod(i, cand.shape[1])
+        (finished if int(tokens[d, j]) in eos else alive).append((d, int(tokens[d, j]), float(flat[i])))
+    return alive, finished
+
+
+def test_select_rows_equals_the_loop():
+    """``select_rows`` on hand-made candidates (ties, dead drafts, end-of-sequence tokens) for many rows at once."""
+    from accel.superposed.scoring import select_rows
+
+    rng = np.random.default_rng(1)
+    for k, n in ((1, 1), (2, 5), (3, 9), (4, 3)):
+        cand = rng.integers(-6, 0, size=(200, k, n)).astype(np.float64)  # integers: many ties
+        cand[rng.random((200, k)) < 0.3] = -np.inf  # dead drafts
+        tokens = rng.integers(0, 12, size=(200, k, n))
+        eos = frozenset({3, 7})
+        sel = select_rows(cand, tokens, k, eos)
+        for r in range(200):
+            alive, finished = _reference_select(cand[r], tokens[r], k, eos)
+            slots = zip(sel.parent[r], sel.token[r], sel.score[r], strict=True)
+            got = [(int(p), int(t), float(s)) for p, t, s in slots if p >= 0]
+            assert got == alive and all(sel.parent[r, len(alive) :] == -1)
+            fin = [(int(p), int(t), float(s)) for i, p, t, s in zip(*_fin(sel), strict=True) if i == r]
+            assert fin == finished
+
+
+def _fin(sel):
+    return sel.fin_row, sel.fin_parent, sel.fin_token, sel.fin_score
+
+
+def _reference_beams(prompt, logits, cfg, store, eos):
+    """One row's drafts by a plain loop: every draft's n-gram context rebuilt from prompt + draft at every step."""
+    from accel.superposed.scoring import log_softmax
+
+    k, m = cfg.k, cfg.max_order - 1
+    drafts, scores, finished = [[]], [0.0], []
+    for step, lg in enumerate(logits):
+        lp = log_softmax(lg / cfg.temperature)
+        top = sorted(range(VOCAB), key=lambda t: -lp[t])[: cfg.n_token_sample]
+        cand = np.full((k, len(top)), -np.inf)
+        for d, (toks, sc) in enumerate(zip(drafts, scores, strict=True)):
+            seq = prompt + toks
+            ctx = np.array([[0] * (m - len(seq[-m:])) + seq[-m:]])
+            ng = ngram_logprobs(store, ctx, np.array([min(len(seq), m)]), np.array([top]), cfg)[0]
+            cand[d] = sc + (1 - cfg.alpha) * lp[top] + cfg.alpha * ng
+        alive, fin = _reference_select(cand, np.array([top] * k), k, eos)
+        finished = sorted(finished + [(drafts[d] + [t], True, s) for d, t, s in fin], key=lambda x: -x[2])[:k]
+        drafts, scores = [drafts[d] + [t] for d, t, _ in alive], [s for _, _, s in alive]
+        best = max(scores, default=-np.inf)
+        if step == len(logits) - 1 or not alive or (len(finished) == k and finished[-1][2] >= best):
+            break
+    return sorted(finished + [(t, False, s) for t, s in zip(drafts, scores, strict=True)], key=lambda x: -x[2])[:k]
+
+
+def test_batched_beams_equal_each_row_alone(tmp_path):
+    """The vectorised beam update of B rows equals B runs of one row and a plain per-draft loop, on hand-made logits,
+    with n-gram scoring and finished drafts (rows stopping at different steps)."""
+    from accel.superposed import Beams
+
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, VOCAB, size=50) for _ in range(4)]
+    store = NgramStore.load(build_store(docs, VOCAB, tmp_path / "r.ngrams", max_order=6))
+    cfg = SuperposedConfig(k=3, alpha=0.4, temperature=0.7, n_token_sample=6)
+    contexts = [[3, 9, 1, 4, 7, 2, 2, 8], [2, 5], [int(t) for t in docs[1][:7]]]
+    logits = rng.normal(size=(10, len(contexts), VOCAB)) * 3
+    eos = frozenset({4, 19})
+
+    def run(rows, lg):
+        beams = Beams(rows, cfg, store, eos)
+        for s in range(lg.shape[0]):
+            beams.advance(lg[s], last=s == lg.shape[0] - 1)
+            if beams.all_done:
+                break
+            inputs = beams.mix_inputs()
+        return beams.drafts(), inputs
+
+    together, (_, pos, mix_ids, mix_w) = run(contexts, logits)
+    assert any(d.finished for row in together for d in row)
+    for r, ctx in enumerate(contexts):
+        alone, (_, pos1, mix1, w1) = run([ctx], logits[:, r : r + 1])
+        assert together[r] == alone[0]
+        ref = _reference_beams(ctx, logits[:, r], cfg, store, eos)
+        assert [(d.tokens, d.finished) for d in alone[0]] == [(t, f) for t, f, _ in ref]
+        np.testing.assert_allclose([d.score for d in alone[0]], [s for _, _, s in ref])
+        if pos1[0, 0] >= 0:  # the row was still running at the last step of both
+            np.testing.assert_array_equal(mix_ids[r], mix1[0])
+            np.testing.assert_allclose(mix_w[r], w1[0])
+            assert pos[r, 0] == pos1[0, 0]
