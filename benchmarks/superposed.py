@@ -1,13 +1,15 @@
 """Superposed Decoding against k nucleus samples on onnxruntime (docs/superposed.md, "Evaluation").
 
 Target: SmolLM2-135M exported once with mixed inputs (``export_cached(mix_inputs=True)``), batch 1, one graph for
-both methods (without mix arguments it is the ordinary model). For each held-out prompt
-(``accel.drafts.HELD_OUT_PROMPTS``): k superposed drafts of N tokens, then k separate nucleus generations (top-p 0.9,
-T = 1) of the same N tokens, timed back to back (prefill included); then every draft's perplexity under the target.
-Superposed runs with the n-gram store (built once from the stdlib's source and the target's own writing, cached) and
-without one (alpha unused). Goals (issue 19, k = 3): time <= 0.45x nucleus, perplexity within 10% of nucleus.
+every method (without mix arguments it is the ordinary model). For each held-out prompt
+(``accel.drafts.HELD_OUT_PROMPTS``, never in a store or in tuning): k nucleus generations (top-p 0.9, T = 1) of N
+tokens, then k superposed drafts of N tokens for each setting: with the n-gram store at the tuned settings, with it
+at the paper's settings, and without n-grams; each timed (prefill included), then every draft's perplexity under the
+target. The store: ``--store FILE``, or built from target-written distill-data shards (``--data WORK``, the rows of
+held-out prompts left out; ``benchmarks/superposed_support.py``). Goals (issue 19, k = 3): time <= 0.45x nucleus,
+perplexity within 10% of nucleus.
 
-    flock /work/helpers/bench.lock python benchmarks/superposed.py --threads 2
+    flock /work/helpers/bench.lock python benchmarks/superposed.py --data WORK --threads 2
 
 Prints a table and writes results/superposed.json. Timings on a shared machine are noisy: quote the ratios.
 """
@@ -15,36 +17,29 @@ Prints a table and writes results/superposed.json. Timings on a shared machine a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
+from superposed_support import shard_store
 
 from accel.backends import OrtBackend, export_cached
 from accel.drafts.prompts import HELD_OUT_PROMPTS
 from accel.models.smollm2 import cache_root, load_tokenizer, smollm2_checkpoint
-from accel.superposed import NgramStore, SuperposedConfig, build_store, superposed_generate
-from accel.superposed.corpus import self_written_texts, stdlib_files, tokenize_texts, tokenizer_fingerprint
-from accel.superposed.evaluate import Comparison, compare
+from accel.superposed import NgramStore, SuperposedConfig, superposed_generate
+from accel.superposed.evaluate import Completions, distinct_n, nucleus_samples, perplexity
+from accel.superposed.scoring import TUNED
 
 
-def _store(path: Path | None, ckpt: Path, tok, rows: int) -> NgramStore:
-    """The given store, or one built once from the stdlib (20 MB) and ``rows`` texts the target writes."""
-    if path is not None:
-        return NgramStore.load(path)
-    path = cache_root() / "ngrams" / f"smollm2-stdlib-self{rows}.ngrams"
-    if not path.is_file():
-        texts, src1 = stdlib_files(20_000_000)
-        own, src2 = self_written_texts(ckpt, tok, rows, cache_dir=cache_root() / "texts")
-        meta = {"sources": [src1, src2], "tokenizer": tokenizer_fingerprint(tok)}
-        build_store(tokenize_texts(own + texts, tok), tok.get_vocab_size(), path, meta=meta)
-    return NgramStore.load(path)
+def _completions(name: str, backend, prompt: list[int], drafts: list[list[int]], wall: float, calls: int):
+    ppl = [perplexity(backend, prompt, d) for d in drafts]
+    return Completions(name, drafts, ppl, distinct_n(drafts, 1), distinct_n(drafts, 2), wall, calls)
 
 
-def _row(name: str, runs: list[Comparison], side: str) -> dict:
-    ms = [getattr(c, side) for c in runs]
+def _row(name: str, ms: list[Completions]) -> dict:
     return {
         "method": name,
         "wall_s": float(sum(m.wall_s for m in ms)),
@@ -62,30 +57,48 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=len(HELD_OUT_PROMPTS), help="first N held-out prompts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx-len", type=int, default=256)
-    ap.add_argument("--store", type=Path, default=None, help="n-gram store (default: built once and cached)")
-    ap.add_argument("--self-written", type=int, default=32, help="target texts in the default store")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--store", type=Path, help="n-gram store file")
+    src.add_argument("--data", type=Path, help="target-written shards: WORK/data/*.safetensors, WORK/prompts.json")
     ap.add_argument("--out", type=Path, default=Path("results/superposed.json"))
     args = ap.parse_args()
 
     ckpt = smollm2_checkpoint()
     tok = load_tokenizer(ckpt)
-    store = _store(args.store, ckpt, tok, args.self_written)
+    if args.data is not None:
+        store, desc = shard_store(args.data, tok, tok.get_vocab_size(), [], cache_root() / "ngrams")
+    else:
+        store = NgramStore.load(args.store)
+        desc = "; ".join(store.meta.get("sources", [str(args.store)]))
+    print(f"store: {store.positions} tokens ({desc})", flush=True)
     backend = OrtBackend(
         export_cached(ckpt, cache_root() / "onnx", ctx_len=args.ctx_len, mix_inputs=True), threads=args.threads
     )
+    k = args.k
+    settings = {
+        f"superposed k={k}, n-grams, tuned": (dataclasses.replace(TUNED, k=k), store),
+        f"superposed k={k}, n-grams, paper's settings": (SuperposedConfig(k=k), store),
+        f"superposed k={k}, no n-grams": (SuperposedConfig(k=k), None),
+    }
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
-    superposed_generate(backend, prompts[:1], 4, SuperposedConfig(k=args.k), store)  # warm-up
-    results: dict[str, list[Comparison]] = {"with n-grams": [], "no n-grams": []}
+    superposed_generate(backend, prompts[:1], 4, SuperposedConfig(k=k), store)  # warm-up
+    results: dict[str, list[Completions]] = {name: [] for name in [*settings, f"{k} x nucleus p=0.9"]}
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
-        for name, s in (("with n-grams", store), ("no n-grams", None)):
-            results[name].append(compare(backend, p, args.max_new_tokens, SuperposedConfig(k=args.k), s, seed=i))
-        c = results["with n-grams"][-1]
-        print(f"prompt {i}: time ratio {c.time_ratio:.2f}x, perplexity ratio {c.perplexity_ratio:.2f}", flush=True)
-    rows = [_row(f"superposed k={args.k}, {n}", r, "superposed") for n, r in results.items()]
-    rows.append(_row(f"{args.k} x nucleus p=0.9", results["with n-grams"], "nucleus"))
+        drafts, wall, calls = nucleus_samples(backend, p, k, args.max_new_tokens, seed=i)
+        results[f"{k} x nucleus p=0.9"].append(_completions("nucleus", backend, p, drafts, wall, calls))
+        for name, (cfg, s) in settings.items():
+            t1 = time.perf_counter()
+            res = superposed_generate(backend, [p], args.max_new_tokens, cfg, s)
+            wall = time.perf_counter() - t1
+            drafts = [d.tokens for d in res.drafts[0]]
+            results[name].append(_completions(name, backend, p, drafts, wall, res.calls + res.prefill_calls))
+        line = ", ".join(f"{r[-1].mean_perplexity:.2f}" for r in results.values())
+        print(f"prompt {i}: mean perplexities {line} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    rows = [_row(name, ms) for name, ms in results.items()]
     base = rows[-1]
-    print(f"\n{len(prompts)} prompts x {args.max_new_tokens} new tokens, k = {args.k}, {args.threads} threads\n")
+    print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, k = {k}, {args.threads} threads")
+    print(f"store: {desc}\n")
     print("| method | wall s | calls | x nucleus time | mean perplexity | x nucleus ppl | best-of-k ppl | distinct-2 |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -94,12 +107,12 @@ def main() -> None:
             f"{r['perplexity']:.2f} | {r['perplexity'] / base['perplexity']:.2f}x | {r['best_perplexity']:.2f} | "
             f"{r['distinct_2']:.2f} |"
         )
-    example = results["with n-grams"][0]
-    for side in ("superposed", "nucleus"):
-        for d in getattr(example, side).drafts:
-            print(f"  {side}: {tok.decode(d)!r}")
+    for name, ms in results.items():
+        for d in ms[0].drafts:
+            print(f"  {name}: {tok.decode(d)!r}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": platform.processor() or platform.machine(), "wall_s": time.perf_counter() - t0, **vars(args)}
+    meta["store"] = desc
     args.out.write_text(json.dumps({"rows": rows, "meta": {k: str(v) for k, v in meta.items()}}, indent=2))
 
 

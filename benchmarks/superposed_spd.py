@@ -16,17 +16,22 @@ Prints a table and writes results/superposed_spd.json. Timings on a shared machi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
+from superposed_support import shard_store
+
 from accel.backends import OrtBackend, export_onnx
 from accel.drafts.prompts import HELD_OUT_PROMPTS
 from accel.models import load_checkpoint, load_tokenizer, smollm2_checkpoint
+from accel.models.smollm2 import cache_root
 from accel.spd import DraftChain, DraftTree, Sampling, generate, generate_ar
 from accel.superposed import NgramStore, SuperposedConfig
 from accel.superposed.proposer import SuperposedProposer
+from accel.superposed.scoring import TUNED
 
 DEMO_DATA = Path(__file__).resolve().parents[1] / "accel" / "demo_data"
 
@@ -40,6 +45,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="superposed branches")
     ap.add_argument("--depth", type=int, default=3, help="superposed depth (tokens per branch)")
     ap.add_argument("--store", type=Path, default=None, help="n-gram store for the superposed drafts' scores")
+    ap.add_argument("--data", type=Path, default=None, help="or build it from target-written shards in WORK/data")
     ap.add_argument("--out", type=Path, default=Path("results/superposed_spd.json"))
     args = ap.parse_args()
 
@@ -70,16 +76,24 @@ def main() -> None:
         threads=t,
     )
     cfg = SuperposedConfig(k=args.k, temperature=1.0)
+    ngram_cfg = dataclasses.replace(TUNED, k=args.k, temperature=1.0)
     store = NgramStore.load(args.store) if args.store else None
+    if args.data is not None:
+        store, desc = shard_store(args.data, tok, tok.get_vocab_size(), [], cache_root() / "ngrams")
+        print(f"store: {store.positions} tokens ({desc})", flush=True)
     proposers = {
         "AR": lambda: None,
         "feature draft, chain K=2": lambda: DraftChain(feat, k=2),
         "feature draft, tree 8 nodes": lambda: DraftTree(feat, nodes=8),
         "standalone draft, chain K=3": lambda: DraftChain(draft, k=3),
         f"standalone draft, superposed k={args.k} depth={args.depth}": lambda: SuperposedProposer(
-            mixed, args.depth, cfg, store
+            mixed, args.depth, cfg
         ),
     }
+    if store is not None:
+        proposers[f"standalone draft, superposed k={args.k} depth={args.depth}, n-grams"] = lambda: SuperposedProposer(
+            mixed, args.depth, ngram_cfg, store
+        )
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
     greedy = Sampling(greedy=True)
     stats: dict[str, list] = {name: [] for name in proposers}

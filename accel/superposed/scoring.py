@@ -15,6 +15,7 @@ from accel.superposed.store import NgramStore
 
 __all__ = [
     "DEFAULT_NGRAM_WEIGHTS",
+    "TUNED",
     "RowsSelection",
     "Selection",
     "SuperposedConfig",
@@ -41,6 +42,10 @@ class SuperposedConfig:
         ngram_weights: interpolation weights of n-gram orders 2, 3, ...: ``p_ngram = sum_n w_n p_n(t | context)``;
             the store must hold order ``len(ngram_weights) + 1``.
         no_match_logprob: ``log p_ngram`` of a candidate no order has seen (the paper's large penalty), nats.
+        renormalize: divide ``p_ngram`` by the summed weights of the orders whose context the store has seen (a
+            mixture of the usable orders' conditional distributions). The paper does not (False): there a draft
+            whose recent tokens the corpus holds verbatim scores far above one whose context is new, whatever the
+            candidate.
     """
 
     k: int = 3
@@ -49,6 +54,7 @@ class SuperposedConfig:
     n_token_sample: int = 9
     ngram_weights: tuple[float, ...] = DEFAULT_NGRAM_WEIGHTS
     no_match_logprob: float = -100.0
+    renormalize: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 64:
@@ -73,6 +79,9 @@ class SuperposedConfig:
         return len(self.ngram_weights) + 1
 
 
+TUNED = SuperposedConfig()  # placeholder: set from benchmarks/superposed_tune.py
+
+
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable log-softmax (float64)."""
     x = np.asarray(x, dtype=np.float64)
@@ -93,8 +102,9 @@ def ngram_logprobs(
 
     Returns:
         float64 ``[R, N]``: ``log sum_n w_n count(c_n + t) / count(c_n + any)`` over orders ``n = 2..max_order`` with
-        ``c_n`` the last ``n - 1`` context tokens (orders whose context is missing or unseen contribute 0), or
-        ``cfg.no_match_logprob`` where the sum is 0.
+        ``c_n`` the last ``n - 1`` context tokens (orders whose context is missing or unseen contribute 0; with
+        ``cfg.renormalize`` the sum is divided by the weights of the other orders), or ``cfg.no_match_logprob``
+        where the sum is 0.
     """
     if store.max_order < cfg.max_order:
         raise SuperposedError(
@@ -117,7 +127,11 @@ def ngram_logprobs(
     totals = store.continuation_count(den[..., : width - 1].reshape(-1, width - 1), den_len).reshape(len(orders), r)
     usable = (orders[:, None] - 1 <= np.asarray(context_len)[None, :]) & (totals > 0)
     p_n = np.where(usable[..., None], hits / np.maximum(totals, 1)[..., None], 0.0)
-    p = np.tensordot(np.asarray(cfg.ngram_weights, np.float64), p_n, axes=1)
+    w = np.asarray(cfg.ngram_weights, np.float64)
+    p = np.tensordot(w, p_n, axes=1)
+    if cfg.renormalize:
+        seen = np.tensordot(w, usable.astype(np.float64), axes=1)  # [R]
+        p = np.divide(p, seen[:, None], out=np.zeros_like(p), where=seen[:, None] > 0)
     with np.errstate(divide="ignore"):
         return np.where(p > 0, np.log(p), cfg.no_match_logprob)
 

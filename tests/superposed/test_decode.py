@@ -130,6 +130,10 @@ def test_ngram_logprobs_by_hand(tmp_path):
     want0 = [np.log(0.25 * 2 / 3 + 0.75 * 2 / 3), np.log(0.25 / 3 + 0.75 / 3), -50.0]
     want1 = [np.log(0.25 * 2 / 3), np.log(0.25 / 3), -50.0]  # one context token: the bigram only
     np.testing.assert_allclose(got, [want0, want1, [-50.0] * 3])
+    renorm = SuperposedConfig(ngram_weights=(0.25, 0.75), no_match_logprob=-50.0, renormalize=True)
+    got = ngram_logprobs(store, ctx, np.array([2, 1, 2]), np.array([[3, 4, 7], [3, 4, 7], [3, 4, 7]]), renorm)
+    # both orders usable: weights sum to 1 already; the bigram alone: divided by its weight 0.25
+    np.testing.assert_allclose(got, [want0, [np.log(2 / 3), np.log(1 / 3), -50.0], [-50.0] * 3])
     with pytest.raises(SuperposedError, match="order 3"):
         ngram_logprobs(store, ctx, np.array([2, 2, 2]), np.zeros((3, 1), np.int64), SuperposedConfig())
 

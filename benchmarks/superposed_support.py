@@ -1,0 +1,52 @@
+"""Helpers shared by the Superposed Decoding benchmarks: an n-gram store built from target-written distill-data
+shards with given prompts' rows left out, and the training prompts to tune on (never the evaluation prompts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from accel.drafts.prompts import DEFAULT_PROMPTS, HELD_OUT_PROMPTS
+from accel.superposed import NgramError, NgramStore, build_store
+from accel.superposed.corpus import drop_containing, teacher_shards, tokenizer_fingerprint
+
+
+def shard_prompt_ids(data: Path, tok: Any, prompts: Sequence[str]) -> list[list[int]]:
+    """The token ids the shards of ``data`` hold for ``prompts`` (cut to the build's ``seq_len`` last tokens, as
+    ``accel.drafts.distill_data`` cuts them)."""
+    settings = json.loads((data / "data" / "settings.json").read_text())
+    seq_len = int(settings.get("seq_len", 1 << 30))
+    return [tok.encode(p).ids[-seq_len:] for p in prompts]
+
+
+def shard_store(data: Path, tok: Any, vocab: int, exclude: Sequence[str], cache: Path) -> tuple[NgramStore, str]:
+    """The n-gram store of the shards under ``data/data`` without the rows that contain one of the prompts
+    ``exclude`` (and never the held-out prompts), built once per shard set and exclusion and cached under ``cache``.
+    Returns the store and a one-line description."""
+    excluded = [*exclude, *HELD_OUT_PROMPTS]
+    shards = sorted((data / "data").glob("*.safetensors"))
+    stamp = json.dumps([[f.name, f.stat().st_size] for f in shards] + sorted(excluded))
+    path = cache / f"shards-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}.ngrams"
+    if not path.is_file():
+        docs, desc = teacher_shards([data / "data"], vocab)
+        docs, dropped = drop_containing(docs, shard_prompt_ids(data, tok, excluded))
+        if exclude and not dropped:
+            raise NgramError("no shard row holds an excluded prompt: are they the shards' prompts?")
+        desc += f"; {dropped} rows of {len(excluded)} excluded prompts dropped"
+        build_store(docs, vocab, path, meta={"sources": [desc], "tokenizer": tokenizer_fingerprint(tok)})
+    store = NgramStore.load(path)
+    return store, str(store.meta["sources"][0])
+
+
+def tuning_prompts(data: Path, n: int) -> list[str]:
+    """``n`` training prompts to tune on: the built-in prompts (``accel.drafts.DEFAULT_PROMPTS``, chat and code
+    alike) that the shards' prompt list holds, spread evenly over it. Never a held-out prompt."""
+    listed = set(json.loads((data / "prompts.json").read_text()))
+    pool = [p for p in DEFAULT_PROMPTS if p in listed and p not in HELD_OUT_PROMPTS]
+    if len(pool) < n:
+        raise NgramError(f"only {len(pool)} built-in prompts in {data / 'prompts.json'}; asked for {n}")
+    step = len(pool) / n
+    return [pool[int(i * step)] for i in range(n)]

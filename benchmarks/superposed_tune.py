@@ -1,0 +1,99 @@
+"""Tuning Superposed Decoding's n-gram settings on training prompts (docs/superposed.md, "Tuning").
+
+The store: target-written distill-data shards (``--data WORK``: ``WORK/data/*.safetensors`` and
+``WORK/prompts.json``, as ``examples/build_hydra_heads.py --data-only`` writes them) without the rows of the tuning
+prompts and of the held-out prompts, so no draft can copy its own prompt's continuation. The tuning prompts: built-in
+training prompts (``accel.drafts.DEFAULT_PROMPTS``) that the shards were written from, never the evaluation prompts
+(``accel.drafts.HELD_OUT_PROMPTS``). For each prompt: k nucleus samples (top-p 0.9, T = 1) once, then k superposed
+drafts for every setting of the grid (alpha x no-match log-probability x renormalised weights, and no n-grams), all
+of the same length; perplexity of every draft under the target. Not a speed benchmark: one thread, ``nice``.
+
+    nice -n 5 timeout 1800 python benchmarks/superposed_tune.py --data WORK --threads 1 > tune.log
+
+Prints one line per prompt (progress), then a table, and writes results/superposed_tune.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from superposed_support import shard_store, tuning_prompts
+
+from accel.backends import OrtBackend, export_cached
+from accel.models.smollm2 import cache_root, load_tokenizer, smollm2_checkpoint
+from accel.superposed import SuperposedConfig, superposed_generate
+from accel.superposed.evaluate import distinct_n, nucleus_samples, perplexity
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="folder with data/*.safetensors and prompts.json")
+    ap.add_argument("--prompts", type=int, default=8, help="tuning prompts")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--alphas", type=_floats, default=[0.54, 0.3, 0.15, 0.05])
+    ap.add_argument("--no-match", type=_floats, default=[-100.0, -10.0], help="no_match_logprob values, nats")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ctx-len", type=int, default=256)
+    ap.add_argument("--out", type=Path, default=Path("results/superposed_tune.json"))
+    args = ap.parse_args()
+
+    ckpt = smollm2_checkpoint()
+    tok = load_tokenizer(ckpt)
+    texts = tuning_prompts(args.data, args.prompts)
+    store, desc = shard_store(args.data, tok, tok.get_vocab_size(), texts, cache_root() / "ngrams")
+    print(f"store: {store.positions} tokens ({desc})", flush=True)
+    backend = OrtBackend(
+        export_cached(ckpt, cache_root() / "onnx", ctx_len=args.ctx_len, mix_inputs=True), threads=args.threads
+    )
+    grid: dict[str, SuperposedConfig | None] = {"nucleus": None}
+    grid["no n-grams"] = SuperposedConfig(k=args.k)
+    for a, nm, rn in itertools.product(args.alphas, args.no_match, (False, True)):
+        cfg = SuperposedConfig(k=args.k, alpha=a, no_match_logprob=nm, renormalize=rn)
+        grid[f"alpha {a:g}, no-match {nm:g}, {'renormalised' if rn else 'paper weights'}"] = cfg
+    ppl: dict[str, list[float]] = {name: [] for name in grid}
+    best: dict[str, list[float]] = {name: [] for name in grid}
+    dist: dict[str, list[float]] = {name: [] for name in grid}
+    t0 = time.perf_counter()
+    for i, text in enumerate(texts):
+        prompt = tok.encode(text).ids
+        for name, cfg in grid.items():
+            if cfg is None:
+                drafts, _, _ = nucleus_samples(backend, prompt, args.k, args.max_new_tokens, seed=i)
+            else:
+                s = store if name != "no n-grams" else None
+                res = superposed_generate(backend, [prompt], args.max_new_tokens, cfg, s)
+                drafts = [d.tokens for d in res.drafts[0]]
+            p = [perplexity(backend, prompt, d) for d in drafts]
+            ppl[name].append(float(np.mean(p)))
+            best[name].append(float(np.min(p)))
+            dist[name].append(distinct_n(drafts, 2))
+        line = ", ".join(f"{n.split(',')[0]}={ppl[n][-1]:.2f}" for n in list(grid)[:3])
+        print(f"prompt {i + 1}/{len(texts)} ({time.perf_counter() - t0:.0f} s): {line} ...", flush=True)
+    base = float(np.mean(ppl["nucleus"]))
+    print(f"\n{len(texts)} training prompts x {args.max_new_tokens} new tokens, k = {args.k}; store: {desc}\n")
+    print("| setting | mean perplexity | x nucleus | best-of-k ppl | distinct-2 |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for name in grid:
+        m = float(np.mean(ppl[name]))
+        rows.append({"setting": name, "perplexity": m, "ratio": m / base, "best": float(np.mean(best[name]))})
+        rows[-1]["distinct_2"] = float(np.mean(dist[name]))
+        r = rows[-1]
+        print(f"| {name} | {m:.2f} | {r['ratio']:.2f}x | {r['best']:.2f} | {r['distinct_2']:.2f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"prompts": texts, "store": desc, "per_prompt": ppl, **{k: str(v) for k, v in vars(args).items()}}
+    args.out.write_text(json.dumps({"rows": rows, "meta": meta}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
