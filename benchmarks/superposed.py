@@ -23,31 +23,14 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
-from superposed_support import shard_store
+from superposed_support import completions, row, shard_store
 
 from accel.backends import OrtBackend, export_cached
 from accel.drafts.prompts import HELD_OUT_PROMPTS
 from accel.models.smollm2 import cache_root, load_tokenizer, smollm2_checkpoint
 from accel.superposed import NgramStore, SuperposedConfig, superposed_generate
-from accel.superposed.evaluate import Completions, distinct_n, nucleus_samples, perplexity
+from accel.superposed.evaluate import Completions, nucleus_samples
 from accel.superposed.scoring import TUNED
-
-
-def _completions(name: str, backend, prompt: list[int], drafts: list[list[int]], wall: float, calls: int):
-    ppl = [perplexity(backend, prompt, d) for d in drafts]
-    return Completions(name, drafts, ppl, distinct_n(drafts, 1), distinct_n(drafts, 2), wall, calls)
-
-
-def _row(name: str, ms: list[Completions]) -> dict:
-    return {
-        "method": name,
-        "wall_s": float(sum(m.wall_s for m in ms)),
-        "calls": int(sum(m.calls for m in ms)),
-        "perplexity": float(np.mean([m.mean_perplexity for m in ms])),
-        "best_perplexity": float(np.mean([m.best_perplexity for m in ms])),
-        "distinct_2": float(np.mean([m.distinct_2 for m in ms])),
-    }
 
 
 def main() -> None:
@@ -86,24 +69,28 @@ def main() -> None:
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
         drafts, wall, calls = nucleus_samples(backend, p, k, args.max_new_tokens, seed=i)
-        results[f"{k} x nucleus p=0.9"].append(_completions("nucleus", backend, p, drafts, wall, calls))
+        results[f"{k} x nucleus p=0.9"].append(completions("nucleus", backend, p, drafts, wall, calls))
         for name, (cfg, s) in settings.items():
             t1 = time.perf_counter()
             res = superposed_generate(backend, [p], args.max_new_tokens, cfg, s)
             wall = time.perf_counter() - t1
             drafts = [d.tokens for d in res.drafts[0]]
-            results[name].append(_completions(name, backend, p, drafts, wall, res.calls + res.prefill_calls))
+            results[name].append(completions(name, backend, p, drafts, wall, res.calls + res.prefill_calls))
         line = ", ".join(f"{r[-1].mean_perplexity:.2f}" for r in results.values())
         print(f"prompt {i}: mean perplexities {line} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    rows = [_row(name, ms) for name, ms in results.items()]
+    rows = [row(name, ms) for name, ms in results.items()]
     base = rows[-1]
     print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} new tokens, k = {k}, {args.threads} threads")
     print(f"store: {desc}\n")
-    print("| method | wall s | calls | x nucleus time | mean perplexity | x nucleus ppl | best-of-k ppl | distinct-2 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| method | wall s | calls | x nucleus time | per-token ppl | x nucleus | mean of draft ppl | x nucleus "
+        "| best-of-k ppl | distinct-2 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['method']} | {r['wall_s']:.2f} | {r['calls']} | {r['wall_s'] / base['wall_s']:.2f}x | "
+            f"{r['token_perplexity']:.2f} | {r['token_perplexity'] / base['token_perplexity']:.2f}x | "
             f"{r['perplexity']:.2f} | {r['perplexity'] / base['perplexity']:.2f}x | {r['best_perplexity']:.2f} | "
             f"{r['distinct_2']:.2f} |"
         )

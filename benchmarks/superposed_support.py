@@ -9,9 +9,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from accel.drafts.prompts import DEFAULT_PROMPTS, HELD_OUT_PROMPTS
 from accel.superposed import NgramError, NgramStore, build_store
 from accel.superposed.corpus import drop_containing, teacher_shards, tokenizer_fingerprint
+from accel.superposed.evaluate import Completions, distinct_n, perplexity
+
+
+def completions(name: str, backend: Any, prompt: list[int], drafts: list[list[int]], wall: float, calls: int):
+    """``Completions`` of ``drafts``, each scored under the target (``backend``)."""
+    ppl = [perplexity(backend, prompt, d) for d in drafts]
+    return Completions(name, drafts, ppl, distinct_n(drafts, 1), distinct_n(drafts, 2), wall, calls)
+
+
+def row(name: str, ms: list[Completions]) -> dict:
+    """One method over all prompts: time and calls summed; per-token perplexity of all drafts of all prompts
+    (``exp`` of the mean NLL per token), the mean over prompts of the drafts' mean and best perplexity, distinct-2."""
+    return {
+        "method": name,
+        "wall_s": float(sum(m.wall_s for m in ms)),
+        "calls": int(sum(m.calls for m in ms)),
+        "token_perplexity": float(np.exp(sum(m.nll_sum for m in ms) / sum(m.tokens for m in ms))),
+        "perplexity": float(np.mean([m.mean_perplexity for m in ms])),
+        "best_perplexity": float(np.mean([m.best_perplexity for m in ms])),
+        "distinct_2": float(np.mean([m.distinct_2 for m in ms])),
+    }
 
 
 def shard_prompt_ids(data: Path, tok: Any, prompts: Sequence[str]) -> list[list[int]]:

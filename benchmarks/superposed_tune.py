@@ -21,13 +21,12 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-from superposed_support import shard_store, tuning_prompts
+from superposed_support import completions, row, shard_store, tuning_prompts
 
 from accel.backends import OrtBackend, export_cached
 from accel.models.smollm2 import cache_root, load_tokenizer, smollm2_checkpoint
 from accel.superposed import SuperposedConfig, superposed_generate
-from accel.superposed.evaluate import distinct_n, nucleus_samples, perplexity
+from accel.superposed.evaluate import Completions, nucleus_samples
 
 
 def _floats(text: str) -> list[float]:
@@ -60,9 +59,7 @@ def main() -> None:
     for a, nm, rn in itertools.product(args.alphas, args.no_match, (False, True)):
         cfg = SuperposedConfig(k=args.k, alpha=a, no_match_logprob=nm, renormalize=rn)
         grid[f"alpha {a:g}, no-match {nm:g}, {'renormalised' if rn else 'paper weights'}"] = cfg
-    ppl: dict[str, list[float]] = {name: [] for name in grid}
-    best: dict[str, list[float]] = {name: [] for name in grid}
-    dist: dict[str, list[float]] = {name: [] for name in grid}
+    results: dict[str, list[Completions]] = {name: [] for name in grid}
     t0 = time.perf_counter()
     for i, text in enumerate(texts):
         prompt = tok.encode(text).ids
@@ -73,25 +70,23 @@ def main() -> None:
                 s = store if name != "no n-grams" else None
                 res = superposed_generate(backend, [prompt], args.max_new_tokens, cfg, s)
                 drafts = [d.tokens for d in res.drafts[0]]
-            p = [perplexity(backend, prompt, d) for d in drafts]
-            ppl[name].append(float(np.mean(p)))
-            best[name].append(float(np.min(p)))
-            dist[name].append(distinct_n(drafts, 2))
-        line = ", ".join(f"{n.split(',')[0]}={ppl[n][-1]:.2f}" for n in list(grid)[:3])
-        print(f"prompt {i + 1}/{len(texts)} ({time.perf_counter() - t0:.0f} s): {line} ...", flush=True)
-    base = float(np.mean(ppl["nucleus"]))
+            results[name].append(completions(name, backend, prompt, drafts, 0.0, 0))
+        line = ", ".join(f"{n.split(',')[0]}={results[n][-1].token_perplexity:.2f}" for n in list(grid)[:3])
+        print(f"prompt {i + 1}/{len(texts)} ({time.perf_counter() - t0:.0f} s): per-token ppl {line} ...", flush=True)
+    rows = [row(name, ms) for name, ms in results.items()]
+    base = rows[0]
     print(f"\n{len(texts)} training prompts x {args.max_new_tokens} new tokens, k = {args.k}; store: {desc}\n")
-    print("| setting | mean perplexity | x nucleus | best-of-k ppl | distinct-2 |")
-    print("|---|---|---|---|---|")
-    rows = []
-    for name in grid:
-        m = float(np.mean(ppl[name]))
-        rows.append({"setting": name, "perplexity": m, "ratio": m / base, "best": float(np.mean(best[name]))})
-        rows[-1]["distinct_2"] = float(np.mean(dist[name]))
-        r = rows[-1]
-        print(f"| {name} | {m:.2f} | {r['ratio']:.2f}x | {r['best']:.2f} | {r['distinct_2']:.2f} |")
+    print("| setting | per-token ppl | x nucleus | mean of draft ppl | x nucleus | best-of-k ppl | distinct-2 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['method']} | {r['token_perplexity']:.2f} | {r['token_perplexity'] / base['token_perplexity']:.2f}x"
+            f" | {r['perplexity']:.2f} | {r['perplexity'] / base['perplexity']:.2f}x | {r['best_perplexity']:.2f} | "
+            f"{r['distinct_2']:.2f} |"
+        )
+    per_prompt = {n: [c.token_perplexity for c in ms] for n, ms in results.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"prompts": texts, "store": desc, "per_prompt": ppl, **{k: str(v) for k, v in vars(args).items()}}
+    meta = {"prompts": texts, "store": desc, "per_prompt": per_prompt, **{k: str(v) for k, v in vars(args).items()}}
     args.out.write_text(json.dumps({"rows": rows, "meta": meta}, indent=2))
 
 

@@ -111,6 +111,22 @@ class Completions:
         return float(np.mean(self.perplexities))
 
     @property
+    def nll_sum(self) -> float:
+        """Summed negative log-likelihood of all drafts' tokens under the target, nats (``len x log perplexity``)."""
+        return float(sum(len(d) * np.log(p) for d, p in zip(self.drafts, self.perplexities, strict=True)))
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in all drafts."""
+        return sum(len(d) for d in self.drafts)
+
+    @property
+    def token_perplexity(self) -> float:
+        """Per-token perplexity of all drafts together: ``exp(nll_sum / tokens)`` (the geometric mean of the drafts'
+        perplexities when they have one length); less swayed by one bad draft than ``mean_perplexity``."""
+        return float(np.exp(self.nll_sum / self.tokens))
+
+    @property
     def best_perplexity(self) -> float:
         """The best draft's perplexity (what a user picking one of the k suggestions can get)."""
         return float(np.min(self.perplexities))
