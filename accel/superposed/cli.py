@@ -4,6 +4,7 @@ against k nucleus samples). See docs/superposed.md."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterable
@@ -50,7 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--k", type=int, default=3, help="suggestions (default 3)")
     c.add_argument("--max-new-tokens", type=int, default=16)
     c.add_argument("--store", default=None, help="n-gram store (accel ngrams build); default: none (alpha unused)")
-    c.add_argument("--alpha", type=float, default=0.54, help="n-gram weight (default 0.54, the paper's)")
+    c.add_argument(
+        "--settings",
+        choices=("tuned", "paper"),
+        default="tuned",
+        help="n-gram settings: tuned for a store of the target's own writing (default) or the paper's",
+    )
+    c.add_argument("--alpha", type=float, default=None, help="n-gram weight (default: the settings')")
+    c.add_argument("--no-match-logprob", type=float, default=None, help="n-gram log-prob where none matches, nats")
     c.add_argument("--temperature", type=float, default=0.06, help="on the superposed logits (default 0.06)")
     c.add_argument("--n-token-sample", type=int, default=9, help="tokens per draft and step (default 9)")
     c.add_argument("--target", default=None, help="checkpoint directory (default: SmolLM2-135M)")
@@ -156,10 +164,19 @@ def run_complete(args: argparse.Namespace) -> int:
     from accel.superposed import NgramStore, SuperposedConfig
     from accel.superposed.corpus import tokenizer_fingerprint
     from accel.superposed.evaluate import compare
+    from accel.superposed.scoring import TUNED
 
     target = _target(args.target)
     tok = load_tokenizer(target)
-    cfg = SuperposedConfig(k=args.k, alpha=args.alpha, temperature=args.temperature, n_token_sample=args.n_token_sample)
+    base = TUNED if args.settings == "tuned" else SuperposedConfig()
+    over = {"alpha": args.alpha, "no_match_logprob": args.no_match_logprob}
+    cfg = dataclasses.replace(
+        base,
+        k=args.k,
+        temperature=args.temperature,
+        n_token_sample=args.n_token_sample,
+        **{name: v for name, v in over.items() if v is not None},
+    )
     store = None
     if args.store:
         store = NgramStore.load(args.store)

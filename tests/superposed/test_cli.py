@@ -62,3 +62,5 @@ def test_errors(target, tmp_path, capsys):
     assert "no checkpoint directory" in capsys.readouterr().err
     assert main(["complete", "--prompt", "a", "--target", str(target), "--k", "0"]) == 2
     assert "k must" in capsys.readouterr().err
+    assert main(["complete", "--prompt", "a", "--target", str(target), "--settings", "paper", "--alpha", "2"]) == 2
+    assert "alpha must" in capsys.readouterr().err
