@@ -56,8 +56,6 @@ def shard_store(data: Path, tok: Any, vocab: int, exclude: Sequence[str], cache:
     if not path.is_file():
         docs, desc = teacher_shards([data / "data"], vocab)
         docs, dropped = drop_containing(docs, shard_prompt_ids(data, tok, excluded))
-        if exclude and not dropped:
-            raise NgramError("no shard row holds an excluded prompt: are they the shards' prompts?")
         desc += f"; {dropped} rows of {len(excluded)} excluded prompts dropped"
         build_store(docs, vocab, path, meta={"sources": [desc], "tokenizer": tokenizer_fingerprint(tok)})
     store = NgramStore.load(path)

@@ -79,7 +79,10 @@ class SuperposedConfig:
         return len(self.ngram_weights) + 1
 
 
-TUNED = SuperposedConfig()  # placeholder: set from benchmarks/superposed_tune.py
+# The paper's settings with a milder no-match penalty, tuned for a store of the target's own writing on training
+# prompts (benchmarks/superposed_tune.py; docs/superposed.md, "Tuning"): -100 nats times alpha outweighs ~7 logits of
+# the LM at T = 0.06, so any candidate the (small) store has not seen lost to every one it has.
+TUNED = SuperposedConfig(no_match_logprob=-10.0)
 
 
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
