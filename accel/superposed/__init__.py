@@ -9,10 +9,11 @@ from accel.errors import NgramError, SuperposedError
 from accel.superposed.build import build_store
 from accel.superposed.decode import Beams, Draft, SuperposedResult, superposed_generate
 from accel.superposed.proposer import SuperposedProposer
-from accel.superposed.scoring import SuperposedConfig
+from accel.superposed.scoring import TUNED, SuperposedConfig
 from accel.superposed.store import NgramStore
 
 __all__ = [
+    "TUNED",
     "Beams",
     "Draft",
     "NgramError",
