@@ -2,9 +2,12 @@
 
     python examples/build_hydra_heads.py --work results/hydra --data-only      # stages 1-3 (resumable)
     python examples/build_hydra_heads.py --work results/hydra --resume         # stages 1-6 (resumable)
+    python examples/build_hydra_heads.py --data DATA --work results/hydra      # stages 4-6 on a built data dir
 
-Not run to completion yet: on the shared 2-core machine stage 2 (the target writing ~290 k tokens) alone takes
-hours, so no heads are shipped; the stages are tested in pieces (tests/drafts/test_hydra_*.py).
+``--data DATA`` reads the prompts, shards and hidden states of an earlier ``--data-only`` run (``--work DATA``)
+without writing into DATA (a shard whose hidden states are missing there gets them in ``<work>/features``); only
+the training state, the float heads and the report go to ``--work``. ``--shards N`` uses the first N shards (a smoke
+run). The shipped heads were built this way (``hydra_card.json`` records the command line).
 
 Recipe (every seed fixed; one torch thread, so the run can share a 2-core machine):
 
@@ -105,6 +108,34 @@ def build_dataset(args: argparse.Namespace, target_dir: Path, target) -> list[tu
     return pairs
 
 
+def read_dataset(args: argparse.Namespace, target) -> list[tuple[Path, Path]]:
+    """Stages 1-3 read from a built data dir (``--data``, never written): (data shard, hidden states) pairs, the
+    hidden states computed into ``<work>/features`` where ``<data>/features`` lacks them."""
+    from safetensors.torch import load_file, save_file
+
+    from accel.drafts.feature import target_features
+
+    data = Path(args.data)
+    shards = sorted((data / "data").glob("*.safetensors"))[: args.shards or None]
+    if not shards:
+        raise SystemExit(f"no data shards in {data / 'data'}: build them with --data-only --work {data}")
+    own = Path(args.work) / "features"
+    pairs = []
+    for src in shards:
+        feat = data / "features" / src.name
+        if not feat.is_file():
+            feat = own / src.name
+            if not feat.is_file():
+                print(f"hidden states of {src.name} -> {own}", flush=True)
+                own.mkdir(parents=True, exist_ok=True)
+                tmp = own / f".{src.name}.tmp"
+                save_file({"hidden": target_features(target, load_file(str(src))["tokens"]).contiguous()}, str(tmp))
+                tmp.replace(feat)
+        pairs.append((src, feat))
+    print(f"{len(pairs)} shards from {data}", flush=True)
+    return pairs
+
+
 def train(args: argparse.Namespace, target, pairs) -> Path:
     """Stage 4: Hydra++ heads (restricted to the shipped draft's 8192 head tokens) trained on all shards but the
     last; the best by tokens per greedy tree round on the last shard's greedy rows. Returns the float heads' dir."""
@@ -122,16 +153,16 @@ def train(args: argparse.Namespace, target, pairs) -> Path:
     out = Path(args.work) / "heads"
     cfg = HydraTrainConfig(
         max_steps=args.steps,
-        batch_rows=16,
+        batch_rows=args.batch_rows,
         lr=args.lr,
-        warmup_steps=50,
+        warmup_steps=min(50, max(1, args.steps // 10)),
         minutes=args.minutes,
-        eval_every=200,
+        eval_every=args.eval_every,
         checkpoint_every=50,
         resume=args.resume,
     )
     eval_fn = shard_eval(pairs[-1], TreeShape(depth=args.heads), max_rows=32)
-    report = train_hydra(heads, ShardBatches(pairs[:-1], 16, seed=0), out, cfg, eval_fn)
+    report = train_hydra(heads, ShardBatches(pairs[:-1], args.batch_rows, seed=0), out, cfg, eval_fn)
     (out / "hydra_report.json").write_text(report.model_dump_json(indent=2))
     print(f"best score {report.best_score} at step {report.best_step}; {report.train_time_s:.0f} s", flush=True)
     return out
@@ -184,6 +215,10 @@ def main() -> int:
     ap.add_argument("--mlp-layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-rows", type=int, default=16, help="sequences per training step")
+    ap.add_argument("--eval-every", type=int, default=200, help="steps between held-out scores")
+    ap.add_argument("--data", default=None, help="a built data dir (--data-only --work DIR) to read, never written")
+    ap.add_argument("--shards", type=int, default=None, help="use only the first N data shards (a smoke run)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on training")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted training run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -195,7 +230,9 @@ def main() -> int:
 
     target_dir = Path(smollm2_checkpoint())
     target = load_checkpoint(target_dir).eval()
-    pairs = build_dataset(args, target_dir, target)
+    if args.data and args.data_only:
+        raise SystemExit("--data reads a built data dir; --data-only builds one (give --work)")
+    pairs = read_dataset(args, target) if args.data else build_dataset(args, target_dir, target)
     if args.data_only:
         return 0
     if len(pairs) < 2:
