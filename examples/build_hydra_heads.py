@@ -183,6 +183,8 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
     shutil.rmtree(tmp, ignore_errors=True)
     compress_checkpoint(heads_dir, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
     shutil.copy(heads_dir / "config.json", tmp / "config.json")
+    report = json.loads((heads_dir / "hydra_report.json").read_text())
+    (tmp / "hydra_report.json").unlink(missing_ok=True)  # its summary goes into the card (no local paths shipped)
     heads = load_hydra(tmp, target)
     seqs, plens, hidden = held_out_sequences(target, target_dir)
     ev = evaluate_heads(heads, seqs, plens, hidden)
@@ -195,6 +197,21 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
         "weights_bytes": weights_bytes(tmp),
         "held_out": ev.model_dump(),
         "held_out_note": "teacher-forced on greedy continuations of HELD_OUT_PROMPTS: exact for greedy SpD",
+        "training": {
+            k: report[k]
+            for k in (
+                "steps",
+                "positions_seen",
+                "best_step",
+                "best_score",
+                "train_time_s",
+                "stopped_by",
+                "history",
+                "config",
+            )
+        },
+        "data": f"{args.n_shards} shards of target-written continuations (first pass over the prompts greedy, then "
+        "T = 0.7) with the target's top-32 log-probs; the last shard held out for selecting the best heads",
         "built_with": f"examples/build_hydra_heads.py {' '.join(sys.argv[1:])}",
     }
     (tmp / "hydra_card.json").write_text(json.dumps(card, indent=2))
@@ -223,6 +240,7 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true", help="continue an interrupted training run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--data-only", action="store_true", help="only build the prompts, data and hidden states")
+    ap.add_argument("--ship-only", action="store_true", help="only stages 5-6, on the heads in <work>/heads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -237,7 +255,8 @@ def main() -> int:
         return 0
     if len(pairs) < 2:
         raise SystemExit("need at least 2 data shards (one is held out): raise --sequences")
-    heads_dir = train(args, target, pairs)
+    args.n_shards = len(pairs)
+    heads_dir = Path(args.work) / "heads" if args.ship_only else train(args, target, pairs)
     evaluate_and_ship(args, target, target_dir, heads_dir)
     return 0
 
