@@ -4,8 +4,10 @@
 
 Rows (batch 1, one prompt at a time, ``accel.drafts.HELD_OUT_PROMPTS``, --max-new tokens each): autoregressive; the
 shipped standalone draft (chain of --k); the shipped feature draft (chain of --k, int8); the Hydra heads as a tree
-(--nodes, --top-k, depth = heads) and as their top-1 chain. Per row: tokens per target call, draft ms per round,
-tokens/s and the speedup over AR's tokens/s in the same run; greedy rows are checked token for token against AR.
+(--nodes, --top-k, depth = heads) with int8 level graphs, the same with float32 level graphs (the int8 ablation)
+and as their top-1 chain; ``--hydra-mlp DIR`` adds a tree row for heads without the prefix layer. Per row: tokens
+per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same run; greedy rows are
+checked token for token against AR.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ SHIPPED_FEATURE = REPO / "accel" / "demo_data" / "smollm2-feature-draft"
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hydra", required=True, metavar="DIR", help="Hydra heads directory (accel distill-hydra)")
+    ap.add_argument("--hydra-mlp", default=None, metavar="DIR", help="heads without the prefix layer (a tree row)")
     ap.add_argument("--max-new", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--k", type=int, default=3, help="chain length of the draft models")
     ap.add_argument("--nodes", type=int, default=12, help="Hydra tree budget (nodes below the root)")
@@ -45,17 +48,28 @@ def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
     feature = OrtBackend(
         export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8"), threads=args.threads
     )
-    heads = HydraRuntime(export_hydra_cached(args.hydra, target_dir, cache, ctx_len=args.ctx_len), threads=1)
+
+    def runtime(heads_dir: str, weights: str) -> HydraRuntime:
+        path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
+        return HydraRuntime(path, threads=1)
+
+    heads, heads_fp32 = runtime(args.hydra, "int8"), runtime(args.hydra, "fp32")
     depth = heads.num_heads
     tree = TreeShape(depth=depth, top_k=args.top_k, beam=args.top_k, budget=args.nodes)
     kind = "Hydra++" if heads.prefix else "Hydra"
-    return {
+    rows = {
         "autoregressive": lambda: None,
         f"standalone draft, chain k={args.k}": lambda: DraftChain(draft, k=args.k),
         f"feature draft, chain k={args.k}": lambda: DraftChain(feature, k=args.k),
-        f"{kind}, tree {args.nodes} nodes top-{args.top_k}": lambda: HydraProposer(heads, tree),
-        f"{kind}, chain k={depth}": lambda: HydraProposer(heads, TreeShape.chain(depth)),
     }
+    if args.hydra_mlp:
+        mlp = runtime(args.hydra_mlp, "int8")
+        mlp_tree = TreeShape(depth=mlp.num_heads, top_k=args.top_k, beam=args.top_k, budget=args.nodes)
+        rows[f"Hydra (MLP), tree {args.nodes} int8"] = lambda: HydraProposer(mlp, mlp_tree)
+    rows[f"{kind}, tree {args.nodes} top-{args.top_k} int8"] = lambda: HydraProposer(heads, tree)
+    rows[f"{kind}, tree {args.nodes} top-{args.top_k} fp32"] = lambda: HydraProposer(heads_fp32, tree)
+    rows[f"{kind}, chain k={depth} int8"] = lambda: HydraProposer(heads, TreeShape.chain(depth))
+    return rows
 
 
 def main() -> int:
@@ -99,7 +113,7 @@ def main() -> int:
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)
         print(
-            f"{name:<38} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
+            f"{name:<40} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
             f"{row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  == AR: {row['equals_ar']}",
             flush=True,
         )

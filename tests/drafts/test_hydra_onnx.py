@@ -105,6 +105,13 @@ def test_int8_heads_are_close(heads, seq, runtime, tmp_path):
     ref_ids, ref_logp = runtime.level(2, hidden[:, 1:2].numpy(), paths, 3)
     np.testing.assert_allclose(logp, ref_logp, atol=0.15)
     assert (ids[..., 0] == ref_ids[..., 0]).mean() >= 0.5
+    # the prefix layer is int8 too: its base states stay close to the float32 layer's
+    pos = np.tile(np.arange(L), (B, 1))
+    q.reset()
+    runtime.reset()
+    got, ref = q.prefix_states(hidden.numpy(), pos), runtime.prefix_states(hidden.numpy(), pos)
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+    assert np.abs(got - ref).max() > 0  # int8 really is applied (an approximation, not the same graph)
 
 
 def test_runtime_errors(heads, runtime, tmp_path):

@@ -130,8 +130,9 @@ def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool,
 
 def hydra_proposer(args: argparse.Namespace, target_dir: Path):
     """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
-    heads, target and settings) as a ``HydraProposer`` for batch 1 (``--tree-nodes`` nodes, default 12,
-    ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of heads)."""
+    heads, target and settings; int8 unless ``--draft-weights fp32``) as a ``HydraProposer`` for batch 1
+    (``--tree-nodes`` nodes, default 12, ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of
+    heads)."""
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.drafts.hydra.proposer import HydraProposer
     from accel.drafts.hydra.runtime import HydraRuntime
@@ -145,7 +146,7 @@ def hydra_proposer(args: argparse.Namespace, target_dir: Path):
         raise DraftError("--hydra needs the target as a checkpoint directory (the heads read its embeddings)")
     num_heads = int(json.loads((Path(args.hydra) / "config.json").read_text())["num_heads"])
     out = export_hydra_cached(
-        args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "fp32"
+        args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "int8"
     )
     runtime = HydraRuntime(out, threads=args.draft_threads or 1)
     nodes = args.tree_nodes or 12

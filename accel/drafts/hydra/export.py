@@ -1,9 +1,11 @@
-"""Export Hydra heads for onnxruntime: a directory with one level graph per head (``head{i}.onnx``), the Hydra++
-prefix layer's graph (``prefix.onnx``), the target's input embedding table (``embed.npy``, float32, memory-mapped
-at run time) and ``hydra.json`` (what ``HydraRuntime`` needs to know). See ``accel.drafts.hydra.graph``.
+"""Export Hydra heads for onnxruntime: a directory with one level graph per head (``head{i}.onnx``), the LM head
+they share (``lm_head.onnx``), the Hydra++ prefix layer's graph (``prefix.onnx``), the target's input embedding
+table (``embed.npy``, float32, memory-mapped at run time) and ``hydra.json`` (what ``HydraRuntime`` needs to know).
+See ``accel.drafts.hydra.graph``.
 
-``weights="int8"`` applies onnxruntime's dynamic int8 quantization to every weight MatMul of the head graphs (the
-LM head included; approximate, like the feature draft's; the prefix layer stays float32).
+``weights="int8"`` applies onnxruntime's dynamic int8 quantization to every weight MatMul of every graph (the LM
+head and the prefix layer included): approximate heads, like the feature draft's int8 export, ~4x fewer weight
+bytes per round; speculative decoding stays exact (verification does not depend on the draft's numerics).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def export_hydra(
     import onnx
 
     from accel.backends.export import _quantize_int8
-    from accel.drafts.hydra.graph import head_graph, prefix_graph
+    from accel.drafts.hydra.graph import head_graph, lm_head_graph, prefix_graph
 
     if weights not in HYDRA_WEIGHTS:
         raise DraftError(f"weights must be one of {HYDRA_WEIGHTS}; got {weights!r}")
@@ -56,15 +58,20 @@ def export_hydra(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tensors = _tensors(heads)
-    for i in range(1, c.num_heads + 1):
-        proto = head_graph(i, c.mlp_layers, c.hidden_size, tensors, batch_size)
+    graphs = {
+        f"head{i}": head_graph(i, c.mlp_layers, c.hidden_size, tensors, batch_size) for i in range(1, c.num_heads + 1)
+    }
+    graphs["lm_head"] = lm_head_graph(c.hidden_size, tensors, batch_size)
+    for name, proto in graphs.items():
         if weights == "int8":
             proto = _quantize_int8(proto)
         onnx.checker.check_model(proto)
-        onnx.save_model(proto, str(tmp / f"head{i}.onnx"))
+        onnx.save_model(proto, str(tmp / f"{name}.onnx"))
     if heads.prefix is not None:
         layer = {f"layers.0.{k[len('prefix.') :]}": v for k, v in tensors.items() if k.startswith("prefix.")}
         proto = prefix_graph(heads.target_config, layer, ctx_len, batch_size)
+        if weights == "int8":
+            proto = _quantize_int8(proto)
         onnx.checker.check_model(proto)
         onnx.save_model(proto, str(tmp / "prefix.onnx"))
     np.save(tmp / "embed.npy", heads.embed.detach().float().cpu().numpy())

@@ -1,6 +1,7 @@
 """``HydraRuntime``: exported Hydra heads (``accel.drafts.hydra.export``) on onnxruntime (numpy + onnxruntime only).
 
-One ``level(i, base, paths, k)`` call runs head i on every path of every row (one tree level); ``prefix(hidden,
+One ``level(i, base, paths, k)`` call runs head i on every path of every row (one tree level: head i's graph, then
+the shared LM head's); ``prefix(hidden,
 position_ids)`` feeds the Hydra++ prefix layer new target states and returns its base states, keeping the layer's
 KV cache in a runtime buffer that the graph updates in place (as ``accel.backends.OrtBackend`` does).
 """
@@ -54,7 +55,8 @@ class HydraRuntime:
             self.head_vocab = int(meta["head_vocab"])
         except (ValueError, KeyError, TypeError) as exc:
             raise DraftError(f"{meta_path} is invalid: {exc!r}") from exc
-        missing = [f"head{i}.onnx" for i in range(1, self.num_heads + 1) if not (d / f"head{i}.onnx").is_file()]
+        names = [f"head{i}.onnx" for i in range(1, self.num_heads + 1)] + ["lm_head.onnx"]
+        missing = [n for n in names if not (d / n).is_file()]
         missing += ["prefix.onnx"] if self.prefix and not (d / "prefix.onnx").is_file() else []
         if missing or not (d / "embed.npy").is_file():
             raise DraftError(f"{d}: missing {missing or ['embed.npy']}")
@@ -64,6 +66,7 @@ class HydraRuntime:
                 f"{d}/embed.npy has shape {self.embed.shape}; expected {(self.vocab_size, self.hidden_size)}"
             )
         self.heads = [_session(d / f"head{i}.onnx", threads) for i in range(1, self.num_heads + 1)]
+        self.lm_head = _session(d / "lm_head.onnx", threads)
         self._cache = None
         if self.prefix:
             import onnxruntime as ort
@@ -120,10 +123,7 @@ class HydraRuntime:
             raise DraftError(f"path token ids must be in [0, {self.vocab_size})")
         base = np.asarray(base, dtype=np.float32).reshape(self.batch_size, 1, self.hidden_size)
         embeds = np.asarray(self.embed[paths.reshape(-1)], dtype=np.float32)
-        feeds = {
-            "base": base,
-            "path_embeds": embeds.reshape(paths.shape[0], paths.shape[1], index * self.hidden_size),
-            "k": np.array([k], dtype=np.int64),
-        }
-        logp, ids = self.heads[index - 1].run(["topk_logp", "topk_ids"], feeds)
+        feeds = {"base": base, "path_embeds": embeds.reshape(paths.shape[0], paths.shape[1], -1)}
+        (state,) = self.heads[index - 1].run(["state"], feeds)
+        logp, ids = self.lm_head.run(["topk_logp", "topk_ids"], {"state": state, "k": np.array([k], dtype=np.int64)})
         return ids, logp
