@@ -1,0 +1,125 @@
+"""The fused MX kernel from Python: ``PackedMX`` keeps an MX weight packed and multiplies activations by it.
+
+``PackedMX(w).matmul(x)`` computes ``x @ W.T`` for an MX weight W of shape [N, K] blocked along K (the layout of a
+Linear weight, ``accel.formats.MXTensor`` with ``axis=1``), reading only the packed codes (6.25 bits a weight for
+MXFP6, 4.25 for MXFP4) and the E8M0 scales: the weights are decoded in registers, never written to memory.
+
+What is exact: every weight the kernel multiplies equals ``w.dequantize()`` bit for bit (up to the sign of a zero);
+``PackedMX.decode()`` returns them (bit-exact, signed zeros included). The products are summed in float32 in a fixed
+order (8-lane partial sums), so ``matmul`` matches the float64 product of the exact weights to float32 rounding:
+``|y - y64| <= K * 2^-23 * (|x| @ |W|.T)`` (the test's tolerance, a standard bound for a K-term float32 dot product).
+Each output row is computed by the same operation sequence whatever the number of activation rows and threads.
+
+The kernel is C (``mxkernel.c``) compiled on first use (``mxkernel_build``); where that is not possible the numpy
+path gives the same weights (``w.dequantize()``, exact) with a numpy matmul, after a one-line notice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from accel.errors import FormatError
+from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
+from accel.formats.mx_tensor import MXTensor
+from accel.formats.mxkernel_build import kernel_status, load_kernel
+
+__all__ = ["PackedMX", "default_threads", "kernel_status"]
+
+#: formats with an AVX2 path (block 32), and the C code of each
+_FAST = {MXFP6_E2M3.name: 1, MXFP4_E2M1.name: 2, MXINT8.name: 3}
+#: weights per thread below which a call stays on one thread (a thread start costs ~20 us)
+MIN_WEIGHTS_PER_THREAD = 1 << 18
+
+
+def default_threads() -> int:
+    """Threads a large call uses: ``$ACCEL_MXKERNEL_THREADS`` or the CPUs this process may run on (at most 16)."""
+    env = os.environ.get("ACCEL_MXKERNEL_THREADS")
+    if env:
+        try:
+            return max(1, min(16, int(env)))
+        except ValueError:
+            raise FormatError(f"ACCEL_MXKERNEL_THREADS must be an int, got {env!r}") from None
+    return max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+class PackedMX:
+    """An MX weight [N, K] (blocked along K) kept packed, for ``matmul`` by the fused kernel (or the numpy path).
+
+    Args:
+        weight: the MXTensor (2-D, ``axis=1``); its arrays are referenced, not copied.
+        use_kernel: False forces the numpy path (default: the kernel when it loads).
+    """
+
+    def __init__(self, weight: MXTensor, use_kernel: bool = True) -> None:
+        if not isinstance(weight, MXTensor):
+            raise FormatError(f"PackedMX needs an MXTensor, got {type(weight).__name__}")
+        if len(weight.shape) != 2 or weight.axis != 1:
+            raise FormatError(f"PackedMX needs a 2-D weight blocked along axis 1, got shape {weight.shape} axis "
+                              f"{weight.axis}")
+        self.weight = weight
+        self.out_features, self.in_features = weight.shape
+        self._width = weight.nblocks * weight.block_size  # padded K
+        self._lut = np.ascontiguousarray(np.resize(weight.fmt.code_values(), 256).astype(np.float32))
+        self._lut[1 << weight.fmt.bits :] = 0
+        self._fast = _FAST.get(weight.fmt.name, 0)
+        self._lib = load_kernel() if use_kernel else None
+        self._dense: np.ndarray | None = None
+
+    @property
+    def uses_kernel(self) -> bool:
+        """True when calls run the compiled kernel, False on the numpy path."""
+        return self._lib is not None
+
+    @property
+    def fast_path(self) -> bool:
+        """True when the kernel's AVX2 path serves this weight (else its portable C loop or numpy)."""
+        return self._lib is not None and bool(self._lib.mxk_fast_path(self._fast, self.weight.block_size))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel streams per call: packed codes + scales."""
+        return self.weight.nbytes
+
+    def _threads(self, threads: int | None) -> int:
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise FormatError(f"threads must be an int >= 1, got {threads!r}")
+            return min(threads, 16)
+        work = self.out_features * self._width
+        return max(1, min(default_threads(), work // MIN_WEIGHTS_PER_THREAD))
+
+    def decode(self, threads: int | None = None) -> np.ndarray:
+        """Every weight, float32 [N, K], bit-exact to ``weight.dequantize()`` (signed zeros and NaN blocks too)."""
+        w = self.weight
+        if self._lib is None:
+            return w.dequantize(np.float32)
+        out = np.empty((self.out_features, self._width), np.float32)
+        self._lib.mxk_decode(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
+                             w.block_size, self.out_features, w.nblocks, out.ctypes.data, self._threads(threads))
+        return out[:, : self.in_features] if self._width != self.in_features else out
+
+    def matmul(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """``x @ W.T``: float32 activations ``[..., K]`` -> float32 ``[..., N]`` (see the module docstring: exact
+        weights, float32 sums). ``threads``: kernel threads (default: 1 for small weights, else ``default_threads``)."""
+        x = np.asarray(x)
+        if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
+        lead = x.shape[:-1]
+        rows = int(np.prod(lead, dtype=np.int64))
+        if self._lib is None:
+            if self._dense is None:
+                self._dense = self.weight.dequantize(np.float32)
+            return (x.reshape(rows, self.in_features) @ self._dense.T).reshape(*lead, self.out_features)
+        if self._width == self.in_features and x.flags.c_contiguous:
+            x2 = x.reshape(rows, self._width)
+        else:  # zero-padded to whole blocks: the padding codes then add exact zeros
+            x2 = np.zeros((rows, self._width), np.float32)
+            x2[:, : self.in_features] = x.reshape(rows, self.in_features)
+        y = np.empty((rows, self.out_features), np.float32)
+        w = self.weight
+        self._lib.mxk_linear(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
+                             w.block_size, self._fast, self.out_features, self.in_features, w.nblocks,
+                             x2.ctypes.data, rows, self._width, y.ctypes.data, self._threads(threads))
+        return y.reshape(*lead, self.out_features)
