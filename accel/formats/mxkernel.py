@@ -92,12 +92,12 @@ class PackedMX:
 
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 [N, K], bit-exact to ``weight.dequantize()`` (signed zeros and NaN blocks too)."""
-        w = self.weight
+        w, nthreads = self.weight, self._threads(threads)
         if self._lib is None:
             return w.dequantize(np.float32)
         out = np.empty((self.out_features, self._width), np.float32)
         self._lib.mxk_decode(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
-                             w.block_size, self.out_features, w.nblocks, out.ctypes.data, self._threads(threads))
+                             w.block_size, self.out_features, w.nblocks, out.ctypes.data, nthreads)
         return out[:, : self.in_features] if self._width != self.in_features else out
 
     def matmul(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
@@ -106,6 +106,7 @@ class PackedMX:
         x = np.asarray(x)
         if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
             raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
+        nthreads = self._threads(threads)
         lead = x.shape[:-1]
         rows = int(np.prod(lead, dtype=np.int64))
         if self._lib is None:
@@ -121,5 +122,5 @@ class PackedMX:
         w = self.weight
         self._lib.mxk_linear(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
                              w.block_size, self._fast, self.out_features, self.in_features, w.nblocks,
-                             x2.ctypes.data, rows, self._width, y.ctypes.data, self._threads(threads))
+                             x2.ctypes.data, rows, self._width, y.ctypes.data, nthreads)
         return y.reshape(*lead, self.out_features)

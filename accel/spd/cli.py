@@ -189,9 +189,13 @@ def _open_backend(
         if not (path.is_dir() or _is_gguf(path)):
             raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
         from accel.backends import TorchBackend
+        from accel.backends.torch_mx import pack_compressed
         from accel.models import load_checkpoint
 
-        return TorchBackend(load_checkpoint(path), ctx_len=ctx_len, batch_size=1, threads=threads)
+        model = load_checkpoint(path)
+        if path.is_dir():  # an accel-compressed checkpoint keeps its MX weights packed (the fused kernel)
+            pack_compressed(model, path)
+        return TorchBackend(model, ctx_len=ctx_len, batch_size=1, threads=threads)
     from accel.backends import OrtBackend
 
     if path.is_dir() or _is_gguf(path):  # exported once per checkpoint and ctx_len, cached in $ACCEL_CACHE/onnx
