@@ -31,7 +31,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 1
+#define MXK_VERSION 2
 #define MXK_MAX_THREADS 16
 
 enum { FAST_NONE = 0, FAST_E2M3 = 1, FAST_E2M1 = 2, FAST_INT8 = 3 };
@@ -196,6 +196,88 @@ AVX2 static void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
         for (int64_t s = 0; s < j->s; s += 2) row_dot(j, tab, n, s, s + 1 < j->s);
 }
 
+/* ------------------------------------------------------------------------------------------ AVX-512 VBMI */
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")))
+
+/* the 32 codes of a block -> value * 2^shift as int8 (256-bit VBMI ops): a masked load of the block's bytes, vpermb
+ * puts the bytes of 8 codes in each qword, vpmultishiftqb moves code j of a qword to its byte j, and a byte table
+ * (vpermt2b: 64 entries for 6-bit codes; vpermb with the 16 entries twice for 4-bit codes) gives the integer */
+VBMI static inline __m256i block_ints_vbmi(int fast, const uint8_t *p) {
+    if (fast == FAST_E2M3) {
+        const __m256i spread = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 9, 10, 11, 11, 11, 12, 13, 14, 15, 16,
+                                                17, 17, 17, 18, 19, 20, 21, 22, 23, 23, 23);
+        const __m256i shifts = _mm256_set1_epi64x(0x2A241E18120C0600LL); /* 0, 6, 12, ..., 42 */
+        const __m256i pos = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22,
+                                             24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
+        const __m256i neg = _mm256_sub_epi8(_mm256_setzero_si256(), pos);
+        __m256i v = _mm256_maskz_loadu_epi8(0xFFFFFFu, p);
+        v = _mm256_multishift_epi64_epi8(shifts, _mm256_permutexvar_epi8(spread, v));
+        return _mm256_permutex2var_epi8(pos, v, neg); /* index bits 0..5: bit 5 (the sign) picks the negatives */
+    }
+    if (fast == FAST_E2M1) {
+        const __m256i spread = _mm256_setr_epi8(0, 1, 2, 3, 3, 3, 3, 3, 4, 5, 6, 7, 7, 7, 7, 7, 8, 9, 10, 11, 11, 11,
+                                                11, 11, 12, 13, 14, 15, 15, 15, 15, 15);
+        const __m256i shifts = _mm256_set1_epi64x(0x1C1814100C080400LL); /* 0, 4, ..., 28 */
+        const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
+                                               6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); /* bit 4 ignored */
+        __m256i v = _mm256_maskz_loadu_epi8(0xFFFFu, p);
+        v = _mm256_multishift_epi64_epi8(shifts, _mm256_permutexvar_epi8(spread, v));
+        return _mm256_permutexvar_epi8(v, table);
+    }
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* one W row against x rows s0 (and s0 + 1 when pair): per block p = sum of the 32 integer * x products (float32),
+ * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row */
+VBMI static void row_dot_vbmi(const job_t *j, const float *scale_tab, int64_t n, int64_t s0, int pair) {
+    static const int block_bytes[4] = {0, 24, 16, 32};
+    const uint8_t *row = j->codes + n * j->nblocks * block_bytes[j->fast];
+    const uint8_t *sc = j->scales + n * j->nblocks;
+    const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    for (int64_t b = 0; b < j->nblocks; b++) {
+        __m256i v = block_ints_vbmi(j->fast, row + block_bytes[j->fast] * b);
+        __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+        __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+        __m512 scale = _mm512_set1_ps(scale_tab[sc[b]]);
+        const float *p = x0 + 32 * b;
+        __m512 t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(p)));
+        if (b & 1)
+            a1 = _mm512_fmadd_ps(t, scale, a1);
+        else
+            a0 = _mm512_fmadd_ps(t, scale, a0);
+        if (pair) {
+            const float *q = x1 + 32 * b;
+            __m512 u = _mm512_fmadd_ps(w1, _mm512_loadu_ps(q + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(q)));
+            if (b & 1)
+                b1 = _mm512_fmadd_ps(u, scale, b1);
+            else
+                b0 = _mm512_fmadd_ps(u, scale, b0);
+        }
+    }
+    j->y[s0 * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    if (pair) j->y[(s0 + 1) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+}
+
+VBMI static void linear_vbmi(const job_t *j, int64_t n0, int64_t n1) {
+    static const int shift[4] = {0, 3, 1, 6};
+    float tab[256];
+    for (int s = 0; s < 256; s++) tab[s] = scale_value((uint8_t)s, shift[j->fast]);
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < j->s; s += 2) row_dot_vbmi(j, tab, n, s, s + 1 < j->s);
+}
+
+static int have_vbmi(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
+                 __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+
 static int have_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -206,10 +288,21 @@ static int have_avx2(void) {
 }
 #else
 static int have_avx2(void) { return 0; }
+static int have_vbmi(void) { return 0; }
 static void linear_avx2(const job_t *j, int64_t n0, int64_t n1) { linear_portable(j, n0, n1); }
+static void linear_vbmi(const job_t *j, int64_t n0, int64_t n1) { linear_portable(j, n0, n1); }
 #endif
 
-static int use_fast(const job_t *j) { return j->fast != FAST_NONE && j->block == 32 && have_avx2(); }
+static int max_isa = 2; /* mxk_set_isa: the highest path allowed (tests and benchmarks compare the paths) */
+
+/* 0: portable loop; 1: AVX2 + FMA; 2: AVX-512 VBMI (256-bit byte permutes) */
+static int use_fast(const job_t *j) {
+    if (j->fast == FAST_NONE || j->block != 32 || max_isa < 1 || !have_avx2()) return 0;
+    return max_isa >= 2 && have_vbmi() ? 2 : 1;
+}
+
+/* the highest path to use from now on: 2 (default: the best the CPU has), 1 (AVX2 at most), 0 (portable only) */
+void mxk_set_isa(int level) { max_isa = level; }
 
 /* ------------------------------------------------------------------------------------------------- threads */
 
@@ -223,7 +316,9 @@ static void *run_part(void *arg) {
     part_t *p = (part_t *)arg;
     if (p->decode_out)
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
-    else if (use_fast(p->job))
+    else if (use_fast(p->job) == 2)
+        linear_vbmi(p->job, p->n0, p->n1);
+    else if (use_fast(p->job) == 1)
         linear_avx2(p->job, p->n0, p->n1);
     else
         linear_portable(p->job, p->n0, p->n1);

@@ -25,12 +25,20 @@ from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
 from accel.formats.mx_tensor import MXTensor
 from accel.formats.mxkernel_build import kernel_status, load_kernel
 
-__all__ = ["PackedMX", "default_threads", "kernel_status"]
+__all__ = ["PackedMX", "default_threads", "kernel_status", "set_isa"]
 
 #: formats with an AVX2 path (block 32), and the C code of each
 _FAST = {MXFP6_E2M3.name: 1, MXFP4_E2M1.name: 2, MXINT8.name: 3}
 #: weights per thread below which a call stays on one thread (a thread start costs ~20 us)
 MIN_WEIGHTS_PER_THREAD = 1 << 18
+
+
+def set_isa(level: int) -> None:
+    """The highest kernel path to use from now on (process-wide): 2 = the best the CPU has (default), 1 = AVX2 at
+    most, 0 = the portable C loop only. Tests and benchmarks use it to check and compare the paths."""
+    lib = load_kernel()
+    if lib is not None:
+        lib.mxk_set_isa(int(level))
 
 
 def default_threads() -> int:
@@ -73,9 +81,11 @@ class PackedMX:
         return self._lib is not None
 
     @property
-    def fast_path(self) -> bool:
-        """True when the kernel's AVX2 path serves this weight (else its portable C loop or numpy)."""
-        return self._lib is not None and bool(self._lib.mxk_fast_path(self._fast, self.weight.block_size))
+    def kernel_path(self) -> str:
+        """Which code runs ``matmul``: ``"avx512-vbmi"``, ``"avx2"``, ``"portable"`` (C loop) or ``"numpy"``."""
+        if self._lib is None:
+            return "numpy"
+        return ("portable", "avx2", "avx512-vbmi")[self._lib.mxk_fast_path(self._fast, self.weight.block_size)]
 
     @property
     def nbytes(self) -> int:

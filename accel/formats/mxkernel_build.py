@@ -25,7 +25,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("mxkernel.c")
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 1
+VERSION = 2
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -95,6 +95,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_version.argtypes = []
     lib.mxk_fast_path.restype = _int
     lib.mxk_fast_path.argtypes = [_int, _int]
+    lib.mxk_set_isa.restype = None
+    lib.mxk_set_isa.argtypes = [_int]
     lib.mxk_decode.restype = _int
     lib.mxk_decode.argtypes = [_p, _p, _p, _int, _int, _i64, _i64, _p, _int]
     lib.mxk_linear.restype = _int

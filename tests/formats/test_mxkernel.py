@@ -1,6 +1,7 @@
 """The fused MX kernel (``accel.formats.mxkernel``) against the reference decode, compiled and on the numpy fallback.
 
-Every test runs twice: with the compiled kernel (``kernel``) and with the numpy path forced (``numpy``). Weights are
+Every test runs on each path of the compiled kernel (AVX-512 VBMI, AVX2, portable C; ``set_isa``) and with the numpy
+path forced (``numpy``). Weights are
 checked bit for bit (``decode``, and ``matmul`` by the identity matrix, which returns each weight unchanged); products
 against the float64 product of the exact weights with the float32 dot-product bound K * 2^-23 * (|x| @ |W|.T).
 """
@@ -15,7 +16,7 @@ import pytest
 from accel.errors import FormatError
 from accel.formats import get_format, quantize
 from accel.formats.mx_tensor import MXTensor
-from accel.formats.mxkernel import PackedMX
+from accel.formats.mxkernel import PackedMX, set_isa
 from accel.formats.mxkernel_build import kernel_status, reset
 
 FAST = ["mxfp6", "mxfp4", "mxint8"]
@@ -23,14 +24,20 @@ PORTABLE = ["mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"]
 SHAPES = [(1, 1), (1, 32), (7, 33), (13, 45), (5, 64), (3, 100), (64, 576)]
 
 
-@pytest.fixture(params=["kernel", "numpy"])
+ISA = {"avx512-vbmi": 2, "avx2": 1, "portable": 0}
+
+
+@pytest.fixture(params=[*ISA, "numpy"])
 def path(request, monkeypatch) -> str:
+    """The code under test: one of the kernel's three paths (those the CPU lacks fall back to the next), or numpy."""
     if request.param == "numpy":
         monkeypatch.setenv("ACCEL_MXKERNEL", "numpy")
     else:
         monkeypatch.delenv("ACCEL_MXKERNEL", raising=False)
     reset()
+    set_isa(ISA.get(request.param, 2))
     yield request.param
+    set_isa(2)
     monkeypatch.undo()
     reset()
 
@@ -72,7 +79,9 @@ def test_decode_and_matmul_match_reference(path, fmt, shape, rng):
     n, k = shape
     w = quantize(rng.standard_normal(shape).astype(np.float32) * 3, fmt, axis=1)
     p = PackedMX(w)
-    assert p.uses_kernel == (path == "kernel" and kernel_status().available)
+    assert p.uses_kernel == (path != "numpy" and kernel_status().available)
+    if p.uses_kernel:
+        assert ISA[p.kernel_path] <= ISA[path] and (fmt in FAST or p.kernel_path == "portable")
     ref = w.dequantize(np.float32)
     assert np.array_equal(_bits(p.decode()), _bits(ref))
     _check_matmul(p, ref, rng.standard_normal((3, k)).astype(np.float32))

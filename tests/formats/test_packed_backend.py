@@ -66,6 +66,7 @@ def test_packed_model_matches_float_model_of_the_same_weights(checkpoints, fmt, 
     assert report is not None and report.packed == 7 * CONFIG.num_layers and report.kept == 1  # tied lm_head
     assert "14 linear layers on packed MX weights" in line
     assert ("fused kernel" in line) == (path == "kernel" and kernel_status().available)
+    assert packed.layers[0].mlp.down_proj.packed.kernel_path != "numpy" or path == "numpy"
     layer = packed.layers[0].mlp.down_proj
     assert isinstance(layer, PackedLinear) and layer.packed.uses_kernel == (path == "kernel")
     assert not any(n.endswith("down_proj.weight") for n, _ in packed.named_parameters())  # no float copy kept
