@@ -118,25 +118,70 @@ def pack_decoder(
 def checkpoint_mx_formats(path: str | Path) -> list[tuple[str, int]]:
     """The (format, block size) pairs of the 2-D MX weights blocked along axis 1 in a checkpoint directory's
     safetensors files (empty for a plain checkpoint)."""
+    return sorted({(str(mx.fmt.name), mx.block_size) for _, mx in _stored_mx(path)})
+
+
+def _stored_mx(path: str | Path):
+    """(HF name, MXTensor) of every 2-D MX weight blocked along axis 1 in a checkpoint directory (codes memory-mapped)."""
     from accel.formats.file import SafetensorsFile
 
-    found: set[tuple[str, int]] = set()
     directory = Path(path)
-    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
-    for f in files:
-        for head in SafetensorsFile(f).mx_headers.values():
+    for f in sorted(directory.glob("*.safetensors")) if directory.is_dir() else []:
+        sf = SafetensorsFile(f)
+        for name, head in sf.mx_headers.items():
             if len(head.get("shape", ())) == 2 and head.get("axis") in (1, -1):
-                found.add((str(head["fmt"]), int(head["block_size"])))
-    return sorted(found)
+                yield name, sf.mx_tensor(name)
+
+
+def _decoder_name(model: nn.Module, hf_name: str) -> str | None:
+    """The Decoder module holding ``hf_name`` when the checkpoint stores it under a plain rename (HF Llama-style
+    names: ``model.layers.0.mlp.up_proj.weight`` -> ``layers.0.mlp.up_proj``), else None."""
+    name = hf_name[len("model.") :] if hf_name.startswith("model.") else hf_name
+    if not name.endswith(".weight"):
+        return None
+    try:
+        module = model.get_submodule(name[: -len(".weight")])
+    except AttributeError:
+        return None
+    return name[: -len(".weight")] if type(module) is nn.Linear else None
 
 
 def pack_compressed(model: nn.Module, path: str | Path, quiet: bool = False) -> PackReport | None:
-    """``pack_decoder`` with the formats of the accel-compressed checkpoint at ``path``; None for a plain one.
-    Prints the report's line to stderr unless ``quiet``."""
-    formats = checkpoint_mx_formats(path)
-    if not formats:
+    """Swap the Linear layers of ``model`` (loaded from the accel-compressed checkpoint directory ``path``) for
+    ``PackedLinear``s holding the checkpoint's own packed bytes; None for a plain checkpoint.
+
+    A stored MX weight is used when its layer's float32 weight equals its decode bit for bit (what
+    ``load_checkpoint`` produced); a layer stored under another name (GPT-2's fused ``c_attn``) is re-quantized by
+    ``pack_decoder`` with the checkpoint's formats. Prints the report's line to stderr unless ``quiet``."""
+    stored = list(_stored_mx(path))
+    if not stored:
         return None
-    report = pack_decoder(model, formats)
+    swaps, float_bytes, packed_bytes, unmatched = [], 0, 0, 0
+    for hf_name, mx in stored:
+        name = _decoder_name(model, hf_name)
+        if name is None:
+            unmatched += 1
+            continue
+        linear = model.get_submodule(name)
+        weight = linear.weight.detach().cpu().numpy()
+        if weight.shape != mx.shape or weight.dtype != np.float32:
+            continue
+        mx = type(mx)(mx.fmt, mx.shape, 1, mx.block_size, np.array(mx.codes), np.array(mx.scales))  # own the bytes
+        if not np.array_equal(mx.dequantize(np.float32), weight):
+            unmatched += 1
+            continue
+        swaps.append((name, PackedLinear(PackedMX(mx), linear.bias)))
+        float_bytes, packed_bytes = float_bytes + weight.nbytes, packed_bytes + mx.nbytes
+    for name, packed in swaps:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, packed)
+    if unmatched:  # stored under other names or layouts: re-quantize what is left (exactness checked)
+        rest = pack_decoder(model, sorted({(mx.fmt.name, mx.block_size) for _, mx in stored}))
+    else:
+        kept = sum(type(m) is nn.Linear for m in model.modules())
+        rest = PackReport(0, kept, 0, 0)
+    report = PackReport(len(swaps) + rest.packed, rest.kept, float_bytes + rest.float_bytes,
+                        packed_bytes + rest.packed_bytes)
     if not quiet:
         print(report.line(), file=sys.stderr)
     return report

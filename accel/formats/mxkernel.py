@@ -74,6 +74,10 @@ class PackedMX:
         self._fast = _FAST.get(weight.fmt.name, 0)
         self._lib = load_kernel() if use_kernel else None
         self._dense: np.ndarray | None = None
+        # the weight's half of the C call, built once (numpy's .ctypes attribute costs microseconds a call)
+        self._ptrs = (weight.codes.ctypes.data, weight.scales.ctypes.data, self._lut.ctypes.data, weight.fmt.bits,
+                      weight.block_size)
+        self._auto_threads = max(1, min(default_threads(), self.out_features * self._width // MIN_WEIGHTS_PER_THREAD))
 
     @property
     def uses_kernel(self) -> bool:
@@ -97,8 +101,7 @@ class PackedMX:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise FormatError(f"threads must be an int >= 1, got {threads!r}")
             return min(threads, 16)
-        work = self.out_features * self._width
-        return max(1, min(default_threads(), work // MIN_WEIGHTS_PER_THREAD))
+        return self._auto_threads
 
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 [N, K], bit-exact to ``weight.dequantize()`` (signed zeros and NaN blocks too)."""
@@ -106,19 +109,19 @@ class PackedMX:
         if self._lib is None:
             return w.dequantize(np.float32)
         out = np.empty((self.out_features, self._width), np.float32)
-        self._lib.mxk_decode(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
-                             w.block_size, self.out_features, w.nblocks, out.ctypes.data, nthreads)
+        self._lib.mxk_decode(*self._ptrs, self.out_features, w.nblocks, out.ctypes.data, nthreads)
         return out[:, : self.in_features] if self._width != self.in_features else out
 
     def matmul(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """``x @ W.T``: float32 activations ``[..., K]`` -> float32 ``[..., N]`` (see the module docstring: exact
         weights, float32 sums). ``threads``: kernel threads (default: 1 for small weights, else ``default_threads``)."""
-        x = np.asarray(x)
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
         if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
             raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
         nthreads = self._threads(threads)
         lead = x.shape[:-1]
-        rows = int(np.prod(lead, dtype=np.int64))
+        rows = x.size // self.in_features if self.in_features else int(np.prod(lead, dtype=np.int64))
         if self._lib is None:
             if self._dense is None:
                 self._dense = self.weight.dequantize(np.float32)
@@ -129,8 +132,7 @@ class PackedMX:
             x2 = np.zeros((rows, self._width), np.float32)
             x2[:, : self.in_features] = x.reshape(rows, self.in_features)
         y = np.empty((rows, self.out_features), np.float32)
-        w = self.weight
-        self._lib.mxk_linear(w.codes.ctypes.data, w.scales.ctypes.data, self._lut.ctypes.data, w.fmt.bits,
-                             w.block_size, self._fast, self.out_features, self.in_features, w.nblocks,
-                             x2.ctypes.data, rows, self._width, y.ctypes.data, nthreads)
+        bits, block = self._ptrs[3:]
+        self._lib.mxk_linear(*self._ptrs[:3], bits, block, self._fast, self.out_features, self.in_features,
+                             self.weight.nblocks, x2.ctypes.data, rows, self._width, y.ctypes.data, nthreads)
         return y.reshape(*lead, self.out_features)

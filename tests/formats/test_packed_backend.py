@@ -114,6 +114,9 @@ def test_pack_errors(checkpoints):
     report = pack_decoder(model, [("mxfp6", 32)])  # float weights are not MX values: nothing is swapped
     assert report.packed == 0 and report.kept == 15
     assert pack_compressed(model, checkpoints["float"]) is None
+    requantized = load_checkpoint(checkpoints["mxfp6"])  # the generic route: re-quantize, keep what is exact
+    assert pack_decoder(requantized, [("mxfp4", 32), ("mxfp6", 32)]).packed == 14
+    assert requantized.layers[1].self_attn.k_proj.packed.weight.fmt.name == "mxfp6_e2m3"
     with pytest.raises(FormatError, match="unknown MX format"):
         pack_decoder(model, [("mxfp5", 32)])
     packed = load_checkpoint(checkpoints["mxfp4"])

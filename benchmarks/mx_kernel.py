@@ -1,0 +1,156 @@
+"""The fused MX kernel (``accel.formats.mxkernel``) on this CPU: GEMV weight bandwidth and a SmolLM2-135M decode step.
+
+1. GEMV ``y = W x`` (one activation row) for W of shape [N, K]: 4096 x 8192 (134 MB of float32, far over the caches)
+   and SmolLM2-135M's layer shapes. float32: ``torch.mv`` with ``torch.set_num_threads(t)``; MX: ``PackedMX.matmul``
+   with ``threads=t`` on the kernel's best path (and its AVX2 path for comparison), MXFP6 and MXFP4. Effective
+   bandwidth = bytes of the stored weight (float32: 4 a weight; MX: packed codes + scales) / median time; ``%fp32`` =
+   the kernel's effective bandwidth as a share of the float32 GEMV's (the issue's goal: >= 60%), ``x`` = speedup.
+   Every configuration is timed round robin with its float32 reference, so load drift hits both alike.
+2. Decode step: SmolLM2-135M through ``TorchBackend``, S = 1 (decode) and S = 4 (verify) after a 128-token past:
+   float32 weights vs the same model with MXFP6 weights packed (``accel.backends.torch_mx.pack_decoder``; the tied
+   LM head stays float32 as in a compressed checkpoint), threads 1 and 2. Also the largest logit difference between
+   the packed model and the float32 model of the same MXFP6 weights (float32 summation order only).
+
+    flock /work/helpers/bench.lock python benchmarks/mx_kernel.py          # ~2 minutes on 2 cores
+    python benchmarks/mx_kernel.py --quick                                  # fewer repeats, no SmolLM2 step
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from accel.backends import TorchBackend
+from accel.backends.torch_mx import pack_decoder
+from accel.formats import quantize
+from accel.formats.mxkernel import PackedMX, kernel_status, set_isa
+
+SHAPES = {
+    "4096x8192": (4096, 8192),
+    "smollm2 q/o 576x576": (576, 576),
+    "smollm2 gate/up 1536x576": (1536, 576),
+    "smollm2 down 576x1536": (576, 1536),
+    "smollm2 lm_head 49152x576": (49152, 576),
+}
+PAST = 128
+
+
+def _round_robin(fns: dict[str, callable], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, called in turn ``repeats`` times (after one warm-up call each)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(0)
+    for label, (n, k) in shapes.items():
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        x = rng.standard_normal(k, dtype=np.float32)
+        wt, xt = torch.from_numpy(w), torch.from_numpy(x)
+        packed = {fmt: PackedMX(quantize(w, fmt, axis=1)) for fmt in ("mxfp6", "mxfp4")}
+        reps = repeats if n * k >= 1 << 22 else repeats * 20
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for isa in (2, 1):
+                set_isa(isa)
+                fns = {"fp32": lambda: torch.mv(wt, xt)}
+                for fmt, p in packed.items():
+                    fns[fmt] = lambda p=p, t=threads: p.matmul(x, threads=t)
+                t = _round_robin(fns, reps)
+                fp32_bw = w.nbytes / t["fp32"]
+                for fmt, p in packed.items():
+                    rows.append(
+                        dict(shape=label, threads=threads, fmt=fmt, path=p.kernel_path, fp32_ms=t["fp32"] * 1e3,
+                             mx_ms=t[fmt] * 1e3, fp32_gbs=fp32_bw / 1e9, mx_gbs=p.nbytes / t[fmt] / 1e9,
+                             pct=100 * p.nbytes / t[fmt] / fp32_bw, speedup=t["fp32"] / t[fmt])
+                    )
+        set_isa(2)
+    return rows
+
+
+def _mx_rounded(model: nn.Module) -> nn.Module:
+    """A copy whose Linear weights (not the tied LM head) are replaced by their MXFP6 values (what a compressed
+    checkpoint loads to)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, mod in out.named_modules():
+            if type(mod) is nn.Linear and name != "lm_head":
+                w = mod.weight.detach().numpy()
+                mod.weight.copy_(torch.from_numpy(quantize(w, "mxfp6", axis=1).dequantize(np.float32)))
+    return out
+
+
+def bench_step(repeats: int) -> tuple[list[dict], float]:
+    from accel.models import load_checkpoint, smollm2_checkpoint
+
+    base = _mx_rounded(load_checkpoint(smollm2_checkpoint()))
+    packed = copy.deepcopy(base)
+    report = pack_decoder(packed, [("mxfp6", 32)])
+    print(report.line())
+    rows, diff = [], 0.0
+    ids = np.random.default_rng(0).integers(0, base.config.vocab_size, (1, PAST + 4))
+    for threads in (1, 2):
+        os.environ["ACCEL_MXKERNEL_THREADS"] = str(threads)
+        backends = {
+            "fp32": TorchBackend(base, ctx_len=PAST + 8, threads=threads),
+            "mxfp6 packed": TorchBackend(packed, ctx_len=PAST + 8, threads=threads),
+        }
+        for b in backends.values():
+            b.forward(ids[:, :PAST], np.arange(PAST)[None])
+        for seq in (1, 4):
+            pos = np.arange(PAST, PAST + seq)[None]
+            fns = {k: (lambda b=b: b.forward(ids[:, PAST : PAST + seq], pos)) for k, b in backends.items()}
+            t = _round_robin(fns, repeats)
+            rows.append(dict(threads=threads, seq=seq, fp32_ms=t["fp32"] * 1e3, mx_ms=t["mxfp6 packed"] * 1e3,
+                             speedup=t["fp32"] / t["mxfp6 packed"]))
+            a, b = (fns[k]() for k in ("fp32", "mxfp6 packed"))
+            diff = max(diff, float(np.abs(a - b).max()))
+    os.environ.pop("ACCEL_MXKERNEL_THREADS", None)
+    return rows, diff
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per configuration (GEMV 4096x8192, step)")
+    parser.add_argument("--quick", action="store_true", help="5 repeats, no SmolLM2 decode step")
+    args = parser.parse_args()
+    repeats = 5 if args.quick else args.repeats
+    status = kernel_status()
+    if not status.available:
+        raise SystemExit(f"the fused kernel is not available here ({status.reason}): nothing to measure")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; torch {torch.__version__}; "
+          f"kernel {status.library}")
+    print("\nGEMV y = W x, one activation row (median of round-robin calls; effective bandwidth = stored bytes / time)")
+    print(f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
+          f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}")
+    for r in bench_gemv(repeats, SHAPES):
+        print(f"{r['shape']:<27} {r['threads']:>3} {r['fmt']:<6} {r['path']:<12} {r['fp32_ms']:>8.3f} "
+              f"{r['mx_ms']:>8.3f} {r['fp32_gbs']:>9.1f} {r['mx_gbs']:>8.1f} {r['pct']:>5.0f}% {r['speedup']:>6.2f}")
+    if args.quick:
+        return
+    rows, diff = bench_step(repeats)
+    print(f"\nSmolLM2-135M decode step through TorchBackend after {PAST} tokens (median ms)")
+    print(f"{'threads':>7} {'S':>3} {'fp32 ms':>8} {'MXFP6 packed ms':>15} {'x':>6}")
+    for r in rows:
+        print(f"{r['threads']:>7} {r['seq']:>3} {r['fp32_ms']:>8.2f} {r['mx_ms']:>15.2f} {r['speedup']:>6.2f}")
+    print(f"max |logit difference| packed vs float32 of the same MXFP6 weights: {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()
