@@ -69,16 +69,25 @@ def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
             torch.set_num_threads(threads)
             for isa in (2, 1):
                 set_isa(isa)
-                fns = {"fp32": lambda: torch.mv(wt, xt)}
+                fns = {"fp32": lambda wt=wt, xt=xt: torch.mv(wt, xt)}
                 for fmt, p in packed.items():
-                    fns[fmt] = lambda p=p, t=threads: p.matmul(x, threads=t)
+                    fns[fmt] = lambda p=p, t=threads, x=x: p.matmul(x, threads=t)
                 t = _round_robin(fns, reps)
                 fp32_bw = w.nbytes / t["fp32"]
                 for fmt, p in packed.items():
                     rows.append(
-                        dict(shape=label, threads=threads, fmt=fmt, path=p.kernel_path, fp32_ms=t["fp32"] * 1e3,
-                             mx_ms=t[fmt] * 1e3, fp32_gbs=fp32_bw / 1e9, mx_gbs=p.nbytes / t[fmt] / 1e9,
-                             pct=100 * p.nbytes / t[fmt] / fp32_bw, speedup=t["fp32"] / t[fmt])
+                        dict(
+                            shape=label,
+                            threads=threads,
+                            fmt=fmt,
+                            path=p.kernel_path,
+                            fp32_ms=t["fp32"] * 1e3,
+                            mx_ms=t[fmt] * 1e3,
+                            fp32_gbs=fp32_bw / 1e9,
+                            mx_gbs=p.nbytes / t[fmt] / 1e9,
+                            pct=100 * p.nbytes / t[fmt] / fp32_bw,
+                            speedup=t["fp32"] / t[fmt],
+                        )
                     )
         set_isa(2)
     return rows
@@ -115,10 +124,19 @@ def bench_step(repeats: int) -> tuple[list[dict], float]:
             b.forward(ids[:, :PAST], np.arange(PAST)[None])
         for seq in (1, 4):
             pos = np.arange(PAST, PAST + seq)[None]
-            fns = {k: (lambda b=b: b.forward(ids[:, PAST : PAST + seq], pos)) for k, b in backends.items()}
+            fns = {
+                k: (lambda b=b, s=seq, pos=pos: b.forward(ids[:, PAST : PAST + s], pos)) for k, b in backends.items()
+            }
             t = _round_robin(fns, repeats)
-            rows.append(dict(threads=threads, seq=seq, fp32_ms=t["fp32"] * 1e3, mx_ms=t["mxfp6 packed"] * 1e3,
-                             speedup=t["fp32"] / t["mxfp6 packed"]))
+            rows.append(
+                dict(
+                    threads=threads,
+                    seq=seq,
+                    fp32_ms=t["fp32"] * 1e3,
+                    mx_ms=t["mxfp6 packed"] * 1e3,
+                    speedup=t["fp32"] / t["mxfp6 packed"],
+                )
+            )
             a, b = (fns[k]() for k in ("fp32", "mxfp6 packed"))
             diff = max(diff, float(np.abs(a - b).max()))
     os.environ.pop("ACCEL_MXKERNEL_THREADS", None)
@@ -134,14 +152,20 @@ def main() -> None:
     status = kernel_status()
     if not status.available:
         raise SystemExit(f"the fused kernel is not available here ({status.reason}): nothing to measure")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"kernel {status.library}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; torch {torch.__version__}; "
+        f"kernel {status.library}"
+    )
     print("\nGEMV y = W x, one activation row (median of round-robin calls; effective bandwidth = stored bytes / time)")
-    print(f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
-          f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}")
+    print(
+        f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
+        f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}"
+    )
     for r in bench_gemv(repeats, SHAPES):
-        print(f"{r['shape']:<27} {r['threads']:>3} {r['fmt']:<6} {r['path']:<12} {r['fp32_ms']:>8.3f} "
-              f"{r['mx_ms']:>8.3f} {r['fp32_gbs']:>9.1f} {r['mx_gbs']:>8.1f} {r['pct']:>5.0f}% {r['speedup']:>6.2f}")
+        print(
+            f"{r['shape']:<27} {r['threads']:>3} {r['fmt']:<6} {r['path']:<12} {r['fp32_ms']:>8.3f} "
+            f"{r['mx_ms']:>8.3f} {r['fp32_gbs']:>9.1f} {r['mx_gbs']:>8.1f} {r['pct']:>5.0f}% {r['speedup']:>6.2f}"
+        )
     if args.quick:
         return
     rows, diff = bench_step(repeats)

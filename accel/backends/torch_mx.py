@@ -48,7 +48,9 @@ class PackedLinear(nn.Module):
         self.packed = packed
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.max_rows = int(max_rows)
-        self.bias = nn.Parameter(bias.detach().to(torch.float32).clone(), requires_grad=False) if bias is not None else None
+        self.bias = (
+            nn.Parameter(bias.detach().to(torch.float32).clone(), requires_grad=False) if bias is not None else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
@@ -61,8 +63,10 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         w = self.packed.weight
-        return (f"in_features={self.in_features}, out_features={self.out_features}, fmt={w.fmt.name}, "
-                f"block_size={w.block_size}, kernel={self.packed.uses_kernel}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, fmt={w.fmt.name}, "
+            f"block_size={w.block_size}, kernel={self.packed.uses_kernel}"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,10 @@ class PackReport:
         """One line for the console."""
         status = kernel_status()
         path = "fused kernel" if status.available else f"numpy path ({status.reason})"
-        return (f"torch backend: {self.packed} linear layers on packed MX weights ({self.packed_bytes / 2**20:.1f} "
-                f"MiB, from {self.float_bytes / 2**20:.1f} MiB float32), {self.kept} kept float; {path}")
+        return (
+            f"torch backend: {self.packed} linear layers on packed MX weights ({self.packed_bytes / 2**20:.1f} "
+            f"MiB, from {self.float_bytes / 2**20:.1f} MiB float32), {self.kept} kept float; {path}"
+        )
 
 
 def _exact_mx(weight: np.ndarray, formats: list[tuple[str, int]]):
@@ -95,7 +101,7 @@ def pack_decoder(
 ) -> PackReport:
     """Swap (in place) each float32 ``nn.Linear`` whose weight is exactly an MX weight of one of ``formats``
     (pairs of format name and block size) for a ``PackedLinear``; others stay. Returns the PackReport."""
-    for fmt, block in formats:
+    for fmt, _ in formats:
         get_format(fmt)  # FormatError for an unknown name
     swaps, kept, float_bytes, packed_bytes = [], 0, 0, 0
     for name, module in model.named_modules():
@@ -122,7 +128,7 @@ def checkpoint_mx_formats(path: str | Path) -> list[tuple[str, int]]:
 
 
 def _stored_mx(path: str | Path):
-    """(HF name, MXTensor) of every 2-D MX weight blocked along axis 1 in a checkpoint directory (codes memory-mapped)."""
+    """(HF name, MXTensor) of each 2-D MX weight blocked along axis 1 in a checkpoint directory (memory-mapped)."""
     from accel.formats.file import SafetensorsFile
 
     directory = Path(path)
@@ -163,6 +169,7 @@ def pack_compressed(model: nn.Module, path: str | Path, quiet: bool = False) -> 
             unmatched += 1
             continue
         linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)  # _decoder_name checked it
         weight = linear.weight.detach().cpu().numpy()
         if weight.shape != mx.shape or weight.dtype != np.float32:
             continue
@@ -180,8 +187,9 @@ def pack_compressed(model: nn.Module, path: str | Path, quiet: bool = False) -> 
     else:
         kept = sum(type(m) is nn.Linear for m in model.modules())
         rest = PackReport(0, kept, 0, 0)
-    report = PackReport(len(swaps) + rest.packed, rest.kept, float_bytes + rest.float_bytes,
-                        packed_bytes + rest.packed_bytes)
+    report = PackReport(
+        len(swaps) + rest.packed, rest.kept, float_bytes + rest.float_bytes, packed_bytes + rest.packed_bytes
+    )
     if not quiet:
         print(report.line(), file=sys.stderr)
     return report

@@ -64,8 +64,9 @@ class PackedMX:
         if not isinstance(weight, MXTensor):
             raise FormatError(f"PackedMX needs an MXTensor, got {type(weight).__name__}")
         if len(weight.shape) != 2 or weight.axis != 1:
-            raise FormatError(f"PackedMX needs a 2-D weight blocked along axis 1, got shape {weight.shape} axis "
-                              f"{weight.axis}")
+            raise FormatError(
+                f"PackedMX needs a 2-D weight blocked along axis 1, got shape {weight.shape} axis {weight.axis}"
+            )
         self.weight = weight
         self.out_features, self.in_features = weight.shape
         self._width = weight.nblocks * weight.block_size  # padded K
@@ -75,8 +76,13 @@ class PackedMX:
         self._lib = load_kernel() if use_kernel else None
         self._dense: np.ndarray | None = None
         # the weight's half of the C call, built once (numpy's .ctypes attribute costs microseconds a call)
-        self._ptrs = (weight.codes.ctypes.data, weight.scales.ctypes.data, self._lut.ctypes.data, weight.fmt.bits,
-                      weight.block_size)
+        self._ptrs = (
+            weight.codes.ctypes.data,
+            weight.scales.ctypes.data,
+            self._lut.ctypes.data,
+            weight.fmt.bits,
+            weight.block_size,
+        )
         self._auto_threads = max(1, min(default_threads(), self.out_features * self._width // MIN_WEIGHTS_PER_THREAD))
 
     @property
@@ -133,6 +139,18 @@ class PackedMX:
             x2[:, : self.in_features] = x.reshape(rows, self.in_features)
         y = np.empty((rows, self.out_features), np.float32)
         bits, block = self._ptrs[3:]
-        self._lib.mxk_linear(*self._ptrs[:3], bits, block, self._fast, self.out_features, self.in_features,
-                             self.weight.nblocks, x2.ctypes.data, rows, self._width, y.ctypes.data, nthreads)
+        self._lib.mxk_linear(
+            *self._ptrs[:3],
+            bits,
+            block,
+            self._fast,
+            self.out_features,
+            self.in_features,
+            self.weight.nblocks,
+            x2.ctypes.data,
+            rows,
+            self._width,
+            y.ctypes.data,
+            nthreads,
+        )
         return y.reshape(*lead, self.out_features)

@@ -115,8 +115,10 @@ def _load() -> tuple[ctypes.CDLL | None, KernelStatus]:
             raise RuntimeError(f"{path} is version {lib.mxk_version()}, expected {VERSION}")
     except (OSError, RuntimeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"accel: fused MX kernel unavailable ({reason}); using the numpy path (same weights, slower)",
-              file=sys.stderr)
+        print(
+            f"accel: fused MX kernel unavailable ({reason}); using the numpy path (same weights, slower)",
+            file=sys.stderr,
+        )
         return None, KernelStatus(False, None, reason)
     return lib, KernelStatus(True, str(path), None)
 

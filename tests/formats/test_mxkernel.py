@@ -73,10 +73,10 @@ def _random_mx(rng, fmt: str, n: int, k: int, block: int = 32, scale_lo: int = 1
     return MXTensor(fmt, (n, k), 1, block, pack_codes(codes, f.bits), scales)
 
 
-@pytest.mark.parametrize("fmt", FAST + PORTABLE)
+@pytest.mark.parametrize("fmt", [*FAST, *PORTABLE])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_decode_and_matmul_match_reference(path, fmt, shape, rng):
-    n, k = shape
+    k = shape[1]
     w = quantize(rng.standard_normal(shape).astype(np.float32) * 3, fmt, axis=1)
     p = PackedMX(w)
     assert p.uses_kernel == (path != "numpy" and kernel_status().available)
@@ -89,7 +89,7 @@ def test_decode_and_matmul_match_reference(path, fmt, shape, rng):
     assert np.array_equal(p.matmul(np.eye(k, dtype=np.float32)).T, ref)  # each weight exactly
 
 
-@pytest.mark.parametrize("fmt", FAST + PORTABLE)
+@pytest.mark.parametrize("fmt", [*FAST, *PORTABLE])
 def test_every_code_and_odd_blocks(path, fmt, rng):
     for block, k in [(32, 200), (32, 31), (4, 10), (7, 23), (64, 70)]:
         w = _random_mx(rng, fmt, 9, k, block)
@@ -100,7 +100,7 @@ def test_every_code_and_odd_blocks(path, fmt, rng):
         _check_matmul(p, ref, rng.standard_normal((2, k)).astype(np.float32))
 
 
-@pytest.mark.parametrize("fmt", FAST + ["mxfp6_e3m2"])
+@pytest.mark.parametrize("fmt", [*FAST, "mxfp6_e3m2"])
 def test_zero_blocks_nan_scale_and_extreme_scales(path, fmt, rng):
     x = rng.standard_normal((6, 96)).astype(np.float32)
     x[:, 64:] = 0

@@ -86,18 +86,33 @@ def test_greedy_spd_equals_ar_on_packed_target(checkpoints, path):
     float_model = load_checkpoint(checkpoints["mxfp6"])
     draft = TorchBackend(load_checkpoint(checkpoints["draft"]), ctx_len=48)
     ar = generate_ar(TorchBackend(model, ctx_len=48), PROMPTS, max_new_tokens=16, sampling=GREEDY)
-    spd = generate(TorchBackend(model, ctx_len=48), DraftChain(draft, k=4), PROMPTS, max_new_tokens=16,
-                   sampling=GREEDY)
+    spd = generate(TorchBackend(model, ctx_len=48), DraftChain(draft, k=4), PROMPTS, max_new_tokens=16, sampling=GREEDY)
     assert spd.tokens == ar.tokens and len(ar.tokens[0]) == 16
     assert spd.stats.accepted_drafts > 0
     # the same weights in float32: the same greedy tokens on this model (no near-ties among its logits)
-    assert generate_ar(TorchBackend(float_model, ctx_len=48), PROMPTS, max_new_tokens=16,
-                       sampling=GREEDY).tokens == ar.tokens
+    assert (
+        generate_ar(TorchBackend(float_model, ctx_len=48), PROMPTS, max_new_tokens=16, sampling=GREEDY).tokens
+        == ar.tokens
+    )
 
 
 def test_generate_cli_packs_a_compressed_target(checkpoints, capsys):
-    common = ["--target", str(checkpoints["mxfp6"]), "--prompt", "5 17 2", "--max-new-tokens", "12", "--greedy",
-              "--ctx-len", "32", "--threads", "1", "--backend", "torch", "--json"]
+    common = [
+        "--target",
+        str(checkpoints["mxfp6"]),
+        "--prompt",
+        "5 17 2",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--ctx-len",
+        "32",
+        "--threads",
+        "1",
+        "--backend",
+        "torch",
+        "--json",
+    ]
     assert main(["generate", *common, "--draft", str(checkpoints["draft"]), "--k", "3"]) == 0
     out = capsys.readouterr()
     spd = json.loads(out.out)
