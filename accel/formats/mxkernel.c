@@ -17,7 +17,7 @@
  *   byte shuffle, converted to float and multiplied by 2^(s - 127 - shift): an exact product.
  * Each x row is then reduced with the same sequence of float32 FMAs whatever the number of rows in the call and the
  * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
- * tokens are scored with it. Rows of W are split over up to 16 pthreads.
+ * tokens are scored with it. Rows of W are split over up to 16 threads of a pool kept between calls.
  */
 #include <math.h>
 #include <pthread.h>
@@ -325,32 +325,88 @@ static void *run_part(void *arg) {
     return NULL;
 }
 
+/* A small pool of worker threads, started on first need and kept: worker w runs part w + 1 of each call while the
+ * caller runs part 0. Idle workers sleep on a condition variable (no spinning: the machine may be shared). Calls are
+ * serialised (ctypes releases the GIL, so two Python threads may call at once). After fork() the child starts over. */
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER, pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
+static part_t pool_parts[MXK_MAX_THREADS];
+static int pool_workers = 0, pool_nparts = 0, pool_pending = 0, atfork_done = 0;
+static long pool_generation = 0;
+
+/* arg: the worker's index (low 8 bits) and the generation current when it was created (the calls before it) */
+static void *worker_main(void *arg) {
+    int w = (int)((intptr_t)arg & 0xFF);
+    long seen = (long)((intptr_t)arg >> 8);
+    pthread_mutex_lock(&pool_mu);
+    for (;;) {
+        while (pool_generation == seen) pthread_cond_wait(&work_cv, &pool_mu);
+        seen = pool_generation;
+        if (w + 1 < pool_nparts) {
+            part_t part = pool_parts[w + 1];
+            pthread_mutex_unlock(&pool_mu);
+            run_part(&part);
+            pthread_mutex_lock(&pool_mu);
+            if (--pool_pending == 0) pthread_cond_signal(&done_cv);
+        }
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {
+    pool_workers = pool_nparts = pool_pending = 0;
+    pool_generation = 0;
+    pthread_mutex_init(&call_mu, NULL);
+    pthread_mutex_init(&pool_mu, NULL);
+    pthread_cond_init(&work_cv, NULL);
+    pthread_cond_init(&done_cv, NULL);
+}
+
+/* start workers up to `want`; returns how many exist (fewer if the system refuses threads) */
+static int pool_grow(int want) {
+    if (!atfork_done) atfork_done = pthread_atfork(NULL, NULL, pool_after_fork) == 0;
+    while (pool_workers < want) {
+        pthread_t tid;
+        pthread_mutex_lock(&pool_mu); /* the generation changes only under call_mu, which the caller holds */
+        intptr_t arg = ((intptr_t)pool_generation << 8) | pool_workers;
+        pthread_mutex_unlock(&pool_mu);
+        if (pthread_create(&tid, NULL, worker_main, (void *)arg) != 0) break;
+        pthread_detach(tid);
+        pool_workers++;
+    }
+    return pool_workers;
+}
+
 /* split rows [0, n) over up to `threads` parts (the caller's thread runs the first one) */
 static int run_parts(const job_t *j, int threads, float *decode_out) {
-    part_t parts[MXK_MAX_THREADS];
-    pthread_t tids[MXK_MAX_THREADS];
     if (threads < 1) threads = 1;
     if (threads > MXK_MAX_THREADS) threads = MXK_MAX_THREADS;
     if (threads > j->n) threads = (int)(j->n > 0 ? j->n : 1);
-    int started = 0, rc = 0;
+    pthread_mutex_lock(&call_mu);
+    if (threads > 1 && pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
     for (int t = 0; t < threads; t++) {
-        parts[t].job = j;
-        parts[t].n0 = j->n * t / threads;
-        parts[t].n1 = j->n * (t + 1) / threads;
-        parts[t].decode_out = decode_out;
+        pool_parts[t].job = j;
+        pool_parts[t].n0 = j->n * t / threads;
+        pool_parts[t].n1 = j->n * (t + 1) / threads;
+        pool_parts[t].decode_out = decode_out;
     }
-    for (int t = 1; t < threads; t++) {
-        if (pthread_create(&tids[t], NULL, run_part, &parts[t]) != 0) { /* run it here instead */
-            run_part(&parts[t]);
-            rc = 1;
-            continue;
-        }
-        started |= 1 << t;
+    if (threads > 1) {
+        pthread_mutex_lock(&pool_mu);
+        pool_nparts = threads;
+        pool_pending = threads - 1;
+        pool_generation++;
+        pthread_cond_broadcast(&work_cv);
+        pthread_mutex_unlock(&pool_mu);
     }
-    run_part(&parts[0]);
-    for (int t = 1; t < threads; t++)
-        if (started & (1 << t)) pthread_join(tids[t], NULL);
-    return rc;
+    part_t first = pool_parts[0];
+    run_part(&first);
+    if (threads > 1) {
+        pthread_mutex_lock(&pool_mu);
+        while (pool_pending > 0) pthread_cond_wait(&done_cv, &pool_mu);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    pthread_mutex_unlock(&call_mu);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------------- API */
