@@ -8,8 +8,14 @@
    Every configuration is timed round robin with its float32 reference, so load drift hits both alike.
 2. Decode step: SmolLM2-135M through ``TorchBackend``, S = 1 (decode) and S = 4 (verify) after a 128-token past:
    float32 weights vs the same model with MXFP6 weights packed (``accel.backends.torch_mx.pack_decoder``; the tied
-   LM head stays float32 as in a compressed checkpoint), threads 1 and 2. Also the largest logit difference between
-   the packed model and the float32 model of the same MXFP6 weights (float32 summation order only).
+   LM head stays float32 as in a compressed checkpoint), and with the tied LM head packed too (its embedding
+   MX-rounded: a different model, for what a fully packed step costs), threads 1 and 2. Also the largest logit
+   difference between the packed model and the float32 model of the same MXFP6 weights (float32 summation order).
+
+The SmolLM2 GEMV rows call one weight over and over, so its float32 copy (0.4 to 3.5 MB) stays in the caches; in a
+decode step the model's 540 MB stream from memory. Those rows compare the kernel's compute rate with cache-resident
+float32; the 4096 x 8192 row and the decode step are the memory-bound comparisons. Prints tables and writes
+results/mx_kernel.json.
 
     flock /work/helpers/bench.lock python benchmarks/mx_kernel.py          # ~2 minutes on 2 cores
     python benchmarks/mx_kernel.py --quick                                  # fewer repeats, no SmolLM2 step
@@ -19,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -93,33 +101,39 @@ def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
     return rows
 
 
-def _mx_rounded(model: nn.Module) -> nn.Module:
-    """A copy whose Linear weights (not the tied LM head) are replaced by their MXFP6 values (what a compressed
-    checkpoint loads to)."""
+def _mx_rounded(model: nn.Module, head: bool = False) -> nn.Module:
+    """A copy whose Linear weights are replaced by their MXFP6 values (what a compressed checkpoint loads to); the
+    tied LM head (and with it the embedding) too when ``head``."""
     out = copy.deepcopy(model)
     with torch.no_grad():
         for name, mod in out.named_modules():
-            if type(mod) is nn.Linear and name != "lm_head":
+            if type(mod) is nn.Linear and (head or name != "lm_head"):
                 w = mod.weight.detach().numpy()
                 mod.weight.copy_(torch.from_numpy(quantize(w, "mxfp6", axis=1).dequantize(np.float32)))
     return out
 
 
+STEP_MODELS = ("fp32", "mxfp6 packed", "mxfp6 packed + head")
+
+
 def bench_step(repeats: int) -> tuple[list[dict], float]:
+    """Median ms of S = 1 and S = 4 steps: float32, MXFP6 packed (LM head float32, as in a compressed checkpoint),
+    and MXFP6 packed with the tied LM head packed too (its embedding MX-rounded: a different model)."""
     from accel.models import load_checkpoint, smollm2_checkpoint
 
-    base = _mx_rounded(load_checkpoint(smollm2_checkpoint()))
+    source = load_checkpoint(smollm2_checkpoint())
+    base = _mx_rounded(source)
     packed = copy.deepcopy(base)
-    report = pack_decoder(packed, [("mxfp6", 32)])
-    print(report.line())
+    print(pack_decoder(packed, [("mxfp6", 32)]).line())
+    with_head = _mx_rounded(source, head=True)
+    del source
+    print(pack_decoder(with_head, [("mxfp6", 32)]).line())
+    models = dict(zip(STEP_MODELS, (base, packed, with_head), strict=True))
     rows, diff = [], 0.0
     ids = np.random.default_rng(0).integers(0, base.config.vocab_size, (1, PAST + 4))
     for threads in (1, 2):
         os.environ["ACCEL_MXKERNEL_THREADS"] = str(threads)
-        backends = {
-            "fp32": TorchBackend(base, ctx_len=PAST + 8, threads=threads),
-            "mxfp6 packed": TorchBackend(packed, ctx_len=PAST + 8, threads=threads),
-        }
+        backends = {k: TorchBackend(m, ctx_len=PAST + 8, threads=threads) for k, m in models.items()}
         for b in backends.values():
             b.forward(ids[:, :PAST], np.arange(PAST)[None])
         for seq in (1, 4):
@@ -128,17 +142,8 @@ def bench_step(repeats: int) -> tuple[list[dict], float]:
                 k: (lambda b=b, s=seq, pos=pos: b.forward(ids[:, PAST : PAST + s], pos)) for k, b in backends.items()
             }
             t = _round_robin(fns, repeats)
-            rows.append(
-                dict(
-                    threads=threads,
-                    seq=seq,
-                    fp32_ms=t["fp32"] * 1e3,
-                    mx_ms=t["mxfp6 packed"] * 1e3,
-                    speedup=t["fp32"] / t["mxfp6 packed"],
-                )
-            )
-            a, b = (fns[k]() for k in ("fp32", "mxfp6 packed"))
-            diff = max(diff, float(np.abs(a - b).max()))
+            rows.append(dict(threads=threads, seq=seq, **{k: v * 1e3 for k, v in t.items()}))
+            diff = max(diff, float(np.abs(fns["fp32"]() - fns["mxfp6 packed"]()).max()))
     os.environ.pop("ACCEL_MXKERNEL_THREADS", None)
     return rows, diff
 
@@ -161,7 +166,8 @@ def main() -> None:
         f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
         f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}"
     )
-    for r in bench_gemv(repeats, SHAPES):
+    gemv = bench_gemv(repeats, SHAPES)
+    for r in gemv:
         print(
             f"{r['shape']:<27} {r['threads']:>3} {r['fmt']:<6} {r['path']:<12} {r['fp32_ms']:>8.3f} "
             f"{r['mx_ms']:>8.3f} {r['fp32_gbs']:>9.1f} {r['mx_gbs']:>8.1f} {r['pct']:>5.0f}% {r['speedup']:>6.2f}"
@@ -169,11 +175,16 @@ def main() -> None:
     if args.quick:
         return
     rows, diff = bench_step(repeats)
-    print(f"\nSmolLM2-135M decode step through TorchBackend after {PAST} tokens (median ms)")
-    print(f"{'threads':>7} {'S':>3} {'fp32 ms':>8} {'MXFP6 packed ms':>15} {'x':>6}")
+    print(f"\nSmolLM2-135M decode step through TorchBackend after {PAST} tokens (median ms; x = fp32 / it)")
+    print(f"{'threads':>7} {'S':>3} {'fp32':>8} {'MXFP6 packed':>13} {'x':>6} {'+ LM head':>10} {'x':>6}")
     for r in rows:
-        print(f"{r['threads']:>7} {r['seq']:>3} {r['fp32_ms']:>8.2f} {r['mx_ms']:>15.2f} {r['speedup']:>6.2f}")
+        a, b, c = (r[k] for k in STEP_MODELS)
+        print(f"{r['threads']:>7} {r['seq']:>3} {a:>8.2f} {b:>13.2f} {a / b:>6.2f} {c:>10.2f} {a / c:>6.2f}")
     print(f"max |logit difference| packed vs float32 of the same MXFP6 weights: {diff:.2e}")
+    out = Path("results") / "mx_kernel.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(dict(gemv=gemv, step=rows, max_logit_diff=diff, kernel=status.library), indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
