@@ -51,6 +51,15 @@ static float pow2f(int e) { return ldexpf(1.0f, e); }
 
 static float scale_value(uint8_t s, int shift) { return s == 0xFF ? NAN : pow2f((int)s - 127 - shift); }
 
+/* SCALES[fast][s] = 2^(s - 127 - shift of the fast path's integers), NaN for 0xFF; filled when the library loads */
+static float SCALES[4][256];
+
+__attribute__((constructor)) static void init_scales(void) {
+    static const int shift[4] = {0, 3, 1, 6};
+    for (int f = 0; f < 4; f++)
+        for (int s = 0; s < 256; s++) SCALES[f][s] = scale_value((uint8_t)s, shift[f]);
+}
+
 static inline unsigned code_at(const uint8_t *p, int64_t i, int bits) {
     if (bits == 8) return p[i];
     if (bits == 4) return (p[i >> 1] >> ((i & 1) * 4)) & 15u;
@@ -189,9 +198,7 @@ AVX2 static void row_dot(const job_t *j, const float *scale_tab, int64_t n, int6
 }
 
 AVX2 static void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    static const int shift[4] = {0, 3, 1, 6};
-    float tab[256];
-    for (int s = 0; s < 256; s++) tab[s] = scale_value((uint8_t)s, shift[j->fast]);
+    const float *tab = SCALES[j->fast];
     for (int64_t n = n0; n < n1; n++)
         for (int64_t s = 0; s < j->s; s += 2) row_dot(j, tab, n, s, s + 1 < j->s);
 }
@@ -227,44 +234,70 @@ VBMI static inline __m256i block_ints_vbmi(int fast, const uint8_t *p) {
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
+/* block b of one W row against one x row: the 32 integer * x products summed (float32), times the block's scale */
+#define VBMI_BLOCK(acc, w0, w1, xrow, b, scale)                                                                      \
+    acc = _mm512_fmadd_ps(                                                                                          \
+        _mm512_fmadd_ps(w1, _mm512_loadu_ps((xrow) + 32 * (b) + 16), _mm512_mul_ps(w0, _mm512_loadu_ps((xrow) + 32 * (b)))), \
+        scale, acc)
+
 /* one W row against x rows s0 (and s0 + 1 when pair): per block p = sum of the 32 integer * x products (float32),
- * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row */
-VBMI static void row_dot_vbmi(const job_t *j, const float *scale_tab, int64_t n, int64_t s0, int pair) {
-    static const int block_bytes[4] = {0, 24, 16, 32};
-    const uint8_t *row = j->codes + n * j->nblocks * block_bytes[j->fast];
-    const uint8_t *sc = j->scales + n * j->nblocks;
-    const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
+ * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row. `fast` and `pair` are
+ * constants at every call site, so each combination compiles to its own branch-free loop. */
+VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t *j, const float *scale_tab, int64_t n,
+                                                                    int64_t s0, const int fast, const int pair) {
+    const int bytes = fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 ? 16 : 32;
+    const int64_t nblocks = j->nblocks;
+    const uint8_t *row = j->codes + n * nblocks * bytes;
+    const uint8_t *sc = j->scales + n * nblocks;
+    const float *x0 = j->x + s0 * j->xstride, *x1 = x0 + j->xstride;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-    for (int64_t b = 0; b < j->nblocks; b++) {
-        __m256i v = block_ints_vbmi(j->fast, row + block_bytes[j->fast] * b);
+    int64_t b = 0;
+    for (; b + 1 < nblocks; b += 2) {
+        __m256i v = block_ints_vbmi(fast, row + bytes * b), u = block_ints_vbmi(fast, row + bytes * (b + 1));
         __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
         __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
-        __m512 scale = _mm512_set1_ps(scale_tab[sc[b]]);
-        const float *p = x0 + 32 * b;
-        __m512 t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(p)));
-        if (b & 1)
-            a1 = _mm512_fmadd_ps(t, scale, a1);
-        else
-            a0 = _mm512_fmadd_ps(t, scale, a0);
+        __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u)));
+        __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u, 1)));
+        __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]), s_odd = _mm512_set1_ps(scale_tab[sc[b + 1]]);
+        VBMI_BLOCK(a0, w0, w1, x0, b, s_even);
+        VBMI_BLOCK(a1, w2, w3, x0, b + 1, s_odd);
         if (pair) {
-            const float *q = x1 + 32 * b;
-            __m512 u = _mm512_fmadd_ps(w1, _mm512_loadu_ps(q + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(q)));
-            if (b & 1)
-                b1 = _mm512_fmadd_ps(u, scale, b1);
-            else
-                b0 = _mm512_fmadd_ps(u, scale, b0);
+            VBMI_BLOCK(b0, w0, w1, x1, b, s_even);
+            VBMI_BLOCK(b1, w2, w3, x1, b + 1, s_odd);
         }
+    }
+    if (b < nblocks) { /* an odd last block: the even accumulator, as in the pairs above */
+        __m256i v = block_ints_vbmi(fast, row + bytes * b);
+        __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+        __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+        __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]);
+        VBMI_BLOCK(a0, w0, w1, x0, b, s_even);
+        if (pair) VBMI_BLOCK(b0, w0, w1, x1, b, s_even);
     }
     j->y[s0 * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     if (pair) j->y[(s0 + 1) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
 }
 
+#define VBMI_ROWS(FAST)                                                                                              \
+    VBMI static void rows_vbmi_##FAST(const job_t *j, const float *tab, int64_t n0, int64_t n1) {                    \
+        for (int64_t n = n0; n < n1; n++) {                                                                           \
+            int64_t s = 0;                                                                                            \
+            for (; s + 1 < j->s; s += 2) row_dot_vbmi(j, tab, n, s, FAST, 1);                                         \
+            if (s < j->s) row_dot_vbmi(j, tab, n, s, FAST, 0);                                                        \
+        }                                                                                                             \
+    }
+VBMI_ROWS(1)
+VBMI_ROWS(2)
+VBMI_ROWS(3)
+
 VBMI static void linear_vbmi(const job_t *j, int64_t n0, int64_t n1) {
-    static const int shift[4] = {0, 3, 1, 6};
-    float tab[256];
-    for (int s = 0; s < 256; s++) tab[s] = scale_value((uint8_t)s, shift[j->fast]);
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s += 2) row_dot_vbmi(j, tab, n, s, s + 1 < j->s);
+    const float *tab = SCALES[j->fast];
+    if (j->fast == FAST_E2M3)
+        rows_vbmi_1(j, tab, n0, n1);
+    else if (j->fast == FAST_E2M1)
+        rows_vbmi_2(j, tab, n0, n1);
+    else
+        rows_vbmi_3(j, tab, n0, n1);
 }
 
 static int have_vbmi(void) {
