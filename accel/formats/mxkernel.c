@@ -150,12 +150,13 @@ AVX2 static inline void to_floats(__m256i v, float scale, __m256 w[4]) {
     w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), sc);
 }
 
-AVX2 static inline void block_weights(const job_t *j, const uint8_t *row, const float *scale_tab, int64_t b,
-                                      uint8_t s, __m256 w[4]) {
+AVX2 static inline __attribute__((always_inline)) void block_weights(const int fast, const uint8_t *row,
+                                                                     const float *scale_tab, int64_t b, uint8_t s,
+                                                                     __m256 w[4]) {
     __m256i v;
-    if (j->fast == FAST_E2M3)
+    if (fast == FAST_E2M3)
         v = e2m3_ints(unpack_fp6(row + 24 * b));
-    else if (j->fast == FAST_E2M1)
+    else if (fast == FAST_E2M1)
         v = e2m1_ints(row + 16 * b);
     else
         v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
@@ -170,16 +171,18 @@ AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_cvtss_f32(u);
 }
 
-/* one W row against x rows s0 and s0 + 1 (two when pair): each x row keeps its own 4 accumulators */
-AVX2 static void row_dot(const job_t *j, const float *scale_tab, int64_t n, int64_t s0, int pair) {
-    static const int block_bytes[4] = {0, 24, 16, 32};
-    const uint8_t *row = j->codes + n * j->nblocks * block_bytes[j->fast];
+/* one W row against x rows s0 and s0 + 1 (two when pair): each x row keeps its own 4 accumulators; `fast` and
+ * `pair` are constants at every call site (one branch-free loop each) */
+AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, const float *scale_tab, int64_t n,
+                                                               int64_t s0, const int fast, const int pair) {
+    const int bytes = fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 ? 16 : 32;
+    const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t b = 0; b < j->nblocks; b++) {
         __m256 w[4];
-        block_weights(j, row, scale_tab, b, sc[b], w);
+        block_weights(fast, row, scale_tab, b, sc[b], w);
         const float *p = x0 + 32 * b;
         a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
         a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p + 8), a1);
@@ -197,10 +200,26 @@ AVX2 static void row_dot(const job_t *j, const float *scale_tab, int64_t n, int6
     if (pair) j->y[(s0 + 1) * j->n + n] = hsum(b0, b1, b2, b3);
 }
 
+#define AVX2_ROWS(FAST)                                                                                              \
+    AVX2 static void rows_avx2_##FAST(const job_t *j, const float *tab, int64_t n0, int64_t n1) {                    \
+        for (int64_t n = n0; n < n1; n++) {                                                                           \
+            int64_t s = 0;                                                                                            \
+            for (; s + 1 < j->s; s += 2) row_dot(j, tab, n, s, FAST, 1);                                              \
+            if (s < j->s) row_dot(j, tab, n, s, FAST, 0);                                                             \
+        }                                                                                                             \
+    }
+AVX2_ROWS(1)
+AVX2_ROWS(2)
+AVX2_ROWS(3)
+
 AVX2 static void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
     const float *tab = SCALES[j->fast];
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s += 2) row_dot(j, tab, n, s, s + 1 < j->s);
+    if (j->fast == FAST_E2M3)
+        rows_avx2_1(j, tab, n0, n1);
+    else if (j->fast == FAST_E2M1)
+        rows_avx2_2(j, tab, n0, n1);
+    else
+        rows_avx2_3(j, tab, n0, n1);
 }
 
 /* ------------------------------------------------------------------------------------------ AVX-512 VBMI */
