@@ -3,9 +3,10 @@
 1. GEMV ``y = W x`` (one activation row) for W of shape [N, K]: 4096 x 8192 (134 MB of float32, far over the caches)
    and SmolLM2-135M's layer shapes. float32: ``torch.mv`` with ``torch.set_num_threads(t)``; MX: ``PackedMX.matmul``
    with ``threads=t`` on the kernel's best path (and its AVX2 path for comparison), MXFP6 and MXFP4. Effective
-   bandwidth = bytes of the stored weight (float32: 4 a weight; MX: packed codes + scales) / median time; ``%fp32`` =
+   bandwidth = bytes of the stored weight (float32: 4 a weight; MX: packed codes + scales) / time; ``%fp32`` =
    the kernel's effective bandwidth as a share of the float32 GEMV's (the issue's goal: >= 60%), ``x`` = speedup.
-   Every configuration is timed round robin with its float32 reference, so load drift hits both alike.
+   Every configuration is timed round robin with its float32 reference, so load drift hits both alike; the time is
+   the fastest call (the least disturbed one on a shared machine), ``--median`` reports medians instead.
 2. Decode step: SmolLM2-135M through ``TorchBackend``, S = 1 (decode) and S = 4 (verify) after a 128-token past:
    float32 weights vs the same model with MXFP6 weights packed (``accel.backends.torch_mx.pack_decoder``; the tied
    LM head stays float32 as in a compressed checkpoint), and with the tied LM head packed too (its embedding
@@ -30,6 +31,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +51,12 @@ SHAPES = {
     "smollm2 lm_head 49152x576": (49152, 576),
 }
 PAST = 128
+#: the statistic of the timed calls: the fastest (the least disturbed on a shared machine; ``--median`` for medians)
+STAT: Callable[[list[float]], float] = min
 
 
-def _round_robin(fns: dict[str, callable], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, called in turn ``repeats`` times (after one warm-up call each)."""
+def _round_robin(fns: Mapping[str, Callable[..., object]], repeats: int) -> dict[str, float]:
+    """Seconds of each function's fastest call (``STAT``), called in turn ``repeats`` times after one warm-up each."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -61,7 +65,7 @@ def _round_robin(fns: dict[str, callable], repeats: int) -> dict[str, float]:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: STAT(v) for k, v in times.items()}
 
 
 def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
@@ -152,7 +156,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per configuration (GEMV 4096x8192, step)")
     parser.add_argument("--quick", action="store_true", help="5 repeats, no SmolLM2 decode step")
+    parser.add_argument("--median", action="store_true", help="report median times instead of the fastest call")
     args = parser.parse_args()
+    global STAT
+    STAT = statistics.median if args.median else min
+    stat = "median" if args.median else "fastest"
     repeats = 5 if args.quick else args.repeats
     status = kernel_status()
     if not status.available:
@@ -161,7 +169,9 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; torch {torch.__version__}; "
         f"kernel {status.library}"
     )
-    print("\nGEMV y = W x, one activation row (median of round-robin calls; effective bandwidth = stored bytes / time)")
+    print(
+        f"\nGEMV y = W x, one activation row ({stat} of round-robin calls; effective bandwidth = stored bytes / time)"
+    )
     print(
         f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
         f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}"
@@ -175,7 +185,7 @@ def main() -> None:
     if args.quick:
         return
     rows, diff = bench_step(repeats)
-    print(f"\nSmolLM2-135M decode step through TorchBackend after {PAST} tokens (median ms; x = fp32 / it)")
+    print(f"\nSmolLM2-135M decode step through TorchBackend after {PAST} tokens ({stat} ms; x = fp32 / it)")
     print(f"{'threads':>7} {'S':>3} {'fp32':>8} {'MXFP6 packed':>13} {'x':>6} {'+ LM head':>10} {'x':>6}")
     for r in rows:
         a, b, c = (r[k] for k in STEP_MODELS)
