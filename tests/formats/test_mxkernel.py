@@ -179,3 +179,10 @@ def test_kernel_builds_here_and_fallback_says_why(monkeypatch, tmp_path, capsys,
     assert not list(tmp_path.glob("mxkernel/*.so"))  # no half-written library left behind
     monkeypatch.undo()
     reset()
+
+
+def test_empty_shapes(path):
+    for n, k in [(0, 40), (3, 0)]:
+        p = PackedMX(quantize(np.ones((n, k), np.float32), "mxfp6", axis=1))
+        assert np.array_equal(p.matmul(np.ones((2, k), np.float32)), np.zeros((2, n), np.float32))
+        assert p.matmul(np.ones((0, k), np.float32)).shape == (0, n) and p.decode().shape == (n, k)
