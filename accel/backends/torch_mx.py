@@ -7,7 +7,8 @@ and scales replace the float weight, so the model holds 6.25 bits a weight (MXFP
 computes with the same weight values, so the model's outputs change only by float32 summation order.
 
 ``PackedLinear.forward`` sends up to ``max_rows`` activation rows (a decode or verify step) through
-``accel.formats.mxkernel.PackedMX.matmul`` (weights decoded in registers); larger calls (prefill) decode the weight
+``accel.formats.mxkernel.PackedMX.matmul`` (weights decoded in registers, on the cores torch's pool leaves idle:
+``kernel_threads_beside_torch``); larger calls (prefill) decode the weight
 once per call (``PackedMX.decode``, exact) and use ``F.linear``. ``pack_compressed(model, path)`` does the swap for
 the formats an accel-compressed checkpoint directory declares (``accel generate --backend torch`` calls it).
 """
@@ -26,12 +27,22 @@ from torch import nn
 from accel.errors import BackendError
 from accel.formats.elements import get_format
 from accel.formats.mx_tensor import quantize
-from accel.formats.mxkernel import PackedMX, kernel_status
+from accel.formats.mxkernel import PackedMX, default_threads, kernel_status
 
 __all__ = ["PackReport", "PackedLinear", "checkpoint_mx_formats", "pack_compressed", "pack_decoder"]
 
 #: activation rows up to which a call runs the fused kernel (decode and verify steps); more rows: decode + F.linear
 DEFAULT_MAX_ROWS = 16
+
+
+def kernel_threads_beside_torch() -> int:
+    """Kernel threads for a call made between torch ops: the CPUs torch's own pool leaves idle, plus the caller's.
+
+    torch's intra-op workers spin for a while after each op; kernel workers on the same cores would fight them (on 2
+    cores with 2 torch threads a decode step ran 30x slower). So with ``torch.get_num_threads()`` = t on c CPUs the
+    kernel takes c - t + 1 threads: torch at 1 thread leaves the kernel every core, torch at all cores leaves it one.
+    """
+    return max(1, default_threads() - torch.get_num_threads() + 1)
 
 
 class PackedLinear(nn.Module):
@@ -57,7 +68,8 @@ class PackedLinear(nn.Module):
             raise BackendError(f"PackedLinear runs float32 on CPU; got {x.dtype} on {x.device}")
         rows = x.numel() // max(1, self.in_features)
         if rows <= self.max_rows:
-            y = torch.from_numpy(self.packed.matmul(x.detach().contiguous().numpy()))
+            threads = min(self.packed.auto_threads, kernel_threads_beside_torch())
+            y = torch.from_numpy(self.packed.matmul(x.detach().contiguous().numpy(), threads=threads))
             return y + self.bias if self.bias is not None else y
         return F.linear(x, torch.from_numpy(self.packed.decode()), self.bias)
 

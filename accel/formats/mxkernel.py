@@ -98,6 +98,12 @@ class PackedMX:
         return ("portable", "avx2", "avx512-vbmi")[self._lib.mxk_fast_path(self._fast, self.weight.block_size)]
 
     @property
+    def auto_threads(self) -> int:
+        """Threads a call uses by default: 1 below ``MIN_WEIGHTS_PER_THREAD`` weights a thread, else up to
+        ``default_threads()``."""
+        return self._auto_threads
+
+    @property
     def nbytes(self) -> int:
         """Bytes the kernel streams per call: packed codes + scales."""
         return self.weight.nbytes
