@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per configuration (GEMV 4096x8192, step)")
     parser.add_argument("--quick", action="store_true", help="5 repeats, no SmolLM2 decode step")
     parser.add_argument("--median", action="store_true", help="report median times instead of the fastest call")
+    parser.add_argument("--no-gemv", action="store_true", help="only the SmolLM2 decode step")
     args = parser.parse_args()
     global STAT
     STAT = statistics.median if args.median else min
@@ -176,7 +177,7 @@ def main() -> None:
         f"{'shape':<27} {'thr':>3} {'fmt':<6} {'path':<12} {'fp32 ms':>8} {'MX ms':>8} {'fp32 GB/s':>9} "
         f"{'MX GB/s':>8} {'%fp32':>6} {'x':>6}"
     )
-    gemv = bench_gemv(repeats, SHAPES)
+    gemv = [] if args.no_gemv else bench_gemv(repeats, SHAPES)
     for r in gemv:
         print(
             f"{r['shape']:<27} {r['threads']:>3} {r['fmt']:<6} {r['path']:<12} {r['fp32_ms']:>8.3f} "
