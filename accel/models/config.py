@@ -36,6 +36,18 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
+# internal field -> the config.json field it comes from, per family (for error messages)
+_HF_NAMES: dict[str, dict[str, str]] = {
+    "llama": {
+        "num_heads": "num_attention_heads",
+        "num_kv_heads": "num_key_value_heads",
+        "num_layers": "num_hidden_layers",
+        "hidden_size": "hidden_size",
+    },
+    "gpt2": {"num_heads": "n_head", "num_kv_heads": "n_head", "num_layers": "n_layer", "hidden_size": "n_embd"},
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a decoder-only transformer.
@@ -200,7 +212,12 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         fields = gpt2_fields(reader) if model_type == "gpt2" else llama_fields(reader, model_type)
-        return cls(**fields)
+        try:
+            return cls(**fields)
+        except ModelError as exc:  # name the config.json fields, not only the internal ones
+            names = _HF_NAMES["gpt2" if model_type == "gpt2" else "llama"]
+            hf = ", ".join(h if h == n else f"{h} (here {n})" for n, h in names.items() if n in str(exc))
+            raise ModelError(f"config.json: {exc}" + (f"; config fields: {hf}" if hf else "")) from None
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` dict that ``from_hf`` maps back to this config (and transformers loads).
