@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from accel.backends import OrtBackend, export_onnx
 from accel.drafts.prompts import HELD_OUT_PROMPTS
-from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
+from accel.spd import GREEDY, DraftChain, DraftTree, Merge, NgramLookup, Sampling, generate, generate_ar
 
 # Prompts the shipped draft was NOT trained on (accel.drafts.HELD_OUT_PROMPTS, already in chat/code form): the
 # training prompts (DEFAULT_PROMPTS) would measure memorised continuations, not the draft's real acceptance.
@@ -307,19 +307,24 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
         if "tree" in setup.tb.info.capabilities:  # the feature draft's dynamic tree (EAGLE-2), K = the node budget
             jobs += [(s, "spd_feat_tree", n, None) for s in settings for n in args.tree_nodes]
     if args.ngram:  # the same SpD settings with n-gram lookup drafts where the text repeats ("+ngram")
+        trees = [(st, mode + "+merge", k, thr) for st, mode, k, thr in jobs if mode == "spd_feat_tree"]
         jobs += [(st, mode + "+ngram", k, thr) for st, mode, k, thr in jobs if mode != "ar"]
+        jobs += trees  # and the lookup chain merged into the tree ("+merge": one target call verifies both)
     if setup.tb.min_rows > 1:  # also greedy AR without the one-row pad (see OrtBackend min_rows): what the pad costs
         jobs.append((settings[0], "ar_one_row", 0, None))
     return jobs
 
 
 def make_proposer(setup: Setup, mode: str, k: int, thr: float | None, args: argparse.Namespace) -> Any:
-    """The proposer of one SpD job: a chain (fixed or dynamic length) or a dynamic tree, after lookup for +ngram."""
-    base = mode.removesuffix("+ngram")
+    """The proposer of one SpD job: a chain (fixed or dynamic length) or a dynamic tree, after lookup for +ngram
+    (``FirstOf``), joined with lookup's chain for +merge (``Merge``)."""
+    base = mode.removesuffix("+ngram").removesuffix("+merge")
     if base == "spd_feat_tree":
         model: Any = DraftTree(setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth)
     else:
         model = DraftChain(setup.fb if base.startswith("spd_feat") else setup.db, k=k, min_draft_prob=thr)
+    if mode.endswith("+merge"):
+        return Merge(NgramLookup(args.ngram, args.ngram_k), model)
     return [NgramLookup(args.ngram, args.ngram_k), model] if mode.endswith("+ngram") else model
 
 

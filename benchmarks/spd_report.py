@@ -44,12 +44,17 @@ def print_header(setup: Any, calls: list[dict], quality: Any, one_row: Any, runs
         )
 
 
+def _lookup(mode: str) -> bool:
+    """Whether a run used n-gram lookup (after the draft: +ngram; merged into its tree: +merge)."""
+    return mode.endswith(("+ngram", "+merge"))
+
+
 def _mode_label(r: dict) -> str:
-    base = r["mode"].removesuffix("+ngram")
+    base = r["mode"].removesuffix("+ngram").removesuffix("+merge")
     mode = {"spd_feat": "feat", "spd_feat_dyn": "feat", "spd_feat_tree": "feat tree"}.get(base, base)
     if r["min_draft_prob"] is not None:
         mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
-    return mode + (" +ng" if r["mode"].endswith("+ngram") else "")
+    return mode + {"+ngram": " +ng", "+merge": " +mg"}.get(r["mode"][-6:], "")
 
 
 def print_table(runs: list[dict]) -> None:
@@ -92,8 +97,8 @@ def summarise(runs: list[dict], hf: Any, one_row: Any) -> dict[str, dict]:
             "speedup_by_pass": best["speedup_by_pass"],
             "greedy_rows_equal_ar": best.get("greedy_rows_equal_ar"),
         }
-        plain = [r for r in spd if not r["mode"].endswith("+ngram")]
-        if best["mode"].endswith("+ngram") and plain:  # what the draft model alone gives, for comparison
+        plain = [r for r in spd if not r["mode"].endswith(("+ngram", "+merge"))]
+        if best["mode"].endswith(("+ngram", "+merge")) and plain:  # what the draft model alone gives, for comparison
             p = max(plain, key=lambda r: r["tokens_per_s"])
             s["without_lookup"] = {key: p[key] for key in ("mode", "k", "min_draft_prob", "tokens_per_s")}
             s["without_lookup"]["speedup_vs_ar"] = p["speedup_vs_ar"]
@@ -123,7 +128,7 @@ def print_summary(summary: dict[str, dict], hf: Any, args: argparse.Namespace) -
             ("feature draft, " if s["best_mode"].startswith("spd_feat") else "")
             + f"K={s['best_k']}"
             + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}" if s["best_min_draft_prob"] is not None else "")
-            + (f", n-gram lookup (n {args.ngram}, {args.ngram_k} tokens)" if s["best_mode"].endswith("+ngram") else "")
+            + (f", n-gram lookup (n {args.ngram}, {args.ngram_k} tokens)" if _lookup(s["best_mode"]) else "")
         )
         line = (
             f"{sampling}: best {how} SpD {s['best_tokens_per_s']:.2f} tok/s = {s['speedup_vs_ar']:.2f}x "

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from accel.backends.base import BackendInfo, check_step_inputs
 from accel.errors import BackendError
 
-__all__ = ["QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "write_qaic_files"]
+__all__ = ["NO_TREE_REASON", "QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "write_qaic_files"]
 
 QAIC_EXEC = "/opt/qti-aic/exec/qaic-exec"  # the compiler driver QEfficient calls (``-compile-only``)
 SPEC_FILE = "accel_qaic.json"
@@ -277,6 +277,15 @@ def _session_class():
     return QAICInferenceSession
 
 
+NO_TREE_REASON = (
+    "after a tree round the accepted path's K/V must move to contiguous cache slots, and the Cloud AI 100 cache is "
+    "retained on the card (in-graph compaction is not implemented); write_qaic_files(tree_nodes=...) compiles the "
+    "tree specialization for when it is. Run trees on OrtBackend or TorchBackend, or use a chain proposer"
+)
+"""Why ``QaicBackend`` refuses token trees (``forward`` with tree inputs, ``move_cache``, ``generate`` with a
+branching proposer)."""
+
+
 class QaicBackend:
     """A compiled decoder (a ``qpc`` directory from ``compile.sh``) on Cloud AI 100, behind the ``Backend`` protocol.
 
@@ -289,6 +298,8 @@ class QaicBackend:
         qpc_path: the compiled binary directory (``out_dir/qpc``); ``accel_qaic.json`` is read from it or its parent.
         device_ids: card ids (default: the runtime's choice).
     """
+
+    no_tree_reason = NO_TREE_REASON  # read by accel.spd.generate's error for a branching proposer
 
     def __init__(self, qpc_path: str | Path, device_ids: list[int] | None = None) -> None:
         qpc = Path(qpc_path)
@@ -314,8 +325,20 @@ class QaicBackend:
     def info(self) -> BackendInfo:
         return self._info
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``)."""
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        slot_ids: np.ndarray | None = None,
+        tree_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``). Token-tree
+        calls (``slot_ids``/``tree_mask``) are a ``BackendError`` (``NO_TREE_REASON``), raised before the card is
+        touched."""
+        if slot_ids is not None or tree_mask is not None:
+            raise BackendError(f"QaicBackend cannot run token-tree calls: {NO_TREE_REASON}")
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         seq = ids.shape[1]
         target = min(s for s in self.spec.seq_lens if s >= seq)
@@ -332,6 +355,10 @@ class QaicBackend:
         self.session.set_buffers({"logits": np.zeros((ids.shape[0], n_out, self.spec.vocab_size), np.float32)})
         logits = self.session.run({"input_ids": ids, "position_ids": pos})["logits"]
         return np.ascontiguousarray(logits[:, -(num_logits or seq) :, :], dtype=np.float32)
+
+    def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Not supported: ``BackendError`` (``NO_TREE_REASON``)."""
+        raise BackendError(f"QaicBackend cannot move cache slots: {NO_TREE_REASON}")
 
     def reset(self) -> None:
         """No-op (see the class docstring)."""

@@ -16,6 +16,7 @@ from accel.spd.draft_chain import DraftChain
 from accel.spd.draft_tree import DraftTree
 from accel.spd.lookup import ngram_proposal
 from accel.spd.loop import StreamCallback, generate, generate_ar
+from accel.spd.merge import Merge
 from accel.spd.mrs import RoundResult, acceptance_probs, greedy_accept, residual, sample, speculative_accept
 from accel.spd.proposers import FirstOf, NgramLookup, Proposer, ProposerInfo, RowOutcome, RunState
 from accel.spd.stats import GenerationResult, GenerationStats
@@ -41,6 +42,7 @@ __all__ = [
     "FirstOf",
     "GenerationResult",
     "GenerationStats",
+    "Merge",
     "NgramLookup",
     "Proposer",
     "ProposerInfo",

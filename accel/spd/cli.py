@@ -62,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ngram-k", type=int, default=None, help="tokens proposed from a lookup match (default --k)")
     p.add_argument(
+        "--ngram-merge",
+        action="store_true",
+        help="with --ngram and a tree (--tree-nodes or --hydra): join lookup's chain into the tree every round "
+        "(Merge; one target call verifies both) instead of using lookup instead of the tree where it matches",
+    )
+    p.add_argument(
         "--tree-nodes",
         type=int,
         default=None,
@@ -368,6 +374,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpdError("give --draft or --hydra, not both")
     if args.tree_nodes is not None and not (args.draft or args.hydra):
         raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
+    if args.ngram_merge and not (args.ngram and (args.hydra or (args.draft and args.tree_nodes))):
+        raise SpdError("--ngram-merge joins lookup into a tree: give --ngram and --tree-nodes with --draft, or --hydra")
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         if args.ppd is not None:
             from accel.spd.ppd_cli import run_ppd
@@ -410,6 +418,10 @@ def run(args: argparse.Namespace) -> int:
             from accel.drafts.hydra.cli import hydra_proposer
 
             proposers = [*(proposers or []), hydra_proposer(args, target_path)]
+        if args.ngram_merge and proposers is not None:
+            from accel.spd import Merge
+
+            proposers = [Merge(*proposers)]
         res = generate(
             target,
             proposers,

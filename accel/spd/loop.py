@@ -37,6 +37,7 @@ from accel.spd.warps import Sampling, check_logits
 
 __all__ = ["StreamCallback", "generate", "generate_ar"]
 
+_EXPORT_TREE = "export it with tree=True (accel export --tree)"
 _BATCH_VOCAB = 4096  # up to this vocabulary a round warps all its columns at once (below: only the visited nodes)
 
 StreamCallback = Callable[[int, list, list], None]
@@ -309,9 +310,10 @@ def generate(
     )
     if proposer is not None:
         if proposer.info.branching and "tree" not in target.info.capabilities:
+            why = getattr(target, "no_tree_reason", None)  # a backend that cannot run trees at all says why
             raise SpdError(
-                f"the proposer {proposer.info.name} makes token trees, but the target backend has no tree inputs: "
-                "export it with tree=True (accel export --tree)"
+                f"the proposer {proposer.info.name} makes token trees, but the {target.info.name} target backend "
+                + (f"cannot score them: {why}" if why else f"has no tree inputs: {_EXPORT_TREE}")
             )
     rng = make_rng(seed)
     return _Loop(target, proposer, prompts, limits, sampling, rng, eos_set(eos_token_id), stream).run_all()

@@ -29,7 +29,7 @@ import numpy as np
 
 from accel.errors import SpdError
 
-__all__ = ["TokenTree", "TreeCall", "check_tree", "layout"]
+__all__ = ["TokenTree", "TreeCall", "check_tree", "layout", "layout_order"]
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,9 @@ def check_tree(tree: object, row: int, root: int, vocab: int, max_nodes: int, ma
     return tree
 
 
-def layout(tree: TokenTree) -> TokenTree:
-    """The same tree in depth-first order, children in sibling order: the first-child chain becomes nodes
-    ``0 .. depth`` (module docstring). A tree already in that order (a chain, for one) is returned as is."""
+def layout_order(tree: TokenTree) -> np.ndarray:
+    """The node order ``layout`` uses: depth first, children in sibling order (``order[j]``: the old index of the
+    new node j)."""
     kids = tree.children()
     order: list[int] = []
     stack = [0]
@@ -137,9 +137,15 @@ def layout(tree: TokenTree) -> TokenTree:
         v = stack.pop()
         order.append(v)
         stack.extend(reversed(kids[v]))
-    if order == list(range(tree.size)):
+    return np.asarray(order, dtype=np.int64)
+
+
+def layout(tree: TokenTree) -> TokenTree:
+    """The same tree in depth-first order, children in sibling order: the first-child chain becomes nodes
+    ``0 .. depth`` (module docstring). A tree already in that order (a chain, for one) is returned as is."""
+    perm = layout_order(tree)
+    if np.array_equal(perm, np.arange(tree.size)):
         return tree
-    perm = np.asarray(order)
     new_index = np.empty_like(perm)
     new_index[perm] = np.arange(perm.size)
     parents = np.where(tree.parents[perm] >= 0, new_index[np.maximum(tree.parents[perm], 0)], -1)

@@ -135,3 +135,41 @@ def test_output_that_is_a_file_or_unwritable(onnx_file, tmp_path):
     write_qaic_files(onnx_file, out, prompt_len=32, k=7, ctx_len=64)
     assert (out / "notes.txt").read_text() == "mine" and (out / "compile.sh").stat().st_mode & 0o100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "f"]
+
+
+class _NoCard:
+    """Stands in for the SDK's session class where no card exists; any use of it is a test failure."""
+
+    def __init__(self, *a, **kw) -> None:
+        self.input_names = ["input_ids", "position_ids", "past_key.0"]
+        self.output_names = ["logits"]
+
+    def skip_buffers(self, names) -> None:
+        pass
+
+    def run(self, *a, **kw):
+        raise AssertionError("the card was called")
+
+
+def test_tree_calls_are_refused_with_the_reason(onnx_file, tmp_path, monkeypatch):
+    """QaicBackend has no in-graph KV compaction: tree calls, cache moves and a branching proposer are clear errors
+    raised before the card is touched."""
+    import numpy as np
+
+    import accel.backends.qaic as qaic
+    from accel.errors import SpdError
+    from accel.spd import GREEDY, DraftTree, generate
+    from tests.helpers.decoders import backend
+
+    write_qaic_files(onnx_file, tmp_path / "qaic", prompt_len=16, k=3, ctx_len=64)
+    monkeypatch.setattr(qaic, "_session_class", lambda: _NoCard)
+    qb = QaicBackend(tmp_path / "qaic" / "qpc")
+    ids, pos = np.zeros((1, 2), np.int64), np.array([[0, 1]])
+    with pytest.raises(BackendError, match=r"cannot run token-tree calls: .*in-graph compaction is not implemented"):
+        qb.forward(ids, pos, slot_ids=pos, tree_mask=np.ones((1, 2, 64), bool))
+    with pytest.raises(BackendError, match="cannot move cache slots"):
+        qb.move_cache(np.array([[3]]), np.array([[2]]))
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
+    draft = backend(Decoder(cfg).init_weights(1), 1, ctx_len=64)
+    with pytest.raises(SpdError, match=r"qaic target backend cannot score them: .*retained on the card"):
+        generate(qb, DraftTree(draft, nodes=4, top_k=2), [[1, 2, 3]], max_new_tokens=4, sampling=GREEDY)

@@ -142,3 +142,18 @@ def test_generate_with_ngram_lookup(checkpoints, capsys):
     assert alone["tokens"] == ar["tokens"] and alone["stats"]["draft_calls"] == 0
     assert main(["generate", *common, "--draft", str(draft), "--ngram", "-1"]) == 2
     assert "ngram must be an int >= 1" in capsys.readouterr().err
+
+
+def test_generate_with_lookup_merged_into_a_tree(checkpoints, capsys):
+    """``--ngram-merge``: lookup's chain joined into the draft's tree; greedy output is still the target's own."""
+    target, draft = checkpoints
+    common = _args(target, "--backend", "torch", prompt="5 17 2 9 5 17")
+    assert main(["generate", *common, "--json"]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    tree = ["--draft", str(draft), "--tree-nodes", "3", "--tree-top-k", "2", "--ngram", "2", "--ngram-k", "3"]
+    assert main(["generate", *common, *tree, "--ngram-merge", "--json"]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert merged["tokens"] == ar["tokens"] and merged["stats"]["tree_rounds"] >= 1
+    assert max(i for i, c in enumerate(merged["stats"]["tree_nodes_histogram"]) if c) > 3  # lookup's nodes joined
+    assert main(["generate", *common, "--draft", str(draft), "--ngram", "2", "--ngram-merge"]) == 2
+    assert "--ngram-merge joins lookup into a tree" in capsys.readouterr().err
