@@ -5,8 +5,15 @@ torch-free parts (``accel.models.config``, ``accel.models.sources``, the GGUF re
 without it: ``accel export`` of a checkpoint directory or a ``.gguf`` file never loads torch.
 """
 
+from typing import TYPE_CHECKING
+
 from accel._lazy import lazy_getattr
 from accel.models.config import MASKED_LOGIT, ModelConfig, RopeScaling
+
+if TYPE_CHECKING:  # what type checkers see; at run time these are imported on first use
+    from accel.models.decoder import Decoder, new_cache
+    from accel.models.loading import load_checkpoint, save_pretrained
+    from accel.models.smollm2 import load_tokenizer, smollm2_checkpoint, smollm2_gguf_path
 
 _LAZY = {
     "Decoder": "accel.models.decoder",
