@@ -6,14 +6,15 @@ drafts; a SmolLM2-1.7B-shaped target exported as ``mxint8-nbits``, as a user wou
 exported; then, per draft, with the target on 2 threads:
 
 - the draft's decode step (S = 1 after 64 cached tokens, median of 40 calls) on 1 and on 2 threads;
-- greedy SpD (``DraftChain``, K = 4) on 4 random prompts x 48 new tokens, draft on 1 and on 2 threads, runs in the
+- greedy SpD (``DraftChain``, K = 4) on 3 random prompts x 32 new tokens, draft on 1 and on 2 threads, runs in the
   order 1, 2, 2, 1 (so a load drift on a shared machine affects both alike); tokens/s of the mean per thread count.
 
 Random weights accept few drafts, so the draft's share of the time is larger than with a trained pair: the ratio
 shows which thread count is faster for the draft, not the speed-up a real pair gets. The tokens are the same for both
 thread counts (checked).
 
-    flock /work/helpers/bench.lock flock /work/helpers/bigmem.lock python benchmarks/draft_threads.py
+    python benchmarks/draft_threads.py --work-dir W --prepare   # the exports, outside the lock
+    flock /work/helpers/bench.lock flock /work/helpers/bigmem.lock python benchmarks/draft_threads.py --work-dir W
 
 Writes ``results/draft_threads.json``.
 """
@@ -54,13 +55,18 @@ def _config(name: str):
 
 
 def _export(name: str, work: Path, weights: str, ctx_len: int) -> tuple[Path, int]:
+    """The export of ``name`` in ``work`` (reused when ``--prepare`` made it already) and its parameter count."""
     from accel.backends.export import export_onnx
     from accel.models.random_checkpoint import write_random_checkpoint
     from accel.models.sources import open_checkpoint
 
+    path, meta = work / f"{name}-{weights}.onnx", work / f"{name}-{weights}.json"
+    if path.is_file() and meta.is_file():
+        return path, json.loads(meta.read_text())["params"]
     src = write_random_checkpoint(_config(name), work / name, std=0.05)
     params = open_checkpoint(src)[1].num_elements()
-    path = export_onnx(src, work / f"{name}.onnx", ctx_len=ctx_len, weights=weights, progress=False)
+    export_onnx(src, path, ctx_len=ctx_len, weights=weights, progress=False)
+    meta.write_text(json.dumps({"params": params}))
     shutil.rmtree(src)
     return path, params
 
@@ -82,10 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafts", default="draft-30m,draft-60m,smollm2-135m,smollm2-360m")
     p.add_argument("--target", default="smollm2-1.7b")
     p.add_argument("--target-weights", default="mxint8-nbits")
-    p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--work-dir", default=None)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--prompts", type=int, default=3, help="random prompts of 32 tokens")
+    p.add_argument("--work-dir", default=None, help="keep the exports here (default: a temporary directory)")
+    p.add_argument("--prepare", action="store_true", help="only export into --work-dir (outside the bench lock)")
     p.add_argument("--out", default="results/draft_threads.json")
     args = p.parse_args(argv)
+    if args.prepare:
+        if not args.work_dir:
+            p.error("--prepare needs --work-dir")
+        for name in [args.target, *args.drafts.split(",")]:
+            _export(name, Path(args.work_dir), args.target_weights if name == args.target else "fp32", 256)
+        return 0
 
     sys.path.insert(0, str(Path(__file__).parent))
     from spd_support import call_latency_s
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from accel.backends import OrtBackend
 
     ctx = 256
-    work = Path(tempfile.mkdtemp(prefix="accel-draft-threads-", dir=args.work_dir))
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="accel-draft-threads-"))
     rows = []
     try:
         t0 = time.perf_counter()
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
         target = OrtBackend(tpath, threads=2)
         rng = np.random.default_rng(0)
-        prompts = [rng.integers(0, 49152, size=32).tolist() for _ in range(4)]
+        prompts = [rng.integers(0, 49152, size=32).tolist() for _ in range(args.prompts)]
         print(f"{'draft':<14} {'params':>7} {'step ms 1t':>10} {'2t':>6} {'spd tok/s 1t':>12} {'2t':>6} {'2t/1t':>6}")
         for name in args.drafts.split(","):
             dpath, dparams = _export(name, work, "fp32", ctx)
@@ -123,10 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<14} {dparams / 1e6:>6.0f}M {step[1]:>10.2f} {step[2]:>6.2f} {tok_s[1]:>12.2f} "
                   f"{tok_s[2]:>6.2f} {tok_s[2] / tok_s[1]:>6.2f}", flush=True)  # fmt: skip
             del drafts
-            dpath.unlink()
-            dpath.with_name(dpath.name + ".data").unlink(missing_ok=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))

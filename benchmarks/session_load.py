@@ -8,8 +8,7 @@ timing ``InferenceSession`` creation and a decode step (S = 1, 2 threads, median
 - ``basic``: ``ORT_ENABLE_BASIC`` (no fusions);
 - ``save``: ``ORT_ENABLE_ALL`` and write the optimized graph (``optimized_model_filepath``, external initializers):
   what the first open with an optimized-graph cache costs;
-- ``cached``: open that optimized graph with optimizations off (what every later open costs);
-- ``cached-all``: open it with ``ORT_ENABLE_ALL`` again.
+- ``cached``: open that optimized graph with optimizations off (what every later open costs).
 
     flock /work/helpers/bench.lock python benchmarks/session_load.py --presets smollm2-135m,qwen2.5-0.5b
 
@@ -26,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODES = ("all", "basic", "save", "cached", "cached-all")
+MODES = ("all", "basic", "save", "cached")
 
 _CHILD = r"""
 import json, os, statistics, sys, time
