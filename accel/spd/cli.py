@@ -155,6 +155,16 @@ def _model_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
+def _onnx_metadata(path: Path) -> dict[str, str]:
+    """The ``metadata_props`` of an ONNX file ({} when unreadable: OrtBackend then reports the file)."""
+    import onnx
+
+    try:
+        return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    except Exception:  # protobuf DecodeError
+        return {}
+
+
 def _draft_threads(args: argparse.Namespace, feature_draft: bool) -> int | None:
     """Default onnxruntime threads of the draft: the target's for a feature draft or one of at least
     ``_WIDE_DRAFT_PARAMS`` parameters, else 1."""
@@ -211,8 +221,13 @@ def _open_backend(
         raise SpdError(f"--backend ort needs an .onnx file, a .gguf file or a checkpoint directory; got {path}")
     import time
 
+    from accel.models.smollm2 import cache_root
+
+    # a graph that decodes packed MX weights in the graph spends most of its session creation folding them: keep
+    # onnxruntime's optimized graph (accel.backends.ort_session); other graphs gain too little for a second copy
+    packed = _onnx_metadata(path).get("accel.weights") == "mx-packed"
     t0 = time.perf_counter()
-    backend = OrtBackend(path, batch_size=1, threads=threads)
+    backend = OrtBackend(path, batch_size=1, threads=threads, optimized_dir=cache_root() / "ort" if packed else None)
     if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
         print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return backend
