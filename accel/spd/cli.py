@@ -118,7 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 #: drafts with at least this many parameters get the target's threads by default (measured: a 9 M draft runs best on
-#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md)
+#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md). The crossover between the two is not measured yet:
+#: benchmarks/draft_threads.py (random drafts of 30 M-360 M parameters) is the measurement to set it from.
 _WIDE_DRAFT_PARAMS = 100_000_000
 
 
