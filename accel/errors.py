@@ -40,6 +40,11 @@ class NonFiniteWarning(UserWarning):
     """Compression kept NaN / ±Inf weights (``nonfinite="keep"``): the blocks holding them decode to NaN."""
 
 
+class TokenizerWarning(UserWarning):
+    """A tokenizer built from a file that does not say how it splits text (a GGUF without ``tokenizer.ggml.pre`` or
+    with ``"default"``): the fallback rule used may give other tokens than the model's own tokenizer."""
+
+
 class SuperposedError(AccelError):
     """Bad input to ``accel.superposed``: k < 1, weights that do not match the n-gram orders, a backend without
     mixed inputs, a store for another vocabulary."""

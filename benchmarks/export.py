@@ -27,16 +27,20 @@ import time
 from pathlib import Path
 
 # VmHWM, not ru_maxrss: after fork + exec, ru_maxrss still counts the parent's resident memory at the fork
+# base: the interpreter plus what ``accel export`` imports (numpy, onnx, the exporter, the GGUF reader; no torch)
 _CHILD = """
 import json, sys, time
 from accel.backends import ExportWeights
 from accel.backends.export import export_onnx, onnx_file_bytes
-import accel.models.sources, onnxruntime
+import accel.models.sources
+if sys.argv[1].endswith(".gguf"):
+    import accel.models.gguf_loader, gguf
 kib = lambda key: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) * 1024
 base = kib("VmRSS")
 t0 = time.perf_counter()
 spec = ExportWeights(sys.argv[3], mx_format=sys.argv[4])
 path = export_onnx(sys.argv[1], sys.argv[2], ctx_len=512, weights=spec, progress=False)
+assert "torch" not in sys.modules, "the export imported torch"
 print(json.dumps({"base": base, "peak": kib("VmHWM"), "out": onnx_file_bytes(path), "s": time.perf_counter() - t0}))
 """
 

@@ -23,21 +23,24 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import torch
 from tqdm.auto import tqdm
 
-from accel.backends.export_tensors import model_tensors
+from accel.backends.export_tensors import ExportLayout, model_tensors
 from accel.backends.limits import check_sizes
 from accel.backends.onnx_builder import ExternalData
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
 from accel.backends.stages import StageSpec
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
-from accel.models.decoder import Decoder
+
+if TYPE_CHECKING:  # a checkpoint path is exported without torch; only a loaded Decoder brings it
+    import torch
+
+    from accel.models.decoder import Decoder
 
 __all__ = [
     "WEIGHT_MODES",
@@ -53,17 +56,17 @@ __all__ = [
 _EXTERNAL_DATA_BYTES = 64 * 1024 * 1024
 
 
-def _resolve(model: Decoder | str | os.PathLike) -> tuple[Decoder, Mapping[str, np.ndarray] | None]:
-    """The model's structure and, for a checkpoint path, its lazily read tensors (the structure is then built on the
-    meta device: no weights are allocated)."""
+def _resolve(model: Decoder | str | os.PathLike) -> tuple[ExportLayout, Mapping[str, np.ndarray] | None]:
+    """The model's structure and, for a checkpoint path, its lazily read tensors (the structure then comes from the
+    config alone: no torch, no weights allocated)."""
     if not isinstance(model, (str, os.PathLike)):
-        return model, None
+        if getattr(model, "config", None) is None or not hasattr(model, "named_modules"):
+            raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
+        return ExportLayout.of_model(model), None
     from accel.models.sources import open_checkpoint
 
     config, tensors = open_checkpoint(model)
-    with torch.device("meta"):
-        structure = Decoder(config)
-    return structure, tensors
+    return ExportLayout.of_config(config), tensors
 
 
 def export_onnx(
@@ -124,8 +127,7 @@ def export_onnx(
         raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
     tensors, used_format = model_tensors(structure, spec, source)
     if external_data is None:
-        elements = sum(int(np.prod(p.shape)) for p in structure.parameters())
-        external_data = elements * 4 > _EXTERNAL_DATA_BYTES
+        external_data = _num_elements(structure, source) * 4 > _EXTERNAL_DATA_BYTES
     bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
     stage = _check_stage(cfg, stage, exit_head, tree)
     if exit_head is not None:  # early-exit adapter weights, float32
@@ -159,6 +161,13 @@ def export_onnx(
         bar.update(1)
     bar.close()
     return path
+
+
+def _num_elements(layout: ExportLayout, source: Any) -> int:
+    """Elements of the model's weights (a tied head once)."""
+    if source is not None:
+        return int(source.num_elements())
+    return sum(int(np.prod(p.shape)) for p in layout.model.parameters())
 
 
 def _metadata(
@@ -223,7 +232,7 @@ def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _check_export(model: Decoder, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
+def _check_export(model: ExportLayout, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
     """The model's config, after checking the export settings against it (BackendError naming the problem)."""
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "num_kv_heads"):

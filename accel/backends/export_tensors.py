@@ -11,18 +11,70 @@ every Linear and the head in MXINT8.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from accel.backends.weights import ExportWeights, WeightFormat
 from accel.errors import BackendError
-from accel.models.decoder import Decoder
+from accel.models.config import ModelConfig
 from accel.models.sources import decoder_tensors
 
-__all__ = ["ExportTensors", "model_tensors"]
+if TYPE_CHECKING:
+    import torch
+
+    from accel.models.decoder import Decoder
+
+__all__ = ["ExportLayout", "ExportTensors", "model_tensors"]
+
+
+@dataclass(frozen=True)
+class ExportLayout:
+    """What the exporter needs of a model's structure, without its weights: the config, the names of its
+    ``nn.Linear`` weights and, for a compressed model, the MX weights of its compressed Linears (by weight name).
+
+    ``of_model`` reads it from a ``Decoder`` (torch); ``of_config`` derives it from a config alone, which is how a
+    checkpoint directory or a ``.gguf`` file is exported without importing torch. ``tests/backends`` checks that both
+    agree for every model shape the ``Decoder`` builds.
+    """
+
+    config: ModelConfig
+    linear: frozenset[str]
+    mx: dict[str, Any] = field(default_factory=dict)
+    model: Any = None  # the Decoder itself when there is one (its parameters are the default source)
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module) -> ExportLayout:
+        import torch
+
+        modules = list(model.named_modules())
+        linear = frozenset(f"{n}.weight" for n, m in modules if isinstance(m, torch.nn.Linear))
+        mx = {f"{n}.weight": mx for n, m in modules if (mx := _mx_of(m)) is not None}
+        return cls(model.config, linear, mx, model)  # type: ignore[arg-type]
+
+    @classmethod
+    def of_config(cls, config: ModelConfig) -> ExportLayout:
+        """The Linear weights a ``Decoder`` of ``config`` has (``accel.models.decoder``): per layer the attention
+        projections and the MLP's (``gate_proj`` when gated), the LM head, and a feature draft's ``fc``."""
+        mlp = ("gate_proj", "up_proj", "down_proj") if config.mlp == "gated" else ("up_proj", "down_proj")
+        per_layer = [f"self_attn.{p}_proj" for p in "qkvo"] + [f"mlp.{p}" for p in mlp]
+        names = {f"layers.{i}.{m}.weight" for i in range(config.num_layers) for m in per_layer}
+        names.add("lm_head.weight")
+        if config.feature_size:
+            names.add("fc.weight")
+        return cls(config, frozenset(names))
+
+    def linear_weights(self) -> set[str]:
+        """Names of the ``nn.Linear`` weights (``lm_head.weight`` always; never a feature draft's ``fc``, which reads
+        raw features)."""
+        return (set(self.linear) | {"lm_head.weight"}) - {"fc.weight"}
+
+    def default_mx_weights(self) -> list[str]:
+        """The Linear weights ``accel.compress`` picks by default: every ``nn.Linear`` except ``lm_head`` (the one
+        Linear a ``Decoder`` can tie to its embedding)."""
+        return sorted(n for n in self.linear if n.split(".")[-2] != "lm_head")
 
 
 class ExportTensors(Mapping[str, Any]):
@@ -62,7 +114,7 @@ class ExportTensors(Mapping[str, Any]):
         return len(self.names)
 
 
-def _mx_of(module: torch.nn.Module) -> Any | None:
+def _mx_of(module: Any) -> Any | None:
     """The MXTensor weight of a compressed Linear (``accel.formats.torch_ops.MXLinear``), else None."""
     if getattr(module, "mx", None) is not None:
         return module.mx
@@ -72,25 +124,10 @@ def _mx_of(module: torch.nn.Module) -> Any | None:
     return None
 
 
-def _linear_weights(model: torch.nn.Module) -> set[str]:
-    """Names of the weights of ``nn.Linear`` modules (``lm_head.weight`` always; never a feature draft's ``fc``, which
-    reads raw features)."""
-    names = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    return (names | {"lm_head.weight"}) - {"fc.weight"}
-
-
-def _default_mx_weights(model: torch.nn.Module) -> list[str]:
-    """The Linear weights ``accel.compress`` picks by default: every ``nn.Linear`` except ``lm_head`` (the one Linear a
-    ``Decoder`` can tie to its embedding). Works on a model on the meta device."""
-    return sorted(
-        f"{n}.weight"
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and n.split(".")[-1] != "lm_head"
-    )
-
-
 def model_tensors(
-    model: Decoder, weights: ExportWeights | WeightFormat | str, source: Mapping[str, np.ndarray] | None = None
+    model: Decoder | ExportLayout,
+    weights: ExportWeights | WeightFormat | str,
+    source: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[ExportTensors, str | None]:
     """Weights of ``model`` by ``Decoder`` name (float32 numpy or MXTensor, converted lazily) for ``weights``; and
     the MX format used.
@@ -100,10 +137,13 @@ def model_tensors(
     A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and the ``*-nbits``
     formats: there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
+    layout = model if isinstance(model, ExportLayout) else ExportLayout.of_model(model)
     spec = ExportWeights.of(weights)
     fmt = spec.format
-    base = decoder_tensors(model) if source is None else source
-    tied = model.config.tie_word_embeddings
+    if source is None and layout.model is None:
+        raise BackendError("model_tensors needs a source for a layout without its model")
+    base = decoder_tensors(layout.model) if source is None else source
+    tied = layout.config.tie_word_embeddings
     names = [n for n in base if not (tied and n == "lm_head.weight")]
     alias: dict[str, str] = {}
     if tied and (fmt == WeightFormat.INT8 or fmt.is_nbits):
@@ -112,13 +152,13 @@ def model_tensors(
     convert: dict[str, Callable[[Any], Any]] = {}
     if "lm_head_token_ids" in base:  # restricted head: its token ids (int64) go into the graph as is
         convert["lm_head_token_ids"] = lambda t: np.asarray(t).astype(np.int64)
-    mx_modules = {f"{n}.weight": mx for n, m in model.named_modules() if (mx := _mx_of(m)) is not None}
+    mx_modules = layout.mx
     names += [n for n in mx_modules if n not in base]  # a compressed Linear's weight is no parameter
     if fmt in (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8):  # int8: quantized in the graph writer
         for name, mx in mx_modules.items():
             convert[name] = partial(_dequantized, mx)
         return ExportTensors(base, names, convert, alias), None
-    used_format = _mx_weights(model, spec, names, mx_modules, convert)
+    used_format = _mx_weights(layout, spec, names, mx_modules, convert)
     return ExportTensors(base, names, convert, alias), used_format
 
 
@@ -135,7 +175,7 @@ def _itself(mx: Any, _: Any) -> Any:
 
 
 def _mx_weights(
-    model: Decoder, spec: ExportWeights, names: list[str], mx_modules: dict[str, Any], convert: dict[str, Any]
+    layout: ExportLayout, spec: ExportWeights, names: list[str], mx_modules: dict[str, Any], convert: dict[str, Any]
 ) -> str:
     """Set the conversions of an MX mode's weights in ``convert``; returns the element format(s) used."""
     from accel.formats import get_format, quantize
@@ -151,12 +191,12 @@ def _mx_weights(
                 f"weights={spec.format.value!r} runs {element.name} weights only; this model is compressed with "
                 f"{', '.join(other)} (use mx-packed or mx-rounded, or compress with {element.name})"
             )
-        linear = _linear_weights(model)
+        linear = layout.linear_weights()
         chosen = sorted(n for n in names if n in linear and n not in mx_modules)
     elif mx_modules:
         return ",".join(sorted({mx.fmt.name for mx in mx_modules.values()}))
     else:
-        chosen = [n for n in _default_mx_weights(model) if n in names]  # as accel.compress: not lm_head
+        chosen = [n for n in layout.default_mx_weights() if n in names]  # as accel.compress: not lm_head
         element = get_format(spec.mx_format)
 
     def to_mx(arr: np.ndarray, name: str) -> Any:

@@ -32,6 +32,7 @@ from accel.backends.base import (
     check_tree_inputs,
 )
 from accel.backends.ort_graph import GraphContract, check_inplace_cache, inspect_graph
+from accel.backends.ort_session import open_session
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.errors import BackendError
 
@@ -62,6 +63,8 @@ class OrtBackend:
             call's shape (tested bit for bit); a one-token step costs about one more row.
         profile: a file prefix: onnxruntime records every node's time (its profiler) from the first call; the JSON
             is written by ``session.end_profiling()`` (``benchmarks/mx.py --profile`` sums it per operator).
+        optimized_dir: keep the optimized graph there and open it directly next time (``accel.backends.ort_session``:
+            skips onnxruntime's graph optimization, most of the creation time of an ``mx-packed`` graph).
     """
 
     def __init__(
@@ -75,25 +78,19 @@ class OrtBackend:
         spin: bool = False,
         min_rows: int | None = None,
         profile: str | Path | None = None,
+        optimized_dir: str | Path | None = None,
     ) -> None:
         path = Path(path)
         if not path.is_file():
             raise BackendError(f"no ONNX file at {path}")
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        if profile is not None:
-            opts.enable_profiling, opts.profile_file_prefix = True, str(profile)
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise BackendError(f"threads must be an int >= 1; got {threads!r}")
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
-        except Exception as exc:
-            raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        self.session = open_session(
+            path,
+            threads=threads,
+            spin=spin,
+            providers=providers or ["CPUExecutionProvider"],
+            optimized_dir=optimized_dir,
+            profile=profile,
+        )
         c = inspect_graph(self.session, str(path))
         if batch_size is not None and batch_size != c.batch_size:
             raise BackendError(f"{path} was exported for batch size {c.batch_size}, not {batch_size}")

@@ -17,6 +17,10 @@ give the model input it was not trained on (give the model's ``tokenizer.json`` 
 ``smaug-bpe``                               up to 3 digits, a newline run kept apart
 ``qwen2``, ``deepseek-r1-qwen``             Qwen2's regex (Llama 3's with single digits), after NFC normalization
 ``tekken``                                  Mistral Tekken's regex (upper/lower case runs)
+``default``, or no ``tokenizer.ggml.pre``   llama.cpp's fallback (``LLAMA_VOCAB_PRE_TYPE_DEFAULT``): four splits in
+                                            turn, each keeping what it does not match as pieces too: runs of
+                                            punctuation and ``$+<=>^~|``, GPT-2's regex, digit runs, then ``[0-9]{3}``
+                                            groups from the left; with a ``TokenizerWarning`` naming it
 ==========================================  =====================================================================
 
 Control tokens (``token_type`` 3) are special tokens, user-defined ones (4) are matched whole; BOS is prepended when
@@ -25,10 +29,11 @@ Control tokens (``token_type`` 3) are special tokens, user-defined ones (4) are 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
-from accel.errors import ModelError
+from accel.errors import ModelError, TokenizerWarning
 
 __all__ = ["GGUF_PRE_TOKENIZERS", "gguf_tokenizer"]
 
@@ -46,8 +51,13 @@ _TEKKEN = (
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+#: llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT (src/llama-vocab.cpp): splits applied one after the other
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
 #: ``tokenizer.ggml.pre`` -> (family, split regex or None for GPT-2's, NFC normalization)
 GGUF_PRE_TOKENIZERS: dict[str, tuple[str, str | None, bool]] = {
+    "default": ("default", None, False),
     **{name: ("gpt2", None, False) for name in ("gpt-2", "gpt2")},
     **{name: ("digits+gpt2", None, False) for name in ("smollm", "starcoder", "refact", "command-r")},
     **{name: ("llama3", _LLAMA3, False) for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")},
@@ -68,9 +78,24 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def _pre_tokenizer(pre: str | None) -> tuple[Any, Any]:
-    """(pre-tokenizer, normalizer or None) of a ``tokenizer.ggml.pre`` name; ModelError for an unknown one."""
+    """(pre-tokenizer, normalizer or None) of a ``tokenizer.ggml.pre`` name; ModelError for an unknown one.
+
+    No name (the key is absent, as in GGUFs converted before llama.cpp recorded it) means ``"default"``, as in
+    llama.cpp; both warn (``TokenizerWarning``), since the fallback split may not be the model's own."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
+    if pre is None or pre == "default":
+        said = "is missing" if pre is None else "is 'default'"
+        warnings.warn(
+            f"GGUF tokenizer.ggml.pre {said}: using llama.cpp's 'default' pre-tokenizer (punctuation runs, GPT-2's "
+            "regex, digits in groups of 3); tokens may differ from the model's own tokenizer.json (--tokenizer)",
+            TokenizerWarning,
+            stacklevel=4,
+        )
+        isolated = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in _DEFAULT_SPLITS]
+        return pre_tokenizers.Sequence(
+            [*isolated, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        ), None
     if pre not in GGUF_PRE_TOKENIZERS:
         raise ModelError(
             f"GGUF tokenizer.ggml.pre={pre!r} is not supported (its text split is unknown, so the tokens would differ "

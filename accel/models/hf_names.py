@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
+
+if TYPE_CHECKING:  # torch is needed only for GPT-2's fused projection (a Llama-family rename is torch-free)
+    import torch
 
 __all__ = ["HEAD_IDS", "HF_HEAD_IDS", "IGNORED_HF_SUFFIXES", "accel_to_hf", "hf_to_accel"]
 
@@ -102,6 +103,8 @@ def accel_to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> dict[
             else:
                 out[f"model.{name}"] = t
         return out
+    import torch
+
     inverse = {v: k for k, v in _GPT2_LAYER.items()}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name, t in state.items():

@@ -197,24 +197,28 @@ def _bin_file(path: Path) -> tuple[dict[str, Loader], dict[str, tuple[int, ...]]
 
 
 def _rename(config: ModelConfig, loaders: dict[str, Loader], shapes: dict[str, tuple[int, ...]]) -> CheckpointTensors:
-    """HF names -> ``Decoder`` names, lazily: the mapping (``accel.models.hf_names.hf_to_accel``, which splits GPT-2's
-    fused ``c_attn`` and transposes its Conv1D weights) is worked out once on shape-only (meta) tensors and applied to
-    each tensor's data when it is read."""
-    import torch
-
+    """HF names -> ``Decoder`` names, lazily (``accel.models.hf_names.hf_to_accel``). For the Llama family it is a
+    rename, worked out on the names alone (no torch); GPT-2's fused ``c_attn`` split and Conv1D transposes are worked
+    out once on shape-only (meta) torch tensors and applied to each tensor's data when it is read."""
     from accel.models.hf_names import hf_to_accel
 
     out_loaders: dict[str, Loader] = {}
     out_shapes: dict[str, tuple[int, ...]] = {}
     for hf_name, shape in shapes.items():
-        produced = hf_to_accel(config, {hf_name: torch.empty(shape, device="meta")})
+        produced = hf_to_accel(config, {hf_name: _meta(shape) if config.model_type == "gpt2" else shape})
         for name, meta in produced.items():
-            out_shapes[name] = tuple(meta.shape)
+            out_shapes[name] = tuple(meta if isinstance(meta, tuple) else meta.shape)
             if name == hf_name or (hf_name.startswith("model.") and name == hf_name[len("model.") :]):
                 out_loaders[name] = loaders[hf_name]  # a plain rename: no torch round trip
             else:
                 out_loaders[name] = partial(_converted, config, hf_name, name, loaders[hf_name])
     return CheckpointTensors(out_loaders, out_shapes)
+
+
+def _meta(shape: tuple[int, ...]) -> Any:
+    import torch
+
+    return torch.empty(shape, device="meta")
 
 
 def _converted(config: ModelConfig, hf_name: str, name: str, load: Loader) -> np.ndarray:

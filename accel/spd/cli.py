@@ -125,7 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 #: drafts with at least this many parameters get the target's threads by default (measured: a 9 M draft runs best on
-#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md)
+#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md). The crossover between the two is not measured yet:
+#: benchmarks/draft_threads.py (random drafts of 30 M-360 M parameters) is the measurement to set it from.
 _WIDE_DRAFT_PARAMS = 100_000_000
 
 
@@ -160,6 +161,16 @@ def _model_config(path: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise SpdError(f"{where}: must hold a JSON object, got {type(cfg).__name__}")
     return cfg
+
+
+def _onnx_metadata(path: Path) -> dict[str, str]:
+    """The ``metadata_props`` of an ONNX file ({} when unreadable: OrtBackend then reports the file)."""
+    import onnx
+
+    try:
+        return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    except Exception:  # protobuf DecodeError
+        return {}
 
 
 def _draft_threads(args: argparse.Namespace, feature_draft: bool) -> int | None:
@@ -222,8 +233,13 @@ def _open_backend(
         raise SpdError(f"--backend ort needs an .onnx file, a .gguf file or a checkpoint directory; got {path}")
     import time
 
+    from accel.models.smollm2 import cache_root
+
+    # a graph that decodes packed MX weights in the graph spends most of its session creation folding them: keep
+    # onnxruntime's optimized graph (accel.backends.ort_session); other graphs gain too little for a second copy
+    packed = _onnx_metadata(path).get("accel.weights") == "mx-packed"
     t0 = time.perf_counter()
-    backend = OrtBackend(path, batch_size=1, threads=threads)
+    backend = OrtBackend(path, batch_size=1, threads=threads, optimized_dir=cache_root() / "ort" if packed else None)
     if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
         print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return backend

@@ -141,7 +141,7 @@ def test_int8_has_no_size_limit_and_keeps_fc_float(tmp_path, monkeypatch):
 _CHILD = """
 import json, sys
 from accel.backends.export import export_onnx, onnx_file_bytes
-import accel.models.sources, onnxruntime  # the baseline includes what an export imports
+import accel.models.sources  # the baseline includes what an export imports (no torch, no onnxruntime)
 kib = lambda key: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) * 1024
 base = kib("VmRSS")
 path = export_onnx(sys.argv[1], sys.argv[2], ctx_len=64, weights=sys.argv[3], progress=False)
@@ -174,3 +174,62 @@ def test_export_peak_memory_is_about_one_tensor(tmp_path):
     assert r["out"] > 450e6
     assert r["peak"] - r["base"] < 0.5 * r["out"], r
     assert r["peak"] < 1.5 * r["out"], r
+
+
+@pytest.mark.parametrize(
+    "kw",
+    (
+        dict(tied=True),
+        dict(tied=False, qkv_bias=True),
+        dict(
+            tied=False,
+            mlp="plain",
+            positions="learned",
+            activation="gelu_tanh",
+            norm="layer",
+            max_position_embeddings=64,
+        ),
+        dict(tied=False, feature_size=48, embed_size=32),
+        dict(tied=False, head_vocab=40),
+    ),
+)
+def test_layout_from_config_equals_decoder_layout(kw):
+    """A checkpoint path is exported from a layout derived from its config alone (no torch model): it must name the
+    same Linear weights, and so pick the same MX / int8 / nbits weights, as the Decoder it stands for."""
+    import torch
+
+    from accel.backends.export_tensors import ExportLayout
+
+    cfg = _config(**kw)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    from_model, from_config = ExportLayout.of_model(model), ExportLayout.of_config(cfg)
+    assert from_config.linear == from_model.linear
+    assert from_config.linear_weights() == from_model.linear_weights()
+    assert from_config.default_mx_weights() == from_model.default_mx_weights()
+    assert ("fc.weight" in from_config.linear) == bool(cfg.feature_size)
+
+
+def test_checkpoint_export_needs_no_torch(tmp_path):
+    """``accel export`` of a checkpoint directory and of a GGUF file, every weight family, with torch blocked: the
+    streaming export reads the files itself and imports neither torch nor onnxruntime (a smaller resident baseline)."""
+    from tests.test_core_without_torch import BLOCK_TORCH
+
+    cfg = _config(tied=True)
+    sources = [
+        write_random_checkpoint(cfg, tmp_path / "ckpt", kind="safetensors", std=0.1),
+        write_random_checkpoint(cfg, tmp_path / "m.gguf", kind="gguf", std=0.1),
+    ]
+    code = BLOCK_TORCH + (
+        "from accel.cli import main\n"
+        "for src in sys.argv[1:3]:\n"
+        "    for w in ('fp32', 'int8', 'mx-packed', 'mxint8-nbits'):\n"
+        "        assert main(['export', src, '-o', sys.argv[3], '--weights', w, '--ctx-len', '32', '--quiet']) == 0\n"
+        "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules, 'imported'\n"
+        "print('ok')\n"
+    )
+    out = tmp_path / "e.onnx"
+    run = subprocess.run([sys.executable, "-c", code, *map(str, sources), str(out)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+    streamed = export_onnx(sources[1], tmp_path / "s.onnx", ctx_len=32, weights="mxint8-nbits", progress=False)
+    _same_model(out, streamed)  # the last export of the torch-free run equals one made with torch imported

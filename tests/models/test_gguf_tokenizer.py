@@ -119,7 +119,13 @@ def test_gpt2_rule_differs(tmp_path, vocab, pre):
 
 @pytest.mark.parametrize(
     ("pre", "words"),
-    [("gpt-2", ["12345"]), ("smollm", list("12345")), ("llama-bpe", ["123", "45"]), ("qwen2", list("12345"))],
+    [
+        ("gpt-2", ["12345"]),
+        ("smollm", list("12345")),
+        ("llama-bpe", ["123", "45"]),
+        ("qwen2", list("12345")),
+        ("default", ["123", "45"]),
+    ],
 )
 def test_number_split(tmp_path, vocab, pre, words):
     """How each family splits a number before the merges (GPT-2: whole; SmolLM2, Qwen2: digits; Llama 3: by 3)."""
@@ -136,11 +142,49 @@ def test_add_bos_token(tmp_path, vocab):
     assert [ours.encode(t).ids for t in CORPUS] == _transformers_ids(path)
 
 
-@pytest.mark.parametrize("pre", ["deepseek-llm", "default", None])
-def test_unknown_pre_tokenizer_is_refused(tmp_path, vocab, pre):
-    path = _gguf(tmp_path, vocab, pre)  # None: no tokenizer.ggml.pre at all
-    with pytest.raises(ModelError, match=rf"tokenizer.ggml.pre={pre!r} is not supported.*--tokenizer"):
+def test_unknown_pre_tokenizer_is_refused(tmp_path, vocab):
+    path = _gguf(tmp_path, vocab, "deepseek-llm")
+    with pytest.raises(ModelError, match=r"tokenizer.ggml.pre='deepseek-llm' is not supported.*--tokenizer"):
         gguf_tokenizer(path)
+
+
+#: llama.cpp's 'default' split (LLAMA_VOCAB_PRE_TYPE_DEFAULT), worked out by hand from its four regexes applied in
+#: turn (punctuation runs incl. $+<=>^~|; GPT-2's regex without its last ``\s+``; digit runs; groups of 3 digits)
+DEFAULT_SPLITS = [
+    ("Hello, world!", ["Hello", ",", " world", "!"]),
+    (" (x)", [" ", "(", "x", ")"]),  # GPT-2: " (", "x", ")"
+    ("don't", ["don", "'", "t"]),  # the apostrophe is punctuation first; GPT-2: "don", "'t"
+    (" 2024", [" ", "202", "4"]),  # GPT-2: " 2024"
+    ("12345", ["123", "45"]),
+    ("a  b\n\n c", ["a", " ", " b", "\n\n", " c"]),
+    ("x+=1", ["x", "+=", "1"]),
+    ("a`b", ["a", "`", "b"]),  # the backtick is a symbol, not punctuation: GPT-2's regex splits it
+    ("$5.99|~^", ["$", "5", ".", "99", "|~^"]),
+]
+
+
+@pytest.mark.parametrize("pre", ["default", None])
+def test_default_pre_tokenizer_is_llama_cpp_fallback(tmp_path, vocab, pre):
+    """'default' or no tokenizer.ggml.pre: llama.cpp's fallback split, with a one-line warning naming it; the tokens
+    are the GPT-2-split tokens of each hand-derived piece (so only the split is under test, and the GPT-2 rule on the
+    whole text, the wrong variant, differs)."""
+    from accel.errors import TokenizerWarning
+
+    said = "is missing" if pre is None else "is 'default'"
+    with pytest.warns(TokenizerWarning, match=rf"tokenizer.ggml.pre {said}: using llama.cpp's 'default'") as caught:
+        tok = gguf_tokenizer(_gguf(tmp_path, vocab, pre))
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    gpt2 = gguf_tokenizer(_gguf(tmp_path, vocab, "gpt-2"))
+    byte = lambda s: s.replace(" ", "\u0120").replace("\n", "\u010a")  # noqa: E731  (ByteLevel's symbols)
+    split_differs = ids_differ = 0
+    for text, pieces in DEFAULT_SPLITS:
+        assert [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text)] == [byte(p) for p in pieces], text
+        expected = [i for p in pieces for i in gpt2.encode(p).ids]
+        assert tok.encode(text).ids == expected, text
+        assert tok.decode(expected) == text
+        split_differs += [w for w, _ in gpt2.pre_tokenizer.pre_tokenize_str(text)] != [byte(p) for p in pieces]
+        ids_differ += gpt2.encode(text).ids != expected
+    assert split_differs == 4 and ids_differ >= 1  # " (x)", "don't", " 2024", "12345"
 
 
 # ----------------------------------------------------------------------------------- SentencePiece (Llama 2, Mistral)

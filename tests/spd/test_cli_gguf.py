@@ -99,3 +99,18 @@ def test_generate_smollm2_gguf_end_to_end(tmp_path, monkeypatch, capsys):
     spd = _generate([*common, "--draft", gguf, "--draft-weights", "int8", "--k", "3"], capsys)
     assert spd["tokens"] == ar["tokens"] and len(ar["tokens"][0]) == 12
     assert spd["stats"]["alpha_counts"] > 0.5  # the int8 copy of the target agrees with it almost always
+
+
+def test_mx_packed_target_keeps_its_optimized_graph(gguf_pair, tmp_path, monkeypatch, capsys):
+    """An mx-packed target's optimized graph is kept in $ACCEL_CACHE/ort and reused on the next run (same tokens);
+    an fp32 draft's is not (it gains too little for a second copy)."""
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    target, draft = gguf_pair
+    args = ["--target", str(target), "--draft", str(draft), "--prompt", "hello world", "--greedy"]
+    args += ["--max-new-tokens", "6", "--ctx-len", "32", "--threads", "1", "--target-weights", "mx-packed"]
+    first = _generate(args, capsys)
+    kept = sorted(p.name for p in (tmp_path / "cache" / "ort").iterdir())
+    assert len(kept) == 1 and kept[0].startswith("target-")
+    second = _generate(args, capsys)
+    assert sorted(p.name for p in (tmp_path / "cache" / "ort").iterdir()) == kept
+    assert second["tokens"] == first["tokens"]
