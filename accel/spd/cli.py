@@ -124,10 +124,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-#: drafts with at least this many parameters get the target's threads by default (measured: a 9 M draft runs best on
-#: 1 thread, a 0.5 B one 1.5x faster on 2 than on 1; docs/spd.md). The crossover between the two is not measured yet:
-#: benchmarks/draft_threads.py (random drafts of 30 M-360 M parameters) is the measurement to set it from.
-_WIDE_DRAFT_PARAMS = 100_000_000
+#: drafts with at least this many parameters get the target's threads by default. Measured (benchmarks/draft_threads.py,
+#: RESULTS.md): the shipped 9 M draft runs best on 1 thread; random drafts of 28 M, 61 M and 135 M parameters beside a
+#: 1.7B target gave 1.07-1.10x the SpD tokens/s on 2 threads, and a 0.5B draft 1.46x.
+_WIDE_DRAFT_PARAMS = 20_000_000
 
 
 def _is_gguf(path: Path) -> bool:

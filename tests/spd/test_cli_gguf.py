@@ -74,11 +74,14 @@ def test_generate_gguf_prompt_is_tokenized_by_the_gguf(gguf_pair, tmp_path, monk
 
 
 def test_draft_threads_default_from_size(tmp_path):
-    """1 thread for a small draft, the target's --threads for a draft of >= 100 M parameters (config only)."""
+    """1 thread for a small draft, the target's --threads for a draft of >= 20 M parameters (config only)."""
     from accel.spd.cli import _draft_threads
 
     small, large = tmp_path / "small", tmp_path / "large"
-    for d, cfg in ((small, preset_config("smollm2-135m").with_(num_layers=2)), (large, preset_config("qwen2.5-0.5b"))):
+    for d, cfg in (
+        (small, preset_config("smollm2-135m").with_(num_layers=2, vocab_size=8192)),
+        (large, preset_config("qwen2.5-0.5b")),
+    ):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg.to_hf()))
     ns = argparse.Namespace(threads=2, draft=str(small))
