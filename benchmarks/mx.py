@@ -23,6 +23,7 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 
     flock /work/helpers/bench.lock python benchmarks/mx.py --profile 20   # ~5 minutes on 2 cores
     python benchmarks/mx.py --quick                                    # fewer repeats, no accuracy
+    flock /work/helpers/bench.lock python benchmarks/mx.py --sim-check # steps of the simulated exports + accel.sim
 
 Prints tables and writes results/mx.json. Timings on a shared machine are noisy: compare ratios from one run.
 """
@@ -187,23 +188,22 @@ def measure_accuracy(model, backends: dict[str, OrtBackend], prompts: int, new_t
 def predict(threads: int) -> dict[str, dict[str, float]]:
     """accel.sim step times (ms) of SmolLM2-135M after PAST tokens on a ``measure_host`` profile of this machine, per
     export and rows per call (S=1, S=2: the padded one-token call, S=SCORE); the head in the weight format, as the
-    exports hold it. ``streamed``: the same profile with the MX bytes themselves streamed (no 8-bit kernel rate)."""
+    exports hold it, over every row (the exports return every row's logits, padding included). ``streamed``: the
+    same profile with the MX bytes themselves streamed (no 8-bit kernel rate)."""
     from accel.sim import measure_host, step_time
 
     hw = measure_host(ort_threads=threads)
     streamed = hw.model_copy(update={"decompress_elements_per_s": {}})
     out: dict[str, dict[str, float]] = {"_profile": {"notes": hw.notes}}  # type: ignore[dict-item]
+
+    def ms(h, fmt: str, s: int) -> float:  # the head over all s rows, in the weight format
+        t = step_time("smollm2-135m", h, weight_format=fmt, context_len=PAST, new_tokens=s, num_logits=s,
+                      compress_lm_head=True)  # fmt: skip
+        return t.time_s * 1e3
+
     for label, fmt in SIM_FORMATS.items():
-        out[label] = {
-            f"S={s}": step_time(
-                "smollm2-135m", hw, weight_format=fmt, context_len=PAST, new_tokens=s, compress_lm_head=True
-            ).time_s
-            * 1e3
-            for s in (1, 2, SCORE)
-        }
-        out[label]["streamed S=1"] = (
-            step_time("smollm2-135m", streamed, weight_format=fmt, context_len=PAST, compress_lm_head=True).time_s * 1e3
-        )
+        out[label] = {f"S={s}": ms(hw, fmt, s) for s in (1, 2, SCORE)}
+        out[label]["streamed S=1"] = ms(streamed, fmt, 1)
     return out
 
 
@@ -246,14 +246,8 @@ def report(r: dict) -> None:
     for name, t in steps.items():
         s1, sk = t["S=1"], t[f"S={SCORE}"]
         print(f"{name:<22}{s1:>9.2f}{fp32['S=1'] / s1:>7.2f}x{sk:>9.2f}{fp32[f'S={SCORE}'] / sk:>7.2f}x")
-    g = r["gemv"]
-    print("\nGEMV [1, 4096] x [4096, 8192]: ms, GB/s of the stored bytes, GB/s counted as MXFP6 bytes (6.25 bit)")
-    base = g["fp32 MatMul"]["stored_GB_s"]
-    for name, v in g.items():
-        line = f"{name:<22}{v['ms']:>8.2f} ms {v['stored_GB_s']:>7.2f} GB/s"
-        if name != "fp32 MatMul":
-            line += f" {v['mxfp6_GB_s']:>7.2f} GB/s as MXFP6 = {v['mxfp6_GB_s'] / base:.0%} of the fp32 GEMV's"
-        print(line)
+    if r.get("gemv"):
+        report_gemv(r["gemv"])
     if r.get("accuracy"):
         print("\naccuracy vs the fp32 export (teacher-forced on its greedy continuations)")
         for name, a in r["accuracy"].items():
@@ -262,6 +256,17 @@ def report(r: dict) -> None:
         report_sim(r["predicted_ms"], steps)
     if r.get("profile"):
         report_profile(r["profile"])
+
+
+def report_gemv(g: dict) -> None:
+    """The GEMV table: ms, stored bytes' GB/s, and GB/s counted as MXFP6 bytes."""
+    print("\nGEMV [1, 4096] x [4096, 8192]: ms, GB/s of the stored bytes, GB/s counted as MXFP6 bytes (6.25 bit)")
+    base = g["fp32 MatMul"]["stored_GB_s"]
+    for name, v in g.items():
+        line = f"{name:<22}{v['ms']:>8.2f} ms {v['stored_GB_s']:>7.2f} GB/s"
+        if name != "fp32 MatMul":
+            line += f" {v['mxfp6_GB_s']:>7.2f} GB/s as MXFP6 = {v['mxfp6_GB_s'] / base:.0%} of the fp32 GEMV's"
+        print(line)
 
 
 def report_sim(p: dict, steps: dict) -> None:
@@ -305,6 +310,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48, help="fp32 greedy tokens per prompt (default 48)")
     ap.add_argument("--spin", action="store_true", help="idle threads spin (onnxruntime default; OrtBackend: off)")
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
+    ap.add_argument("--sim-check", action="store_true", help="only the simulated exports' steps and accel.sim (~2 min)")
     ap.add_argument("--out", default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
@@ -314,21 +320,23 @@ def main() -> None:
     model = load_checkpoint(smollm2_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
         backends, paths = {}, {}
-        for name, w in tqdm(EXPORTS.items(), desc="export", unit="file"):
+        exports = {n: w for n, w in EXPORTS.items() if n in SIM_FORMATS or not args.sim_check}
+        for name, w in tqdm(exports.items(), desc="export", unit="file"):
             path = Path(tmp) / f"{len(paths)}.onnx"
             paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False)
             backends[name] = OrtBackend(paths[name], threads=args.threads, spin=args.spin)
             if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
                 backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1, spin=args.spin)
         scored = {n: b for n, b in backends.items() if not n.endswith("1 row")}  # the same logits as padded
-        with tqdm(total=repeats + (0 if args.quick else len(scored)), desc="mx benchmark") as bar:
+        accuracy = not (args.quick or args.sim_check)
+        with tqdm(total=repeats + (len(scored) if accuracy else 0), desc="mx benchmark") as bar:
             r["steps"] = time_steps(backends, repeats, bar)
-            if not args.quick:
+            if accuracy:
                 r["accuracy"] = measure_accuracy(model, scored, args.prompts, args.new_tokens, bar)
         del backends, scored
         if args.profile:
             r["profile"] = profile_ops(paths, args.threads, args.profile, Path(tmp))
-    r["gemv"] = time_gemv(args.threads, repeats)
+    r["gemv"] = None if args.sim_check else time_gemv(args.threads, repeats)
     r["predicted_ms"] = None if args.quick else predict(args.threads)
     r["load_end"] = os.getloadavg()[0]
     report(r)

@@ -17,6 +17,9 @@ What the roofline does not know are explicit, documented, fittable terms (defaul
 - ``multi_token_penalty`` (beta) and ``multi_token_exponent`` (gamma): a call with r = batch * new_tokens rows
   streams weights ``1 + beta * (r - 1) ** gamma`` times slower than a single row (docs/reference.md §8: on the 2-core
   EPYC a matmul with 2-16 rows streams at ~4-5 GB/s vs ~16 GB/s for one row). 0 = the pure roofline.
+  ``decompress_multi_token_penalty`` / ``decompress_multi_token_exponent``: the same factor for the decompression
+  term (a kernel-bound product, e.g. onnxruntime's 8-bit ``MatMulNBits`` on a CPU, whose int8 activation quantization
+  and integer GEMM grow with the rows unlike a memory stream); ``None`` = the memory terms above.
 - links (tensor parallelism): one all-reduce of b bytes over n devices costs
   ``allreduce_latency_s + link_latency_s * ceil(log2 n) + 2 (n - 1) / n * b / link_bandwidth_bytes_per_s``.
 """
@@ -72,6 +75,10 @@ class Hardware(SimModel):
     decompress_overlap: bool = True
     multi_token_penalty: float = Field(default=0.0, ge=0)
     multi_token_exponent: float = Field(default=1.0, gt=0, le=2.0)
+    decompress_multi_token_penalty: float | None = Field(default=None, ge=0, description="None: multi_token_penalty")
+    decompress_multi_token_exponent: float | None = Field(
+        default=None, gt=0, le=2.0, description="None: multi_token_exponent"
+    )
     usable_memory_fraction: float = Field(
         default=0.9, gt=0, le=1.0, description="capacity left for weights + KV after runtime/activations"
     )

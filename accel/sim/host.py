@@ -14,9 +14,13 @@
   (``accel.sim.host_layers``) with MXFP6 weights on ``MatMulNBits`` and with float32 weights, at 1, 2, 4 rows:
   ``layer_overhead_s`` = the 8-bit layer less its weights at the kernel's rate (the fixed cost of the layer's ~34
   nodes; its 8-bit weights are a small share of it), ``bandwidth_efficiency`` from the float32 layer less that
-  overhead (float32 weights streamed inside a layer), and the float32 layer's growth over rows is the multi-token
-  term (``multi_token_penalty``, ``multi_token_exponent``), which on a host applies to the decompression-bound
-  kernel as to the memory-bound one.
+  overhead (float32 weights streamed inside a layer), the float32 layer's growth over rows (less the overhead) is the
+  multi-token term of memory-bound products (``multi_token_penalty``, ``multi_token_exponent``) and the 8-bit
+  layer's growth over rows (less the overhead) that of the decompression-bound kernel
+  (``decompress_multi_token_penalty``, ``decompress_multi_token_exponent``: ``MatMulNBits`` quantizes every
+  activation row to int8 and runs an integer GEMM, so it grows with the rows faster than a float32 stream), and
+  ``call_overhead_s`` is the fixed cost of one call of that graph (its smaller graph less its layers; the one-node
+  call above is its floor).
 Timing uses ``time.perf_counter``; the machine may be shared, hence medians.
 """
 
@@ -228,12 +232,14 @@ def measure_host(
         num_devices=1,
         bandwidth_efficiency=min(1.0, terms.get("fp32_bytes_per_s", bw_ort) / bw),
         compute_efficiency=1.0,
-        call_overhead_s=overhead,
+        call_overhead_s=max(overhead, terms.get("call_s", 0.0)),
         layer_overhead_s=terms.get("layer_overhead_s", 0.0),
         decompress_elements_per_s=dict.fromkeys(NBITS_FORMATS, nbits_rate),
         decompress_overlap=True,
         multi_token_penalty=terms.get("beta", 0.0),
         multi_token_exponent=terms.get("gamma", 1.0),
+        decompress_multi_token_penalty=terms.get("dec_beta"),
+        decompress_multi_token_exponent=terms.get("dec_gamma"),
         usable_memory_fraction=0.8,
         source=f"measured by accel.sim.measure_host on {platform.node() or 'host'} "
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
@@ -254,7 +260,9 @@ def _layer_notes(lt: dict[str, dict[int, float]], terms: dict[str, float]) -> st
     return (
         f"decoder layer ms by rows fp32 {ms(lt['fp32'])} / MXFP6 on 8-bit MatMulNBits {ms(lt['nbits8'])} -> layer "
         f"overhead {terms['layer_overhead_s'] * 1e3:.3f} ms, float32 weights in a layer "
-        f"{terms['fp32_bytes_per_s'] / 1e9:.2f} GB/s."
+        f"{terms['fp32_bytes_per_s'] / 1e9:.2f} GB/s, multi-token (beta, gamma) fp32 ({terms['beta']:.3f}, "
+        f"{terms['gamma']:.2f}) / 8-bit ({terms['dec_beta']:.3f}, {terms['dec_gamma']:.2f}); graph call "
+        f"{terms.get('call_s', 0.0) * 1e3:.3f} ms."
     )
 
 
@@ -262,15 +270,26 @@ def layer_terms(times: dict[str, dict[int, float]], elements: int, nbits_rate: f
     """``Hardware`` terms from per-layer times (``measure_layer_times``) of a layer of ``elements`` weights and the
     8-bit ``MatMulNBits`` streaming rate (weights/s): the layer overhead = the 8-bit layer less its weights at that
     rate (at least 0; the 8-bit weights are a small share of that layer, so the split is robust), the float32
-    weights' bytes/s in a layer = bytes / (the float32 layer less the overhead), and the multi-token (beta, gamma)
-    of the float32 layer's weight time over its rows."""
+    weights' bytes/s in a layer = bytes / (the float32 layer less the overhead), the multi-token (beta, gamma) of the
+    float32 layer's weight time over its rows and (dec_beta, dec_gamma) of the 8-bit layer's, and ``call_s`` = the
+    graph's fixed seconds per call at one row (when ``times`` has ``"call"``)."""
     t32, t8 = times["fp32"], times["nbits8"]
     overhead = max(t8[1] - elements / nbits_rate, 0.0)
-    weights_s = {r: max(t - overhead, 1e-3 * t) for r, t in t32.items()}
-    beta, gamma = fit_multi_token(np.array(list(weights_s)), np.array(list(weights_s.values())))
-    return {
+
+    def growth(t: dict[int, float]) -> tuple[float, float]:  # (beta, gamma) of the layer less its overhead
+        weights_s = {r: max(x - overhead, 1e-3 * x) for r, x in t.items()}
+        beta, gamma = fit_multi_token(np.array(list(weights_s)), np.array(list(weights_s.values())))
+        return min(beta, 4.0), gamma
+
+    (beta, gamma), (dec_beta, dec_gamma) = growth(t32), growth(t8)
+    out = {
         "layer_overhead_s": overhead,
-        "fp32_bytes_per_s": 4.0 * elements / weights_s[1],
-        "beta": min(beta, 4.0),
+        "fp32_bytes_per_s": 4.0 * elements / max(t32[1] - overhead, 1e-3 * t32[1]),
+        "beta": beta,
         "gamma": gamma,
+        "dec_beta": dec_beta,
+        "dec_gamma": dec_gamma,
     }
+    if 1 in times.get("call", {}):
+        out["call_s"] = times["call"][1]
+    return out

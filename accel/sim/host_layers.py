@@ -7,7 +7,9 @@ Llama-style model with ``LayerShape`` layers and a tiny vocabulary, on ``OrtBack
 runtime's default), one decode call after ``past`` tokens, at ``layers[0]`` and ``layers[1]`` layers: the difference
 divided by the layers added is the time of one layer, free of the call's fixed cost and of the embedding and head.
 Measured for float32 weights and for MXFP6 (E2M3) weights on 8-bit ``MatMulNBits`` (int8 activations), at 1, 2 and 4
-rows per call. Timing is the median of ``calls`` calls, the two graphs interleaved.
+rows per call; and the fixed cost of one call of that graph (the smaller graph less its layers: the embedding
+gather, the mask and position nodes, the final norm and a 64-row head, onnxruntime's ``run``). Timing is the median
+of ``calls`` calls, the two graphs interleaved.
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ def measure_layer_times(
 ) -> dict[str, dict[int, float]]:
     """Seconds of one decoder layer per call of accel's onnxruntime graph, ``{"fp32" | "nbits8": {rows: s}}``: the
     time of a ``layers[1]``-layer graph less a ``layers[0]``-layer one, over the layers added (``rows`` new tokens
-    after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``). All calls of a kind are timed
-    round robin, so load drift hits every row count and both graphs alike."""
+    after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``); and ``"call": {rows: s}``,
+    the fixed seconds of a call (the ``layers[0]``-layer graph less its layers, the mean of the two kinds, at least
+    0). All calls of a kind are timed round robin, so load drift hits every row count and both graphs alike."""
     shape = shape or LayerShape()
     out: dict[str, dict[int, float]] = {}
+    fixed: dict[int, list[float]] = {r: [] for r in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("fp32", "nbits8"):
             pair = [_backend(shape, n, kind == "nbits8", 1, threads, Path(tmp)) for n in layers]
@@ -116,5 +120,8 @@ def measure_layer_times(
                         times[(j % 2, r)].append(time.perf_counter() - t0)
             added = layers[1] - layers[0]
             out[kind] = {r: max(float(np.median(times[(1, r)]) - np.median(times[(0, r)])), 1e-9) / added for r in rows}
+            for r in rows:
+                fixed[r].append(float(np.median(times[(0, r)])) - layers[0] * out[kind][r])
             del pair
+    out["call"] = {r: max(float(np.mean(v)), 0.0) for r, v in fixed.items()}
     return out

@@ -4,7 +4,8 @@ Per decoder layer (all layers are identical), on each of n tensor-parallel devic
 
     t_mem  = (W * g(r) + KV_read + KV_write + A) / (n * BW * e_bw)       r = B*S rows, g(r) = 1 + beta (r-1)^gamma
     t_comp = FLOPs / (n * peak[dtype] * e_comp)
-    t_dec  = compressed weight elements * g(r) / (n * decompress rate[format])  (0 when stored as computed)
+    t_dec  = compressed weight elements * g_dec(r) / (n * decompress rate[format])  (0 when stored as computed)
+             g_dec: g with the decompression path's own (beta, gamma) where the device gives them (hardware.py)
     t_op   = max(t_mem, t_comp, t_dec)   if the device overlaps decompression with the weight stream,
              max(t_mem, t_comp) + t_dec  otherwise
 
@@ -166,13 +167,20 @@ def step_arrays(
     def g(rows: np.ndarray) -> np.ndarray:  # multi-token weight-streaming factor (hardware.py)
         return 1.0 + hw.multi_token_penalty * np.maximum(rows - 1.0, 0.0) ** hw.multi_token_exponent
 
+    beta_dec, gamma_dec = hw.decompress_multi_token_penalty, hw.decompress_multi_token_exponent
+    beta_dec = hw.multi_token_penalty if beta_dec is None else beta_dec
+    gamma_dec = hw.multi_token_exponent if gamma_dec is None else gamma_dec
+
+    def g_dec(rows: np.ndarray) -> np.ndarray:  # the same factor for the decompression (kernel-bound) path
+        return 1.0 + beta_dec * np.maximum(rows - 1.0, 0.0) ** gamma_dec
+
     lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
     head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
     mem_l = (lay["weights"] * g(B * S) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
     mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
     comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
     # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression
-    dec_l, dec_h = lay["decompress"] * g(B * S) / (n * rate), head["decompress"] * g(B * NL) / (n * rate)
+    dec_l, dec_h = lay["decompress"] * g_dec(B * S) / (n * rate), head["decompress"] * g_dec(B * NL) / (n * rate)
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
     comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)
