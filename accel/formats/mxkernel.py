@@ -10,7 +10,7 @@ order (8-lane partial sums), so ``matmul`` matches the float64 product of the ex
 ``|y - y64| <= K * 2^-23 * (|x| @ |W|.T)`` (the test's tolerance, a standard bound for a K-term float32 dot product).
 Each output row is computed by the same operation sequence whatever the number of activation rows and threads.
 
-The kernel is C (``mxkernel.c``) compiled on first use (``mxkernel_build``); where that is not possible the numpy
+The kernel is C (``mxkernel*.c``) compiled on first use (``mxkernel_build``); where that is not possible the numpy
 path gives the same weights (``w.dequantize()``, exact) with a numpy matmul, after a one-line notice.
 """
 

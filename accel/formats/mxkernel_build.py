@@ -1,8 +1,10 @@
-"""Build and load the fused MX kernel (``mxkernel.c``): compiled on first use with the system C compiler, cached.
+"""Build and load the fused MX kernel (``mxkernel*.c``): compiled on first use with the system C compiler, cached.
 
-The C source ships inside the package. On the first call the library is compiled with ``$CC`` (else ``cc``, else
+The C sources ship inside the package: ``mxkernel.h`` (what the files share) and ``mxkernel.c`` (the API, the path
+dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path),
+compiled together into one library. On the first call the library is compiled with ``$CC`` (else ``cc``, else
 ``gcc``) into ``$ACCEL_CACHE/mxkernel/`` (``ACCEL_CACHE`` defaults to ``~/.cache/accel``) under a name that hashes the
-source, the compiler and the platform, written to a temporary file and renamed into place (safe when several processes
+sources, the compiler and the platform, written to a temporary file and renamed into place (safe when several processes
 build at once), then loaded with ctypes. Later processes load the cached file (a few milliseconds).
 
 ``ACCEL_MXKERNEL=numpy`` skips the kernel (the numpy path is used). When no compiler is found or the build or load
@@ -23,7 +25,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("mxkernel.c")
+_HERE = Path(__file__).parent
+#: the C files compiled together (the API file first) and the header they share
+SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi"))
+HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
 VERSION = 2
 #: seconds a compile may take before it is given up
@@ -58,13 +63,15 @@ def _compiler() -> str | None:
 
 
 def _library_path(cc: str) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256()
+    for path in (HEADER, *SOURCES):
+        key.update(path.read_bytes())
     key.update(f"{cc}|{platform.machine()}|{sys.platform}|{' '.join(_FLAGS)}|{VERSION}".encode())
     return cache_dir() / f"mxkernel-{key.hexdigest()[:16]}.so"
 
 
 def build(cc: str | None = None) -> Path:
-    """Compile ``mxkernel.c`` into the cache (if not there yet) and return the library's path.
+    """Compile the kernel's sources into the cache (if not there yet) and return the library's path.
 
     Raises RuntimeError (with the compiler's message) when no compiler is found or the compile fails."""
     cc = cc or _compiler()
@@ -77,13 +84,13 @@ def build(cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     try:
-        cmd = [cc, *_FLAGS, str(SOURCE), "-o", tmp, "-lm"]
+        cmd = [cc, *_FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
         os.replace(tmp, lib)
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"compiling {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from exc
+        raise RuntimeError(f"compiling {SOURCES[0].name} took over {BUILD_TIMEOUT_S} s") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

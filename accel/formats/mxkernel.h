@@ -1,0 +1,70 @@
+/* Fused MX decode kernels: y = x @ W^T read straight from packed MX codes and E8M0 block scales.
+ *
+ * Built on first use by accel/formats/mxkernel_build.py with the system C compiler (cc -O2 -shared -fPIC) and loaded
+ * with ctypes; accel falls back to numpy when that is not possible. Plain C99 + pthreads; the AVX2 paths are compiled
+ * with a function target attribute and chosen at run time, so one build runs on any x86-64 (and the portable path
+ * on any CPU). Never built with -ffast-math (it would flush subnormals process-wide and break exactness).
+ *
+ * Weight layout (accel.formats.MXTensor of shape [N, K] blocked along K, docs/formats.md): row n holds nblocks blocks
+ * of block_size codes, the codes of the whole padded [N, nblocks * block_size] array bit-packed LSB first in C order
+ * (FP6: 4 codes in 3 bytes; FP4: 2 codes a byte, first in the low nibble; 8-bit: a byte a code);
+ * scales[n * nblocks + b] is the E8M0 code of block b (value 2^(s - 127), 0xFF = NaN).
+ *
+ * Two paths compute each weight exactly (the same float32 value as accel.formats' decode, up to the sign of a zero):
+ * - portable (any format, any block size): value = lut[code] * 2^(s - 127) in float32, lut = fmt.code_values();
+ * - AVX2 + FMA (block 32; MXFP6 E2M3, MXFP4 E2M1, MXINT8): the codes of a block are unpacked in a register and mapped
+ *   to the integers value * 2^shift (E2M3: x8 in [-60, 60]; E2M1: x2 in [-12, 12]; INT8: x64 = the code itself) by a
+ *   byte shuffle, converted to float and multiplied by 2^(s - 127 - shift): an exact product.
+ * Each x row is then reduced with the same sequence of float32 FMAs whatever the number of rows in the call and the
+ * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
+ * tokens are scored with it. Rows of W are split over up to 16 threads of a pool kept between calls.
+ *
+ * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
+ * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c and
+ * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere).
+ */
+#ifndef MXKERNEL_H
+#define MXKERNEL_H
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MXK_X86 1
+#else
+#define MXK_X86 0
+#endif
+
+#define MXK_VERSION 2
+#define MXK_MAX_THREADS 16
+/* shared between the library's files, not exported from it */
+#define MXK_INTERNAL __attribute__((visibility("hidden")))
+
+enum { FAST_NONE = 0, FAST_E2M3 = 1, FAST_E2M1 = 2, FAST_INT8 = 3 };
+
+typedef struct {
+    const uint8_t *codes, *scales;
+    const float *lut; /* 256 floats: value of each code (portable path) */
+    const float *x;   /* [S, xstride] float32, columns K..xstride-1 zero */
+    float *y;         /* [S, N] */
+    int64_t n, k, nblocks, s, xstride;
+    int bits, block, fast;
+} job_t;
+
+/* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
+static inline float scale_value(uint8_t s, int shift) { return s == 0xFF ? NAN : ldexpf(1.0f, (int)s - 127 - shift); }
+
+/* SCALES[fast][s] = 2^(s - 127 - shift of the fast path's integers), NaN for 0xFF; filled when the library loads */
+MXK_INTERNAL extern float SCALES[4][256];
+
+/* each path computes rows [n0, n1) of y (decode_rows_portable: of the decoded weights) */
+MXK_INTERNAL void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, float *out);
+MXK_INTERNAL void linear_portable(const job_t *j, int64_t n0, int64_t n1);
+MXK_INTERNAL void linear_avx2(const job_t *j, int64_t n0, int64_t n1);
+MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
+/* whether the CPU runs a path (0 where it was not compiled for x86-64) */
+MXK_INTERNAL int have_avx2(void);
+MXK_INTERNAL int have_vbmi(void);
+
+#endif
