@@ -7,11 +7,11 @@
 - matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call;
 - onnxruntime (the runtime this host decodes with; ``ort_threads`` intra-op threads, no spinning, as ``OrtBackend``):
-  one-row streaming through a chain of float32 ``MatMul`` and of 8-bit ``MatMulNBits`` nodes (int8 activations):
-  the latter's weight elements per second are the decompression rate of ``int8``, ``mxint8``, ``mxfp6`` and
-  ``mxfp4``, the formats that run on that kernel here (docs/backends.md: an MX weight costs what the 8-bit kernel
-  costs, not its 6.25 or 4.25 bits); and the time of one decoder layer of accel's own graph
-  (``accel.sim.host_layers``) with MXFP6 weights on ``MatMulNBits`` and with float32 weights, at 1, 2, 4 rows:
+  one-row streaming through a chain of float32 ``MatMul`` and of 8-bit ``MatMulNBits`` nodes (int8 activations; the
+  8-bit chain timed in the layers' round robin): the latter's weight elements per second are the decompression rate
+  of ``int8``, ``mxint8``, ``mxfp6`` and ``mxfp4``, the formats that run on that kernel here (docs/backends.md: an
+  MX weight costs what the 8-bit kernel costs, not its 6.25 or 4.25 bits); and the time of one decoder layer of accel's
+  own graph (``accel.sim.host_layers``) with MXFP6 weights on ``MatMulNBits`` and with float32 weights, at 1, 2, 4 rows:
   ``layer_overhead_s`` = the 8-bit layer less its weights at the kernel's rate (the fixed cost of the layer's ~34
   nodes; its 8-bit weights are a small share of it), ``bandwidth_efficiency`` from the float32 layer less that
   overhead (float32 weights streamed inside a layer), the float32 layer's growth over rows (less the overhead) is the
@@ -161,6 +161,14 @@ def measure_ort_streaming(
     """Weight elements per second of one-row streaming through ``chain`` square ``[width, width]`` products on
     onnxruntime: float32 ``MatMul`` (``nbits=False``) or 8-bit ``MatMulNBits`` (blocks of 32, float32 scales,
     ``accuracy_level`` 4), each node's fixed cost included."""
+    fn, elements = ort_streaming_call(nbits, width, chain, threads)
+    return elements / _median_time(fn, calls, warmup=2)
+
+
+def ort_streaming_call(
+    nbits: bool, width: int = 2048, chain: int = 12, threads: int | None = None
+) -> tuple[Callable[[], Any], float]:
+    """A one-row call of the chain ``measure_ort_streaming`` times, and its weight elements."""
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -179,7 +187,7 @@ def measure_ort_streaming(
 
     sess = _ort_session(*_chain(chain, product), width, threads)
     feed = {"x": rng.standard_normal((1, width)).astype(np.float32)}
-    return float(chain * width * width) / _median_time(lambda: sess.run(None, feed), calls, warmup=2)
+    return (lambda: sess.run(None, feed)), float(chain * width * width)
 
 
 def measure_host(
@@ -204,15 +212,19 @@ def measure_host(
     bw_copy = measure_copy_bandwidth(copy_bytes)
     r, t = measure_weight_streaming(rows, stream_bytes)
     bw_one_row = (int(np.sqrt(stream_bytes / 4)) ** 2 * 4) / t[0]
-    flops = measure_matmul_flops(matmul_n)
     overhead = measure_ort_overhead(ort_calls)
     bw_ort = 4.0 * measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
-    nbits_rate = measure_ort_streaming(True, ort_width, ort_chain, threads=ort_threads)
     layer = layer or LayerShape()
-    try:
-        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads)
+    flops = measure_matmul_flops(matmul_n)  # not beside onnxruntime: BLAS threads spin after a call
+    nb_fn, nb_elements = ort_streaming_call(True, ort_width, ort_chain, ort_threads)
+    try:  # the 8-bit chain in the layers' round robin: the layer overhead (a difference of the two) sees one load
+        lt = measure_layer_times(
+            layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra={"nbits_chain": nb_fn}
+        )
+        nbits_rate = nb_elements / lt["nbits_chain"][1]
     except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
         lt = {}
+        nbits_rate = nb_elements / _median_time(nb_fn, 15, warmup=2)
     terms = layer_terms(lt, layer_weight_elements(layer), nbits_rate) if lt else {}
     bw = max(bw_copy, bw_one_row, bw_ort, terms.get("fp32_bytes_per_s", 0.0))
     try:

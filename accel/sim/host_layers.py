@@ -9,13 +9,14 @@ divided by the layers added is the time of one layer, free of the call's fixed c
 Measured for float32 weights and for MXFP6 (E2M3) weights on 8-bit ``MatMulNBits`` (int8 activations), at 1, 2 and 4
 rows per call; and the fixed cost of one call of that graph (the smaller graph less its layers: the embedding
 gather, the mask and position nodes, the final norm and a 64-row head, onnxruntime's ``run``). Timing is the median
-of ``calls`` calls, the two graphs interleaved.
+of ``calls`` calls, all graphs interleaved.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,31 +98,39 @@ def measure_layer_times(
     rows: tuple[int, ...] = (1, 2, 4),
     calls: int = 15,
     threads: int | None = None,
+    extra: Mapping[str, Callable[[], Any]] | None = None,
 ) -> dict[str, dict[int, float]]:
     """Seconds of one decoder layer per call of accel's onnxruntime graph, ``{"fp32" | "nbits8": {rows: s}}``: the
     time of a ``layers[1]``-layer graph less a ``layers[0]``-layer one, over the layers added (``rows`` new tokens
     after ``shape.past``; an nbits call of one row is not padded here: ``min_rows=1``); and ``"call": {rows: s}``,
     the fixed seconds of a call (the ``layers[0]``-layer graph less its layers, the mean of the two kinds, at least
-    0). All calls of a kind are timed round robin, so load drift hits every row count and both graphs alike."""
+    0). Every call of the four graphs at every row count, and each ``extra`` call (``{name: {1: median s}}``), is
+    timed in one round robin, so load drift hits all of them alike (the simulator combines their differences)."""
     shape = shape or LayerShape()
-    out: dict[str, dict[int, float]] = {}
-    fixed: dict[int, list[float]] = {r: [] for r in rows}
+    kinds = ("fp32", "nbits8")
+    extra = dict(extra or {})
+    extra_s: dict[str, list[float]] = {name: [] for name in extra}
+    times: dict[tuple[str, int, int], list[float]] = {(k, n, r): [] for k in kinds for n in layers for r in rows}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("fp32", "nbits8"):
-            pair = [_backend(shape, n, kind == "nbits8", 1, threads, Path(tmp)) for n in layers]
-            calls_ = [(b, r) for r in rows for b in pair]  # every row count of both graphs, round robin
-            times: dict[tuple[int, int], list[float]] = {(i, r): [] for i in range(2) for r in rows}
-            for i in range(calls + 2):
-                for j, (b, r) in enumerate(calls_):
+        graphs = {(k, n): _backend(shape, n, k == "nbits8", 1, threads, Path(tmp)) for k in kinds for n in layers}
+        for i in range(calls + 2):
+            for r in rows:  # no graph follows itself: each call finds its weights out of the cache, as in a model
+                for (k, n), b in graphs.items():
                     ids, pos = np.zeros((1, r), np.int64), np.arange(shape.past, shape.past + r)[None]
                     t0 = time.perf_counter()
                     b.forward(ids, pos)
                     if i >= 2:
-                        times[(j % 2, r)].append(time.perf_counter() - t0)
-            added = layers[1] - layers[0]
-            out[kind] = {r: max(float(np.median(times[(1, r)]) - np.median(times[(0, r)])), 1e-9) / added for r in rows}
-            for r in rows:
-                fixed[r].append(float(np.median(times[(0, r)])) - layers[0] * out[kind][r])
-            del pair
-    out["call"] = {r: max(float(np.mean(v)), 0.0) for r, v in fixed.items()}
+                        times[(k, n, r)].append(time.perf_counter() - t0)
+            for name, fn in extra.items():
+                t0 = time.perf_counter()
+                fn()
+                if i >= 2:
+                    extra_s[name].append(time.perf_counter() - t0)
+        del graphs
+    med = {key: float(np.median(ts)) for key, ts in times.items()}
+    (n0, n1), out = layers, {}
+    for k in kinds:
+        out[k] = {r: max(med[(k, n1, r)] - med[(k, n0, r)], 1e-9) / (n1 - n0) for r in rows}
+    out["call"] = {r: max(float(np.mean([med[(k, n0, r)] - n0 * out[k][r] for k in kinds])), 0.0) for r in rows}
+    out |= {name: {1: float(np.median(ts))} for name, ts in extra_s.items()}
     return out
