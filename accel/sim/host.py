@@ -4,7 +4,9 @@
 - weight streaming: ``W @ x.T`` with a float32 ``W`` of ``stream_bytes`` at r = 1, 2, 4, ... rows (the memory
   bandwidth is the largest of this one-row rate, the copy's and onnxruntime's below; the rows are reported in the
   notes: numpy's GEMM path is not onnxruntime's, docs/reference.md §8);
-- matmul FLOP/s: a square float32 matmul (``peak_flops_per_s["fp32"]``; the host computes every format in fp32);
+- matmul FLOP/s: a square float32 ``MatMul`` on onnxruntime, timed in the layers' round robin below
+  (``peak_flops_per_s["fp32"]``; the host computes every format in fp32; numpy's, reported in the notes, is the
+  fallback without the layers: its BLAS threads spin after a call and slow onnxruntime's beside it);
 - call overhead: an onnxruntime session running a one-node graph (built with ``onnx.helper``), median per call;
 - onnxruntime (the runtime this host decodes with; ``ort_threads`` intra-op threads, no spinning, as ``OrtBackend``):
   one-row streaming through a chain of float32 ``MatMul`` and of 8-bit ``MatMulNBits`` nodes (int8 activations; the
@@ -98,6 +100,17 @@ def fit_multi_token(rows: np.ndarray, seconds: np.ndarray) -> tuple[float, float
     (log_beta, gamma), *_ = np.linalg.lstsq(A, np.log(excess[ok]), rcond=None)
     gamma = float(np.clip(gamma, 0.05, 2.0))
     return float(np.exp(log_beta)), gamma
+
+
+def ort_matmul_call(n: int = 1024, threads: int | None = None) -> tuple[Callable[[], Any], float]:
+    """A call of an n x n float32 ``MatMul`` on onnxruntime (the runtime's GEMM), and its FLOPs."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((n, n), dtype=np.float32), "w")
+    sess = _ort_session([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], n, threads)
+    feed = {"x": rng.standard_normal((n, n), dtype=np.float32)}
+    return (lambda: sess.run(None, feed)), 2.0 * n**3
 
 
 def measure_ort_overhead(calls: int = 300) -> float:
@@ -215,16 +228,16 @@ def measure_host(
     overhead = measure_ort_overhead(ort_calls)
     bw_ort = 4.0 * measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
     layer = layer or LayerShape()
-    flops = measure_matmul_flops(matmul_n)  # not beside onnxruntime: BLAS threads spin after a call
+    flops_numpy = measure_matmul_flops(matmul_n)
     nb_fn, nb_elements = ort_streaming_call(True, ort_width, ort_chain, ort_threads)
-    try:  # the 8-bit chain in the layers' round robin: the layer overhead (a difference of the two) sees one load
-        lt = measure_layer_times(
-            layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra={"nbits_chain": nb_fn}
-        )
-        nbits_rate = nb_elements / lt["nbits_chain"][1]
+    mm_fn, mm_flops = ort_matmul_call(matmul_n, ort_threads)
+    try:  # the 8-bit chain and the GEMM in the layers' round robin: the terms the simulator combines see one load
+        extra = {"nbits_chain": nb_fn, "matmul": mm_fn}
+        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra=extra)
+        nbits_rate, flops = nb_elements / lt["nbits_chain"][1], mm_flops / lt["matmul"][1]
     except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
         lt = {}
-        nbits_rate = nb_elements / _median_time(nb_fn, 15, warmup=2)
+        nbits_rate, flops = nb_elements / _median_time(nb_fn, 15, warmup=2), flops_numpy
     terms = layer_terms(lt, layer_weight_elements(layer), nbits_rate) if lt else {}
     bw = max(bw_copy, bw_one_row, bw_ort, terms.get("fp32_bytes_per_s", 0.0))
     try:
@@ -257,8 +270,9 @@ def measure_host(
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         notes=(
             f"copy {bw_copy / 1e9:.2f} GB/s; numpy 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s, W@x.T ms by "
-            f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; matmul "
-            f"{flops / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, one-row streaming: MatMul "
+            f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; numpy matmul "
+            f"{flops_numpy / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, GEMM (the profile's "
+            f"peak) {flops / 1e9:.1f} GFLOP/s fp32, one-row streaming: MatMul "
             f"{bw_ort / 1e9:.2f} GB/s, 8-bit MatMulNBits {nbits_rate / 1e9:.2f} G weights/s (the rate of "
             f"{', '.join(NBITS_FORMATS)}: they run on that kernel here); " + _layer_notes(lt, terms)
         ),
