@@ -1,13 +1,16 @@
 """Hydra heads against the other drafts on onnxruntime, measured in one run on the same held-out prompts.
 
-    flock /work/helpers/bench.lock python benchmarks/hydra.py --hydra DIR [--temperature 0.8]
+    flock /work/helpers/bench.lock python benchmarks/hydra.py --hydra DIR [--hydra DIR2] [--temperature 0.8]
 
-Rows (batch 1, one prompt at a time, ``accel.drafts.HELD_OUT_PROMPTS``, --max-new tokens each): autoregressive; the
-shipped standalone draft (chain of --k); the shipped feature draft (chain of --k, int8); the Hydra heads as a tree
-(--nodes, --top-k, depth = heads) with int8 level graphs, the same with float32 level graphs (the int8 ablation)
-and as their top-1 chain; ``--hydra-mlp DIR`` adds a tree row for heads without the prefix layer. Per row: tokens
-per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same run; greedy rows are
-checked token for token against AR.
+Rows (batch 1, one prompt at a time, the first --prompts of ``accel.drafts.HELD_OUT_PROMPTS``, --max-new tokens
+each): autoregressive; the shipped standalone draft (chain of --k); the shipped feature draft (chain of --k, int8);
+then for every ``--hydra DIR`` (Hydra++ or MLP-only heads, named by their config): a tree of each ``--nodes`` budget
+(top --top-k children, --top-k nodes expanded per level, depth min(4, heads); int8 level graphs) and the heads' top-1
+chain; for the first DIR also the largest tree with float32 level graphs (the int8 ablation). ``--skip`` drops
+rows. Per row: tokens per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same
+run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
+against AR. ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that
+prices a tree.
 """
 
 from __future__ import annotations
@@ -24,17 +27,22 @@ SHIPPED_FEATURE = REPO / "accel" / "demo_data" / "smollm2-feature-draft"
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hydra", required=True, metavar="DIR", help="Hydra heads directory (accel distill-hydra)")
-    ap.add_argument("--hydra-mlp", default=None, metavar="DIR", help="heads without the prefix layer (a tree row)")
+    ap.add_argument("--hydra", required=True, action="append", metavar="DIR", help="Hydra heads directory (repeatable)")
     ap.add_argument("--max-new", type=int, default=64, help="tokens per prompt")
+    ap.add_argument("--prompts", type=int, default=8, help="the first N held-out prompts (1..8)")
     ap.add_argument("--k", type=int, default=3, help="chain length of the draft models")
-    ap.add_argument("--nodes", type=int, default=12, help="Hydra tree budget (nodes below the root)")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[4, 12], help="Hydra tree budgets (nodes below the root)")
     ap.add_argument("--top-k", type=int, default=4, help="Hydra tree: children per expanded node")
+    ap.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE, help="rows to leave out")
+    ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the target")
     ap.add_argument("--ctx-len", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the rows here")
     return ap.parse_args()
+
+
+SKIPPABLE = ("standalone", "feature", "fp32", "chain")
 
 
 def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
@@ -44,32 +52,56 @@ def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.spd import DraftChain
 
-    draft = OrtBackend(export_cached(SHIPPED_DRAFT, cache, ctx_len=args.ctx_len), threads=1)
-    feature = OrtBackend(
-        export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8"), threads=args.threads
-    )
+    rows: dict = {"autoregressive": lambda: None}
+    if "standalone" not in args.skip:
+        draft = OrtBackend(export_cached(SHIPPED_DRAFT, cache, ctx_len=args.ctx_len), threads=1)
+        rows[f"standalone draft, chain k={args.k}"] = lambda: DraftChain(draft, k=args.k)
+    if "feature" not in args.skip:
+        path = export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8")
+        feature = OrtBackend(path, threads=args.threads)
+        rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
 
     def runtime(heads_dir: str, weights: str) -> HydraRuntime:
         path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
         return HydraRuntime(path, threads=1)
 
-    heads, heads_fp32 = runtime(args.hydra, "int8"), runtime(args.hydra, "fp32")
-    depth = heads.num_heads
-    tree = TreeShape(depth=depth, top_k=args.top_k, beam=args.top_k, budget=args.nodes)
-    kind = "Hydra++" if heads.prefix else "Hydra"
-    rows = {
-        "autoregressive": lambda: None,
-        f"standalone draft, chain k={args.k}": lambda: DraftChain(draft, k=args.k),
-        f"feature draft, chain k={args.k}": lambda: DraftChain(feature, k=args.k),
-    }
-    if args.hydra_mlp:
-        mlp = runtime(args.hydra_mlp, "int8")
-        mlp_tree = TreeShape(depth=mlp.num_heads, top_k=args.top_k, beam=args.top_k, budget=args.nodes)
-        rows[f"Hydra (MLP), tree {args.nodes} int8"] = lambda: HydraProposer(mlp, mlp_tree)
-    rows[f"{kind}, tree {args.nodes} top-{args.top_k} int8"] = lambda: HydraProposer(heads, tree)
-    rows[f"{kind}, tree {args.nodes} top-{args.top_k} fp32"] = lambda: HydraProposer(heads_fp32, tree)
-    rows[f"{kind}, chain k={depth} int8"] = lambda: HydraProposer(heads, TreeShape.chain(depth))
+    for n, heads_dir in enumerate(args.hydra):
+        heads = runtime(heads_dir, "int8")
+        kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
+        for budget in args.nodes:
+            shape = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
+            rows[f"{kind}, tree {budget} top-{args.top_k} int8"] = lambda h=heads, s=shape: HydraProposer(h, s)
+        if n == 0 and "fp32" not in args.skip:
+            fp32 = runtime(heads_dir, "fp32")
+            shape = TreeShape.for_decoding(heads.num_heads, max(args.nodes), args.top_k)
+            rows[f"{kind}, tree {max(args.nodes)} top-{args.top_k} fp32"] = lambda h=fp32, s=shape: HydraProposer(h, s)
+        if "chain" not in args.skip:
+            chain = TreeShape.chain(min(4, heads.num_heads))
+            rows[f"{kind}, chain k={chain.depth} int8"] = lambda h=heads, s=chain: HydraProposer(h, s)
     return rows
+
+
+def target_costs(target, ctx: int = 120, reps: int = 5) -> None:
+    """Median seconds of one target call by its width (tokens), at ``ctx`` tokens of context."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    target.reset()
+    target.forward(rng.integers(0, 1000, (1, ctx)), np.arange(ctx)[None], num_logits=1, return_hidden=True)
+    widths = list(range(1, 14))
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(reps):
+        for w in widths:
+            ids, pos = rng.integers(0, 1000, (1, w)), (ctx + np.arange(w))[None]
+            t0 = time.perf_counter()
+            target.forward(ids, pos, num_logits=w, return_hidden=True)
+            times[w].append(time.perf_counter() - t0)
+    base = float(np.median(times[1]))
+    print("target call by width: " + "  ".join(f"{w}:{np.median(v) / base:.2f}" for w, v in times.items()))
+    print(f"(x the 1-token call, {1e3 * base:.1f} ms; medians of {reps})", flush=True)
+    target.reset()
 
 
 def main() -> int:
@@ -86,35 +118,43 @@ def main() -> int:
     path = export_cached(target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True)
     target = OrtBackend(path, threads=args.threads)
     tok = load_text_tokenizer(target_dir)
-    prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS]
+    if not 1 <= args.prompts <= len(HELD_OUT_PROMPTS):
+        raise SystemExit(f"--prompts must be in 1..{len(HELD_OUT_PROMPTS)}")
+    prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
+    if args.costs:
+        target_costs(target)
     sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
-    eos = target_dir / "config.json"
-    eos_id = json.loads(eos.read_text()).get("eos_token_id")
-    rows, reference = [], None
-    for name, make in proposers(args, cache, target_dir).items():
-        tokens, calls, new, draft_s, rounds, wall = [], 0, 0, 0.0, 0, 0.0
-        for i, prompt in enumerate(prompts):
+    eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
+    makers = proposers(args, cache, target_dir)
+    totals = {name: {"tokens": [], "calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0} for name in makers}
+    for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
+        for name, make in makers.items():
             res = generate(
                 target, make(), [prompt], max_new_tokens=args.max_new, sampling=sampling, seed=i, eos_token_id=eos_id
             )
-            s = res.stats
-            tokens.append(res.tokens[0])
-            calls, new, rounds = calls + s.row_calls, new + s.new_tokens, rounds + s.rounds
-            draft_s, wall = draft_s + s.draft_s, wall + s.wall_s - s.prefill_s
-        if reference is None:
-            reference = tokens
+            s, t = res.stats, totals[name]
+            t["tokens"].append(res.tokens[0])
+            t["calls"] += s.row_calls
+            t["new"] += s.new_tokens
+            t["rounds"] += s.rounds
+            t["draft_s"] += s.draft_s
+            t["wall"] += s.wall_s - s.prefill_s
+    rows, reference = [], totals["autoregressive"]["tokens"]
+    for name, t in totals.items():
         row = {
             "proposer": name,
-            "tokens_per_call": new / calls,
-            "draft_ms_per_round": 1e3 * draft_s / max(rounds, 1),
-            "tokens_per_s": new / wall,
-            "equals_ar": tokens == reference if args.temperature is None else None,
+            "tokens_per_call": t["new"] / t["calls"],
+            "draft_ms_per_round": 1e3 * t["draft_s"] / max(t["rounds"], 1),
+            "ms_per_round": 1e3 * t["wall"] / max(t["rounds"], 1),
+            "tokens_per_s": t["new"] / t["wall"],
+            "equals_ar": t["tokens"] == reference if args.temperature is None else None,
         }
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)
         print(
-            f"{name:<40} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
-            f"{row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  == AR: {row['equals_ar']}",
+            f"{name:<36} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
+            f"{row['ms_per_round']:6.1f} ms/round  {row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
+            f"== AR: {row['equals_ar']}",
             flush=True,
         )
     if args.json:

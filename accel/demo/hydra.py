@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["HYDRA_NODES", "default_hydra_dir", "hydra_drafters"]
 
-HYDRA_NODES = 12  # node budget of the heads' trees (top-4 children, 4 nodes expanded per level, depth = heads)
+HYDRA_NODES = 4  # node budget of the heads' trees (TreeShape.for_decoding: top-4 children, depth <= 4)
 
 
 def default_hydra_dir() -> Path:
@@ -34,7 +34,7 @@ def hydra_drafters(target_dir: Path, onnx_dir: Path, ctx_len: int, temperature: 
     runtime = HydraRuntime(
         export_hydra_cached(heads_dir, target_dir, onnx_dir, ctx_len=ctx_len, weights="int8"), threads=1
     )
-    shape = TreeShape(depth=runtime.num_heads, top_k=4, beam=4, budget=HYDRA_NODES)
+    shape = TreeShape.for_decoding(runtime.num_heads, HYDRA_NODES)
     name = f"Hydra++ tree({HYDRA_NODES})"
     return [
         (f"{name} greedy", lambda: HydraProposer(runtime, shape), GREEDY),

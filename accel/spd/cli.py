@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="Hydra heads directory (accel distill-hydra) instead of --draft: trees from the heads, one head call "
-        "per level (shaped by --tree-nodes, default 12, and --tree-top-k; depth: the heads)",
+        "per level (shaped by --tree-nodes, default 4, and --tree-top-k; depth: the heads, at most 4)",
     )
     p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")

@@ -136,6 +136,64 @@ def test_grow_trees_budget_order_and_limits():
         TreeShape(beam=0)
 
 
+def _random_expand(seed: int, calls: list[int]):
+    """Distinct sibling ids, random (continuous) log-probs, best first; counts the calls."""
+    rng = np.random.default_rng(seed)
+
+    def expand(level: int, paths: np.ndarray):
+        calls.append(level)
+        k = 5
+        ids = (paths.sum(-1, keepdims=True) * 7 + np.arange(k)) % 997
+        logp = np.sort(np.log(rng.dirichlet(np.full(k, 0.3), size=paths.shape[:2]) + 1e-9), axis=-1)[..., ::-1]
+        return ids, logp.copy()
+
+    return expand
+
+
+def _paths(tree) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+    for i in range(len(tree.tokens)):
+        path, v = [], i
+        while v >= 0:
+            path.append(int(tree.tokens[v]))
+            v = int(tree.parents[v])
+        out[tuple(path[::-1])] = float(tree.scores[i])
+    return out
+
+
+@pytest.mark.parametrize("budget", [1, 2, 4, 7])
+@pytest.mark.parametrize("top_k,beam", [(1, 1), (2, 2), (4, 1), (5, 3)])
+def test_early_stop_keeps_the_tree(budget, top_k, beam):
+    """Stopping once nothing deeper can enter gives the tree of the full growth (the budget best of all nodes)."""
+    roots = np.array([3, 10, 50])
+    for seed in range(4):
+        calls: list[int] = []
+        shape = TreeShape(depth=4, top_k=top_k, beam=beam, budget=budget)
+        trees = grow_trees(_random_expand(seed, calls), roots, shape)
+        full_shape = TreeShape(depth=4, top_k=top_k, beam=beam, budget=10_000)
+        full = grow_trees(_random_expand(seed, []), roots, full_shape)  # same log-probs per call: same seed
+        for tree, ref in zip(trees, full, strict=True):
+            every = _paths(ref)
+            best = sorted(every.items(), key=lambda kv: (-kv[1], len(kv[0])))[: budget + 1]  # the root has score 0
+            assert _paths(tree) == dict(best)
+        assert len(calls) <= 4
+
+
+def test_early_stop_saves_levels():
+    """Sure first head, unsure deeper heads, budget 2: the third and fourth levels cannot enter the tree."""
+    calls: list[int] = []
+
+    def expand(level: int, paths: np.ndarray):
+        calls.append(level)
+        ids = paths.sum(-1, keepdims=True) + np.arange(3)
+        logp = np.array([-0.01, -5.0, -5.1]) if level == 1 else np.array([-3.0, -3.1, -3.2])
+        return ids, np.broadcast_to(logp, ids.shape).copy()
+
+    tree = grow_trees(expand, np.array([1]), TreeShape(depth=4, top_k=3, beam=3, budget=2))[0]
+    assert calls == [1, 2]
+    assert tree.parents.tolist() == [-1, 0, 1] and tree.scores.tolist() == pytest.approx([0.0, -0.01, -3.01])
+
+
 def test_evaluate_heads_chain_equals_tree_of_chain(target, seq):
     heads = random_heads(target, num_heads=3, prefix=True, head_ids=torch.arange(2, VOCAB))
     tokens, hidden = seq

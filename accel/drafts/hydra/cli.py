@@ -131,12 +131,12 @@ def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool,
 def hydra_proposer(args: argparse.Namespace, target_dir: Path):
     """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
     heads, target and settings; int8 unless ``--draft-weights fp32``) as a ``HydraProposer`` for batch 1
-    (``--tree-nodes`` nodes, default 12, ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of
-    heads)."""
+    (``--tree-nodes`` nodes, default ``DECODE_BUDGET`` = 4, ``--tree-top-k`` children per node, depth
+    ``--tree-depth`` or the number of heads, at most 4 by default)."""
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.drafts.hydra.proposer import HydraProposer
     from accel.drafts.hydra.runtime import HydraRuntime
-    from accel.drafts.hydra.tree import TreeShape
+    from accel.drafts.hydra.tree import DECODE_BUDGET, TreeShape
     from accel.errors import DraftError
     from accel.models.smollm2 import cache_root
 
@@ -149,7 +149,9 @@ def hydra_proposer(args: argparse.Namespace, target_dir: Path):
         args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "int8"
     )
     runtime = HydraRuntime(out, threads=args.draft_threads or 1)
-    nodes = args.tree_nodes or 12
-    depth = min(args.tree_depth or num_heads, num_heads)
-    top_k = args.tree_top_k
-    return HydraProposer(runtime, TreeShape(depth=depth, top_k=top_k, beam=top_k, budget=nodes))
+    shape = TreeShape.for_decoding(num_heads, args.tree_nodes or DECODE_BUDGET, args.tree_top_k)
+    if args.tree_depth:
+        shape = TreeShape(
+            depth=min(args.tree_depth, num_heads), top_k=shape.top_k, beam=shape.beam, budget=shape.budget
+        )
+    return HydraProposer(runtime, shape)

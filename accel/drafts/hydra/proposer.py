@@ -36,14 +36,15 @@ class HydraProposer:
 
     Args:
         heads: the exported heads on onnxruntime (their ``batch_size`` must be the target's).
-        shape: how trees are grown (``TreeShape``; default: depth ``min(4, heads)``, top-4 children, 4 nodes expanded
-            per level, 12 nodes). ``TreeShape.chain(k)``: a chain of the heads' top-1 tokens.
+        shape: how trees are grown (``TreeShape``; default ``TreeShape.for_decoding(heads.num_heads)``: depth
+            ``min(4, heads)``, top-4 children, 4 nodes expanded per level, ``DECODE_BUDGET`` = 4 nodes).
+            ``TreeShape.chain(k)``: a chain of the heads' top-1 tokens.
     """
 
     def __init__(self, heads: HydraRuntime, shape: TreeShape | None = None) -> None:
         if not isinstance(heads, HydraRuntime):
             raise DraftError(f"HydraProposer needs a HydraRuntime (exported heads); got {type(heads).__name__}")
-        shape = shape or TreeShape(depth=min(4, heads.num_heads))
+        shape = shape or TreeShape.for_decoding(heads.num_heads)
         if shape.depth > heads.num_heads:
             raise DraftError(f"a tree of depth {shape.depth} needs {shape.depth} heads; these have {heads.num_heads}")
         if shape.top_k > heads.head_vocab:

@@ -9,6 +9,11 @@ One head call per level (EAGLE-2's dynamic tree, with Hydra's heads in place of 
 3. the tree is the ``budget`` best-scored nodes (ties: shallower first). Scores never increase down a path, so the
    kept set is closed under taking parents; siblings are ordered best first (the order verification tries them).
 
+Growth stops early, without changing the tree: once a row has ``budget`` nodes scored at least as high as the best
+node it would expand next, no deeper node can enter its tree (a child's score is at most its parent's, and ties go
+to the shallower node), so the row expands nothing more, and a level whose rows have all stopped is not called. With
+the small budgets that pay on a CPU (4 nodes) and heads that grow unsure with depth, that saves head calls.
+
 Every node is a deterministic function of the heads' outputs (top-k, not sampled), so the speculative loop verifies
 each as a point mass and stays exact under greedy and sampled decoding (accel.spd.tree).
 """
@@ -22,7 +27,13 @@ import numpy as np
 
 from accel.errors import DraftError
 
-__all__ = ["GrownTree", "TreeShape", "grow_trees"]
+__all__ = ["DECODE_BUDGET", "GrownTree", "TreeShape", "grow_trees"]
+
+#: Nodes below the root of the trees Hydra decodes with by default (``TreeShape.for_decoding``). Chosen by measurement
+#: on a 2-core CPU (benchmarks/RESULTS.md, "Hydra heads"): a target call of 5 tokens costs ~1.1x one of 1 token there
+#: while 13 tokens cost ~1.9x, and the shipped heads' 4-node tree accepts 1.81 tokens per call against 2.04 for 12
+#: nodes (teacher-forced), so 4 nodes give the most tokens per second. Wider accelerators price wider trees lower.
+DECODE_BUDGET = 4
 
 #: ``expand(level, paths [B, M, level] int64) -> (token ids [B, M, k] int64, log-probs [B, M, k] float)``
 Expand = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -48,6 +59,13 @@ class TreeShape:
     @classmethod
     def chain(cls, k: int) -> TreeShape:
         return cls(depth=k, top_k=1, beam=1, budget=k)
+
+    @classmethod
+    def for_decoding(cls, num_heads: int, budget: int = DECODE_BUDGET, top_k: int = 4) -> TreeShape:
+        """The tree ``HydraProposer`` decodes with by default: depth ``min(4, num_heads)``, ``top_k`` children of
+        each expanded node, ``top_k`` nodes expanded per level, ``budget`` nodes (``DECODE_BUDGET``). The plain
+        ``TreeShape()`` (12 nodes) is the tree the heads' training score and held-out cards report."""
+        return cls(depth=min(4, num_heads), top_k=top_k, beam=top_k, budget=budget)
 
     @property
     def max_nodes(self) -> int:
@@ -97,7 +115,8 @@ def grow_trees(
             for m in range(width):
                 query[b, m] = paths[b][nodes[min(m, len(nodes) - 1)]] if nodes else paths[b][0][:1] * level
         ids, logp = expand(level, query)
-        ids, logp = np.asarray(ids)[..., : shape.top_k], np.asarray(logp, np.float64)[..., : shape.top_k]
+        ids = np.asarray(ids)[..., : shape.top_k]
+        logp = np.minimum(np.asarray(logp, np.float64)[..., : shape.top_k], 0.0)  # log-probs: a path's score falls
         nxt: list[list[int]] = []
         for b, nodes in enumerate(frontier):
             new = []
@@ -109,12 +128,10 @@ def grow_trees(
                     score[b].append(score[b][parent] + float(logp[b, m, j]))
                     dep[b].append(level)
                     paths[b].append((*paths[b][parent], int(ids[b, m, j])))
-            if level < cap_depth[b]:
-                row_scores = score[b]
-                new.sort(key=lambda i: -row_scores[i])
-                nxt.append(new[: shape.beam])
-            else:
-                nxt.append([])
+            row_scores = score[b]
+            new.sort(key=lambda i: -row_scores[i])
+            settled = new and sum(s >= row_scores[new[0]] for s in row_scores[1:]) >= cap_nodes[b]
+            nxt.append(new[: shape.beam] if level < cap_depth[b] and not settled else [])
         frontier = nxt
     return [_select(tok[b], par[b], score[b], dep[b], int(cap_nodes[b]), int(cap_depth[b])) for b in range(batch)]
 
