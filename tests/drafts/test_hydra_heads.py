@@ -137,15 +137,19 @@ def test_grow_trees_budget_order_and_limits():
 
 
 def _random_expand(seed: int, calls: list[int]):
-    """Distinct sibling ids, random (continuous) log-probs, best first; counts the calls."""
-    rng = np.random.default_rng(seed)
+    """Distinct sibling ids, random (continuous) log-probs, best first, a function of the path alone (as the heads'
+    are); counts the calls."""
+
+    def one(path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([seed, *path.tolist()])
+        ids = (int(path.sum()) * 7 + np.arange(5)) % 997
+        return ids, np.sort(np.log(rng.dirichlet(np.full(5, 0.3)) + 1e-9))[::-1]
 
     def expand(level: int, paths: np.ndarray):
         calls.append(level)
-        k = 5
-        ids = (paths.sum(-1, keepdims=True) * 7 + np.arange(k)) % 997
-        logp = np.sort(np.log(rng.dirichlet(np.full(k, 0.3), size=paths.shape[:2]) + 1e-9), axis=-1)[..., ::-1]
-        return ids, logp.copy()
+        out = [one(p) for p in paths.reshape(-1, level)]
+        ids = np.stack([o[0] for o in out]).reshape(*paths.shape[:2], 5)
+        return ids, np.stack([o[1] for o in out]).reshape(*paths.shape[:2], 5)
 
     return expand
 

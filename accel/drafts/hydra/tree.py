@@ -9,10 +9,18 @@ One head call per level (EAGLE-2's dynamic tree, with Hydra's heads in place of 
 3. the tree is the ``budget`` best-scored nodes (ties: shallower first). Scores never increase down a path, so the
    kept set is closed under taking parents; siblings are ordered best first (the order verification tries them).
 
-Growth stops early, without changing the tree: once a row has ``budget`` nodes scored at least as high as the best
-node it would expand next, no deeper node can enter its tree (a child's score is at most its parent's, and ties go
-to the shallower node), so the row expands nothing more, and a level whose rows have all stopped is not called. With
-the small budgets that pay on a CPU (4 nodes) and heads that grow unsure with depth, that saves head calls.
+Two savings leave the tree unchanged (the same ``budget`` best nodes as expanding every ``beam`` nodes to full
+depth; tested):
+
+- at most ``budget // 2`` nodes of a level are expanded: a tree of ``budget`` nodes holds at most that many nodes of
+  one level with a child (each such node, one child each, and an ancestor chain), and they are the level's best;
+- growth stops early: once a row has ``budget`` nodes scored at least as high as the best node it would expand
+  next, no deeper node can enter its tree (a child's score is at most its parent's, and ties go to the shallower
+  node), so the row expands nothing more, and a level whose rows have all stopped is not called. With the small
+  budgets that pay on a CPU (4 nodes) and heads that grow unsure with depth, that skips a third of the head calls.
+
+("Unchanged" is exact in the heads' math; int8 graphs quantize a level's activations per call, so their
+log-probabilities move slightly with the number of paths in a call.)
 
 Every node is a deterministic function of the heads' outputs (top-k, not sampled), so the speculative loop verifies
 each as a point mass and stays exact under greedy and sampled decoding (accel.spd.tree).
@@ -131,7 +139,8 @@ def grow_trees(
             row_scores = score[b]
             new.sort(key=lambda i: -row_scores[i])
             settled = new and sum(s >= row_scores[new[0]] for s in row_scores[1:]) >= cap_nodes[b]
-            nxt.append(new[: shape.beam] if level < cap_depth[b] and not settled else [])
+            beam = min(shape.beam, max(1, int(cap_nodes[b]) // 2))
+            nxt.append(new[:beam] if level < cap_depth[b] and not settled else [])
         frontier = nxt
     return [_select(tok[b], par[b], score[b], dep[b], int(cap_nodes[b]), int(cap_depth[b])) for b in range(batch)]
 
