@@ -13,6 +13,7 @@ pytest.importorskip("onnxruntime")
 
 import accel.spd.loop as loop_module  # noqa: E402
 from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape, export_hydra  # noqa: E402
+from accel.drafts.hydra.tree import DECODE_BUDGET  # noqa: E402
 from accel.errors import DraftError, SpdError  # noqa: E402
 from accel.spd import GREEDY, generate, generate_ar  # noqa: E402
 from accel.spd.verify import TreeOutcome  # noqa: E402
@@ -45,6 +46,7 @@ SHAPES = {
     "tree": TreeShape(depth=3, top_k=3, beam=2, budget=8),
     "chain": TreeShape.chain(3),
     "wide": TreeShape(depth=2, top_k=5, beam=5, budget=20),
+    "decoding": TreeShape.for_decoding(3),  # the default: 4 nodes, grown with early stops
 }
 
 
@@ -71,9 +73,9 @@ def test_greedy_on_onnxruntime_target(target, exported, tmp_path):
     )
     tb = OrtBackend(path, threads=1)
     ar = generate_ar(tb, PROMPTS, max_new_tokens=NEW, sampling=GREEDY)
-    res = generate(
-        tb, HydraProposer(HydraRuntime(exported[True], threads=1)), PROMPTS, max_new_tokens=NEW, sampling=GREEDY
-    )
+    prop = HydraProposer(HydraRuntime(exported[True], threads=1))
+    assert prop.shape == TreeShape.for_decoding(3) and prop.info.max_nodes == DECODE_BUDGET
+    res = generate(tb, prop, PROMPTS, max_new_tokens=NEW, sampling=GREEDY)
     assert res.tokens == ar.tokens
     assert res.stats.accepted_drafts > 0
 
