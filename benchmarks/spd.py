@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spd_report import print_header, print_summary, print_table, summarise
+from spd_report import print_header, print_summary, print_table, print_tree_goal, summarise
 from spd_support import aggregate, call_latency_s, full_head_copy, hf_assisted, layer_skip_draft, plot, target_quality
 from tqdm.auto import tqdm
 
@@ -59,6 +59,14 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
+    if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
+        ap.error(f"--prompts must be in 1..{len(PROMPTS)}")
+    bases = ("spd", "spd_dyn", "spd_feat", "spd_feat_dyn", "spd_feat_tree")
+    known = {b + tail for b in bases for tail in ("", "+ngram")} | {"spd_feat_tree+merge"}
+    if args.modes is not None and not set(args.modes) <= known:
+        ap.error(f"--modes: unknown {sorted(set(args.modes) - known)}; known: {', '.join(sorted(known))}")
+    if any(not 0.0 <= t < 1.0 for t in args.tree_min_prob):
+        ap.error("--tree-min-prob values must be in [0, 1)")
     return args
 
 
@@ -109,6 +117,15 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="2 prompts (1 for transformers), 32 tokens, K in {1,2,4,8}, fewer repeats"
     )
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    ap.add_argument("--prompts", type=int, default=None, help="use the first N held-out prompts (default: all 8)")
+    ap.add_argument("--greedy-only", action="store_true", help="skip the multinomial runs")
+    ap.add_argument(
+        "--modes",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=None,
+        help="run only these modes besides AR (comma-separated, as in the table's JSON 'mode': e.g. "
+        "spd_feat_dyn+ngram,spd_feat_tree+merge); for short runs",
+    )
 
 
 def _run_args(ap: argparse.ArgumentParser) -> None:
@@ -160,6 +177,13 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
         type=lambda v: [int(x) for x in v.split(",") if x],
         default=[4, 8, 12, 16],
         help="node budgets of the feature draft's dynamic-tree runs (DraftTree; '' = none)",
+    )
+    ap.add_argument(
+        "--tree-min-prob",
+        type=lambda v: [float(x) for x in v.split(",") if x],
+        default=[0.0],
+        help="comma-separated DraftTree min_prob values of the tree runs: candidates below this cumulative draft "
+        "probability are neither proposed nor expanded (0: EAGLE-2's fixed node budget)",
     )
     ap.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded node of the tree runs")
     ap.add_argument("--tree-depth", type=int, default=None, help="most levels of the tree runs (default: DraftTree's)")
@@ -223,7 +247,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
         n = args.layer_skip or 4
         draft = layer_skip_draft(target, n)
         draft_dir, draft_name = save_pretrained(draft, tmp / "layer_skip_draft"), f"layer-skip ({n} layers)"
-    prompts = PROMPTS[:2] if args.quick else PROMPTS
+    prompts = PROMPTS[: args.prompts or (2 if args.quick else len(PROMPTS))]
     try:
         tok = load_tokenizer(target_dir)
         prompts_ids = [tok.encode(p).ids for p in prompts]
@@ -296,6 +320,8 @@ Job = tuple[tuple[str, Sampling], str, int, "float | None"]  # ((sampling, warps
 def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
     """Every (sampling, mode, K, min_draft_prob) setting of the run; AR first."""
     settings = [("greedy", GREEDY), ("multinomial", Sampling(temperature=args.temperature))]
+    if args.greedy_only:
+        settings = settings[:1]
     # fixed K = 1..k_max ("spd"), then the dynamic draft length: K is a cap, min_draft_prob stops early ("spd_dyn")
     jobs: list[Job] = [(s, "ar", 0, None) for s in settings]
     if not args.no_standalone:
@@ -305,11 +331,18 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
         jobs += [(s, "spd_feat", k, None) for s in settings for k in range(1, args.feature_k_max + 1)]
         jobs += [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob]
         if "tree" in setup.tb.info.capabilities:  # the feature draft's dynamic tree (EAGLE-2), K = the node budget
-            jobs += [(s, "spd_feat_tree", n, None) for s in settings for n in args.tree_nodes]
+            jobs += [
+                (s, "spd_feat_tree", n, t or None)
+                for s in settings
+                for n in args.tree_nodes
+                for t in args.tree_min_prob
+            ]
     if args.ngram:  # the same SpD settings with n-gram lookup drafts where the text repeats ("+ngram")
         trees = [(st, mode + "+merge", k, thr) for st, mode, k, thr in jobs if mode == "spd_feat_tree"]
         jobs += [(st, mode + "+ngram", k, thr) for st, mode, k, thr in jobs if mode != "ar"]
         jobs += trees  # and the lookup chain merged into the tree ("+merge": one target call verifies both)
+    if args.modes is not None:
+        jobs = [j for j in jobs if j[1] == "ar" or j[1] in args.modes]
     if setup.tb.min_rows > 1:  # also greedy AR without the one-row pad (see OrtBackend min_rows): what the pad costs
         jobs.append((settings[0], "ar_one_row", 0, None))
     return jobs
@@ -320,7 +353,7 @@ def make_proposer(setup: Setup, mode: str, k: int, thr: float | None, args: argp
     (``FirstOf``), joined with lookup's chain for +merge (``Merge``)."""
     base = mode.removesuffix("+ngram").removesuffix("+merge")
     if base == "spd_feat_tree":
-        model: Any = DraftTree(setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth)
+        model: Any = DraftTree(setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=thr or 0.0)
     else:
         model = DraftChain(setup.fb if base.startswith("spd_feat") else setup.db, k=k, min_draft_prob=thr)
     if mode.endswith("+merge"):
@@ -420,6 +453,7 @@ def main() -> None:
         hf["prompts"] = len(ids)
     print_header(setup, calls, quality, one_row, runs, args)
     print_table(runs)
+    print_tree_goal(runs)
     summary = summarise(runs, hf, one_row)
     print_summary(summary, hf, args)
     result = {

@@ -7,7 +7,7 @@ import argparse
 import statistics
 from typing import Any
 
-__all__ = ["print_header", "print_summary", "print_table", "summarise"]
+__all__ = ["print_header", "print_summary", "print_table", "print_tree_goal", "summarise"]
 
 
 def print_header(setup: Any, calls: list[dict], quality: Any, one_row: Any, runs: list[dict], args) -> None:
@@ -44,6 +44,11 @@ def print_header(setup: Any, calls: list[dict], quality: Any, one_row: Any, runs
         )
 
 
+def _samplings(runs: list[dict]) -> list[str]:
+    """The sampling modes of the run, greedy first (``--greedy-only`` leaves out the multinomial runs)."""
+    return [s for s in ("greedy", "multinomial") if any(r["sampling"] == s for r in runs)]
+
+
 def _lookup(mode: str) -> bool:
     """Whether a run used n-gram lookup (after the draft: +ngram; merged into its tree: +merge)."""
     return mode.endswith(("+ngram", "+merge"))
@@ -52,7 +57,9 @@ def _lookup(mode: str) -> bool:
 def _mode_label(r: dict) -> str:
     base = r["mode"].removesuffix("+ngram").removesuffix("+merge")
     mode = {"spd_feat": "feat", "spd_feat_dyn": "feat", "spd_feat_tree": "feat tree"}.get(base, base)
-    if r["min_draft_prob"] is not None:
+    if r["min_draft_prob"] is not None and base == "spd_feat_tree":  # a dynamic tree: DraftTree(min_prob=...)
+        mode = f"tree p<{r['min_draft_prob']:g}"
+    elif r["min_draft_prob"] is not None:
         mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
     return mode + {"+ngram": " +ng", "+merge": " +mg"}.get(r["mode"][-6:], "")
 
@@ -63,7 +70,7 @@ def print_table(runs: list[dict]) -> None:
         f"\n{'sampling':12} {'mode':12} {'K':>2} {'tok/s':>8} {'vs AR':>6} {'decode':>7} {'vs AR':>6} {'alpha':>6} "
         f"{'tok/loop':>8} {'draft s':>8} {'target s':>8} {'host s':>7}   (decode: prefill excluded)"
     )
-    for sampling in ("greedy", "multinomial"):
+    for sampling in _samplings(runs):
         ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
         for r in (r for r in runs if r["sampling"] == sampling):
             r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
@@ -82,7 +89,7 @@ def print_table(runs: list[dict]) -> None:
 def summarise(runs: list[dict], hf: Any, one_row: Any) -> dict[str, dict]:
     """The best SpD setting per sampling mode, against AR, transformers and the same run without lookup."""
     summary: dict[str, dict] = {}
-    for sampling in ("greedy", "multinomial"):
+    for sampling in _samplings(runs):
         ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
         spd = [r for r in runs if r["mode"] != "ar" and r["sampling"] == sampling]
         best = max(spd, key=lambda r: r["tokens_per_s"])
@@ -124,10 +131,16 @@ def print_summary(summary: dict[str, dict], hf: Any, args: argparse.Namespace) -
         )
     print()
     for sampling, s in summary.items():
+        tree = s["best_mode"].startswith("spd_feat_tree")
         how = (
             ("feature draft, " if s["best_mode"].startswith("spd_feat") else "")
-            + f"K={s['best_k']}"
-            + (f" (cap), min_draft_prob {s['best_min_draft_prob']:g}" if s["best_min_draft_prob"] is not None else "")
+            + (f"tree of <= {s['best_k']} nodes" if tree else f"K={s['best_k']}")
+            + (f", min_prob {s['best_min_draft_prob']:g}" if tree and s["best_min_draft_prob"] is not None else "")
+            + (
+                f" (cap), min_draft_prob {s['best_min_draft_prob']:g}"
+                if s["best_min_draft_prob"] is not None and not tree
+                else ""
+            )
             + (f", n-gram lookup (n {args.ngram}, {args.ngram_k} tokens)" if _lookup(s["best_mode"]) else "")
         )
         line = (
@@ -159,3 +172,32 @@ def print_summary(summary: dict[str, dict], hf: Any, args: argparse.Namespace) -
                 f"{statistics.median(by):.2f}x, max {by[-1]:.2f}x"
             )
         print(line)
+
+
+TREE_GOAL_TOKENS, TREE_GOAL_SPEEDUP = 2.5, 1.8  # issue 16: one greedy tree setting (<= 16 nodes) meets both
+
+
+def print_tree_goal(runs: list[dict]) -> None:
+    """The greedy tree settings (``spd_feat_tree``, alone, after lookup, merged with it) against issue 16's goal:
+    tokens per target call and the speedup over AR, both in one setting; the closest setting is the one whose worse
+    ratio to its goal is highest. Call after ``print_table`` (it adds the speedups)."""
+    trees = [r for r in runs if r["sampling"] == "greedy" and r["mode"].startswith("spd_feat_tree") and r["k"] <= 16]
+    if not trees:
+        return
+    print(f"\ntree goal (one greedy setting: >= {TREE_GOAL_TOKENS} tok/call and >= {TREE_GOAL_SPEEDUP}x AR):")
+    for r in trees:
+        print(
+            f"  {_mode_label(r):22} {r['k']:2d} nodes: {r['mean_tokens_per_loop']:.2f} tok/call, "
+            f"{r['speedup_vs_ar']:.2f}x AR, {r['mean_tree_nodes']:.1f} nodes and "
+            f"{r['draft_calls_per_loop']:.2f} draft calls per round"
+        )
+    best = max(trees, key=_goal_ratio)
+    met = _goal_ratio(best) >= 1.0
+    print(
+        f"  {'met' if met else 'closest'}: {_mode_label(best)} {best['k']} nodes "
+        f"({best['mean_tokens_per_loop']:.2f} tok/call, {best['speedup_vs_ar']:.2f}x AR)"
+    )
+
+
+def _goal_ratio(r: dict) -> float:
+    return min(r["mean_tokens_per_loop"] / TREE_GOAL_TOKENS, r["speedup_vs_ar"] / TREE_GOAL_SPEEDUP)

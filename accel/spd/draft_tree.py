@@ -20,6 +20,7 @@ the committed prefix; after the round it re-feeds the accepted tokens at their p
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -47,10 +48,14 @@ class _Pool:
     slots: list[int] = field(default_factory=list)
     estimates: dict[int, np.ndarray] = field(default_factory=dict)
 
-    def add(self, parent: int, tokens: np.ndarray, logp: np.ndarray) -> None:
+    def add(self, parent: int, tokens: np.ndarray, logp: np.ndarray, floor: float = -np.inf) -> None:
+        """Add ``parent``'s children ``tokens`` (log draft probabilities ``logp``); those whose score falls below
+        ``floor`` (a log probability) are left out."""
         base_score = self.scores[parent] if parent >= 0 else 0.0
         depth = self.depths[parent] + 1 if parent >= 0 else 1
         for t, lp in zip(tokens.tolist(), logp.tolist(), strict=True):
+            if not base_score + lp >= floor:
+                continue
             self.tokens.append(int(t))
             self.parents.append(parent)
             self.depths.append(depth)
@@ -80,21 +85,32 @@ class DraftTree:
             budgets 4 / 8 / 12 / 16 gave 2.36x / 1.80x / 1.63x / 1.43x AR); a flat-costed accelerator wants more.
         top_k: candidates per expanded node, and nodes expanded per level.
         depth: most levels (tokens a round can accept); ``nodes`` by default, capped at 8.
+        min_prob: the *dynamic tree* threshold in ``[0, 1)``: a candidate whose score (cumulative draft probability)
+            is below it is neither proposed nor expanded, so trees shrink, and rounds end their expansion early,
+            where the draft is unsure (0: always ``nodes`` nodes). A function of the draft's outputs only: the
+            output law is unchanged.
     """
 
-    def __init__(self, draft: Backend, nodes: int = 4, top_k: int = 4, depth: int | None = None) -> None:
+    def __init__(
+        self, draft: Backend, nodes: int = 4, top_k: int = 4, depth: int | None = None, min_prob: float = 0.0
+    ) -> None:
         for name, v in (("nodes", nodes), ("top_k", top_k), ("depth", depth if depth is not None else 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise SpdError(f"DraftTree {name} must be an integer >= 1; got {v!r}")
+        if isinstance(min_prob, bool) or not isinstance(min_prob, numbers.Real) or not 0.0 <= min_prob < 1.0:
+            raise SpdError(f"DraftTree min_prob must be a probability in [0, 1); got {min_prob!r}")
         self.model = DraftModel(draft)
         self.nodes, self.top_k = int(nodes), int(top_k)
         self.depth = int(depth) if depth is not None else min(self.nodes, 8)
+        self.min_prob = float(min_prob)
+        self._floor = float(np.log(min_prob)) if min_prob > 0 else -np.inf
 
     @property
     def info(self) -> ProposerInfo:
         feat = "feature " if self.model.feature else ""
+        dyn = f", min_prob={self.min_prob:g}" if self.min_prob else ""
         return ProposerInfo(
-            f"{feat}tree(nodes={self.nodes}, top_k={self.top_k}, depth={self.depth})",
+            f"{feat}tree(nodes={self.nodes}, top_k={self.top_k}, depth={self.depth}{dyn})",
             self.nodes,
             self.depth,
             branching=self.top_k > 1,
@@ -149,7 +165,7 @@ class DraftTree:
         for b in np.flatnonzero(rows).tolist():
             pools[b] = _Pool(int(run.n[b]))
             keep = np.isfinite(lp[b])
-            pools[b].add(-1, tok[b][keep], lp[b][keep])
+            pools[b].add(-1, tok[b][keep], lp[b][keep], self._floor)
         for level in range(1, self.depth):
             expand = self._frontier(pools, level, budget, levels, free)
             if not expand:
@@ -208,7 +224,7 @@ class DraftTree:
         for b, nodes in expand.items():
             for j, i in enumerate(nodes):
                 keep = np.isfinite(lp[b, j])
-                pools[b].add(i, tok[b, j][keep], lp[b, j][keep])
+                pools[b].add(i, tok[b, j][keep], lp[b, j][keep], self._floor)
                 if est is not None:
                     pools[b].estimates[i] = est[b, j]
 
