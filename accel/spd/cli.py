@@ -83,6 +83,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")
+    p.add_argument(
+        "--tree-min-prob",
+        type=float,
+        default=0.0,
+        help="dynamic tree: leave out (and do not expand) candidates whose cumulative draft probability is below "
+        "this (default 0: always --tree-nodes nodes)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -362,7 +369,11 @@ def _proposer(args: argparse.Namespace, draft) -> list | None:
     if args.ngram:
         parts.append(NgramLookup(args.ngram, args.ngram_k or args.k))
     if draft is not None and args.tree_nodes:
-        parts.append(DraftTree(draft, nodes=args.tree_nodes, top_k=args.tree_top_k, depth=args.tree_depth))
+        parts.append(
+            DraftTree(
+                draft, nodes=args.tree_nodes, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=args.tree_min_prob
+            )
+        )
     elif draft is not None:
         parts.append(DraftChain(draft, k=args.k, min_draft_prob=args.min_draft_prob))
     return parts or None

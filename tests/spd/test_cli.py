@@ -157,3 +157,17 @@ def test_generate_with_lookup_merged_into_a_tree(checkpoints, capsys):
     assert max(i for i, c in enumerate(merged["stats"]["tree_nodes_histogram"]) if c) > 3  # lookup's nodes joined
     assert main(["generate", *common, "--draft", str(draft), "--ngram", "2", "--ngram-merge"]) == 2
     assert "--ngram-merge joins lookup into a tree" in capsys.readouterr().err
+
+
+def test_generate_with_a_dynamic_tree(checkpoints, capsys):
+    """``--tree-min-prob``: DraftTree's threshold reaches the proposer; greedy output is still the target's own."""
+    target, draft = checkpoints
+    common = _args(target, "--backend", "torch", prompt="5 17 2 9 5 17")
+    assert main(["generate", *common, "--json"]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    tree = ["--draft", str(draft), "--tree-nodes", "4", "--tree-top-k", "2"]
+    assert main(["generate", *common, *tree, "--tree-min-prob", "0.25", "--json"]) == 0
+    dyn = json.loads(capsys.readouterr().out)
+    assert dyn["tokens"] == ar["tokens"] and "min_prob=0.25" in dyn["stats"]["proposer"]
+    assert main(["generate", *common, *tree, "--tree-min-prob", "1.5"]) == 2
+    assert "min_prob must be a probability in [0, 1)" in capsys.readouterr().err
