@@ -217,8 +217,10 @@ def plot(runs: list[dict], hf: dict | None, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for sampling, color in (("greedy", "tab:blue"), ("multinomial", "tab:orange")):
+        ar = next((r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling), None)
+        if ar is None:  # --greedy-only
+            continue
         spd = sorted((r for r in runs if r["mode"] == "spd" and r["sampling"] == sampling), key=lambda r: r["k"])
-        ar = next(r for r in runs if r["mode"] == "ar" and r["sampling"] == sampling)
         ax.plot([r["k"] for r in spd], [r["tokens_per_s"] for r in spd], "o-", color=color, label=f"SpD {sampling}")
         feat = sorted((r for r in runs if r["mode"] == "spd_feat" and r["sampling"] == sampling), key=lambda r: r["k"])
         if feat:

@@ -28,6 +28,7 @@ import numpy as np
 
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
+from accel.models.config import MASKED_LOGIT
 from accel.spd.draft_model import DraftModel, draft_probs
 from accel.spd.proposers import ProposerInfo, RowOutcome, RunState
 from accel.spd.tree import TokenTree
@@ -104,6 +105,8 @@ class DraftTree:
         self.depth = int(depth) if depth is not None else min(self.nodes, 8)
         self.min_prob = float(min_prob)
         self._floor = float(np.log(min_prob)) if min_prob > 0 else -np.inf
+        self._support: np.ndarray | None = None  # a restricted head's scored columns (None: all, or not seen yet)
+        self._support_known = False
 
     @property
     def info(self) -> ProposerInfo:
@@ -148,11 +151,28 @@ class DraftTree:
         if idx.size == 0:
             return tok, lp
         if s.greedy or (s.top_k is None and s.top_p is None):
-            t, v = top_logprobs(logits[idx], k, 1.0 if s.greedy else s.temperature)
+            cols = self._head_columns(logits[idx[0]], k)
+            rows_logits = logits[idx] if idx.size < logits.shape[0] else logits
+            if cols is not None:
+                rows_logits = np.take(rows_logits, cols, axis=1)
+            t, v = top_logprobs(rows_logits, k, 1.0 if s.greedy else s.temperature)
+            if cols is not None:
+                t = cols[t]
         else:
             t, v = _top(_log(draft_probs(run, logits[idx], np.ones(idx.size, dtype=bool))), k)
         tok[idx], lp[idx] = t, v
         return tok, lp
+
+    def _head_columns(self, row: np.ndarray, k: int) -> np.ndarray | None:
+        """The columns a restricted LM head scores (every other logit is exactly ``MASKED_LOGIT``: probability 0, never
+        a top-k token), found from the draft's first logits row; None for a full head. Ranking only these columns
+        gives the same candidates and log probabilities at a sixth of the host time for the shipped feature draft
+        (8,192 of 49,152 tokens)."""
+        if not self._support_known:
+            cols = np.flatnonzero(row != np.float32(MASKED_LOGIT))
+            self._support = cols if k <= cols.size < row.size // 2 else None
+            self._support_known = True
+        return self._support
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
         logits, hidden = self.model.catch_up(run, rows)

@@ -1,6 +1,7 @@
 """``DraftTree(min_prob=...)``, the dynamic tree: no proposed node's cumulative draft probability is below the
 threshold (recomputed from the draft model itself), the trees shrink and the expansion stops early, greedy output
-stays identical to greedy AR, and a bad threshold is an ``SpdError``."""
+stays identical to greedy AR, and a bad threshold is an ``SpdError``. And ``DraftTree`` on a draft with a
+restricted LM head ranks only the head's columns, with the same trees as ranking the whole vocabulary."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from accel.errors import SpdError  # noqa: E402
-from accel.spd import GREEDY, DraftTree, Merge, NgramLookup, generate, generate_ar  # noqa: E402
-from tests.helpers.decoders import backend, perturbed, random_model  # noqa: E402
+from accel.spd import GREEDY, DraftTree, Merge, NgramLookup, Sampling, generate, generate_ar  # noqa: E402
+from tests.helpers.decoders import backend, oracle_feature_draft, perturbed, random_model  # noqa: E402
 from tests.helpers.spd import MAX_NEW, PROMPTS_3  # noqa: E402
 
 CTX = 64
@@ -104,3 +105,20 @@ def test_merged_with_lookup_stays_exact(target, draft):
 def test_bad_threshold(draft, bad):
     with pytest.raises(SpdError, match="min_prob"):
         DraftTree(backend(draft, 1, ctx_len=CTX), nodes=4, min_prob=bad)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=0.7)])
+def test_restricted_head_ranks_only_its_columns(target, sampling):
+    head = np.arange(0, 32, 3)  # 11 of 32 tokens; the others' logits are MASKED_LOGIT
+    draft = oracle_feature_draft(target, head, feature_weight=0.3)
+    fast = _Recording(backend(draft, 3, ctx_len=CTX), nodes=6, top_k=3)
+    full = _Recording(backend(draft, 3, ctx_len=CTX), nodes=6, top_k=3)
+    full._support_known = True  # no support found: ranks all 32 columns
+    runs = [
+        generate(backend(target, 3, ctx_len=CTX), p, PROMPTS_3, max_new_tokens=16, sampling=sampling, seed=5)
+        for p in (fast, full)
+    ]
+    assert fast._support is not None and fast._support.tolist() == head.tolist()
+    assert runs[0].tokens == runs[1].tokens
+    shapes = [[(prefix, t.tokens.tolist(), t.parents.tolist()) for prefix, t in p.seen] for p in (fast, full)]
+    assert shapes[0] == shapes[1] and any(len(t) > 2 for _, t, _ in shapes[0])
