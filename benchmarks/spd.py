@@ -65,8 +65,8 @@ def parse_args() -> argparse.Namespace:
     known = {b + tail for b in bases for tail in ("", "+ngram")} | {"spd_feat_tree+merge"}
     if args.modes is not None and not set(args.modes) <= known:
         ap.error(f"--modes: unknown {sorted(set(args.modes) - known)}; known: {', '.join(sorted(known))}")
-    if any(not 0.0 <= t < 1.0 for t in args.tree_min_prob):
-        ap.error("--tree-min-prob values must be in [0, 1)")
+    if any(not 0.0 <= t < 1.0 for t in args.tree_min_prob + args.tree_expand_prob):
+        ap.error("--tree-min-prob and --tree-expand-prob values must be in [0, 1)")
     return args
 
 
@@ -119,6 +119,11 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     ap.add_argument("--prompts", type=int, default=None, help="use the first N held-out prompts (default: all 8)")
     ap.add_argument("--greedy-only", action="store_true", help="skip the multinomial runs")
+    ap.add_argument(
+        "--no-cost-curve",
+        action="store_true",
+        help="skip the tree-call cost curve (T = 1..32) and time S = 1..9 with 3 repeats only (short runs)",
+    )
     ap.add_argument(
         "--modes",
         type=lambda v: [x for x in v.split(",") if x],
@@ -184,6 +189,13 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
         default=[0.0],
         help="comma-separated DraftTree min_prob values of the tree runs: candidates below this cumulative draft "
         "probability are neither proposed nor expanded (0: EAGLE-2's fixed node budget)",
+    )
+    ap.add_argument(
+        "--tree-expand-prob",
+        type=lambda v: [float(x) for x in v.split(",") if x],
+        default=[0.0],
+        help="comma-separated DraftTree expand_prob values of the tree runs: only candidates scored at least this are "
+        "expanded (0: the run's min_prob)",
     )
     ap.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded node of the tree runs")
     ap.add_argument("--tree-depth", type=int, default=None, help="most levels of the tree runs (default: DraftTree's)")
@@ -302,19 +314,22 @@ def load_setup(args: argparse.Namespace) -> Setup:
 def measure_calls(setup: Setup, args: argparse.Namespace) -> list[dict]:
     """Per-call latency of every model for S = 1..9 new tokens at ``--past-len`` (the simulator's calibration)."""
     calls = []
-    repeats = 5 if args.quick else 15
+    repeats = 3 if args.no_cost_curve else 5 if args.quick else 15
     models = [("target", setup.tb), ("draft", setup.db)] + ([("feature_draft", setup.fb)] if setup.fb else [])
     for name, b in tqdm(models, desc="per-call latency", leave=False):
         for s, sec in call_latency_s(b, range(1, 10), args.past_len, repeats).items():
             calls.append({"model": name, "seq_len": s, "past_len": args.past_len, "seconds": sec})
-    if "tree" in setup.tb.info.capabilities:  # the cost curve of a tree call: T = 1..32 nodes (any shape costs alike)
+    if (
+        "tree" in setup.tb.info.capabilities and not args.no_cost_curve
+    ):  # the cost curve of a tree call: T = 1..32 nodes (any shape costs alike)
         sizes = [1, 2, 4, 8, 12, 16, 24, 32] if args.quick else list(range(1, 33))
         for s, sec in call_latency_s(setup.tb, sizes, args.past_len, repeats, tree=True).items():
             calls.append({"model": "target_tree", "seq_len": s, "past_len": args.past_len, "seconds": sec})
     return calls
 
 
-Job = tuple[tuple[str, Sampling], str, int, "float | None"]  # ((sampling, warps), mode, K or nodes, min_draft_prob)
+# ((sampling, warps), mode, K or nodes, min_draft_prob); for a tree: (min_prob, expand_prob or None) instead
+Job = tuple[tuple[str, Sampling], str, int, Any]
 
 
 def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
@@ -332,10 +347,11 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
         jobs += [(s, "spd_feat_dyn", args.dyn_k, t) for s in settings for t in args.feature_min_draft_prob]
         if "tree" in setup.tb.info.capabilities:  # the feature draft's dynamic tree (EAGLE-2), K = the node budget
             jobs += [
-                (s, "spd_feat_tree", n, t or None)
+                (s, "spd_feat_tree", n, (t, e or None))
                 for s in settings
                 for n in args.tree_nodes
                 for t in args.tree_min_prob
+                for e in args.tree_expand_prob
             ]
     if args.ngram:  # the same SpD settings with n-gram lookup drafts where the text repeats ("+ngram")
         trees = [(st, mode + "+merge", k, thr) for st, mode, k, thr in jobs if mode == "spd_feat_tree"]
@@ -348,12 +364,15 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def make_proposer(setup: Setup, mode: str, k: int, thr: float | None, args: argparse.Namespace) -> Any:
+def make_proposer(setup: Setup, mode: str, k: int, thr: Any, args: argparse.Namespace) -> Any:
     """The proposer of one SpD job: a chain (fixed or dynamic length) or a dynamic tree, after lookup for +ngram
     (``FirstOf``), joined with lookup's chain for +merge (``Merge``)."""
     base = mode.removesuffix("+ngram").removesuffix("+merge")
     if base == "spd_feat_tree":
-        model: Any = DraftTree(setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=thr or 0.0)
+        t, e = thr
+        model: Any = DraftTree(
+            setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=t, expand_prob=e
+        )
     else:
         model = DraftChain(setup.fb if base.startswith("spd_feat") else setup.db, k=k, min_draft_prob=thr)
     if mode.endswith("+merge"):
@@ -400,7 +419,10 @@ def collect_runs(jobs: list[Job], results: dict[int, list], per_pass: dict[int, 
             one_row = aggregate(results[j], "ar", sampling, 0, None)
             one_row["greedy_rows_equal_ar"] = [sum(same), len(same)]
             continue
-        runs.append(aggregate(results[j], mode, sampling, k, thr))
+        tree = mode.startswith("spd_feat_tree")
+        runs.append(aggregate(results[j], mode, sampling, k, (thr[0] or None) if tree else thr))
+        if tree:  # the tree's expansion threshold (None: its min_prob)
+            runs[-1]["expand_prob"] = thr[1]
         runs[-1]["tokens_per_s_by_pass"] = per_pass[j]
         if sampling == "greedy":  # exactness on the real pair: each greedy SpD row against the AR row of its prompt
             runs[-1]["greedy_rows_equal_ar"] = [sum(same), len(same)]

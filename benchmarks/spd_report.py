@@ -57,8 +57,8 @@ def _lookup(mode: str) -> bool:
 def _mode_label(r: dict) -> str:
     base = r["mode"].removesuffix("+ngram").removesuffix("+merge")
     mode = {"spd_feat": "feat", "spd_feat_dyn": "feat", "spd_feat_tree": "feat tree"}.get(base, base)
-    if r["min_draft_prob"] is not None and base == "spd_feat_tree":  # a dynamic tree: DraftTree(min_prob=...)
-        mode = f"tree p<{r['min_draft_prob']:g}"
+    if base == "spd_feat_tree" and (r["min_draft_prob"] is not None or r.get("expand_prob")):  # a dynamic tree
+        mode = f"tree p<{r['min_draft_prob'] or 0:g}" + (f" e<{r['expand_prob']:g}" if r.get("expand_prob") else "")
     elif r["min_draft_prob"] is not None:
         mode = f"{'feat ' if mode == 'feat' else ''}dyn p<{r['min_draft_prob']:g}"
     return mode + {"+ngram": " +ng", "+merge": " +mg"}.get(r["mode"][-6:], "")

@@ -90,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="dynamic tree: leave out (and do not expand) candidates whose cumulative draft probability is below "
         "this (default 0: always --tree-nodes nodes)",
     )
+    p.add_argument(
+        "--tree-expand-prob",
+        type=float,
+        default=None,
+        help="dynamic tree: expand only candidates whose cumulative draft probability is at least this (default: "
+        "--tree-min-prob)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -371,7 +378,12 @@ def _proposer(args: argparse.Namespace, draft) -> list | None:
     if draft is not None and args.tree_nodes:
         parts.append(
             DraftTree(
-                draft, nodes=args.tree_nodes, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=args.tree_min_prob
+                draft,
+                nodes=args.tree_nodes,
+                top_k=args.tree_top_k,
+                depth=args.tree_depth,
+                min_prob=args.tree_min_prob,
+                expand_prob=args.tree_expand_prob,
             )
         )
     elif draft is not None:

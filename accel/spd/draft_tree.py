@@ -90,21 +90,34 @@ class DraftTree:
             is below it is neither proposed nor expanded, so trees shrink, and rounds end their expansion early,
             where the draft is unsure (0: always ``nodes`` nodes). A function of the draft's outputs only: the
             output law is unchanged.
+        expand_prob: a candidate is fed to the draft for children (expanded) only if its score is at least this
+            (None: ``min_prob``). A draft call whose best candidate scores low rarely yields an accepted child: for the
+            shipped feature draft, expansions whose best node scored below 0.1 gave 0.01 accepted tokens per call,
+            0.1-0.2 gave 0.06, 0.3-0.5 gave 0.25 (docs/spd.md). Also a function of the draft's outputs only.
     """
 
     def __init__(
-        self, draft: Backend, nodes: int = 4, top_k: int = 4, depth: int | None = None, min_prob: float = 0.0
+        self,
+        draft: Backend,
+        nodes: int = 4,
+        top_k: int = 4,
+        depth: int | None = None,
+        min_prob: float = 0.0,
+        expand_prob: float | None = None,
     ) -> None:
         for name, v in (("nodes", nodes), ("top_k", top_k), ("depth", depth if depth is not None else 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise SpdError(f"DraftTree {name} must be an integer >= 1; got {v!r}")
-        if isinstance(min_prob, bool) or not isinstance(min_prob, numbers.Real) or not 0.0 <= min_prob < 1.0:
-            raise SpdError(f"DraftTree min_prob must be a probability in [0, 1); got {min_prob!r}")
+        for name, p in (("min_prob", min_prob), ("expand_prob", 0.0 if expand_prob is None else expand_prob)):
+            if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+                raise SpdError(f"DraftTree {name} must be a probability in [0, 1); got {p!r}")
         self.model = DraftModel(draft)
         self.nodes, self.top_k = int(nodes), int(top_k)
         self.depth = int(depth) if depth is not None else min(self.nodes, 8)
         self.min_prob = float(min_prob)
         self._floor = float(np.log(min_prob)) if min_prob > 0 else -np.inf
+        self.expand_prob = self.min_prob if expand_prob is None else float(expand_prob)
+        self._expand_floor = float(np.log(self.expand_prob)) if self.expand_prob > 0 else -np.inf
         self._support: np.ndarray | None = None  # a restricted head's scored columns (None: all, or not seen yet)
         self._support_known = False
 
@@ -112,6 +125,8 @@ class DraftTree:
     def info(self) -> ProposerInfo:
         feat = "feature " if self.model.feature else ""
         dyn = f", min_prob={self.min_prob:g}" if self.min_prob else ""
+        if self.expand_prob != self.min_prob:
+            dyn += f", expand_prob={self.expand_prob:g}"
         return ProposerInfo(
             f"{feat}tree(nodes={self.nodes}, top_k={self.top_k}, depth={self.depth}{dyn})",
             self.nodes,
@@ -198,13 +213,15 @@ class DraftTree:
 
     def _frontier(self, pools, level: int, budget, levels, free) -> dict[int, list[int]]:
         """Per row: the candidates of depth ``level`` to feed (best first), at most ``top_k``, only those that can
-        still make the final tree and whose children fit the row's depth and the draft's cache."""
+        still make the final tree, score at least ``expand_prob``, and whose children fit the row's depth and the
+        draft's cache."""
         out = {}
         for b, pool in pools.items():
             if level >= levels[b]:
                 continue
             ranked = pool.ranked()
             cut = pool.scores[ranked[budget[b] - 1]] if len(ranked) >= budget[b] else -np.inf
+            cut = max(cut, self._expand_floor)
             fed = sum(s >= 0 for s in pool.slots)
             pick = [i for i in ranked if pool.depths[i] == level and pool.scores[i] >= cut][: self.top_k]
             pick = pick[: max(0, int(free[b]) - fed)]

@@ -166,8 +166,9 @@ def test_generate_with_a_dynamic_tree(checkpoints, capsys):
     assert main(["generate", *common, "--json"]) == 0
     ar = json.loads(capsys.readouterr().out)
     tree = ["--draft", str(draft), "--tree-nodes", "4", "--tree-top-k", "2"]
-    assert main(["generate", *common, *tree, "--tree-min-prob", "0.25", "--json"]) == 0
+    assert main(["generate", *common, *tree, "--tree-min-prob", "0.25", "--tree-expand-prob", "0.5", "--json"]) == 0
     dyn = json.loads(capsys.readouterr().out)
-    assert dyn["tokens"] == ar["tokens"] and "min_prob=0.25" in dyn["stats"]["proposer"]
+    assert dyn["tokens"] == ar["tokens"]
+    assert "min_prob=0.25, expand_prob=0.5" in dyn["stats"]["proposer"]
     assert main(["generate", *common, *tree, "--tree-min-prob", "1.5"]) == 2
     assert "min_prob must be a probability in [0, 1)" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""``DraftTree(min_prob=...)``, the dynamic tree: no proposed node's cumulative draft probability is below the
-threshold (recomputed from the draft model itself), the trees shrink and the expansion stops early, greedy output
-stays identical to greedy AR, and a bad threshold is an ``SpdError``. And ``DraftTree`` on a draft with a
+"""``DraftTree(min_prob=..., expand_prob=...)``, the dynamic tree: no proposed node's cumulative draft probability
+is below ``min_prob`` and no expanded node's below ``expand_prob`` (recomputed from the draft model itself), the
+trees shrink and the expansion stops early, greedy output stays identical to greedy AR, and a bad threshold is an
+``SpdError``. And ``DraftTree`` on a draft with a
 restricted LM head ranks only the head's columns, with the same trees as ranking the whole vocabulary."""
 
 from __future__ import annotations
@@ -101,10 +102,31 @@ def test_merged_with_lookup_stays_exact(target, draft):
     assert res.tokens == want
 
 
+@pytest.mark.parametrize("expand_prob", [None, 0.3])
+def test_only_likely_candidates_are_expanded(target, draft, expand_prob):
+    """A node with children in the tree was expanded: its path probability is >= expand_prob. Without expand_prob
+    the same run expands nodes below 0.3 (so this test can fail), with more draft calls per round."""
+    prop = _Recording(backend(draft, 3, ctx_len=CTX), nodes=10, top_k=3, min_prob=0.02, expand_prob=expand_prob)
+    res = generate(backend(target, 3, ctx_len=CTX), prop, PROMPTS_3, max_new_tokens=12, sampling=GREEDY)
+    parents = []
+    for prefix, tree in prop.seen:
+        probs = _path_probs(draft, prefix, tree)
+        parents += [probs[p] for p in set(tree.parents[1:].tolist()) - {0}]
+    assert parents  # some trees were deeper than one level
+    if expand_prob:
+        assert min(parents) >= expand_prob * (1 - 1e-4)
+        assert "expand_prob=0.3" in res.stats.proposer
+    else:
+        assert min(parents) < 0.3
+
+
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 2, True, "0.1", None])
 def test_bad_threshold(draft, bad):
     with pytest.raises(SpdError, match="min_prob"):
         DraftTree(backend(draft, 1, ctx_len=CTX), nodes=4, min_prob=bad)
+    if bad is not None:
+        with pytest.raises(SpdError, match="expand_prob"):
+            DraftTree(backend(draft, 1, ctx_len=CTX), nodes=4, expand_prob=bad)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=0.7)])
