@@ -107,3 +107,31 @@ def test_deterministic_top_k_tree_wrong_rule_fails(pair, monkeypatch):
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [top-k tree, wrong rule]: {pvalue:.4g}")
     assert pvalue < ALPHA
+
+
+def dynamic_tree(db):
+    return DraftTree(db, nodes=6, top_k=2, depth=2, min_prob=0.1, expand_prob=0.3)
+
+
+def test_dynamic_tree_is_exact(pair):
+    """min_prob / expand_prob decide which top-k candidates are proposed from the draft's outputs alone: the output
+    law stays the target's (the wrong sibling rule fails this setting as it fails the fixed tree above)."""
+    target, draft = pair
+    sampling = SETTINGS["temperature"]
+    counts, stats = sample_counts(target, draft, sampling, seed=202, runs=10, proposer=dynamic_tree)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [dynamic tree]: {pvalue:.4g}")
+    assert pvalue > ALPHA
+    assert sum(s.tree_rounds for s in stats) > 0
+    nodes = np.sum([s.tree_nodes_histogram[:7] + [0] * (7 - len(s.tree_nodes_histogram)) for s in stats], axis=0)
+    assert nodes[:6].sum() > nodes[6], nodes  # the thresholds shrank most trees below the budget
+
+
+def test_dynamic_tree_wrong_rule_fails(pair, monkeypatch):
+    target, draft = pair
+    without_residual_update(monkeypatch)
+    sampling = SETTINGS["temperature"]
+    counts, _ = sample_counts(target, draft, sampling, seed=202, runs=5, proposer=dynamic_tree)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [dynamic tree, wrong rule]: {pvalue:.4g}")
+    assert pvalue < ALPHA
