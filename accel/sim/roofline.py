@@ -164,15 +164,13 @@ def step_arrays(
     fl = n * peak * hw.compute_efficiency
     small_bpe = bytes_per_element(m.dtype)
 
-    def g(rows: np.ndarray) -> np.ndarray:  # multi-token weight-streaming factor (hardware.py)
-        return 1.0 + hw.multi_token_penalty * np.maximum(rows - 1.0, 0.0) ** hw.multi_token_exponent
+    def g(rows: np.ndarray, beta: float = hw.multi_token_penalty, gamma: float = hw.multi_token_exponent) -> np.ndarray:
+        return 1.0 + beta * np.maximum(rows - 1.0, 0.0) ** gamma  # multi-token factor (hardware.py)
 
+    # the decompression (kernel-bound) path's own (beta, gamma) where the device gives them, else the memory terms'
     beta_dec, gamma_dec = hw.decompress_multi_token_penalty, hw.decompress_multi_token_exponent
     beta_dec = hw.multi_token_penalty if beta_dec is None else beta_dec
     gamma_dec = hw.multi_token_exponent if gamma_dec is None else gamma_dec
-
-    def g_dec(rows: np.ndarray) -> np.ndarray:  # the same factor for the decompression (kernel-bound) path
-        return 1.0 + beta_dec * np.maximum(rows - 1.0, 0.0) ** gamma_dec
 
     lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
     head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
@@ -180,7 +178,8 @@ def step_arrays(
     mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
     comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
     # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression
-    dec_l, dec_h = lay["decompress"] * g_dec(B * S) / (n * rate), head["decompress"] * g_dec(B * NL) / (n * rate)
+    dec_l = lay["decompress"] * g(B * S, beta_dec, gamma_dec) / (n * rate)
+    dec_h = head["decompress"] * g(B * NL, beta_dec, gamma_dec) / (n * rate)
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
     comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)

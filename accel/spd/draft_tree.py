@@ -115,9 +115,8 @@ class DraftTree:
         self.nodes, self.top_k = int(nodes), int(top_k)
         self.depth = int(depth) if depth is not None else min(self.nodes, 8)
         self.min_prob = float(min_prob)
-        self._floor = float(np.log(min_prob)) if min_prob > 0 else -np.inf
         self.expand_prob = self.min_prob if expand_prob is None else float(expand_prob)
-        self._expand_floor = float(np.log(self.expand_prob)) if self.expand_prob > 0 else -np.inf
+        self._floor, self._expand_floor = _log_floor(self.min_prob), _log_floor(self.expand_prob)
         self._support: np.ndarray | None = None  # a restricted head's scored columns (None: all, or not seen yet)
         self._support_known = False
 
@@ -318,3 +317,8 @@ def _top(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     vals = np.take_along_axis(logp, idx, axis=-1)
     order = np.argsort(-vals, axis=-1, kind="stable")
     return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+
+
+def _log_floor(prob: float) -> float:
+    """A probability threshold as a log-probability floor (0: no floor)."""
+    return float(np.log(prob)) if prob > 0 else -np.inf
