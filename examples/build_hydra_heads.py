@@ -3,11 +3,15 @@
     python examples/build_hydra_heads.py --work results/hydra --data-only      # stages 1-3 (resumable)
     python examples/build_hydra_heads.py --work results/hydra --resume         # stages 1-6 (resumable)
     python examples/build_hydra_heads.py --data DATA --work results/hydra      # stages 4-6 on a built data dir
+    python examples/build_hydra_heads.py --data A --data B --init HEADS ...    # more data, warm start
 
 ``--data DATA`` reads the prompts, shards and hidden states of an earlier ``--data-only`` run (``--work DATA``)
 without writing into DATA (a shard whose hidden states are missing there gets them in ``<work>/features``); only
 the training state, the float heads and the report go to ``--work``. ``--shards N`` uses the first N shards (a smoke
-run). The shipped heads were built this way (``hydra_card.json`` records the command line).
+run). ``--data`` may be given more than once: the shards of every dir, in order. A second data dir with other
+questions: ``--data-only --work B --prompt-seed 11 --exclude-prompts A/prompts.json``. ``--init HEADS`` starts
+training from earlier float heads (``<work>/heads`` of a run) instead of random ones. The shipped heads were built
+this way (``hydra_card.json`` records the command line).
 
 Recipe (every seed fixed; one torch thread, so the run can share a 2-core machine):
 
@@ -43,8 +47,9 @@ CHAT_HEADER = "<|im_start|>user\n"
 ASSISTANT = "<|im_end|>\n<|im_start|>assistant\n"
 
 
-def build_prompts(work: Path, target, tokenizer, n_chat: int) -> list[str]:
-    """Stage 1: target-written chat questions + built-in prompts + code openings (cached)."""
+def build_prompts(work: Path, target, tokenizer, args: argparse.Namespace) -> list[str]:
+    """Stage 1: target-written chat questions + built-in prompts + code openings (cached), none of
+    ``--exclude-prompts``."""
     from accel.drafts import DEFAULT_PROMPTS
     from accel.drafts.data import sample_prompts
     from accel.drafts.prompts import HELD_OUT_PROMPTS, code_signatures
@@ -52,23 +57,27 @@ def build_prompts(work: Path, target, tokenizer, n_chat: int) -> list[str]:
     path = work / "prompts.json"
     if path.is_file():
         return json.loads(path.read_text())
+    exclude = set(HELD_OUT_PROMPTS)
+    if args.exclude_prompts:
+        earlier = json.loads(Path(args.exclude_prompts).read_text())
+        if not isinstance(earlier, list) or not all(isinstance(x, str) for x in earlier):
+            raise SystemExit(f"--exclude-prompts {args.exclude_prompts}: expected a JSON list of strings")
+        exclude.update(earlier)
     questions = sample_prompts(
         target,
         tokenizer,
         [CHAT_HEADER],
-        n_chat,
+        args.chat_prompts,
         stop="<|im_end|>",
         max_tokens=64,
         temperature=0.7,
         batch_size=64,
-        seed=3,
-        exclude=HELD_OUT_PROMPTS,
+        seed=args.prompt_seed,
+        exclude=tuple(exclude),
         wrap=lambda s: s + ASSISTANT,
         partial=True,
     )
-    prompts = [
-        p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in HELD_OUT_PROMPTS
-    ]
+    prompts = [p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in exclude]
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0)).tolist()
     prompts = [prompts[i] for i in order]
     work.mkdir(parents=True, exist_ok=True)
@@ -87,7 +96,7 @@ def build_dataset(args: argparse.Namespace, target_dir: Path, target) -> list[tu
 
     work = Path(args.work)
     fast = copy.deepcopy(target).to(torch.bfloat16)  # ~1.5x faster generation on this CPU; the teacher is bf16
-    prompts = build_prompts(work, fast, load_text_tokenizer(target_dir), args.chat_prompts)
+    prompts = build_prompts(work, fast, load_text_tokenizer(target_dir), args)
     print(f"{len(prompts)} prompts", flush=True)
     cfg = DistillConfig(
         prompts=prompts,
@@ -115,13 +124,16 @@ def read_dataset(args: argparse.Namespace, target) -> list[tuple[Path, Path]]:
 
     from accel.drafts.feature import target_features
 
-    data = Path(args.data)
-    shards = sorted((data / "data").glob("*.safetensors"))[: args.shards or None]
-    if not shards:
-        raise SystemExit(f"no data shards in {data / 'data'}: build them with --data-only --work {data}")
+    shards = []
+    for data in map(Path, args.data):
+        found = sorted((data / "data").glob("*.safetensors"))
+        if not found:
+            raise SystemExit(f"no data shards in {data / 'data'}: build them with --data-only --work {data}")
+        shards += [(data, src) for src in found]
+    shards = shards[: args.shards or None]
     own = Path(args.work) / "features"
     pairs = []
-    for src in shards:
+    for data, src in shards:
         feat = data / "features" / src.name
         if not feat.is_file():
             feat = own / src.name
@@ -132,7 +144,7 @@ def read_dataset(args: argparse.Namespace, target) -> list[tuple[Path, Path]]:
                 save_file({"hidden": target_features(target, load_file(str(src))["tokens"]).contiguous()}, str(tmp))
                 tmp.replace(feat)
         pairs.append((src, feat))
-    print(f"{len(pairs)} shards from {data}", flush=True)
+    print(f"{len(pairs)} shards from {', '.join(args.data)}", flush=True)
     return pairs
 
 
@@ -147,9 +159,20 @@ def train(args: argparse.Namespace, target, pairs) -> Path:
     from accel.drafts.hydra.tree import TreeShape
 
     head_ids = load_file(str(HEAD_FROM / "model.safetensors"))["lm_head.token_ids"]
-    heads = build_hydra(
-        target, num_heads=args.heads, mlp_layers=args.mlp_layers, prefix=not args.no_prefix, head_ids=head_ids, seed=0
-    )
+    if args.init:
+        from accel.drafts.hydra import load_hydra
+
+        heads = load_hydra(args.init, target)
+        print(f"heads from {args.init}", flush=True)
+    else:
+        heads = build_hydra(
+            target,
+            num_heads=args.heads,
+            mlp_layers=args.mlp_layers,
+            prefix=not args.no_prefix,
+            head_ids=head_ids,
+            seed=0,
+        )
     print(f"{heads.num_parameters / 1e6:.2f} M parameters", flush=True)
     out = Path(args.work) / "heads"
     cfg = HydraTrainConfig(
@@ -241,7 +264,15 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-rows", type=int, default=16, help="sequences per training step")
     ap.add_argument("--eval-every", type=int, default=200, help="steps between held-out scores")
-    ap.add_argument("--data", default=None, help="a built data dir (--data-only --work DIR) to read, never written")
+    ap.add_argument(
+        "--data",
+        action="append",
+        default=None,
+        help="a built data dir (--data-only --work DIR) to read, never written; repeat for several",
+    )
+    ap.add_argument("--prompt-seed", type=int, default=3, help="seed of the target-written chat questions")
+    ap.add_argument("--exclude-prompts", default=None, help="JSON list of prompts not to use (an earlier prompts.json)")
+    ap.add_argument("--init", default=None, help="start training from these float heads (a run's <work>/heads)")
     ap.add_argument("--shards", type=int, default=None, help="use only the first N data shards (a smoke run)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on training")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted training run")
