@@ -18,9 +18,7 @@ Prints a table and writes results/backends.json. Timings on a shared machine are
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_support import json_out, save_results
 from tqdm.auto import tqdm
 
 from accel.backends import OrtBackend, TorchBackend, export_onnx, prefill
@@ -37,17 +36,6 @@ from accel.models import Decoder, ModelConfig, load_checkpoint, smollm2_checkpoi
 LLAMA_40M = ModelConfig(
     vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8, intermediate_size=1536
 )
-
-
-def _median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _call(backend, past: int, seq: int):
@@ -121,7 +109,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per point (default 15, quick 5)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for both runtimes (default 2)")
     parser.add_argument("--models", default="llama40m,smollm2", help="comma list of llama40m, smollm2")
-    parser.add_argument("--out", default="results/backends.json", help="JSON output path")
+    parser.add_argument("--out", type=json_out, default="results/backends.json", help="JSON output path")
     args = parser.parse_args()
     seqs = (1, 8) if args.quick else (1, 2, 4, 8, 16)
     pasts = (128,) if args.quick else (128, 512)
@@ -129,7 +117,6 @@ def main() -> None:
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     torch.set_num_threads(args.threads)
     results = {
-        "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
         "load_average_1min_start": os.getloadavg()[0],
         "models": {},
@@ -146,10 +133,7 @@ def main() -> None:
             results["models"][name] = bench_model(name, model, seqs, pasts, repeats, args.threads, Path(tmp), bar)
     results["load_average_1min_end"] = os.getloadavg()[0]
     _print(results, seqs, pasts)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {out}")
+    print(f"\nwrote {save_results(args.out, results, __file__)}")
 
 
 def _print(results: dict, seqs, pasts) -> None:

@@ -16,7 +16,7 @@ thread counts (checked).
     python benchmarks/draft_threads.py --work-dir W --prepare   # the exports, outside the lock
     flock /work/helpers/bench.lock flock /work/helpers/bigmem.lock python benchmarks/draft_threads.py --work-dir W
 
-Writes ``results/draft_threads.json``.
+Writes ``results/draft_threads.json``: ``{"run": {...}, "rows": [one per draft]}`` (``bench_support``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_support import json_out, save_results
 
 _SMOLLM2 = dict(model_type="llama", vocab_size=49152, tie_word_embeddings=True, rms_norm_eps=1e-5)
 #: name -> (hidden, layers, heads, kv heads, intermediate)
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=3, help="random prompts of 32 tokens")
     p.add_argument("--work-dir", default=None, help="keep the exports here (default: a temporary directory)")
     p.add_argument("--prepare", action="store_true", help="only export into --work-dir (outside the bench lock)")
-    p.add_argument("--out", default="results/draft_threads.json")
+    p.add_argument("--out", type=json_out, default="results/draft_threads.json")
     args = p.parse_args(argv)
     if args.prepare:
         if not args.work_dir:
@@ -101,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
             _export(name, Path(args.work_dir), args.target_weights if name == args.target else "fp32", 256)
         return 0
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from spd_support import call_latency_s
 
     from accel.backends import OrtBackend
@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {save_results(args.out, {'rows': rows}, __file__, argv)}")
     return 0
 
 

@@ -12,7 +12,7 @@ the wall time. Files are removed as soon as they are measured.
     flock /work/helpers/bigmem.lock python benchmarks/export.py --presets llama2-7b --source gguf \\
         --formats mxint8-nbits,mx-packed
 
-Writes ``results/export.json``.
+Writes ``results/export.json``: ``{"run": {...}, "rows": [one per model and format]}`` (``bench_support``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_support import json_out, save_results
 
 # VmHWM, not ru_maxrss: after fork + exec, ru_maxrss still counts the parent's resident memory at the fork
 # base: the interpreter plus what ``accel export`` imports (numpy, onnx, the exporter, the GGUF reader; no torch)
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mx-format", default="mxfp6", help="element format of mx-packed / mx-rounded (default mxfp6)")
     p.add_argument("--source", choices=("safetensors", "gguf"), default="safetensors", help="checkpoint kind")
     p.add_argument("--work-dir", default=None, help="where the checkpoints and exports go (default: a temp dir)")
-    p.add_argument("--out", default="results/export.json")
+    p.add_argument("--out", type=json_out, default="results/export.json")
     args = p.parse_args(argv)
 
     from accel.models.random_checkpoint import preset_config, write_random_checkpoint
@@ -105,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(src) if src.is_dir() else src.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {save_results(args.out, {'rows': rows}, __file__, argv)}")
     return 0
 
 

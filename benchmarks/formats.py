@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_support import json_out, save_results
 from tqdm.auto import tqdm
 
 from accel.formats import FORMATS, get_format, quantize
@@ -117,11 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--elements", type=int, default=64 * 1024 * 1024, help="float32 elements (default 64M)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per timing; the best is kept")
     parser.add_argument("--no-smollm", action="store_true", help="skip the SmolLM2-135M figures")
-    parser.add_argument("--out", default="results/formats.json", help="JSON output path")
+    parser.add_argument("--out", type=json_out, default="results/formats.json", help="JSON output path")
     args = parser.parse_args(argv)
-    machine = platform.processor() or platform.machine()
     load_before = os.getloadavg()[0]
-    results = {"machine": machine, "throughput": throughput(args.elements, args.repeats)}
+    results = {"throughput": throughput(args.elements, args.repeats)}
     results["load_average_1min"] = [load_before, os.getloadavg()[0]]
     tp = results["throughput"]
     print(
@@ -170,10 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"linear weights alone: MXFP6 saves {1 - lb['mxfp6'] / lb['fp16']:.1%} vs FP16, "
             f"MXFP4 {1 - lb['mxfp4'] / lb['fp16']:.1%}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"\nsaved {out}")
+    print(f"\nsaved {save_results(args.out, results, __file__, argv)}")
     return results
 
 

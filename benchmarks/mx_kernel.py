@@ -17,7 +17,7 @@
 The SmolLM2 GEMV rows call one weight over and over, so its float32 copy (0.4 to 3.5 MB) stays in the caches; in a
 decode step the model's 540 MB stream from memory. Those rows compare the kernel's compute rate with cache-resident
 float32; the 4096 x 8192 row and the decode step are the memory-bound comparisons. Prints tables and writes
-results/mx_kernel.json.
+``--out`` (default results/mx_kernel.json; not with ``--quick``).
 
     flock /work/helpers/bench.lock python benchmarks/mx_kernel.py          # ~2 minutes on 2 cores
     python benchmarks/mx_kernel.py --quick                                  # fewer repeats, no SmolLM2 step
@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import numpy as np
 import torch
+from bench_support import json_out, save_results
 from torch import nn
 
 from accel.backends import TorchBackend
@@ -158,6 +157,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 repeats, no SmolLM2 decode step")
     parser.add_argument("--median", action="store_true", help="report median times instead of the fastest call")
     parser.add_argument("--no-gemv", action="store_true", help="only the SmolLM2 decode step")
+    parser.add_argument("--out", type=json_out, default="results/mx_kernel.json", help="JSON output path")
     args = parser.parse_args()
     global STAT
     STAT = statistics.median if args.median else min
@@ -198,9 +198,7 @@ def main() -> None:
             f"{a / c:>6.2f}"
         )
     print(f"max |logit difference| packed vs float32 of the same MXFP6 weights: {diff:.2e}")
-    out = Path("results") / "mx_kernel.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(dict(gemv=gemv, step=rows, max_logit_diff=diff, kernel=status.library), indent=1))
+    out = save_results(args.out, dict(gemv=gemv, step=rows, max_logit_diff=diff, kernel=status.library), __file__)
     print(f"wrote {out}")
 
 

@@ -12,7 +12,8 @@ timing ``InferenceSession`` creation and a decode step (S = 1, 2 threads, median
 
     flock /work/helpers/bench.lock python benchmarks/session_load.py --presets smollm2-135m,qwen2.5-0.5b
 
-Writes ``results/session_load.json``.
+Writes ``results/session_load.json``: ``{"run": {...}, "rows": [one per model and format]}``
+(``bench_support``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_support import json_out, save_results
 
 MODES = ("all", "basic", "save", "cached")
 
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", default="fp32,int8,mxint8-nbits,mx-packed")
     p.add_argument("--ctx-len", type=int, default=512)
     p.add_argument("--work-dir", default=None)
-    p.add_argument("--out", default="results/session_load.json")
+    p.add_argument("--out", type=json_out, default="results/session_load.json")
     args = p.parse_args(argv)
 
     from accel.backends.export import export_onnx
@@ -112,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(src)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {save_results(args.out, {'rows': rows}, __file__, argv)}")
     return 0
 
 

@@ -4,6 +4,7 @@ on this machine: calibrate on S = 1 calls + the multi-token S-curve, then predic
 decoding tokens/s and compare with measured runs.
 
     python benchmarks/sim_validation.py [--published-only] [--spd results/spd.json | --standin] [--wall]
+        [--results-dir results]
 
 Modules: this one (the published table, the printed report), ``sim_validation_compare.py`` (reading a measurement
 file, calibrating, comparing), ``sim_validation_standin.py`` (the numpy stand-in).
@@ -37,7 +38,8 @@ Data source:
   reads another benchmarks/spd.py output instead).
 
 The draft is calibrated separately from the target (its weights are small enough to stay in cache: a different
-effective bandwidth). Output: results/sim_validation.json. Goal: SpD speedup within 10 % of measured.
+effective bandwidth). Output: results/sim_validation.json (results/sim_validation_published.json with
+``--published-only``), each with the ``run`` block of ``bench_support``. Goal: SpD speedup within 10 % of measured.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import sim_validation_standin as standin  # noqa: E402
+from bench_support import save_results  # noqa: E402
 from sim_validation_compare import analyse, load_measurements  # noqa: E402
 
 from accel import sim  # noqa: E402
@@ -67,18 +69,6 @@ from accel.errors import SimError  # noqa: E402
 
 RESULTS = ROOT / "results"
 GOAL = 0.10  # SpD speedup within 10 % of the measured one
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` atomically (a temporary sibling renamed into place), readable like a normal file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
-    os.replace(tmp, path)
 
 
 def sweep_rate() -> float:
@@ -136,14 +126,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--standin", action="store_true", help="measure the numpy stand-in even when results/spd.json exists"
     )
     ap.add_argument("--wall", action="store_true", help="time the stand-in in wall-clock seconds, not CPU seconds")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help="where the JSON files go and spd.json is looked for"
+    )
+    args = ap.parse_args(argv)
+    if args.results_dir.exists() and not args.results_dir.is_dir():
+        ap.error(f"--results-dir {args.results_dir} is a file, not a directory")
+    return args
 
 
-def load_data(args: argparse.Namespace) -> dict:
+def load_data(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """The measurements to validate against: --spd FILE, results/spd.json when present, else the stand-in."""
     if args.spd is not None and not args.spd.is_file():
         raise SystemExit(f"--spd {args.spd}: no such file (give a results JSON written by benchmarks/spd.py)")
-    spd_json = args.spd or RESULTS / "spd.json"
+    spd_json = args.spd or args.results_dir / "spd.json"
     if spd_json.exists() and not args.standin:
         try:
             data = load_measurements(json.loads(spd_json.read_text()))
@@ -157,7 +153,7 @@ def load_data(args: argparse.Namespace) -> dict:
         standin.use_wall_clock()
     print(f"timing the stand-in with {'wall' if args.wall else 'process CPU'} time")
     data = standin.measure_standin()
-    write_json(RESULTS / "sim_validation_measurements.json", data)
+    save_results(args.results_dir / "sim_validation_measurements.json", data, __file__, argv)
     return data
 
 
@@ -204,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sweep: {rate:,.0f} configurations/s (goal >= 100,000)")
     published = published_table()
     if args.published_only:
-        write_json(RESULTS / "sim_validation_published.json", published)
-        print(f"wrote {RESULTS / 'sim_validation_published.json'}")
+        path = save_results(args.results_dir / "sim_validation_published.json", published, __file__, argv)
+        print(f"wrote {path}")
         return 0
     print("measuring host ...")
     host = sim.measure_host()
     print(f"host: {host.notes}")
-    res = analyse(load_data(args), host)
+    res = analyse(load_data(args, argv), host)
     worst, worst_ar = print_report(res)
     res.update(
         published=published,
@@ -219,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         worst_speedup_error_ar_run=worst_ar,
         goal_met=bool(min(worst, worst_ar) <= GOAL),
     )
-    write_json(RESULTS / "sim_validation.json", res)
-    print(f"wrote {RESULTS / 'sim_validation.json'}")
+    print(f"wrote {save_results(args.results_dir / 'sim_validation.json', res, __file__, argv)}")
     return 0
 
 

@@ -27,9 +27,6 @@ Prints a table; saves results/spd.json (shape documented in docs/spd.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_support import json_out, save_results
 from spd_report import print_header, print_summary, print_table, print_tree_goal, summarise
 from spd_support import aggregate, call_latency_s, full_head_copy, hf_assisted, layer_skip_draft, plot, target_quality
 from tqdm.auto import tqdm
@@ -206,7 +204,7 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
         help="passes over the prompts (each interleaved as below); figures pool all passes, and every "
         "speedup is also reported per pass (min / median / max) to show the load noise",
     )
-    ap.add_argument("--out", default="results/spd.json")
+    ap.add_argument("--out", type=json_out, default="results/spd.json")
 
 
 @dataclass
@@ -449,11 +447,7 @@ def measure_quality(setup: Setup, jobs: list[Job], results: dict[int, list], arg
 
 def save(result: dict, runs: list[dict], hf: Any, args: argparse.Namespace) -> None:
     """``--out`` (JSON, written atomically) and its plot."""
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp_out, out)
+    out = save_results(args.out, result, __file__, default=str)
     plot(runs, hf, out.with_suffix(".png"))
     print(f"saved {out} and {out.with_suffix('.png')}")
 
@@ -479,14 +473,10 @@ def main() -> None:
     summary = summarise(runs, hf, one_row)
     print_summary(summary, hf, args)
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
+        "settings": {
             "threads": args.threads,
             "draft_threads": args.draft_threads,
             "feature_draft_threads": args.feature_draft_threads,
-        },
-        "settings": {
             "prompts": len(setup.prompts_ids),
             "repeats": args.repeats,
             "max_new_tokens": setup.max_new,

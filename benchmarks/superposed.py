@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import platform
 import time
 from pathlib import Path
 
+from bench_support import json_out, save_results
 from superposed_support import completions, row, shard_store
 
 from accel.backends import OrtBackend, export_cached
@@ -43,7 +42,7 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--store", type=Path, help="n-gram store file")
     src.add_argument("--data", type=Path, help="target-written shards: WORK/data/*.safetensors, WORK/prompts.json")
-    ap.add_argument("--out", type=Path, default=Path("results/superposed.json"))
+    ap.add_argument("--out", type=json_out, default="results/superposed.json")
     args = ap.parse_args()
 
     ckpt = smollm2_checkpoint()
@@ -97,10 +96,8 @@ def main() -> None:
     for name, ms in results.items():
         for d in ms[0].drafts:
             print(f"  {name}: {tok.decode(d)!r}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.processor() or platform.machine(), "wall_s": time.perf_counter() - t0, **vars(args)}
-    meta["store"] = desc
-    args.out.write_text(json.dumps({"rows": rows, "meta": {k: str(v) for k, v in meta.items()}}, indent=2))
+    meta = {"wall_s": time.perf_counter() - t0, **vars(args), "store": desc}
+    save_results(args.out, {"rows": rows, "meta": {k: str(v) for k, v in meta.items()}}, __file__)
 
 
 if __name__ == "__main__":

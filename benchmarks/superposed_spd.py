@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
+from bench_support import json_out, save_results
 from superposed_support import shard_store
 
 from accel.backends import OrtBackend, export_onnx
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=3, help="superposed depth (tokens per branch)")
     ap.add_argument("--store", type=Path, default=None, help="n-gram store for the superposed drafts' scores")
     ap.add_argument("--data", type=Path, default=None, help="or build it from target-written shards in WORK/data")
-    ap.add_argument("--out", type=Path, default=Path("results/superposed_spd.json"))
+    ap.add_argument("--out", type=json_out, default="results/superposed_spd.json")
     args = ap.parse_args()
 
     ckpt = smollm2_checkpoint()
@@ -128,8 +128,7 @@ def main() -> None:
             f"| {r['proposer']} | {r['tokens_per_target_call']:.2f} | {r['tokens_per_s']:.1f} | "
             f"{r['tokens_per_s'] / base:.2f}x | {r['exact_rows']}/{r['rows']} |"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
+    save_results(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}, __file__)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

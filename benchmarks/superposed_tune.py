@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from pathlib import Path
 
+from bench_support import json_out, save_results
 from superposed_support import completions, row, shard_store, tuning_prompts
 
 from accel.backends import OrtBackend, export_cached
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--no-match", type=_floats, default=[-100.0, -10.0], help="no_match_logprob values, nats")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ctx-len", type=int, default=256)
-    ap.add_argument("--out", type=Path, default=Path("results/superposed_tune.json"))
+    ap.add_argument("--out", type=json_out, default="results/superposed_tune.json")
     args = ap.parse_args()
 
     ckpt = smollm2_checkpoint()
@@ -85,9 +85,8 @@ def main() -> None:
             f"{r['distinct_2']:.2f} |"
         )
     per_prompt = {n: [c.token_perplexity for c in ms] for n, ms in results.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"prompts": texts, "store": desc, "per_prompt": per_prompt, **{k: str(v) for k, v in vars(args).items()}}
-    args.out.write_text(json.dumps({"rows": rows, "meta": meta}, indent=2))
+    save_results(args.out, {"rows": rows, "meta": meta}, __file__)
 
 
 if __name__ == "__main__":
