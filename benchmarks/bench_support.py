@@ -144,5 +144,8 @@ def save_results(
     *,
     default: Callable[[Any], Any] | None = None,
 ) -> Path:
-    """Write a benchmark's results: ``{"run": run_metadata(script, argv), **data}`` by :func:`write_json`."""
+    """Write a benchmark's results: ``{"run": run_metadata(script, argv), **data}`` by :func:`write_json`
+    (ValueError if ``data`` has a ``run`` key of its own)."""
+    if "run" in data:
+        raise ValueError(f"results for {path} already hold a 'run' key: the run block would replace it")
     return write_json(path, {"run": run_metadata(script, argv), **data}, default=default)

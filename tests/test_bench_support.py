@@ -100,6 +100,16 @@ def test_run_metadata_block():
     json.dumps(run)  # plain JSON values only
 
 
+def test_save_results_puts_the_run_block_first(tmp_path):
+    path = bs.save_results(tmp_path / "r.json", {"rows": [1], "x": 2}, ROOT / "benchmarks" / "spd.py", ["--quick"])
+    data = json.loads(path.read_text())
+    assert list(data) == ["run", "rows", "x"]
+    assert data["run"]["command"] == "python benchmarks/spd.py --quick"
+    with pytest.raises(ValueError, match="'run' key"):
+        bs.save_results(tmp_path / "s.json", {"run": 1}, ROOT / "benchmarks" / "spd.py", [])
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_cpu_model_and_versions(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core\nflags\t: avx2\n")
