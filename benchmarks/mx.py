@@ -1,6 +1,8 @@
 """MX weights on this CPU: SmolLM2-135M decode steps per weight export, GEMV bandwidth, accuracy, and accel.sim.
 
-What runs (docs/backends.md, "MX weights on onnxruntime"): ``fp32``; ``mx-packed`` MXFP6 (the in-graph decode is
+What runs (docs/backends.md, "MX weights on onnxruntime"), every export with onnxruntime's fused operators
+(``ort_ops=True``: RMSNorm + residual and RoPE as one node each, docs/backends.md "The graph of a layer"): ``fp32``
+(the ratios' reference; ``fp32 portable``: the standard-ONNX graph); ``mx-packed`` MXFP6 (the in-graph decode is
 constant-folded into float32 weights at session start, so it runs as fp32); ``mxint8-nbits`` / ``mxfp6-nbits`` /
 ``mxfp4-nbits`` (exact MX weights as onnxruntime's 8-bit MatMulNBits, int8 activations per block of 32,
 ``accuracy_level=4``) and ``mxfp6-nbits`` at ``accuracy_level=1`` (float32 activations).
@@ -23,6 +25,7 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 
     flock /work/helpers/bench.lock python benchmarks/mx.py --profile 20   # ~5 minutes on 2 cores
     python benchmarks/mx.py --quick                                    # fewer repeats, no accuracy
+    flock /work/helpers/bench.lock python benchmarks/mx.py --quick --exports "fp32 portable,mxfp6-nbits"  # a subset
     flock /work/helpers/bench.lock python benchmarks/mx.py --sim-check # steps of the simulated exports + accel.sim
 
 Prints tables and writes results/mx.json. Timings on a shared machine are noisy: compare ratios from one run.
@@ -50,8 +53,9 @@ from accel.formats import get_format, quantize
 from accel.models import load_checkpoint, load_tokenizer, smollm2_checkpoint
 from accel.spd import GREEDY, generate_ar
 
-EXPORTS = {
+EXPORTS = {  # name: weights (every export with onnxruntime's fused operators, ort_ops=True, but "fp32 portable")
     "fp32": ExportWeights("fp32"),
+    "fp32 portable": ExportWeights("fp32"),
     "mx-packed mxfp6": ExportWeights("mx-packed", mx_format="mxfp6"),
     "mxint8-nbits": ExportWeights("mxint8-nbits"),
     "mxfp6-nbits": ExportWeights("mxfp6-nbits"),
@@ -213,7 +217,7 @@ def profile_ops(paths: dict[str, Path], threads: int, calls: int, tmp: Path) -> 
     ``(whole call)`` as the profiler saw it (profiling itself adds a little per node)."""
     out = {}
     rng = np.random.default_rng(0)
-    for name in PROFILED:
+    for name in (n for n in PROFILED if n.split(",")[0] in paths):
         rows = 1 if "1 row" in name else None
         b = OrtBackend(paths[name.split(",")[0]], threads=threads, min_rows=rows, profile=tmp / "profile")
         prefill(b, rng.integers(0, b.info.vocab_size, (1, PAST)))
@@ -275,7 +279,7 @@ def report_sim(p: dict, steps: dict) -> None:
     head = [("1 row: sim", 12), ("measured", 9), ("err", 6), ("2 rows: sim", 13), ("measured", 9), ("err", 6)]
     head += [(f"S={SCORE}: sim", 12), ("measured", 9), ("err", 6)]
     print(f"{'export':<14}" + "".join(f"{h:>{w}}" for h, w in head))
-    for name in SIM_FORMATS:
+    for name in (n for n in SIM_FORMATS if n in steps):
         one = steps.get(f"{name}, 1 row", steps[name])["S=1"]  # fp32 calls are never padded
         two = steps[name]["S=1"] if f"{name}, 1 row" in steps else None
         cells = [(p[name]["S=1"], one), (p[name]["S=2"], two), (p[name][f"S={SCORE}"], steps[name][f"S={SCORE}"])]
@@ -301,6 +305,18 @@ def report_profile(prof: dict) -> None:
         print(f"{op:<30}" + "".join(f"{c[0]:>16.3f} ({c[1]:>4.0f})" if c else f"{'-':>24}" for c in cells))
 
 
+def _chosen(args: argparse.Namespace) -> dict[str, ExportWeights]:
+    """The exports to time: ``--exports`` (fp32 always, the ratios' reference), the simulated ones with
+    ``--sim-check``, else all."""
+    if args.exports:
+        names = ["fp32"] + [n.strip() for n in args.exports.split(",") if n.strip() and n.strip() != "fp32"]
+        unknown = [n for n in names if n not in EXPORTS]
+        if unknown:
+            raise SystemExit(f"--exports: unknown {unknown}; choose from {list(EXPORTS)}")
+        return {n: EXPORTS[n] for n in names}
+    return {n: w for n, w in EXPORTS.items() if n in SIM_FORMATS or not args.sim_check}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (default 2)")
@@ -311,6 +327,7 @@ def main() -> None:
     ap.add_argument("--spin", action="store_true", help="idle threads spin (onnxruntime default; OrtBackend: off)")
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--sim-check", action="store_true", help="only the simulated exports' steps and accel.sim (~2 min)")
+    ap.add_argument("--exports", default=None, help="comma-separated subset of: " + ", ".join(EXPORTS) + " (fp32 always)")
     ap.add_argument("--out", default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
@@ -320,10 +337,10 @@ def main() -> None:
     model = load_checkpoint(smollm2_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
         backends, paths = {}, {}
-        exports = {n: w for n, w in EXPORTS.items() if n in SIM_FORMATS or not args.sim_check}
-        for name, w in tqdm(exports.items(), desc="export", unit="file"):
+        for name, w in tqdm(_chosen(args).items(), desc="export", unit="file"):
             path = Path(tmp) / f"{len(paths)}.onnx"
-            paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False)
+            ort_ops = name != "fp32 portable"
+            paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False, ort_ops=ort_ops)
             backends[name] = OrtBackend(paths[name], threads=args.threads, spin=args.spin)
             if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
                 backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1, spin=args.spin)

@@ -85,6 +85,7 @@ def export_onnx(
     external_data: bool | None = None,
     stage: StageSpec | None = None,
     exit_head: torch.nn.Module | None = None,
+    ort_ops: bool | None = None,
 ) -> Path:
     """Export ``model`` to ONNX at ``path``; returns the path.
 
@@ -115,6 +116,10 @@ def export_onnx(
             layers' cache, the layer range in the metadata (``accel.layers``).
         exit_head: the early-exit head of a ``stage`` with ``exit_logits`` (``accel.drafts.early_exit.ExitHead``: its
             weights go into the graph as ``exit.*``); None: the target's final norm and LM head on the stage's output.
+        ort_ops: write RMSNorm + residual add and RoPE as onnxruntime's fused CPU operators
+            (``com.microsoft.SkipSimplifiedLayerNormalization``, ``RotaryEmbedding``: 5 nodes less per layer,
+            docs/backends.md "The graph of a layer"); False: standard ONNX only, what Cloud AI 100 and other runtimes
+            read. Default: True for the onnxruntime-only formats (``int8``, ``*-nbits``), False for the others.
 
     Files are written under temporary names and renamed (the data file first, the ``.onnx`` last, after
     ``onnx.checker``), with mode 0644. Settings are recorded in ``metadata_props`` (``accel.*`` keys).
@@ -134,6 +139,7 @@ def export_onnx(
         tensors = tensors.with_extra(
             {f"exit.{k}": v.detach().float().cpu().numpy() for k, v in exit_head.state_dict().items()}
         )
+    fused = _ort_only(spec) if ort_ops is None else bool(ort_ops)
     with _Output(path, external_data) as out:
         bar.set_postfix_str("graph")
         proto = build_decoder_graph(
@@ -151,9 +157,11 @@ def export_onnx(
             stage=stage,
             int8=spec.format == WeightFormat.INT8,
             external=out.external,
+            fused=fused,
         )
         bar.update(1)
         flags = {"hidden_output": hidden_output or bool(cfg.feature_size), "tree": tree, "mix_inputs": mix_inputs}
+        flags["ort_ops"] = fused
         meta = _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, flags)
         onnx.helper.set_model_props(proto, {**meta, **({} if stage.is_whole else stage.metadata())})
         bar.set_postfix_str("write")
@@ -161,6 +169,11 @@ def export_onnx(
         bar.update(1)
     bar.close()
     return path
+
+
+def _ort_only(spec: ExportWeights) -> bool:
+    """Whether the weight format needs onnxruntime anyway (contrib or dynamic-quantization operators)."""
+    return spec.format.is_nbits or spec.format == WeightFormat.INT8
 
 
 def _num_elements(layout: ExportLayout, source: Any) -> int:
@@ -192,6 +205,7 @@ def _metadata(
         "accel.num_logits": str(num_logits or 0),
         **{f"accel.{key}": str(int(value)) for key, value in flags.items()},
         "accel.model_config": json.dumps(cfg.to_hf()),
+        "accel.attention_rows": "grouped",  # the G query heads of a KV head as G * S rows (OrtBackend.min_rows)
     }
 
 

@@ -43,6 +43,7 @@ def build_decoder_graph(
     external: ExternalData | None = None,
     mix_inputs: bool = False,
     stage: StageSpec | None = None,
+    fused: bool = False,
 ) -> onnx.ModelProto:
     """The ONNX model of a ``Decoder`` with ``config`` (an ``accel.models.ModelConfig``) and weights ``tensors``.
 
@@ -70,26 +71,32 @@ def build_decoder_graph(
     ``stage.exit_logits``, ``logits`` of an early-exit head: the ``exit.*`` adapter weights when ``tensors`` has them,
     then ``exit.norm.weight`` or the final norm, then the LM head); cache inputs ``past_key.{j}`` are numbered from 0
     within the stage. Default: the whole model (the graph is then exactly as without ``stage``).
+    ``fused``: write RMSNorm + residual add as ``com.microsoft.SkipSimplifiedLayerNormalization`` and RoPE as
+    ``com.microsoft.RotaryEmbedding`` (onnxruntime's CPU kernels; fewer nodes per layer, docs/backends.md "The graph
+    per layer"); False: standard ONNX only (the graph Cloud AI 100 and other runtimes read).
     """
     stage = stage or StageSpec.whole(config.num_layers)
     if stage.total != config.num_layers:
         raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
     d = _DecoderGraph(
-        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external
-    )
+        config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external,
+        fused=fused,
+    )  # fmt: skip
     d.mix_inputs = mix_inputs
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed() if stage.is_first else "hidden_in"
     mask = d.attention_mask()
     d.cache_slots()
     d.rope()
+    delta = None  # the last sublayer's output, not yet added to the residual stream x (fused into the next norm)
     for i in range(stage.start, stage.stop):
-        x = d.block(i, x, mask)
+        x, delta = d.layer(i, x, delta, mask)
         if progress:
             progress(1)
     if stage.is_last:
-        d.head(x, num_logits)
+        d.head(x, delta, num_logits)
     else:
+        x = d.g.op("Add", x, delta) if delta else x
         d.g.op("Identity", x, name="hidden_out")
         if stage.exit_logits:
             d.exit_head(x, num_logits)
@@ -116,8 +123,10 @@ class _DecoderGraph:
         stage: StageSpec | None = None,
         int8: bool = False,
         external: ExternalData | None = None,
+        fused: bool = False,
     ) -> None:
         c = self.c = config
+        self.fused = fused
         self.tree = tree
         self.stage = stage or StageSpec.whole(c.num_layers)
         self.g = g = GraphBuilder(external)
@@ -184,15 +193,20 @@ class _DecoderGraph:
         return x
 
     def attention_mask(self) -> str:
-        """Additive mask ``[B, 1, 1, S, ctx]``: 0 where slot <= position, float32 min elsewhere (padding sees
-        nothing); a tree graph takes the visible slots from its ``tree_mask`` input instead."""
-        g = self.g
+        """Additive mask ``[B, 1, G * S, ctx]`` (G = query heads per KV head; row ``g * S + s`` is token s's): 0
+        where slot <= position, float32 min elsewhere (padding sees nothing); a tree graph takes the visible slots
+        from its ``tree_mask`` input instead."""
+        g, ctx = self.g, self.ctx_len
         if self.tree:
             visible = g.op("Unsqueeze", "tree_mask", g.const([1, 2]))
         else:
-            slots = g.const(np.arange(self.ctx_len).reshape(1, 1, 1, 1, self.ctx_len))
+            slots = g.const(np.arange(ctx).reshape(1, 1, 1, 1, ctx))
             visible = g.op("LessOrEqual", slots, g.op("Unsqueeze", "position_ids", g.const([1, 2, 4])))
-        return g.op("Where", visible, self.f32(0.0), self.f32(np.finfo(np.float32).min))
+        mask = g.op("Where", visible, self.f32(0.0), self.f32(np.finfo(np.float32).min))  # [B, 1, 1, S, ctx]
+        groups = self.c.num_heads // self.c.num_kv_heads
+        if groups > 1:
+            mask = g.op("Expand", mask, g.const([1, 1, groups, 1, 1]))
+        return g.op("Reshape", mask, g.const([0, 1, -1, ctx]))
 
     def cache_slots(self) -> None:
         """ScatterND indices of the cache write (docs/reference.md §2) and the validity mask of the written rows.
@@ -230,6 +244,8 @@ class _DecoderGraph:
         from accel.models.config import rope_inv_freq  # numpy only (shared with the torch decoder)
 
         g, D = self.g, self.c.head_dim
+        if self.fused:
+            return self.rope_cache(rope_inv_freq(self.c))
         pos_f = g.op("Cast", "position_ids", to=TensorProto.FLOAT)
         freqs = g.op("Mul", g.op("Unsqueeze", pos_f, g.const([2])), self.f32(rope_inv_freq(self.c)))
         emb = g.op("Unsqueeze", g.op("Concat", freqs, freqs, axis=-1), g.const([1]))  # [B, 1, S, D]
@@ -241,6 +257,15 @@ class _DecoderGraph:
         )
         self.rope_tables = (g.op("Cos", emb), g.op("Sin", emb), half_turn)
 
+    def rope_cache(self, inv_freq: np.ndarray) -> None:
+        """``RotaryEmbedding``'s inputs: ``cos``/``sin`` caches ``[ctx, D/2]`` of every slot's position, computed by
+        the same float32 Mul and Cos nodes as the tables of the standard graph (so the same values; onnxruntime folds
+        them at session start), and the positions with padding (-1) clamped to 0 (its rows are never used)."""
+        g, ctx = self.g, self.ctx_len
+        freqs = g.op("Mul", self.f32(np.arange(ctx, dtype=np.float32).reshape(ctx, 1)), self.f32(inv_freq))
+        pos = g.op("Max", "position_ids", g.const(0))
+        self.rope_tables = (g.op("Cos", freqs), g.op("Sin", freqs), pos)
+
     # ------------------------------------------------------------------ pieces of a layer
 
     def linear(self, xin: str, prefix: str, bias: bool, *more: str) -> str:
@@ -248,6 +273,22 @@ class _DecoderGraph:
         prefixes = (prefix, *more)
         y = self.w.linear(xin, *[f"{q}.weight" for q in prefixes])
         return self.g.op("Add", y, self.w.bias(*[f"{q}.bias" for q in prefixes])) if bias else y
+
+    def add_norm(self, x: str, delta: str | None, prefix: str) -> tuple[str, str]:
+        """``(norm(x + delta), x + delta)`` (``delta`` None: ``x`` as it is): one
+        ``SkipSimplifiedLayerNormalization`` node for an RMSNorm of a ``fused`` graph, else Add and ``norm``."""
+        g, c = self.g, self.c
+        if delta is None:
+            return self.norm(x, prefix), x
+        if not (self.fused and c.norm == "rms"):
+            x = g.op("Add", x, delta)
+            return self.norm(x, prefix), x
+        g.opsets.add("com.microsoft")
+        normed, _, _, total = g.ops(
+            "SkipSimplifiedLayerNormalization", [x, delta, self.w.plain(f"{prefix}.weight")], 4, unused=(1, 2),
+            domain="com.microsoft", epsilon=float(c.norm_eps),
+        )  # fmt: skip
+        return normed, total
 
     def norm(self, xin: str, prefix: str) -> str:
         g, w, c = self.g, self.w, self.c
@@ -267,9 +308,14 @@ class _DecoderGraph:
         return g.op("Mul", g.op("Div", xin, rms), w.plain(f"{prefix}.weight"))
 
     def apply_rope(self, t: str) -> str:
+        """RoPE on ``t`` ``[B, n, S, D]`` (n heads)."""
         assert self.rope_tables is not None
-        cos, sin, half_turn = self.rope_tables
         g = self.g
+        if self.fused:  # out[:D/2] = t1 cos - t2 sin, out[D/2:] = t2 cos + t1 sin (interleaved=0: rotate_half)
+            cos, sin, pos = self.rope_tables
+            g.opsets.add("com.microsoft")
+            return g.op("RotaryEmbedding", t, pos, cos, sin, domain="com.microsoft", interleaved=0)
+        cos, sin, half_turn = self.rope_tables
         # rotate_half(t) = concat(-t[D/2:], t[:D/2]) as one MatMul by a signed permutation: each output is one
         # input times +-1 plus exact zeros, so it is bit-exact, in one node instead of Split + Neg + Concat
         return g.op("Add", g.op("Mul", t, cos), g.op("Mul", g.op("MatMul", t, half_turn), sin))
@@ -309,19 +355,28 @@ class _DecoderGraph:
         j = i - self.stage.start  # a stage's cache inputs are numbered from 0
         kc = self.write_cache(f"past_key.{j}", k, f"past_key.{j}_RetainedState")
         vc = self.write_cache(f"past_value.{j}", v, f"past_value.{j}_RetainedState")
-        qg = g.op("Reshape", q, g.const([0, Hkv, H // Hkv, -1, D]))  # [B, Hkv, G, S, D]: no repeat of the cache
-        kt = g.op("Transpose", g.op("Unsqueeze", kc, g.const([2])), perm=[0, 1, 2, 4, 3])  # [B, Hkv, 1, D, ctx]
+        # the G = H / Hkv query heads of a KV head as G * S rows of one product with that head's cache (no repeat of
+        # the cache, no broadcast axis): [B, Hkv, G * S, D] x [B, Hkv, D, ctx] (the Transpose folds into the MatMul)
+        qg = g.op("Reshape", q, g.const([0, Hkv, -1, D]))
+        kt = g.op("Transpose", kc, perm=[0, 1, 3, 2])
         scores = g.op("Add", g.op("Mul", g.op("MatMul", qg, kt), self.f32(1.0 / math.sqrt(D))), mask)
         probs = g.op("Softmax", scores, axis=-1)
-        o = g.op("MatMul", probs, g.op("Unsqueeze", vc, g.const([2])))  # [B, Hkv, G, S, D]
-        o = g.op("Reshape", g.op("Transpose", o, perm=[0, 3, 1, 2, 4]), g.const([0, 0, H * D]))  # [B, S, H*D]
+        o = g.op("Reshape", g.op("MatMul", probs, vc), g.const([0, H, -1, D]))  # [B, H, S, D]
+        o = g.op("Reshape", g.op("Transpose", o, perm=[0, 2, 1, 3]), g.const([0, 0, H * D]))  # [B, S, H*D]
         return self.linear(o, f"{p}.o_proj", c.o_bias)
 
     def block(self, i: int, x: str, mask: str) -> str:
         """Pre-norm transformer block ``i``: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
-        g, p = self.g, f"layers.{i}"
-        x = g.op("Add", x, self.attention(i, self.norm(x, f"{p}.input_layernorm"), mask))
-        return g.op("Add", x, self.mlp(self.norm(x, f"{p}.post_attention_layernorm"), f"{p}.mlp"))
+        x, delta = self.layer(i, x, None, mask)
+        return self.g.op("Add", x, delta)
+
+    def layer(self, i: int, x: str, delta: str | None, mask: str) -> tuple[str, str]:
+        """Block ``i`` on the residual stream ``x + delta`` (``delta`` None: ``x``), as ``(x', mlp output)``: the
+        block's last residual add is left to the next norm (``add_norm``) or to the caller."""
+        p = f"layers.{i}"
+        h, x = self.add_norm(x, delta, f"{p}.input_layernorm")
+        h, x = self.add_norm(x, self.attention(i, h, mask), f"{p}.post_attention_layernorm")
+        return x, self.mlp(h, f"{p}.mlp")
 
     def mlp(self, h: str, p: str) -> str:
         """The MLP with weights ``{p}.gate_proj/up_proj/down_proj`` on normed input ``h``."""
@@ -337,19 +392,19 @@ class _DecoderGraph:
             m = self.act(self.linear(h, f"{p}.up_proj", c.mlp_bias))
         return self.linear(m, f"{p}.down_proj", c.mlp_bias)
 
-    def head(self, x: str, num_logits: int | None) -> None:
-        """Final norm (and the ``hidden_states`` output) and the LM head into ``logits``."""
+    def head(self, x: str, delta: str | None, num_logits: int | None) -> None:
+        """Final norm of ``x + delta`` (and the ``hidden_states`` output) and the LM head into ``logits``."""
         g = self.g
         last = (g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1])) if num_logits else None
         if self.hidden_output:  # every column's final-norm state is an output; the head reads the last num_logits
-            head = self.norm(x, "norm")
+            head, _ = self.add_norm(x, delta, "norm")
             g.op("Identity", head, name="hidden_states")
             if last:
                 head = g.op("Slice", head, *last)
         else:
             if last:
-                x = g.op("Slice", x, *last)
-            head = self.norm(x, "norm")
+                x, delta = g.op("Slice", x, *last), g.op("Slice", delta, *last) if delta else None
+            head, _ = self.add_norm(x, delta, "norm")
         self.lm_head(head)
 
     def lm_head(self, head: str) -> None:

@@ -16,6 +16,7 @@ one numpy assignment on the host.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,11 @@ class OrtBackend:
             decoding two sessions alternate on the same cores, and a spinning idle pool slows the other model's
             calls (measured here: the target's K+1-token calls ran 1.7-2x slower beside a spinning draft session).
         min_rows: a call with fewer rows (batch x tokens) gets padding columns (position -1) up to this many. Default:
-            2 for a graph with ``com.microsoft.MatMulNBits`` (``export_onnx(weights="mxint8-nbits")``), else 1.
+            2 for a graph with ``com.microsoft.MatMulNBits`` (``export_onnx(weights="mxint8-nbits")``), else 1; 1
+            also for such a graph whose attention runs every query head of a KV head as rows of one product
+            (metadata ``accel.attention_rows = grouped``) when it has G >= 2 query heads per KV head: its one-token
+            call already has G rows in every attention product and equals the multi-row calls bit for bit (tested;
+            SmolLM2-135M, G = 3, included), so it needs no padding (``default_min_rows``).
             onnxruntime computes a one-row call slightly differently from a multi-row one (3e-5 of a 27-logit spread
             on SmolLM2-135M in fp32; multi-row calls agree bit for bit whatever their size), and int8 activation
             quantization turns such differences into whole quantization steps (0.57 of the spread with MatMulNBits).
@@ -119,7 +124,7 @@ class OrtBackend:
         graph_ops = check_inplace_cache(path, c.num_layers)
         if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1):
             raise BackendError(f"min_rows must be an int >= 1; got {min_rows!r}")
-        self.min_rows = min_rows if min_rows is not None else (2 if "MatMulNBits" in graph_ops else 1)
+        self.min_rows = min_rows if min_rows is not None else default_min_rows(c.metadata, graph_ops)
         if self.min_rows > 1 and c.ctx_len < 2:
             raise BackendError(f"min_rows={self.min_rows} pads with position -1, which needs ctx_len >= 2")
         self._names = [f"past_{kv}.{i}" for i in range(c.num_layers) for kv in ("key", "value")]
@@ -300,6 +305,25 @@ def _check_free_slot(pos: np.ndarray, ctx_len: int) -> None:
             f"row {int(np.argmax(bad))} mixes padding with positions 0 and {ctx_len - 1} in one call: no cache slot "
             "is free for its padding; split the call"
         )
+
+
+def default_min_rows(metadata: dict[str, str], graph_ops: Any) -> int:
+    """``OrtBackend``'s default ``min_rows`` for a graph with these ``accel.*`` metadata and operator types: 2 for a
+    ``MatMulNBits`` graph (a one-row call would take other kernel paths), 1 for others and for a grouped-rows graph
+    (``accel.attention_rows = grouped``, ``export_onnx`` since these were introduced) with >= 2 query heads per KV
+    head, whose one-token calls are multi-row products already."""
+    if "MatMulNBits" not in graph_ops:
+        return 1
+    if metadata.get("accel.attention_rows") == "grouped":
+        try:
+            cfg = json.loads(metadata.get("accel.model_config", "{}"))
+            heads = int(cfg.get("num_attention_heads") or 0)
+            groups = heads // int(cfg.get("num_key_value_heads") or heads or 1)
+        except (ValueError, TypeError, AttributeError):
+            groups = 0
+        if groups >= 2:
+            return 1
+    return 2
 
 
 def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:

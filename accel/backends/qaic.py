@@ -119,8 +119,8 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
     contrib = sorted({n.domain for n in proto.graph.node if n.domain not in ("", "ai.onnx")})
     if contrib:
         raise BackendError(
-            f"{onnx_path} uses operators of {', '.join(contrib)} (an onnxruntime-only export such as "
-            "weights='mxint8-nbits'); export with fp32, fp16 or mx-rounded for Cloud AI 100"
+            f"{onnx_path} uses operators of {', '.join(contrib)} (an onnxruntime-only export: weights='mxint8-nbits' "
+            "or ort_ops=True); export with fp32, fp16 or mx-rounded for Cloud AI 100 (ort_ops=False)"
         )
     dims = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
     outs = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}

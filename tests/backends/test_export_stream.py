@@ -101,7 +101,7 @@ def test_int8_weights_equal_onnxruntime_quantize_dynamic(tmp_path):
 
     model = Decoder(_config(tied=False)).init_weights(2, std=0.1)
     ours = export_onnx(model, tmp_path / "int8.onnx", ctx_len=CTX, weights="int8", progress=False)
-    fp32 = export_onnx(model, tmp_path / "fp32.onnx", ctx_len=CTX, progress=False)
+    fp32 = export_onnx(model, tmp_path / "fp32.onnx", ctx_len=CTX, progress=False, ort_ops=True)
     proto = onnx.load(str(fp32))
     inits = {t.name for t in proto.graph.initializer}
     keep = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] not in inits]
@@ -110,7 +110,7 @@ def test_int8_weights_equal_onnxruntime_quantize_dynamic(tmp_path):
     try:
         quantize_dynamic(
             fp32, ref, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-            nodes_to_exclude=keep,
+            nodes_to_exclude=keep, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )  # fmt: skip
     finally:
         logging.disable(logging.NOTSET)

@@ -28,14 +28,14 @@ PROMPTS = (4, 6)
 CTX = 32
 
 
-def _model(tied: bool, inter: int = 80, seed: int = 0) -> Decoder:
+def _model(tied: bool, inter: int = 80, seed: int = 0, kv_heads: int = 2) -> Decoder:
     # inter=80: down_proj's input (80) is not a multiple of the block (32), so its last block is padded
     cfg = ModelConfig(
         vocab_size=96,
         hidden_size=64,
         num_layers=2,
         num_heads=4,
-        num_kv_heads=2,
+        num_kv_heads=kv_heads,
         intermediate_size=inter,
         tie_word_embeddings=tied,
     )
@@ -173,8 +173,9 @@ def test_one_row_and_multi_row_calls(tmp_path):
     multi-row calls agree with each other bit for bit whatever their S. So OrtBackend pads a one-row call of such a
     graph with a position -1 column (``min_rows`` 2 by default): single-token steps then equal the multi-row calls
     exactly, and greedy SpD (which verifies with multi-row calls) follows the same model as greedy AR.
-    ``min_rows=1`` shows the one-row numbers it avoids."""
-    model = _model(tied=True, inter=128, seed=4)
+    ``min_rows=1`` shows the one-row numbers it avoids. An MHA model (one query head per KV head): a GQA graph's
+    one-token call is a multi-row product already (next test)."""
+    model = _model(tied=True, inter=128, seed=4, kv_heads=4)
     path = export_onnx(model, tmp_path / "n.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
     padded, bare = OrtBackend(path), OrtBackend(path, min_rows=1)
     assert (padded.min_rows, bare.min_rows) == (2, 1)
@@ -195,6 +196,31 @@ def test_one_row_and_multi_row_calls(tmp_path):
     np.testing.assert_array_equal(run(bare, 4), four)
     spread = float(np.ptp(four))
     assert 0 < float(np.abs(one_row - four).max()) < 0.03 * spread
+
+
+def test_grouped_query_graphs_need_no_padding(tmp_path):
+    """With G = 2 query heads per KV head, each attention product of a one-token call has G rows: one-row calls
+    equal multi-row calls bit for bit, so OrtBackend does not pad them; a graph without the ``accel.attention_rows``
+    metadata (an older export, whose attention products had one row per head) is still padded."""
+    model = _model(tied=True, inter=128, seed=4)
+    path = export_onnx(model, tmp_path / "g.onnx", ctx_len=CTX, weights="mxint8-nbits", progress=False)
+    bare = OrtBackend(path)
+    assert bare.min_rows == 1
+    ids = np.array([make_tokens(96, (24,), seed=9)[0]])
+    out = {}
+    for s in (1, 4):
+        bare.reset()
+        bare.forward(ids[:, :8], np.arange(8)[None], num_logits=1)
+        out[s] = np.concatenate(
+            [bare.forward(ids[:, i : i + s], np.arange(i, i + s)[None]) for i in range(8, 24, s)], axis=1
+        )
+    np.testing.assert_array_equal(out[1], out[4])
+    proto = onnx.load(str(path))
+    kept = [p for p in proto.metadata_props if p.key != "accel.attention_rows"]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    onnx.save(proto, str(tmp_path / "old.onnx"))
+    assert OrtBackend(tmp_path / "old.onnx").min_rows == 2
 
 
 def test_min_rows_padding_keeps_outputs_and_checks_its_argument(tmp_path):

@@ -33,13 +33,16 @@ def files(model, tmp_path_factory):
     for b in (1, 2):
         out[("chain", b)] = export_onnx(model, d / f"chain{b}.onnx", ctx_len=CTX, batch_size=b, progress=False)
         out[("tree", b)] = export_onnx(model, d / f"tree{b}.onnx", ctx_len=CTX, batch_size=b, progress=False, tree=True)
+        for graph in ("chain", "tree"):  # onnxruntime's fused RMSNorm and RoPE operators (test_onnx_fused.py)
+            out[(f"{graph}-ops", b)] = export_onnx(model, d / f"{graph}{b}-ops.onnx", ctx_len=CTX, batch_size=b,
+                                                   progress=False, tree=graph == "tree", ort_ops=True)  # fmt: skip
     return out
 
 
 def make(kind: str, model, files, batch: int, graph: str = "tree"):
     if kind == "torch":
         return TorchBackend(model, ctx_len=CTX, batch_size=batch)
-    return OrtBackend(files[(graph, batch)], threads=1)
+    return OrtBackend(files[(graph + ("-ops" if kind == "onnxruntime-ops" else ""), batch)], threads=1)
 
 
 def prefill(backend, prompts):
@@ -79,7 +82,7 @@ def random_tokens(parents, root, seed):
     return toks
 
 
-@pytest.mark.parametrize("kind", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("kind", ["torch", "onnxruntime", "onnxruntime-ops"])
 @pytest.mark.parametrize("shapes", [("wide", "bushy"), ("chain", "single"), ("bushy", "wide")])
 def test_node_logits_equal_chain_calls_along_their_paths(model, files, kind, shapes):
     parents = [SHAPES[s] for s in shapes]
@@ -105,7 +108,7 @@ def test_chain_calls_on_a_tree_graph_equal_the_chain_graph(model, files):
     assert "tree" not in make("onnxruntime", model, files, 2, "chain").info.capabilities
 
 
-@pytest.mark.parametrize("kind", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("kind", ["torch", "onnxruntime", "onnxruntime-ops"])
 def test_compaction_leaves_a_fresh_prefill_of_the_accepted_tokens(model, files, kind):
     """Accept a path that leaves the first-child chain (its nodes sit at scattered slots), move it to contiguous
     slots, and compare the cache (every layer, K and V) and the next call's logits with a fresh prefill."""
