@@ -9,8 +9,9 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 
 1. Step time: median ms of a decode call (S = 1) and a K+1 = 4 scoring call after a 128-token prefix, timed round
    robin over all exports in one run, in a new random order every round (machine-load drift and order effects hit
-   them alike); ratio = fp32 time / export time. The ``*-nbits`` S = 1 call is padded to 2 rows (``OrtBackend``'s
-   ``min_rows`` default, so that greedy SpD equals AR); the ``, 1 row`` rows time the same graph unpadded.
+   them alike); ratio = fp32 time / export time. The ``*-nbits`` S = 1 call runs as one row (``OrtBackend``'s
+   ``min_rows`` default for these GQA graphs: their one-token call equals the multi-row calls bit for bit); the
+   ``, padded`` rows time the same graph padded to 2 rows (``min_rows=2``, the default before the grouped rows).
 2. GEMV: one ``[1, K] x [K, N]`` product (K = 4096, N = 8192: 134 MB of float32 weights, far over the caches) as a
    float32 MatMul and as a MatMulNBits; effective bandwidth = bytes of the stored format / time, and the MXFP6
    bandwidth = MXFP6's 6.25 bits per weight / time (what a kernel reading MXFP6 bytes would have to stream).
@@ -20,7 +21,7 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
    ``step_time`` of SmolLM2-135M after 128 tokens per export (the head in the export's weight format) at 1 row, 2 rows
    (the padded step) and S = 4, against the measured calls; and what the MX formats would give if their own bytes
    were streamed (the same profile without the 8-bit kernel's rate).
-5. ``--profile N``: onnxruntime's per-node profiler over N S = 1 calls of fp32 and mxfp6-nbits (padded, 1 row),
+5. ``--profile N``: onnxruntime's per-node profiler over N S = 1 calls of fp32 and mxfp6-nbits (1 row, padded),
    summed per operator type: where a step's time goes.
 
     flock /work/helpers/bench.lock python benchmarks/mx.py --profile 20   # ~5 minutes on 2 cores
@@ -62,9 +63,9 @@ EXPORTS = {  # name: weights (every export with onnxruntime's fused operators, o
     "mxfp4-nbits": ExportWeights("mxfp4-nbits"),
     "mxfp6-nbits level 1": ExportWeights("mxfp6-nbits", accuracy_level=1),
 }
-ONE_ROW = ("mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits")  # also timed unpadded: OrtBackend(min_rows=1)
+PADDED = ("mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits")  # also timed padded to 2 rows: OrtBackend(min_rows=2)
 SIM_FORMATS = {"fp32": "fp32", "mxint8-nbits": "mxint8", "mxfp6-nbits": "mxfp6", "mxfp4-nbits": "mxfp4"}
-PROFILED = ("fp32", "mxfp6-nbits", "mxfp6-nbits, 1 row")
+PROFILED = ("fp32", "mxfp6-nbits", "mxfp6-nbits, padded")
 PAST, SCORE = 128, 4
 
 
@@ -218,7 +219,7 @@ def profile_ops(paths: dict[str, Path], threads: int, calls: int, tmp: Path) -> 
     out = {}
     rng = np.random.default_rng(0)
     for name in (n for n in PROFILED if n.split(",")[0] in paths):
-        rows = 1 if "1 row" in name else None
+        rows = 2 if "padded" in name else None
         b = OrtBackend(paths[name.split(",")[0]], threads=threads, min_rows=rows, profile=tmp / "profile")
         prefill(b, rng.integers(0, b.info.vocab_size, (1, PAST)))
         ids, pos = rng.integers(0, b.info.vocab_size, (1, 1)), np.array([[PAST]])
@@ -280,8 +281,8 @@ def report_sim(p: dict, steps: dict) -> None:
     head += [(f"S={SCORE}: sim", 12), ("measured", 9), ("err", 6)]
     print(f"{'export':<14}" + "".join(f"{h:>{w}}" for h, w in head))
     for name in (n for n in SIM_FORMATS if n in steps):
-        one = steps.get(f"{name}, 1 row", steps[name])["S=1"]  # fp32 calls are never padded
-        two = steps[name]["S=1"] if f"{name}, 1 row" in steps else None
+        one = steps[name]["S=1"]
+        two = steps[f"{name}, padded"]["S=1"] if f"{name}, padded" in steps else None
         cells = [(p[name]["S=1"], one), (p[name]["S=2"], two), (p[name][f"S={SCORE}"], steps[name][f"S={SCORE}"])]
         line = f"{name:<14}"
         for pred, meas in cells:
@@ -327,7 +328,7 @@ def main() -> None:
     ap.add_argument("--spin", action="store_true", help="idle threads spin (onnxruntime default; OrtBackend: off)")
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--sim-check", action="store_true", help="only the simulated exports' steps and accel.sim (~2 min)")
-    ap.add_argument("--exports", default=None, help="comma-separated subset of: " + ", ".join(EXPORTS) + " (fp32 always)")
+    ap.add_argument("--exports", help="comma-separated subset of: " + ", ".join(EXPORTS) + " (fp32 always)")
     ap.add_argument("--out", default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
@@ -342,9 +343,9 @@ def main() -> None:
             ort_ops = name != "fp32 portable"
             paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False, ort_ops=ort_ops)
             backends[name] = OrtBackend(paths[name], threads=args.threads, spin=args.spin)
-            if name in ONE_ROW:  # the same graph, a one-token call not padded to 2 rows (AR decoding on its own)
-                backends[f"{name}, 1 row"] = OrtBackend(paths[name], threads=args.threads, min_rows=1, spin=args.spin)
-        scored = {n: b for n, b in backends.items() if not n.endswith("1 row")}  # the same logits as padded
+            if name in PADDED:  # the same graph, its one-token call padded to 2 rows (the same logits)
+                backends[f"{name}, padded"] = OrtBackend(paths[name], threads=args.threads, min_rows=2, spin=args.spin)
+        scored = {n: b for n, b in backends.items() if not n.endswith("padded")}
         accuracy = not (args.quick or args.sim_check)
         with tqdm(total=repeats + (len(scored) if accuracy else 0), desc="mx benchmark") as bar:
             r["steps"] = time_steps(backends, repeats, bar)
