@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from bench_support import json_out, save_results
 from onnx import TensorProto, helper, numpy_helper
 from tqdm.auto import tqdm
 
@@ -329,7 +330,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--sim-check", action="store_true", help="only the simulated exports' steps and accel.sim (~2 min)")
     ap.add_argument("--exports", help="comma-separated subset of: " + ", ".join(EXPORTS) + " (fp32 always)")
-    ap.add_argument("--out", default="results/mx.json", help="JSON output path")
+    ap.add_argument("--out", type=json_out, default="results/mx.json", help="JSON output path")
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
     r = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads}
@@ -358,10 +359,7 @@ def main() -> None:
     r["predicted_ms"] = None if args.quick else predict(args.threads)
     r["load_end"] = os.getloadavg()[0]
     report(r)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2))
-    print(f"\nwrote {out}")
+    print(f"\nwrote {save_results(args.out, r, __file__)}")
 
 
 if __name__ == "__main__":
