@@ -54,7 +54,7 @@ class DemoResult(BaseModel):
     target_call_s: float
     target_score_call_s: float
     # exact MXFP6 weights on onnxruntime's 8-bit MatMulNBits (weights="mxfp6-nbits"): one S = 1 step, timed beside
-    # the float32 target (target_call_s's graph): padded to 2 rows (as the SpD engine runs it) and one row
+    # the float32 target (target_call_s's graph): as OrtBackend and the SpD engine run it (min_rows) and one row
     mx_nbits_call_s: float | None = None
     mx_nbits_one_row_call_s: float | None = None
     fp32_paired_call_s: float | None = None

@@ -60,8 +60,9 @@ def paired_step_times(backends: list, reps: int) -> list[float]:
 
 
 def mx_step_times(target, mx_onnx, threads: int | None, reps: int) -> dict[str, float]:
-    """One S = 1 step of the ``mxfp6-nbits`` graph ``mx_onnx`` (padded to 2 rows, as ``OrtBackend`` runs it, and one
-    row) timed round robin with the float32 ``target`` backend: ``DemoResult`` fields, seconds."""
+    """One S = 1 step of the ``mxfp6-nbits`` graph ``mx_onnx`` (as ``OrtBackend`` runs it: one row for a GQA graph,
+    padded to 2 rows otherwise, docs/backends.md "One row or two"; and one row) timed round robin with the float32
+    ``target`` backend: ``DemoResult`` fields, seconds."""
     from accel.backends import OrtBackend
 
     padded, one_row = OrtBackend(mx_onnx, threads=threads), OrtBackend(mx_onnx, threads=threads, min_rows=1)
