@@ -73,7 +73,7 @@ def build_decoder_graph(
     within the stage. Default: the whole model (the graph is then exactly as without ``stage``).
     ``fused``: write RMSNorm + residual add as ``com.microsoft.SkipSimplifiedLayerNormalization`` and RoPE as
     ``com.microsoft.RotaryEmbedding`` (onnxruntime's CPU kernels; fewer nodes per layer, docs/backends.md "The graph
-    per layer"); False: standard ONNX only (the graph Cloud AI 100 and other runtimes read).
+    of a layer"); False: standard ONNX only (the graph Cloud AI 100 and other runtimes read).
     """
     stage = stage or StageSpec.whole(config.num_layers)
     if stage.total != config.num_layers:
