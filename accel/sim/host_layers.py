@@ -83,7 +83,9 @@ def _backend(shape: LayerShape, layers: int, nbits: bool, rows: int, threads: in
         tie_word_embeddings=True,
     )
     tensors = _tensors(shape, layers, nbits, np.random.default_rng(layers))
-    proto = build_decoder_graph(cfg, tensors, ctx_len=shape.ctx_len, batch_size=1, matmul_nbits=4 if nbits else 0)
+    # fused: onnxruntime's RMSNorm/RoPE operators, as in the exports benchmarks/mx.py times (ort_ops=True)
+    proto = build_decoder_graph(cfg, tensors, ctx_len=shape.ctx_len, batch_size=1, matmul_nbits=4 if nbits else 0,
+                                fused=True)  # fmt: skip
     path = tmp / f"{layers}-{int(nbits)}.onnx"
     onnx.save(proto, str(path))
     b = OrtBackend(path, threads=threads, min_rows=rows)
