@@ -6,8 +6,12 @@ Rows (batch 1, one prompt at a time, the first --prompts of ``accel.drafts.HELD_
 each): autoregressive; the shipped standalone draft (chain of --k); the shipped feature draft (chain of --k, int8);
 then for every ``--hydra DIR`` (Hydra++ or MLP-only heads, named by their config): a tree of each ``--nodes`` budget
 (top --top-k children, --top-k nodes expanded per level, depth min(4, heads); int8 level graphs) and the heads' top-1
-chain; for the first DIR also the largest tree with float32 level graphs (the int8 ablation). ``--skip`` drops
-rows. Per row: tokens per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same
+chain; for the first DIR also the largest tree with float32 level graphs (the int8 ablation). With ``--ngram N``
+also n-gram lookup (``NgramLookup(N, --ngram-k)``, as ``accel generate --ngram N --ngram-k K``): lookup alone, the
+feature draft's dynamic chain (cap 6, ``min_draft_prob`` 0.3) after lookup, and every Hydra tree after lookup
+(``FirstOf``: lookup where it matches, the tree otherwise) and merged with it (``Merge``: lookup's chain joined into
+the tree, one target call verifies both); ``--lookup`` picks which. ``--tree-min-prob`` / ``--tree-expand-prob``
+give the Hydra trees probability thresholds (``TreeShape``; as ``accel generate``). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same
 run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
 against AR. ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that
 prices a tree.
@@ -33,6 +37,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--k", type=int, default=3, help="chain length of the draft models")
     ap.add_argument("--nodes", type=int, nargs="+", default=[4, 12], help="Hydra tree budgets (nodes below the root)")
     ap.add_argument("--top-k", type=int, default=4, help="Hydra tree: children per expanded node")
+    ap.add_argument("--ngram", type=int, default=0, help="n-gram lookup rows: the longest suffix looked up (0: off)")
+    ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
+    ap.add_argument(
+        "--lookup", nargs="+", default=list(LOOKUP), choices=LOOKUP, help="with --ngram: which lookup rows to run"
+    )
+    ap.add_argument("--tree-min-prob", type=float, default=0.0, help="Hydra trees: drop nodes below this path prob")
+    ap.add_argument("--tree-expand-prob", type=float, default=None, help="Hydra trees: expand nodes at least this")
     ap.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE, help="rows to leave out")
     ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
@@ -42,42 +53,78 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-SKIPPABLE = ("standalone", "feature", "fp32", "chain")
+SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydra trees without lookup
+#: lookup rows (--ngram): lookup alone, the feature chain after lookup, Hydra trees after lookup / merged with it
+LOOKUP = ("alone", "feature", "first", "merge")
 
 
 def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
     """name -> a function making a fresh proposer (or None for AR)."""
     from accel.backends import OrtBackend, export_cached
-    from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape
-    from accel.drafts.hydra.export import export_hydra_cached
-    from accel.spd import DraftChain
+    from accel.spd import DraftChain, NgramLookup
 
     rows: dict = {"autoregressive": lambda: None}
+    lookup = (lambda: NgramLookup(args.ngram, args.ngram_k)) if args.ngram else None
+    tag = f"lookup n={args.ngram} k={args.ngram_k}"
+    if lookup and "alone" in args.lookup:
+        rows[tag] = lookup
     if "standalone" not in args.skip:
         draft = OrtBackend(export_cached(SHIPPED_DRAFT, cache, ctx_len=args.ctx_len), threads=1)
         rows[f"standalone draft, chain k={args.k}"] = lambda: DraftChain(draft, k=args.k)
-    if "feature" not in args.skip:
+    if "feature" not in args.skip or (lookup and "feature" in args.lookup):
         path = export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8")
         feature = OrtBackend(path, threads=args.threads)
-        rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
+        if "feature" not in args.skip:
+            rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
+        if lookup and "feature" in args.lookup:
+            chain = lambda: DraftChain(feature, k=6, min_draft_prob=0.3)  # noqa: E731 (spd.py's best after lookup)
+            rows[f"feature dyn chain 6 t=0.3, after {tag}"] = with_lookup("first", lookup, chain)
+    for n, heads_dir in enumerate(args.hydra):
+        rows.update(hydra_rows(args, cache, target_dir, heads_dir, first=n == 0, lookup=lookup, tag=tag))
+    return rows
 
-    def runtime(heads_dir: str, weights: str) -> HydraRuntime:
+
+def with_lookup(how: str, lookup, make):
+    """A factory of ``make()`` after lookup (``FirstOf``, how="first") or merged with it (``Merge``)."""
+    from accel.spd import FirstOf, Merge
+
+    join = FirstOf if how == "first" else Merge
+    return lambda: join(lookup(), make())
+
+
+def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_dir: str, first: bool, lookup, tag):
+    """The rows of one heads directory: its trees (plain, after lookup, merged), the fp32 ablation, its chain."""
+    from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape
+    from accel.drafts.hydra.export import export_hydra_cached
+
+    def runtime(weights: str) -> HydraRuntime:
         path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
         return HydraRuntime(path, threads=1)
 
-    for n, heads_dir in enumerate(args.hydra):
-        heads = runtime(heads_dir, "int8")
-        kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
-        for budget in args.nodes:
-            shape = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
-            rows[f"{kind}, tree {budget} top-{args.top_k} int8"] = lambda h=heads, s=shape: HydraProposer(h, s)
-        if n == 0 and "fp32" not in args.skip:
-            fp32 = runtime(heads_dir, "fp32")
-            shape = TreeShape.for_decoding(heads.num_heads, max(args.nodes), args.top_k)
-            rows[f"{kind}, tree {max(args.nodes)} top-{args.top_k} fp32"] = lambda h=fp32, s=shape: HydraProposer(h, s)
-        if "chain" not in args.skip:
-            chain = TreeShape.chain(min(4, heads.num_heads))
-            rows[f"{kind}, chain k={chain.depth} int8"] = lambda h=heads, s=chain: HydraProposer(h, s)
+    def shape(budget: int) -> TreeShape:
+        s = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
+        return s.with_thresholds(args.tree_min_prob, args.tree_expand_prob)
+
+    rows: dict = {}
+    heads = runtime("int8")
+    kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
+    thr = ""
+    if args.tree_min_prob or args.tree_expand_prob is not None:
+        thr = f" p>={args.tree_min_prob:g}/{args.tree_expand_prob if args.tree_expand_prob is not None else '-'}"
+    for budget in args.nodes:
+        make = lambda h=heads, s=shape(budget): HydraProposer(h, s)  # noqa: E731
+        name = f"{kind}, tree {budget}{thr}"
+        if "tree" not in args.skip:
+            rows[name] = make
+        for how in ("first", "merge") if lookup else ():
+            if how in args.lookup:
+                rows[f"{name}, {'after' if how == 'first' else 'merged with'} {tag}"] = with_lookup(how, lookup, make)
+    if first and "fp32" not in args.skip:
+        fp32 = runtime("fp32")
+        rows[f"{kind}, tree {max(args.nodes)}{thr} fp32"] = lambda h=fp32, s=shape(max(args.nodes)): HydraProposer(h, s)
+    if "chain" not in args.skip:
+        chain = TreeShape.chain(min(4, heads.num_heads))
+        rows[f"{kind}, chain k={chain.depth}"] = lambda h=heads, s=chain: HydraProposer(h, s)
     return rows
 
 
@@ -152,7 +199,7 @@ def main() -> int:
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)
         print(
-            f"{name:<36} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
+            f"{name:<58} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
             f"{row['ms_per_round']:6.1f} ms/round  {row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
             f"== AR: {row['equals_ar']}",
             flush=True,
