@@ -11,17 +11,20 @@ also n-gram lookup (``NgramLookup(N, --ngram-k)``, as ``accel generate --ngram N
 feature draft's dynamic chain (cap 6, ``min_draft_prob`` 0.3) after lookup, and every Hydra tree after lookup
 (``FirstOf``: lookup where it matches, the tree otherwise) and merged with it (``Merge``: lookup's chain joined into
 the tree, one target call verifies both); ``--lookup`` picks which. ``--tree-min-prob`` / ``--tree-expand-prob``
-give the Hydra trees probability thresholds (``TreeShape``; as ``accel generate``). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same
-run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
-against AR. ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that
-prices a tree.
+give the Hydra trees probability thresholds (``TreeShape``, as ``accel generate``'s; several values: every
+combination). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, ms per round, draft nodes
+per round, the share of rounds drafted by lookup alone, tokens/s and the speedup over AR's tokens/s in the same run
+(prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token against AR.
+``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that prices a tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +45,21 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--lookup", nargs="+", default=list(LOOKUP), choices=LOOKUP, help="with --ngram: which lookup rows to run"
     )
-    ap.add_argument("--tree-min-prob", type=float, default=0.0, help="Hydra trees: drop nodes below this path prob")
-    ap.add_argument("--tree-expand-prob", type=float, default=None, help="Hydra trees: expand nodes at least this")
+    ap.add_argument(
+        "--tree-min-prob",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="Hydra trees: leave out nodes whose path "
+        "probability under the heads is below this (each value, crossed with --tree-expand-prob; 0: none)",
+    )
+    ap.add_argument(
+        "--tree-expand-prob",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="Hydra trees: expand only nodes scored at least this (each value; 0: the tree's min_prob)",
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE, help="rows to leave out")
     ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
@@ -101,19 +117,16 @@ def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_di
         path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
         return HydraRuntime(path, threads=1)
 
-    def shape(budget: int) -> TreeShape:
+    def shape(budget: int, keep: float = 0.0, expand: float = 0.0) -> TreeShape:
         s = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
-        return s.with_thresholds(args.tree_min_prob, args.tree_expand_prob)
+        return s.with_thresholds(keep, expand or None)
 
     rows: dict = {}
     heads = runtime("int8")
     kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
-    thr = ""
-    if args.tree_min_prob or args.tree_expand_prob is not None:
-        thr = f" p>={args.tree_min_prob:g}/{args.tree_expand_prob if args.tree_expand_prob is not None else '-'}"
-    for budget in args.nodes:
-        make = lambda h=heads, s=shape(budget): HydraProposer(h, s)  # noqa: E731
-        name = f"{kind}, tree {budget}{thr}"
+    for budget, keep, expand in itertools.product(args.nodes, args.tree_min_prob, args.tree_expand_prob):
+        make = partial(HydraProposer, heads, shape(budget, keep, expand))
+        name = f"{kind}, tree {budget}" + (f" p {keep:g}/{expand or keep:g}" if keep or expand else "")
         if "tree" not in args.skip:
             rows[name] = make
         for how in ("first", "merge") if lookup else ():
@@ -121,10 +134,10 @@ def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_di
                 rows[f"{name}, {'after' if how == 'first' else 'merged with'} {tag}"] = with_lookup(how, lookup, make)
     if first and "fp32" not in args.skip:
         fp32 = runtime("fp32")
-        rows[f"{kind}, tree {max(args.nodes)}{thr} fp32"] = lambda h=fp32, s=shape(max(args.nodes)): HydraProposer(h, s)
+        rows[f"{kind}, tree {max(args.nodes)} fp32"] = partial(HydraProposer, fp32, shape(max(args.nodes)))
     if "chain" not in args.skip:
         chain = TreeShape.chain(min(4, heads.num_heads))
-        rows[f"{kind}, chain k={chain.depth}"] = lambda h=heads, s=chain: HydraProposer(h, s)
+        rows[f"{kind}, chain k={chain.depth}"] = partial(HydraProposer, heads, chain)
     return rows
 
 
@@ -173,7 +186,8 @@ def main() -> int:
     sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
     eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
     makers = proposers(args, cache, target_dir)
-    totals = {name: {"tokens": [], "calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0} for name in makers}
+    zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0}
+    totals = {name: {"tokens": [], **zero} for name in makers}
     for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
         for name, make in makers.items():
             res = generate(
@@ -185,6 +199,8 @@ def main() -> int:
             t["new"] += s.new_tokens
             t["rounds"] += s.rounds
             t["draft_s"] += s.draft_s
+            t["nodes"] += s.draft_tokens
+            t["lookup"] += s.lookup_rounds
             t["wall"] += s.wall_s - s.prefill_s
     rows, reference = [], totals["autoregressive"]["tokens"]
     for name, t in totals.items():
@@ -193,6 +209,8 @@ def main() -> int:
             "tokens_per_call": t["new"] / t["calls"],
             "draft_ms_per_round": 1e3 * t["draft_s"] / max(t["rounds"], 1),
             "ms_per_round": 1e3 * t["wall"] / max(t["rounds"], 1),
+            "nodes_per_round": t["nodes"] / max(t["rounds"], 1),
+            "lookup_share": t["lookup"] / max(t["rounds"], 1),
             "tokens_per_s": t["new"] / t["wall"],
             "equals_ar": t["tokens"] == reference if args.temperature is None else None,
         }
@@ -200,7 +218,9 @@ def main() -> int:
         rows.append(row)
         print(
             f"{name:<58} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
-            f"{row['ms_per_round']:6.1f} ms/round  {row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
+            f"{row['ms_per_round']:6.1f} ms/round  {row['nodes_per_round']:4.1f} nodes  "
+            f"{row['lookup_share']:4.2f} lookup  "
+            f"{row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
             f"== AR: {row['equals_ar']}",
             flush=True,
         )
