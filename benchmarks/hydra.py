@@ -10,18 +10,18 @@ chain; for the first DIR also the largest tree with float32 level graphs (the in
 also n-gram lookup (``NgramLookup(N, --ngram-k)``, as ``accel generate --ngram N --ngram-k K``): lookup alone, the
 feature draft's dynamic chain (cap 6, ``min_draft_prob`` 0.3) after lookup, and every Hydra tree after lookup
 (``FirstOf``: lookup where it matches, the tree otherwise) and merged with it (``Merge``: lookup's chain joined into
-the tree, one target call verifies both); ``--lookup`` picks which. ``--tree-min-prob`` / ``--tree-expand-prob``
-give the Hydra trees probability thresholds (``TreeShape``, as ``accel generate``'s; several values: every
-combination). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, ms per round, draft nodes
-per round, the share of rounds drafted by lookup alone, tokens/s and the speedup over AR's tokens/s in the same run
-(prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token against AR.
+the tree, one target call verifies both); ``--lookup`` picks which. A ``--nodes`` item ``N:MIN:EXPAND`` gives that
+tree the probability thresholds ``TreeShape.min_prob`` / ``expand_prob`` (``accel generate``'s ``--tree-min-prob`` /
+``--tree-expand-prob``). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, ms per round,
+draft nodes per round, the share of rounds drafted by lookup alone, tokens/s and the speedup over AR's tokens/s in the
+same run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
+against AR.
 ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that prices a tree.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from functools import partial
@@ -38,27 +38,20 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--prompts", type=int, default=8, help="the first N held-out prompts (1..8)")
     ap.add_argument("--k", type=int, default=3, help="chain length of the draft models")
-    ap.add_argument("--nodes", type=int, nargs="+", default=[4, 12], help="Hydra tree budgets (nodes below the root)")
+    ap.add_argument(
+        "--nodes",
+        type=tree_spec,
+        nargs="+",
+        default=[(4, 0.0, 0.0), (12, 0.0, 0.0)],
+        metavar="N[:MIN[:EXPAND]]",
+        help="Hydra trees: N nodes below the root, optionally with TreeShape thresholds min_prob MIN and expand_prob "
+        "EXPAND (accel generate's --tree-min-prob / --tree-expand-prob; EXPAND 0: MIN), e.g. 4 8:0.05:0.2",
+    )
     ap.add_argument("--top-k", type=int, default=4, help="Hydra tree: children per expanded node")
     ap.add_argument("--ngram", type=int, default=0, help="n-gram lookup rows: the longest suffix looked up (0: off)")
     ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
     ap.add_argument(
         "--lookup", nargs="+", default=list(LOOKUP), choices=LOOKUP, help="with --ngram: which lookup rows to run"
-    )
-    ap.add_argument(
-        "--tree-min-prob",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        help="Hydra trees: leave out nodes whose path "
-        "probability under the heads is below this (each value, crossed with --tree-expand-prob; 0: none)",
-    )
-    ap.add_argument(
-        "--tree-expand-prob",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        help="Hydra trees: expand only nodes scored at least this (each value; 0: the tree's min_prob)",
     )
     ap.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE, help="rows to leave out")
     ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
@@ -67,6 +60,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ctx-len", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the rows here")
     return ap.parse_args()
+
+
+def tree_spec(text: str) -> tuple[int, float, float]:
+    """``N[:MIN[:EXPAND]]`` -> (nodes, min_prob, expand_prob); an argparse type."""
+    try:
+        parts = [float(x) for x in text.split(":")]
+        nodes, keep, expand = int(parts[0]), *[*parts[1:], 0.0, 0.0][:2]
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"not N[:MIN[:EXPAND]]: {text!r}") from None
+    if len(parts) > 3 or nodes < 1 or nodes != parts[0] or not (0 <= keep < 1 and 0 <= expand < 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: N >= 1 nodes, thresholds in [0, 1)")
+    return nodes, keep, expand
 
 
 SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydra trees without lookup
@@ -124,7 +129,7 @@ def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_di
     rows: dict = {}
     heads = runtime("int8")
     kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
-    for budget, keep, expand in itertools.product(args.nodes, args.tree_min_prob, args.tree_expand_prob):
+    for budget, keep, expand in args.nodes:
         make = partial(HydraProposer, heads, shape(budget, keep, expand))
         name = f"{kind}, tree {budget}" + (f" p {keep:g}/{expand or keep:g}" if keep or expand else "")
         if "tree" not in args.skip:
@@ -134,7 +139,8 @@ def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_di
                 rows[f"{name}, {'after' if how == 'first' else 'merged with'} {tag}"] = with_lookup(how, lookup, make)
     if first and "fp32" not in args.skip:
         fp32 = runtime("fp32")
-        rows[f"{kind}, tree {max(args.nodes)} fp32"] = partial(HydraProposer, fp32, shape(max(args.nodes)))
+        spec = max(args.nodes)
+        rows[f"{kind}, tree {spec[0]} fp32"] = partial(HydraProposer, fp32, shape(*spec))
     if "chain" not in args.skip:
         chain = TreeShape.chain(min(4, heads.num_heads))
         rows[f"{kind}, chain k={chain.depth}"] = partial(HydraProposer, heads, chain)
