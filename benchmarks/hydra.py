@@ -27,6 +27,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from bench_support import json_out, save_results
+
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "accel" / "demo_data" / "smollm2-draft"
 SHIPPED_FEATURE = REPO / "accel" / "demo_data" / "smollm2-feature-draft"
@@ -58,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the target")
     ap.add_argument("--ctx-len", type=int, default=512)
-    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--json", type=json_out, default=None, help="write {run, rows} here (bench_support)")
     return ap.parse_args()
 
 
@@ -231,7 +233,7 @@ def main() -> int:
             flush=True,
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        save_results(args.json, {"rows": rows}, __file__)
     return 0
 
 
