@@ -6,11 +6,17 @@ Rows (batch 1, one prompt at a time, the first --prompts of ``accel.drafts.HELD_
 each): autoregressive; the shipped standalone draft (chain of --k); the shipped feature draft (chain of --k, int8);
 then for every ``--hydra DIR`` (Hydra++ or MLP-only heads, named by their config): a tree of each ``--nodes`` budget
 (top --top-k children, --top-k nodes expanded per level, depth min(4, heads); int8 level graphs) and the heads' top-1
-chain; for the first DIR also the largest tree with float32 level graphs (the int8 ablation). ``--skip`` drops
-rows. Per row: tokens per target call, draft ms per round, tokens/s and the speedup over AR's tokens/s in the same
-run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
-against AR. ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that
-prices a tree.
+chain; for the first DIR also the largest tree with float32 level graphs (the int8 ablation). With ``--ngram N``
+also n-gram lookup (``NgramLookup(N, --ngram-k)``, as ``accel generate --ngram N --ngram-k K``): lookup alone, the
+feature draft's dynamic chain (cap 6, ``min_draft_prob`` 0.3) after lookup, and every Hydra tree after lookup
+(``FirstOf``: lookup where it matches, the tree otherwise) and merged with it (``Merge``: lookup's chain joined into
+the tree, one target call verifies both); ``--lookup`` picks which. A ``--nodes`` item ``N:MIN:EXPAND`` gives that
+tree the probability thresholds ``TreeShape.min_prob`` / ``expand_prob`` (``accel generate``'s ``--tree-min-prob`` /
+``--tree-expand-prob``). ``--skip`` drops rows. Per row: tokens per target call, draft ms per round, ms per round,
+draft nodes per round, the share of rounds drafted by lookup alone, tokens/s and the speedup over AR's tokens/s in the
+same run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
+against AR.
+``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that prices a tree.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
+
+from bench_support import json_out, save_results
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "accel" / "demo_data" / "smollm2-draft"
@@ -31,53 +40,112 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--prompts", type=int, default=8, help="the first N held-out prompts (1..8)")
     ap.add_argument("--k", type=int, default=3, help="chain length of the draft models")
-    ap.add_argument("--nodes", type=int, nargs="+", default=[4, 12], help="Hydra tree budgets (nodes below the root)")
+    ap.add_argument(
+        "--nodes",
+        type=tree_spec,
+        nargs="+",
+        default=[(4, 0.0, 0.0), (12, 0.0, 0.0)],
+        metavar="N[:MIN[:EXPAND]]",
+        help="Hydra trees: N nodes below the root, optionally with TreeShape thresholds min_prob MIN and expand_prob "
+        "EXPAND (accel generate's --tree-min-prob / --tree-expand-prob; EXPAND 0: MIN), e.g. 4 8:0.05:0.2",
+    )
     ap.add_argument("--top-k", type=int, default=4, help="Hydra tree: children per expanded node")
+    ap.add_argument("--ngram", type=int, default=0, help="n-gram lookup rows: the longest suffix looked up (0: off)")
+    ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
+    ap.add_argument(
+        "--lookup", nargs="+", default=list(LOOKUP), choices=LOOKUP, help="with --ngram: which lookup rows to run"
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE, help="rows to leave out")
     ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the target")
     ap.add_argument("--ctx-len", type=int, default=512)
-    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--json", type=json_out, default=None, help="write {run, rows} here (bench_support)")
     return ap.parse_args()
 
 
-SKIPPABLE = ("standalone", "feature", "fp32", "chain")
+def tree_spec(text: str) -> tuple[int, float, float]:
+    """``N[:MIN[:EXPAND]]`` -> (nodes, min_prob, expand_prob); an argparse type."""
+    try:
+        parts = [float(x) for x in text.split(":")]
+        nodes, keep, expand = int(parts[0]), *[*parts[1:], 0.0, 0.0][:2]
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"not N[:MIN[:EXPAND]]: {text!r}") from None
+    if len(parts) > 3 or nodes < 1 or nodes != parts[0] or not (0 <= keep < 1 and 0 <= expand < 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: N >= 1 nodes, thresholds in [0, 1)")
+    return nodes, keep, expand
+
+
+SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydra trees without lookup
+#: lookup rows (--ngram): lookup alone, the feature chain after lookup, Hydra trees after lookup / merged with it
+LOOKUP = ("alone", "feature", "first", "merge")
 
 
 def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
     """name -> a function making a fresh proposer (or None for AR)."""
     from accel.backends import OrtBackend, export_cached
-    from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape
-    from accel.drafts.hydra.export import export_hydra_cached
-    from accel.spd import DraftChain
+    from accel.spd import DraftChain, NgramLookup
 
     rows: dict = {"autoregressive": lambda: None}
+    lookup = (lambda: NgramLookup(args.ngram, args.ngram_k)) if args.ngram else None
+    tag = f"lookup n={args.ngram} k={args.ngram_k}"
+    if lookup and "alone" in args.lookup:
+        rows[tag] = lookup
     if "standalone" not in args.skip:
         draft = OrtBackend(export_cached(SHIPPED_DRAFT, cache, ctx_len=args.ctx_len), threads=1)
         rows[f"standalone draft, chain k={args.k}"] = lambda: DraftChain(draft, k=args.k)
-    if "feature" not in args.skip:
+    if "feature" not in args.skip or (lookup and "feature" in args.lookup):
         path = export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8")
         feature = OrtBackend(path, threads=args.threads)
-        rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
+        if "feature" not in args.skip:
+            rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
+        if lookup and "feature" in args.lookup:
+            chain = lambda: DraftChain(feature, k=6, min_draft_prob=0.3)  # noqa: E731 (spd.py's best after lookup)
+            rows[f"feature dyn chain 6 t=0.3, after {tag}"] = with_lookup("first", lookup, chain)
+    for n, heads_dir in enumerate(args.hydra):
+        rows.update(hydra_rows(args, cache, target_dir, heads_dir, first=n == 0, lookup=lookup, tag=tag))
+    return rows
 
-    def runtime(heads_dir: str, weights: str) -> HydraRuntime:
+
+def with_lookup(how: str, lookup, make):
+    """A factory of ``make()`` after lookup (``FirstOf``, how="first") or merged with it (``Merge``)."""
+    from accel.spd import FirstOf, Merge
+
+    join = FirstOf if how == "first" else Merge
+    return lambda: join(lookup(), make())
+
+
+def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_dir: str, first: bool, lookup, tag):
+    """The rows of one heads directory: its trees (plain, after lookup, merged), the fp32 ablation, its chain."""
+    from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape
+    from accel.drafts.hydra.export import export_hydra_cached
+
+    def runtime(weights: str) -> HydraRuntime:
         path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
         return HydraRuntime(path, threads=1)
 
-    for n, heads_dir in enumerate(args.hydra):
-        heads = runtime(heads_dir, "int8")
-        kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
-        for budget in args.nodes:
-            shape = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
-            rows[f"{kind}, tree {budget} top-{args.top_k} int8"] = lambda h=heads, s=shape: HydraProposer(h, s)
-        if n == 0 and "fp32" not in args.skip:
-            fp32 = runtime(heads_dir, "fp32")
-            shape = TreeShape.for_decoding(heads.num_heads, max(args.nodes), args.top_k)
-            rows[f"{kind}, tree {max(args.nodes)} top-{args.top_k} fp32"] = lambda h=fp32, s=shape: HydraProposer(h, s)
-        if "chain" not in args.skip:
-            chain = TreeShape.chain(min(4, heads.num_heads))
-            rows[f"{kind}, chain k={chain.depth} int8"] = lambda h=heads, s=chain: HydraProposer(h, s)
+    def shape(budget: int, keep: float = 0.0, expand: float = 0.0) -> TreeShape:
+        s = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
+        return s.with_thresholds(keep, expand or None)
+
+    rows: dict = {}
+    heads = runtime("int8")
+    kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
+    for budget, keep, expand in args.nodes:
+        make = partial(HydraProposer, heads, shape(budget, keep, expand))
+        name = f"{kind}, tree {budget}" + (f" p {keep:g}/{expand or keep:g}" if keep or expand else "")
+        if "tree" not in args.skip:
+            rows[name] = make
+        for how in ("first", "merge") if lookup else ():
+            if how in args.lookup:
+                rows[f"{name}, {'after' if how == 'first' else 'merged with'} {tag}"] = with_lookup(how, lookup, make)
+    if first and "fp32" not in args.skip:
+        fp32 = runtime("fp32")
+        spec = max(args.nodes)
+        rows[f"{kind}, tree {spec[0]} fp32"] = partial(HydraProposer, fp32, shape(*spec))
+    if "chain" not in args.skip:
+        chain = TreeShape.chain(min(4, heads.num_heads))
+        rows[f"{kind}, chain k={chain.depth}"] = partial(HydraProposer, heads, chain)
     return rows
 
 
@@ -126,7 +194,8 @@ def main() -> int:
     sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
     eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
     makers = proposers(args, cache, target_dir)
-    totals = {name: {"tokens": [], "calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0} for name in makers}
+    zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0}
+    totals = {name: {"tokens": [], **zero} for name in makers}
     for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
         for name, make in makers.items():
             res = generate(
@@ -138,6 +207,8 @@ def main() -> int:
             t["new"] += s.new_tokens
             t["rounds"] += s.rounds
             t["draft_s"] += s.draft_s
+            t["nodes"] += s.draft_tokens
+            t["lookup"] += s.lookup_rounds
             t["wall"] += s.wall_s - s.prefill_s
     rows, reference = [], totals["autoregressive"]["tokens"]
     for name, t in totals.items():
@@ -146,19 +217,23 @@ def main() -> int:
             "tokens_per_call": t["new"] / t["calls"],
             "draft_ms_per_round": 1e3 * t["draft_s"] / max(t["rounds"], 1),
             "ms_per_round": 1e3 * t["wall"] / max(t["rounds"], 1),
+            "nodes_per_round": t["nodes"] / max(t["rounds"], 1),
+            "lookup_share": t["lookup"] / max(t["rounds"], 1),
             "tokens_per_s": t["new"] / t["wall"],
             "equals_ar": t["tokens"] == reference if args.temperature is None else None,
         }
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)
         print(
-            f"{name:<36} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
-            f"{row['ms_per_round']:6.1f} ms/round  {row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
+            f"{name:<58} {row['tokens_per_call']:5.2f} tok/call  {row['draft_ms_per_round']:6.2f} draft ms/round  "
+            f"{row['ms_per_round']:6.1f} ms/round  {row['nodes_per_round']:4.1f} nodes  "
+            f"{row['lookup_share']:4.2f} lookup  "
+            f"{row['tokens_per_s']:6.1f} tok/s  {row['speedup']:5.2f}x  "
             f"== AR: {row['equals_ar']}",
             flush=True,
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        save_results(args.json, {"rows": rows}, __file__)
     return 0
 
 

@@ -51,6 +51,13 @@ def test_generate_with_hydra_equals_ar(tiny_target, heads_dir, tmp_path, monkeyp
     assert res["stats"]["draft_calls"] > 0
     exports = list((tmp_path / "cache" / "onnx").glob("hydra-heads-*"))
     assert len(exports) == 1 and (exports[0] / "prefix.onnx").is_file()
+    lookup = ["--ngram", "3", "--ngram-k", "5", "--ngram-merge", "--tree-min-prob", "0.05", "--tree-expand-prob", "0.2"]
+    assert main([*common, "--hydra", str(heads_dir), *lookup]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tokens"] == ar["tokens"]
+    assert "min_prob=0.05, expand_prob=0.2" in res["stats"]["proposer"] and res["stats"]["proposer"].startswith(
+        "lookup(n=3, k=5) + hydra++"
+    )
 
 
 def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
@@ -59,6 +66,7 @@ def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
     cases = [
         ([*common, "--hydra", str(heads_dir), "--draft", str(tiny_target)], "not both"),
         ([*common, "--hydra", str(tmp_path)], "not a Hydra heads directory"),
+        ([*common, "--hydra", str(heads_dir), "--tree-min-prob", "1.5"], "min_prob must be a probability"),
         (["eval-draft", str(tiny_target), str(tiny_target)], "needs --data"),
     ]
     for argv, message in cases:

@@ -213,3 +213,54 @@ def test_evaluate_heads_chain_equals_tree_of_chain(target, seq):
         evaluate_heads(heads, seqs, [1, 3, 2], hid)
     with pytest.raises(DraftError, match="prompt length"):
         evaluate_heads(heads, seqs, [2, 8, 2], hid)  # no room for 3 heads' tokens after the prompt
+
+
+@pytest.mark.parametrize("min_prob,expand_prob", [(0.02, None), (0.0, 0.1), (0.05, 0.2), (0.1, 0.01)])
+@pytest.mark.parametrize("budget", [2, 4, 8])
+def test_thresholds_filter_the_full_tree(min_prob, expand_prob, budget):
+    """With ``min_prob`` / ``expand_prob`` the tree is the ``budget`` best of the full growth's nodes whose path
+    probability is at least ``min_prob`` and whose ancestors below the root were all scored at least ``expand_prob``
+    (``min_prob`` when None): only the heads' outputs decide."""
+    keep, grow = np.log(min_prob or 1e-300), np.log((min_prob if expand_prob is None else expand_prob) or 1e-300)
+    roots = np.array([3, 10, 50])
+    for seed in range(4):
+        shape = TreeShape(depth=4, top_k=5, beam=5, budget=budget).with_thresholds(min_prob, expand_prob)
+        trees = grow_trees(_random_expand(seed, []), roots, shape)
+        full = grow_trees(_random_expand(seed, []), roots, TreeShape(depth=4, top_k=5, beam=125, budget=10_000))
+        for tree, ref in zip(trees, full, strict=True):
+            every = _paths(ref)
+            allowed = {
+                p: s
+                for p, s in every.items()
+                if len(p) == 1 or (s >= keep and all(every[p[:i]] >= grow for i in range(2, len(p))))
+            }
+            best = sorted(allowed.items(), key=lambda kv: (-kv[1], len(kv[0])))[: budget + 1]
+            assert _paths(tree) == dict(best)
+            assert np.all(tree.scores >= keep)
+
+
+def test_expand_prob_saves_levels_and_min_prob_empties_unsure_rounds():
+    """``_toy_expand``'s best level-1 node has probability 0.5 ** 1.1 = 0.47."""
+    calls: list[int] = []
+
+    def expand(level: int, paths: np.ndarray):
+        calls.append(level)
+        return _toy_expand(level, paths)
+
+    shape = TreeShape(depth=4, top_k=4, beam=4, budget=8)
+    grow_trees(expand, np.array([3]), shape)
+    assert len(calls) > 1
+    calls.clear()
+    tree = grow_trees(expand, np.array([3]), shape.with_thresholds(0.0, 0.5))[0]
+    assert calls == [1] and len(tree.tokens) == 5  # nothing scores 0.5: no node is expanded, four children kept
+    tree = grow_trees(expand, np.array([3]), shape.with_thresholds(0.5))[0]
+    assert tree.tokens.tolist() == [3]  # the root alone: the proposer proposes nothing this round
+    for bad in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(DraftError, match="probability in"):
+            shape.with_thresholds(bad)
+        with pytest.raises(DraftError, match="expand_prob"):
+            shape.with_thresholds(0.0, bad)
+    assert (
+        shape.with_thresholds() == shape and shape.as_dict() == TreeShape(depth=4, top_k=4, beam=4, budget=8).as_dict()
+    )
+    assert shape.with_thresholds(0.1, 0.2).as_dict()["expand_prob"] == 0.2

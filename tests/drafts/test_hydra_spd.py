@@ -15,7 +15,7 @@ import accel.spd.loop as loop_module  # noqa: E402
 from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape, export_hydra  # noqa: E402
 from accel.drafts.hydra.tree import DECODE_BUDGET  # noqa: E402
 from accel.errors import DraftError, SpdError  # noqa: E402
-from accel.spd import GREEDY, generate, generate_ar  # noqa: E402
+from accel.spd import GREEDY, FirstOf, Merge, NgramLookup, generate, generate_ar  # noqa: E402
 from accel.spd.verify import TreeOutcome  # noqa: E402
 from tests.helpers.decoders import backend, random_model  # noqa: E402
 from tests.helpers.hydra import random_heads, tiny_target, trained_heads  # noqa: E402
@@ -47,6 +47,7 @@ SHAPES = {
     "chain": TreeShape.chain(3),
     "wide": TreeShape(depth=2, top_k=5, beam=5, budget=20),
     "decoding": TreeShape.for_decoding(3),  # the default: 4 nodes, grown with early stops
+    "thresholds": TreeShape(depth=3, top_k=3, beam=3, budget=8, min_prob=0.05, expand_prob=0.2),
 }
 
 
@@ -62,6 +63,26 @@ def test_greedy_hydra_equals_ar(target, exported, prefix, shape):
     assert s.accepted_drafts > 0.25 * s.rounds, (s.accepted_drafts, s.rounds)  # the heads do get accepted
     assert s.target_calls < ar.stats.target_calls
     assert s.draft_calls > 0 and s.draft_s > 0
+
+
+@pytest.mark.parametrize("how", ["first", "merge"])
+def test_greedy_hydra_with_lookup_equals_ar(target, exported, how):
+    """n-gram lookup before the Hydra tree (``FirstOf``) or joined into it (``Merge``), as ``accel generate --hydra
+    DIR --ngram N [--ngram-merge]``: still the target's greedy tokens, and lookup is used."""
+    tb = backend(target, len(PROMPTS), ctx_len=CTX)
+    prompts = [p * 3 for p in PROMPTS]  # repeated text: lookup matches
+    ar = generate_ar(tb, prompts, max_new_tokens=NEW, sampling=GREEDY)
+    shape = SHAPES["thresholds" if how == "first" else "decoding"]  # "decoding": always 4 nodes while room lasts
+    heads = HydraProposer(HydraRuntime(exported[True], threads=1), shape)
+    prop = (FirstOf if how == "first" else Merge)(NgramLookup(3, 5), heads)
+    res = generate(tb, prop, prompts, max_new_tokens=NEW, sampling=GREEDY)
+    assert res.tokens == ar.tokens
+    s = res.stats
+    assert s.accepted_drafts > 0
+    if how == "first":
+        assert 0 < s.lookup_rounds < s.row_calls  # lookup where it matches, the heads elsewhere
+    else:
+        assert sum(s.tree_nodes_histogram[shape.budget + 1 :]) > 0  # lookup's nodes joined the heads' tree
 
 
 def test_greedy_on_onnxruntime_target(target, exported, tmp_path):
@@ -103,25 +124,35 @@ def pair(tmp_path_factory):
     return target, HydraRuntime(out, threads=1)
 
 
-def _hydra(rt):
-    return lambda _: HydraProposer(rt, TreeShape(depth=2, top_k=2, beam=2, budget=4))
+SMALL = {
+    "tree": TreeShape(depth=2, top_k=2, beam=2, budget=4),
+    "thresholds": TreeShape(depth=2, top_k=2, beam=2, budget=4, min_prob=0.15, expand_prob=0.3),
+}
 
 
-@pytest.mark.parametrize("name", ["plain", "all"])
-def test_sampled_hydra_trees_match_target_exactly(pair, name):
+def _hydra(rt, shape: str = "tree"):
+    return lambda _: HydraProposer(rt, SMALL[shape])
+
+
+@pytest.mark.parametrize("name,shape", [("plain", "tree"), ("all", "tree"), ("plain", "thresholds")])
+def test_sampled_hydra_trees_match_target_exactly(pair, name, shape):
     """10,000 samples per setting (seed 300). Checked once at 80,000 samples too (seeds 300 and 301 x 40,000, tree
-    depth 2 top-2): p = 0.14 pooled."""
+    depth 2 top-2): p = 0.14 pooled. With thresholds, trees are smaller where the heads are unsure: still exact."""
     target, rt = pair
     sampling = SETTINGS[name]
-    counts, stats = sample_counts(target, target, sampling, seed=300, runs=5, proposer=_hydra(rt))
+    counts, stats = sample_counts(target, target, sampling, seed=300, runs=5, proposer=_hydra(rt, shape))
     pvalue = chi_square(counts, exact_law(target, sampling))
-    print(f"chi-square p-value [hydra {name}]: {pvalue:.4g}")
+    print(f"chi-square p-value [hydra {name} {shape}]: {pvalue:.4g}")
     assert pvalue > ALPHA
     hist = np.sum([s.accepted_histogram for s in stats], axis=0)
     assert hist[0] > 500 and hist[1:].sum() > 500, hist  # rejections and acceptances both frequent
+    nodes = np.sum([np.pad(s.tree_nodes_histogram, (0, 5))[:5] for s in stats], axis=0)
+    # top-2 children: 2 or 4 nodes (fewer where the row's room ends); thresholds also drop single unsure children
+    assert (nodes[1] + nodes[3] > 0) == (shape == "thresholds"), nodes
 
 
-def test_typical_acceptance_fails(pair, monkeypatch):
+@pytest.mark.parametrize("shape", ["tree", "thresholds"])
+def test_typical_acceptance_fails(pair, monkeypatch, shape):
     """Hydra's reference verification (typical acceptance, from Medusa: accept the first child whose target
     probability exceeds min(0.3, 0.09 exp(-entropy)), then sample the next token from the target) is not exact: the
     same chi-square test rejects it."""
@@ -142,7 +173,7 @@ def test_typical_acceptance_fails(pair, monkeypatch):
             out.path.append(v)
 
     monkeypatch.setattr(loop_module, "verify_sampled", typical)
-    counts, _ = sample_counts(target, target, SETTINGS["plain"], seed=300, runs=5, proposer=_hydra(rt))
+    counts, _ = sample_counts(target, target, SETTINGS["plain"], seed=300, runs=5, proposer=_hydra(rt, shape))
     pvalue = chi_square(counts, exact_law(target, SETTINGS["plain"]))
     print(f"chi-square p-value [typical acceptance]: {pvalue:.4g}")
     assert pvalue < ALPHA

@@ -132,7 +132,8 @@ def hydra_proposer(args: argparse.Namespace, target_dir: Path):
     """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
     heads, target and settings; int8 unless ``--draft-weights fp32``) as a ``HydraProposer`` for batch 1
     (``--tree-nodes`` nodes, default ``DECODE_BUDGET`` = 4, ``--tree-top-k`` children per node, depth
-    ``--tree-depth`` or the number of heads, at most 4 by default)."""
+    ``--tree-depth`` or the number of heads, at most 4 by default; thresholds ``--tree-min-prob`` /
+    ``--tree-expand-prob``)."""
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.drafts.hydra.proposer import HydraProposer
     from accel.drafts.hydra.runtime import HydraRuntime
@@ -154,4 +155,5 @@ def hydra_proposer(args: argparse.Namespace, target_dir: Path):
         shape = TreeShape(
             depth=min(args.tree_depth, num_heads), top_k=shape.top_k, beam=shape.beam, budget=shape.budget
         )
+    shape = shape.with_thresholds(args.tree_min_prob or 0.0, args.tree_expand_prob)
     return HydraProposer(runtime, shape)

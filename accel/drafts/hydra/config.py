@@ -132,6 +132,6 @@ class HeadsEval(BaseModel):
     topk_coverage: list[float]
     chain_accept_by_position: list[float]
     chain_tokens_per_call: list[float]
-    tree: dict[str, int]
+    tree: dict[str, int | float | None]
     tree_tokens_per_call: float
     tree_nodes: float  # mean nodes below the root

@@ -57,8 +57,11 @@ class HydraProposer:
     def info(self) -> ProposerInfo:
         s, h = self.shape, self.heads
         kind = "hydra++" if h.prefix else "hydra"
+        thr = f", min_prob={s.min_prob:g}" if s.min_prob else ""
+        if s.expand_prob is not None:
+            thr += f", expand_prob={s.expand_prob:g}"
         return ProposerInfo(
-            f"{kind}(depth={s.depth}, top_k={s.top_k}, beam={s.beam}, nodes={s.budget})",
+            f"{kind}(depth={s.depth}, top_k={s.top_k}, beam={s.beam}, nodes={s.budget}{thr})",
             s.max_nodes,
             s.depth,
             branching=s.top_k > 1,

@@ -9,6 +9,11 @@ One head call per level (EAGLE-2's dynamic tree, with Hydra's heads in place of 
 3. the tree is the ``budget`` best-scored nodes (ties: shallower first). Scores never increase down a path, so the
    kept set is closed under taking parents; siblings are ordered best first (the order verification tries them).
 
+Optional thresholds (``TreeShape.min_prob`` / ``expand_prob``, as ``accel.spd.DraftTree``'s): a node whose path
+probability is below ``min_prob`` is left out (with its subtree: its children score no higher), and only nodes
+scored at least ``expand_prob`` (default ``min_prob``) are expanded, so rounds where the heads are unsure propose
+smaller trees and call fewer levels. Both depend only on the heads' outputs.
+
 Two savings leave the tree unchanged (the same ``budget`` best nodes as expanding every ``beam`` nodes to full
 depth; tested):
 
@@ -29,7 +34,7 @@ each as a point mass and stays exact under greedy and sampled decoding (accel.sp
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,18 +56,28 @@ Expand = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
 class TreeShape:
     """How a tree is grown (module docstring): ``depth`` levels (head calls, at most the number of heads),
     ``top_k`` children per expanded node, ``beam`` nodes expanded per level from level 2 on, at most ``budget``
-    nodes below the root. ``TreeShape.chain(k)`` is a chain of the heads' top-1 tokens."""
+    nodes below the root; ``min_prob`` / ``expand_prob`` in ``[0, 1)``: the thresholds on a node's path probability
+    under the heads for being kept / expanded (module docstring; 0 and None: none; None: ``min_prob``).
+    ``TreeShape.chain(k)`` is a chain of the heads' top-1 tokens."""
 
     depth: int = 4
     top_k: int = 4
     beam: int = 4
     budget: int = 12
+    min_prob: float = 0.0
+    expand_prob: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("depth", "top_k", "beam", "budget"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise DraftError(f"TreeShape.{name} must be an int >= 1; got {v!r}")
+        for name in ("min_prob", "expand_prob"):
+            p = getattr(self, name)
+            if p is None and name == "expand_prob":
+                continue
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+                raise DraftError(f"TreeShape.{name} must be a probability in [0, 1); got {p!r}")
 
     @classmethod
     def chain(cls, k: int) -> TreeShape:
@@ -75,13 +90,28 @@ class TreeShape:
         ``TreeShape()`` (12 nodes) is the tree the heads' training score and held-out cards report."""
         return cls(depth=min(4, num_heads), top_k=top_k, beam=top_k, budget=budget)
 
+    def with_thresholds(self, min_prob: float = 0.0, expand_prob: float | None = None) -> TreeShape:
+        """This shape with the thresholds ``min_prob`` / ``expand_prob`` (``accel generate --tree-min-prob`` /
+        ``--tree-expand-prob``)."""
+        return replace(self, min_prob=min_prob, expand_prob=expand_prob)
+
+    @property
+    def floors(self) -> tuple[float, float]:
+        """The thresholds as log-probability floors ``(keep, expand)`` (``-inf``: none)."""
+        expand = self.min_prob if self.expand_prob is None else self.expand_prob
+        return tuple(float(np.log(p)) if p > 0 else -np.inf for p in (self.min_prob, expand))  # type: ignore[return-value]
+
     @property
     def max_nodes(self) -> int:
         """Most nodes below the root a tree of this shape can have."""
         return min(self.budget, self.top_k + (self.depth - 1) * self.beam * self.top_k)
 
-    def as_dict(self) -> dict[str, int]:
-        return {"depth": self.depth, "top_k": self.top_k, "beam": self.beam, "budget": self.budget}
+    def as_dict(self) -> dict[str, int | float | None]:
+        out: dict[str, int | float | None] = {"depth": self.depth, "top_k": self.top_k, "beam": self.beam}
+        out["budget"] = self.budget
+        if self.min_prob or self.expand_prob is not None:
+            out.update(min_prob=self.min_prob, expand_prob=self.expand_prob)
+        return out
 
 
 @dataclass
@@ -114,6 +144,7 @@ def grow_trees(
     dep = [[0] for _ in range(batch)]
     paths: list[list[tuple[int, ...]]] = [[(int(r),)] for r in roots]
     frontier = [[0] if cap_nodes[b] > 0 and cap_depth[b] > 0 else [] for b in range(batch)]
+    keep_floor, expand_floor = shape.floors
     for level in range(1, depth + 1):
         if not any(frontier):
             break
@@ -130,6 +161,8 @@ def grow_trees(
             new = []
             for m, parent in enumerate(nodes):
                 for j in range(ids.shape[2]):
+                    if not score[b][parent] + float(logp[b, m, j]) >= keep_floor:
+                        continue  # below min_prob: left out (its children would score no higher)
                     new.append(len(tok[b]))
                     tok[b].append(int(ids[b, m, j]))
                     par[b].append(parent)
@@ -140,7 +173,8 @@ def grow_trees(
             new.sort(key=lambda i: -row_scores[i])
             settled = new and sum(s >= row_scores[new[0]] for s in row_scores[1:]) >= cap_nodes[b]
             beam = min(shape.beam, max(1, int(cap_nodes[b]) // 2))
-            nxt.append(new[:beam] if level < cap_depth[b] and not settled else [])
+            grow = [i for i in new[:beam] if row_scores[i] >= expand_floor]
+            nxt.append(grow if level < cap_depth[b] and not settled else [])
         frontier = nxt
     return [_select(tok[b], par[b], score[b], dep[b], int(cap_nodes[b]), int(cap_depth[b])) for b in range(batch)]
 
