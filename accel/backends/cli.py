@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tree", action="store_true", help="add the token-tree inputs slot_ids and tree_mask (docs/backends.md)"
     )
+    p.add_argument(
+        "--ort-ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="RMSNorm + residual and RoPE as onnxruntime's fused CPU operators (faster on onnxruntime; not readable by "
+        "Cloud AI 100). Default: on for int8 and the *-nbits weights, off for the others",
+    )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
     p.add_argument("--k", type=int, default=7, help="qaic draft length K; decode specialization is K+1 (default 7)")
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         external_data=True if args.external_data else None,
         tree=args.tree,
+        ort_ops=args.ort_ops,
     )
     data = path.with_name(path.name + ".data")
     where = f" + {data.name}" if data.is_file() else ""

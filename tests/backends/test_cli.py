@@ -89,3 +89,24 @@ def test_export_cli_mxfp6_nbits_accuracy_level(tmp_path, capsys):
     assert OrtBackend(out).metadata["accel.mx_format"] == "mxfp6_e2m3"
     assert main([*args[:-3], "--weights", "fp32", "--nbits-accuracy", "1", "--quiet"]) == 2
     assert "accuracy_level applies to the *-nbits formats only, not fp32" in capsys.readouterr().err
+
+
+def test_export_cli_ort_ops(tmp_path, capsys):
+    """``--ort-ops`` writes onnxruntime's fused operators into an fp32 graph (off by default), same logits."""
+    import onnx
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = Decoder(cfg).init_weights(5, std=0.1)
+    ckpt = save_pretrained(model, tmp_path / "ckpt")
+    ops = {}
+    for flag in ("--ort-ops", "--no-ort-ops", None):
+        out = tmp_path / f"{flag}.onnx"
+        argv = ["export", str(ckpt), "-o", str(out), "--ctx-len", "16", "--quiet"]
+        assert main(argv + ([flag] if flag else [])) == 0
+        ops[flag] = {n.op_type for n in onnx.load(str(out)).graph.node}
+        ids, pos = np.array([[1, 2, 3, 4]]), np.arange(4)[None]
+        np.testing.assert_allclose(
+            OrtBackend(out).forward(ids, pos), TorchBackend(model, ctx_len=16).forward(ids, pos), atol=1e-5
+        )
+    assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"} <= ops["--ort-ops"]
+    assert not {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"} & (ops["--no-ort-ops"] | ops[None])
