@@ -49,6 +49,16 @@ PROMPTS = HELD_OUT_PROMPTS
 DEMO_DATA = Path(__file__).resolve().parents[1] / "accel" / "demo_data"
 
 
+def _csv(conv):
+    """An argparse type: a comma-separated list of ``conv`` values (empty items skipped; '' = none)."""
+
+    def parse(text: str) -> list:
+        return [conv(x) for x in text.split(",") if x]
+
+    parse.__name__ = f"comma-separated {conv.__name__}"  # what argparse names in its error
+    return parse
+
+
 def parse_args() -> argparse.Namespace:
     """The benchmark's options (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,7 +107,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dyn-k", type=int, default=6, help="K cap of the dynamic-draft-length runs")
     ap.add_argument(
         "--min-draft-prob",
-        type=lambda v: [float(x) for x in v.split(",") if x],
+        type=_csv(float),
         default=[0.3, 0.5, 0.7],
         help="comma-separated min_draft_prob values for the dynamic runs ('' = none)",
     )
@@ -124,7 +134,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--modes",
-        type=lambda v: [x for x in v.split(",") if x],
+        type=_csv(str),
         default=None,
         help="run only these modes besides AR (comma-separated, as in the table's JSON 'mode': e.g. "
         "spd_feat_dyn+ngram,spd_feat_tree+merge); for short runs",
@@ -155,7 +165,7 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--feature-min-draft-prob",
-        type=lambda v: [float(x) for x in v.split(",") if x],
+        type=_csv(float),
         default=[0.3, 0.5],
         help="dynamic-length thresholds of the feature-draft runs (K cap --dyn-k)",
     )
@@ -177,20 +187,20 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ngram-k", type=int, default=4, help="tokens proposed from a lookup match")
     ap.add_argument(
         "--tree-nodes",
-        type=lambda v: [int(x) for x in v.split(",") if x],
+        type=_csv(int),
         default=[4, 8, 12, 16],
         help="node budgets of the feature draft's dynamic-tree runs (DraftTree; '' = none)",
     )
     ap.add_argument(
         "--tree-min-prob",
-        type=lambda v: [float(x) for x in v.split(",") if x],
+        type=_csv(float),
         default=[0.0],
         help="comma-separated DraftTree min_prob values of the tree runs: candidates below this cumulative draft "
         "probability are neither proposed nor expanded (0: EAGLE-2's fixed node budget)",
     )
     ap.add_argument(
         "--tree-expand-prob",
-        type=lambda v: [float(x) for x in v.split(",") if x],
+        type=_csv(float),
         default=[0.0],
         help="comma-separated DraftTree expand_prob values of the tree runs: only candidates scored at least this are "
         "expanded (0: the run's min_prob)",

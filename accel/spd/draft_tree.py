@@ -31,7 +31,7 @@ from accel.errors import SpdError
 from accel.models.config import MASKED_LOGIT
 from accel.spd.draft_model import DraftModel, draft_probs
 from accel.spd.proposers import ProposerInfo, RowOutcome, RunState
-from accel.spd.tree import TokenTree
+from accel.spd.tree import TokenTree, log_floor
 from accel.spd.warps import check_logits
 
 __all__ = ["DraftTree"]
@@ -116,7 +116,7 @@ class DraftTree:
         self.depth = int(depth) if depth is not None else min(self.nodes, 8)
         self.min_prob = float(min_prob)
         self.expand_prob = self.min_prob if expand_prob is None else float(expand_prob)
-        self._floor, self._expand_floor = _log_floor(self.min_prob), _log_floor(self.expand_prob)
+        self._floor, self._expand_floor = log_floor(self.min_prob), log_floor(self.expand_prob)
         self._support: np.ndarray | None = None  # a restricted head's scored columns (None: all, or not seen yet)
         self._support_known = False
 
@@ -317,8 +317,3 @@ def _top(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     vals = np.take_along_axis(logp, idx, axis=-1)
     order = np.argsort(-vals, axis=-1, kind="stable")
     return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
-
-
-def _log_floor(prob: float) -> float:
-    """A probability threshold as a log-probability floor (0: no floor)."""
-    return float(np.log(prob)) if prob > 0 else -np.inf

@@ -29,7 +29,7 @@ import numpy as np
 
 from accel.errors import SpdError
 
-__all__ = ["TokenTree", "TreeCall", "check_tree", "layout", "layout_order"]
+__all__ = ["TokenTree", "TreeCall", "check_tree", "layout", "layout_order", "log_floor"]
 
 
 @dataclass(frozen=True)
@@ -215,3 +215,9 @@ class TreeCall:
             for j, (s, d) in enumerate(m):
                 src[b, j], dst[b, j] = s, d
         return src, dst
+
+
+def log_floor(prob: float) -> float:
+    """A tree's probability threshold as a log-probability floor (0: no floor, ``-inf``); shared by the draft
+    model's trees (``accel.spd.DraftTree``) and Hydra's (``accel.drafts.hydra.TreeShape``)."""
+    return float(np.log(prob)) if prob > 0 else -np.inf

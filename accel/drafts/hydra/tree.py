@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from accel.errors import DraftError
+from accel.spd.tree import log_floor
 
 __all__ = ["DECODE_BUDGET", "GrownTree", "TreeShape", "grow_trees"]
 
@@ -99,7 +100,7 @@ class TreeShape:
     def floors(self) -> tuple[float, float]:
         """The thresholds as log-probability floors ``(keep, expand)`` (``-inf``: none)."""
         expand = self.min_prob if self.expand_prob is None else self.expand_prob
-        return tuple(float(np.log(p)) if p > 0 else -np.inf for p in (self.min_prob, expand))  # type: ignore[return-value]
+        return log_floor(self.min_prob), log_floor(expand)
 
     @property
     def max_nodes(self) -> int:
