@@ -5,7 +5,8 @@
    with ``threads=t`` on the kernel's best path (and its AVX2 path for comparison), MXFP6 and MXFP4. Effective
    bandwidth = bytes of the stored weight (float32: 4 a weight; MX: packed codes + scales) / time; ``%fp32`` =
    the kernel's effective bandwidth as a share of the float32 GEMV's (the issue's goal: >= 60%), ``x`` = speedup.
-   Every configuration is timed round robin with its float32 reference, so load drift hits both alike; the time is
+   Every configuration is timed round robin with its float32 reference, so load drift hits both alike, each call
+   after 10 ms of rest (``PAUSE_S``: no call starts beside the previous one's spinning OpenMP workers); the time is
    the fastest call (the least disturbed one on a shared machine), ``--median`` reports medians instead.
 2. Decode step: SmolLM2-135M through ``TorchBackend``, S = 1 (decode) and S = 4 (verify) after a 128-token past:
    float32 weights vs the same model with MXFP6 weights packed (``accel.backends.torch_mx.pack_decoder``; the tied
@@ -19,7 +20,7 @@ decode step the model's 540 MB stream from memory. Those rows compare the kernel
 float32; the 4096 x 8192 row and the decode step are the memory-bound comparisons. Prints tables and writes
 ``--out`` (default results/mx_kernel.json; not with ``--quick``).
 
-    flock /work/helpers/bench.lock python benchmarks/mx_kernel.py          # ~2 minutes on 2 cores
+    python benchmarks/mx_kernel.py                                          # ~1 minute on 2 cores
     python benchmarks/mx_kernel.py --quick                                  # fewer repeats, no SmolLM2 step
 """
 
@@ -53,15 +54,21 @@ SHAPES = {
 PAST = 128
 #: the statistic of the timed calls: the fastest (the least disturbed on a shared machine; ``--median`` for medians)
 STAT: Callable[[list[float]], float] = min
+#: seconds of rest before each timed call: torch's OpenMP workers spin for a while after a parallel op, and a kernel
+#: call timed in that window shares a core with a spinning worker (measured: a 2-thread MXFP6 GEMV right after a
+#: 2-thread torch.mv ran at the 1-thread speed; 5 ms later at 1.9x it)
+PAUSE_S = 0.01
 
 
 def _round_robin(fns: Mapping[str, Callable[..., object]], repeats: int) -> dict[str, float]:
-    """Seconds of each function's fastest call (``STAT``), called in turn ``repeats`` times after one warm-up each."""
+    """Seconds of each function's fastest call (``STAT``), called in turn ``repeats`` times after one warm-up each,
+    each timed call after ``PAUSE_S`` of rest (so it never starts beside the previous call's spinning workers)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(PAUSE_S)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -83,6 +83,7 @@ AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, c
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t b = 0; b < j->nblocks; b++) {
         __m256 w[4];
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
         block_weights(fast, row, scale_tab, b, sc[b], w);
         const float *p = x0 + 32 * b;
         a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);

@@ -1,5 +1,6 @@
-/* The AVX-512 VBMI path (256-bit byte permutes; same formats and block size as AVX2): a block's codes to integers
- * with vpermb / vpmultishiftqb, 16-lane products summed per block and scaled once. See mxkernel.h. */
+/* The AVX-512 VBMI path (byte permutes; same formats and block size as AVX2): two blocks' codes to integers with
+ * one 512-bit vpermb / vpmultishiftqb / vpermb (an odd last block: the 256-bit form), 16-lane products summed per
+ * block and scaled once. See mxkernel.h. */
 #include "mxkernel.h"
 
 #if MXK_X86
@@ -33,6 +34,40 @@ VBMI static inline __m256i block_ints_vbmi(int fast, const uint8_t *p) {
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
+/* the 64 codes of blocks b and b + 1 -> value * 2^shift as int8 (512-bit VBMI ops; block b in bytes 0..31): as
+ * block_ints_vbmi, with one 512-bit permute, shift and table lookup for both blocks. vpermb over 64 bytes reads 6
+ * index bits, so the table of 6-bit codes is one register (positives, then negatives: bit 5 is the sign), and the
+ * 16 values of 4-bit codes are repeated four times (bits 4 and 5 of the index are the next code's, ignored). */
+VBMI static inline __m512i pair_ints_vbmi(int fast, const uint8_t *p) {
+    if (fast == FAST_E2M3) { /* qword q of the result: the 6 bytes of codes 8q .. 8q + 7 */
+        const __m512i spread = _mm512_set_epi8(47, 47, 47, 46, 45, 44, 43, 42, 41, 41, 41, 40, 39, 38, 37, 36, 35, 35,
+                                               35, 34, 33, 32, 31, 30, 29, 29, 29, 28, 27, 26, 25, 24, 23, 23, 23, 22,
+                                               21, 20, 19, 18, 17, 17, 17, 16, 15, 14, 13, 12, 11, 11, 11, 10, 9, 8, 7,
+                                               6, 5, 5, 5, 4, 3, 2, 1, 0);
+        const __m512i shifts = _mm512_set1_epi64(0x2A241E18120C0600LL);
+        const __m512i table = _mm512_set_epi8(-60, -56, -52, -48, -44, -40, -36, -32, -30, -28, -26, -24, -22, -20,
+                                              -18, -16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2,
+                                              -1, 0, 60, 56, 52, 48, 44, 40, 36, 32, 30, 28, 26, 24, 22, 20, 18, 16,
+                                              15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        __m512i v = _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFULL, p);
+        v = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, v));
+        return _mm512_permutexvar_epi8(v, table);
+    }
+    if (fast == FAST_E2M1) { /* qword q of the result: the 4 bytes of codes 8q .. 8q + 7 */
+        const __m512i spread = _mm512_set_epi8(31, 31, 31, 31, 31, 30, 29, 28, 27, 27, 27, 27, 27, 26, 25, 24, 23, 23,
+                                               23, 23, 23, 22, 21, 20, 19, 19, 19, 19, 19, 18, 17, 16, 15, 15, 15, 15,
+                                               15, 14, 13, 12, 11, 11, 11, 11, 11, 10, 9, 8, 7, 7, 7, 7, 7, 6, 5, 4, 3,
+                                               3, 3, 3, 3, 2, 1, 0);
+        const __m512i shifts = _mm512_set1_epi64(0x1C1814100C080400LL);
+        const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8,
+                                                                   -12));
+        __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+        v = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, v));
+        return _mm512_permutexvar_epi8(v, table);
+    }
+    return _mm512_loadu_si512((const void *)p);
+}
+
 /* block b of one W row against one x row: the 32 integer * x products summed (float32), times the block's scale */
 #define VBMI_BLOCK(acc, w0, w1, xrow, b, scale)                                                                      \
     acc = _mm512_fmadd_ps(                                                                                          \
@@ -52,11 +87,12 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
     int64_t b = 0;
     for (; b + 1 < nblocks; b += 2) {
-        __m256i v = block_ints_vbmi(fast, row + bytes * b), u = block_ints_vbmi(fast, row + bytes * (b + 1));
-        __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
-        __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
-        __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u)));
-        __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u, 1)));
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        __m512i v = pair_ints_vbmi(fast, row + bytes * b);
+        __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(v)));
+        __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 1)));
+        __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
+        __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
         __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]), s_odd = _mm512_set1_ps(scale_tab[sc[b + 1]]);
         VBMI_BLOCK(a0, w0, w1, x0, b, s_even);
         VBMI_BLOCK(a1, w2, w3, x0, b + 1, s_odd);
