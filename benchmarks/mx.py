@@ -63,6 +63,9 @@ EXPORTS = {  # name: weights (every export with onnxruntime's fused operators, o
     "mxfp6-nbits": ExportWeights("mxfp6-nbits"),
     "mxfp4-nbits": ExportWeights("mxfp4-nbits"),
     "mxfp6-nbits level 1": ExportWeights("mxfp6-nbits", accuracy_level=1),
+    "mxint8-kernel": ExportWeights("mxint8-kernel"),
+    "mxfp6-kernel": ExportWeights("mxfp6-kernel"),
+    "mxfp4-kernel": ExportWeights("mxfp4-kernel"),
 }
 PADDED = ("mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits")  # also timed padded to 2 rows: OrtBackend(min_rows=2)
 SIM_FORMATS = {"fp32": "fp32", "mxint8-nbits": "mxint8", "mxfp6-nbits": "mxfp6", "mxfp4-nbits": "mxfp4"}

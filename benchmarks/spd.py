@@ -172,11 +172,13 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-standalone", action="store_true", help="skip the standalone-draft SpD runs")
     ap.add_argument(
         "--target-weights",
-        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits"),
+        choices=("fp32", "mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits", "mxint8-kernel", "mxfp6-kernel", "mxfp4-kernel"),
         default="fp32",
-        help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs) or "
+        help="export of the target (AR and SpD alike): fp32 (default; the same model transformers runs), "
         "mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights on onnxruntime's 8-bit MatMulNBits, int8 "
-        "activations per block: approximate, so its distance to the fp32 target is measured and reported)",
+        "activations per block) or mxint8-kernel / mxfp6-kernel / mxfp4-kernel (the same weights packed, on accel's "
+        "fused kernel, float32 activations); an MX target is another model, so its distance to the fp32 target is "
+        "measured and reported",
     )
     ap.add_argument(
         "--ngram",
@@ -462,6 +464,13 @@ def save(result: dict, runs: list[dict], hf: Any, args: argparse.Namespace) -> N
     print(f"saved {out} and {out.with_suffix('.png')}")
 
 
+def _sim_format(target_weights: str) -> str:
+    """accel.sim's weight format of a target export: int8 for MatMulNBits, the MX format for the fused kernel."""
+    if target_weights.endswith("-nbits"):
+        return "int8"
+    return target_weights.split("-")[0] if target_weights.endswith("-kernel") else "fp32"
+
+
 def main() -> None:
     args = parse_args()
     setup = load_setup(args)
@@ -499,8 +508,8 @@ def main() -> None:
         },
         "target_quality": quality,
         # weight format for accel.sim (benchmarks/sim_validation.py): MatMulNBits streams 8-bit codes for every MX
-        # format (the 0.25 bits of scales per weight are within the calibration's noise)
-        "format": "int8" if args.target_weights.endswith("-nbits") else "fp32",
+        # format (the 0.25 bits of scales per weight are within the calibration's noise); the kernel the packed codes
+        "format": _sim_format(args.target_weights),
         "target": setup.target.config.to_dict(),
         "draft": setup.draft.config.to_dict(),
         "feature_draft": setup.feat.config.to_dict() if setup.feat is not None else None,

@@ -4,8 +4,8 @@ docs/reference.md §2.
 The graph is built directly with ``onnx.helper`` (``accel.backends.onnx_graph``) rather than traced: one file takes a
 dynamic number of new tokens S (prefill chunks, K+1 scoring, single draft steps), and MX weights can be stored packed
 with an in-graph decode. The weight storage is an ``ExportWeights`` (``accel.backends.weights``: ``fp32``, ``fp16``,
-``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits`` / ``mxfp6-nbits`` / ``mxfp4-nbits``); which
-weights are MX: ``accel.backends.export_tensors``.
+``mx-rounded``, ``mx-packed``, ``int8`` for drafts, ``mxint8-nbits`` / ``mxfp6-nbits`` / ``mxfp4-nbits``, and the
+``*-kernel`` forms of those three); which weights are MX: ``accel.backends.export_tensors``.
 
 The export streams: tensors are read one at a time (from the model's parameters, or straight from a checkpoint
 directory / GGUF file without building a torch model: ``accel.models.sources``), converted, and written to the
@@ -98,7 +98,8 @@ def export_onnx(
             decode specialization); default: all ``seq_len`` positions (OrtBackend slices).
         weights: the weight storage: an ``ExportWeights`` (format, MX element format, float storage) or a
             ``WeightFormat`` / its name (``fp32``, ``fp16``, ``mx-rounded``, ``mx-packed``, ``int8``,
-            ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``; MX modes then use ``mxfp6`` and float32 for the rest).
+            ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``, ``mxint8-kernel``, ``mxfp6-kernel``,
+            ``mxfp4-kernel``; MX modes then use ``mxfp6`` and float32 for the rest).
         opset: ONNX opset; only 18 is supported (IR version 8, loadable by stock onnxruntime).
         progress: show a tqdm bar (one step per layer).
         hidden_output: add the output ``hidden_states`` (final-norm hidden state of every column, ``[B, S, hidden]``):
@@ -119,7 +120,8 @@ def export_onnx(
         ort_ops: write RMSNorm + residual add and RoPE as onnxruntime's fused CPU operators
             (``com.microsoft.SkipSimplifiedLayerNormalization``, ``RotaryEmbedding``: 5 nodes less per layer,
             docs/backends.md "The graph of a layer"); False: standard ONNX only, what Cloud AI 100 and other runtimes
-            read. Default: True for the onnxruntime-only formats (``int8``, ``*-nbits``), False for the others.
+            read. Default: True for the onnxruntime-only formats (``int8``, ``*-nbits``, ``*-kernel``), False for
+            the others.
 
     Files are written under temporary names and renamed (the data file first, the ``.onnx`` last, after
     ``onnx.checker``), with mode 0644. Settings are recorded in ``metadata_props`` (``accel.*`` keys).
@@ -152,6 +154,7 @@ def export_onnx(
             progress=bar.update,
             hidden_output=hidden_output,
             matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
+            mx_kernel=spec.format.is_kernel,
             tree=tree,
             mix_inputs=mix_inputs,
             stage=stage,
@@ -172,8 +175,8 @@ def export_onnx(
 
 
 def _ort_only(spec: ExportWeights) -> bool:
-    """Whether the weight format needs onnxruntime anyway (contrib or dynamic-quantization operators)."""
-    return spec.format.is_nbits or spec.format == WeightFormat.INT8
+    """Whether the weight format needs onnxruntime anyway (contrib, custom or dynamic-quantization operators)."""
+    return spec.format.runs_codes or spec.format == WeightFormat.INT8
 
 
 def _num_elements(layout: ExportLayout, source: Any) -> int:

@@ -135,7 +135,7 @@ def model_tensors(
     ``source``: where the values come from (``accel.models.sources``: a checkpoint read tensor by tensor; ``model``
     then only gives the structure and may live on the meta device); default the model's own parameters.
     A tied ``lm_head.weight`` is left out (the graph reuses the embedding), except for ``int8`` and the ``*-nbits``
-    formats: there the head is a quantized copy and the embedding stays float32 (it is only gathered).
+    and ``*-kernel`` formats: there the head is a quantized copy and the embedding stays float32 (it is only gathered).
     """
     layout = model if isinstance(model, ExportLayout) else ExportLayout.of_model(model)
     spec = ExportWeights.of(weights)
@@ -146,7 +146,7 @@ def model_tensors(
     tied = layout.config.tie_word_embeddings
     names = [n for n in base if not (tied and n == "lm_head.weight")]
     alias: dict[str, str] = {}
-    if tied and (fmt == WeightFormat.INT8 or fmt.is_nbits):
+    if tied and (fmt == WeightFormat.INT8 or fmt.runs_codes):
         names.append("lm_head.weight")
         alias["lm_head.weight"] = "embed_tokens.weight"  # the head gets its own (quantized) copy
     convert: dict[str, Callable[[Any], Any]] = {}
@@ -183,7 +183,7 @@ def _mx_weights(
     rounded = spec.format == WeightFormat.MX_ROUNDED
     for name, mx in mx_modules.items():  # a compressed model keeps exactly its MX weights
         convert[name] = partial(_dequantized, mx) if rounded else partial(_itself, mx)
-    if spec.format.element_format:  # *-nbits: every Linear and the head (a compressed model: its codes)
+    if spec.format.element_format:  # *-nbits, *-kernel: every Linear and the head (a compressed model: its codes)
         element = get_format(spec.format.element_format)
         other = sorted({mx.fmt.name for mx in mx_modules.values()} - {element.name})
         if other:

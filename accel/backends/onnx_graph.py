@@ -38,6 +38,7 @@ def build_decoder_graph(
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
     matmul_nbits: int = 0,
+    mx_kernel: bool = False,
     tree: bool = False,
     int8: bool = False,
     external: ExternalData | None = None,
@@ -56,6 +57,7 @@ def build_decoder_graph(
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
     ``progress(1)`` is called once per layer. ``matmul_nbits``: 0, or the ``accuracy_level`` (1 or 4) of onnxruntime
     ``MatMulNBits`` nodes running the MX weights (MXINT8, MXFP6 E2M3, MXFP4 E2M1; see ``accel.backends.onnx_weights``).
+    ``mx_kernel``: those MX weights packed, on accel's fused kernel (``ai.accel::MXLinear`` nodes) instead.
     ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
     ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
     position-derived write slots and mask (docs/backends.md, "Tree calls").
@@ -80,7 +82,7 @@ def build_decoder_graph(
         raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
     d = _DecoderGraph(
         config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external,
-        fused=fused,
+        fused=fused, mx_kernel=mx_kernel,
     )  # fmt: skip
     d.mix_inputs = mix_inputs
     inputs, outputs = d.io_spec(num_logits)
@@ -124,6 +126,7 @@ class _DecoderGraph:
         int8: bool = False,
         external: ExternalData | None = None,
         fused: bool = False,
+        mx_kernel: bool = False,
     ) -> None:
         c = self.c = config
         self.fused = fused
@@ -131,7 +134,9 @@ class _DecoderGraph:
         self.stage = stage or StageSpec.whole(c.num_layers)
         self.g = g = GraphBuilder(external)
         tied = c.tie_word_embeddings and "lm_head.weight" not in tensors
-        self.w = GraphWeights(g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits, int8=int8)
+        self.w = GraphWeights(
+            g, tensors, float_dtype, tied=tied, nbits_accuracy=matmul_nbits, int8=int8, mx_kernel=mx_kernel
+        )
         self.tensors, self.ctx_len, self.batch_size = tensors, ctx_len, batch_size
         self.feature_size = getattr(c, "feature_size", 0)
         self.hidden_output = hidden_output or bool(self.feature_size)
@@ -381,7 +386,7 @@ class _DecoderGraph:
     def mlp(self, h: str, p: str) -> str:
         """The MLP with weights ``{p}.gate_proj/up_proj/down_proj`` on normed input ``h``."""
         g, c = self.g, self.c
-        if c.mlp == "gated" and self.w.nbits:  # one MatMulNBits for gate and up: one activation quantization
+        if c.mlp == "gated" and (self.w.nbits or self.w.kernel):  # one MatMulNBits / MXLinear for gate and up
             gate, up = g.ops("Split", [self.linear(h, f"{p}.gate_proj", c.mlp_bias, f"{p}.up_proj")], 2, axis=-1,
                              num_outputs=2)  # fmt: skip
             m = g.op("Mul", self.act(gate), up)

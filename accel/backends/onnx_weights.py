@@ -23,6 +23,7 @@ import numpy as np
 from onnx import TensorProto
 
 from accel.backends.onnx_builder import GraphBuilder
+from accel.backends.onnx_mxlinear import mx_linear
 from accel.errors import BackendError
 
 __all__ = ["GraphWeights", "decode_mx", "nbits_blocks", "nbits_step", "restricted_logits"]
@@ -85,21 +86,24 @@ class GraphWeights:
         tied: bool,
         nbits_accuracy: int = 0,
         int8: bool = False,
+        mx_kernel: bool = False,
     ) -> None:
         """``nbits_accuracy``: 0 (MX weights as MatMul on in-graph decodes) or the ``MatMulNBits`` ``accuracy_level``
         (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: every
-        Linear as int8 weights with dynamic activation quantization (``accel.backends.onnx_int8``)."""
+        Linear as int8 weights with dynamic activation quantization (``accel.backends.onnx_int8``). ``mx_kernel``:
+        every MX Linear weight packed, on accel's fused kernel (``ai.accel::MXLinear``)."""
         self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
         self.nbits = nbits_accuracy
         self.int8 = int8
+        self.kernel = mx_kernel
         self._done: dict[str, str] = {}
         self._quantized_inputs: dict[str, list[str]] = {}
 
     def linear(self, xin: str, *names: str, out: str | None = None) -> str:
         """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
-        separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``int8``) int8
-        weights with dynamic activation quantization."""
+        separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``mx_kernel``) an
+        ``ai.accel::MXLinear`` on the packed codes, or (``int8``) int8 weights with dynamic activation quantization."""
         if self.int8:
             from accel.backends.onnx_int8 import int8_matmul
 
@@ -109,6 +113,8 @@ class GraphWeights:
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
+        if self.kernel and all(hasattr(t, "codes") for t in ts):
+            return mx_linear(self.g, xin, names, ts, out)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
             return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
         if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from accel.backends.onnx_mxlinear import register_mx_kernel, uses_mx_kernel_error
 from accel.errors import BackendError
 
 __all__ = ["open_session", "optimized_key", "session_options"]
@@ -107,6 +108,14 @@ def open_session(
 
 
 def _session(path: Path, opts: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """The session; a graph with accel's fused-kernel operators (``ai.accel::MXLinear``, the ``*-kernel`` weights)
+    is opened again with the kernel library registered, its calls on the session's intra-op threads."""
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as exc:
+        if not uses_mx_kernel_error(exc):
+            raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+    register_mx_kernel(opts, opts.intra_op_num_threads or None)
     try:
         return ort.InferenceSession(str(path), opts, providers=providers)
     except Exception as exc:

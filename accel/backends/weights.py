@@ -9,6 +9,10 @@
   (E2M1) as onnxruntime's 8-bit ``MatMulNBits``: an MX block of these three element types is exactly an 8-bit
   integer block with a power-of-two scale, so the weights are exact; the activations are quantized to int8 per block
   (``accuracy_level=4``) or kept float32 (``accuracy_level=1``, slow); onnxruntime only.
+- ``mxint8-kernel``, ``mxfp6-kernel``, ``mxfp4-kernel``: the same exact MX weights (and head), stored packed (8 / 6 /
+  4 bits a weight + one E8M0 byte a block) and run by accel's fused kernel as the onnxruntime custom operator
+  ``ai.accel::MXLinear`` (``accel/formats/mxkernel_ort.c``): float32 activations, weights decoded in registers;
+  onnxruntime only, with the kernel built on this machine (a C compiler).
 
 docs/backends.md describes each in full.
 """
@@ -35,6 +39,9 @@ class WeightFormat(str, Enum):
     MXINT8_NBITS = "mxint8-nbits"
     MXFP6_NBITS = "mxfp6-nbits"
     MXFP4_NBITS = "mxfp4-nbits"
+    MXINT8_KERNEL = "mxint8-kernel"
+    MXFP6_KERNEL = "mxfp6-kernel"
+    MXFP4_KERNEL = "mxfp4-kernel"
 
     @property
     def uses_mx_format(self) -> bool:
@@ -47,10 +54,20 @@ class WeightFormat(str, Enum):
         return self.value.endswith("-nbits")
 
     @property
+    def is_kernel(self) -> bool:
+        """Whether the graph runs its Linear weights on accel's fused kernel (``ai.accel::MXLinear``, ``*-kernel``)."""
+        return self.value.endswith("-kernel")
+
+    @property
+    def runs_codes(self) -> bool:
+        """Whether every Linear weight and the head run from their exact MX codes (``*-nbits`` and ``*-kernel``)."""
+        return self.is_nbits or self.is_kernel
+
+    @property
     def element_format(self) -> str | None:
-        """The MX element format a ``*-nbits`` format fixes (``mxint8``, ``mxfp6_e2m3``, ``mxfp4_e2m1``); None for
-        the others."""
-        if not self.is_nbits:
+        """The MX element format a ``*-nbits`` or ``*-kernel`` format fixes (``mxint8``, ``mxfp6_e2m3``,
+        ``mxfp4_e2m1``); None for the others."""
+        if not self.runs_codes:
             return None
         return {"mxint8": "mxint8", "mxfp6": "mxfp6_e2m3", "mxfp4": "mxfp4_e2m1"}[self.value.split("-")[0]]
 

@@ -1,6 +1,7 @@
 /* The fused MX kernel's API (mxk_*), the choice of path per call and the thread pool. See mxkernel.h. */
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "mxkernel.h"
 
@@ -47,28 +48,63 @@ static void *run_part(void *arg) {
 }
 
 /* A small pool of worker threads, started on first need and kept: worker w runs part w + 1 of each call while the
- * caller runs part 0. Idle workers sleep on a condition variable (no spinning: the machine may be shared). Calls are
- * serialised (ctypes releases the GIL, so two Python threads may call at once). After fork() the child starts over. */
+ * caller runs part 0. A worker that finished a part, and a caller waiting for its workers, first spin for up to
+ * SPIN_NS (decode steps call the kernel every few tens of microseconds, and a condition-variable wake-up costs about
+ * as much as a small layer's product), then sleep on a condition variable: an idle pool never spins for long. Calls
+ * are serialised (ctypes releases the GIL, so two Python threads may call at once). After fork() the child starts
+ * over. */
+#define SPIN_NS 100000
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER, pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
 static part_t pool_parts[MXK_MAX_THREADS];
 static int pool_workers = 0, pool_nparts = 0, pool_pending = 0, atfork_done = 0;
 static long pool_generation = 0;
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* spin while *v == value, for up to SPIN_NS; returns when it changed or the time is up */
+static void spin_while_long(const long *v, long value) {
+    int64_t end = now_ns() + SPIN_NS;
+    for (int i = 1; __atomic_load_n(v, __ATOMIC_ACQUIRE) == value; i++) {
+#if MXK_X86
+        _mm_pause();
+#endif
+        if ((i & 63) == 0 && now_ns() > end) return;
+    }
+}
+
+/* spin while *v > 0, for up to SPIN_NS */
+static void spin_while_positive(const int *v) {
+    int64_t end = now_ns() + SPIN_NS;
+    for (int i = 1; __atomic_load_n(v, __ATOMIC_ACQUIRE) > 0; i++) {
+#if MXK_X86
+        _mm_pause();
+#endif
+        if ((i & 63) == 0 && now_ns() > end) return;
+    }
+}
+
 /* arg: the worker's index (low 8 bits) and the generation current when it was created (the calls before it) */
 static void *worker_main(void *arg) {
     int w = (int)((intptr_t)arg & 0xFF);
     long seen = (long)((intptr_t)arg >> 8);
-    pthread_mutex_lock(&pool_mu);
     for (;;) {
+        spin_while_long(&pool_generation, seen);
+        pthread_mutex_lock(&pool_mu);
         while (pool_generation == seen) pthread_cond_wait(&work_cv, &pool_mu);
         seen = pool_generation;
-        if (w + 1 < pool_nparts) {
-            part_t part = pool_parts[w + 1];
-            pthread_mutex_unlock(&pool_mu);
+        int mine = w + 1 < pool_nparts;
+        part_t part = pool_parts[mine ? w + 1 : 0];
+        pthread_mutex_unlock(&pool_mu);
+        if (mine) {
             run_part(&part);
             pthread_mutex_lock(&pool_mu);
-            if (--pool_pending == 0) pthread_cond_signal(&done_cv);
+            if (__atomic_sub_fetch(&pool_pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&done_cv);
+            pthread_mutex_unlock(&pool_mu);
         }
     }
     return NULL;
@@ -115,13 +151,14 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
         pthread_mutex_lock(&pool_mu);
         pool_nparts = threads;
         pool_pending = threads - 1;
-        pool_generation++;
+        __atomic_store_n(&pool_generation, pool_generation + 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&work_cv);
         pthread_mutex_unlock(&pool_mu);
     }
     part_t first = pool_parts[0];
     run_part(&first);
     if (threads > 1) {
+        spin_while_positive(&pool_pending);
         pthread_mutex_lock(&pool_mu);
         while (pool_pending > 0) pthread_cond_wait(&done_cv, &pool_mu);
         pthread_mutex_unlock(&pool_mu);

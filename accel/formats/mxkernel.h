@@ -21,7 +21,7 @@
  *
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
  * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c and
- * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere).
+ * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere), and mxkernel_ort.c (the onnxruntime operator).
  */
 #ifndef MXKERNEL_H
 #define MXKERNEL_H
@@ -36,7 +36,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 2
+#define MXK_VERSION 3
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -66,6 +66,9 @@ MXK_INTERNAL void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, f
 MXK_INTERNAL void linear_portable(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_avx2(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
+/* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */
+int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast, int64_t n,
+               int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */
 MXK_INTERNAL int have_avx2(void);
 MXK_INTERNAL int have_vbmi(void);

@@ -1,7 +1,8 @@
 """Build and load the fused MX kernel (``mxkernel*.c``): compiled on first use with the system C compiler, cached.
 
 The C sources ship inside the package: ``mxkernel.h`` (what the files share) and ``mxkernel.c`` (the API, the path
-dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path),
+dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path) and
+``mxkernel_ort.c`` (the onnxruntime operator ``ai.accel::MXLinear``, registered by ``accel.backends.onnx_mxlinear``),
 compiled together into one library. On the first call the library is compiled with ``$CC`` (else ``cc``, else
 ``gcc``) into ``$ACCEL_CACHE/mxkernel/`` (``ACCEL_CACHE`` defaults to ``~/.cache/accel``) under a name that hashes the
 sources, the compiler and the platform, written to a temporary file and renamed into place (safe when several processes
@@ -27,10 +28,10 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: the C files compiled together (the API file first) and the header they share
-SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi"))
+SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi", "_ort"))
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 2
+VERSION = 3
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -108,6 +109,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_decode.argtypes = [_p, _p, _p, _int, _int, _i64, _i64, _p, _int]
     lib.mxk_linear.restype = _int
     lib.mxk_linear.argtypes = [_p, _p, _p, _int, _int, _int, _i64, _i64, _i64, _p, _i64, _i64, _p, _int]
+    lib.mxk_set_ort_threads.restype = None
+    lib.mxk_set_ort_threads.argtypes = [_int]
     return lib
 
 

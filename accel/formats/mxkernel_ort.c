@@ -1,0 +1,195 @@
+/* The fused kernel as an onnxruntime custom operator: ai.accel::MXLinear, y[..., N] = x[..., K] @ W^T straight from
+ * the packed MX codes and E8M0 scales (the same mxk_linear call as PackedMX.matmul, so the same float32 results).
+ *
+ * Node: inputs x (float32 [..., K]), codes (uint8: the packed codes of W [N, K], C order), scales (uint8 [N, K / 32]:
+ * E8M0 codes), lut (float32 [256]: the value of each code, for the portable path); attributes N, K, bits, block (32),
+ * fast (1 E2M3, 2 E2M1, 3 INT8: the SIMD paths' formats, 0 none). K must be a multiple of block (the exporter
+ * checks). Registered by onnxruntime's RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library)
+ * on this library, which accel already builds and loads for PackedMX (mxkernel_build.py).
+ *
+ * onnxruntime's pip wheels ship no C headers, so the few parts of its C ABI used here are declared below: the API
+ * table (OrtApi) is an array of function pointers that only ever grows at the end, and OrtCustomOp a struct whose
+ * fields past those of the declared version onnxruntime does not read. Positions are those of API version 13
+ * (onnxruntime 1.13), which every later onnxruntime serves from OrtApiBase::GetApi(13).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "mxkernel.h"
+
+#define ORT_API_VERSION_USED 13
+#define MXL_MAX_DIMS 8
+
+typedef struct OrtStatus OrtStatus;
+typedef void *ort_fn; /* an entry of the API table */
+typedef struct {
+    const ort_fn *(*GetApi)(uint32_t version);
+    const char *(*GetVersionString)(void);
+} ort_api_base;
+
+enum { ORT_FLOAT = 1, ORT_UINT8 = 2 };       /* ONNXTensorElementDataType */
+enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 }; /* OrtErrorCode */
+
+/* positions in the OrtApi table */
+enum {
+    API_CREATE_STATUS = 0,
+    API_CREATE_CUSTOM_OP_DOMAIN = 26,
+    API_CUSTOM_OP_DOMAIN_ADD = 27,
+    API_ADD_CUSTOM_OP_DOMAIN = 28,
+    API_GET_TENSOR_MUTABLE_DATA = 51,
+    API_GET_TENSOR_ELEMENT_TYPE = 60,
+    API_GET_DIMENSIONS_COUNT = 61,
+    API_GET_DIMENSIONS = 62,
+    API_GET_TENSOR_TYPE_AND_SHAPE = 65,
+    API_KERNEL_INFO_GET_ATTRIBUTE_INT64 = 86,
+    API_KERNEL_CONTEXT_GET_INPUT = 90,
+    API_KERNEL_CONTEXT_GET_OUTPUT = 91,
+    API_RELEASE_STATUS = 93,
+    API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO = 99,
+};
+
+typedef struct custom_op {
+    uint32_t version;
+    void *(*CreateKernel)(const struct custom_op *op, const ort_fn *api, const void *info);
+    const char *(*GetName)(const struct custom_op *op);
+    const char *(*GetExecutionProviderType)(const struct custom_op *op);
+    int (*GetInputType)(const struct custom_op *op, size_t index);
+    size_t (*GetInputTypeCount)(const struct custom_op *op);
+    int (*GetOutputType)(const struct custom_op *op, size_t index);
+    size_t (*GetOutputTypeCount)(const struct custom_op *op);
+    void (*KernelCompute)(void *kernel, void *context);
+    void (*KernelDestroy)(void *kernel);
+    int (*GetInputCharacteristic)(const struct custom_op *op, size_t index); /* 0: required */
+    int (*GetOutputCharacteristic)(const struct custom_op *op, size_t index);
+    int (*GetInputMemoryType)(const struct custom_op *op, size_t index); /* 0: the default (CPU) */
+    void *later_fields[32]; /* fields of later API versions: zero, and never read at version 13 */
+} custom_op;
+
+typedef struct {
+    const ort_fn *api;
+    int64_t n, k, bits, block, fast;
+} mxl_kernel;
+
+/* kernel threads of one MXLinear call (mxk_set_ort_threads; a weight under 2^18 elements a thread uses fewer) */
+static int ort_threads = 1;
+
+void mxk_set_ort_threads(int threads) { ort_threads = threads < 1 ? 1 : threads > MXK_MAX_THREADS ? MXK_MAX_THREADS : threads; }
+
+#define CALL(api, pos, type) ((type)(api)[pos])
+typedef OrtStatus *(*status_fn_i64)(const void *, const char *, int64_t *);
+
+/* 1 if an API call failed (its status released) */
+static int failed(const ort_fn *api, OrtStatus *st) {
+    if (st == NULL) return 0;
+    CALL(api, API_RELEASE_STATUS, void (*)(OrtStatus *))(st);
+    return 1;
+}
+
+static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info) {
+    (void)op;
+    mxl_kernel *m = calloc(1, sizeof *m);
+    if (m == NULL) return NULL;
+    m->api = api;
+    status_fn_i64 get = CALL(api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, status_fn_i64);
+    if (failed(api, get(info, "N", &m->n)) || failed(api, get(info, "K", &m->k)) ||
+        failed(api, get(info, "bits", &m->bits)) || failed(api, get(info, "block", &m->block)) ||
+        failed(api, get(info, "fast", &m->fast)) || m->n < 0 || m->k < 0 || m->block < 1 || m->k % m->block != 0) {
+        m->n = -1; /* compute then writes NaN: a graph accel did not write */
+    }
+    return m;
+}
+
+/* the shape of an input; -1 on failure */
+static int dims_of(const ort_fn *api, const void *value, int64_t *dims, int *elem) {
+    void *info = NULL;
+    size_t nd = 0;
+    if (failed(api, CALL(api, API_GET_TENSOR_TYPE_AND_SHAPE, OrtStatus * (*)(const void *, void **))(value, &info)))
+        return -1;
+    int ok = !failed(api, CALL(api, API_GET_DIMENSIONS_COUNT, OrtStatus * (*)(const void *, size_t *))(info, &nd)) &&
+             nd <= MXL_MAX_DIMS &&
+             !failed(api, CALL(api, API_GET_DIMENSIONS, OrtStatus * (*)(const void *, int64_t *, size_t))(info, dims,
+                                                                                                         nd)) &&
+             !failed(api, CALL(api, API_GET_TENSOR_ELEMENT_TYPE, OrtStatus * (*)(const void *, int *))(info, elem));
+    CALL(api, API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, void (*)(void *))(info);
+    return ok ? (int)nd : -1;
+}
+
+static void *data_of(const ort_fn *api, const void *value) {
+    void *p = NULL;
+    if (failed(api, CALL(api, API_GET_TENSOR_MUTABLE_DATA, OrtStatus * (*)(void *, void **))((void *)value, &p)))
+        return NULL;
+    return p;
+}
+
+static void mxl_compute(void *kernel, void *context) {
+    const mxl_kernel *m = kernel;
+    const ort_fn *api = m->api;
+    typedef OrtStatus *(*get_input_fn)(const void *, size_t, const void **);
+    typedef OrtStatus *(*get_output_fn)(void *, size_t, const int64_t *, size_t, void **);
+    const void *in[4] = {NULL, NULL, NULL, NULL};
+    for (size_t i = 0; i < 4; i++)
+        if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_INPUT, get_input_fn)(context, i, &in[i]))) return;
+    int64_t dims[MXL_MAX_DIMS];
+    int elem = 0;
+    int nd = dims_of(api, in[0], dims, &elem);
+    if (nd < 1) return;
+    int ok = m->n >= 0 && elem == ORT_FLOAT && dims[nd - 1] == m->k;
+    int64_t rows = 1;
+    for (int d = 0; d < nd - 1; d++) rows *= dims[d];
+    dims[nd - 1] = m->n > 0 ? m->n : 0;
+    void *out = NULL;
+    if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(context, 0, dims, (size_t)nd, &out)))
+        return;
+    float *y = data_of(api, out);
+    const float *x = data_of(api, in[0]);
+    const uint8_t *codes = data_of(api, in[1]), *scales = data_of(api, in[2]);
+    const float *lut = data_of(api, in[3]);
+    if (y == NULL) return;
+    if (!ok || x == NULL || codes == NULL || scales == NULL || lut == NULL) { /* not accel's graph: loud NaNs */
+        for (int64_t i = 0; i < rows * dims[nd - 1]; i++) y[i] = NAN;
+        return;
+    }
+    int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
+    int threads = weights / per_thread < ort_threads ? (int)(weights / per_thread) : ort_threads;
+    mxk_linear(codes, scales, lut, (int)m->bits, (int)m->block, (int)m->fast, m->n, m->k, m->k / m->block, x, rows,
+               m->k, y, threads < 1 ? 1 : threads);
+}
+
+static void mxl_destroy(void *kernel) { free(kernel); }
+static const char *mxl_name(const custom_op *op) { (void)op; return "MXLinear"; }
+static const char *mxl_provider(const custom_op *op) { (void)op; return NULL; }
+static int mxl_input_type(const custom_op *op, size_t i) { (void)op; return i == 0 || i == 3 ? ORT_FLOAT : ORT_UINT8; }
+static size_t mxl_inputs(const custom_op *op) { (void)op; return 4; }
+static int mxl_output_type(const custom_op *op, size_t i) { (void)op; (void)i; return ORT_FLOAT; }
+static size_t mxl_outputs(const custom_op *op) { (void)op; return 1; }
+static int mxl_zero(const custom_op *op, size_t i) { (void)op; (void)i; return 0; }
+
+static custom_op MXLINEAR = {
+    ORT_API_VERSION_USED, mxl_create, mxl_name,  mxl_provider, mxl_input_type, mxl_inputs, mxl_output_type,
+    mxl_outputs,          mxl_compute, mxl_destroy, mxl_zero,  mxl_zero,      mxl_zero,   {0},
+};
+
+static pthread_mutex_t domain_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *domain = NULL; /* one ai.accel domain for every session, never released */
+
+/* onnxruntime's entry point: add the ai.accel domain (MXLinear) to the session options */
+OrtStatus *RegisterCustomOps(void *options, const ort_api_base *base) {
+    const ort_fn *api = base->GetApi(ORT_API_VERSION_USED);
+    if (api == NULL) return NULL; /* cannot report without an API; onnxruntime < 1.13 is not supported */
+    typedef OrtStatus *(*create_status_fn)(int, const char *);
+    OrtStatus *st = NULL;
+    pthread_mutex_lock(&domain_mu);
+    if (domain == NULL) {
+        void *d = NULL;
+        st = CALL(api, API_CREATE_CUSTOM_OP_DOMAIN, OrtStatus * (*)(const char *, void **))("ai.accel", &d);
+        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, OrtStatus * (*)(void *, const custom_op *))(d, &MXLINEAR);
+        if (st == NULL) domain = d;
+    }
+    pthread_mutex_unlock(&domain_mu);
+    if (st != NULL) return st;
+    if (domain == NULL) return CALL(api, API_CREATE_STATUS, create_status_fn)(ORT_FAIL, "accel: no ai.accel domain");
+    return CALL(api, API_ADD_CUSTOM_OP_DOMAIN, OrtStatus * (*)(void *, void *))(options, domain);
+}

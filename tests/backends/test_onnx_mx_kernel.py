@@ -1,0 +1,185 @@
+"""``weights="mxfp6-kernel"`` (``mxfp4-kernel``, ``mxint8-kernel``): MX weights packed in the graph and run by accel's
+fused kernel as the onnxruntime custom operator ``ai.accel::MXLinear`` (accel/formats/mxkernel_ort.c).
+
+What is exact and what is not: the operator calls the same ``mxk_linear`` as ``PackedMX.matmul``, so its outputs
+equal ``PackedMX.matmul`` bit for bit (checked on edge-case blocks through a real onnxruntime session). The weights
+are the MX values exactly and the activations stay float32, so the logits differ from the fp32 graph of the same
+MX-rounded weights only by float32 summation order. Each output row is the same sum whatever the number of rows in
+the call, so greedy SpD equals greedy AR on such a target."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from accel.backends import ExportWeights, OrtBackend, export_onnx
+from accel.backends.onnx_builder import GraphBuilder
+from accel.backends.onnx_mxlinear import DOMAIN, mx_linear, register_mx_kernel
+from accel.errors import BackendError
+from accel.formats import MXTensor, get_format, mxkernel_build, quantize
+from accel.formats.mxkernel import PackedMX
+from accel.models import Decoder, ModelConfig
+from accel.spd import GREEDY, DraftChain, DraftTree, generate, generate_ar
+from tests.backends.test_onnx_nbits_fp import _rounded
+from tests.helpers.scenario import make_tokens, run_scenario
+
+PROMPTS = (4, 6)
+CTX = 32
+MODES = [("mxfp6-kernel", "mxfp6_e2m3"), ("mxfp4-kernel", "mxfp4_e2m1"), ("mxint8-kernel", "mxint8")]
+
+pytestmark = pytest.mark.skipif(mxkernel_build.load_kernel() is None, reason="the fused MX kernel cannot be built")
+
+
+def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
+    cfg = ModelConfig(
+        vocab_size=96,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=inter,
+        tie_word_embeddings=tied,
+    )
+    return Decoder(cfg).init_weights(seed, std=0.1)
+
+
+def _edge_tensor(fmt: str, n: int, k: int) -> MXTensor:
+    """An [n, k] MX tensor with an all-zero row, an all-zero block, huge and tiny scales, and a NaN scale."""
+    rng = np.random.default_rng(k + n)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    w[1] = 0.0
+    w[2, :32] = 0.0
+    w[3] *= 2.0**100
+    w[4] *= 2.0**-100
+    mx = quantize(w, get_format(fmt), axis=-1, block_size=32)
+    mx.scales[0, -1] = 0xFF  # NaN scale code: row 0's outputs are NaN
+    return mx
+
+
+def _run_node(mxs: list[MXTensor], x: np.ndarray) -> np.ndarray:
+    """``x @ W^T`` (the weights joined along their outputs) by one real MXLinear node in an onnxruntime session."""
+    g = GraphBuilder()
+    y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y")
+    k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs)
+    lead = [f"d{i}" for i in range(x.ndim - 1)]
+    graph = helper.make_graph(
+        g.nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [*lead, n])],
+        g.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+    opts = ort.SessionOptions()
+    register_mx_kernel(opts, 2)
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp4_e2m1", "mxint8"])
+@pytest.mark.parametrize("k", [32, 96, 544])
+def test_node_equals_packed_matmul_bit_for_bit(fmt, k):
+    """Edge-case blocks (zero row and block, scales 2^+-100, a NaN scale), 1 and 6 rows, 2-D and 3-D inputs: the
+    node's outputs are PackedMX.matmul's bit for bit (NaN where the reference has NaN), and within float32 rounding
+    of the float64 product of the exact weights."""
+    mx = _edge_tensor(fmt, 7, k)
+    rng = np.random.default_rng(k)
+    w64 = mx.dequantize(np.float32).astype(np.float64)
+    for shape in ((1, k), (6, k), (2, 3, k)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got, ref = _run_node([mx], x), PackedMX(mx).matmul(x)
+        assert got.shape == (*shape[:-1], 7)
+        np.testing.assert_array_equal(got, ref)
+        assert np.isnan(got[..., 0]).all() and not np.isnan(got[..., 1:]).any()
+        y64 = x.astype(np.float64) @ w64.T
+        bound = k * 2.0**-23 * (np.abs(x.astype(np.float64)) @ np.abs(w64).T)
+        ok = ~np.isnan(y64)
+        assert np.all(np.abs(got[ok] - y64[ok]) <= bound[ok] + 1e-300)
+
+
+def test_joined_weights_equal_separate_ones():
+    """q+k+v style joining: one node over weights joined along their outputs gives each weight's own outputs."""
+    rng = np.random.default_rng(1)
+    mxs = [quantize(rng.standard_normal((n, 64)).astype(np.float32), "mxfp6", axis=-1) for n in (5, 3, 4)]
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    joined = _run_node(mxs, x)
+    np.testing.assert_array_equal(joined, np.concatenate([_run_node([m], x) for m in mxs], axis=-1))
+
+
+@pytest.mark.parametrize(("weights", "element"), MODES)
+def test_logits_against_the_float_graph_of_the_same_weights(weights, element, tmp_path):
+    """The reference is the fp32 graph of the same MX-rounded weights (head included): only the float32 summation
+    order differs, 1e-5 of the logits' spread (measured 2.9e-7 to 4.3e-7); MX rounding moves them 1.3% to 29%."""
+    model = _model(tied=False)
+    rows = make_tokens(96, PROMPTS, seed=3)
+
+    def logits(m: Decoder, w: ExportWeights | str, name: str) -> list[np.ndarray]:
+        path = export_onnx(m, tmp_path / name, ctx_len=CTX, batch_size=2, weights=w, progress=False)
+        return run_scenario(OrtBackend(path, threads=2), rows, PROMPTS)
+
+    ref = logits(_rounded(model, element), "fp32", "r.onnx")
+    kernel = logits(model, weights, "k.onnx")
+    fp32 = logits(model, "fp32", "o.onnx")
+
+    def err(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+        return max(float(np.abs(x - y).max() / np.ptp(y)) for x, y in zip(a, b, strict=True))
+
+    assert err(kernel, ref) < 1e-5, err(kernel, ref)
+    assert err(ref, fp32) > 10 * err(kernel, ref)  # the comparison sees MX rounding: the reference is not fp32's
+
+
+def test_graph_runs_every_weight_on_the_kernel(tmp_path):
+    """A tied model: the head gets its own MXFP6 copy; every Linear is an MXLinear (q+k+v and gate+up joined), no
+    MatMul reads a weight, and the embedding stays float32 for its Gather."""
+    path = export_onnx(_model(tied=True), tmp_path / "m.onnx", ctx_len=CTX, weights="mxfp6-kernel", progress=False)
+    graph = onnx.load(str(path)).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MXLinear") == 2 * 4 + 1
+    inits = {t.name for t in graph.initializer}
+    assert not [n for n in graph.node if n.op_type == "MatMul" and set(n.input) & inits]
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert "mxfp6" in meta.get("accel.weights", "") + meta.get("accel.mx_format", "")
+
+
+def test_input_features_off_the_block_are_refused(tmp_path):
+    """down_proj's input of 80 features is not a multiple of 32: a clear error names the weight."""
+    with pytest.raises(BackendError, match=r"MXLinear weight .*down_proj.* multiple of 32"):
+        export_onnx(_model(inter=80), tmp_path / "m.onnx", ctx_len=CTX, weights="mxfp6-kernel", progress=False)
+
+
+def test_greedy_spd_on_a_kernel_target_equals_its_ar(tmp_path):
+    """Greedy SpD (chains and a token tree) reproduces the MXFP6-kernel target's own greedy AR tokens, batch 1
+    and 3 (one-token calls are not padded: a row's outputs do not depend on the other rows)."""
+    target = _model(tied=True, inter=128, seed=1)
+    draft = _model(tied=True, inter=128, seed=2)
+    for batch, lens in ((1, (7,)), (3, (5, 9, 6))):
+        kw = {"ctx_len": CTX * 2, "batch_size": batch, "progress": False}
+        tpath = export_onnx(target, tmp_path / f"t{batch}.onnx", weights="mxfp6-kernel", tree=True, **kw)
+        dpath = export_onnx(draft, tmp_path / f"d{batch}.onnx", tree=True, **kw)
+        tb, db = OrtBackend(tpath, threads=2), OrtBackend(dpath)
+        assert tb.min_rows == 1
+        prompts = make_tokens(96, lens, seed=batch)
+        ar = generate_ar(tb, prompts, max_new_tokens=20, sampling=GREEDY).tokens
+        for proposer in (DraftChain(db, k=1), DraftChain(db, k=3)):
+            assert generate(tb, proposer, prompts, max_new_tokens=20, sampling=GREEDY).tokens == ar
+        if batch == 1:
+            tree = DraftTree(db, nodes=6)
+            assert generate(tb, tree, prompts, max_new_tokens=20, sampling=GREEDY).tokens == ar
+
+
+def test_without_the_kernel_the_session_says_why(tmp_path, monkeypatch):
+    """With the kernel off (ACCEL_MXKERNEL=numpy, as on a machine without a C compiler) a kernel graph is refused
+    with the reason and the alternative, not onnxruntime's unknown-operator error."""
+    path = export_onnx(_model(), tmp_path / "m.onnx", ctx_len=CTX, weights="mxfp6-kernel", progress=False)
+    monkeypatch.setenv("ACCEL_MXKERNEL", "numpy")
+    mxkernel_build.reset()
+    try:
+        with pytest.raises(BackendError, match=r"fused MX kernel .*unavailable.*ACCEL_MXKERNEL=numpy.*mxfp6-nbits"):
+            OrtBackend(path)
+    finally:
+        monkeypatch.delenv("ACCEL_MXKERNEL")
+        mxkernel_build.reset()
+    assert OrtBackend(path).info.vocab_size == 96
