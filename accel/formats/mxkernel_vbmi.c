@@ -74,17 +74,22 @@ VBMI static inline __m512i pair_ints_vbmi(int fast, const uint8_t *p) {
         _mm512_fmadd_ps(w1, _mm512_loadu_ps((xrow) + 32 * (b) + 16), _mm512_mul_ps(w0, _mm512_loadu_ps((xrow) + 32 * (b)))), \
         scale, acc)
 
-/* one W row against x rows s0 (and s0 + 1 when pair): per block p = sum of the 32 integer * x products (float32),
- * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row. `fast` and `pair` are
- * constants at every call site, so each combination compiles to its own branch-free loop. */
+/* one W row against the nx (1, 2 or 4) x rows from s0: per block p = sum of the 32 integer * x products (float32),
+ * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row. Each x row gets the same
+ * operations whatever nx, so its result does not depend on the rows beside it. `fast` and `nx` are constants at every
+ * call site, so each combination compiles to its own branch-free loop (the per-row arrays stay in registers). */
 VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t *j, const float *scale_tab, int64_t n,
-                                                                    int64_t s0, const int fast, const int pair) {
+                                                                    int64_t s0, const int fast, const int nx) {
     const int bytes = fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 ? 16 : 32;
     const int64_t nblocks = j->nblocks;
     const uint8_t *row = j->codes + n * nblocks * bytes;
     const uint8_t *sc = j->scales + n * nblocks;
-    const float *x0 = j->x + s0 * j->xstride, *x1 = x0 + j->xstride;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    const float *xr[4];
+    __m512 even[4], odd[4];
+    for (int r = 0; r < nx; r++) {
+        xr[r] = j->x + (s0 + r) * j->xstride;
+        even[r] = odd[r] = _mm512_setzero_ps();
+    }
     int64_t b = 0;
     for (; b + 1 < nblocks; b += 2) {
         _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
@@ -94,11 +99,9 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
         __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
         __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
         __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]), s_odd = _mm512_set1_ps(scale_tab[sc[b + 1]]);
-        VBMI_BLOCK(a0, w0, w1, x0, b, s_even);
-        VBMI_BLOCK(a1, w2, w3, x0, b + 1, s_odd);
-        if (pair) {
-            VBMI_BLOCK(b0, w0, w1, x1, b, s_even);
-            VBMI_BLOCK(b1, w2, w3, x1, b + 1, s_odd);
+        for (int r = 0; r < nx; r++) {
+            VBMI_BLOCK(even[r], w0, w1, xr[r], b, s_even);
+            VBMI_BLOCK(odd[r], w2, w3, xr[r], b + 1, s_odd);
         }
     }
     if (b < nblocks) { /* an odd last block: the even accumulator, as in the pairs above */
@@ -106,19 +109,18 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
         __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
         __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
         __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]);
-        VBMI_BLOCK(a0, w0, w1, x0, b, s_even);
-        if (pair) VBMI_BLOCK(b0, w0, w1, x1, b, s_even);
+        for (int r = 0; r < nx; r++) VBMI_BLOCK(even[r], w0, w1, xr[r], b, s_even);
     }
-    j->y[s0 * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    if (pair) j->y[(s0 + 1) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+    for (int r = 0; r < nx; r++) j->y[(s0 + r) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
 }
 
 #define VBMI_ROWS(FAST)                                                                                              \
     VBMI static void rows_vbmi_##FAST(const job_t *j, const float *tab, int64_t n0, int64_t n1) {                    \
         for (int64_t n = n0; n < n1; n++) {                                                                           \
             int64_t s = 0;                                                                                            \
-            for (; s + 1 < j->s; s += 2) row_dot_vbmi(j, tab, n, s, FAST, 1);                                         \
-            if (s < j->s) row_dot_vbmi(j, tab, n, s, FAST, 0);                                                        \
+            for (; s + 3 < j->s; s += 4) row_dot_vbmi(j, tab, n, s, FAST, 4);                                         \
+            if (s + 1 < j->s) row_dot_vbmi(j, tab, n, s, FAST, 2), s += 2;                                            \
+            if (s < j->s) row_dot_vbmi(j, tab, n, s, FAST, 1);                                                        \
         }                                                                                                             \
     }
 VBMI_ROWS(1)
