@@ -5,7 +5,9 @@ What runs (docs/backends.md, "MX weights on onnxruntime"), every export with onn
 (the ratios' reference; ``fp32 portable``: the standard-ONNX graph); ``mx-packed`` MXFP6 (the in-graph decode is
 constant-folded into float32 weights at session start, so it runs as fp32); ``mxint8-nbits`` / ``mxfp6-nbits`` /
 ``mxfp4-nbits`` (exact MX weights as onnxruntime's 8-bit MatMulNBits, int8 activations per block of 32,
-``accuracy_level=4``) and ``mxfp6-nbits`` at ``accuracy_level=1`` (float32 activations).
+``accuracy_level=4``) and ``mxfp6-nbits`` at ``accuracy_level=1`` (float32 activations); ``mxint8-kernel`` /
+``mxfp6-kernel`` / ``mxfp4-kernel`` (the same exact weights packed, on accel's fused kernel as the onnxruntime
+operator ``ai.accel::MXLinear``, float32 activations; docs/backends.md "MX weights on accel's fused kernel").
 
 1. Step time: median ms of a decode call (S = 1) and a K+1 = 4 scoring call after a 128-token prefix, timed round
    robin over all exports in one run, in a new random order every round (machine-load drift and order effects hit
@@ -20,14 +22,14 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 4. accel.sim: a ``measure_host`` profile of this machine (its layer terms: docs/sim.md, "This CPU as a device"),
    ``step_time`` of SmolLM2-135M after 128 tokens per export (the head in the export's weight format) at 1 row, 2 rows
    (the padded step) and S = 4, against the measured calls; and what the MX formats would give if their own bytes
-   were streamed (the same profile without the 8-bit kernel's rate).
+   were streamed (the same profile without the 8-bit kernel's rate), against the ``*-kernel`` steps (which do).
 5. ``--profile N``: onnxruntime's per-node profiler over N S = 1 calls of fp32 and mxfp6-nbits (1 row, padded),
    summed per operator type: where a step's time goes.
 
-    flock /work/helpers/bench.lock python benchmarks/mx.py --profile 20   # ~5 minutes on 2 cores
-    python benchmarks/mx.py --quick                                    # fewer repeats, no accuracy
-    flock /work/helpers/bench.lock python benchmarks/mx.py --quick --exports "fp32 portable,mxfp6-nbits"  # a subset
-    flock /work/helpers/bench.lock python benchmarks/mx.py --sim-check # steps of the simulated exports + accel.sim
+    python benchmarks/mx.py --profile 20                            # ~5 minutes on 2 cores
+    python benchmarks/mx.py --quick                                 # fewer repeats, no accuracy
+    python benchmarks/mx.py --quick --exports "fp32 portable,mxfp6-nbits"  # a subset
+    python benchmarks/mx.py --sim-check                             # the simulated and kernel exports + accel.sim
 
 Prints tables and writes results/mx.json. Timings on a shared machine are noisy: compare ratios from one run.
 """
@@ -294,9 +296,18 @@ def report_sim(p: dict, steps: dict) -> None:
         print(line)
     print(
         "if the MX bytes themselves were streamed (a kernel reading packed codes), S=1: "
-        + ", ".join(f"{n} {p[n]['streamed S=1']:.2f} ms ({p['fp32']['S=1'] / p[n]['streamed S=1']:.2f}x fp32)"
-                    for n in list(SIM_FORMATS)[1:])
+        + ", ".join(f"{n} {p[n]['streamed S=1']:.2f} ms ({p['fp32']['S=1'] / p[n]['streamed S=1']:.2f}x fp32"
+                    f"{_kernel_measured(n, p[n]['streamed S=1'], steps)})" for n in list(SIM_FORMATS)[1:])
     )  # fmt: skip
+
+
+def _kernel_measured(nbits: str, streamed_ms: float, steps: dict) -> str:
+    """``; <format>-kernel measured X ms, err`` when the run timed the fused-kernel export of ``nbits``'s format."""
+    kernel = nbits.replace("-nbits", "-kernel")
+    if kernel not in steps:
+        return ""
+    meas = steps[kernel]["S=1"]
+    return f"; {kernel} measured {meas:.2f} ms, {streamed_ms / meas - 1:+.0%}"
 
 
 def report_profile(prof: dict) -> None:
@@ -319,7 +330,7 @@ def _chosen(args: argparse.Namespace) -> dict[str, ExportWeights]:
         if unknown:
             raise SystemExit(f"--exports: unknown {unknown}; choose from {list(EXPORTS)}")
         return {n: EXPORTS[n] for n in names}
-    return {n: w for n, w in EXPORTS.items() if n in SIM_FORMATS or not args.sim_check}
+    return {n: w for n, w in EXPORTS.items() if n in SIM_FORMATS or n.endswith("-kernel") or not args.sim_check}
 
 
 def main() -> None:

@@ -80,8 +80,10 @@ def test_demo_quick(tmp_path, capsys):
     # MX speed measured here: the exact-MXFP6 (mxfp6-nbits) target step beside the float32 one, next to the predictions
     assert 0 < r["mx_nbits_call_s"] and 0 < r["mx_nbits_one_row_call_s"] and 0 < r["fp32_paired_call_s"]
     assert "MXFP6 weights alone, one decode step: measured here" in text and "predicted over fp16" in text
-    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), its mxfp6-nbits twin,
-    # draft, feature draft
-    assert len(list((out / "onnx").glob("*.onnx"))) == 4
+    # ... and on accel's fused kernel (mxfp6-kernel) where the kernel builds (it does wherever the tests run)
+    assert 0 < r["mx_kernel_call_s"] and "on accel's fused kernel, float32 activations" in text
+    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), its mxfp6-nbits and
+    # mxfp6-kernel twins, draft, feature draft
+    assert len(list((out / "onnx").glob("*.onnx"))) == 5
     # the shipped Hydra++ heads' trees, greedy (covered by greedy_spd_matches_ar) and sampled
     assert {f"Hydra++ tree({HYDRA_NODES}) greedy", f"Hydra++ tree({HYDRA_NODES}) T=0.8"} <= set(runs)

@@ -84,7 +84,7 @@ def run_demo(
     predictions, plot_paths = predict(
         pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
     )
-    run.say("\n" + mx_summary(dec["fp32_paired_call_s"], dec["mx_nbits_call_s"], predictions))
+    run.say("\n" + mx_summary(dec["fp32_paired_call_s"], dec["mx_nbits_call_s"], predictions, dec["mx_kernel_call_s"]))
     result = DemoResult(
         out_dir=run.results,
         target=str(pair.target_dir),
@@ -231,11 +231,13 @@ def _compression_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
     }
 
 
-def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Path]:
+def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Path, Path | None]:
     """The target (MXFP6-rounded weights), draft and feature-draft (or None) ``OrtBackend``s, exported once; and the
-    target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits; timed beside the target)."""
+    target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits) and ``mxfp6-kernel`` graph (the same
+    weights on accel's fused kernel; None where the kernel cannot be built), timed beside the target."""
     from accel.backends import OrtBackend
     from accel.backends.export import export_cached
+    from accel.formats.mxkernel_build import kernel_status
 
     ctx_len = _round_up(max(len(p) for p in pair.prompt_ids) + run.max_new + run.k + 2, 64)
     onnx_dir = run.results / "onnx"
@@ -252,6 +254,10 @@ def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Pat
     nbits = pair.f_model is not None  # the same graph as the target's, but for its weights
     mx_onnx = cached(pair.target_dir, name="target-mxfp6-nbits", weights="mxfp6-nbits", model=mx_model,
                      hidden_output=nbits, tree=nbits)  # fmt: skip
+    kernel_onnx = None
+    if kernel_status().available:
+        kernel_onnx = cached(pair.target_dir, name="target-mxfp6-kernel", weights="mxfp6-kernel", model=mx_model,
+                             hidden_output=nbits, tree=nbits)  # fmt: skip
     fb = None
     if pair.feat_dir is not None:
         # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
@@ -262,25 +268,31 @@ def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Pat
     # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
     # on the cores the target's next call needs
     db = OrtBackend(d_onnx, threads=1)
-    return tb, db, fb, mx_onnx
+    return tb, db, fb, mx_onnx, kernel_onnx
 
 
 def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
     """Stage 2: AR and SpD runs on onnxruntime, streamed; returns ``DemoResult`` fields."""
-    tb, db, fb, mx_onnx = _backends(pair, mx_model, run)
+    tb, db, fb, mx_onnx, kernel_onnx = _backends(pair, mx_model, run)
     del mx_model
     t_call, t_score, d_call = call_times(tb, db, run.k, reps=3 if run.quick else 8)
     run.say(
         f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
     )
-    mx = mx_step_times(tb, mx_onnx, run.threads, reps=3 if run.quick else 20)
+    mx = mx_step_times(tb, mx_onnx, run.threads, reps=3 if run.quick else 20, kernel_onnx=kernel_onnx)
     fp32, padded, one = mx["fp32_paired_call_s"], mx["mx_nbits_call_s"], mx["mx_nbits_one_row_call_s"]
     run.say(
         f"exact MXFP6 weights on 8-bit MatMulNBits (int8 activations): {padded * 1e3:.1f} ms per step (S=1 as "
         f"OrtBackend and SpD run it; 1 row {one * 1e3:.1f} ms) vs float32 {fp32 * 1e3:.1f} ms: {fp32 / padded:.2f}x "
         f"({fp32 / one:.2f}x)"
     )
+    if mx["mx_kernel_call_s"]:
+        kernel = mx["mx_kernel_call_s"]
+        run.say(
+            f"the same MXFP6 weights packed, on accel's fused kernel (float32 activations, mxfp6-kernel): "
+            f"{kernel * 1e3:.1f} ms per step: {fp32 / kernel:.2f}x float32"
+        )
     f_call = None
     if fb is not None:
         f_call = feature_call_time(fb, reps=3 if run.quick else 8)

@@ -57,6 +57,8 @@ class DemoResult(BaseModel):
     # the float32 target (target_call_s's graph): as OrtBackend and the SpD engine run it (min_rows) and one row
     mx_nbits_call_s: float | None = None
     mx_nbits_one_row_call_s: float | None = None
+    # the same weights packed, on accel's fused kernel in onnxruntime (weights="mxfp6-kernel"; None: no kernel here)
+    mx_kernel_call_s: float | None = None
     fp32_paired_call_s: float | None = None
     runs: list[RunFigures]
     greedy_spd_matches_ar: bool

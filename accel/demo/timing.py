@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -59,12 +60,21 @@ def paired_step_times(backends: list, reps: int) -> list[float]:
     return [float(np.median(ts)) for ts in times]
 
 
-def mx_step_times(target, mx_onnx, threads: int | None, reps: int) -> dict[str, float]:
+def mx_step_times(target, mx_onnx, threads: int | None, reps: int, kernel_onnx=None) -> dict[str, Any]:
     """One S = 1 step of the ``mxfp6-nbits`` graph ``mx_onnx`` (as ``OrtBackend`` runs it: one row for a GQA graph,
-    padded to 2 rows otherwise, docs/backends.md "One row or two"; and one row) timed round robin with the float32
-    ``target`` backend: ``DemoResult`` fields, seconds."""
+    padded to 2 rows otherwise, docs/backends.md "One row or two"; and one row) and of the ``mxfp6-kernel`` graph
+    ``kernel_onnx`` (if any: the same weights on accel's fused kernel) timed round robin with the float32 ``target``
+    backend: ``DemoResult`` fields, seconds."""
     from accel.backends import OrtBackend
 
     padded, one_row = OrtBackend(mx_onnx, threads=threads), OrtBackend(mx_onnx, threads=threads, min_rows=1)
-    t_fp32, t_mx, t_one = paired_step_times([target, padded, one_row], reps)
-    return {"mx_nbits_call_s": t_mx, "mx_nbits_one_row_call_s": t_one, "fp32_paired_call_s": t_fp32}
+    timed = [target, padded, one_row]
+    if kernel_onnx is not None:
+        timed.append(OrtBackend(kernel_onnx, threads=threads))
+    t_fp32, t_mx, t_one, *t_kernel = paired_step_times(timed, reps)
+    return {
+        "mx_nbits_call_s": t_mx,
+        "mx_nbits_one_row_call_s": t_one,
+        "mx_kernel_call_s": t_kernel[0] if t_kernel else None,
+        "fp32_paired_call_s": t_fp32,
+    }

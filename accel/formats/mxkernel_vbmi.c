@@ -74,7 +74,7 @@ VBMI static inline __m512i pair_ints_vbmi(int fast, const uint8_t *p) {
         _mm512_fmadd_ps(w1, _mm512_loadu_ps((xrow) + 32 * (b) + 16), _mm512_mul_ps(w0, _mm512_loadu_ps((xrow) + 32 * (b)))), \
         scale, acc)
 
-/* one W row against the nx (1, 2 or 4) x rows from s0: per block p = sum of the 32 integer * x products (float32),
+/* one W row against the nx (1 to 8) x rows from s0: per block p = sum of the 32 integer * x products (float32),
  * then acc += p * 2^(s - 127 - shift); even and odd blocks go to two accumulators per x row. Each x row gets the same
  * operations whatever nx, so its result does not depend on the rows beside it. `fast` and `nx` are constants at every
  * call site, so each combination compiles to its own branch-free loop (the per-row arrays stay in registers). */
@@ -84,8 +84,8 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
     const int64_t nblocks = j->nblocks;
     const uint8_t *row = j->codes + n * nblocks * bytes;
     const uint8_t *sc = j->scales + n * nblocks;
-    const float *xr[4];
-    __m512 even[4], odd[4];
+    const float *xr[8];
+    __m512 even[8], odd[8];
     for (int r = 0; r < nx; r++) {
         xr[r] = j->x + (s0 + r) * j->xstride;
         even[r] = odd[r] = _mm512_setzero_ps();
@@ -114,13 +114,22 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
     for (int r = 0; r < nx; r++) j->y[(s0 + r) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
 }
 
+/* each W row decoded once for up to 8 x rows (a verify call of K + 1 <= 8 tokens: one pass) */
 #define VBMI_ROWS(FAST)                                                                                              \
     VBMI static void rows_vbmi_##FAST(const job_t *j, const float *tab, int64_t n0, int64_t n1) {                    \
         for (int64_t n = n0; n < n1; n++) {                                                                           \
-            int64_t s = 0;                                                                                            \
-            for (; s + 3 < j->s; s += 4) row_dot_vbmi(j, tab, n, s, FAST, 4);                                         \
-            if (s + 1 < j->s) row_dot_vbmi(j, tab, n, s, FAST, 2), s += 2;                                            \
-            if (s < j->s) row_dot_vbmi(j, tab, n, s, FAST, 1);                                                        \
+            for (int64_t s = 0; s < j->s; s += 8) {                                                                   \
+                switch (j->s - s < 8 ? (int)(j->s - s) : 8) {                                                          \
+                case 1: row_dot_vbmi(j, tab, n, s, FAST, 1); break;                                                   \
+                case 2: row_dot_vbmi(j, tab, n, s, FAST, 2); break;                                                   \
+                case 3: row_dot_vbmi(j, tab, n, s, FAST, 3); break;                                                   \
+                case 4: row_dot_vbmi(j, tab, n, s, FAST, 4); break;                                                   \
+                case 5: row_dot_vbmi(j, tab, n, s, FAST, 5); break;                                                   \
+                case 6: row_dot_vbmi(j, tab, n, s, FAST, 6); break;                                                   \
+                case 7: row_dot_vbmi(j, tab, n, s, FAST, 7); break;                                                   \
+                default: row_dot_vbmi(j, tab, n, s, FAST, 8); break;                                                  \
+                }                                                                                                     \
+            }                                                                                                         \
         }                                                                                                             \
     }
 VBMI_ROWS(1)

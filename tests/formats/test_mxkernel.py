@@ -131,15 +131,20 @@ def _rows_codes(w: MXTensor, rows: np.ndarray) -> np.ndarray:
     return pack_codes(w.unpacked_codes()[rows].reshape(-1), w.fmt.bits)
 
 
-def test_rows_and_threads_do_not_change_a_result(path, rng):
-    w = quantize(rng.standard_normal((300, 1000)).astype(np.float32), "mxfp6", axis=1)
+@pytest.mark.parametrize("fmt", ["mxfp6", "mxfp4", "mxint8"])
+def test_rows_and_threads_do_not_change_a_result(path, fmt, rng):
+    """A row's result is the same alone, in any group of rows (the VBMI path decodes a weight row once for up to 8
+    activation rows: 19 = 8 + 8 + 3) and on any number of threads."""
+    w = quantize(rng.standard_normal((300, 1000)).astype(np.float32), fmt, axis=1)
     p = PackedMX(w)
-    x = rng.standard_normal((5, 1000)).astype(np.float32)
+    x = rng.standard_normal((19, 1000)).astype(np.float32)
     y = p.matmul(x, threads=1)
     assert np.array_equal(p.matmul(x, threads=2), y)
     if p.uses_kernel:  # the numpy path leaves the summation order to BLAS
-        for i in range(5):
+        for i in range(19):
             assert np.array_equal(p.matmul(x[i : i + 1], threads=3), y[i : i + 1])
+        for lo, hi in ((0, 2), (2, 5), (5, 9), (9, 16), (3, 19)):
+            assert np.array_equal(p.matmul(x[lo:hi], threads=2), y[lo:hi]), (lo, hi)
 
 
 def test_bad_input(path, rng):
