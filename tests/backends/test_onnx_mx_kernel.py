@@ -19,11 +19,12 @@ from accel.backends import ExportWeights, OrtBackend, export_onnx
 from accel.backends.onnx_builder import GraphBuilder
 from accel.backends.onnx_mxlinear import DOMAIN, mx_linear, register_mx_kernel
 from accel.errors import BackendError
-from accel.formats import MXTensor, get_format, mxkernel_build, quantize
+from accel.formats import MXTensor, mxkernel_build, quantize
 from accel.formats.mxkernel import PackedMX
-from accel.models import Decoder, ModelConfig
+from accel.models import Decoder
 from accel.spd import GREEDY, DraftChain, DraftTree, generate, generate_ar
-from tests.backends.test_onnx_nbits_fp import _rounded
+from tests.backends.test_onnx_nbits_fp import _edge_tensor, _rounded
+from tests.backends.test_onnx_nbits_fp import _model as _tiny_model
 from tests.helpers.scenario import make_tokens, run_scenario
 
 PROMPTS = (4, 6)
@@ -34,29 +35,8 @@ pytestmark = pytest.mark.skipif(mxkernel_build.load_kernel() is None, reason="th
 
 
 def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
-    cfg = ModelConfig(
-        vocab_size=96,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=inter,
-        tie_word_embeddings=tied,
-    )
-    return Decoder(cfg).init_weights(seed, std=0.1)
-
-
-def _edge_tensor(fmt: str, n: int, k: int) -> MXTensor:
-    """An [n, k] MX tensor with an all-zero row, an all-zero block, huge and tiny scales, and a NaN scale."""
-    rng = np.random.default_rng(k + n)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    w[1] = 0.0
-    w[2, :32] = 0.0
-    w[3] *= 2.0**100
-    w[4] *= 2.0**-100
-    mx = quantize(w, get_format(fmt), axis=-1, block_size=32)
-    mx.scales[0, -1] = 0xFF  # NaN scale code: row 0's outputs are NaN
-    return mx
+    """The nbits tests' tiny model, with every Linear's input a multiple of 32 by default."""
+    return _tiny_model(tied=tied, inter=inter, seed=seed)
 
 
 def _run_node(mxs: list[MXTensor], x: np.ndarray) -> np.ndarray:
@@ -82,16 +62,16 @@ def _run_node(mxs: list[MXTensor], x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp4_e2m1", "mxint8"])
 @pytest.mark.parametrize("k", [32, 96, 544])
 def test_node_equals_packed_matmul_bit_for_bit(fmt, k):
-    """Edge-case blocks (zero row and block, scales 2^+-100, a NaN scale), 1 and 6 rows, 2-D and 3-D inputs: the
-    node's outputs are PackedMX.matmul's bit for bit (NaN where the reference has NaN), and within float32 rounding
-    of the float64 product of the exact weights."""
-    mx = _edge_tensor(fmt, 7, k)
+    """Edge-case blocks (test_onnx_nbits_fp's: zero row and block, scales 2^+-100, a NaN scale in row 0), 1 and 6
+    rows, 2-D and 3-D inputs: the node's outputs are PackedMX.matmul's bit for bit (NaN where the reference has NaN),
+    and within float32 rounding of the float64 product of the exact weights."""
+    mx = _edge_tensor(fmt, k)
     rng = np.random.default_rng(k)
     w64 = mx.dequantize(np.float32).astype(np.float64)
     for shape in ((1, k), (6, k), (2, 3, k)):
         x = rng.standard_normal(shape).astype(np.float32)
         got, ref = _run_node([mx], x), PackedMX(mx).matmul(x)
-        assert got.shape == (*shape[:-1], 7)
+        assert got.shape == (*shape[:-1], 5)
         np.testing.assert_array_equal(got, ref)
         assert np.isnan(got[..., 0]).all() and not np.isnan(got[..., 1:]).any()
         y64 = x.astype(np.float64) @ w64.T
