@@ -215,6 +215,40 @@ def predict(threads: int) -> dict[str, dict[str, float]]:
     for label, fmt in SIM_FORMATS.items():
         out[label] = {f"S={s}": ms(hw, fmt, s) for s in (1, 2, SCORE)}
         out[label]["streamed S=1"] = ms(streamed, fmt, 1)
+    for fmt, (rate, beta, gamma) in kernel_terms(threads).items():  # the *-kernel exports: the fused kernel's rate
+        kernel = hw.model_copy(update={"decompress_elements_per_s": {fmt: rate}, "decompress_multi_token_penalty": beta,
+                                       "decompress_multi_token_exponent": gamma})  # fmt: skip
+        out[f"{fmt}-kernel"] = {f"S={s}": ms(kernel, fmt, s) for s in (1, SCORE)}
+        out[f"{fmt}-kernel"]["terms"] = {"weights_per_s": rate, "beta": beta, "gamma": gamma}  # type: ignore[assignment]
+    return out
+
+
+def kernel_terms(threads: int, repeats: int = 9) -> dict[str, tuple[float, float, float]]:
+    """The fused kernel's own terms for accel.sim, per format: its rate (weights/s) on SmolLM2's LM head shape
+    [49152, 576] (the model's K: its activation rows stay in L1, as in a step) with one activation row, streamed from
+    memory (a 64 MB buffer is touched between calls), on ``threads`` threads, and the (beta, gamma) of its growth over
+    rows fitted to 2 and 4 rows (``T(r) / T(1) = 1 + beta (r - 1)^gamma``), as ``measure_host`` fits MatMulNBits'."""
+    from accel.formats.mxkernel import PackedMX
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((49152, 576)).astype(np.float32)
+    evict = np.ones(64 << 20, np.uint8)
+    out = {}
+    for fmt in ("mxint8", "mxfp6", "mxfp4"):
+        packed = PackedMX(quantize(w, fmt, axis=1))
+        best = {}
+        for rows in (1, 2, 4):
+            x = rng.standard_normal((rows, w.shape[1])).astype(np.float32)
+            ts = []
+            for _ in range(repeats):
+                evict[::64] += 1
+                t0 = time.perf_counter()
+                packed.matmul(x, threads=threads)
+                ts.append(time.perf_counter() - t0)
+            best[rows] = min(ts)
+        g2, g4 = best[2] / best[1] - 1, best[4] / best[1] - 1
+        gamma = float(np.log(g4 / g2) / np.log(3)) if g2 > 0 and g4 > g2 else 1.0
+        out[fmt] = (w.size / best[1], max(g2, 0.0), gamma)
     return out
 
 
@@ -294,6 +328,12 @@ def report_sim(p: dict, steps: dict) -> None:
         for pred, meas in cells:
             line += f"{pred:>12.2f}" + (f"{meas:>9.2f}{pred / meas - 1:>+6.0%}" if meas else f"{'-':>9}{'':>6}")
         print(line)
+    for name in (n for n in steps if n.endswith("-kernel") and n in p):
+        t = p[name]["terms"]
+        cells = [f"{p[name][k]:.2f} / {steps[name][k]:.2f} ms ({p[name][k] / steps[name][k] - 1:+.0%})"
+                 for k in ("S=1", f"S={SCORE}")]  # fmt: skip
+        print(f"{name:<14} S=1 {cells[0]}, S={SCORE} {cells[1]} (the kernel's {t['weights_per_s'] / 1e9:.1f} G "
+              f"weights/s, rows beta {t['beta']:.2f} gamma {t['gamma']:.2f})")  # fmt: skip
     print(
         "if the MX bytes themselves were streamed (a kernel reading packed codes), S=1: "
         + ", ".join(f"{n} {p[n]['streamed S=1']:.2f} ms ({p['fp32']['S=1'] / p[n]['streamed S=1']:.2f}x fp32"

@@ -48,7 +48,8 @@ static void *run_part(void *arg) {
 }
 
 /* A small pool of worker threads, started on first need and kept: worker w runs part w + 1 of each call while the
- * caller runs part 0. A worker that finished a part, and a caller waiting for its workers, first spin for up to
+ * caller runs part 0; after part 0 the caller runs every part no worker has claimed yet (a worker the OS has not
+ * scheduled, on a busy machine, then delays nothing), so each part runs once, on one thread. A worker that finished a part, and a caller waiting for its workers, first spin for up to
  * SPIN_NS (decode steps call the kernel every few tens of microseconds, and a condition-variable wake-up costs about
  * as much as a small layer's product), then sleep on a condition variable: an idle pool never spins for long. Calls
  * are serialised (ctypes releases the GIL, so two Python threads may call at once). After fork() the child starts
@@ -59,6 +60,16 @@ static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND
 static part_t pool_parts[MXK_MAX_THREADS];
 static int pool_workers = 0, pool_nparts = 0, pool_pending = 0, atfork_done = 0;
 static long pool_generation = 0;
+static long pool_claim[MXK_MAX_THREADS]; /* the generation in which part t was last claimed */
+
+/* claim part t of generation g for this thread: 1 if no thread has claimed it in g yet. A worker that read part t
+ * of an older generation cannot claim it: that generation ended only after its part t was claimed. */
+static int claim_part(int t, long g) {
+    long c = __atomic_load_n(&pool_claim[t], __ATOMIC_ACQUIRE);
+    while (c < g)
+        if (__atomic_compare_exchange_n(&pool_claim[t], &c, g, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 1;
+    return 0;
+}
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -100,7 +111,7 @@ static void *worker_main(void *arg) {
         int mine = w + 1 < pool_nparts;
         part_t part = pool_parts[mine ? w + 1 : 0];
         pthread_mutex_unlock(&pool_mu);
-        if (mine) {
+        if (mine && claim_part(w + 1, seen)) {
             run_part(&part);
             pthread_mutex_lock(&pool_mu);
             if (__atomic_sub_fetch(&pool_pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&done_cv);
@@ -113,6 +124,7 @@ static void *worker_main(void *arg) {
 static void pool_after_fork(void) {
     pool_workers = pool_nparts = pool_pending = 0;
     pool_generation = 0;
+    memset(pool_claim, 0, sizeof pool_claim);
     pthread_mutex_init(&call_mu, NULL);
     pthread_mutex_init(&pool_mu, NULL);
     pthread_cond_init(&work_cv, NULL);
@@ -147,17 +159,26 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
         pool_parts[t].n1 = j->n * (t + 1) / threads;
         pool_parts[t].decode_out = decode_out;
     }
+    long gen = pool_generation + 1;
     if (threads > 1) {
         pthread_mutex_lock(&pool_mu);
         pool_nparts = threads;
         pool_pending = threads - 1;
-        __atomic_store_n(&pool_generation, pool_generation + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&pool_generation, gen, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&work_cv);
         pthread_mutex_unlock(&pool_mu);
     }
     part_t first = pool_parts[0];
     run_part(&first);
     if (threads > 1) {
+        for (int t = 1; t < threads; t++) /* the parts no worker has started: run here */
+            if (claim_part(t, gen)) {
+                part_t part = pool_parts[t];
+                run_part(&part);
+                pthread_mutex_lock(&pool_mu);
+                __atomic_sub_fetch(&pool_pending, 1, __ATOMIC_ACQ_REL);
+                pthread_mutex_unlock(&pool_mu);
+            }
         spin_while_positive(&pool_pending);
         pthread_mutex_lock(&pool_mu);
         while (pool_pending > 0) pthread_cond_wait(&done_cv, &pool_mu);

@@ -86,6 +86,7 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
     const uint8_t *sc = j->scales + n * nblocks;
     const float *xr[8];
     __m512 even[8], odd[8];
+#pragma GCC unroll 8
     for (int r = 0; r < nx; r++) {
         xr[r] = j->x + (s0 + r) * j->xstride;
         even[r] = odd[r] = _mm512_setzero_ps();
@@ -99,6 +100,7 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
         __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
         __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
         __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]), s_odd = _mm512_set1_ps(scale_tab[sc[b + 1]]);
+#pragma GCC unroll 8
         for (int r = 0; r < nx; r++) {
             VBMI_BLOCK(even[r], w0, w1, xr[r], b, s_even);
             VBMI_BLOCK(odd[r], w2, w3, xr[r], b + 1, s_odd);
@@ -109,8 +111,10 @@ VBMI static inline __attribute__((always_inline)) void row_dot_vbmi(const job_t 
         __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
         __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
         __m512 s_even = _mm512_set1_ps(scale_tab[sc[b]]);
+#pragma GCC unroll 8
         for (int r = 0; r < nx; r++) VBMI_BLOCK(even[r], w0, w1, xr[r], b, s_even);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < nx; r++) j->y[(s0 + r) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r]));
 }
 
