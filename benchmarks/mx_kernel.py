@@ -20,7 +20,7 @@ decode step the model's 540 MB stream from memory. Those rows compare the kernel
 float32; the 4096 x 8192 row and the decode step are the memory-bound comparisons. Prints tables and writes
 ``--out`` (default results/mx_kernel.json; not with ``--quick``).
 
-    python benchmarks/mx_kernel.py                                          # ~1 minute on 2 cores
+    python benchmarks/mx_kernel.py                                          # ~3 minutes on 2 cores
     python benchmarks/mx_kernel.py --quick                                  # fewer repeats, no SmolLM2 step
 """
 
