@@ -22,18 +22,16 @@ import numpy as np
 
 from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
+from accel.formats.mxkernel import code_table, fast_code
 
 __all__ = ["DOMAIN", "mx_linear", "register_mx_kernel", "uses_mx_kernel_error"]
 
 DOMAIN = "ai.accel"
-#: the kernel's format codes (``accel.formats.mxkernel``) of the formats the ``*-kernel`` weights use
-_FAST = {"mxfp6_e2m3": 1, "mxfp4_e2m1": 2, "mxint8": 3}
 
 
 def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
     """The packed codes and scales of the MX weight ``t`` ``[N, K]`` (blocks of 32 along K, K a multiple of 32)."""
-    fast = _FAST.get(t.fmt.name, 0)
-    if not fast or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32 or t.shape[1] % 32:
+    if not fast_code(t.fmt) or len(t.shape) != 2 or t.axis != 1 or t.block_size != 32 or t.shape[1] % 32:
         raise BackendError(
             f"MXLinear weight {name!r}: need a 2-D MXINT8, MXFP6 (E2M3) or MXFP4 (E2M1) [out, in] tensor in blocks of "
             f"32 along in, in a multiple of 32; got {t.fmt.name} {t.shape} axis {t.axis} blocks of {t.block_size}"
@@ -51,22 +49,20 @@ def mx_linear(g: GraphBuilder, xin: str, names: Sequence[str], ts: Sequence[Any]
     key = "+".join(names)
     g.init(f"{key}.mx_codes", np.concatenate(codes))  # each row is whole bytes (32 codes a block), so rows join
     g.init(f"{key}.mx_scales", np.concatenate(scales))
-    lut = np.zeros(256, np.float32)
-    lut[: 1 << fmt.bits] = fmt.code_values()
     g.opsets.add(DOMAIN)
     return g.op(
         "MXLinear",
         xin,
         f"{key}.mx_codes",
         f"{key}.mx_scales",
-        g.const(lut, np.float32),
+        g.const(code_table(fmt), np.float32),
         name=out,
         domain=DOMAIN,
         N=sum(int(t.shape[0]) for t in ts),
         K=int(ts[0].shape[1]),
         bits=int(fmt.bits),
         block=32,
-        fast=_FAST[fmt.name],
+        fast=fast_code(fmt),
     )
 
 

@@ -21,14 +21,29 @@ import os
 import numpy as np
 
 from accel.errors import FormatError
-from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
+from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8, ElementFormat
 from accel.formats.mx_tensor import MXTensor
 from accel.formats.mxkernel_build import kernel_status, load_kernel
 
-__all__ = ["PackedMX", "default_threads", "kernel_status", "set_isa"]
+__all__ = ["PackedMX", "code_table", "default_threads", "fast_code", "kernel_status", "set_isa"]
 
 #: formats with an AVX2 path (block 32), and the C code of each
 _FAST = {MXFP6_E2M3.name: 1, MXFP4_E2M1.name: 2, MXINT8.name: 3}
+
+
+def fast_code(fmt: ElementFormat) -> int:
+    """The kernel's code of ``fmt``'s SIMD paths (1 E2M3, 2 E2M1, 3 INT8); 0 for formats only the portable path runs."""
+    return _FAST.get(fmt.name, 0)
+
+
+def code_table(fmt: ElementFormat) -> np.ndarray:
+    """The kernel's 256-entry float32 table of ``fmt``'s code values (zero past ``2**fmt.bits``; the portable path
+    reads it)."""
+    lut = np.zeros(256, np.float32)
+    lut[: 1 << fmt.bits] = fmt.code_values()
+    return lut
+
+
 #: weights per thread below which a call stays on one thread (a thread start costs ~20 us)
 MIN_WEIGHTS_PER_THREAD = 1 << 18
 
@@ -70,9 +85,8 @@ class PackedMX:
         self.weight = weight
         self.out_features, self.in_features = weight.shape
         self._width = weight.nblocks * weight.block_size  # padded K
-        self._lut = np.ascontiguousarray(np.resize(weight.fmt.code_values(), 256).astype(np.float32))
-        self._lut[1 << weight.fmt.bits :] = 0
-        self._fast = _FAST.get(weight.fmt.name, 0)
+        self._lut = code_table(weight.fmt)
+        self._fast = fast_code(weight.fmt)
         self._lib = load_kernel() if use_kernel else None
         self._dense: np.ndarray | None = None
         # the weight's half of the C call, built once (numpy's .ctypes attribute costs microseconds a call)
