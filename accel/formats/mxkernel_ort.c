@@ -31,7 +31,7 @@ typedef struct {
 } ort_api_base;
 
 enum { ORT_FLOAT = 1, ORT_UINT8 = 2 };       /* ONNXTensorElementDataType */
-enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 }; /* OrtErrorCode */
+enum { ORT_FAIL = 1 }; /* OrtErrorCode */
 
 /* positions in the OrtApi table */
 enum {
@@ -71,9 +71,10 @@ typedef struct custom_op {
 typedef struct {
     const ort_fn *api;
     int64_t n, k, bits, block, fast;
+    int sizes_ok; /* the codes and scales inputs were checked against N, K, bits and block (they are initializers) */
 } mxl_kernel;
 
-/* kernel threads of one MXLinear call (mxk_set_ort_threads; a weight under 2^18 elements a thread uses fewer) */
+/* kernel threads of one MXLinear call (mxk_set_ort_threads; a weight under 2^16 elements a thread uses fewer) */
 static int ort_threads = 1;
 
 void mxk_set_ort_threads(int threads) { ort_threads = threads < 1 ? 1 : threads > MXK_MAX_THREADS ? MXK_MAX_THREADS : threads; }
@@ -125,7 +126,7 @@ static void *data_of(const ort_fn *api, const void *value) {
 }
 
 static void mxl_compute(void *kernel, void *context) {
-    const mxl_kernel *m = kernel;
+    mxl_kernel *m = kernel;
     const ort_fn *api = m->api;
     typedef OrtStatus *(*get_input_fn)(const void *, size_t, const void **);
     typedef OrtStatus *(*get_output_fn)(void *, size_t, const int64_t *, size_t, void **);
@@ -148,6 +149,17 @@ static void mxl_compute(void *kernel, void *context) {
     const uint8_t *codes = data_of(api, in[1]), *scales = data_of(api, in[2]);
     const float *lut = data_of(api, in[3]);
     if (y == NULL) return;
+    if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block], lut [256] */
+        int64_t cd[MXL_MAX_DIMS], sd[MXL_MAX_DIMS], ld[MXL_MAX_DIMS], count[3] = {1, 1, 1};
+        int ce = 0, se = 0, le = 0, cn = dims_of(api, in[1], cd, &ce), sn = dims_of(api, in[2], sd, &se);
+        int ln = dims_of(api, in[3], ld, &le);
+        for (int d = 0; d < cn; d++) count[0] *= cd[d];
+        for (int d = 0; d < sn; d++) count[1] *= sd[d];
+        for (int d = 0; d < ln; d++) count[2] *= ld[d];
+        ok = cn >= 0 && sn >= 0 && ln >= 0 && ce == ORT_UINT8 && se == ORT_UINT8 && le == ORT_FLOAT &&
+             count[0] == m->n * m->k * m->bits / 8 && count[1] == m->n * (m->k / m->block) && count[2] == 256;
+        m->sizes_ok = ok;
+    }
     if (!ok || x == NULL || codes == NULL || scales == NULL || lut == NULL) { /* not accel's graph: loud NaNs */
         for (int64_t i = 0; i < rows * dims[nd - 1]; i++) y[i] = NAN;
         return;

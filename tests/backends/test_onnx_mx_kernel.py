@@ -89,6 +89,21 @@ def test_joined_weights_equal_separate_ones():
     np.testing.assert_array_equal(joined, np.concatenate([_run_node([m], x) for m in mxs], axis=-1))
 
 
+def test_node_with_wrong_sized_codes_outputs_nan():
+    """A hand-edited MXLinear whose codes or scales are shorter than N, K and bits say is never read past its end:
+    every output is NaN (a custom operator of this ABI version cannot return an error)."""
+    rng = np.random.default_rng(2)
+    mx = quantize(rng.standard_normal((6, 64)).astype(np.float32), "mxfp6", axis=-1)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    assert not np.isnan(_run_node([mx], x)).any()
+    for codes, scales in ((mx.codes[:-3], mx.scales), (mx.codes, mx.scales[:, :1])):
+        short = MXTensor.__new__(MXTensor)  # the arrays as a broken file would hold them, past MXTensor's own checks
+        for slot in MXTensor.__slots__:
+            setattr(short, slot, getattr(mx, slot))
+        short.codes, short.scales = codes, scales
+        assert np.isnan(_run_node([short], x)).all()
+
+
 @pytest.mark.parametrize(("weights", "element"), MODES)
 def test_logits_against_the_float_graph_of_the_same_weights(weights, element, tmp_path):
     """The reference is the fp32 graph of the same MX-rounded weights (head included): only the float32 summation
