@@ -17,6 +17,9 @@ draft nodes per round, the share of rounds drafted by lookup alone, tokens/s and
 same run (prompt-major: every row decodes prompt 1, then prompt 2, ...); greedy rows are checked token for token
 against AR.
 ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that prices a tree.
+``--target-weights`` exports the target with other weights (e.g. ``mxfp6-kernel``, MXFP6 on accel's fused kernel):
+every row runs on it and the speedups stay over its AR; a row "autoregressive, fp32 target" (timed in the same
+run, its own speedup over that AR) gives the figure against the float32 target.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--costs", action="store_true", help="first print the target's cost per call by width")
     ap.add_argument("--temperature", type=float, default=None, help="sampled rows at this temperature (default greedy)")
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the target")
+    ap.add_argument(
+        "--target-weights",
+        default="fp32",
+        help="the target's export weights (accel generate --weights, e.g. mxfp6-kernel); when not fp32 an fp32 "
+        "target's AR row is timed too",
+    )
     ap.add_argument("--ctx-len", type=int, default=512)
     ap.add_argument("--json", type=json_out, default=None, help="write {run, rows} here (bench_support)")
     return ap.parse_args()
@@ -183,8 +192,14 @@ def main() -> int:
 
     target_dir = Path(smollm2_checkpoint())
     cache = cache_root() / "onnx"
-    path = export_cached(target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True)
+    path = export_cached(
+        target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True, weights=args.target_weights
+    )
     target = OrtBackend(path, threads=args.threads)
+    backends = {}  # row name -> its own target (default: ``target``)
+    if args.target_weights != "fp32":
+        fp32_path = export_cached(target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True)
+        backends["autoregressive, fp32 target"] = OrtBackend(fp32_path, threads=args.threads)
     tok = load_text_tokenizer(target_dir)
     if not 1 <= args.prompts <= len(HELD_OUT_PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(HELD_OUT_PROMPTS)}")
@@ -194,12 +209,20 @@ def main() -> int:
     sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
     eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
     makers = proposers(args, cache, target_dir)
+    if backends:
+        makers = {"autoregressive": makers.pop("autoregressive"), **dict.fromkeys(backends, lambda: None), **makers}
     zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0}
     totals = {name: {"tokens": [], **zero} for name in makers}
     for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
         for name, make in makers.items():
             res = generate(
-                target, make(), [prompt], max_new_tokens=args.max_new, sampling=sampling, seed=i, eos_token_id=eos_id
+                backends.get(name, target),
+                make(),
+                [prompt],
+                max_new_tokens=args.max_new,
+                sampling=sampling,
+                seed=i,
+                eos_token_id=eos_id,
             )
             s, t = res.stats, totals[name]
             t["tokens"].append(res.tokens[0])
@@ -220,7 +243,7 @@ def main() -> int:
             "nodes_per_round": t["nodes"] / max(t["rounds"], 1),
             "lookup_share": t["lookup"] / max(t["rounds"], 1),
             "tokens_per_s": t["new"] / t["wall"],
-            "equals_ar": t["tokens"] == reference if args.temperature is None else None,
+            "equals_ar": t["tokens"] == reference if args.temperature is None and name not in backends else None,
         }
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)

@@ -452,9 +452,6 @@ def run(args: argparse.Namespace) -> int:
             )
             draft_tok = _find_tokenizer(argparse.Namespace(tokenizer=None), draft_path) if tokenizer else None
             check_compatible(target, draft, tokenizer, draft_tok)
-        printer = None if args.json else _Printer(tokenizer)
-        if printer is not None:
-            sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
         proposers = _proposer(args, draft)
         if args.hydra:
             from accel.drafts.hydra.cli import hydra_proposer
@@ -464,6 +461,9 @@ def run(args: argparse.Namespace) -> int:
             from accel.spd import Merge
 
             proposers = [Merge(*proposers)]
+        printer = None if args.json else _Printer(tokenizer)
+        if printer is not None:  # echoed once everything is loaded: a bad draft or heads dir prints only its error
+            sys.stdout.write(args.prompt if tokenizer is not None else " ".join(map(str, prompt)))
         res = generate(
             target,
             proposers,

@@ -61,7 +61,8 @@ def test_generate_with_hydra_equals_ar(tiny_target, heads_dir, tmp_path, monkeyp
 
 
 def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
-    """Bad input: a clear message naming the problem and a non-zero exit code."""
+    """Bad input: a clear message naming the problem, a non-zero exit code and nothing on stdout (the prompt is
+    echoed only once the heads have loaded)."""
     common = ["generate", "--target", str(tiny_target), "--prompt", "x", "--max-new-tokens", "2"]
     cases = [
         ([*common, "--hydra", str(heads_dir), "--draft", str(tiny_target)], "not both"),
@@ -71,4 +72,5 @@ def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
     ]
     for argv, message in cases:
         assert main(argv) != 0
-        assert message in capsys.readouterr().err
+        captured = capsys.readouterr()
+        assert message in captured.err and captured.out == ""
