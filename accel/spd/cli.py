@@ -79,9 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="Hydra heads directory (accel distill-hydra) instead of --draft: trees from the heads, one head call "
-        "per level (shaped by --tree-nodes, default 4, --tree-top-k, --tree-min-prob and --tree-expand-prob; depth: "
-        "the heads, at most 4). Add --ngram 3 --ngram-k 7 for lookup drafts where the text repeats (the most tokens "
-        "per call measured with the shipped heads; --ngram-merge joins them into the heads' tree)",
+        "per level (shaped by --tree-nodes, default 4 (3 on a *-kernel target), --tree-top-k, --tree-min-prob and "
+        "--tree-expand-prob; depth: the heads, at most 4). Add --ngram 3 --ngram-k 7 for lookup drafts where the "
+        "text repeats (the most tokens per call measured with the shipped heads; --ngram-merge joins them into the "
+        "heads' tree)",
     )
     p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")

@@ -60,6 +60,27 @@ def test_generate_with_hydra_equals_ar(tiny_target, heads_dir, tmp_path, monkeyp
     )
 
 
+def test_kernel_target_defaults_to_a_smaller_tree(tiny_target, heads_dir, tmp_path, monkeypatch, capsys):
+    """On a ``*-kernel`` target (compute-bound: wide calls cost more) the heads' default tree has
+    ``KERNEL_DECODE_BUDGET`` nodes, ``--tree-nodes`` still wins, and greedy output equals that target's AR."""
+    from accel.drafts.hydra.tree import DECODE_BUDGET, KERNEL_DECODE_BUDGET
+    from accel.formats import mxkernel_build
+
+    if mxkernel_build.load_kernel() is None:
+        pytest.skip("the fused MX kernel cannot be built")
+    assert KERNEL_DECODE_BUDGET < DECODE_BUDGET
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    common = ["generate", "--target", str(tiny_target), "--prompt", "def f(x):", "--greedy", "--json"]
+    common += ["--max-new-tokens", "12", "--ctx-len", "64", "--target-weights", "mxfp6-kernel"]
+    assert main(common) == 0
+    ar = json.loads(capsys.readouterr().out)
+    for extra, nodes in (([], KERNEL_DECODE_BUDGET), (["--tree-nodes", "5"], 5)):
+        assert main([*common, "--hydra", str(heads_dir), *extra]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert res["tokens"] == ar["tokens"]
+        assert f"nodes={nodes})" in res["stats"]["proposer"], res["stats"]["proposer"]
+
+
 def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
     """Bad input: a clear message naming the problem, a non-zero exit code and nothing on stdout (the prompt is
     echoed only once the heads have loaded)."""

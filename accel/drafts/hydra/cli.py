@@ -131,13 +131,14 @@ def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool,
 def hydra_proposer(args: argparse.Namespace, target_dir: Path):
     """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
     heads, target and settings; int8 unless ``--draft-weights fp32``) as a ``HydraProposer`` for batch 1
-    (``--tree-nodes`` nodes, default ``DECODE_BUDGET`` = 4, ``--tree-top-k`` children per node, depth
-    ``--tree-depth`` or the number of heads, at most 4 by default; thresholds ``--tree-min-prob`` /
-    ``--tree-expand-prob``)."""
+    (``--tree-nodes`` nodes, default ``DECODE_BUDGET`` = 4, or ``KERNEL_DECODE_BUDGET`` = 3 on a ``*-kernel``
+    target, ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of heads, at most 4 by default;
+    thresholds ``--tree-min-prob`` / ``--tree-expand-prob``)."""
+    from accel.backends.weights import WeightFormat
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.drafts.hydra.proposer import HydraProposer
     from accel.drafts.hydra.runtime import HydraRuntime
-    from accel.drafts.hydra.tree import DECODE_BUDGET, TreeShape
+    from accel.drafts.hydra.tree import DECODE_BUDGET, KERNEL_DECODE_BUDGET, TreeShape
     from accel.errors import DraftError
     from accel.models.smollm2 import cache_root
 
@@ -150,7 +151,9 @@ def hydra_proposer(args: argparse.Namespace, target_dir: Path):
         args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "int8"
     )
     runtime = HydraRuntime(out, threads=args.draft_threads or 1)
-    shape = TreeShape.for_decoding(num_heads, args.tree_nodes or DECODE_BUDGET, args.tree_top_k)
+    kernel = WeightFormat(getattr(args, "target_weights", "fp32")).is_kernel
+    budget = args.tree_nodes or (KERNEL_DECODE_BUDGET if kernel else DECODE_BUDGET)
+    shape = TreeShape.for_decoding(num_heads, budget, args.tree_top_k)
     if args.tree_depth:
         shape = TreeShape(
             depth=min(args.tree_depth, num_heads), top_k=shape.top_k, beam=shape.beam, budget=shape.budget

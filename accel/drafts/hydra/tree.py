@@ -41,13 +41,18 @@ import numpy as np
 from accel.errors import DraftError
 from accel.spd.tree import log_floor
 
-__all__ = ["DECODE_BUDGET", "GrownTree", "TreeShape", "grow_trees"]
+__all__ = ["DECODE_BUDGET", "KERNEL_DECODE_BUDGET", "GrownTree", "TreeShape", "grow_trees"]
 
 #: Nodes below the root of the trees Hydra decodes with by default (``TreeShape.for_decoding``). Chosen by measurement
 #: on a 2-core CPU (benchmarks/RESULTS.md, "Hydra heads"): a target call of 5 tokens costs ~1.1x one of 1 token there
 #: while 13 tokens cost ~1.9x, and the shipped heads' 4-node tree accepts 1.81 tokens per call against 2.04 for 12
 #: nodes (teacher-forced), so 4 nodes give the most tokens per second. Wider accelerators price wider trees lower.
 DECODE_BUDGET = 4
+#: The default budget on a target whose wider calls cost much more: accel's fused MX kernel (``*-kernel`` exports)
+#: is compute-bound on a CPU, where a 5-token call costs ~2x a 1-token one against ~1.3x in float32 (Intel Xeon VM,
+#: benchmarks/RESULTS.md, "The same heads on the Intel Xeon VM"): 3 nodes ran 0.97x that target's AR against 0.88x
+#: for 4 (1.06x against 0.99x after n-gram lookup).
+KERNEL_DECODE_BUDGET = 3
 
 #: ``expand(level, paths [B, M, level] int64) -> (token ids [B, M, k] int64, log-probs [B, M, k] float)``
 Expand = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
