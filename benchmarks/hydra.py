@@ -19,13 +19,15 @@ against AR.
 ``--costs`` first prints the target's cost of one call by its width (1..13 tokens), the curve that prices a tree.
 ``--target-weights`` exports the target with other weights (e.g. ``mxfp6-kernel``, MXFP6 on accel's fused kernel):
 every row runs on it and the speedups stay over its AR; a row "autoregressive, fp32 target" (timed in the same
-run, its own speedup over that AR) gives the figure against the float32 target.
+run, its own speedup over that AR) gives the figure against the float32 target. ``--predict HW ...`` then prices every
+Hydra row's measured loops with ``accel.sim`` on those catalog devices (``predict_rows``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from functools import partial
 from pathlib import Path
@@ -68,6 +70,14 @@ def parse_args() -> argparse.Namespace:
         help="the target's export weights (accel generate --weights, e.g. mxfp6-kernel); when not fp32 an fp32 "
         "target's AR row is timed too",
     )
+    ap.add_argument(
+        "--predict",
+        nargs="+",
+        default=[],
+        metavar="HW",
+        help="also price every Hydra row's measured loops on these accel.sim devices (e.g. cloud-ai-100-pro "
+        "a100-80gb): predicted speedup over fp16 AR",
+    )
     ap.add_argument("--ctx-len", type=int, default=512)
     ap.add_argument("--json", type=json_out, default=None, help="write {run, rows} here (bench_support)")
     return ap.parse_args()
@@ -90,8 +100,8 @@ SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydr
 LOOKUP = ("alone", "feature", "first", "merge")
 
 
-def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
-    """name -> a function making a fresh proposer (or None for AR)."""
+def proposers(args: argparse.Namespace, cache: Path, target_dir: Path, heads_of: dict[str, str]) -> dict:
+    """name -> a function making a fresh proposer (or None for AR); ``heads_of`` gets each Hydra row's heads dir."""
     from accel.backends import OrtBackend, export_cached
     from accel.spd import DraftChain, NgramLookup
 
@@ -112,7 +122,9 @@ def proposers(args: argparse.Namespace, cache: Path, target_dir: Path) -> dict:
             chain = lambda: DraftChain(feature, k=6, min_draft_prob=0.3)  # noqa: E731 (spd.py's best after lookup)
             rows[f"feature dyn chain 6 t=0.3, after {tag}"] = with_lookup("first", lookup, chain)
     for n, heads_dir in enumerate(args.hydra):
-        rows.update(hydra_rows(args, cache, target_dir, heads_dir, first=n == 0, lookup=lookup, tag=tag))
+        made = hydra_rows(args, cache, target_dir, heads_dir, first=n == 0, lookup=lookup, tag=tag)
+        rows.update(made)
+        heads_of.update(dict.fromkeys(made, heads_dir))
     return rows
 
 
@@ -181,6 +193,65 @@ def target_costs(target, ctx: int = 120, reps: int = 5) -> None:
     target.reset()
 
 
+#: a row's loop shape over its prompts (what accel.sim.LoopStats takes): sums weighted by (row, round) pairs
+LOOP_ZERO = {"loop_tokens": 0.0, "all_accepted": 0, "draft_calls": 0.0, "draft_width": 0.0}
+
+
+def add_loop_shape(t: dict, s) -> None:
+    """Add one run's ``GenerationStats`` loop shape to the row's totals ``t``."""
+    t["loop_tokens"] += s.mean_tokens_per_loop * s.row_calls
+    t["all_accepted"] += s.all_accepted_rounds
+    if math.isfinite(s.draft_calls_per_loop) and s.draft_calls_per_loop > 0:
+        calls = s.draft_calls_per_loop * s.rounds
+        t["draft_calls"] += calls
+        t["draft_width"] += calls * s.mean_draft_tokens_per_call
+
+
+def predict_rows(totals: dict, heads_of: dict[str, str], hardware: list[str], target_dir: Path) -> dict:
+    """Price each Hydra row's measured loops (``accel.sim.LoopStats``) with the heads as ``hydra_draft`` on each
+    device: fp16 target and heads, prompt 128 / generation 512, batch 1 (as ``accel demo``). Hydra++'s prefix feed
+    (one draft call of ~E target states a round) is taken out of the measured calls, since ``hydra_draft`` spreads
+    the prefix layer over the level calls. Prints one line per row and returns {row: {device: {"fp16": speedup,
+    "mxfp6": speedup}}} (over fp16 AR; rows of more than ``MAX_K`` nodes per round are beyond the simulator's cap
+    and left out)."""
+    from accel.sim import LoopStats, hydra_draft, predict_speedup
+    from accel.sim._base import MAX_K
+    from accel.sim.hf_config import resolve_model
+
+    target = resolve_model(target_dir / "config.json")
+    print("predicted (accel.sim, measured loops; fp16 target and heads; speedup over fp16 AR; mxfp6 target in [])")
+    out: dict = {}
+    for name, heads_dir in heads_of.items():
+        t = totals[name]
+        rows = max(t["calls"], 1)
+        cfg = json.loads((Path(heads_dir) / "config.json").read_text())
+        keys = ("num_heads", "mlp_layers", "prefix", "head_vocab")
+        draft = hydra_draft(target, **{k: cfg[k] for k in keys})
+        tokens, rounds = max(1.0, t["loop_tokens"] / rows), max(t["rounds"], 1)
+        calls, fed = t["draft_calls"], t["draft_width"]
+        if cfg["prefix"]:  # hydra_draft prices the prefix layer inside each level call: count level calls only
+            calls, fed = calls - rounds, fed - tokens * rounds  # one feed of ~E target states per round
+        stats = LoopStats(
+            tokens_per_loop=tokens,
+            drafts_per_loop=max(t["nodes"] / rows, 1e-9),
+            all_accepted_fraction=min(1.0, t["all_accepted"] / rows),
+            draft_calls_per_loop=max(calls, 0.0) / rounds,
+            lookup_fraction=min(1.0, t["lookup"] / rows),
+            draft_tokens_per_call=max(1.0, fed / calls) if calls > 0 else 1.0,
+        )
+        k = max(1, math.ceil(max(stats.drafts_per_loop, stats.draft_calls()) - 1e-9))
+        if k > MAX_K:
+            print(f"{name:<58} {stats.drafts_per_loop:.0f} nodes per round: beyond the simulator's K cap ({MAX_K})")
+            continue
+        out[name] = {}
+        for hw in hardware:
+            p = predict_speedup(target, draft, hw, loop_stats=stats, k=k, prompt_len=128, gen_len=512, batch_size=1)
+            out[name][hw] = {"fp16": p.config("fp16 + SpD").speedup, "mxfp6": p.config("mxfp6 + SpD").speedup}
+        cells = "  ".join(f"{hw} {v['fp16']:.2f}x [{v['mxfp6']:.2f}x]" for hw, v in out[name].items())
+        print(f"{name:<58} {cells}", flush=True)
+    return out
+
+
 def main() -> int:
     args = parse_args()
     from accel.backends import OrtBackend, export_cached
@@ -208,10 +279,11 @@ def main() -> int:
         target_costs(target)
     sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
     eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
-    makers = proposers(args, cache, target_dir)
+    heads_of: dict[str, str] = {}
+    makers = proposers(args, cache, target_dir, heads_of)
     if backends:
         makers = {"autoregressive": makers.pop("autoregressive"), **dict.fromkeys(backends, lambda: None), **makers}
-    zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0}
+    zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0, **LOOP_ZERO}
     totals = {name: {"tokens": [], **zero} for name in makers}
     for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
         for name, make in makers.items():
@@ -233,6 +305,7 @@ def main() -> int:
             t["nodes"] += s.draft_tokens
             t["lookup"] += s.lookup_rounds
             t["wall"] += s.wall_s - s.prefill_s
+            add_loop_shape(t, s)
     rows, reference = [], totals["autoregressive"]["tokens"]
     for name, t in totals.items():
         row = {
@@ -255,6 +328,10 @@ def main() -> int:
             f"== AR: {row['equals_ar']}",
             flush=True,
         )
+    if args.predict:
+        predicted = predict_rows(totals, heads_of, args.predict, target_dir)
+        for row in rows:
+            row["predicted_speedup"] = predicted.get(row["proposer"])
     if args.json:
         save_results(args.json, {"rows": rows}, __file__)
     return 0
