@@ -34,6 +34,8 @@ from pathlib import Path
 
 from bench_support import json_out, save_results
 
+from accel.backends.weights import WEIGHT_MODES
+
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "accel" / "demo_data" / "smollm2-draft"
 SHIPPED_FEATURE = REPO / "accel" / "demo_data" / "smollm2-feature-draft"
@@ -67,12 +69,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--target-weights",
         default="fp32",
+        choices=WEIGHT_MODES,
         help="the target's export weights (accel generate --weights, e.g. mxfp6-kernel); when not fp32 an fp32 "
         "target's AR row is timed too",
     )
     ap.add_argument(
         "--predict",
         nargs="+",
+        type=device,
         default=[],
         metavar="HW",
         help="also price every Hydra row's measured loops on these accel.sim devices (e.g. cloud-ai-100-pro "
@@ -93,6 +97,18 @@ def tree_spec(text: str) -> tuple[int, float, float]:
     if len(parts) > 3 or nodes < 1 or nodes != parts[0] or not (0 <= keep < 1 and 0 <= expand < 1):
         raise argparse.ArgumentTypeError(f"{text!r}: N >= 1 nodes, thresholds in [0, 1)")
     return nodes, keep, expand
+
+
+def device(text: str) -> str:
+    """A catalog device name for ``--predict``, checked before the run (an argparse type)."""
+    from accel.errors import SimError
+    from accel.sim.hardware import hardware
+
+    try:
+        hardware(text)
+    except SimError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydra trees without lookup
@@ -246,7 +262,8 @@ def predict_rows(totals: dict, heads_of: dict[str, str], hardware: list[str], ta
         out[name] = {}
         for hw in hardware:
             p = predict_speedup(target, draft, hw, loop_stats=stats, k=k, prompt_len=128, gen_len=512, batch_size=1)
-            out[name][hw] = {"fp16": p.config("fp16 + SpD").speedup, "mxfp6": p.config("mxfp6 + SpD").speedup}
+            base = p.configs[0].name.removesuffix(" AR")  # the model's own dtype (fp16 for SmolLM2's config)
+            out[name][hw] = {"fp16": p.config(f"{base} + SpD").speedup, "mxfp6": p.config("mxfp6 + SpD").speedup}
         cells = "  ".join(f"{hw} {v['fp16']:.2f}x [{v['mxfp6']:.2f}x]" for hw, v in out[name].items())
         print(f"{name:<58} {cells}", flush=True)
     return out
