@@ -2,13 +2,19 @@
 
 - ``accel.formats``: OCP Microscaling (MX) formats; ``accel.compress(model, fmt="mxfp6")``.
 - ``accel.models`` / ``accel.backends``: reference decoders, ONNX export with a KV cache, runtimes.
-- ``accel.spd``: the speculative decoding loop.
-- ``accel.sim``: roofline simulator for capacity planning (imported lazily).
+- ``accel.spd``: the speculative decoding loop; ``accel.drafts``: draft models; ``accel.superposed``: Superposed
+  Decoding.
+- ``accel.sim``: roofline simulator for capacity planning.
 
-``import accel`` needs neither torch nor matplotlib; they load when a function that needs them is called.
+Subpackages are imported on first use: ``import accel`` needs neither torch nor matplotlib; they load when a function
+that needs them is called. The public API (every package's ``__all__``) is listed in docs/api.md.
 """
 
 from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
 
 from accel._lazy import lazy_getattr
 from accel.errors import (
@@ -17,21 +23,41 @@ from accel.errors import (
     DraftError,
     FormatError,
     ModelError,
+    NgramError,
+    NonFiniteWarning,
     SimError,
     SpdError,
+    SuperposedError,
+    TokenizerWarning,
 )
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = {"formats", "models", "backends", "spd", "sim", "drafts"}
+_LAZY_SUBMODULES = {"formats", "models", "backends", "spd", "sim", "drafts", "superposed"}
 _LAZY_FUNCTIONS = {
     "compress": "accel.formats.compress",
     "save_compressed": "accel.formats.compress",
     "load_compressed": "accel.formats.compress",
 }
+#: renamed public names, kept for one release (removed in 0.2.0): old name -> (module, new name); docs/api.md
+_DEPRECATED = {
+    "save": ("accel.formats.compress", "save_compressed"),
+    "load": ("accel.formats.compress", "load_compressed"),
+}
+
+_lazy = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES})
 
 
-__getattr__ = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES})
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        module, new = _DEPRECATED[name]
+        warnings.warn(
+            f"accel.{name} is deprecated and will be removed in accel 0.2.0; use accel.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), new)
+    return _lazy(name)
 
 
 __all__ = [
@@ -40,8 +66,12 @@ __all__ = [
     "DraftError",
     "FormatError",
     "ModelError",
+    "NgramError",
+    "NonFiniteWarning",
     "SimError",
     "SpdError",
+    "SuperposedError",
+    "TokenizerWarning",
     "__version__",
     "compress",
     "load_compressed",
