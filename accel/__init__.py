@@ -20,6 +20,7 @@ from accel._lazy import lazy_getattr
 from accel.errors import (
     AccelError,
     BackendError,
+    CpuWarning,
     DraftError,
     FormatError,
     ModelError,
@@ -63,6 +64,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AccelError",
     "BackendError",
+    "CpuWarning",
     "DraftError",
     "FormatError",
     "ModelError",

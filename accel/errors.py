@@ -52,3 +52,8 @@ class SuperposedError(AccelError):
 
 class NgramError(SuperposedError):
     """A bad n-gram store or query: not a store file, truncated, failing its checksum, unsorted, ids out of range."""
+
+
+class CpuWarning(UserWarning):
+    """A graph runs on a CPU whose instruction set is known to compute it less accurately (e.g. full-range int8
+    weights on an x86 CPU without VNNI: docs/backends.md, "int8 on every x86 CPU")."""

@@ -158,7 +158,7 @@ def export_onnx(
             tree=tree,
             mix_inputs=mix_inputs,
             stage=stage,
-            int8=spec.format == WeightFormat.INT8,
+            int8=spec.int8_scheme if spec.format == WeightFormat.INT8 else None,
             external=out.external,
             fused=fused,
         )
@@ -208,18 +208,25 @@ def _metadata(
         "accel.num_logits": str(num_logits or 0),
         **{f"accel.{key}": str(int(value)) for key, value in flags.items()},
         "accel.model_config": json.dumps(cfg.to_hf()),
+        **({"accel.int8": spec.int8_scheme} if spec.format == WeightFormat.INT8 else {}),
         "accel.attention_rows": "grouped",  # the G query heads of a KV head as G * S rows (OrtBackend.min_rows)
     }
 
 
-def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
+def _quantize_int8(proto: onnx.ModelProto, scheme: str = "u8u8") -> onnx.ModelProto:
     """``proto`` (an in-memory graph under 2 GB, e.g. a Hydra head) with onnxruntime's dynamic int8 quantization of
-    its weight MatMuls (``fc`` and the exact rope rotation excluded). ``export_onnx`` writes int8 decoders itself
-    (``accel.backends.onnx_int8``) without this whole-graph pass."""
+    its weight MatMuls (``fc`` and the exact rope rotation excluded), stored as ``scheme``
+    (``accel.backends.onnx_int8``: ``u8u8`` the codes as uint8 + 128, ``u8s7`` onnxruntime's ``reduce_range``,
+    ``u8s8`` as the tool writes them).
+    ``export_onnx`` writes int8 decoders itself (``accel.backends.onnx_int8``) without this whole-graph pass."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from accel.backends.onnx_int8 import INT8_SCHEMES, to_u8u8
+
+    if scheme not in INT8_SCHEMES:
+        raise BackendError(f"int8 scheme {scheme!r} is not supported; supported: {', '.join(INT8_SCHEMES)}")
     weights = {t.name for t in proto.graph.initializer}
     keep = [
         n.name
@@ -241,12 +248,13 @@ def _quantize_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
                 per_channel=True,
                 op_types_to_quantize=["MatMul"],
                 nodes_to_exclude=keep,
+                reduce_range=scheme == "u8s7",
             )
         finally:
             logging.disable(previous)
         out = onnx.load_model(dst)
     out.ir_version = min(out.ir_version, IR_VERSION)
-    return out
+    return to_u8u8(out) if scheme == "u8u8" else out
 
 
 def _check_export(model: ExportLayout, ctx_len: int, batch_size: int, num_logits: int | None, opset: int) -> Any:
@@ -382,7 +390,7 @@ def export_cached(
     key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
     if mix_inputs:
         key.update(b":mix")
-    graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "weights.py")
+    graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "onnx_int8.py", "weights.py")
     for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
         key.update(module.read_bytes())
     label = name or (src.stem if src.is_file() else src.name)

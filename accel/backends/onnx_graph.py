@@ -40,7 +40,7 @@ def build_decoder_graph(
     matmul_nbits: int = 0,
     mx_kernel: bool = False,
     tree: bool = False,
-    int8: bool = False,
+    int8: str | None = None,
     external: ExternalData | None = None,
     mix_inputs: bool = False,
     stage: StageSpec | None = None,
@@ -61,9 +61,9 @@ def build_decoder_graph(
     ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
     ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
     position-derived write slots and mask (docs/backends.md, "Tree calls").
-    ``int8``: every Linear (and the head) as int8 weights with dynamic activation quantization
-    (``accel.backends.onnx_int8``). ``external``: write the initializers to this external-data sink as they are
-    created (``accel.backends.onnx_builder.ExternalData``).
+    ``int8``: None, or every Linear (and the head) as int8 weights stored as this scheme (``"u8u8"``, ``"u8s7"``,
+    ``"u8s8"``) with dynamic activation quantization (``accel.backends.onnx_int8``). ``external``: write the
+    initializers to this external-data sink as they are created (``accel.backends.onnx_builder.ExternalData``).
     ``mix_inputs`` adds the inputs ``mix_ids`` int64 and ``mix_weights`` float32 ``[batch_size, seq_len, mix]``: the
     embedding of a column is then ``sum_m mix_weights * E[mix_ids]`` (superposed inputs; ``input_ids`` is not read;
     the ``"mix"`` extension of ``accel.backends.base``).
@@ -123,7 +123,7 @@ class _DecoderGraph:
         matmul_nbits: int,
         tree: bool = False,
         stage: StageSpec | None = None,
-        int8: bool = False,
+        int8: str | None = None,
         external: ExternalData | None = None,
         fused: bool = False,
         mx_kernel: bool = False,

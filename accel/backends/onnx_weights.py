@@ -85,12 +85,13 @@ class GraphWeights:
         float_dtype: str,
         tied: bool,
         nbits_accuracy: int = 0,
-        int8: bool = False,
+        int8: str | None = None,
         mx_kernel: bool = False,
     ) -> None:
         """``nbits_accuracy``: 0 (MX weights as MatMul on in-graph decodes) or the ``MatMulNBits`` ``accuracy_level``
-        (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: every
-        Linear as int8 weights with dynamic activation quantization (``accel.backends.onnx_int8``). ``mx_kernel``:
+        (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: None, or
+        every Linear as int8 weights stored as this scheme, with dynamic activation quantization
+        (``accel.backends.onnx_int8``). ``mx_kernel``:
         every MX Linear weight packed, on accel's fused kernel (``ai.accel::MXLinear``)."""
         self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
         self.nbits = nbits_accuracy
@@ -104,12 +105,12 @@ class GraphWeights:
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in
         separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``mx_kernel``) an
         ``ai.accel::MXLinear`` on the packed codes, or (``int8``) int8 weights with dynamic activation quantization."""
-        if self.int8:
+        if self.int8 is not None:
             from accel.backends.onnx_int8 import int8_matmul
 
             parts = [np.asarray(self._get(n), np.float32).T for n in names]
             w_t = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)  # one weight: no copy
-            return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out)
+            return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out, self.int8)
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)

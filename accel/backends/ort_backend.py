@@ -17,6 +17,7 @@ one numpy assignment on the host.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from accel.backends.base import (
 from accel.backends.ort_graph import GraphContract, check_inplace_cache, inspect_graph
 from accel.backends.ort_session import open_session
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
-from accel.errors import BackendError
+from accel.errors import BackendError, CpuWarning
 
 __all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
 
@@ -97,6 +98,8 @@ class OrtBackend:
             profile=profile,
         )
         c = inspect_graph(self.session, str(path))
+        if c.metadata.get("accel.weights") == "int8":
+            _warn_int8(path, c.metadata.get("accel.int8"))
         if batch_size is not None and batch_size != c.batch_size:
             raise BackendError(f"{path} was exported for batch size {c.batch_size}, not {batch_size}")
         self.contract = c
@@ -369,3 +372,12 @@ def _check_padding_slot(pos: np.ndarray, tree, ctx_len: int) -> None:
             f"row {int(np.argmax(bad))} mixes padding with slots 0 and {ctx_len - 1} in one "
             "call: no cache slot is free for its padding; split the call"
         )
+
+
+def _warn_int8(path: Path, scheme: str | None) -> None:
+    """One ``CpuWarning`` line when the int8 graph at ``path`` is less accurate on this CPU (``int8_warning``)."""
+    from accel.backends.cpu import int8_warning
+
+    msg = int8_warning(scheme)
+    if msg is not None:
+        warnings.warn(f"{path.name}: {msg}", CpuWarning, stacklevel=3)

@@ -4,7 +4,8 @@
 - ``mx-rounded``: Linear weights quantized to the MX element format and dequantized back to float32 -- the values an
   MX compiler (``qaic-exec -mxfp6-matmul``) reproduces; same file size as fp32.
 - ``mx-packed``: Linear weights as packed MX codes + E8M0 scales (uint8) decoded in the graph with standard ops.
-- ``int8``: for drafts; onnxruntime's dynamic int8 quantization of the float graph's weight MatMuls (approximate).
+- ``int8``: for drafts; onnxruntime's dynamic int8 quantization of the float graph's weight MatMuls (approximate),
+  stored so that every x86 CPU computes the same integers (``ExportWeights.int8_scheme``).
 - ``mxint8-nbits``, ``mxfp6-nbits``, ``mxfp4-nbits``: every Linear (and the head) in MXINT8 / MXFP6 (E2M3) / MXFP4
   (E2M1) as onnxruntime's 8-bit ``MatMulNBits``: an MX block of these three element types is exactly an 8-bit
   integer block with a power-of-two scale, so the weights are exact; the activations are quantized to int8 per block
@@ -25,7 +26,7 @@ from typing import Literal
 
 from accel.errors import BackendError
 
-__all__ = ["NBITS_ACCURACY_LEVELS", "WEIGHT_MODES", "ExportWeights", "WeightFormat"]
+__all__ = ["INT8_SCHEMES", "NBITS_ACCURACY_LEVELS", "WEIGHT_MODES", "ExportWeights", "Int8Scheme", "WeightFormat"]
 
 
 class WeightFormat(str, Enum):
@@ -77,6 +78,10 @@ FloatStorage = Literal["fp32", "fp16"]
 #: onnxruntime ``MatMulNBits`` activation modes accel supports: 4 = int8 activations quantized per block (fast,
 #: approximate), 1 = float32 activations (the weights dequantized on every call: exact, slow)
 NBITS_ACCURACY_LEVELS = (1, 4)
+#: how ``int8`` weights are stored (``accel.backends.onnx_int8``): ``u8u8`` (exact on every x86 CPU, default),
+#: ``u8s7`` (7-bit int8 codes: exact everywhere, int8 kernels), ``u8s8`` (full-range int8: exact on VNNI CPUs only)
+Int8Scheme = Literal["u8u8", "u8s7", "u8s8"]
+INT8_SCHEMES: tuple[str, ...] = ("u8u8", "u8s7", "u8s8")
 
 
 @dataclass(frozen=True)
@@ -91,12 +96,16 @@ class ExportWeights:
             biases, ``lm_head``): ``fp32`` (logits equal the ``accel.compress``-ed torch model's) or ``fp16``.
         accuracy_level: ``MatMulNBits``' activation mode for the ``*-nbits`` formats: 4 (int8 activations quantized
             per block of 32, default) or 1 (float32 activations).
+        int8_scheme: how ``int8`` weights are stored: ``u8u8`` (default: uint8 codes + 128, the same integers on
+            every x86 CPU), ``u8s7`` (7-bit int8 codes) or ``u8s8`` (full-range int8 codes, which CPUs without VNNI
+            compute with a saturating int16 sum: for comparisons only); see ``accel.backends.onnx_int8``.
     """
 
     format: WeightFormat = WeightFormat.FP32
     mx_format: str = "mxfp6"
     float_storage: FloatStorage = "fp32"
     accuracy_level: int = 4
+    int8_scheme: Int8Scheme = "u8u8"
 
     def __post_init__(self) -> None:
         try:
@@ -119,6 +128,12 @@ class ExportWeights:
             )
         if self.accuracy_level != 4 and not self.format.is_nbits:
             raise BackendError(f"accuracy_level applies to the *-nbits formats only, not {self.format.value}")
+        if self.int8_scheme not in INT8_SCHEMES:
+            raise BackendError(
+                f"int8_scheme={self.int8_scheme!r} is not supported; supported: {', '.join(INT8_SCHEMES)}"
+            )
+        if self.int8_scheme != "u8u8" and self.format != WeightFormat.INT8:
+            raise BackendError(f"int8_scheme applies to weights='int8' only, not {self.format.value}")
 
     @classmethod
     def of(cls, weights: ExportWeights | WeightFormat | str) -> ExportWeights:

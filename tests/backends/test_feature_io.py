@@ -140,7 +140,7 @@ def test_int8_draft_export(models, tmp_path):
     assert ops.count("MatMulInteger") == 6  # q+k+v (one joined MatMul), o, gate, up, down, lm_head
     assert inits["fc.weight"].data_type == onnx.TensorProto.FLOAT
     assert any(n.op_type == "MatMul" and "fc.weight" in n.input for n in proto.graph.node)
-    assert inits["lm_head.weight_quantized"].data_type == onnx.TensorProto.INT8
+    assert inits["lm_head.weight_quantized"].data_type == onnx.TensorProto.UINT8  # u8u8: exact on every x86 CPU
     b8, bf = OrtBackend(q8, threads=1), OrtBackend(fp, threads=1)
     assert b8.metadata["accel.weights"] == "int8" and b8.info.capabilities == bf.info.capabilities
     for b in (b8, bf):
@@ -150,7 +150,11 @@ def test_int8_draft_export(models, tmp_path):
     valid = POS >= 0
     scored = lf[valid][:, 5:]  # the head's tokens (the others hold MASKED_LOGIT in both)
     err = np.abs(l8[valid][:, 5:] - scored).max()
-    assert 0 < err < 0.05 * (scored.max() - scored.min())
+    spread = scored.max() - scored.min()
+    assert 0 < err < 0.05 * spread, (
+        f"int8 draft logits {err:.3f} from its fp32 source (allowed {0.05 * spread:.3f}; ~1% expected): check this "
+        "CPU's int8 path (accel.backends.onnx_int8, docs/backends.md 'int8 on every x86 CPU')"
+    )
     assert np.array_equal(l8[valid][:, :5], lf[valid][:, :5])
     assert np.abs(h8[valid] - hf[valid]).max() < 0.05 * np.abs(hf[valid]).max()
     with pytest.raises(BackendError, match="float_storage"):

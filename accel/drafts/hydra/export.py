@@ -5,7 +5,9 @@ See ``accel.drafts.hydra.graph``.
 
 ``weights="int8"`` applies onnxruntime's dynamic int8 quantization to every weight MatMul of every graph (the LM
 head and the prefix layer included): approximate heads, like the feature draft's int8 export, ~4x fewer weight
-bytes per round; speculative decoding stays exact (verification does not depend on the draft's numerics).
+bytes per round; speculative decoding stays exact (verification does not depend on the draft's numerics). The codes are
+stored as uint8 + 128 (``int8_scheme="u8u8"``), which every x86 CPU computes exactly (``accel.backends.onnx_int8``);
+``hydra.json`` records the scheme.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from accel.backends.weights import INT8_SCHEMES
 from accel.drafts.hydra.model import HydraHeads, load_hydra
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
@@ -36,11 +39,18 @@ def _tensors(heads: HydraHeads) -> dict[str, np.ndarray]:
 
 
 def export_hydra(
-    heads: HydraHeads, out_dir: str | Path, *, ctx_len: int, batch_size: int = 1, weights: str = "fp32"
+    heads: HydraHeads,
+    out_dir: str | Path,
+    *,
+    ctx_len: int,
+    batch_size: int = 1,
+    weights: str = "fp32",
+    int8_scheme: str = "u8u8",
 ) -> Path:
     """Write the export directory of ``heads`` (module docstring) to ``out_dir`` (replaced atomically); returns it.
 
-    ``ctx_len``: the prefix layer's cache length in tokens (the target's context); ``batch_size``: rows per call.
+    ``ctx_len``: the prefix layer's cache length in tokens (the target's context); ``batch_size``: rows per call;
+    ``int8_scheme``: how ``weights="int8"`` stores its codes (``accel.backends.onnx_int8.INT8_SCHEMES``).
     """
     import onnx
 
@@ -49,6 +59,8 @@ def export_hydra(
 
     if weights not in HYDRA_WEIGHTS:
         raise DraftError(f"weights must be one of {HYDRA_WEIGHTS}; got {weights!r}")
+    if int8_scheme not in INT8_SCHEMES:
+        raise DraftError(f"int8_scheme must be one of {INT8_SCHEMES}; got {int8_scheme!r}")
     if ctx_len < 2 or batch_size < 1:
         raise DraftError(f"ctx_len must be >= 2 and batch_size >= 1; got {ctx_len}, {batch_size}")
     heads._check_attached()
@@ -64,14 +76,14 @@ def export_hydra(
     graphs["lm_head"] = lm_head_graph(c.hidden_size, tensors, batch_size)
     for name, proto in graphs.items():
         if weights == "int8":
-            proto = _quantize_int8(proto)
+            proto = _quantize_int8(proto, int8_scheme)
         onnx.checker.check_model(proto)
         onnx.save_model(proto, str(tmp / f"{name}.onnx"))
     if heads.prefix is not None:
         layer = {f"layers.0.{k[len('prefix.') :]}": v for k, v in tensors.items() if k.startswith("prefix.")}
         proto = prefix_graph(heads.target_config, layer, ctx_len, batch_size)
         if weights == "int8":
-            proto = _quantize_int8(proto)
+            proto = _quantize_int8(proto, int8_scheme)
         onnx.checker.check_model(proto)
         onnx.save_model(proto, str(tmp / "prefix.onnx"))
     np.save(tmp / "embed.npy", heads.embed.detach().float().cpu().numpy())
@@ -85,6 +97,7 @@ def export_hydra(
         "ctx_len": ctx_len,
         "batch_size": batch_size,
         "weights": weights,
+        **({"int8": int8_scheme} if weights == "int8" else {}),
         "kv_shape": [batch_size, tc.num_kv_heads, ctx_len, tc.head_dim],
         "target_fingerprint": c.target_fingerprint,
     }
@@ -123,8 +136,12 @@ def export_hydra_cached(
                 st = f.stat()
                 key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     key.update(f"{ctx_len}:{batch_size}:{weights}:{__version__}".encode())
-    for name in ("export.py", "graph.py", "model.py"):
-        key.update((Path(__file__).with_name(name)).read_bytes())
+    backends = Path(__file__).parents[2] / "backends"
+    for path in [Path(__file__).with_name(n) for n in ("export.py", "graph.py", "model.py")] + [
+        backends / "export.py",
+        backends / "onnx_int8.py",
+    ]:  # the exporter's code, the int8 quantization included
+        key.update(path.read_bytes())
     out = Path(onnx_dir) / f"hydra-{src.name}-{key.hexdigest()[:12]}"
     if (out / META).is_file():
         return out

@@ -9,11 +9,13 @@ KV cache in a runtime buffer that the graph updates in place (as ``accel.backend
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from accel.errors import DraftError
+from accel.backends.cpu import int8_warning
+from accel.errors import CpuWarning, DraftError
 
 __all__ = ["HydraRuntime"]
 
@@ -53,6 +55,7 @@ class HydraRuntime:
             self.ctx_len, self.batch_size = int(meta["ctx_len"]), int(meta["batch_size"])
             self.weights, kv_shape = str(meta["weights"]), tuple(int(v) for v in meta["kv_shape"])
             self.head_vocab = int(meta["head_vocab"])
+            int8_scheme = meta.get("int8") if self.weights == "int8" else "fp32"
         except (ValueError, KeyError, TypeError) as exc:
             raise DraftError(f"{meta_path} is invalid: {exc!r}") from exc
         names = [f"head{i}.onnx" for i in range(1, self.num_heads + 1)] + ["lm_head.onnx"]
@@ -65,6 +68,9 @@ class HydraRuntime:
             raise DraftError(
                 f"{d}/embed.npy has shape {self.embed.shape}; expected {(self.vocab_size, self.hidden_size)}"
             )
+        warning = int8_warning(int8_scheme)
+        if warning is not None:
+            warnings.warn(f"{d.name}: {warning}", CpuWarning, stacklevel=2)
         self.heads = [_session(d / f"head{i}.onnx", threads) for i in range(1, self.num_heads + 1)]
         self.lm_head = _session(d / "lm_head.onnx", threads)
         self._cache = None

@@ -1,0 +1,58 @@
+"""What this machine's CPU offers the instruction-set-dependent paths (docs/backends.md, "Which code runs on which
+CPU"): onnxruntime's int8 kernels (``accel.backends.onnx_int8``) and accel's fused MX kernel
+(``accel.formats.mxkernel``) choose their code from it.
+
+onnxruntime multiplies uint8 activations by int8 weights with a saturating int16 pair sum (``vpmaddubsw``) on x86
+CPUs without VNNI and in int32 (``vpdpbusd``, AMX) on CPUs with it; accel's int8 exports use uint8 weights, exact on
+both, and ``int8_warning`` names the graphs that are not.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+__all__ = ["INT8_DOT_FLAGS", "cpu_flags", "int8_dot_product", "int8_warning", "is_x86"]
+
+#: /proc/cpuinfo flags of x86 CPUs whose int8 dot products accumulate in int32 without an int16 stage
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags (the ``flags`` / ``Features`` line of /proc/cpuinfo); empty where the file is
+    missing (not Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return frozenset()
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def is_x86() -> bool:
+    """Whether this is an x86-64 machine (where onnxruntime's int8 kernels depend on VNNI)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def int8_dot_product(flags: frozenset[str] | None = None) -> bool:
+    """Whether an x86 CPU with ``flags`` (default: this one's) accumulates uint8 x int8 products in int32 (VNNI or
+    AMX, ``INT8_DOT_FLAGS``); False for an x86 CPU without them (AVX2-only, AVX-512 without VNNI)."""
+    return bool((cpu_flags() if flags is None else flags) & set(INT8_DOT_FLAGS))
+
+
+def int8_warning(scheme: str | None, flags: frozenset[str] | None = None, x86: bool | None = None) -> str | None:
+    """The one-line warning for an int8 graph whose weights are stored as ``scheme`` (``accel.int8`` metadata; None:
+    exported before the metadata existed, i.e. ``u8s8``) on this CPU (or one with ``flags``), or None when the CPU
+    computes it as exactly as a VNNI CPU does."""
+    if scheme not in (None, "u8s8") or not (is_x86() if x86 is None else x86) or int8_dot_product(flags):
+        return None
+    return (
+        "this int8 graph has full-range int8 weights (u8s8), which x86 CPUs without VNNI compute with a saturating "
+        "int16 sum: its outputs lose accuracy here (e.g. a draft's acceptance drops). Export it again "
+        "(int8_scheme 'u8u8', the default) for the same accuracy on every CPU"
+    )
