@@ -6,13 +6,15 @@ efficiencies through a logistic map into (0, 1), the multi-token exponent throug
 times as scale * x with x >= 0 (steps are projected onto that bound, so 0 - no such cost - is reached exactly),
 rates, link bandwidth and the multi-token penalty through exp.
 
-Which terms: ``fit=None`` chooses the terms the observations can determine - in the order of ``PRIORITY`` (the
-bandwidth efficiency first, then each observed compressed format's decompression rate, the link latencies of
-multi-device observations, the per-layer and per-call costs, the multi-token curve, compute efficiency), a term is
-taken when its column of the Jacobian raises the rank of the chosen set, and never more terms than observations:
-one observation fits one term. The result's ``calibration`` report holds the fitted values, the residual of every
-observation, the terms left at their prior values, and warnings - also raised as ``SimWarning`` - when a term ends
-at its bound or residuals stay above 10 %.
+Which terms: ``fit=None`` chooses them by fit (``accel.sim.term_search``): the terms the observations can see (in
+the order of ``PRIORITY``: the bandwidth efficiency first, then each observed compressed format's decompression rate,
+the per-call and per-layer costs, the link latencies of multi-device observations, the multi-token curve, compute
+efficiency) are fitted alone, in pairs and in growing sets, and the set that explains the observations best with the
+fewest terms wins (ties go to fewer terms at a bound, then to priority); never more terms than observations, so one
+observation fits one term. The result's ``calibration`` report holds the fitted values, the residual of every
+observation, the terms held fixed at their prior values (with those values), the RMS of every set tried, and
+warnings - also raised as ``SimWarning`` - when a term ends at a bound (nothing is clamped silently) or residuals stay
+above 10 %.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from accel.sim.formats import decompress_key
 from accel.sim.hardware import CalibrationReport, Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.observations import AnyObservation, Observation, RunObservation, calls_s
+from accel.sim.term_search import EXACT_RMS, SetFit, search_terms
 
 SCALAR_TERMS = (
     "bandwidth_efficiency",
@@ -45,9 +48,9 @@ FITTABLE = (*SCALAR_TERMS, "decompress_elements_per_s:<format>")
 PRIORITY = (
     "bandwidth_efficiency",
     "decompress",  # one term per compressed format observed
-    "link_latency_s",
     "call_overhead_s",
     "layer_overhead_s",
+    "link_latency_s",
     "multi_token_penalty",
     "multi_token_exponent",
     "compute_efficiency",
@@ -159,9 +162,8 @@ def candidate_terms(hw: Hardware, obs: Sequence[AnyObservation]) -> list[str]:
     return out
 
 
-def choose_terms(hw: Hardware, problem: _Problem) -> list[str]:
-    """The terms the observations determine: greedy in priority order, each raising the Jacobian's rank."""
-    cands = candidate_terms(hw, problem.obs)
+def _jacobian(hw: Hardware, problem: _Problem, cands: list[str]) -> np.ndarray:
+    """The residuals' Jacobian over ``cands`` at a nominal point (every fixed cost > 0, so each shows its effect)."""
     hw = hw.model_copy(update={k: max(float(getattr(hw, k)), v) for k, v in _NOMINAL.items()})
     x0 = _from_hw(hw, cands)
     r0 = problem.residuals(hw, cands, x0)
@@ -170,21 +172,18 @@ def choose_terms(hw: Hardware, problem: _Problem) -> list[str]:
         step = np.zeros_like(x0)
         step[i] = 1e-3
         cols.append((problem.residuals(hw, cands, x0 + step) - r0) / 1e-3)
-    J = np.stack(cols, axis=1)
-    chosen: list[int] = []
-    for i in range(len(cands)):
-        if len(chosen) >= len(problem.obs):
-            break
-        if not np.all(np.isfinite(J[:, i])) or np.linalg.norm(J[:, i]) < 1e-4:
-            continue  # the observations do not depend on this term
-        sub = J[:, [*chosen, i]]
-        sub = sub / np.linalg.norm(sub, axis=0)
-        s = np.linalg.svd(sub, compute_uv=False)
-        if s[-1] > 1e-3 * s[0]:
-            chosen.append(i)
-    if not chosen:
-        raise SimError("no term of the hardware profile changes the predictions of these observations")
-    return [cands[i] for i in chosen]
+    return np.stack(cols, axis=1)
+
+
+def choose_terms(hw: Hardware, problem: _Problem) -> tuple[list[str], dict[str, float]]:
+    """The terms that fit the observations best (module docstring) and the RMS of every set tried."""
+    cands = candidate_terms(hw, problem.obs)
+    try:
+        chosen, tried = search_terms(cands, _jacobian(hw, problem, cands), len(problem.obs),
+                                     lambda names: _fit_set(hw, problem, names))  # fmt: skip
+    except ValueError:
+        raise SimError("no term of the hardware profile changes the predictions of these observations") from None
+    return list(chosen.terms), tried
 
 
 def _lm(fun: Any, x0: np.ndarray, lo: np.ndarray, iters: int = 100) -> tuple[np.ndarray, float]:
@@ -228,28 +227,63 @@ def _starts(hw: Hardware, fit: list[str]) -> list[np.ndarray]:
     return starts
 
 
-def _bound_warnings(fitted: Hardware, fit: list[str], x: np.ndarray, rel: np.ndarray) -> list[str]:
-    out = []
-    for name, v in zip(fit, x, strict=True):
+def _at_bound(hw: Hardware, problem: _Problem, fit: list[str], x: np.ndarray) -> dict[str, str]:
+    """Fitted terms that ended at a bound, each with what the observations asked of it. A fixed cost at 0 counts
+    only when the fit is not exact and the observations pull it below 0 (a cost of 0 that explains them is an
+    answer, not a clamp)."""
+    fitted = _to_hw(hw, fit, x)
+    r = problem.residuals(hw, fit, x)
+    cost = float(r @ r)
+    out = {}
+    for i, (name, v) in enumerate(zip(fit, x, strict=True)):
         val = _get(fitted, name)
         if name in ("bandwidth_efficiency", "compute_efficiency"):
-            at_bound = val >= 0.999 or val <= 1e-3
+            hit = "upper" if val >= 0.999 else "lower" if val <= 1e-3 else ""
         elif name == "multi_token_exponent":
-            at_bound = val >= 1.998 or val <= 2e-3
+            hit = "upper" if val >= 1.998 else "lower" if val <= 2e-3 else ""
         elif name in _TIME_SCALE:
-            at_bound = val > 10.0  # a fixed cost of many seconds (one at 0 is a fine answer: no such cost)
+            hit = "upper" if val > 10.0 else ""
+            if not hit and v <= 1e-9 and cost > (EXACT_RMS**2) * len(r):
+                step = np.zeros_like(x)
+                step[i] = 1e-3
+                r_up = problem.residuals(hw, fit, x + step)
+                hit = "lower" if float(r_up @ r_up) > cost else ""
         else:  # rates, link bandwidth, the multi-token penalty
-            at_bound = abs(v) > 60 or (name == "multi_token_penalty" and val < 1e-6)
-        if at_bound:
-            out.append(f"{name} ended at its bound ({val:.4g}): the observations ask for more than this term can give")
-    worst = float(np.max(np.abs(rel)))
-    if worst > RESIDUAL_WARN:
-        i = int(np.argmax(np.abs(rel)))
-        out.append(
-            f"calibration leaves a residual of {rel[i] * 100:+.1f}% (observation {i}); the fitted terms "
-            f"{fit} cannot explain all observations"
-        )
+            hit = "upper" if v > 60 else "lower" if v < -60 or (name == "multi_token_penalty" and val < 1e-6) else ""
+        if hit:
+            want = "more" if hit == "upper" else "less"
+            out[name] = (
+                f"{name} ended at its bound ({hit}: {val:.4g}): the observations ask for {want} than this term can "
+                "give (not clamped silently: the residuals show what is left)"
+            )
     return out
+
+
+def _residual_warning(fit: list[str], rel: np.ndarray, labels: list[str]) -> list[str]:
+    worst = float(np.max(np.abs(rel)))
+    if worst <= RESIDUAL_WARN:
+        return []
+    i = int(np.argmax(np.abs(rel)))
+    name = f" {labels[i]!r}" if labels[i] else ""
+    return [
+        f"calibration leaves a residual of {rel[i] * 100:+.1f}% (observation {i}{name}); the fitted terms "
+        f"{fit} cannot explain all observations"
+    ]
+
+
+def _fit_set(hw: Hardware, problem: _Problem, fit: list[str]) -> SetFit:
+    """Least squares of the terms ``fit`` over every observation, from several starts (the best one)."""
+    lo = np.array([0.0 if f in _TIME_SCALE else -np.inf for f in fit])
+    best: tuple[np.ndarray, float] | None = None
+    for x0 in _starts(hw, fit):
+        x, cost = _lm(lambda v: problem.residuals(hw, fit, v), x0, lo)
+        if best is None or cost < best[1]:
+            best = (x, cost)
+    assert best is not None
+    x = best[0]
+    rel = np.exp(problem.residuals(hw, fit, x)) - 1.0
+    rms = float(np.sqrt(np.mean(rel**2))) if np.all(np.isfinite(rel)) else float("inf")
+    return SetFit(terms=tuple(fit), x=x, rms=rms, at_bound=tuple(_at_bound(hw, problem, fit, x)))
 
 
 def calibrate(
@@ -264,8 +298,9 @@ def calibrate(
     decompression rate is ``"decompress_elements_per_s:<format>"``)."""
     hw = _hardware(hardware)
     problem = _Problem(hw, observations)
+    tried: dict[str, float] = {}
     if fit is None:
-        fit = choose_terms(hw, problem)
+        fit, tried = choose_terms(hw, problem)
     fit = list(fit)
     bad = [f for f in fit if f not in SCALAR_TERMS and not f.startswith("decompress_elements_per_s:")]
     if bad or not fit or len(set(fit)) != len(fit):
@@ -277,26 +312,24 @@ def calibrate(
            for f in fit]  # fmt: skip
     if len(problem.obs) < len(fit):
         raise SimError(f"{len(problem.obs)} observations cannot determine {len(fit)} terms {fit}")
-    lo = np.array([0.0 if f in _TIME_SCALE else -np.inf for f in fit])
-    best: tuple[np.ndarray, float] | None = None
-    for x0 in _starts(hw, fit):
-        x, cost = _lm(lambda v: problem.residuals(hw, fit, v), x0, lo)
-        if best is None or cost < best[1]:
-            best = (x, cost)
-    assert best is not None
-    x = best[0]
+    x = _fit_set(hw, problem, fit).x
     fitted = _to_hw(hw, fit, x)
     rel = np.exp(problem.residuals(hw, fit, x)) - 1.0
-    notes = _bound_warnings(fitted, fit, x, rel)
+    labels = [o.label for o in problem.obs]
+    notes = [*_at_bound(hw, problem, fit, x).values(), *_residual_warning(fit, rel, labels)]
     for msg in notes:
         warnings.warn(msg, SimWarning, stacklevel=2)
+    held = {t: _get(hw, t) for t in candidate_terms(hw, problem.obs) if t not in fit}
     report = CalibrationReport(
         fitted={f: _get(fitted, f) for f in fit},
         residuals=[float(v) for v in rel],
+        labels=labels,
         rms_relative_error=float(np.sqrt(np.mean(rel**2))),
         max_relative_error=float(np.max(np.abs(rel))),
         n_observations=len(problem.obs),
-        not_fitted=[t for t in candidate_terms(hw, problem.obs) if t not in fit],
+        not_fitted=list(held),
+        held_fixed=held,
+        tried=tried,
         warnings=notes,
     )
     summary = ", ".join(f"{k}={v:.4g}" for k, v in report.fitted.items())
@@ -305,7 +338,9 @@ def calibrate(
             **fitted.model_dump(),
             "calibration": report.model_dump(),
             "notes": (hw.notes + " " if hw.notes else "")
-            + f"calibrated on {len(problem.obs)} observations ({summary})",
+            + f"calibrated on {len(problem.obs)} observations ({summary}; held fixed: "
+            + (", ".join(f"{k}={v:.4g}" for k, v in held.items()) or "nothing")
+            + ")",
         }
     )
 

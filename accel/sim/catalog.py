@@ -23,9 +23,19 @@ Default efficiency terms. They are *defaults*, read off published decode measure
   gpt-fast's int8/int4 rates on A100 and H100 reach 1.4-1.9x of bf16, not the 2-3.5x of the bytes). Links: vendor
   NVLink / Infinity Fabric / PCIe figures, 7 us per all-reduce + 2.3 us per log2 step (gpt-fast's TP scaling).
 - ``usable_memory_fraction = 0.9`` everywhere (runtime, activations, fragmentation).
+
+Families (``FAMILY_DEFAULTS``): the fixed costs and all-reduce latencies follow the device family, not one GPU profile
+for all (docs/sim.md §6 gives each value's source or says it is assumed): ``gpu-nvlink`` (SXM/OAM parts: NVLink,
+Infinity Fabric), ``gpu-pcie`` (PCIe-only cards: L4, L40S, H100 PCIe), ``tpu-ici`` (TPU chips: one compiled program
+per step, all-reduces over ICI), ``gaudi-roce`` (Gaudi 3: all-reduces over its on-die RoCE ports), ``cloud-ai-100``.
+The newer parts (B200, GB200 per GPU, MI325X, MI355X, TPU v5e/v6e, Gaudi 3) take datasheet bandwidth, capacity and
+dense peaks (NVIDIA and AMD quote sparse peaks first: the dense figure is half) and the efficiency of the nearest
+part with published runs (HBM3/HBM3e GPUs 0.65, AMD 0.60, TPUs 0.80: assumptions until calibrated).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from accel.sim.hardware import Hardware
 
@@ -51,6 +61,33 @@ GPU_DECOMPRESS_ELEMENTS_PER_S = {
     "int4": 5e12,
     "mxfp4": 5e12,
     "mxfp6": 4e12,
+}
+
+# fixed costs and links per family (docs/sim.md §6): call_overhead_s, layer_overhead_s, allreduce_latency_s and
+# link_latency_s (per log2 step of an all-reduce)
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    # gpt-fast's 1/2/4/8-GPU Llama 2 rates on NVLink A100s (accel/sim/published.py)
+    "gpu-nvlink": dict(
+        call_overhead_s=GPU_CALL_OVERHEAD_S,
+        layer_overhead_s=GPU_LAYER_OVERHEAD_S,
+        allreduce_latency_s=7e-6,
+        link_latency_s=2.3e-6,
+    ),
+    # no published multi-card PCIe point: NVLink's latencies kept (an assumption; the link bandwidth is PCIe's)
+    "gpu-pcie": dict(
+        call_overhead_s=GPU_CALL_OVERHEAD_S,
+        layer_overhead_s=GPU_LAYER_OVERHEAD_S,
+        allreduce_latency_s=7e-6,
+        link_latency_s=2.3e-6,
+    ),
+    # assumed: one XLA program per step (no per-kernel launches), all-reduce in the ICI fabric
+    "tpu-ici": dict(call_overhead_s=100e-6, layer_overhead_s=5e-6, allreduce_latency_s=5e-6, link_latency_s=1e-6),
+    # assumed: Gaudi 3 reduces over its on-die 200 GbE RoCE ports (RDMA, no host hop)
+    "gaudi-roce": dict(call_overhead_s=30e-6, layer_overhead_s=30e-6, allreduce_latency_s=10e-6, link_latency_s=3e-6),
+    # the Qualcomm MX blog's FP16 points (200 us per call, no room for a per-layer cost); link latency assumed
+    "cloud-ai-100": dict(
+        call_overhead_s=AI100_CALL_OVERHEAD_S, layer_overhead_s=0.0, allreduce_latency_s=5e-6, link_latency_s=2e-6
+    ),
 }
 
 _AI100_SRC = "quic.github.io/cloud-ai-sdk-pages, Architecture (docs/reference.md §5)"
@@ -83,13 +120,11 @@ def _ai100(
         peak_flops_per_s={"fp16": fp16_tflops * TERA / socs, "int8": int8_tops * TERA / socs},
         sram_bytes=sram_mb * 1e6 / socs,
         num_devices=socs,
+        family="cloud-ai-100",
         link_bandwidth_bytes_per_s=16 * GB,
-        link_latency_s=2e-6,
-        allreduce_latency_s=5e-6,
+        **FAMILY_DEFAULTS["cloud-ai-100"],
         bandwidth_efficiency=AI100_BANDWIDTH_EFFICIENCY,
         compute_efficiency=AI100_COMPUTE_EFFICIENCY,
-        call_overhead_s=AI100_CALL_OVERHEAD_S,
-        layer_overhead_s=0.0,
         decompress_elements_per_s={f: AI100_DECOMPRESS_ELEMENTS_PER_S for f in GPU_DECOMPRESS_ELEMENTS_PER_S},
         decompress_overlap=True,
         tdp_w=tdp,
@@ -106,27 +141,30 @@ def _gpu(
     fp16_tflops: float,
     int8_tops: float,
     sram_mb: float,
-    tdp: float,
+    tdp: float | None,
     source: str,
     link_gbs: float,
     mem: str,
     efficiency: float = GPU_BANDWIDTH_EFFICIENCY,
+    family: str = "gpu-nvlink",
+    peaks: dict[str, float] | None = None,
 ) -> Hardware:
+    """A GPU-like device (GPUs, TPU chips, Gaudi): per-device datasheet figures, ``family``'s fixed costs and links;
+    ``peaks``: dense TFLOPS per dtype instead of fp16 = bf16 = ``fp16_tflops`` and int8 = ``int8_tops``."""
     scale = min(1.0, fp16_tflops * TERA / A100_FP16_FLOPS)
+    tflops = peaks or {"fp16": fp16_tflops, "bf16": fp16_tflops, "int8": int8_tops}
     return Hardware(
         name=name,
+        family=family,
         memory_bandwidth_bytes_per_s=gbs * GB,
         memory_capacity_bytes=gb * GB,
-        peak_flops_per_s={"fp16": fp16_tflops * TERA, "bf16": fp16_tflops * TERA, "int8": int8_tops * TERA},
+        peak_flops_per_s={k: v * TERA for k, v in tflops.items()},
         sram_bytes=sram_mb * 1e6,
         num_devices=1,
         link_bandwidth_bytes_per_s=link_gbs * GB,
-        link_latency_s=2.3e-6,
-        allreduce_latency_s=7e-6,
+        **FAMILY_DEFAULTS[family],
         bandwidth_efficiency=efficiency,
         compute_efficiency=GPU_COMPUTE_EFFICIENCY,
-        call_overhead_s=GPU_CALL_OVERHEAD_S,
-        layer_overhead_s=GPU_LAYER_OVERHEAD_S,
         decompress_elements_per_s={f: r * scale for f, r in GPU_DECOMPRESS_ELEMENTS_PER_S.items()},
         decompress_overlap=False,
         tdp_w=tdp,
@@ -136,6 +174,12 @@ def _gpu(
 
 
 _NV = "NVIDIA datasheet (docs/reference.md §5)"
+_BW = "NVIDIA Blackwell datasheet: DGX/HGX B200 and GB200 NVL72, per-GPU table (docs/sim.md §6)"
+_AMD325 = "AMD Instinct MI325X datasheet (docs/sim.md §6)"
+_AMD355 = "AMD Instinct MI355X datasheet (docs/sim.md §6)"
+_TPU = "cloud.google.com/tpu/docs/"
+_GAUDI = "Intel Gaudi 3 AI accelerator white paper / Hot Chips 2024 spec table (docs/sim.md §6)"
+PCIE = "gpu-pcie"
 A100_EFF, HBM3_EFF = A100_BANDWIDTH_EFFICIENCY, HBM3_BANDWIDTH_EFFICIENCY
 CATALOG: dict[str, Hardware] = {
     h.name: h
@@ -146,10 +190,10 @@ CATALOG: dict[str, Hardware] = {
         _gpu("a100-40gb", 1555, 40, 312, 624, 40, 400, _NV, 600, "HBM2, 40 MB L2, NVLink 600 GB/s", A100_EFF),
         _gpu("a100-80gb", 2039, 80, 312, 624, 40, 400, _NV, 600, "HBM2e, 40 MB L2, NVLink 600 GB/s", A100_EFF),
         _gpu("h100-sxm", 3350, 80, 989, 1979, 50, 700, _NV, 900, "HBM3, 50 MB L2, NVLink 900 GB/s", HBM3_EFF),
-        _gpu("h100-pcie", 2000, 80, 756, 1513, 50, 350, _NV, 64, "HBM2e, 50 MB L2, PCIe Gen5 x16", A100_EFF),
+        _gpu("h100-pcie", 2000, 80, 756, 1513, 50, 350, _NV, 64, "HBM2e, 50 MB L2, PCIe Gen5 x16", A100_EFF, PCIE),
         _gpu("h200", 4800, 141, 989, 1979, 50, 700, _NV, 900, "HBM3e, 50 MB L2, NVLink 900 GB/s", HBM3_EFF),
-        _gpu("l4", 300, 24, 121, 242, 48, 72, _NV, 32, "GDDR6, 48 MB L2, PCIe Gen4 x16"),
-        _gpu("l40s", 864, 48, 362, 733, 96, 350, _NV, 32, "GDDR6, 96 MB L2, PCIe Gen4 x16"),
+        _gpu("l4", 300, 24, 121, 242, 48, 72, _NV, 32, "GDDR6, 48 MB L2, PCIe Gen4 x16", family=PCIE),
+        _gpu("l40s", 864, 48, 362, 733, 96, 350, _NV, 32, "GDDR6, 96 MB L2, PCIe Gen4 x16", family=PCIE),
         _gpu(
             "mi300x",
             5300,
@@ -174,9 +218,27 @@ CATALOG: dict[str, Hardware] = {
             "cloud.google.com/tpu/docs/v4 (docs/reference.md §5)",
             300,
             "32 GiB HBM2, 275 TFLOPS bf16, ~170 W measured mean, ICI link assumed 300 GB/s",
+            family="tpu-ici",
         ),
+        # newer parts (docs/sim.md §6: the datasheet of each); NVIDIA/AMD peaks are dense (half the sparse figure)
+        _gpu("b200", 7700, 180, 2250, 4500, 0, 1000, _BW, 1800, "HGX B200: HBM3e, NVLink 5 1.8 TB/s", HBM3_EFF,
+             peaks={"fp16": 2250, "bf16": 2250, "fp8": 4500, "int8": 4500}),
+        _gpu("gb200", 8000, 186, 2500, 5000, 0, 1200, _BW, 1800, "GB200 NVL72, per GPU: HBM3e, NVLink 5 1.8 TB/s",
+             HBM3_EFF, peaks={"fp16": 2500, "bf16": 2500, "fp8": 5000, "int8": 5000}),
+        _gpu("mi325x", 6000, 256, 1307.4, 2614.9, 256, 1000, _AMD325, 896, "HBM3E, 256 MB Infinity Cache, "
+             "Infinity Fabric 896 GB/s", MI300X_BANDWIDTH_EFFICIENCY,
+             peaks={"fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9, "int8": 2614.9}),
+        _gpu("mi355x", 8000, 288, 2516.6, 5033.2, 256, 1400, _AMD355, 1075.2, "HBM3E, 256 MB Infinity Cache, "
+             "Infinity Fabric 1075 GB/s", MI300X_BANDWIDTH_EFFICIENCY,
+             peaks={"fp16": 2516.6, "bf16": 2516.6, "fp8": 5033.2, "int8": 5033.2}),
+        _gpu("tpu-v5e", 819, 16, 197, 393, 0, None, _TPU + "v5e (docs/sim.md §6)", 400,
+             "16 GB HBM2, ICI 400 GB/s bidirectional", family="tpu-ici", peaks={"bf16": 197, "int8": 393}),
+        _gpu("tpu-v6e", 1638, 32, 918, 1836, 0, None, _TPU + "v6e (docs/sim.md §6)", 800,
+             "32 GB HBM, ICI 800 GB/s bidirectional", family="tpu-ici", peaks={"bf16": 918, "int8": 1836}),
+        _gpu("gaudi3", 3670, 128, 1835, 1835, 96, 900, _GAUDI, 1200, "HBM2e, 96 MB SRAM, 24 x 200 GbE RoCE "
+             "(1.2 TB/s bidirectional)", HBM3_EFF, family="gaudi-roce", peaks={"bf16": 1835, "fp8": 1835}),
     ]
-}
+}  # fmt: skip
 ALIASES: dict[str, str] = {
     "ai100-standard": "cloud-ai-100-standard",
     "ai100-pro": "cloud-ai-100-pro",
@@ -190,4 +252,12 @@ ALIASES: dict[str, str] = {
     "h200-sxm": "h200",
     "mi300": "mi300x",
     "tpuv4": "tpu-v4",
+    "tpuv5e": "tpu-v5e",
+    "tpuv6e": "tpu-v6e",
+    "trillium": "tpu-v6e",
+    "hgx-b200": "b200",
+    "b200-sxm": "b200",
+    "gb200-nvl72": "gb200",
+    "gaudi-3": "gaudi3",
+    "intel-gaudi3": "gaudi3",
 }

@@ -8,11 +8,28 @@ checkpoint's dtype), the KV format, batch, prompt and generation lengths, the ca
 tensor-parallel device counts. Every number that sizes work is bounded (``accel.sim._base``), and a context beyond a
 model's ``max_position_embeddings`` is refused.
 
-Devices (``devices``, ``draft_devices``; ``None`` = chosen per model size, within one card or node): the fewest
-devices (a power of two) whose memory holds the model's weights in the baseline format and its KV cache, then more of
-the card's devices only while each still streams at least ``MIN_TP_SHARD_BYTES`` of weights per step (a 135M model on
-an Ultra stays on one SoC; a 2.7B or 7B model spreads over its four). Any count up to 4096 may be given explicitly
-(several cards or GPUs); a model too big for one card is reported as not fitting, with the count it needs.
+Devices (``devices``; ``None`` = chosen per model size, within one card or node): the fewest devices (a power of two)
+whose memory holds the model's weights in the baseline format and its KV cache, then more of the card's devices only
+while each still streams at least ``MIN_TP_SHARD_BYTES`` of weights per step (a 135M model on an Ultra stays on one
+SoC; a 2.7B or 7B model spreads over its four). Any count up to 4096 may be given explicitly (several cards or GPUs);
+a model too big for one card is reported as not fitting, with the count it needs.
+
+Draft placement (``draft_shares_devices``, ``draft_devices``): by default the draft runs on the target's devices
+(``draft_shares_devices=True`` unless a separate ``draft_hardware`` is given), tensor-parallel over all of them - at
+most one attention head per device, so ``min(devices, draft.n_heads)`` - and its weights and KV cache share the
+target's memory. ``draft_shares_devices=False`` puts it on devices of its own (its own memory; ``draft_devices``
+chosen per its size on ``draft_hardware``, or the target's hardware). Either way draft and target calls run one
+after the other (a round drafts, then verifies). ``predict_speedup`` warns when a placement makes speculative decoding
+slower than autoregressive decoding.
+
+Deployed dtype (``dtype``): what is deployed, independent of the checkpoint's ``torch_dtype``. ``DeployedDtype``
+holds the weight format (``weights``: fp16/bf16/fp32, or a compressed format such as ``mxfp6``/``int8``), the KV-cache
+format (``kv_cache``, MX formats included) and the dtype of the parts never compressed (``dense``: norms, biases,
+embeddings, the LM head unless ``compress_lm_head``; default the weights' dtype when it is a float one, else fp16).
+A string ``"fp16"`` means weights fp16, KV cache fp16 (a compressed string: its compute dtype, fp16, for the KV cache).
+With a ``dtype``, both models are priced with ``dense`` for their uncompressed parts (a float32 HF config deployed as
+fp16 costs 2 bytes per norm weight, not 4), ``baseline_format`` defaults to ``weights`` and ``kv_format`` to
+``kv_cache`` (giving a different ``kv_format`` too is an error). Without one, everything follows the checkpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +42,7 @@ from pydantic import ConfigDict, field_validator, model_validator
 
 from accel.errors import SimError
 from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int, check_seconds
-from accel.sim.formats import KV_FORMATS, normalize_format
+from accel.sim.formats import FLOAT_FORMATS, KV_FORMATS, compute_dtype, normalize_format
 from accel.sim.hardware import Hardware, hardware, load_hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.models import ModelSpec
@@ -61,6 +78,41 @@ def auto_devices(spec: ModelSpec, hw: Hardware, weight_bytes: float, kv_bytes: f
     return n
 
 
+class DeployedDtype(SimModel):
+    """What a deployment stores (module docstring): linear-layer ``weights`` (``WEIGHT_FORMATS``), ``kv_cache``
+    (``KV_FORMATS``) and ``dense`` (fp16/bf16/fp32: norms, biases, embeddings, LM head; ``None`` = the weights' float
+    dtype, or fp16 for a compressed format)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weights: str
+    kv_cache: str
+    dense: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            d = dict(data)
+            if isinstance(d.get("weights"), str):
+                d["weights"] = normalize_format(d["weights"], what="deployed weight format")
+                d.setdefault("kv_cache", compute_dtype(d["weights"]))
+            if isinstance(d.get("kv_cache"), str):
+                d["kv_cache"] = normalize_format(d["kv_cache"], allowed=KV_FORMATS, what="deployed KV-cache format")
+            if isinstance(d.get("dense"), str):
+                d["dense"] = normalize_format(d["dense"], allowed=DENSE_DTYPES, what="deployed dense dtype")
+            return d
+        return data
+
+    @property
+    def dense_dtype(self) -> str:
+        """The dtype of the uncompressed parts."""
+        return self.dense or (self.weights if self.weights in FLOAT_FORMATS else "fp16")
+
+
+DENSE_DTYPES = ("fp16", "bf16", "fp32")
+
+
 class Deployment(SimModel):
     """What runs where (module docstring). Sizes in tokens, times in seconds."""
 
@@ -79,6 +131,8 @@ class Deployment(SimModel):
     gen_len: int = 896
     devices: int | None = None
     draft_devices: int | None = None
+    draft_shares_devices: bool | None = None
+    dtype: DeployedDtype | None = None
     cache: Literal["growing", "fixed"] = "growing"
     ctx_len: int | None = None
     host_s: float = 0.0
@@ -119,10 +173,51 @@ class Deployment(SimModel):
                 d[name] = normalize_format(d[name])
         if "kv_format" in d:
             d["kv_format"] = normalize_format(d["kv_format"], allowed=KV_FORMATS, what="KV-cache format")
+        if isinstance(d.get("dtype"), str):
+            d["dtype"] = DeployedDtype(**{"weights": d["dtype"]})  # the KV cache follows (class docstring)
+        elif isinstance(d.get("dtype"), dict):
+            d["dtype"] = DeployedDtype(**d["dtype"])
         return d
+
+    def _deploy_dtype(self) -> None:
+        """Price both models' uncompressed parts at the deployed dense dtype; default the baseline and KV formats."""
+        if self.dtype is None:
+            return
+        dense = self.dtype.dense_dtype
+        for role in ("target", "draft"):
+            spec = getattr(self, role)
+            if spec is not None and spec.dtype != dense:
+                object.__setattr__(self, role, spec.model_copy(update={"dtype": dense}))
+        if self.baseline_format is None:
+            object.__setattr__(self, "baseline_format", self.dtype.weights)
+        if "kv_format" in self.model_fields_set and self.kv_format != self.dtype.kv_cache:
+            raise SimError(
+                f"kv_format={self.kv_format!r} contradicts dtype.kv_cache={self.dtype.kv_cache!r}: give one of them"
+            )
+        object.__setattr__(self, "kv_format", self.dtype.kv_cache)
+
+    def _place_draft(self) -> None:
+        """Draft placement (module docstring): shared devices by default, tensor-parallel over the target's."""
+        if self.draft is None:
+            return
+        shares = self.draft_hardware is None if self.draft_shares_devices is None else self.draft_shares_devices
+        if shares and self.draft_hardware is not None and self.draft_hardware != self.hardware:
+            raise SimError(
+                "draft_shares_devices=True puts the draft on the target's devices, but draft_hardware names other "
+                f"ones ({self.draft_hardware.name!r}): drop draft_hardware or give draft_shares_devices=False"
+            )
+        object.__setattr__(self, "draft_shares_devices", shares)
+        if shares and self.draft_devices is not None and self.devices is not None and self.draft_devices > self.devices:
+            raise SimError(
+                f"draft_devices={self.draft_devices} exceeds the {self.devices} device(s) the draft shares with the "
+                "target: give draft_devices <= devices, or draft_shares_devices=False for devices of its own"
+            )
+        if shares and self.draft_devices is None:
+            object.__setattr__(self, "draft_devices", min(self.n_devices, self.draft.n_heads))
 
     @model_validator(mode="after")
     def _resolve(self) -> Deployment:
+        self._deploy_dtype()
         tokens = self.prompt_len + self.gen_len
         if self.cache == "fixed":
             ctx = self.ctx_len if self.ctx_len is not None else tokens
@@ -145,6 +240,8 @@ class Deployment(SimModel):
                 kv = self.batch_size * spec.kv_cache_bytes(self.context_tokens, self.kv_format)
                 n = auto_devices(spec, hw, spec.weight_bytes(fmt, compress_lm_head=self.compress_lm_head), kv)
                 object.__setattr__(self, field, n)
+            if field == "devices":
+                self._place_draft()
         return self
 
     # --- resolved views --------------------------------------------------------------------------------------------
@@ -199,9 +296,11 @@ class Deployment(SimModel):
     def with_(self, **changes: Any) -> Deployment:
         """A copy with fields changed (validated again; auto device counts are chosen again unless given)."""
         data = {k: getattr(self, k) for k in type(self).model_fields}
-        for auto in ("devices", "draft_devices"):
+        for auto in ("devices", "draft_devices", "draft_shares_devices", "baseline_format"):
             if auto not in changes:
                 data[auto] = None if self._auto(auto) else data[auto]
+        if "kv_format" not in changes and self.dtype is not None and self._auto("kv_format"):
+            data.pop("kv_format")
         if "ctx_len" not in changes and self.cache == "fixed" and self._auto("ctx_len"):
             data["ctx_len"] = None
         data.update(changes)

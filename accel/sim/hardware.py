@@ -40,14 +40,19 @@ from accel.sim.formats import decompress_key
 
 class CalibrationReport(SimModel):
     """Result of :func:`accel.sim.calibrate`: fitted values, relative residuals (``pred / measured - 1``, in the
-    order of the observations), the terms left at their prior values, and any warning the fit raised."""
+    order of the observations, with their labels), the terms held fixed at their prior values (``held_fixed``: term
+    -> the value kept; ``not_fitted``: their names), the RMS relative residual of every term set the choice by fit
+    tried (``tried``: ``"a+b"`` -> RMS; empty when ``fit`` was given), and any warning the fit raised."""
 
     fitted: dict[str, float]
     residuals: list[float]
+    labels: list[str] = Field(default_factory=list)
     rms_relative_error: float
     max_relative_error: float
     n_observations: int
     not_fitted: list[str] = Field(default_factory=list)
+    held_fixed: dict[str, float] = Field(default_factory=dict)
+    tried: dict[str, float] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -57,6 +62,11 @@ class Hardware(SimModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
+    family: str = Field(
+        default="",
+        description="device family whose fixed-cost and link defaults it carries (catalog.FAMILY_DEFAULTS): "
+        "gpu-nvlink, gpu-pcie, tpu-ici, gaudi-roce, cloud-ai-100; '' = none (a custom or measured device)",
+    )
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     memory_capacity_bytes: float = Field(gt=0)
     peak_flops_per_s: dict[str, float] = Field(description="dense peak FLOP/s (or OP/s) per compute dtype")

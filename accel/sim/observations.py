@@ -1,16 +1,23 @@
 """Measurements to calibrate against: one model call (``Observation``) or a whole autoregressive run
 (``RunObservation``: prompt, generation length, batch, devices, cache layout, measured tokens/s), each with the
-model's prediction on a ``Hardware``."""
+model's prediction on a ``Hardware``.
+
+``dtype`` (both kinds): the deployed dtype of the parts never compressed (norms, biases, embeddings, the LM head) and
+the default weight format, independent of the checkpoint's ``torch_dtype`` (a float32 HF config measured as an fp16
+deployment: ``dtype="fp16"``). A run's prompt and generation lengths set its KV-cache traffic: omitting them is
+allowed but warned (``SimWarning`` naming the ``DEFAULT_RUN_TOKENS`` assumed), never silent.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import ConfigDict, field_validator, model_validator
 
 from accel.errors import SimError
-from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int, check_seconds
+from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, SimWarning, check_int, check_seconds
 from accel.sim.deployment import Deployment
 from accel.sim.formats import KV_FORMATS, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
@@ -19,9 +26,19 @@ from accel.sim.models import ModelSpec
 from accel.sim.roofline import format_arrays, resolve_devices, step_arrays
 from accel.sim.rounds import ar_step_s, prefill_s
 
+DEFAULT_RUN_TOKENS = 128  # prompt and generation length a RunObservation assumes when not given (with a warning)
+
 
 class _Measured(SimModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="after")
+    def _deployed_dtype(self) -> Any:
+        dtype = getattr(self, "dtype", None)
+        model: ModelSpec = getattr(self, "model")  # noqa: B009
+        if dtype is not None and model.dtype != dtype:
+            object.__setattr__(self, "model", model.model_copy(update={"dtype": dtype}))
+        return self
 
     @field_validator("model", mode="before", check_fields=False)
     @classmethod
@@ -45,6 +62,7 @@ class Observation(_Measured):
     call). ``weight_format`` defaults to the model's dtype; ``kv_slots``: a fixed-size cache read in full."""
 
     model: ModelSpec
+    dtype: Literal["fp16", "bf16", "fp32"] | None = None
     weight_format: str | None = None
     kv_format: str = "fp16"
     batch_size: int = 1
@@ -128,11 +146,12 @@ class RunObservation(_Measured):
     decode steps at their past lengths, the prefill for end-to-end rates). ``devices=None``: chosen per model size."""
 
     model: ModelSpec
+    dtype: Literal["fp16", "bf16", "fp32"] | None = None
     weight_format: str | None = None
     kv_format: str = "fp16"
     batch_size: int = 1
-    prompt_len: int = 128
-    gen_len: int = 128
+    prompt_len: int = DEFAULT_RUN_TOKENS  # required in effect: omitted -> this default, with a SimWarning
+    gen_len: int = DEFAULT_RUN_TOKENS
     devices: int | None = None
     cache: Literal["growing", "fixed"] = "growing"
     ctx_len: int | None = None
@@ -142,6 +161,24 @@ class RunObservation(_Measured):
     rate: Literal["decode", "end_to_end"] = "decode"
     label: str = ""
     source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lengths(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        missing = [f for f in ("prompt_len", "gen_len") if data.get(f) is None]
+        if missing:
+            label = f" {data.get('label')!r}" if data.get("label") else ""
+            warnings.warn(
+                f"RunObservation{label}: {' and '.join(missing)} not given; assuming {DEFAULT_RUN_TOKENS} tokens "
+                f"(with a {data.get('cache', 'growing')} cache). The lengths set the KV-cache reads of every step: "
+                "give the measured run's",
+                SimWarning,
+                stacklevel=4,
+            )
+            data = {**data, **{f: DEFAULT_RUN_TOKENS for f in missing}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RunObservation:

@@ -8,23 +8,27 @@ Timeline of one request (per sequence, batch B in lock step):
 - speculative: (gen_len - 1) / E rounds priced by ``accel.sim.rounds`` at the same past lengths (loop times
   averaged), E = expected tokens per round.
 Assumptions: acceptance is the same for every sequence and the batch does not wait for its slowest member; the
-draft runs on ``draft_devices`` devices, the target on ``devices`` (both chosen per model size unless given).
+target runs on ``devices`` devices (chosen per model size unless given), the draft on ``draft_devices`` (by default
+tensor-parallel over the target's devices, ``accel.sim.deployment``); a ``SimWarning`` says when the placement makes
+speculative decoding slower than AR (``accel.sim.placement``).
 Memory: weights + KV cache for prompt_len + gen_len (+ the round's draft tokens) positions of every sequence (a
-fixed cache: ctx_len), against ``devices * memory_capacity * usable_memory_fraction`` (the draft's weights share that
-pool unless it has its own ``draft_hardware``).
+fixed cache: ctx_len), against ``devices * memory_capacity * usable_memory_fraction`` (the draft's weights and cache
+share that pool when it shares the target's devices, ``draft_shares_devices``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import ConfigDict
 
 from accel.errors import SimError
-from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, check_int
+from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, SimWarning, check_int
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment, devices_to_fit
+from accel.sim.placement import placement_warning
 from accel.sim.roofline import Bound, bound_of, format_arrays
 from accel.sim.rounds import chain_round, measured_round, prefill_s, price_round, target_call, tree_round
 from accel.sim.spd import Acceptance, LoopStats, acceptance_vector, alpha_for_expected_tokens, check_alpha, check_k
@@ -69,6 +73,7 @@ class Prediction(SimModel):
     draft_hardware: str | None
     devices: int
     draft_devices: int | None
+    draft_shares_devices: bool | None = None
     k: int | None
     acceptance: float | list[float] | list[list[float]] | None
     prompt_len: int
@@ -162,7 +167,7 @@ def _memory(dep: Deployment, fmt: str, slots: int, speculative: bool) -> tuple[f
     tokens = dep.context_tokens + (slots if dep.cache == "growing" else 0)
     weights = dep.target.weight_bytes(fmt, compress_lm_head=dep.compress_lm_head)
     per_seq = dep.target.kv_cache_bytes(tokens, dep.kv_format)
-    if speculative and dep.draft_hardware is None and dep.draft is not None:
+    if speculative and dep.draft_shares_devices and dep.draft is not None:
         weights += dep.draft.weight_bytes(dep.draft_fmt, compress_lm_head=dep.compress_lm_head)
         per_seq += dep.draft.kv_cache_bytes(tokens, dep.kv_format)
     return weights + dep.batch_size * per_seq, weights, per_seq
@@ -242,6 +247,18 @@ def _planning(dep: Deployment, spec: _Speculation) -> dict[str, Any]:
     return dict(best_k=bk, best_k_speedup=bk_speed, break_even_alpha=be)
 
 
+def _check_devices(dep: Deployment) -> None:
+    """SimError when a model is split over more devices than it has attention heads: tensor parallelism shards the
+    heads (Megatron-LM, Shoeybi et al. 2019, §3), so beyond one head per device the roofline's bandwidth x devices
+    describes no real split and only predicts ever faster steps."""
+    for field, spec, n in (("devices", dep.target, dep.devices), ("draft_devices", dep.draft, dep.draft_devices)):
+        if spec is not None and n is not None and n > spec.n_heads:
+            raise SimError(
+                f"{field}={n} splits {spec.name!r} over more devices than its {spec.n_heads} attention heads "
+                f"(tensor parallelism gives each device whole heads): give {field} 1..{spec.n_heads}"
+            )
+
+
 def predict_speedup(
     deployment: Deployment | ModelLike | None = None,
     draft: ModelLike | None = None,
@@ -266,6 +283,7 @@ def predict_speedup(
     for ``acceptance``); the report then compares budgets (``best_tree_nodes``). ``strict=True`` raises
     ``SimError`` when a configuration does not fit in memory."""
     dep = as_deployment(deployment, draft, hardware, settings)
+    _check_devices(dep)
     spec = None if dep.draft is None else _Speculation(dep, k, acceptance, loop_stats, tree)
     if dep.draft is None and (loop_stats is not None or tree is not None or acceptance is not None):
         raise SimError("acceptance, loop_stats and tree describe speculative decoding: give a draft model too")
@@ -278,6 +296,9 @@ def predict_speedup(
         for r in raw
     ]
     msg = _fit_message(dep, configs, strict)
+    slower = placement_warning(dep, spec.shape, configs) if spec is not None else None
+    if slower:
+        warnings.warn(slower, SimWarning, stacklevel=2)
     plan = _planning(dep, spec) if spec is not None else {}
     return Prediction(
         target=dep.target.name,
@@ -286,6 +307,7 @@ def predict_speedup(
         draft_hardware=dep.draft_hw.name if dep.draft else None,
         devices=dep.n_devices,
         draft_devices=dep.draft_devices,
+        draft_shares_devices=dep.draft_shares_devices,
         k=spec.k if spec else None,
         acceptance=spec.acc_out if spec else None,
         prompt_len=dep.prompt_len,

@@ -73,8 +73,10 @@ def test_names_and_dtypes_are_carried_through():
 def test_devices_follow_model_size_and_may_span_cards():
     assert Deployment(target="smollm2-135m", hardware=HW).devices == 1  # a 135M model stays on one SoC
     assert Deployment(target=T, draft=D, hardware=HW).devices == 4
-    assert Deployment(target=T, draft=D, hardware=HW).draft_devices == 1
-    assert Deployment(target=T, draft="llama-3-8b", hardware=HW).draft_devices == 4  # an 8B draft spreads too
+    # the draft follows the target (issue 35: it used to default to one device while the target spread over four)
+    assert Deployment(target=T, draft=D, hardware=HW).draft_devices == 4
+    assert Deployment(target=T, draft=D, hardware=HW, draft_shares_devices=False).draft_devices == 1  # own, by size
+    assert Deployment(target=T, draft="llama-3-8b", hardware=HW).draft_devices == 4
     assert Deployment(target="opt-2.7b", hardware=HW, baseline_format="mxfp6").devices == 4
     # catalog GPUs are single devices; 8 or 16 of them is a deployment choice, not a different catalog entry
     p = predict_speedup("llama-2-70b", None, "a100-80gb", devices=8, target_format="int8")

@@ -1,6 +1,7 @@
 """Hardware catalog, name lookup, YAML/JSON loading."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_catalog_covers_reference_and_cites_sources():
     assert set(REFERENCE_DEVICES) <= set(list_hardware())
     for name in list_hardware():
         hw = hardware(name)
-        assert hw.source and "docs/reference.md" in hw.source
+        assert hw.source and ("docs/reference.md" in hw.source or "docs/sim.md" in hw.source)
         assert hw.notes and "assumed" in hw.notes.lower() and "accel/sim/catalog.py" in hw.notes
 
 
@@ -139,3 +140,39 @@ def test_fixed_cost_and_link_terms_are_fields():
     assert not hw.decompress_overlap and hw.decompress_rate("int4") and hw.decompress_rate("int8")
     with pytest.raises(SimError, match="layer_overhead_s"):
         hw.with_(layer_overhead_s=-1.0)
+
+
+NEW_DEVICES = {  # name: (GB/s, GB, dense fp16/bf16 TFLOPS, family) from the datasheets docs/sim.md §6 cites
+    "b200": (7700, 180, 2250, "gpu-nvlink"),
+    "gb200": (8000, 186, 2500, "gpu-nvlink"),
+    "mi325x": (6000, 256, 1307.4, "gpu-nvlink"),
+    "mi355x": (8000, 288, 2516.6, "gpu-nvlink"),
+    "tpu-v5e": (819, 16, 197, "tpu-ici"),
+    "tpu-v6e": (1638, 32, 918, "tpu-ici"),
+    "gaudi3": (3670, 128, 1835, "gaudi-roce"),
+}
+
+
+@pytest.mark.parametrize("name", NEW_DEVICES)
+def test_newer_devices_carry_datasheet_figures_a_source_and_family_defaults(name):
+    from accel.sim.catalog import FAMILY_DEFAULTS
+
+    gbs, gb, tflops, family = NEW_DEVICES[name]
+    hw = hardware(name)
+    assert hw.memory_bandwidth_bytes_per_s == gbs * 1e9 and hw.memory_capacity_bytes == gb * 1e9
+    assert hw.peak_flops("fp16") == pytest.approx(tflops * 1e12) and hw.peak_flops("bf16") == hw.peak_flops("fp16")
+    assert hw.family == family and hw.source
+    for term, value in FAMILY_DEFAULTS[family].items():
+        assert getattr(hw, term) == value
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sim.md").read_text()
+    assert f"`{name}`" in doc  # its row, with the datasheet it comes from
+
+
+def test_families_price_fixed_costs_and_links_differently():
+    """A TPU's step (one compiled program, ICI all-reduces) carries less fixed cost per layer and per all-reduce than
+    an NVLink GPU's; a PCIe card keeps NVLink's latencies (no published point) over its PCIe link bandwidth."""
+    tpu, nv, pcie = hardware("tpu-v6e"), hardware("h100-sxm"), hardware("l40s")
+    assert tpu.layer_overhead_s < nv.layer_overhead_s and tpu.allreduce_latency_s < nv.allreduce_latency_s
+    assert pcie.family == "gpu-pcie" and pcie.link_bandwidth_bytes_per_s < nv.link_bandwidth_bytes_per_s
+    assert hardware("cloud-ai-100-ultra").family == "cloud-ai-100" and hardware("tpu-v4").family == "tpu-ici"
+    assert hardware("Trillium").name == "tpu-v6e" and hardware("Gaudi 3").name == "gaudi3"

@@ -12,12 +12,13 @@ T, D, HW = "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra"
 
 
 def _loop_by_hand(k, L, fmt="mxfp6", p_all=0.0):
-    """K draft calls at past L..L+K-1 on one SoC + one (K+1)-token scoring call on four, from scalar step_time;
+    """K draft calls at past L..L+K-1 on the target's four SoCs (the draft follows the target) + one (K+1)-token
+    scoring call on four, from scalar step_time;
     with probability p_all (all K accepted) the draft's first call of the next loop feeds 2 tokens."""
-    draft = sum(step_time(D, HW, context_len=L + j, devices=1).time_s for j in range(k))
+    draft = sum(step_time(D, HW, context_len=L + j, devices=4).time_s for j in range(k))
     draft += p_all * (
-        step_time(D, HW, context_len=L, new_tokens=2, devices=1).time_s
-        - step_time(D, HW, context_len=L, devices=1).time_s
+        step_time(D, HW, context_len=L, new_tokens=2, devices=4).time_s
+        - step_time(D, HW, context_len=L, devices=4).time_s
     )
     score = step_time(T, HW, weight_format=fmt, new_tokens=k + 1, num_logits=k + 1, context_len=L).time_s
     return draft + score, step_time(T, HW, weight_format=fmt, context_len=L).time_s
@@ -132,11 +133,16 @@ def test_bad_input():
 
 def test_draft_on_its_own_hardware_profile():
     hw = hardware(HW)
-    same = predict_speedup(T, D, hw, draft_hardware=hw)
+    same = predict_speedup(T, D, hw, draft_hardware=hw, draft_shares_devices=True)
     default = predict_speedup(T, D, hw)
     assert same.config("mxfp6 + SpD").tpot_s == default.config("mxfp6 + SpD").tpot_s
+    # a draft_hardware of its own means devices of its own: sized per the draft (one SoC), memory apart
+    own = predict_speedup(T, D, hw, draft_shares_devices=False)
+    assert own.draft_devices == 1 and not own.draft_shares_devices
+    assert own.config("mxfp6 + SpD").memory_bytes < default.config("mxfp6 + SpD").memory_bytes
     fast = predict_speedup(T, D, hw, draft_hardware=hw.with_(name="fast", bandwidth_efficiency=1.0))
-    assert fast.config("mxfp6 + SpD").tpot_s < default.config("mxfp6 + SpD").tpot_s
+    assert fast.draft_devices == 1 and not fast.draft_shares_devices
+    assert fast.config("mxfp6 + SpD").tpot_s < own.config("mxfp6 + SpD").tpot_s
     assert fast.config("mxfp6 AR").tpot_s == default.config("mxfp6 AR").tpot_s
-    assert fast.config("mxfp6 + SpD").breakdown_s["draft"] < default.config("mxfp6 + SpD").breakdown_s["draft"]
+    assert fast.config("mxfp6 + SpD").breakdown_s["draft"] < own.config("mxfp6 + SpD").breakdown_s["draft"]
     assert "of fast" in fast.table()

@@ -21,11 +21,11 @@ def test_sweep_matches_scalar_step_times():
         t_score = step_time(
             T, HW, weight_format=fmt, batch_size=B, context_len=L, new_tokens=K + 1, num_logits=K + 1
         ).time_s
-        t_draft = sum(step_time(D, HW, batch_size=B, context_len=L + j, devices=1).time_s for j in range(K))
+        t_draft = sum(step_time(D, HW, batch_size=B, context_len=L + j, devices=4).time_s for j in range(K))
         # after an all-accepted loop (prob A^K) the draft's first call feeds 2 tokens
         catch_up = (
-            step_time(D, HW, batch_size=B, context_len=L, new_tokens=2, devices=1).time_s
-            - step_time(D, HW, batch_size=B, context_len=L, devices=1).time_s
+            step_time(D, HW, batch_size=B, context_len=L, new_tokens=2, devices=4).time_s
+            - step_time(D, HW, batch_size=B, context_len=L, devices=4).time_s
         )
         t_draft += A**K * catch_up
         e = expected_tokens(A, K)
