@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from accel.drafts.loss import sampled_topk_kl, topk_kl
-from accel.errors import DraftError
+from accel.errors import AccelError, DraftError
 from accel.models.decoder import MLP, Decoder, _norm, new_cache
 
 __all__ = [
@@ -262,9 +262,10 @@ def save_exit_head(head: ExitHead, target: Decoder, path: str | Path, card: dict
 
 
 def load_exit_head(path: str | Path, target: Decoder) -> ExitHead:
-    """The exit head saved at ``path`` for ``target``; ``DraftError`` when files are missing, the head was trained
-    for a target of another shape, or its tensors do not match its card."""
-    from safetensors.torch import load_file
+    """The exit head saved at ``path`` for ``target``; ``DraftError`` when files are missing, truncated or not
+    safetensors (accel's checked reader, ``accel.models.loading``), the head was trained for a target of another
+    shape, or its tensors do not match its card or are not finite."""
+    from accel.models.loading import _read_safetensors
 
     src = Path(path)
     if not (src / CARD).is_file() or not (src / WEIGHTS).is_file():
@@ -277,9 +278,15 @@ def load_exit_head(path: str | Path, target: Decoder) -> ExitHead:
     if shape != _shape(target):
         raise DraftError(f"{src}: the exit head was trained for a target {shape}, not {_shape(target)}")
     head = ExitHead(target, layer, width)
-    state = load_file(str(src / WEIGHTS))
+    try:
+        state = _read_safetensors(src / WEIGHTS)
+    except AccelError as exc:
+        raise DraftError(f"cannot read the exit head {src / WEIGHTS}: {exc}") from exc
     want = head.state_dict()
     if set(state) != set(want) or any(state[k].shape != want[k].shape for k in want):
         raise DraftError(f"{src / WEIGHTS}: tensors {sorted(state)} do not match an exit head of width {width}")
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise DraftError(f"{src / WEIGHTS}: {bad[0]} holds NaN or infinite weights: the exit head is damaged")
     head.load_state_dict({k: v.float() for k, v in state.items()})
     return head.eval()

@@ -53,14 +53,24 @@ def _is_token_id(t) -> bool:
     return isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) and bool(t >= 0)
 
 
-def eos_set(eos_token_id) -> np.ndarray:
-    """The end-of-sequence ids as an int64 array: ``None``, a token id, or a sequence of them (SpdError otherwise)."""
+def eos_set(eos_token_id, vocab_size: int | None = None) -> np.ndarray:
+    """The end-of-sequence ids as an int64 array: ``None``, a token id, or a sequence of them; ``SpdError`` for
+    anything else, for an id beyond int64, and when no given id is in the vocabulary ``[0, vocab_size)`` (no row
+    could ever end on EOS). In a list, ids beyond the vocabulary are allowed beside one inside it (a model's list of
+    stop tokens may name ids it never emits)."""
     if eos_token_id is None:
         return np.zeros(0, dtype=np.int64)
     ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, np.ndarray)) else [eos_token_id]
     if not all(_is_token_id(t) for t in ids):
         raise SpdError(f"eos_token_id must be a token id (int >= 0), a list of them, or None; got {eos_token_id!r}")
-    return np.asarray(ids, dtype=np.int64).reshape(-1)
+    if vocab_size is not None and ids and all(int(t) >= vocab_size for t in ids):
+        raise SpdError(
+            f"eos_token_id {eos_token_id!r} is outside the vocabulary [0, {vocab_size}): no row could end on it"
+        )
+    top = np.iinfo(np.int64).max
+    if any(int(t) > top for t in ids):
+        raise SpdError(f"eos_token_id {max(int(t) for t in ids)} is not a token id: ids are below 2**63")
+    return np.asarray([int(t) for t in ids], dtype=np.int64).reshape(-1)
 
 
 def make_rng(seed) -> np.random.Generator:

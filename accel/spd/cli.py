@@ -22,6 +22,7 @@ import numpy as np
 
 from accel.backends.weights import WEIGHT_MODES
 from accel.errors import AccelError, BackendError, SpdError
+from accel.spd.options import check_generate_options
 from accel.spd.ppd_cli import add_arguments as add_ppd_arguments
 
 __all__ = ["register", "run"]
@@ -84,12 +85,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "text repeats (the most tokens per call measured with the shipped heads; --ngram-merge joins them into the "
         "heads' tree)",
     )
-    p.add_argument("--tree-top-k", type=int, default=4, help="candidates per expanded tree node (default 4)")
+    p.add_argument("--tree-top-k", type=int, default=None, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")
     p.add_argument(
         "--tree-min-prob",
         type=float,
-        default=0.0,
+        default=None,
         help="dynamic tree: leave out (and do not expand) candidates whose cumulative draft probability is below "
         "this (default 0: always --tree-nodes nodes)",
     )
@@ -384,9 +385,9 @@ def _proposer(args: argparse.Namespace, draft) -> list | None:
             DraftTree(
                 draft,
                 nodes=args.tree_nodes,
-                top_k=args.tree_top_k,
+                top_k=args.tree_top_k or 4,
                 depth=args.tree_depth,
-                min_prob=args.tree_min_prob,
+                min_prob=args.tree_min_prob or 0.0,
                 expand_prob=args.tree_expand_prob,
             )
         )
@@ -399,6 +400,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``accel generate``; returns the exit code."""
     from accel.spd import Sampling, check_compatible, generate
 
+    check_generate_options(args)
     target_path = Path(args.target)
     tokenizer = _find_tokenizer(args, target_path)
     if tokenizer is not None:
@@ -419,6 +421,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
     if args.ngram_merge and not (args.ngram and (args.hydra or (args.draft and args.tree_nodes))):
         raise SpdError("--ngram-merge joins lookup into a tree: give --ngram and --tree-nodes with --draft, or --hydra")
+    if args.hydra:  # the heads' tree options are checked before the target is exported
+        from accel.drafts.hydra.cli import hydra_tree_shape
+
+        hydra_tree_shape(args)
     with tempfile.TemporaryDirectory(prefix="accel-generate-") as tmp:
         if args.ppd is not None:
             from accel.spd.ppd_cli import run_ppd

@@ -29,7 +29,7 @@ from accel.backends.base import Backend
 from accel.errors import SpdError
 from accel.spd.checks import check_backend, eos_set, make_rng, validate
 from accel.spd.draft_model import left_padded
-from accel.spd.proposers import FirstOf, Proposer, RowOutcome, RunState
+from accel.spd.proposers import FirstOf, Proposer, RowOutcome, RunState, proposals
 from accel.spd.stats import GenerationResult, StatsAccumulator
 from accel.spd.tree import TokenTree, TreeCall, check_tree, layout
 from accel.spd.verify import TreeOutcome, verify_greedy, verify_sampled
@@ -126,7 +126,7 @@ class _Loop:
             self.run.max_depth[:] = np.minimum(self.run.max_depth, pinfo.max_depth)
             self.run.max_nodes[:] = np.minimum(self.run.max_nodes, pinfo.max_nodes).clip(min=0)
         ask = self.active & (self.run.max_depth >= 1) & (self.run.max_nodes >= 1)
-        proposed = self.proposer.propose(self.run, ask) if self.proposer is not None and ask.any() else []
+        proposed = self._propose(ask)
         trees: list[TokenTree | None] = []
         for b in range(self.batch):
             if not self.active[b]:
@@ -140,6 +140,10 @@ class _Loop:
             check_tree(tree, b, root, info.vocab_size, int(self.run.max_nodes[b]), int(self.run.max_depth[b]))
             trees.append(layout(tree))
         return trees
+
+    def _propose(self, ask: np.ndarray) -> list[TokenTree | None]:
+        """The proposer's trees for the rows in ``ask`` (one entry per row; ``SpdError`` otherwise)."""
+        return proposals(self.proposer, self.run, ask) if self.proposer is not None and ask.any() else []
 
     def _verify_all(self, trees: list[TokenTree | None], call: TreeCall, logits: np.ndarray):
         """Walk every row's tree against its nodes' target logits (``logits [B, W, V]``). With a small vocabulary
@@ -161,7 +165,8 @@ class _Loop:
                 return pre[b, cols[i]] if batched else self._node(logits[b, cols[i]])
 
             if self.sampling.greedy:
-                outcomes[b] = verify_greedy(tree, lambda i, node=node: int(node(i)))  # type: ignore[misc]
+                vocab = self.target.info.vocab_size
+                outcomes[b] = verify_greedy(tree, lambda i, node=node: int(node(i)), vocab)  # type: ignore[misc]
             else:
                 outcomes[b] = verify_sampled(tree, node, self.rng)
         return outcomes
@@ -316,7 +321,9 @@ def generate(
                 + (f"cannot score them: {why}" if why else f"has no tree inputs: {_EXPORT_TREE}")
             )
     rng = make_rng(seed)
-    return _Loop(target, proposer, prompts, limits, sampling, rng, eos_set(eos_token_id), stream).run_all()
+    return _Loop(
+        target, proposer, prompts, limits, sampling, rng, eos_set(eos_token_id, target.info.vocab_size), stream
+    ).run_all()
 
 
 def generate_ar(

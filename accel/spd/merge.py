@@ -25,8 +25,8 @@ import numpy as np
 
 from accel.backends.base import BackendInfo
 from accel.errors import SpdError
-from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState
-from accel.spd.tree import TokenTree, layout, layout_order
+from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
+from accel.spd.tree import TokenTree, check_structure, layout, layout_order
 
 __all__ = ["Merge"]
 
@@ -64,11 +64,11 @@ class Merge:
             p.start(run)
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
-        proposals = [p.propose(run, rows) for p in self.proposers]
+        trees = [proposals(p, run, rows) for p in self.proposers]
         out: list[TokenTree | None] = [None] * run.batch
         for b in np.flatnonzero(rows).tolist():
             self._maps[b] = [None] * len(self.proposers)
-            own = [layout(t[b]) if b < len(t) and t[b] is not None else None for t in proposals]
+            own = [None if t[b] is None else layout(check_structure(t[b], f"row {b}: a tree to merge")) for t in trees]
             out[b] = self._merge_row(b, own, int(run.max_nodes[b]))
         return out
 

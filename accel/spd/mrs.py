@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accel.errors import SpdError
+from accel.spd.tree import DIST_SUM_TOLERANCE
 
 __all__ = [
     "RoundResult",
@@ -118,6 +119,16 @@ def _check(draft_tokens: np.ndarray, p: np.ndarray | None, q: np.ndarray, num_dr
     proposed = np.arange(k)[None, :] < n[:, None]
     if np.any(proposed & ((d < 0) | (d >= vocab))):
         raise SpdError(f"draft token ids must be in [0, {vocab})")
+    if p is not None and proposed.any():  # the law each draft was drawn from (accel.spd.tree.check_dists's rule)
+        rows = p[proposed]
+        off = (np.abs(rows.sum(axis=-1) - 1.0) > DIST_SUM_TOLERANCE) | (rows.min(axis=-1) < 0)
+        if off.any():
+            b, i = (int(x) for x in np.argwhere(proposed)[np.flatnonzero(off)[0]])
+            raise SpdError(
+                f"draft probs p[{b}, {i}] is not a probability distribution (sums to {float(p[b, i].sum()):.6g}, min "
+                f"{float(p[b, i].min()):.3g}): give the normalised law the draft was sampled from (tolerance "
+                f"{DIST_SUM_TOLERANCE:g})"
+            )
     return np.where(proposed, d, 0).astype(np.int64), n, proposed
 
 

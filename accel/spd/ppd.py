@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accel.backends.stages import StageBackend, StageOutput
 from accel.errors import SpdError
+from accel.spd.checks import eos_set, make_rng
 from accel.spd.mrs import sample
 from accel.spd.warps import Sampling, check_logits
 
@@ -174,8 +175,8 @@ def generate_ppd(
     own decoding (greedy: token for token; sampled: the same law). ``k`` = ``front.info.batch_size``."""
     ids = _check(front, back, prompt, max_new_tokens)
     sampling = sampling.validate()
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    eos = frozenset(int(e) for e in np.atleast_1d(eos_token_id if eos_token_id is not None else []))
+    rng = make_rng(seed)
+    eos = frozenset(int(e) for e in eos_set(eos_token_id, front.info.vocab_size))
     run = _Run(front, back, sampling, rng, eos, concurrent)
     k, n0, ctx = run.k, int(ids.size), front.info.ctx_len
     ranks = np.zeros(k, dtype=np.int64)

@@ -152,6 +152,22 @@ class Proposer(Protocol):
         ...
 
 
+def proposals(proposer: Proposer, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
+    """``proposer.propose(run, rows)``, checked to be a list of one entry per row (``SpdError`` naming the proposer
+    otherwise: a custom proposer returning None or a short list fails here, not deep in the loop)."""
+    out = proposer.propose(run, rows)
+    if not isinstance(out, (list, tuple)) or len(out) != run.batch:
+        if isinstance(out, (list, tuple)):
+            got = f"{len(out)} entries"
+        else:
+            got = "None" if out is None else f"a {type(out).__name__}"
+        raise SpdError(
+            f"the proposer {proposer.info.name}'s propose() must return a list of {run.batch} entries (a TokenTree "
+            f"or None per row); got {got}"
+        )
+    return list(out)
+
+
 class NgramLookup:
     """N-gram lookup drafts (prompt lookup decoding; ``accel.spd.lookup``): when a row's last ``n`` tokens (or a
     shorter suffix, down to 2) occurred earlier in the row, the up to ``k`` tokens that followed are a chain of
@@ -225,7 +241,7 @@ class FirstOf:
         for i, p in enumerate(self.proposers):
             if not left.any():
                 break
-            for b, tree in enumerate(p.propose(run, left)):
+            for b, tree in enumerate(proposals(p, run, left)):
                 if left[b] and tree is not None:
                     out[b], self._owner[b], left[b] = tree, i, False
         return out

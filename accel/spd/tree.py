@@ -29,7 +29,17 @@ import numpy as np
 
 from accel.errors import SpdError
 
-__all__ = ["TokenTree", "TreeCall", "check_tree", "layout", "layout_order", "log_floor"]
+__all__ = [
+    "DIST_SUM_TOLERANCE",
+    "TokenTree",
+    "TreeCall",
+    "check_dists",
+    "check_structure",
+    "check_tree",
+    "layout",
+    "layout_order",
+    "log_floor",
+]
 
 
 @dataclass(frozen=True)
@@ -94,17 +104,31 @@ def check_tree(tree: object, row: int, root: int, vocab: int, max_nodes: int, ma
     the row's last token, one root, parents before children (which rules out cycles), at most ``max_nodes`` nodes
     below the root and ``max_depth`` levels, tokens in the vocabulary, distributions of the right shape."""
     where = f"row {row}: the proposed tree"
+    tree = check_structure(tree, where, vocab)
+    tok = np.asarray(tree.tokens)
+    if tok.size - 1 > max_nodes:
+        raise SpdError(f"{where} has {tok.size - 1} nodes below the root; at most {max_nodes} fit this round")
+    if int(tok[0]) != root:
+        raise SpdError(f"{where} must start with the root: the row's last token {root} with parent -1")
+    if max(tree.depths()) > max_depth:
+        raise SpdError(f"{where} is {max(tree.depths())} levels deep; at most {max_depth} fit this round")
+    return tree
+
+
+def check_structure(tree: object, where: str = "the tree", vocab: int | None = None) -> TokenTree:
+    """``SpdError`` naming the problem unless ``tree`` is a ``TokenTree`` with 1-D integer tokens and parents of one
+    length, node 0 the one root (parent -1), every other parent an earlier node (no cycles), tokens in
+    ``[0, vocab)`` (``>= 0`` when ``vocab`` is None), and ``dists [N, V]`` / ``sampled [N]`` of matching shapes.
+    O(nodes): what verification needs to walk the tree without an IndexError."""
     if not isinstance(tree, TokenTree):
         raise SpdError(f"{where} is a {type(tree).__name__}, not an accel.spd.TokenTree")
     tok, par = np.asarray(tree.tokens), np.asarray(tree.parents)
     if tok.ndim != 1 or par.shape != tok.shape or tok.size < 1:
         raise SpdError(f"{where} needs 1-D tokens and parents of one length >= 1; got {tok.shape} and {par.shape}")
     if not (np.issubdtype(tok.dtype, np.integer) and np.issubdtype(par.dtype, np.integer)):
-        raise SpdError(f"{where} has non-integer tokens or parents")
-    if tok.size - 1 > max_nodes:
-        raise SpdError(f"{where} has {tok.size - 1} nodes below the root; at most {max_nodes} fit this round")
-    if int(tok[0]) != root or int(par[0]) != -1:
-        raise SpdError(f"{where} must start with the root: the row's last token {root} with parent -1")
+        raise SpdError(f"{where} has non-integer tokens or parents ({tok.dtype}, {par.dtype})")
+    if int(par[0]) != -1:
+        raise SpdError(f"{where} must start with the root: node 0's parent must be -1, got {int(par[0])}")
     idx = np.arange(tok.size)
     if np.any(par[1:] == -1):
         raise SpdError(f"{where} has two roots (node {int(np.flatnonzero(par[1:] == -1)[0]) + 1} has parent -1 too)")
@@ -113,18 +137,59 @@ def check_tree(tree: object, row: int, root: int, vocab: int, max_nodes: int, ma
         i = int(late[0])
         kind = "itself (a cycle)" if par[i] == i else f"node {int(par[i])}, which does not come before it"
         raise SpdError(f"{where}: node {i}'s parent is {kind}; parents must precede their children")
-    if np.any((tok < 0) | (tok >= vocab)):
-        bad = int(tok[(tok < 0) | (tok >= vocab)][0])
-        raise SpdError(f"{where} has token {bad} outside the vocabulary [0, {vocab})")
-    if max(tree.depths()) > max_depth:
-        raise SpdError(f"{where} is {max(tree.depths())} levels deep; at most {max_depth} fit this round")
+    hi = np.iinfo(np.int64).max if vocab is None else vocab
+    if np.any((tok < 0) | (tok >= hi)):
+        bad = int(tok[(tok < 0) | (tok >= hi)][0])
+        raise SpdError(f"{where} has token {bad} outside the vocabulary [0, {vocab if vocab is not None else 'V'})")
     if tree.dists is not None:
         d = np.asarray(tree.dists)
-        if d.shape != (tok.size, vocab):
-            raise SpdError(f"{where} has dists of shape {d.shape}; expected {(tok.size, vocab)}")
+        want = (tok.size, vocab if vocab is not None else (d.shape[-1] if d.ndim == 2 else -1))
+        if d.shape != want:
+            raise SpdError(f"{where} has dists of shape {d.shape}; expected {want} (nodes, vocabulary)")
         if tree.sampled is not None and np.shape(tree.sampled) != tok.shape:
             raise SpdError(f"{where} has sampled flags of shape {np.shape(tree.sampled)}; expected {tok.shape}")
     return tree
+
+
+#: how far a sampled node's proposal distribution may sum from 1 (float32 softmax over 10^5 tokens: ~1e-5)
+DIST_SUM_TOLERANCE = 1e-3
+
+
+def check_dists(tree: TokenTree, where: str = "the tree") -> None:
+    """``SpdError`` unless every sampled node's proposal ``dists[i]`` is a probability distribution (finite, >= 0,
+    summing to 1 within ``DIST_SUM_TOLERANCE``) that gives the node's own token a positive probability: what exact
+    rejection sampling assumes of the law a node was drawn from (docs/spd.md, "A custom proposer"). Two passes over
+    the sampled rows (a sum and a min). Call after ``check_structure``."""
+    if tree.dists is None:
+        return
+    nodes = np.arange(1, tree.size)
+    if tree.sampled is not None:
+        nodes = nodes[np.asarray(tree.sampled, dtype=bool)[1:]]
+    if nodes.size == 0:
+        return
+    d = np.asarray(tree.dists)[nodes]
+    sums = d.sum(axis=1, dtype=np.float64)
+    bad = ~np.isfinite(sums)
+    if bad.any():
+        raise SpdError(f"{where}: node {int(nodes[bad][0])}'s proposal distribution has NaN or infinite entries")
+    low = d.min(axis=1) < 0
+    if low.any():
+        raise SpdError(f"{where}: node {int(nodes[low][0])}'s proposal distribution has negative entries")
+    off = np.abs(sums - 1.0) > DIST_SUM_TOLERANCE
+    if off.any():
+        i = int(np.flatnonzero(off)[0])
+        raise SpdError(
+            f"{where}: node {int(nodes[i])}'s proposal distribution sums to {sums[i]:.6g}, not 1 (tolerance "
+            f"{DIST_SUM_TOLERANCE:g}): give each sampled node the normalised law it was drawn from"
+        )
+    own = d[np.arange(nodes.size), np.asarray(tree.tokens)[nodes]]
+    zero = own <= 0
+    if zero.any():
+        i = int(np.flatnonzero(zero)[0])
+        raise SpdError(
+            f"{where}: node {int(nodes[i])}'s token {int(tree.tokens[nodes[i]])} has probability 0 under its own "
+            "proposal distribution, so it was not drawn from it: mark it deterministic (sampled=False) instead"
+        )
 
 
 def layout_order(tree: TokenTree) -> np.ndarray:

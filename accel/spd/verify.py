@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from accel.spd.mrs import residual, sample
-from accel.spd.tree import TokenTree
+from accel.spd.tree import TokenTree, check_dists, check_structure
 
 __all__ = ["TreeOutcome", "after_rejection", "verify_greedy", "verify_sampled"]
 
@@ -64,13 +64,19 @@ def after_rejection(r: np.ndarray, tree: TokenTree, child: int) -> np.ndarray:
 
 def verify_sampled(tree: TokenTree, q_of: Callable[[int], np.ndarray], rng: np.random.Generator) -> TreeOutcome:
     """Recursive rejection sampling down ``tree`` (module docstring); ``q_of(i)`` is the target's warped
-    distribution ``[V]`` (float64) after node i. Draws one uniform per child tried and one for the final token."""
+    distribution ``[V]`` (float64) after node i. Draws one uniform per child tried and one for the final token.
+
+    The proposal is checked first (``SpdError``): a well-formed tree with tokens in the target's vocabulary, and
+    every sampled node's distribution finite and normalised (``accel.spd.tree.check_dists``; docs/spd.md)."""
+    q0 = q_of(0)
+    check_structure(tree, "the tree to verify", int(np.shape(q0)[-1]))
+    check_dists(tree, "the tree to verify")
     kids = tree.children()
     depths = tree.depths()
     out = TreeOutcome([0], -1)
     v = 0
     while True:
-        q = q_of(v)
+        q = q0 if v == 0 else q_of(v)
         r = q
         accepted = -1
         for rank, c in enumerate(kids[v]):
@@ -101,8 +107,11 @@ def verify_sampled(tree: TokenTree, q_of: Callable[[int], np.ndarray], rng: np.r
         out.path.append(v)
 
 
-def verify_greedy(tree: TokenTree, argmax_of: Callable[[int], int]) -> TreeOutcome:
-    """Follow the target's argmax (``argmax_of(i)``: its token after node i) down ``tree``; no random numbers."""
+def verify_greedy(tree: TokenTree, argmax_of: Callable[[int], int], vocab_size: int | None = None) -> TreeOutcome:
+    """Follow the target's argmax (``argmax_of(i)``: its token after node i) down ``tree``; no random numbers.
+    ``SpdError`` unless the tree is well formed (``accel.spd.tree.check_structure``: one root, parents before
+    children, token ids >= 0, below ``vocab_size`` when given)."""
+    check_structure(tree, "the tree to verify", vocab_size)
     kids = tree.children()
     depths = tree.depths()
     out = TreeOutcome([0], -1)

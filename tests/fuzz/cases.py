@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.errors import BackendError, DraftError, FormatError, ModelError, SpdError
+from accel.errors import BackendError, DraftError, FormatError, ModelError, SimError, SpdError
 
 OK = None
 
@@ -309,6 +309,10 @@ def _spd() -> list[Case]:
         Case("DraftChain min_draft_prob 2", lambda w: DraftChain(w.draft, k=2, min_draft_prob=2.0), SpdError),
         Case("DraftTree of None", lambda w: DraftTree(None), SpdError),
         Case("NgramLookup n 0", lambda w: NgramLookup(0, 2), SpdError),
+        Case("generate eos 10**30", gen(eos_token_id=10**30), SpdError),
+        Case("generate eos beyond vocab", gen(eos_token_id=32), SpdError),
+        Case("generate eos [5, 10**30]", gen(eos_token_id=[5, 10**30]), SpdError),
+        *_proposer_contract(),
         Case("generate_ar ok", ar(), OK),
         Case("generate_ar seed -1", ar(seed=-1), SpdError),
         Case("generate_ar max_new -5", ar(max_new_tokens=-5), SpdError),
@@ -316,8 +320,131 @@ def _spd() -> list[Case]:
     ]
 
 
+class _Returns:
+    """A custom proposer whose ``propose`` returns ``make(run)`` (the contract: one TokenTree or None per row)."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self.make = make
+
+    @property
+    def info(self):
+        from accel.spd import ProposerInfo
+
+        return ProposerInfo("custom", 2, 2)
+
+    def check(self, target) -> None:
+        pass
+
+    def start(self, run) -> None:
+        pass
+
+    def propose(self, run, rows):
+        return self.make(run)
+
+    def update(self, run, outcomes) -> None:
+        pass
+
+
+def _proposer_contract() -> list[Case]:
+    """A custom proposer that breaks the contract (docs/spd.md, "A custom proposer"): a named SpdError, never a
+    TypeError/IndexError from inside the loop or a sample from the wrong law."""
+    from accel.spd import TokenTree, generate, speculative_accept, verify_greedy, verify_sampled
+
+    q = np.full(32, 1 / 32)
+
+    def tree(dist=None, parents=(-1, 0), token=3):
+        return TokenTree(np.array([0, token]), np.array(parents), None if dist is None else np.stack([q, dist]))
+
+    def sampled(t):
+        return lambda w: verify_sampled(t, lambda i: q, np.random.default_rng(0))
+
+    def custom(make):
+        return lambda w: generate(w.target, _Returns(make), [[1, 2, 3]], max_new_tokens=3)
+
+    def root(run):
+        return int(run.tokens[0, run.n[0] - 1])
+
+    def rng():
+        return np.random.default_rng(0)
+
+    return [
+        Case("verify_sampled ok", sampled(tree(q)), OK),
+        Case("verify_sampled rows sum to 2", sampled(tree(2 * q)), SpdError),
+        Case("verify_sampled rows sum to 0.5", sampled(tree(q / 2)), SpdError),
+        Case("verify_sampled nan proposal", sampled(tree(np.r_[np.nan, q[1:]])), SpdError),
+        Case("verify_sampled negative proposal", sampled(tree(np.r_[-q[0], q[0] * 2, q[2:]])), SpdError),
+        Case("verify_sampled token of probability 0", sampled(tree(np.eye(32)[0])), SpdError),
+        Case("verify_sampled token 99", sampled(tree(q, token=99)), SpdError),
+        Case("verify_greedy ok", lambda w: verify_greedy(tree(), lambda i: 3), OK),
+        Case(
+            "verify_greedy parent 5 of 2 nodes", lambda w: verify_greedy(tree(parents=(-1, 5)), lambda i: 3), SpdError
+        ),
+        Case("verify_greedy parent cycle", lambda w: verify_greedy(tree(parents=(-1, 1)), lambda i: 3), SpdError),
+        Case("verify_greedy two roots", lambda w: verify_greedy(tree(parents=(-1, -1)), lambda i: 3), SpdError),
+        Case("verify_greedy a list", lambda w: verify_greedy([0, 3], lambda i: 3), SpdError),
+        Case(
+            "speculative_accept ok",
+            lambda w: speculative_accept(np.zeros((1, 1), np.int64), q[None, None], np.tile(q, (1, 2, 1)), rng()),
+            OK,
+        ),
+        Case(
+            "speculative_accept p sums to 2",
+            lambda w: speculative_accept(np.zeros((1, 1), np.int64), 2 * q[None, None], np.tile(q, (1, 2, 1)), rng()),
+            SpdError,
+        ),
+        Case("custom proposer ok", custom(lambda run: [TokenTree.chain(root(run), [3])]), OK),
+        Case("custom proposer returns None", custom(lambda run: None), SpdError),
+        Case("custom proposer returns []", custom(lambda run: []), SpdError),
+        Case("custom proposer returns a tree", custom(lambda run: TokenTree.chain(root(run), [3])), SpdError),
+        Case(
+            "custom proposer unnormalised",
+            custom(lambda run: [TokenTree.chain(root(run), [3], dists=2 * q[None])]),
+            SpdError,
+        ),
+    ]
+
+
+def _sim() -> list[Case]:
+    from accel.sim import predict_speedup
+
+    def predict(**kw):
+        return lambda w: predict_speedup("llama-2-7b", "qualcomm-llama2-draft-115m", "h100-sxm", **kw)
+
+    return [
+        Case("predict devices 8", predict(devices=8), OK),
+        Case("predict devices 32 (one head each)", predict(devices=32), OK),
+        Case("predict devices 99", predict(devices=99), SimError),
+        Case("predict devices 4096", predict(devices=4096), SimError),
+        Case("predict draft_devices 99", predict(draft_devices=99), SimError),
+    ]
+
+
+def _artefacts(w: World, damage: str) -> Path:
+    """A draft artefact for ``w.model``, damaged as ``damage`` says, outside ``w.tmp`` (whose contents the table
+    checks): Hydra heads with a NaN / +Inf weight, or an exit head whose weights are cut in half."""
+    import torch
+
+    from accel.drafts.early_exit import ExitHead, save_exit_head
+    from accel.drafts.hydra.model import build_hydra, save_hydra
+
+    out = w.tmp.parent / "artefacts" / damage
+    if damage.startswith("exit"):
+        path = save_exit_head(ExitHead(w.model, 1, width=8), w.model, out)
+        weights = path / "exit_head.safetensors"
+        if damage == "exit truncated":
+            weights.write_bytes(weights.read_bytes()[:100])
+        return path
+    heads = build_hydra(w.model, num_heads=2)
+    if damage != "heads ok":
+        with torch.no_grad():
+            next(heads.heads.parameters()).view(-1)[0] = float("nan" if damage == "heads nan" else "inf")
+    return save_hydra(heads, out)
+
+
 def _drafts() -> list[Case]:
     from accel.drafts import DistillConfig, evaluate_draft
+    from accel.drafts.early_exit import load_exit_head
+    from accel.drafts.hydra.model import load_hydra
 
     text = ["def add(a, b):\n    return a + b\n" * 4]
     return [
@@ -334,6 +461,13 @@ def _drafts() -> list[Case]:
             DraftError,
         ),
         Case("eval-draft draft missing", lambda w: evaluate_draft(w.checkpoint, w.tmp / "nope", text), DraftError),
+        Case("load_hydra ok", lambda w: load_hydra(_artefacts(w, "heads ok"), w.model), OK),
+        Case("load_hydra nan weight", lambda w: load_hydra(_artefacts(w, "heads nan"), w.model), DraftError),
+        Case("load_hydra inf weight", lambda w: load_hydra(_artefacts(w, "heads inf"), w.model), DraftError),
+        Case("load_exit_head ok", lambda w: load_exit_head(_artefacts(w, "exit ok"), w.model), OK),
+        Case(
+            "load_exit_head truncated", lambda w: load_exit_head(_artefacts(w, "exit truncated"), w.model), DraftError
+        ),
         Case("distill batch 10**8", lambda w: DistillConfig(batch_size=10**8), ValueError),
         Case("distill steps 0", lambda w: DistillConfig(max_steps=0), ValueError),
         Case("distill lr nan", lambda w: DistillConfig(lr=float("nan")), ValueError),
@@ -342,4 +476,4 @@ def _drafts() -> list[Case]:
 
 def all_cases() -> list[Case]:
     """Every case of the table, grouped by subpackage."""
-    return [*_formats(), *_compress(), *_models(), *_backends(), *_spd(), *_drafts()]
+    return [*_formats(), *_compress(), *_models(), *_backends(), *_spd(), *_sim(), *_drafts()]

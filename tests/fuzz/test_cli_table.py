@@ -45,6 +45,14 @@ CASES = [
     ([*GEN, "--threads", "-3"], EXIT_ERROR),
     ([*GEN, "--tokenizer", "{F}"], EXIT_ERROR),
     ([*GEN, "--draft", "{F}"], EXIT_ERROR),
+    ([*GEN, "--draft", "{T}", "--tree-nodes", "0"], EXIT_ERROR),  # ran a chain
+    ([*GEN, "--draft", "{T}", "--tree-nodes", "-2"], EXIT_ERROR),
+    ([*GEN, "--tree-depth", "0"], EXIT_ERROR),  # ignored
+    ([*GEN, "--draft", "{T}", "--tree-depth", "2"], EXIT_ERROR),  # no tree: ignored
+    ([*GEN, "--draft", "{T}", "--tree-nodes", "2", "--tree-depth", "2"], 0),
+    ([*GEN, "--exit-head"], EXIT_ERROR),  # without --ppd: ignored
+    ([*GEN, "--ngram-k", "3"], EXIT_ERROR),  # without --ngram: ignored
+    ([*GEN, "--min-draft-prob", "0.5"], EXIT_ERROR),  # without a draft: ignored
     (["generate", "--target", "{F}", "--prompt", "hi"], EXIT_ERROR),
     (["generate", "--target", "{W}/nope.onnx", "--prompt", "1 2"], EXIT_ERROR),
     (["generate", "--target", "{T}", "--prompt", "", "--backend", "torch"], EXIT_ERROR),
@@ -74,6 +82,8 @@ CASES = [
     (["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--n-token-sample", "-1"], EXIT_ERROR),
     (["complete", "--prompt", "a", "--target", "{T}", "--backend", "torch", "--alpha", "nan"], EXIT_ERROR),
     (["complete", "--prompt", "a", "--target", "{F}", "--k", "2"], EXIT_ERROR),
+    (["predict", "--target", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "8"], 0),
+    (["predict", "--target", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "99"], EXIT_ERROR),
     (["demo", "--target", "{F}", "--quick"], EXIT_ERROR),
     (["demo", "--k", "0", "--quick"], EXIT_ERROR),
 ]

@@ -289,7 +289,7 @@ def load_hydra(directory: str | Path, target: Decoder) -> HydraHeads:
     """The heads in ``directory`` (plain or MX-compressed safetensors, ``accel.formats``), attached to ``target``.
 
     DraftError naming the problem: no directory / config.json / weights, a config that is not a heads config,
-    weights that do not match it, or heads built for another target.
+    weights that do not match it or are not finite (NaN / ±Inf), or heads built for another target.
     """
     from accel.models.loading import read_checkpoint_tensors
 
@@ -317,6 +317,12 @@ def load_hydra(directory: str | Path, target: Decoder) -> HydraHeads:
             raise DraftError(
                 f"{d}: {name} has shape {tuple(t.shape)}; the config implies {tuple(expected[name].shape)}"
             )
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise DraftError(
+            f"{d}: {bad[0]} holds NaN or infinite weights ({len(bad)} tensor(s) do): the heads are damaged; "
+            "train them again (accel distill-hydra)"
+        )
     ids = tensors["token_ids"]
     if config.head_vocab:
         try:

@@ -1,0 +1,50 @@
+"""Checks of ``accel generate``'s options that need no model: every option is used as given or refused.
+
+An option that would be ignored (a tree setting without a tree, ``--exit-head`` without ``--ppd``) or silently
+replaced (``--tree-nodes 0`` running the default tree, ``--tree-depth 0`` the default depth) is an ``SpdError``
+naming the option, the value and what it needs. Limits that need the models (the target's context, the Hydra heads'
+depth) are checked where the models are opened (``DraftTree.check``, ``accel.drafts.hydra.cli.hydra_proposer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from accel.errors import SpdError
+
+__all__ = ["check_generate_options"]
+
+
+def _positive(args: argparse.Namespace, name: str, flag: str) -> None:
+    """SpdError unless ``args.<name>`` is None or an int >= 1."""
+    value = getattr(args, name, None)
+    if value is not None and value < 1:
+        raise SpdError(f"{flag} must be an int >= 1; got {value}")
+
+
+def _needs(cond: bool, flag: str, value: object, what: str) -> None:
+    """SpdError saying that ``flag`` (given as ``value``) would be ignored unless ``what``."""
+    if not cond:
+        raise SpdError(f"{flag} {value} would be ignored: it needs {what}")
+
+
+def check_generate_options(args: argparse.Namespace) -> None:
+    """Refuse option values ``accel generate`` would otherwise clamp or ignore (module docstring)."""
+    for name in ("tree_nodes", "tree_depth", "tree_top_k", "ngram", "ngram_k", "draft_threads"):
+        _positive(args, name, "--" + name.replace("_", "-"))
+    draft, hydra = bool(args.draft), bool(getattr(args, "hydra", None))
+    tree = hydra or (draft and args.tree_nodes is not None)
+    tree_what = "a tree: --tree-nodes with --draft, or --hydra"
+    for name in ("tree_depth", "tree_top_k", "tree_min_prob", "tree_expand_prob"):
+        if getattr(args, name) is not None:
+            _needs(tree, "--" + name.replace("_", "-"), getattr(args, name), tree_what)
+    if args.min_draft_prob is not None:
+        _needs(draft and not tree, "--min-draft-prob", args.min_draft_prob, "a draft chain: --draft without a tree")
+    if args.ngram_k is not None:
+        _needs(bool(args.ngram), "--ngram-k", args.ngram_k, "--ngram")
+    if args.draft_weights is not None:
+        _needs(draft or hydra, "--draft-weights", args.draft_weights, "--draft or --hydra")
+    if args.draft_threads is not None:
+        _needs(draft or hydra, "--draft-threads", args.draft_threads, "--draft or --hydra")
+    if getattr(args, "exit_head", None) is not None:
+        _needs(args.ppd is not None, "--exit-head", args.exit_head, "--ppd EXIT_LAYER")
