@@ -17,7 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="checkpoint directory (config.json + weights) or a .gguf file")
     p.add_argument("-o", "--out", required=True, metavar="OUT.onnx", help="output ONNX file")
     p.add_argument("--weights", choices=_WEIGHT_MODES, default="fp32", help="weight storage (default fp32)")
-    p.add_argument("--fmt", default="mxfp6", help="MX element format for mx-rounded / mx-packed (default mxfp6)")
+    p.add_argument(
+        "--fmt",
+        default=None,
+        help="MX element format for mx-rounded / mx-packed of an uncompressed model (default mxfp6; the *-nbits and "
+        "*-kernel weights fix their own, a compressed model keeps its own)",
+    )
     p.add_argument(
         "--float-weights",
         choices=("fp32", "fp16"),
@@ -66,7 +71,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``export``; returns the exit code (ModelError/BackendError are printed by accel.cli)."""
     from accel.backends.export import export_onnx, onnx_file_bytes
-    from accel.backends.weights import ExportWeights
+    from accel.backends.weights import ExportWeights, WeightFormat
+    from accel.errors import BackendError
+
+    if args.fmt is not None and not WeightFormat(args.weights).uses_mx_format:
+        raise BackendError(
+            f"--fmt {args.fmt} would be ignored: it applies to --weights mx-rounded / mx-packed, and "
+            f"--weights {args.weights} fixes its own weights"
+        )
 
     # the checkpoint is read tensor by tensor while the graph is written: no torch model, no second copy
     path = export_onnx(
@@ -76,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         num_logits=args.num_logits,
         weights=ExportWeights(
-            args.weights, mx_format=args.fmt, float_storage=args.float_weights, accuracy_level=args.nbits_accuracy
+            args.weights,
+            mx_format=args.fmt or "mxfp6",
+            float_storage=args.float_weights,
+            accuracy_level=args.nbits_accuracy,
         ),
         progress=not args.quiet,
         external_data=True if args.external_data else None,
@@ -109,4 +124,50 @@ def run(args: argparse.Namespace) -> int:
             f"wrote Cloud AI 100 files to {args.qaic_dir}: run {Path(args.qaic_dir) / 'compile.sh'} "
             f"(specializations seq_len {spec.seq_lens}; not verified on hardware)"
         )
+    tok = write_tokenizer(Path(args.model), path)
+    print(
+        f"wrote {tok} (the model's tokenizer, which accel generate reads beside the graph)"
+        if tok
+        else f"no tokenizer in {args.model}: accel generate --target {path} needs --tokenizer or token ids"
+    )
     return 0
+
+
+def tokenizer_path(graph: Path) -> Path:
+    """Where ``accel export`` writes the tokenizer of the graph at ``graph``: ``NAME.tokenizer.json`` beside it."""
+    return graph.with_name(graph.stem + ".tokenizer.json")
+
+
+def write_tokenizer(model: Path, graph: Path) -> Path | None:
+    """Write the tokenizer of checkpoint ``model`` (its ``tokenizer.json``, or a ``.gguf`` file's own) beside
+    ``graph`` (``tokenizer_path``; written whole or not at all); returns its path, or None when the checkpoint has
+    none or the ``tokenizers`` package is missing."""
+    import os
+    import shutil
+    import tempfile
+
+    out = tokenizer_path(graph)
+    src = model / "tokenizer.json" if model.is_dir() else None
+    if src is not None and not src.is_file():
+        return None
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if src is not None:
+            shutil.copyfile(src, tmp)
+        elif model.suffix == ".gguf":
+            from accel.errors import ModelError
+            from accel.models.smollm2 import load_tokenizer
+
+            try:
+                load_tokenizer(model).save(tmp)
+            except ModelError:  # no tokenizers package, or none in the file: the graph is still complete
+                return None
+        else:
+            return None
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+        return out
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

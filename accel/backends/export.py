@@ -18,6 +18,7 @@ A restricted head (``config.head_vocab > 0``) is exported as its ``[B, N, head_v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -63,10 +64,12 @@ def _resolve(model: Decoder | str | os.PathLike) -> tuple[ExportLayout, Mapping[
         if getattr(model, "config", None) is None or not hasattr(model, "named_modules"):
             raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
         return ExportLayout.of_model(model), None
-    from accel.models.sources import open_checkpoint
+    from accel.models.sources import checkpoint_mx, open_checkpoint
 
     config, tensors = open_checkpoint(model)
-    return ExportLayout.of_config(config), tensors
+    layout = ExportLayout.of_config(config)
+    mx = checkpoint_mx(model)  # an accel-compressed directory: its MX weights are kept exactly, as a loaded model's
+    return (dataclasses.replace(layout, mx=mx) if mx else layout), tensors
 
 
 def export_onnx(

@@ -30,7 +30,7 @@ import numpy as np
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 
-__all__ = ["CheckpointTensors", "open_checkpoint"]
+__all__ = ["CheckpointTensors", "checkpoint_mx", "open_checkpoint"]
 
 Loader = Callable[[], np.ndarray]
 
@@ -78,6 +78,39 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, CheckpointTen
     config = ModelConfig.from_hf(p)
     hf_loaders, hf_shapes = _hf_files(p)
     return config, _rename(config, hf_loaders, hf_shapes)
+
+
+def checkpoint_mx(path: str | os.PathLike) -> dict[str, Any]:
+    """The MX-compressed weights of an accel-compressed checkpoint directory (``accel compress``), by ``Decoder``
+    name, as the ``MXTensor`` each file stores (codes and scales as they are, validated; read now, about 6.25 bits a
+    weight for MXFP6); {} for an uncompressed directory or a ``.gguf`` file. An export keeps these weights exactly
+    instead of re-quantizing their dequantized values (``accel.backends.export``)."""
+    from accel.errors import FormatError
+    from accel.formats.file import SafetensorsFile
+
+    p = Path(path)
+    if not p.is_dir():
+        return {}
+    config = ModelConfig.from_hf(p)
+    out: dict[str, Any] = {}
+    for f in sorted(p.glob("*.safetensors")):
+        try:
+            sf = SafetensorsFile(f)
+            heads = sf.mx_headers
+            if not heads:
+                continue
+            tensors = {name: sf.mx_tensor(name) for name in heads}
+        except FormatError as exc:
+            raise ModelError(f"cannot read the MX tensors of {f}: {exc}") from exc
+        for hf_name, mx in tensors.items():
+            name = hf_name[len("model.") :] if hf_name.startswith("model.") else hf_name
+            if config.model_type == "gpt2":
+                raise ModelError(
+                    f"{f}: MX tensor {hf_name!r} has no plain Decoder name; load the checkpoint with "
+                    "accel.models.load_checkpoint and export the model"
+                )
+            out[name] = mx
+    return out
 
 
 def _hf_files(d: Path) -> tuple[dict[str, Loader], dict[str, tuple[int, ...]]]:

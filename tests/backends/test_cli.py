@@ -110,3 +110,20 @@ def test_export_cli_ort_ops(tmp_path, capsys):
         )
     assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"} <= ops["--ort-ops"]
     assert not {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"} & (ops["--no-ort-ops"] | ops[None])
+
+
+def test_export_writes_the_tokenizer_beside_the_graph(tmp_path, capsys):
+    """``accel export`` carries the checkpoint's tokenizer to ``NAME.tokenizer.json`` beside the graph (from a
+    directory's ``tokenizer.json``); without one it says what ``accel generate`` will need."""
+    from tests.helpers.drafts import byte_tokenizer
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    ckpt = save_pretrained(Decoder(cfg).init_weights(0, std=0.1), tmp_path / "ckpt")
+    out = tmp_path / "g" / "m.onnx"
+    assert main(["export", str(ckpt), "-o", str(out), "--ctx-len", "16", "--quiet"]) == 0
+    assert "no tokenizer in" in capsys.readouterr().out and not (tmp_path / "g" / "m.tokenizer.json").exists()
+    byte_tokenizer().save(str(ckpt / "tokenizer.json"))
+    assert main(["export", str(ckpt), "-o", str(out), "--ctx-len", "16", "--quiet"]) == 0
+    assert "m.tokenizer.json" in capsys.readouterr().out
+    assert (tmp_path / "g" / "m.tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["m.onnx", "m.tokenizer.json"]  # no temp files
