@@ -28,7 +28,7 @@ from accel.errors import AccelError
 _COMMAND_MODULES = (
     "accel.formats.cli",  # compress
     "accel.backends.cli",  # export
-    "accel.spd.cli",  # generate
+    "accel.decode.cli",  # generate
     "accel.sim.cli",  # predict
     "accel.drafts.cli",  # distill, eval-draft
     "accel.superposed.cli",  # ngrams, complete

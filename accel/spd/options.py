@@ -1,9 +1,12 @@
-"""Checks of ``accel generate``'s options that need no model: every option is used as given or refused.
+"""Checks of ``accel generate``'s flags that need no model: every flag is used as given or refused.
 
-An option that would be ignored (a tree setting without a tree, ``--exit-head`` without ``--ppd``) or silently
-replaced (``--tree-nodes 0`` running the default tree, ``--tree-depth 0`` the default depth) is an ``SpdError``
-naming the option, the value and what it needs. Limits that need the models (the target's context, the Hydra heads'
-depth) are checked where the models are opened (``DraftTree.check``, ``accel.drafts.hydra.cli.hydra_proposer``).
+A flag that would be ignored (a tree setting without a tree, ``--exit-head`` without ``--ppd``), silently replaced
+(``--tree-nodes 0`` running the default tree, ``--tree-depth 0`` the default depth) or that contradicts another
+(``--draft`` with ``--hydra``) is an ``SpdError`` naming the flag, the value and what it needs. These are rules about
+the flags: which ``DecodeSpec`` (``accel.decode``) they describe. Rules about the decode itself (target weights on an
+``.onnx`` file, Hydra heads on a ``.gguf`` target, value ranges) are the spec's validators; limits that need the
+models (the target's context, the Hydra heads' depth) are checked where the models are opened (``DraftTree.check``,
+``accel.drafts.hydra.cli.hydra_proposer``).
 """
 
 from __future__ import annotations
@@ -48,3 +51,16 @@ def check_generate_options(args: argparse.Namespace) -> None:
         _needs(draft or hydra, "--draft-threads", args.draft_threads, "--draft or --hydra")
     if getattr(args, "exit_head", None) is not None:
         _needs(args.ppd is not None, "--exit-head", args.exit_head, "--ppd EXIT_LAYER")
+    _check_proposer_flags(args)
+
+
+def _check_proposer_flags(args: argparse.Namespace) -> None:
+    """The flags that choose the proposer must name one: a draft or heads (not both), a tree with something to grow
+    it, lookup merged only into a tree."""
+    hydra = getattr(args, "hydra", None)
+    if hydra and args.draft:
+        raise SpdError("give --draft or --hydra, not both")
+    if args.tree_nodes is not None and not (args.draft or hydra):
+        raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
+    if args.ngram_merge and not (args.ngram and (hydra or (args.draft and args.tree_nodes))):
+        raise SpdError("--ngram-merge joins lookup into a tree: give --ngram and --tree-nodes with --draft, or --hydra")

@@ -127,3 +127,22 @@ def test_export_writes_the_tokenizer_beside_the_graph(tmp_path, capsys):
     assert "m.tokenizer.json" in capsys.readouterr().out
     assert (tmp_path / "g" / "m.tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["m.onnx", "m.tokenizer.json"]  # no temp files
+
+
+def test_generate_reads_the_exported_tokenizer(tmp_path, capsys):
+    """``accel generate --target m.onnx`` encodes a text prompt with ``m.tokenizer.json`` (it used to fail with "no
+    tokenizer found")."""
+    import json
+
+    from tests.helpers.drafts import byte_tokenizer
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    ckpt = save_pretrained(Decoder(cfg).init_weights(0, std=0.1), tmp_path / "ckpt")
+    byte_tokenizer().save(str(ckpt / "tokenizer.json"))
+    out = tmp_path / "g" / "m.onnx"
+    assert main(["export", str(ckpt), "-o", str(out), "--ctx-len", "32", "--quiet"]) == 0
+    capsys.readouterr()
+    args = ["generate", "--target", str(out), "--prompt", "hi there", "--greedy", "--max-new-tokens", "3", "--json"]
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert len(got["tokens"][0]) == 3

@@ -87,7 +87,13 @@ def test_generate_with_feature_draft(checkpoints, backend, tmp_path, capsys):
     assert main(["generate", *common, "--draft", str(fd_dir), "--k", "3"]) == 0
     spd = json.loads(capsys.readouterr().out)
     assert spd["tokens"] == ar["tokens"]
-    assert spd["stats"]["accepted_drafts"] >= 6 and np.isfinite(spd["stats"]["alpha_counts"])
+    # the tiny feature draft is distilled to agree with its target: >= 6 of ~9 drafts accepted (int8 included)
+    accepted = spd["stats"]["accepted_drafts"]
+    assert accepted >= 6, (
+        f"only {accepted} draft tokens accepted: the (int8 on ort) feature draft disagrees with its target; "
+        "check this CPU's int8 path (accel.backends.onnx_int8)"
+    )
+    assert np.isfinite(spd["stats"]["alpha_counts"])
     if backend == "ort":  # the feature draft was exported with int8 matmuls (the default); fp32 on request
         import onnx
 

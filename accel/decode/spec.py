@@ -1,0 +1,322 @@
+"""``DecodeSpec``: one validated recipe for a decode (target, proposer, sampling, limits) from flags, JSON or YAML.
+
+The proposer is a discriminated union on ``kind``:
+
+=========== ==========================================================================================
+``none``     autoregressive decoding (the target alone)
+``chain``    a draft model's chain of up to ``k`` tokens (``accel.spd.DraftChain``)
+``tree``     a draft model's dynamic token tree (``accel.spd.DraftTree``)
+``hydra``    a tree grown from Hydra heads (``accel.drafts.hydra.HydraProposer``)
+``lookup``   n-gram lookup drafts alone (``accel.spd.NgramLookup``)
+``first_of`` lookup first, the chain, tree or Hydra heads where lookup has no match (``accel.spd.FirstOf``)
+``merge``    lookup's chain joined into a tree or Hydra tree every round (``accel.spd.Merge``)
+=========== ==========================================================================================
+
+Every part refuses fields it does not have (a tree setting on a chain is an error naming the field, never ignored),
+and the rules that tie fields together are validators (``_refuse`` errors, one line each naming the fields).
+Paths are kept as written: relative ones are relative to the working directory, in a spec file as on the command
+line. ``accel.decode.build`` turns a spec into ready backends and a proposer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from accel.backends.weights import WeightFormat
+from accel.errors import SpdError
+from accel.spd.warps import Sampling
+
+__all__ = [
+    "ARSpec",
+    "ChainSpec",
+    "DecodeSpec",
+    "FirstOfSpec",
+    "HydraTreeSpec",
+    "LookupSpec",
+    "MergeSpec",
+    "ProposerSpec",
+    "SamplingSpec",
+    "TargetSpec",
+    "TreeSpec",
+    "load_spec",
+]
+
+#: the weight modes Hydra heads export with (``accel.drafts.hydra.export.HYDRA_WEIGHTS``)
+HydraWeights = Literal["fp32", "int8"]
+
+#: fields of the other proposer kinds, with what they need: a misplaced one is named, not just "extra"
+_NEEDS = {
+    "draft": "a draft model (kind chain or tree)",
+    "heads": "Hydra heads (kind hydra)",
+    "k": "a chain (kind chain) or lookup (kind lookup)",
+    "min_draft_prob": "a draft chain (kind chain)",
+    "n": "lookup (kind lookup, or its part of first_of / merge)",
+    "nodes": "a tree (kind tree or hydra)",
+    "top_k": "a tree (kind tree or hydra)",
+    "depth": "a tree (kind tree or hydra)",
+    "min_prob": "a tree (kind tree or hydra)",
+    "expand_prob": "a tree (kind tree or hydra)",
+    "weights": "a draft model or Hydra heads (kind chain, tree or hydra)",
+    "threads": "a draft model or Hydra heads (kind chain, tree or hydra)",
+}
+
+
+def _refuse(kind: str, text: str) -> PydanticCustomError:
+    """A validation error of type ``kind`` whose message is ``text`` (passed as context: paths may hold braces)."""
+    return PydanticCustomError(kind, "{text}", {"text": text})
+
+
+class _Part(BaseModel):
+    """A frozen part of a spec that refuses unknown fields, naming what a misplaced field would need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _misplaced_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if name not in cls.model_fields and name in _NEEDS:
+                    raise _refuse("ignored_field", f"{name} {value!r} would be ignored: it needs {_NEEDS[name]}")
+        return data
+
+
+def _probability_below_1(name: str, value: float | None) -> float | None:
+    """``value`` if it is None or in [0, 1) (``DraftTree``'s rule and message), else a named error."""
+    if value is not None and not 0.0 <= value < 1.0:
+        raise _refuse("probability", f"{name} must be a probability in [0, 1); got {value!r}")
+    return value
+
+
+class TargetSpec(_Part):
+    """The model whose tokens are decoded.
+
+    Attributes:
+        path: a checkpoint directory, a ``.gguf`` file, or (backend ``ort``) an ``.onnx`` file from ``accel export``.
+        weights: the export weight format of a checkpoint on onnxruntime (``accel export --weights``).
+        backend: ``ort`` (checkpoints exported once and cached in ``$ACCEL_CACHE/onnx``) or ``torch``.
+        ctx_len: KV-cache length in tokens (checkpoints; an ``.onnx`` file keeps its own).
+        threads: intra-op threads (torch: of both models; None: the runtime's default).
+    """
+
+    path: Path
+    weights: WeightFormat = WeightFormat.FP32
+    backend: Literal["ort", "torch"] = "ort"
+    ctx_len: int = Field(512, ge=1)
+    threads: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _weights_need_a_checkpoint_on_ort(self) -> TargetSpec:
+        if self.weights is not WeightFormat.FP32 and (self.backend != "ort" or self.path.suffix == ".onnx"):
+            raise _refuse(
+                "target_weights",
+                f"weights {self.weights.value}: --target-weights applies to a target checkpoint (directory or .gguf) "
+                "on --backend ort (an .onnx file keeps the weights it was exported with)",
+            )
+        return self
+
+
+class SamplingSpec(_Part):
+    """The warps and the seed: ``greedy`` (argmax; the other warps must then keep their defaults) or
+    ``temperature`` / ``top_k`` / ``top_p`` (``accel.spd.Sampling``)."""
+
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _valid_warps(self) -> SamplingSpec:
+        try:
+            self.sampling().validate()
+        except SpdError as exc:
+            raise _refuse("sampling", str(exc)) from None
+        return self
+
+    def sampling(self) -> Sampling:
+        """The ``accel.spd.Sampling`` of these settings."""
+        return Sampling(self.temperature, self.top_k, self.top_p, self.greedy)
+
+
+class ARSpec(_Part):
+    """No proposer: the target decodes autoregressively."""
+
+    kind: Literal["none"] = "none"
+
+
+class _DraftModel(_Part):
+    """A draft model: its path, export weights and threads.
+
+    Attributes:
+        draft: a checkpoint directory, ``.gguf`` file or ``.onnx`` file with the target's vocabulary; a feature draft
+            (``accel.drafts.feature``) reads the target's hidden states.
+        weights: export weights of a draft checkpoint on onnxruntime (None: int8 for a feature draft, fp32 otherwise).
+        threads: onnxruntime intra-op threads of the draft (None: 1 below 20 M parameters, else the target's).
+    """
+
+    draft: Path
+    weights: WeightFormat | None = None
+    threads: int | None = Field(None, ge=1)
+
+
+class ChainSpec(_DraftModel):
+    """A draft chain of up to ``k`` tokens per round, ended early after a proposal the draft gave less than
+    ``min_draft_prob`` (``DraftChain``)."""
+
+    kind: Literal["chain"] = "chain"
+    k: int = Field(4, ge=1)
+    min_draft_prob: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class _TreeShape(_Part):
+    """The shape settings shared by draft trees and Hydra trees (``DraftTree``'s names)."""
+
+    top_k: int = Field(4, ge=1)
+    depth: int | None = Field(None, ge=1)
+    min_prob: float = 0.0
+    expand_prob: float | None = None
+
+    @field_validator("min_prob", "expand_prob")
+    @classmethod
+    def _probabilities(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return _probability_below_1(info.field_name or "probability", value)
+
+
+class TreeSpec(_DraftModel, _TreeShape):
+    """A draft model's dynamic token tree of up to ``nodes`` nodes (``DraftTree``; the draft and the target are
+    exported with tree inputs)."""
+
+    kind: Literal["tree"] = "tree"
+    nodes: int = Field(4, ge=1)
+
+
+class HydraTreeSpec(_TreeShape):
+    """Trees grown from Hydra heads (``accel distill-hydra``), one head call per level.
+
+    Attributes:
+        heads: the heads directory; the target must be their checkpoint directory (the heads read its embeddings).
+        nodes: the node budget (None: 4, or 3 on a ``*-kernel`` target; ``accel.drafts.hydra.tree``).
+        weights: the heads' export weights (int8 or fp32).
+        threads: onnxruntime threads of the heads (None: 1).
+    """
+
+    kind: Literal["hydra"] = "hydra"
+    heads: Path
+    nodes: int | None = Field(None, ge=1)
+    weights: HydraWeights = "int8"
+    threads: int | None = Field(None, ge=1)
+
+
+class LookupSpec(_Part):
+    """N-gram lookup: what followed the last earlier occurrence of the context's last ``n`` tokens (down to 2), up to
+    ``k`` tokens (``NgramLookup``)."""
+
+    kind: Literal["lookup"] = "lookup"
+    n: int = Field(3, ge=1)
+    k: int = Field(4, ge=1)
+
+
+ModelProposer = Annotated[ChainSpec | TreeSpec | HydraTreeSpec, Field(discriminator="kind")]
+TreeProposer = Annotated[TreeSpec | HydraTreeSpec, Field(discriminator="kind")]
+
+
+class FirstOfSpec(_Part):
+    """Lookup where it matches, else the chain, tree or Hydra tree of ``then`` (``FirstOf``)."""
+
+    kind: Literal["first_of"] = "first_of"
+    lookup: LookupSpec
+    then: ModelProposer
+
+
+class MergeSpec(_Part):
+    """Lookup's chain joined into the tree every round: one target call verifies both (``Merge``)."""
+
+    kind: Literal["merge"] = "merge"
+    lookup: LookupSpec
+    tree: TreeProposer
+
+
+ProposerSpec = Annotated[
+    ARSpec | ChainSpec | TreeSpec | HydraTreeSpec | LookupSpec | FirstOfSpec | MergeSpec, Field(discriminator="kind")
+]
+
+
+class DecodeSpec(_Part):
+    """One decode, validated (module docstring).
+
+    Attributes:
+        target: the target model and how it runs.
+        proposer: what proposes each round's candidates (``kind``; default ``none``: autoregressive).
+        sampling: warps and seed.
+        max_new_tokens: most tokens generated per prompt.
+        eos_token_id: the stop token(s) (None: the target's config ``eos_token_id``, if any; ``[]``: none).
+        tokenizer: a ``tokenizer.json``, its directory or a ``.gguf`` (None: the target's own).
+    """
+
+    target: TargetSpec
+    proposer: ProposerSpec = Field(default_factory=ARSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    max_new_tokens: int = Field(64, ge=1)
+    eos_token_id: int | list[int] | None = None
+    tokenizer: Path | None = None
+
+    @model_validator(mode="after")
+    def _combinations(self) -> DecodeSpec:
+        target = self.target
+        for part in self.model_parts():
+            if isinstance(part, HydraTreeSpec) and target.path.suffix in (".onnx", ".gguf"):
+                raise _refuse(
+                    "hydra_target",
+                    f"Hydra heads (--hydra) need the target as a checkpoint directory (they read its embeddings); "
+                    f"got {target.path}",
+                )
+            if isinstance(part, _DraftModel) and target.backend == "torch":
+                for name, value in (("weights", part.weights and part.weights.value), ("threads", part.threads)):
+                    if value is not None:
+                        raise _refuse(
+                            "draft_on_torch",
+                            f"draft {name} {value} would be ignored on backend torch (it loads the draft as it is, "
+                            "on the target's threads)",
+                        )
+            if isinstance(part, _DraftModel) and part.weights is not None and part.draft.suffix == ".onnx":
+                raise _refuse(
+                    "draft_weights",
+                    f"draft weights {part.weights.value} would be ignored: {part.draft} is an .onnx file, which "
+                    "keeps the weights it was exported with",
+                )
+        return self
+
+    def model_parts(self) -> list[ChainSpec | TreeSpec | HydraTreeSpec]:
+        """The parts of the proposer that run a model (a draft or Hydra heads): none, or one."""
+        p = self.proposer
+        if isinstance(p, FirstOfSpec):
+            return [p.then]
+        if isinstance(p, MergeSpec):
+            return [p.tree]
+        return [p] if isinstance(p, ChainSpec | TreeSpec | HydraTreeSpec) else []
+
+
+def load_spec(path: str | Path) -> DecodeSpec:
+    """The ``DecodeSpec`` in a JSON file, or a YAML file (``.yaml`` / ``.yml``)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpdError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        return DecodeSpec.model_validate(data)
+    try:
+        return DecodeSpec.model_validate_json(text)
+    except ValidationError as exc:
+        bad = [e for e in exc.errors() if e["type"] == "json_invalid"]
+        if bad:
+            raise SpdError(f"{path}: not valid JSON ({bad[0]['msg']})") from None
+        raise

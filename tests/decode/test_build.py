@@ -1,0 +1,124 @@
+"""``build(spec)``: the same decode written once as a ``DecodeSpec`` gives the same tokens from ``accel generate
+--spec``, from the equivalent flags and from Python (``build`` + ``accel.spd.generate``), and the target's graph is
+what the proposer declares it needs (``ProposerInfo.needs_hidden`` / ``branching``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from accel.cli import EXIT_ERROR, main
+from accel.decode import ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, TreeSpec, build
+from accel.models import load_checkpoint, save_pretrained
+from accel.spd import generate
+from tests.helpers.decoders import oracle_feature_draft, perturbed, random_model
+
+PROMPT = [5, 17, 2, 9, 5, 17]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode_ckpt")
+    target = random_model(seed=1, std=0.5)
+    return save_pretrained(target, d / "target"), save_pretrained(perturbed(target, 3, 0.02), d / "draft")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path_factory.getbasetemp() / "decode_cache"))
+
+
+def _spec(target: Path, draft: Path, kind: str, backend: str) -> tuple[DecodeSpec, list[str]]:
+    """The decode of ``kind`` as a spec and as the flags that say the same."""
+    flags = ["--target", str(target), "--backend", backend, "--ctx-len", "32", "--threads", "1", "--greedy"]
+    flags += ["--max-new-tokens", "12"]
+    proposer: dict = {"kind": "none"}
+    if kind == "chain":
+        proposer = ChainSpec(draft=draft, k=3).model_dump()
+        flags += ["--draft", str(draft), "--k", "3"]
+    elif kind == "tree":
+        proposer = TreeSpec(draft=draft, nodes=4, top_k=2).model_dump()
+        flags += ["--draft", str(draft), "--tree-nodes", "4", "--tree-top-k", "2"]
+    spec = DecodeSpec(
+        target=TargetSpec(path=target, backend=backend, ctx_len=32, threads=1),
+        proposer=proposer,
+        sampling=SamplingSpec(greedy=True),
+        max_new_tokens=12,
+    )
+    return spec, flags
+
+
+def _cli(argv: list[str], capsys) -> dict:
+    assert main(["generate", *argv, "--prompt", " ".join(map(str, PROMPT)), "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_one_spec_same_tokens_from_cli_flags_and_python(checkpoints, backend, tmp_path, capsys):
+    target, draft = checkpoints
+    runs = {}
+    for kind in ("none", "chain", "tree"):
+        spec, flags = _spec(target, draft, kind, backend)
+        path = tmp_path / f"{kind}.json"
+        path.write_text(spec.model_dump_json(indent=2))
+        from_file = _cli(["--spec", str(path)], capsys)
+        from_flags = _cli(flags, capsys)
+        setup = build(spec)
+        res = generate(
+            setup.target,
+            setup.proposer,
+            [PROMPT],
+            max_new_tokens=spec.max_new_tokens,
+            sampling=spec.sampling.sampling(),
+            seed=spec.sampling.seed,
+            eos_token_id=setup.eos_token_id,
+        )
+        assert from_file["tokens"] == from_flags["tokens"] == res.tokens == setup.generate([PROMPT]).tokens
+        assert from_file["stats"]["proposer"] == from_flags["stats"]["proposer"] == res.stats.proposer
+        assert len(res.tokens[0]) == 12
+        runs[kind] = res
+    # greedy SpD is the target's greedy decoding, whatever proposes; the chain and the tree really drafted
+    assert runs["chain"].tokens == runs["tree"].tokens == runs["none"].tokens
+    assert runs["none"].stats.mode == "ar" and runs["chain"].stats.accepted_drafts > 0
+    assert runs["tree"].stats.tree_rounds > 0
+
+
+def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
+    """On onnxruntime the target is exported with tree inputs for a branching proposer and with hidden states for a
+    feature draft, and plain otherwise."""
+    target, draft = checkpoints
+    fd = save_pretrained(oracle_feature_draft(load_checkpoint(target), list(range(31))), tmp_path / "fd")
+    base = {"target": {"path": str(target), "ctx_len": 32, "threads": 1}, "sampling": {"greedy": True}}
+    cases = [
+        ({"kind": "none"}, set()),
+        ({"kind": "chain", "draft": str(draft)}, set()),
+        ({"kind": "tree", "draft": str(draft), "top_k": 2}, {"tree"}),
+        ({"kind": "tree", "draft": str(draft), "top_k": 1}, set()),  # a tree of one child per node is a chain
+        ({"kind": "chain", "draft": str(fd)}, {"hidden_states"}),
+        ({"kind": "merge", "lookup": {}, "tree": {"kind": "tree", "draft": str(fd)}}, {"tree", "hidden_states"}),
+    ]
+    tokens = []
+    for proposer, needs in cases:
+        setup = build(DecodeSpec.model_validate({**base, "proposer": proposer}))
+        info = setup.proposer.info if setup.proposer is not None else None
+        assert bool(info and info.branching) == ("tree" in needs)
+        assert {"tree", "hidden_states"} & set(setup.target.info.capabilities) == needs, proposer
+        tokens.append(setup.generate([PROMPT]).tokens)
+    assert all(t == tokens[0] for t in tokens)  # greedy: every proposer gives the target's own tokens
+
+
+def test_spec_file_replaces_the_decode_flags(checkpoints, tmp_path, capsys):
+    target, _ = checkpoints
+    path = tmp_path / "ar.json"
+    path.write_text(DecodeSpec(target=TargetSpec(path=target, backend="torch", ctx_len=32)).model_dump_json())
+    argv = ["generate", "--spec", str(path), "--prompt", "1 2", "--k", "3", "--greedy"]
+    assert main(argv) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds the whole decode: drop --k, --greedy" in err
+    (tmp_path / "bad.json").write_text('{"target": {"path": "t"}, "proposer": {"kind": "chain"}}')
+    assert main(["generate", "--spec", str(tmp_path / "bad.json"), "--prompt", "1 2"]) == EXIT_ERROR
+    assert "proposer.chain.draft: Field required" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "1 2"]) == EXIT_ERROR
+    assert "give --target" in capsys.readouterr().err
