@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import onnx
@@ -17,6 +18,7 @@ from onnx import numpy_helper
 
 from accel.backends import ExportWeights, OrtBackend, export_onnx
 from accel.backends.export import onnx_file_bytes
+from accel.errors import CpuWarning
 from accel.models import Decoder, ModelConfig, load_checkpoint
 from accel.models.random_checkpoint import write_random_checkpoint
 
@@ -96,11 +98,17 @@ def test_qwen2_and_gpt2_directories_stream(tmp_path):
 
 
 def test_int8_weights_equal_onnxruntime_quantize_dynamic(tmp_path):
-    """The int8 graph accel writes itself equals quantize_dynamic on the float graph: initializers and logits."""
+    """The int8 graph accel writes itself equals quantize_dynamic on the float graph: initializers and logits
+    (``u8s8``, the tool's own storage); the default ``u8u8`` graph equals the tool's graph with its int8 weights
+    stored as uint8 + 128 (``to_u8u8``), bit for bit."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from accel.backends.onnx_int8 import to_u8u8
+
     model = Decoder(_config(tied=False)).init_weights(2, std=0.1)
-    ours = export_onnx(model, tmp_path / "int8.onnx", ctx_len=CTX, weights="int8", progress=False)
+    u8s8 = ExportWeights("int8", int8_scheme="u8s8")
+    ours = export_onnx(model, tmp_path / "int8.onnx", ctx_len=CTX, weights=u8s8, progress=False)
+    default = export_onnx(model, tmp_path / "u8u8.onnx", ctx_len=CTX, weights="int8", progress=False)
     fp32 = export_onnx(model, tmp_path / "fp32.onnx", ctx_len=CTX, progress=False, ort_ops=True)
     proto = onnx.load(str(fp32))
     inits = {t.name for t in proto.graph.initializer}
@@ -123,7 +131,15 @@ def test_int8_weights_equal_onnxruntime_quantize_dynamic(tmp_path):
     assert ops(ours) == ops(ref)
     ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
     pos = np.arange(8)[None]
-    np.testing.assert_array_equal(OrtBackend(ours).forward(ids, pos), OrtBackend(ref).forward(ids, pos))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CpuWarning)  # u8s8 on a CPU without VNNI: both graphs alike
+        np.testing.assert_array_equal(OrtBackend(ours).forward(ids, pos), OrtBackend(ref).forward(ids, pos))
+    shifted = tmp_path / "ref_u8u8.onnx"
+    onnx.save(to_u8u8(onnx.load(str(ref))), shifted)
+    mine, theirs = _initializers(default), _initializers(shifted)
+    for name in quantized:
+        assert mine[name].dtype == theirs[name].dtype and mine[name].tobytes() == theirs[name].tobytes(), name
+    np.testing.assert_array_equal(OrtBackend(default).forward(ids, pos), OrtBackend(shifted).forward(ids, pos))
 
 
 def test_int8_has_no_size_limit_and_keeps_fc_float(tmp_path, monkeypatch):
