@@ -13,7 +13,7 @@ import functools
 import platform
 from pathlib import Path
 
-__all__ = ["INT8_DOT_FLAGS", "cpu_flags", "int8_dot_product", "int8_warning", "is_x86"]
+__all__ = ["INT8_DOT_FLAGS", "cpu_flags", "int8_dot_product", "int8_warning", "is_x86", "onnxruntime_u8s8_saturates"]
 
 #: /proc/cpuinfo flags of x86 CPUs whose int8 dot products accumulate in int32 without an int16 stage
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -45,11 +45,37 @@ def int8_dot_product(flags: frozenset[str] | None = None) -> bool:
     return bool((cpu_flags() if flags is None else flags) & set(INT8_DOT_FLAGS))
 
 
+@functools.lru_cache(maxsize=1)
+def onnxruntime_u8s8_saturates() -> bool:
+    """Whether onnxruntime's uint8 x int8 ``MatMulInteger`` clips a pair sum at 32,767 on this CPU: asked of
+    onnxruntime itself (one 1 x 2 product of 255 and 127, a few milliseconds, once per process), since the kernel it
+    picks follows CPUID, which an emulator or a VM may report differently from /proc/cpuinfo."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+        "u8s8_probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
+        [numpy_helper.from_array(np.full((2, 1), 127, np.int8), "w")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0]
+    return int(y[0, 0]) != 2 * 255 * 127
+
+
 def int8_warning(scheme: str | None, flags: frozenset[str] | None = None, x86: bool | None = None) -> str | None:
     """The one-line warning for an int8 graph whose weights are stored as ``scheme`` (``accel.int8`` metadata; None:
-    exported before the metadata existed, i.e. ``u8s8``) on this CPU (or one with ``flags``), or None when the CPU
-    computes it as exactly as a VNNI CPU does."""
-    if scheme not in (None, "u8s8") or not (is_x86() if x86 is None else x86) or int8_dot_product(flags):
+    exported before the metadata existed, i.e. ``u8s8``) on this CPU (asked of onnxruntime:
+    ``onnxruntime_u8s8_saturates``) or on an x86 CPU with ``flags``; None when the CPU computes it as exactly as a
+    VNNI CPU does."""
+    if scheme not in (None, "u8s8") or not (is_x86() if x86 is None else x86):
+        return None
+    if (not onnxruntime_u8s8_saturates()) if flags is None else int8_dot_product(flags):
         return None
     return (
         "this int8 graph has full-range int8 weights (u8s8), which x86 CPUs without VNNI compute with a saturating "
