@@ -24,6 +24,8 @@ Counting conventions (used by the tests and the benchmark):
 - Times in seconds: ``draft_s`` and ``target_s`` are spent inside backend calls (prefill included, reported apart in
   ``prefill_s``), ``host_s = wall_s - draft_s - target_s`` (sampling, bookkeeping). ``tokens_per_s = new_tokens /
   wall_s``; ``decode_tokens_per_s`` leaves the prefill out.
+- ``tuned_rounds``: one ``TunedRound`` per round of a cost-aware controller (``accel.spd.autotune.AutoTune``): the
+  node budget it chose, and what it predicted against what it saw (empty for other proposers).
 """
 
 from __future__ import annotations
@@ -39,9 +41,29 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accel.spd.verify import TreeOutcome
 
-__all__ = ["GenerationResult", "GenerationStats", "StatsAccumulator"]
+__all__ = ["GenerationResult", "GenerationStats", "StatsAccumulator", "TunedRound"]
 
 FinishReason = Literal["eos", "length", "context"]
+
+
+class TunedRound(BaseModel):
+    """One round of ``accel.spd.autotune.AutoTune``: the shape it chose and its prediction against the observation.
+    Times in seconds; ``call`` = the target call with its verification and host time, ``propose`` = the wrapped
+    proposer's ``propose``. Predictions are NaN where the cost model had no estimate (probe and fallback rounds)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: int = Field(description="the node budget chosen (chain length, tree nodes); 0 = no speculation")
+    phase: Literal["probe", "explore", "model", "fallback"] = Field(
+        description="why: start-up probe, periodic re-measurement, the cost model's best, or the fixed fallback"
+    )
+    call_tokens: int = Field(description="tokens the target scored per row (the widest tree, root included)")
+    predicted_tokens_per_call: float = Field(description="E[accepted + 1] per row the model expected")
+    tokens_per_call: float = Field(description="observed mean accepted + 1 over the rows asked")
+    predicted_call_s: float
+    call_s: float
+    predicted_propose_s: float
+    propose_s: float
 
 
 class GenerationStats(BaseModel):
@@ -112,6 +134,9 @@ class GenerationStats(BaseModel):
     host_s: float
     tokens_per_s: float = Field(description="new_tokens / wall_s")
     decode_tokens_per_s: float = Field(description="new_tokens / (wall_s - prefill_s)")
+    tuned_rounds: list[TunedRound] = Field(
+        default_factory=list, description="per round of a cost-aware controller (AutoTune): shape, predicted, observed"
+    )
 
 
 class GenerationResult(BaseModel):
@@ -153,6 +178,7 @@ class StatsAccumulator:
         self.all_accepted = 0
         self.drafted = 0
         self.times = {"draft": 0.0, "target": 0.0, "prefill": 0.0}
+        self.tuned: list[TunedRound] = []  # filled by accel.spd.autotune.AutoTune
         self._t0 = time.perf_counter()
 
     @contextmanager
@@ -262,6 +288,7 @@ class StatsAccumulator:
             host_s=max(0.0, wall - draft_s - target_s),
             tokens_per_s=_nan_div(self.new_tokens, wall),
             decode_tokens_per_s=_nan_div(self.new_tokens, decode_s),
+            tuned_rounds=list(self.tuned),
         )
 
 

@@ -1,0 +1,247 @@
+"""The cost-aware controller (``accel.spd.autotune.AutoTune``): it keeps exactness while its budget changes from round
+to round, it decides by the stated formula, and bad timings give its documented fallback.
+
+- greedy: SpD through the controller equals greedy AR token for token (chains, trees, lookup, ``FirstOf``, ``Merge``;
+  batch 1 and ragged batch 3), over several runs of one controller so it probes, explores and decides;
+- sampling: the 3-token continuations of a fixed prompt follow the target's exact law (enumeration; chi-square at
+  ALPHA = 0.001, fixed seeds, as tests/spd/test_exactness.py) for a sampled chain and a top-k tree, with a seeded
+  clock so the budgets vary between rounds reproducibly, and a controller that peeks at the target's verdict (it
+  keeps a row's proposal only when the target will surely accept its first token) fails the same test;
+- the decision: with costs given as samples, ``plan`` equals E / (T_propose + T_call) computed from
+  ``accel.sim.spd.expected_tokens`` (the i.i.d. chain formula, an independent implementation of E).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from accel.errors import SpdError
+from accel.sim.spd import expected_tokens
+from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
+from accel.spd.autotune import AutoTune
+from tests.helpers.decoders import backend, perturbed, random_model
+from tests.helpers.spd import (
+    ALPHA,
+    MAX_NEW,
+    NEW,
+    PROMPT,
+    PROMPTS_1,
+    PROMPTS_3,
+    ROWS,
+    SETTINGS,
+    VOCAB,
+    K,
+    chi_square,
+    exact_law,
+)
+
+torch = pytest.importorskip("torch")
+
+CTX = 64
+PROPOSERS = {
+    "chain": lambda db: DraftChain(db, k=4),
+    "tree": lambda db: DraftTree(db, nodes=6, top_k=3),
+    "lookup": lambda db: NgramLookup(2, 4),
+    "lookup|chain": lambda db: FirstOf(NgramLookup(2, 3), DraftChain(db, k=3)),
+    "lookup+tree": lambda db: Merge(NgramLookup(2, 3), DraftTree(db, nodes=4, top_k=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = random_model(seed=1, std=0.5)
+    return target, perturbed(target, seed=3, rel=0.3)
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS_1, PROMPTS_3], ids=["b1", "b3"])
+@pytest.mark.parametrize("name", list(PROPOSERS))
+def test_greedy_equals_ar_while_the_budget_changes(models, name, prompts):
+    target, draft = models
+    tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
+    ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
+    tuner = AutoTune(PROPOSERS[name](db), explore_every=3)
+    records = []
+    for _ in range(4):  # one controller over several runs: probe, then model and explore rounds
+        res = generate(tb, tuner, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
+        assert res.tokens == ar
+        assert 0 < len(res.stats.tuned_rounds) <= res.stats.rounds
+        records += res.stats.tuned_rounds
+    assert {"probe", "model", "explore"} <= {r.phase for r in records}
+    assert len({r.nodes for r in records}) >= 3  # at least the probe's max, 0 and 1
+    for r in records:  # the budget was honoured, and no speculation means a plain one-token step
+        assert r.call_tokens <= r.nodes + 1 and (r.nodes > 0 or r.tokens_per_call == 1.0)
+        assert r.call_s > 0 and r.propose_s >= 0 and r.tokens_per_call >= 1.0
+    assert all(math.isfinite(r.predicted_tokens_per_call) for r in records if r.phase == "model")
+
+
+def test_other_proposers_record_no_tuning(models):
+    target, draft = models
+    tb, db = backend(target, 1, ctx_len=CTX), backend(draft, 1, ctx_len=CTX)
+    assert generate(tb, DraftChain(db, k=2), PROMPTS_1, max_new_tokens=8).stats.tuned_rounds == []
+
+
+@pytest.mark.parametrize("clock", [lambda: 7.0, lambda: math.nan, iter(np.arange(1e6, 0, -1.0)).__next__])
+def test_bad_timings_run_the_fixed_fallback(models, clock):
+    """A frozen, NaN or backwards clock: every sample is refused, and after the probe rounds the controller runs its
+    documented fallback shape (here 2 nodes), with greedy output still equal to AR: no error, no hang."""
+    target, draft = models
+    tb, db = backend(target, 3, ctx_len=CTX), backend(draft, 3, ctx_len=CTX)
+    tuner = AutoTune(DraftChain(db, k=4), fallback=2, clock=clock)
+    res = generate(tb, tuner, PROMPTS_3, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    assert res.tokens == generate_ar(tb, PROMPTS_3, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
+    later = res.stats.tuned_rounds[4:]
+    assert later and all(r.phase == "fallback" and r.nodes == 2 for r in later)
+    assert tuner.plan() is None and tuner.call_costs.rejected > 0
+    assert "fallback" in tuner.describe()
+    with pytest.raises(SpdError, match="no valid timing"):
+        tuner.probe(tb)
+
+
+def chain_tuner(db, prior: float) -> AutoTune:
+    tuner = AutoTune(DraftChain(db, k=4), prior_acceptance=prior)
+    tuner.propose_costs.observe(1, 1e-3)
+    tuner.propose_costs.observe(4, 4e-3)  # 1 ms per draft call
+    return tuner
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.5e-3, 1e-3, 4e-3])
+def test_plan_is_tokens_over_seconds(models, slope):
+    """No verified round yet: the acceptance is the prior at every depth, so E is the i.i.d. chain formula."""
+    _, draft = models
+    tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.6)
+    for s in (1, 5):
+        tuner.call_costs.observe(s, 10e-3 + slope * (s - 1))
+    plan = tuner.plan()
+    assert plan is not None and plan.nodes.tolist() == [0, 1, 2, 3, 4]
+    k = np.arange(1, 5)
+    tokens = np.concatenate([[1.0], expected_tokens(0.6, k)])
+    seconds = np.concatenate([[10e-3], k * 1e-3 + 10e-3 + slope * k])
+    np.testing.assert_allclose(plan.tokens, tokens, rtol=1e-12)
+    np.testing.assert_allclose(plan.tokens_per_s, tokens / seconds, rtol=1e-12)
+    assert plan.best() == int(np.argmax(tokens / seconds))
+
+
+def test_speculation_is_switched_off_where_it_loses(models):
+    _, draft = models
+    flat = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.9)
+    steep = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.3)
+    for tuner, per_token in ((flat, 0.0), (steep, 5e-3)):
+        for s in (1, 5):
+            tuner.call_costs.observe(s, 10e-3 + per_token * (s - 1))
+    assert flat.plan().best() == 4 and "4 nodes" in flat.describe()
+    assert steep.plan().best() == 0 and "no speculation" in steep.describe()
+
+
+def test_arguments_are_checked(models):
+    _, draft = models
+    chain = DraftChain(backend(draft, 1, ctx_len=CTX), k=4)
+    with pytest.raises(SpdError, match="Proposer"):
+        AutoTune(object())  # type: ignore[arg-type]
+    with pytest.raises(SpdError, match=r"budgets must be node counts in 1 \.\. 4"):
+        AutoTune(chain, budgets=[2, 5])
+    with pytest.raises(SpdError, match="fallback"):
+        AutoTune(chain, budgets=[1, 2], fallback=3)
+    for kw in (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1)):
+        with pytest.raises(SpdError, match=next(iter(kw))):
+            AutoTune(chain, **kw)
+
+
+# ---------------------------------------------------------------------- distribution exactness
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = random_model(seed=21, vocab_size=VOCAB, std=0.3)
+    return target, perturbed(target, seed=22, rel=0.15)
+
+
+class SeededClock:
+    """A reproducible clock for the chi-square tests: each reading advances by an exponential draw from its own
+    seeded generator, so the controller's budgets vary from round to round as with real timings, but the same way on
+    every machine (the fixed seed makes the test's outcome reproducible). The controller reads it three times a
+    round (before and after ``propose``, then in ``update``); the means make a proposal cheap against a call
+    (0.2 ms against 1 ms), so speculation can pay and the choice follows the noise and the acceptance."""
+
+    MEANS_S = (1e-3, 0.2e-3, 1e-3)  # before propose (not measured), propose, the call
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.now, self.reads = np.random.default_rng(seed), 0.0, 0
+
+    def __call__(self) -> float:
+        self.now += float(self.rng.exponential(self.MEANS_S[self.reads % 3]))
+        self.reads += 1
+        return self.now
+
+
+class Peeking(AutoTune):
+    """The wrong controller: a row keeps its proposal only if the target will surely accept its first token
+    (target probability >= the draft's): the choice "speculate or not" then depends on this round's target output.
+    Its clock is frozen, so after the probe rounds it runs its fallback budget K every round (the peek always bites)."""
+
+    def __init__(self, proposer, target_model) -> None:
+        super().__init__(proposer, fallback=K, clock=lambda: 0.0)
+        self.target_model = target_model
+
+    def propose(self, run, rows):
+        trees = super().propose(run, rows)
+        for n in np.unique(run.n[rows]):
+            idx = np.flatnonzero(rows & (run.n == n))
+            with torch.inference_mode():
+                logits = self.target_model.causal_forward(torch.from_numpy(run.tokens[idx, :n])).float().numpy()
+            p = run.sampling.probs(logits[:, -1])
+            for j, b in enumerate(idx):
+                tree = trees[b]
+                if tree is not None and tree.dists is not None:
+                    x = int(tree.tokens[1])
+                    if p[j, x] < tree.dists[1, x]:
+                        trees[b] = None
+        return trees
+
+
+def tuned_counts(target, draft, build, sampling: dict, seed: int, runs: int):
+    """Counts ``[V, V, V]`` of ``runs`` x ``ROWS`` continuations of PROMPT through one controller ``build(db)`` shared
+    by the runs (so later runs use the budgets it learned), and its records."""
+    tb, db = backend(target, ROWS, ctx_len=8), backend(draft, ROWS, ctx_len=8)
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
+    tuner, records = build(db), []
+    for _ in range(runs):
+        res = generate(tb, tuner, [PROMPT] * ROWS, max_new_tokens=NEW, seed=rng, sampling=Sampling(**sampling))
+        np.add.at(counts, tuple(np.array(res.tokens).T), 1)
+        records += res.stats.tuned_rounds
+    return counts, records
+
+
+@pytest.mark.parametrize(
+    "name, build, setting",
+    [
+        ("sampled chain", lambda db: AutoTune(DraftChain(db, k=K), explore_every=3, clock=SeededClock(1)), "plain"),
+        (
+            "top-k tree",
+            lambda db: AutoTune(DraftTree(db, nodes=4, top_k=2, depth=2), explore_every=3, clock=SeededClock(2)),
+            "temperature",
+        ),
+    ],
+)
+def test_controller_keeps_the_target_law(pair, name, build, setting):
+    target, draft = pair
+    sampling = SETTINGS[setting]
+    counts, records = tuned_counts(target, draft, build, sampling, seed=300, runs=10)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [autotune, {name}]: {pvalue:.4g}")
+    assert pvalue > ALPHA
+    assert len({r.nodes for r in records}) >= 3  # the budget changed between rounds
+    assert any(r.nodes > 0 for r in records if r.phase != "probe")  # and speculation ran after the probe too
+
+
+def test_peeking_controller_fails(pair):
+    target, draft = pair
+    sampling = SETTINGS["plain"]
+    peeking = lambda db: Peeking(DraftChain(db, k=K), target)  # noqa: E731
+    counts, _ = tuned_counts(target, draft, peeking, sampling, seed=300, runs=5)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [autotune, peeking]: {pvalue:.4g}")
+    assert pvalue < ALPHA
