@@ -112,6 +112,11 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
     )
     for draft, path in drafts:
         check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
+    if spec.autotune and proposer is not None:
+        from accel.spd.autotune import AutoTune
+
+        proposer = AutoTune(proposer)
+        proposer.probe(target)  # the call-cost curve at every budget before the first round (SpdError if it fails)
     return DecodeSetup(spec, target, proposer, tokenizer, eos)
 
 

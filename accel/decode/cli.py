@@ -40,7 +40,7 @@ _DECODE_FLAGS = (
     "target", "draft", "hydra", "k", "min_draft_prob", "ngram", "ngram_k", "ngram_merge", "tree_nodes", "tree_top_k",
     "tree_depth", "tree_min_prob", "tree_expand_prob", "max_new_tokens", "temperature", "top_k", "top_p", "greedy",
     "seed", "backend", "ctx_len", "threads", "draft_threads", "draft_weights", "target_weights", "tokenizer", "ppd",
-    "ppd_k", "exit_head",
+    "ppd_k", "exit_head", "autotune",
 )  # fmt: skip
 
 
@@ -93,6 +93,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --ngram and a tree (--tree-nodes or --hydra): join lookup's chain into the tree every round "
         "(Merge; one target call verifies both) instead of using lookup instead of the tree where it matches",
+    )
+    p.add_argument(
+        "--autotune",
+        action="store_true",
+        help="size each round from this machine's measured costs and the run's acceptance (accel.spd.autotune): "
+        "chain length or tree nodes up to the given --k / --tree-nodes, or no speculation where it loses; exact",
     )
     p.add_argument(
         "--tree-nodes",
@@ -230,4 +236,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res.model_dump(mode="json"), indent=2))
     else:
         print("\n" + summary(res.stats, res.messages))
+        describe = getattr(setup.proposer, "describe", None)
+        if spec.autotune and describe is not None:  # what it chose and why, e.g. "4 nodes: 2.31 tokens/call, ..."
+            print(f"autotune: {describe()}")
     return 0

@@ -77,6 +77,6 @@ def spec_from_args(args: argparse.Namespace) -> DecodeSpec:
             "sampling": _given(
                 greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
             ),
-            **_given(max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer),
+            **_given(max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, autotune=args.autotune or None),
         }
     )

@@ -256,6 +256,8 @@ class DecodeSpec(_Part):
         max_new_tokens: most tokens generated per prompt.
         eos_token_id: the stop token(s) (None: the target's config ``eos_token_id``, if any; ``[]``: none).
         tokenizer: a ``tokenizer.json``, its directory or a ``.gguf`` (None: the target's own).
+        autotune: wrap the proposer in ``accel.spd.autotune.AutoTune``: each round's node budget (0: no speculation)
+            chosen from the run's measured costs and acceptance; the proposer's own size is the largest budget.
     """
 
     target: TargetSpec
@@ -264,10 +266,15 @@ class DecodeSpec(_Part):
     max_new_tokens: int = Field(64, ge=1)
     eos_token_id: int | list[int] | None = None
     tokenizer: Path | None = None
+    autotune: bool = False
 
     @model_validator(mode="after")
     def _combinations(self) -> DecodeSpec:
         target = self.target
+        if self.autotune and isinstance(self.proposer, ARSpec):
+            raise _refuse(
+                "autotune", "autotune would be ignored: it sizes a proposer's rounds (give a draft, --hydra or --ngram)"
+            )
         for part in self.model_parts():
             if isinstance(part, HydraTreeSpec) and target.path.suffix in (".onnx", ".gguf"):
                 raise _refuse(

@@ -122,3 +122,26 @@ def test_spec_file_replaces_the_decode_flags(checkpoints, tmp_path, capsys):
     assert "proposer.chain.draft: Field required" in capsys.readouterr().err
     assert main(["generate", "--prompt", "1 2"]) == EXIT_ERROR
     assert "give --target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_autotune_from_flags_spec_and_python(checkpoints, tmp_path, capsys, kind):
+    """``--autotune`` / ``DecodeSpec.autotune``: the proposer is sized each round by ``AutoTune`` (probed first), the
+    tokens stay greedy AR's, and the run's stats list one tuned round per round; the text mode says what it chose."""
+    target, draft = checkpoints
+    spec, flags = _spec(target, draft, kind, "ort")
+    _, ar_flags = _spec(target, draft, "none", "ort")
+    ar = _cli(ar_flags, capsys)["tokens"]
+    tuned = _cli([*flags, "--autotune"], capsys)
+    assert tuned["tokens"] == ar and len(tuned["stats"]["tuned_rounds"]) >= 1
+    setup = build(spec.model_copy(update={"autotune": True}))
+    assert type(setup.proposer).__name__ == "AutoTune"
+    assert setup.generate([PROMPT]).tokens == ar
+    assert main(["generate", *flags, "--autotune", "--prompt", " ".join(map(str, PROMPT))]) == 0
+    assert "autotune: " in capsys.readouterr().out
+
+
+def test_autotune_needs_a_proposer(checkpoints):
+    target, _ = checkpoints
+    with pytest.raises(ValueError, match="autotune would be ignored"):
+        DecodeSpec(target=TargetSpec(path=target), autotune=True)
