@@ -72,22 +72,10 @@ def parse_args() -> argparse.Namespace:
 def probe_u8s8() -> str:
     """What onnxruntime's uint8 x int8 ``MatMulInteger`` computes on this CPU: ``exact`` (int32 sums: VNNI, AMX) or
     ``saturating`` (a clipped int16 pair sum: AVX2, AVX-512 without VNNI)."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
+    from accel.backends.cpu import onnxruntime_u8s8_pair
 
-    a, w = np.full((1, 4), 255, np.uint8), np.full((4, 1), 127, np.int8)  # each pair: 64,770 > 32,767
-    nodes = [helper.make_node("MatMulInteger", ["a", "w"], ["y"])]
-    g = helper.make_graph(
-        nodes,
-        "probe",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
-        [numpy_helper.from_array(w, "w")],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    return "exact" if int(y[0, 0]) == 4 * 255 * 127 else f"saturating ({int(y[0, 0])} for {4 * 255 * 127})"
+    y = onnxruntime_u8s8_pair()
+    return "exact" if y == 2 * 255 * 127 else f"saturating ({y} for {2 * 255 * 127})"
 
 
 def kernel_ms(schemes: list[str], repeats: int = 30) -> dict:

@@ -13,7 +13,15 @@ import functools
 import platform
 from pathlib import Path
 
-__all__ = ["INT8_DOT_FLAGS", "cpu_flags", "int8_dot_product", "int8_warning", "is_x86", "onnxruntime_u8s8_saturates"]
+__all__ = [
+    "INT8_DOT_FLAGS",
+    "cpu_flags",
+    "int8_dot_product",
+    "int8_warning",
+    "is_x86",
+    "onnxruntime_u8s8_pair",
+    "onnxruntime_u8s8_saturates",
+]
 
 #: /proc/cpuinfo flags of x86 CPUs whose int8 dot products accumulate in int32 without an int16 stage
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -48,8 +56,14 @@ def int8_dot_product(flags: frozenset[str] | None = None) -> bool:
 @functools.lru_cache(maxsize=1)
 def onnxruntime_u8s8_saturates() -> bool:
     """Whether onnxruntime's uint8 x int8 ``MatMulInteger`` clips a pair sum at 32,767 on this CPU: asked of
-    onnxruntime itself (one 1 x 2 product of 255 and 127, a few milliseconds, once per process), since the kernel it
-    picks follows CPUID, which an emulator or a VM may report differently from /proc/cpuinfo."""
+    onnxruntime itself (``onnxruntime_u8s8_pair``, once per process), since the kernel it picks follows CPUID, which
+    an emulator or a VM may report differently from /proc/cpuinfo."""
+    return onnxruntime_u8s8_pair() != 2 * 255 * 127
+
+
+def onnxruntime_u8s8_pair() -> int:
+    """What onnxruntime's uint8 x int8 ``MatMulInteger`` gives on this CPU for one pair 255 * 127 + 255 * 127:
+    64,770 (exact: VNNI, AMX) or 32,767 (clipped: AVX2, AVX-512 without VNNI). A few milliseconds."""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -64,8 +78,7 @@ def onnxruntime_u8s8_saturates() -> bool:
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    y = sess.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0]
-    return int(y[0, 0]) != 2 * 255 * 127
+    return int(sess.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0][0, 0])
 
 
 def int8_warning(scheme: str | None, flags: frozenset[str] | None = None, x86: bool | None = None) -> str | None:

@@ -18,30 +18,14 @@ from pathlib import Path
 import numpy as np
 
 
-def u8s8_pair() -> int:
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    g = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
-        "probe",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
-        [numpy_helper.from_array(np.full((2, 1), 127, np.int8), "w")],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return int(sess.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0][0, 0])
-
-
 def main(argv: list[str]) -> None:
     from accel.backends import OrtBackend
+    from accel.backends.cpu import onnxruntime_u8s8_pair
     from accel.formats import get_format, quantize
     from accel.formats.mxkernel import PackedMX
 
     inputs, out = np.load(argv[0]), argv[1]
-    result: dict[str, np.ndarray] = {"u8s8": np.array(u8s8_pair())}
+    result: dict[str, np.ndarray] = {"u8s8": np.array(onnxruntime_u8s8_pair())}
     for path in map(Path, argv[2:]):
         b = OrtBackend(path, threads=1)
         ids, pos = inputs["ids"], inputs["pos"]
