@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``accel`` console script; returns the process exit code."""
     argv, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
     debug = debug or os.environ.get("ACCEL_DEBUG", "") not in ("", "0")
-    parser = build_parser()
+    try:  # Ctrl-C while the subcommands' modules load: one line, as during a command
+        parser = build_parser()
+    except KeyboardInterrupt:
+        return _fail("accel", "interrupted (Ctrl-C)", EXIT_SIGINT, debug)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -126,9 +129,21 @@ def _one_line(text: str) -> str:
 def _fail(prog: str, text: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exc()
+    _close_progress_bars()
     _flush_stdout()
     print(f"{prog}: error: {text}", file=sys.stderr)
     return code
+
+
+def _close_progress_bars() -> None:
+    """End the progress bars still open (a failure inside a loop), so the error starts on a line of its own instead
+    of after a bar's carriage return."""
+    tqdm = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:  # a bar that cannot close must not hide the error
+            pass
 
 
 def _flush_stdout() -> None:

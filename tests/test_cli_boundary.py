@@ -100,3 +100,31 @@ def test_console_script_exit_status(tmp_path):
     assert proc.returncode == EXIT_ERROR
     assert proc.stderr.count("\n") == 1 and "not a directory" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_error_after_an_open_progress_bar_starts_its_own_line(capsys):
+    """A failure inside a loop with a progress bar: the bar is closed first, so the error line is not glued to it."""
+    from tqdm.auto import tqdm
+
+    def failing() -> int:
+        bar = tqdm(total=10, desc="working")
+        bar.update(3)
+        raise FormatError("bad block")
+
+    assert run_command("accel x", failing) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "\naccel x: error: bad block\n" in err or err.startswith("accel x: error: bad block")
+    assert not any(line.endswith("bad block") and "working" in line for line in err.splitlines())
+
+
+def test_ctrl_c_while_the_subcommands_load(monkeypatch, capsys):
+    """Ctrl-C before the command runs (the parser imports the subcommands): one line and 130, no traceback."""
+    import accel.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["generate"]) == EXIT_SIGINT
+    err = capsys.readouterr().err
+    assert err.strip() == "accel: error: interrupted (Ctrl-C)"
