@@ -71,7 +71,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "feature draft (accel.drafts.feature) is fed the target's hidden states",
     )
     p.add_argument("--prompt", required=True, help="prompt text (token ids separated by spaces if no tokenizer)")
-    p.add_argument("--k", type=int, default=_default(ChainSpec, "k"), help="draft tokens per round (default 4)")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per round of a chain (--draft without a tree) or of lookup "
+        f"(default {_default(ChainSpec, 'k')})",
+    )
     p.add_argument(
         "--min-draft-prob",
         type=float,

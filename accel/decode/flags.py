@@ -40,7 +40,7 @@ def _model_part(args: argparse.Namespace) -> dict[str, Any] | None:
         return {
             "kind": "chain",
             "draft": args.draft,
-            "k": args.k,
+            **_given(k=args.k),
             **_given(min_draft_prob=args.min_draft_prob),
             **shared,
         }
@@ -52,7 +52,7 @@ def _proposer(args: argparse.Namespace) -> dict[str, Any]:
     model = _model_part(args)
     if not args.ngram:
         return model or {"kind": "none"}
-    lookup = {"n": args.ngram, "k": args.ngram_k or args.k}
+    lookup = {"n": args.ngram, **_given(k=args.ngram_k or args.k)}
     if model is None:
         return {"kind": "lookup", **lookup}
     if args.ngram_merge:

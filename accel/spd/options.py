@@ -33,7 +33,7 @@ def _needs(cond: bool, flag: str, value: object, what: str) -> None:
 
 def check_generate_options(args: argparse.Namespace) -> None:
     """Refuse option values ``accel generate`` would otherwise clamp or ignore (module docstring)."""
-    for name in ("tree_nodes", "tree_depth", "tree_top_k", "ngram", "ngram_k", "draft_threads"):
+    for name in ("k", "tree_nodes", "tree_depth", "tree_top_k", "ngram", "ngram_k", "draft_threads"):
         _positive(args, name, "--" + name.replace("_", "-"))
     draft, hydra = bool(args.draft), bool(getattr(args, "hydra", None))
     tree = hydra or (draft and args.tree_nodes is not None)
@@ -41,6 +41,13 @@ def check_generate_options(args: argparse.Namespace) -> None:
     for name in ("tree_depth", "tree_top_k", "tree_min_prob", "tree_expand_prob"):
         if getattr(args, name) is not None:
             _needs(tree, "--" + name.replace("_", "-"), getattr(args, name), tree_what)
+    if getattr(args, "k", None) is not None:  # a chain's length, or lookup's when --ngram-k is not given
+        _needs(
+            (draft and not tree) or (bool(args.ngram) and args.ngram_k is None),
+            "--k",
+            args.k,
+            "a draft chain (--draft without a tree) or --ngram (without --ngram-k); a tree's size is --tree-nodes",
+        )
     if args.min_draft_prob is not None:
         _needs(draft and not tree, "--min-draft-prob", args.min_draft_prob, "a draft chain: --draft without a tree")
     if args.ngram_k is not None:
