@@ -1,5 +1,5 @@
 """Which draft sizes run faster on 1 onnxruntime thread than on 2: the crossover behind ``accel generate``'s
-``--draft-threads`` default (``accel.spd.cli._WIDE_DRAFT_PARAMS``).
+``--draft-threads`` default (``accel.decode.build.WIDE_DRAFT_PARAMS``).
 
 Random checkpoints of real shapes (SmolLM2's vocabulary and layouts: ~30 M, ~60 M, SmolLM2-135M, SmolLM2-360M
 drafts; a SmolLM2-1.7B-shaped target exported as ``mxint8-nbits``, as a user would run it) are written to disk and
