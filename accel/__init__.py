@@ -12,10 +12,6 @@ that needs them is called. The public API (every package's ``__all__``) is liste
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
-
 from accel._lazy import lazy_getattr
 from accel.errors import (
     AccelError,
@@ -46,19 +42,7 @@ _DEPRECATED = {
     "load": ("accel.formats.compress", "load_compressed"),
 }
 
-_lazy = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        module, new = _DEPRECATED[name]
-        warnings.warn(
-            f"accel.{name} is deprecated and will be removed in accel 0.2.0; use accel.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), new)
-    return _lazy(name)
+__getattr__ = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES}, _DEPRECATED)
 
 
 __all__ = [

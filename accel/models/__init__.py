@@ -5,9 +5,7 @@ torch-free parts (``accel.models.config``, ``accel.models.sources``, the GGUF re
 without it: ``accel export`` of a checkpoint directory or a ``.gguf`` file never loads torch.
 """
 
-import importlib
-import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accel._lazy import lazy_getattr
 from accel.models.config import MASKED_LOGIT, ModelConfig, RopeScaling
@@ -30,19 +28,7 @@ _LAZY = {
 #: renamed public names, kept for one release (removed in accel 0.2.0): old name -> (module, new name); docs/api.md
 _DEPRECATED = {"load": ("accel.models.loading", "load_checkpoint")}
 
-_lazy = lazy_getattr(__name__, _LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        module, new = _DEPRECATED[name]
-        warnings.warn(
-            f"accel.models.{name} is deprecated and will be removed in accel 0.2.0; use accel.models.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), new)
-    return _lazy(name)
+__getattr__ = lazy_getattr(__name__, _LAZY, deprecated=_DEPRECATED)
 
 
 __all__ = [
