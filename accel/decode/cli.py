@@ -26,7 +26,7 @@ from accel.backends.weights import WEIGHT_MODES
 from accel.decode.build import WIDE_DRAFT_PARAMS, build
 from accel.decode.files import find_tokenizer, model_config
 from accel.decode.flags import spec_from_args
-from accel.decode.spec import ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, load_spec
+from accel.decode.spec import ARSpec, ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, load_spec
 from accel.errors import SpdError
 from accel.spd.cli import StreamPrinter, summary
 from accel.spd.options import check_generate_options
@@ -102,9 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--autotune",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="size each round from this machine's measured costs and the run's acceptance (accel.spd.autotune): "
-        "chain length or tree nodes up to the given --k / --tree-nodes, or no speculation where it loses; exact",
+        "chain length or tree nodes up to --k / --tree-nodes, or no speculation where it loses; exact. Default: on "
+        "with a draft, --hydra or --ngram unless --k, --tree-nodes, --tree-depth, --min-draft-prob or --ngram-k "
+        "pins the shape; --no-autotune runs the given (or default) shape every round",
     )
     p.add_argument(
         "--tree-nodes",
@@ -221,6 +224,19 @@ def _run_ppd(args: argparse.Namespace) -> int:
         return run_ppd(args, prompt, tokenizer, eos, Path(tmp))
 
 
+def autotune_line(spec: DecodeSpec, proposer: object) -> str:
+    """What the controller chose and why (e.g. ``"autotune: 4 nodes: 2.31 tokens/call, 1.21x call cost"``), or
+    why it was off; empty for autoregressive decoding."""
+    describe = getattr(proposer, "describe", None)
+    if spec.autotune and describe is not None:
+        return f"autotune: {describe()}"
+    if isinstance(spec.proposer, ARSpec):
+        return ""
+    pinned = spec.pinned_shape()
+    why = f"{', '.join(pinned)} pins the shape" if pinned else "--no-autotune"
+    return f"autotune: off ({why}; every round proposes the same shape)"
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``accel generate``; returns the exit code."""
     if args.spec is not None:
@@ -242,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res.model_dump(mode="json"), indent=2))
     else:
         print("\n" + summary(res.stats, res.messages))
-        describe = getattr(setup.proposer, "describe", None)
-        if spec.autotune and describe is not None:  # what it chose and why, e.g. "4 nodes: 2.31 tokens/call, ..."
-            print(f"autotune: {describe()}")
+        line = autotune_line(spec, setup.proposer)
+        if line:
+            print(line)
     return 0

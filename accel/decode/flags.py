@@ -3,7 +3,9 @@
 The flags are checked first (``accel.spd.options.check_generate_options``: every flag is used as given or refused,
 naming the flag), then mapped onto the spec: ``--draft`` is a ``chain`` (a ``tree`` with ``--tree-nodes``),
 ``--hydra`` a ``hydra`` tree, ``--ngram`` a ``lookup`` alone or first (``first_of``), or merged into the tree with
-``--ngram-merge`` (``merge``). Flags left out take the spec's defaults, and the spec validates the rest.
+``--ngram-merge`` (``merge``). Flags left out take the spec's defaults, and the spec validates the rest: without
+``--autotune`` / ``--no-autotune`` a run with a proposer is autotuned unless a size flag (``--k``, ``--tree-nodes``,
+``--tree-depth``, ``--min-draft-prob``, ``--ngram-k``) pins its shape.
 """
 
 from __future__ import annotations
@@ -77,6 +79,6 @@ def spec_from_args(args: argparse.Namespace) -> DecodeSpec:
             "sampling": _given(
                 greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
             ),
-            **_given(max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, autotune=args.autotune or None),
+            **_given(max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer, autotune=args.autotune),
         }
     )

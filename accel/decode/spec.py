@@ -48,6 +48,9 @@ __all__ = [
 #: the weight modes Hydra heads export with (``accel.drafts.hydra.export.HYDRA_WEIGHTS``)
 HydraWeights = Literal["fp32", "int8"]
 
+#: the fields that fix a round's size: given explicitly, they pin the shape and ``autotune`` defaults to off
+SHAPE_FIELDS = ("k", "nodes", "depth", "min_draft_prob")
+
 #: fields of the other proposer kinds, with what they need: a misplaced one is named, not just "extra"
 _NEEDS = {
     "draft": "a draft model (kind chain or tree)",
@@ -258,6 +261,10 @@ class DecodeSpec(_Part):
         tokenizer: a ``tokenizer.json``, its directory or a ``.gguf`` (None: the target's own).
         autotune: wrap the proposer in ``accel.spd.autotune.AutoTune``: each round's node budget (0: no speculation)
             chosen from the run's measured costs and acceptance; the proposer's own size is the largest budget.
+            None (the default) is resolved at validation: on when there is a proposer and none of its size fields
+            (``SHAPE_FIELDS``: ``k``, ``nodes``, ``depth``, ``min_draft_prob``) was given, off otherwise (an explicit
+            size pins the shape; ``pinned_shape()`` names it). A validated spec always holds True or False, so a
+            spec written to a file and read back means the same.
     """
 
     target: TargetSpec
@@ -266,11 +273,14 @@ class DecodeSpec(_Part):
     max_new_tokens: int = Field(64, ge=1)
     eos_token_id: int | list[int] | None = None
     tokenizer: Path | None = None
-    autotune: bool = False
+    autotune: bool | None = None
 
     @model_validator(mode="after")
     def _combinations(self) -> DecodeSpec:
         target = self.target
+        if self.autotune is None:  # the default: tune unless a size was given (stored, so a dump means the same)
+            object.__setattr__(self, "autotune", not isinstance(self.proposer, ARSpec) and not self.pinned_shape())
+            self.__pydantic_fields_set__.add("autotune")
         if self.autotune and isinstance(self.proposer, ARSpec):
             raise _refuse(
                 "autotune", "autotune would be ignored: it sizes a proposer's rounds (give a draft, --hydra or --ngram)"
@@ -297,6 +307,22 @@ class DecodeSpec(_Part):
                     "keeps the weights it was exported with",
                 )
         return self
+
+    def pinned_shape(self) -> list[str]:
+        """The size fields given explicitly in the proposer (``SHAPE_FIELDS``), as ``kind.field``, e.g.
+        ``["chain.k"]``: what turns the default ``autotune`` off."""
+        p = self.proposer
+        parts: list[_Part] = [p]
+        if isinstance(p, FirstOfSpec):
+            parts = [p.lookup, p.then]
+        elif isinstance(p, MergeSpec):
+            parts = [p.lookup, p.tree]
+        return [
+            f"{getattr(part, 'kind', 'lookup')}.{name}"
+            for part in parts
+            for name in SHAPE_FIELDS
+            if name in part.model_fields_set
+        ]
 
     def model_parts(self) -> list[ChainSpec | TreeSpec | HydraTreeSpec]:
         """The parts of the proposer that run a model (a draft or Hydra heads): none, or one."""

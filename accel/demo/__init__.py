@@ -18,6 +18,7 @@ from accel.demo.cli import register
 from accel.demo.pipeline import run_demo
 from accel.demo.results import DemoResult, RunFigures
 from accel.demo.settings import (
+    AUTOTUNE_MODE,
     DEMO_PROMPTS,
     HARDWARE,
     LOOKUP_MODE,
@@ -27,6 +28,7 @@ from accel.demo.settings import (
 )
 
 __all__ = [
+    "AUTOTUNE_MODE",
     "DEMO_PROMPTS",
     "HARDWARE",
     "LOOKUP_MODE",

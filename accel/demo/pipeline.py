@@ -17,6 +17,8 @@ from accel.demo.hydra import hydra_drafters
 from accel.demo.predict import mx_summary, predict
 from accel.demo.results import DemoResult, print_runs, summarise_runs
 from accel.demo.settings import (
+    AUTOTUNE_MODE,
+    AUTOTUNE_NODES,
     DEMO_PROMPTS,
     LOOKUP_MODE,
     TREE_MODE,
@@ -315,43 +317,53 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
     }
 
 
-def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
-    """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
-    from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling, generate, generate_ar
+def _drafters(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> list[tuple[str, Any, Any]]:
+    """The demo's speculative modes: (name, a function returning the proposer for one prompt, sampling)."""
+    from accel.spd import GREEDY, DraftChain, DraftTree, Merge, NgramLookup, Sampling
+    from accel.spd.autotune import AutoTune
 
-    sampled_name = f"SpD sampled T={run.temperature:g}"
-    runs: dict[str, list[Any]] = {"AR (greedy)": [], "SpD greedy": [], sampled_name: []}
     sampled = Sampling(temperature=run.temperature)
     drafters: list[tuple[str, Any, Sampling]] = [
         ("SpD greedy", lambda: DraftChain(db, k=run.k), GREEDY),
-        (sampled_name, lambda: DraftChain(db, k=run.k), sampled),
+        (f"SpD sampled T={run.temperature:g}", lambda: DraftChain(db, k=run.k), sampled),
     ]
-    if fb is not None:
-        runs.update(
-            {"feature SpD greedy": [], f"feature SpD T={run.temperature:g}": [], LOOKUP_MODE: [], TREE_MODE: []}
-        )
-        drafters += [
-            ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),
-            (f"feature SpD T={run.temperature:g}", lambda: DraftChain(fb, k=run.k), sampled),
-            (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
-            (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
-        ]  # + n-gram lookup drafts (accel.spd.lookup), + the dynamic token tree (accel.spd.draft_tree)
-        if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.demo.hydra)
-            hydra = hydra_drafters(pair.target_dir, run.results / "onnx", tb.info.ctx_len, run.temperature)
-            runs.update({name: [] for name, _, _ in hydra})
-            drafters += hydra
+    if fb is None:
+        return drafters
+    # one controller for every prompt (it learns this machine's costs and the draft's acceptance as it goes)
+    tuned = AutoTune(Merge(NgramLookup(3, run.k), DraftTree(fb, nodes=AUTOTUNE_NODES)))
+    tuned.probe(tb)
+    drafters += [
+        ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),
+        (f"feature SpD T={run.temperature:g}", lambda: DraftChain(fb, k=run.k), sampled),
+        (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
+        (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
+        (AUTOTUNE_MODE, lambda: tuned, GREEDY),
+    ]  # + n-gram lookup drafts (accel.spd.lookup), the dynamic token tree (accel.spd.draft_tree), the controller
+    if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.demo.hydra)
+        drafters += hydra_drafters(pair.target_dir, run.results / "onnx", tb.info.ctx_len, run.temperature)
+    return drafters
+
+
+def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
+    """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
+    from accel.spd import GREEDY, generate, generate_ar
+    from accel.spd.autotune import AutoTune
+
+    drafters = _drafters(pair, tb, db, fb, run)
+    runs: dict[str, list[Any]] = {"AR (greedy)": [], **{name: [] for name, _, _ in drafters}}
     matches = True
     for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
         run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
         ar = generate_ar(tb, [ids], max_new_tokens=run.max_new, sampling=GREEDY, eos_token_id=pair.eos)
         runs["AR (greedy)"].append(ar)
         run.say(f"[AR greedy] {pair.tok.decode(ar.tokens[0])}")
-        for name, proposer, sampling in drafters:
+        for name, make, sampling in drafters:
             printer = _StreamPrinter(pair.tok, run.out, run.color)
             run.out.write(f"[{name}] ")
+            proposer = make()
             res = generate(
                 tb,
-                proposer(),
+                proposer,
                 [ids],
                 max_new_tokens=run.max_new,
                 sampling=sampling,
@@ -365,6 +377,8 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
                 f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
                 f"tokens, {s.tokens_per_target_call:.2f} tokens per target call"
             )
+            if isinstance(proposer, AutoTune):  # what the controller chose and why
+                run.say(f"    autotune: {proposer.describe()}")
             if sampling.greedy and res.tokens[0] != ar.tokens[0]:
                 matches = False
                 run.say("    WARNING: greedy SpD output differs from AR greedy output")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "AUTOTUNE_MODE",
+    "AUTOTUNE_NODES",
     "DEMO_PROMPTS",
     "HARDWARE",
     "LOOKUP_MODE",
@@ -32,6 +34,9 @@ HARDWARE = ("cloud-ai-100-standard", "cloud-ai-100-pro", "cloud-ai-100-ultra", "
 LOOKUP_MODE = "feature SpD greedy+lookup"  # the feature draft, plus n-gram lookup drafts where the text repeats
 TREE_NODES = 4  # node budget of the feature draft's dynamic tree (accel.spd.DraftTree) in the demo
 TREE_MODE = f"feature SpD tree({TREE_NODES}) greedy"  # the feature draft's dynamic token tree, greedy
+AUTOTUNE_NODES = 8  # the largest budget the demo's controller may choose (accel.spd.autotune.AutoTune)
+# the feature draft's tree merged with n-gram lookup, sized every round by the controller (0 .. AUTOTUNE_NODES nodes)
+AUTOTUNE_MODE = f"feature SpD autotuned tree(<={AUTOTUNE_NODES})+lookup greedy"
 
 
 def default_draft_dir() -> Path:

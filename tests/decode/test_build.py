@@ -145,3 +145,37 @@ def test_autotune_needs_a_proposer(checkpoints):
     target, _ = checkpoints
     with pytest.raises(ValueError, match="autotune would be ignored"):
         DecodeSpec(target=TargetSpec(path=target), autotune=True)
+
+
+def test_autotune_is_the_default_unless_a_size_pins_the_shape(checkpoints, capsys):
+    """Without ``autotune``, a spec with a proposer is autotuned unless a size field was given; the resolved value is
+    stored, so a spec written out and read back means the same; the CLI says what it chose, or why it was off."""
+    target, draft = checkpoints
+    base = {"target": {"path": str(target), "ctx_len": 32, "threads": 1}, "sampling": {"greedy": True}}
+    cases = [
+        ({"kind": "chain", "draft": str(draft)}, True, []),
+        ({"kind": "chain", "draft": str(draft), "k": 2}, False, ["chain.k"]),
+        ({"kind": "tree", "draft": str(draft), "top_k": 2}, True, []),
+        ({"kind": "tree", "draft": str(draft), "depth": 2}, False, ["tree.depth"]),
+        ({"kind": "merge", "lookup": {"k": 3}, "tree": {"kind": "tree", "draft": str(draft)}}, False, ["lookup.k"]),
+        ({"kind": "lookup"}, True, []),
+        ({"kind": "none"}, False, []),
+    ]
+    for proposer, tuned, pinned in cases:
+        spec = DecodeSpec.model_validate({**base, "proposer": proposer})
+        assert spec.autotune is tuned and spec.pinned_shape() == pinned, proposer
+        assert DecodeSpec.model_validate_json(spec.model_dump_json()).autotune is tuned
+        assert DecodeSpec.model_validate_json(spec.model_dump_json(exclude_unset=True)).autotune is tuned
+    flags = ["generate", "--target", str(target), "--ctx-len", "32", "--threads", "1", "--greedy"]
+    flags += ["--max-new-tokens", "8", "--draft", str(draft), "--prompt", " ".join(map(str, PROMPT))]
+    for extra, line in (
+        ([], "autotune: "),
+        (["--k", "2"], "autotune: off (chain.k pins the shape"),
+        (["--no-autotune"], "autotune: off (--no-autotune"),
+        (["--k", "2", "--autotune"], "autotune: "),
+    ):
+        assert main([*flags, *extra]) == 0
+        out = capsys.readouterr().out
+        assert line in out and ("off" in line) == ("autotune: off" in out), extra
+    assert main([*flags, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["stats"]["tuned_rounds"]) >= 1  # tuned by default

@@ -245,3 +245,23 @@ def test_peeking_controller_fails(pair):
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [autotune, peeking]: {pvalue:.4g}")
     assert pvalue < ALPHA
+
+
+def test_probe_only_sizes_are_scaled_by_the_real_to_probe_ratio(models):
+    """A size only the probe timed is priced as the probe's time x the median real / probe ratio of the sizes both
+    timed (a real round adds verification and host time); a size with real rounds is priced from them."""
+    _, draft = models
+    tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.6)
+    for s, secs in ((1, 10e-3), (2, 11e-3), (3, 12e-3), (5, 14e-3)):
+        tuner.probe_costs.observe(s, secs)
+    assert tuner.call_curve().seconds(5) == pytest.approx(14e-3)  # no real round yet: the probe as it is
+    tuner.call_costs.observe(1, 12e-3)  # real rounds 1.2x and 1.3x the probe at sizes 1 and 2
+    tuner.call_costs.observe(2, 14.3e-3)
+    curve = tuner.call_curve()
+    assert curve.seconds(1) == pytest.approx(12e-3) and curve.seconds(2) == pytest.approx(14.3e-3)
+    assert curve.seconds(5) == pytest.approx(1.25 * 14e-3)  # median of the two ratios
+    assert tuner.plan().call_s[-1] == pytest.approx(1.25 * 14e-3)
+    assert AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4)).probe_sizes() == [1, 2, 3, 4, 5]
+    assert AutoTune(DraftTree(backend(draft, 1, ctx_len=CTX), nodes=20)).probe_sizes() == [
+        1, 2, 3, 4, 5, 8, 16, 21
+    ]  # fmt: skip
