@@ -152,8 +152,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ctx-len",
         type=int,
-        default=_default(TargetSpec, "ctx_len"),
-        help="KV-cache length in tokens (checkpoint directories)",
+        default=None,
+        help=f"KV-cache length in tokens of a checkpoint directory or .gguf target (default "
+        f"{_default(TargetSpec, 'ctx_len')}; an .onnx file keeps its own)",
     )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads of the target (torch: both models)")
     p.add_argument(

@@ -114,6 +114,12 @@ class TargetSpec(_Part):
 
     @model_validator(mode="after")
     def _weights_need_a_checkpoint_on_ort(self) -> TargetSpec:
+        if "ctx_len" in self.model_fields_set and self.path.suffix == ".onnx":
+            raise _refuse(
+                "ctx_len",
+                f"ctx_len {self.ctx_len} would be ignored: {self.path} is an .onnx file, which keeps the cache length "
+                "it was exported with (give a checkpoint directory or .gguf file to choose it)",
+            )
         if self.weights is not WeightFormat.FP32 and (self.backend != "ort" or self.path.suffix == ".onnx"):
             raise _refuse(
                 "target_weights",

@@ -1,6 +1,7 @@
 """Checks of ``accel generate``'s flags that need no model: every flag is used as given or refused.
 
-A flag that would be ignored (a tree setting without a tree, ``--exit-head`` without ``--ppd``), silently replaced
+A flag that would be ignored (a tree setting without a tree, ``--exit-head`` or ``--ppd-k`` without ``--ppd``,
+``--ctx-len`` with an ``.onnx`` target), silently replaced
 (``--tree-nodes 0`` running the default tree, ``--tree-depth 0`` the default depth) or that contradicts another
 (``--draft`` with ``--hydra``) is an ``SpdError`` naming the flag, the value and what it needs. These are rules about
 the flags: which ``DecodeSpec`` (``accel.decode``) they describe. Rules about the decode itself (target weights on an
@@ -33,7 +34,17 @@ def _needs(cond: bool, flag: str, value: object, what: str) -> None:
 
 def check_generate_options(args: argparse.Namespace) -> None:
     """Refuse option values ``accel generate`` would otherwise clamp or ignore (module docstring)."""
-    for name in ("k", "tree_nodes", "tree_depth", "tree_top_k", "ngram", "ngram_k", "draft_threads"):
+    for name in (
+        "k",
+        "tree_nodes",
+        "tree_depth",
+        "tree_top_k",
+        "ngram",
+        "ngram_k",
+        "draft_threads",
+        "ppd_k",
+        "ctx_len",
+    ):
         _positive(args, name, "--" + name.replace("_", "-"))
     draft, hydra = bool(args.draft), bool(getattr(args, "hydra", None))
     tree = hydra or (draft and args.tree_nodes is not None)
@@ -58,6 +69,11 @@ def check_generate_options(args: argparse.Namespace) -> None:
         _needs(draft or hydra, "--draft-threads", args.draft_threads, "--draft or --hydra")
     if getattr(args, "exit_head", None) is not None:
         _needs(args.ppd is not None, "--exit-head", args.exit_head, "--ppd EXIT_LAYER")
+    if getattr(args, "ppd_k", None) is not None:
+        _needs(args.ppd is not None, "--ppd-k", args.ppd_k, "--ppd EXIT_LAYER")
+    target = str(getattr(args, "target", None) or "")
+    if getattr(args, "ctx_len", None) is not None and target.endswith(".onnx"):
+        _needs(False, "--ctx-len", args.ctx_len, "a checkpoint directory or .gguf target (an .onnx file keeps its own)")
     _check_proposer_flags(args)
 
 

@@ -17,6 +17,8 @@ from accel.errors import SpdError
 __all__ = ["add_arguments", "run_ppd"]
 
 SHIPPED = "shipped"  # the value of a bare --exit-head
+PPD_K = 3  # candidates per step when --ppd-k is not given
+CTX_LEN = 512  # KV-cache tokens of the stages when --ctx-len is not given (DecodeSpec's default)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Predictive Pipelined Decoding with the early exit after this layer (exact; needs a target checkpoint "
         "directory, no --draft; docs/ppd.md)",
     )
-    p.add_argument("--ppd-k", type=int, default=3, help="PPD candidates per step (default 3)")
+    p.add_argument("--ppd-k", type=int, default=None, help=f"PPD candidates per step (default {PPD_K})")
     p.add_argument(
         "--exit-head",
         nargs="?",
@@ -75,6 +77,7 @@ def run_ppd(args: argparse.Namespace, prompt: list[int], tokenizer, eos, tmp: Pa
     from accel.spd.ppd import generate_ppd
 
     target_path = Path(args.target)
+    args = argparse.Namespace(**{**vars(args), "ppd_k": args.ppd_k or PPD_K, "ctx_len": args.ctx_len or CTX_LEN})
     if args.draft or args.ngram or args.tree_nodes or getattr(args, "hydra", None):
         raise SpdError("--ppd decodes with the target's own early exit: drop --draft, --hydra, --ngram, --tree-nodes")
     if not target_path.is_dir():

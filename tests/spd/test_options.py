@@ -51,6 +51,9 @@ def _run(target, *extra: str) -> list[str]:
         (["--draft-weights", "int8"], "--draft-weights int8 would be ignored"),
         (["--exit-head"], "--exit-head shipped would be ignored: it needs --ppd"),
         (["--exit-head", "{T}"], "would be ignored: it needs --ppd"),
+        (["--ppd-k", "2"], "--ppd-k 2 would be ignored: it needs --ppd"),
+        (["--ppd", "1", "--ppd-k", "0"], "--ppd-k must be an int >= 1; got 0"),
+        (["--ctx-len", "0"], "--ctx-len must be an int >= 1; got 0"),
     ],
 )
 def test_refused_not_clamped_or_ignored(target, capsys, extra, named):
@@ -74,3 +77,22 @@ def test_the_same_options_work_where_they_apply(target, capsys):
         assert len(res["tokens"][0]) == 4
     assert main([*_run(target, *runs[0]), "--json"]) == 0
     assert "tree(nodes=3, top_k=2, depth=2" in json.loads(capsys.readouterr().out)["stats"]["proposer"]
+
+
+def test_ctx_len_is_refused_for_an_onnx_target(target, tmp_path, capsys):
+    """An .onnx file keeps the cache length it was exported with: --ctx-len beside it (or ctx_len in a spec) would be
+    ignored, so it is refused; without it the file runs."""
+    from accel.backends import export_onnx
+    from accel.decode import DecodeSpec
+    from accel.models import load_checkpoint
+
+    onnx_path = export_onnx(load_checkpoint(target), tmp_path / "t.onnx", ctx_len=32, batch_size=1)
+    capsys.readouterr()  # the export's progress bar
+    argv = ["generate", "--target", str(onnx_path), "--prompt", "5 17 2", "--max-new-tokens", "3", "--greedy"]
+    assert main([*argv, "--ctx-len", "64"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ctx-len 64 would be ignored" in err and ".onnx" in err, err
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    assert len(json.loads(capsys.readouterr().out)["tokens"][0]) == 3
+    with pytest.raises(ValueError, match="ctx_len 64 would be ignored"):
+        DecodeSpec.model_validate({"target": {"path": str(onnx_path), "ctx_len": 64}})
