@@ -9,7 +9,6 @@ tree inputs), so no caller decides the target's graph from the kind of draft. On
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -161,23 +160,20 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
 
 
 def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
-    """``accel.drafts.hydra.cli.hydra_proposer`` for this part (the heads exported once and cached; the tree shape
-    checked against the heads first)."""
-    from accel.drafts.hydra.cli import hydra_proposer
+    """The Hydra proposer of this part (``accel.drafts.hydra.open``: the tree shape checked against the heads first,
+    then the heads exported once and cached)."""
+    from accel.drafts.hydra.open import hydra_tree_shape, open_hydra
 
-    args = argparse.Namespace(  # hydra_proposer still reads the generate flags (issue: typed options)
-        hydra=str(p.heads),
-        target_weights=target.weights.value,
-        tree_nodes=p.nodes,
-        tree_top_k=p.top_k,
-        tree_depth=p.depth,
-        tree_min_prob=p.min_prob,
-        tree_expand_prob=p.expand_prob,
-        ctx_len=target.ctx_len,
-        draft_weights=p.weights,
-        draft_threads=p.threads,
+    shape = hydra_tree_shape(
+        p.heads,
+        nodes=p.nodes,
+        top_k=p.top_k,
+        depth=p.depth,
+        min_prob=p.min_prob,
+        expand_prob=p.expand_prob,
+        kernel_target=target.weights.is_kernel,
     )
-    return hydra_proposer(args, target.path)
+    return open_hydra(p.heads, target.path, shape, ctx_len=target.ctx_len, weights=p.weights, threads=p.threads or 1)
 
 
 def draft_threads(draft: Path, target_threads: int | None, feature_draft: bool) -> int | None:

@@ -7,7 +7,7 @@ A flag that would be ignored (a tree setting without a tree, ``--exit-head`` or 
 the flags: which ``DecodeSpec`` (``accel.decode``) they describe. Rules about the decode itself (target weights on an
 ``.onnx`` file, Hydra heads on a ``.gguf`` target, value ranges) are the spec's validators; limits that need the
 models (the target's context, the Hydra heads' depth) are checked where the models are opened (``DraftTree.check``,
-``accel.drafts.hydra.cli.hydra_proposer``).
+``accel.drafts.hydra.open.hydra_tree_shape``).
 """
 
 from __future__ import annotations

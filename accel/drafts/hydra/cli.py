@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from accel.drafts.hydra.tree import TreeShape
+from accel.drafts.hydra.open import is_heads_dir
 
-__all__ = ["eval_heads", "hydra_proposer", "hydra_tree_shape", "is_heads_dir", "register"]
+__all__ = ["eval_heads", "is_heads_dir", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -86,17 +82,6 @@ def _distill_hydra(args: argparse.Namespace) -> int:
     return 0
 
 
-def is_heads_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a Hydra heads directory (its config.json says so)."""
-    from accel.drafts.hydra.config import KIND
-
-    cfg = Path(path) / "config.json"
-    try:
-        return cfg.is_file() and json.loads(cfg.read_text()).get("kind") == KIND
-    except (ValueError, UnicodeDecodeError):
-        return False
-
-
 def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool, max_len: int) -> int:
     """``accel eval-draft TARGET HEADS``: per-head acceptance and tokens per target call (chain and tree) on the
     texts (or, without texts, on the target's greedy continuations of the held-out prompts: exact for greedy SpD)."""
@@ -132,56 +117,3 @@ def eval_heads(target_dir: str, heads_dir: str, texts: list[str], as_json: bool,
         )
     print(f"tree {ev.tree}: {ev.tree_tokens_per_call:.2f} tokens per target call, {ev.tree_nodes:.1f} nodes")
     return 0
-
-
-def hydra_tree_shape(args: argparse.Namespace) -> TreeShape:
-    """The tree ``accel generate --hydra DIR`` grows (``hydra_proposer``), checked against the heads before anything
-    is exported: ``--tree-depth`` beyond the heads or ``--tree-nodes`` beyond what they can grow at that depth and
-    ``--tree-top-k`` is a ``DraftError`` naming the limit (never a silent clamp)."""
-    from accel.backends.weights import WeightFormat
-    from accel.drafts.hydra.tree import DECODE_BUDGET, KERNEL_DECODE_BUDGET, TreeShape
-    from accel.errors import DraftError
-
-    if not is_heads_dir(args.hydra):
-        raise DraftError(f"{args.hydra} is not a Hydra heads directory (no config.json of kind accel-hydra-heads)")
-    num_heads = int(json.loads((Path(args.hydra) / "config.json").read_text())["num_heads"])
-    kernel = WeightFormat(getattr(args, "target_weights", "fp32")).is_kernel
-    budget = args.tree_nodes or (KERNEL_DECODE_BUDGET if kernel else DECODE_BUDGET)
-    shape = TreeShape.for_decoding(num_heads, budget, args.tree_top_k or 4)
-    if args.tree_depth is not None:
-        if args.tree_depth > num_heads:
-            raise DraftError(
-                f"--tree-depth {args.tree_depth} exceeds the {num_heads} Hydra heads in {args.hydra} (one head per "
-                f"level): give --tree-depth 1..{num_heads}"
-            )
-        shape = TreeShape(depth=args.tree_depth, top_k=shape.top_k, beam=shape.beam, budget=shape.budget)
-    grown = replace(shape, budget=sys.maxsize).max_nodes  # the nodes the heads can grow at this depth and top-k
-    if args.tree_nodes is not None and args.tree_nodes > grown:
-        raise DraftError(
-            f"--tree-nodes {args.tree_nodes} exceeds the {grown} nodes a tree of depth {shape.depth} with "
-            f"--tree-top-k {shape.top_k} can hold from these heads: give --tree-nodes 1..{grown}, or a larger "
-            f"--tree-top-k or --tree-depth (at most {num_heads})"
-        )
-    return shape.with_thresholds(args.tree_min_prob or 0.0, args.tree_expand_prob)
-
-
-def hydra_proposer(args: argparse.Namespace, target_dir: Path):
-    """``accel generate --hydra DIR``: the heads exported for onnxruntime (cached under ``$ACCEL_CACHE/onnx``, per
-    heads, target and settings; int8 unless ``--draft-weights fp32``) as a ``HydraProposer`` for batch 1
-    (``--tree-nodes`` nodes, default ``DECODE_BUDGET`` = 4, or ``KERNEL_DECODE_BUDGET`` = 3 on a ``*-kernel``
-    target, ``--tree-top-k`` children per node, depth ``--tree-depth`` or the number of heads, at most 4 by default;
-    thresholds ``--tree-min-prob`` / ``--tree-expand-prob``; ``hydra_tree_shape``)."""
-    from accel.drafts.hydra.export import export_hydra_cached
-    from accel.drafts.hydra.proposer import HydraProposer
-    from accel.drafts.hydra.runtime import HydraRuntime
-    from accel.errors import DraftError
-    from accel.models.smollm2 import cache_root
-
-    shape = hydra_tree_shape(args)
-    if not target_dir.is_dir():
-        raise DraftError("--hydra needs the target as a checkpoint directory (the heads read its embeddings)")
-    out = export_hydra_cached(
-        args.hydra, target_dir, cache_root() / "onnx", ctx_len=args.ctx_len, weights=args.draft_weights or "int8"
-    )
-    runtime = HydraRuntime(out, threads=args.draft_threads or 1)
-    return HydraProposer(runtime, shape)
