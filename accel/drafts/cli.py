@@ -74,6 +74,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print the DraftEval as JSON")
     e.set_defaults(func=_eval)
 
+    x = subparsers.add_parser(
+        "export-draft",
+        help="write a draft for a serving engine (a plain Hugging Face checkpoint)",
+        description="Write a standalone draft (accel distill; plain or MX-compressed) as a float32 Hugging Face "
+        "checkpoint that transformers.AutoModelForCausalLM loads with the same logits, for engines that take a "
+        "draft model by path (vLLM's draft_model method, vllm-qaic). A restricted head is widened to the full "
+        "vocabulary (zero rows outside it); feature drafts and Hydra heads have no plain-LM form and are refused "
+        "(docs/serving.md).",
+    )
+    x.add_argument("draft", help="draft checkpoint directory (accel distill's output, plain or MX-compressed)")
+    x.add_argument("-o", "--out", required=True, metavar="OUT_DIR", help="output directory (must not exist)")
+    x.add_argument("--format", choices=("hf",), default="hf", help="output format (hf: a plain HF checkpoint)")
+    x.set_defaults(func=_export_draft)
+
+
+def _export_draft(args: argparse.Namespace) -> int:
+    from accel.drafts.export_hf import export_hf_draft
+    from accel.drafts.hydra.open import is_heads_dir
+    from accel.errors import DraftError
+
+    out = Path(args.out)
+    if out.exists():
+        raise DraftError(f"{out} exists: give a new output directory")
+    if is_heads_dir(args.draft):
+        raise DraftError(
+            f"{args.draft} holds Hydra heads, which read the target's hidden states and have no plain Hugging Face "
+            "causal-LM form; --format hf takes a standalone draft (accel distill)"
+        )
+    if not Path(args.draft).is_dir():
+        raise DraftError(f"no draft checkpoint directory at {args.draft}")
+    export_hf_draft(args.draft, out)
+    print(f"wrote {out} (Hugging Face checkpoint: AutoModelForCausalLM.from_pretrained loads it)")
+    return 0
+
 
 def _read_prompts(path: str, chat: bool) -> list[str]:
     from accel.drafts.data import chat_prompt

@@ -3,6 +3,12 @@
 OUT_DIR appears only once complete. An interrupted run (Ctrl-C, SIGTERM, or killed) leaves OUT_DIR.accel-partial:
 ``--resume`` finishes it, ``--overwrite`` starts over. Weights holding NaN/Inf are an error unless
 ``--nonfinite keep`` (then they decode to NaN, with a warning and their count in the summary).
+
+``--to quark`` / ``--to compressed-tensors`` writes the checkpoint in a serving engine's MX layout instead
+(``accel.serving.export_mx_checkpoint``: AMD Quark's OCP-MX layout, MXFP4 / MXFP6; compressed-tensors, MXFP4 / MXFP6
+E2M3 / MXFP8; blocks of 32 along the input features, the layouts' only geometry; vLLM loads both; docs/serving.md).
+The options of accel's own layout (``--block-size``, ``--include``, ``--exclude``, ``--nonfinite keep``,
+``--resume``) are refused there rather than ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from pathlib import Path
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import known_format_names
 from accel.formats.report import NONFINITE_POLICIES
+
+SERVING_LAYOUTS = ("quark", "compressed-tensors")  # accel.serving.LAYOUTS (not imported: formats is below serving)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,14 +53,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="error",
         help="weights holding NaN/Inf: error (default), or keep them as NaN blocks with a warning",
     )
+    p.add_argument(
+        "--to",
+        choices=("accel", *SERVING_LAYOUTS),
+        default="accel",
+        help="output layout: accel's own (default), or AMD Quark's / compressed-tensors' MX checkpoint that vLLM loads",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR checkpoint (or partial run)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run (OUT_DIR.accel-partial)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
+def _to_serving(args: argparse.Namespace) -> int:
+    """``--to quark|compressed-tensors``: the serving layout (module docstring); accel-layout options refused."""
+    from accel.errors import FormatError
+    from accel.models.gguf_convert import checkpoint_dir
+    from accel.serving import export_mx_checkpoint
+
+    given = [
+        flag
+        for flag, value, default in (
+            ("--block-size", args.block_size, DEFAULT_BLOCK_SIZE),
+            ("--include", args.include, None),
+            ("--exclude", args.exclude, None),
+            ("--nonfinite", args.nonfinite, "error"),
+            ("--resume", args.resume, False),
+        )
+        if value != default
+    ]
+    if given:
+        raise FormatError(
+            f"{', '.join(given)} would be ignored by --to {args.to}: that layout fixes its blocks (32 along the input "
+            "features), quantizes every Linear weight but the LM head, and refuses NaN/Inf weights"
+        )
+    summary = export_mx_checkpoint(
+        checkpoint_dir(args.src_dir, say=print),
+        args.out_dir,
+        fmt=args.fmt,
+        layout=args.to,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    print(
+        f"{summary.layout} {summary.fmt}: {len(summary.quantized)} weights quantized "
+        f"({len(summary.copied_mx)} MX weights copied exactly), {len(summary.excluded)} kept as they are; "
+        f"{summary.weights_bytes / 2**20:.1f} MiB"
+    )
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``compress``; returns the exit code (errors surface as FormatError, printed by accel.cli)."""
+    if args.to != "accel":
+        return _to_serving(args)
     from accel.formats.staging import partial_dir
     from accel.formats.stream import compress_checkpoint
     from accel.models.gguf_convert import checkpoint_dir

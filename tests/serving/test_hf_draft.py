@@ -76,3 +76,27 @@ def test_feature_draft_is_refused(tmp_path):
     with pytest.raises(DraftError, match="speculators"):
         export_hf_draft(draft, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_draft_cli(tmp_path, capsys):
+    """``accel export-draft DRAFT -o OUT --format hf`` writes what ``export_hf_draft`` writes (transformers loads it
+    with accel's logits); Hydra heads, a missing source and an existing output are one-line errors."""
+    from accel.cli import EXIT_ERROR, main
+
+    src = save_pretrained(tiny_llama(tied=False), tmp_path / "src")
+    assert main(["export-draft", str(src), "-o", str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(2))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, load_checkpoint(src).causal_forward(tokens), atol=ATOL, rtol=0)
+    capsys.readouterr()  # transformers' loading bar
+    heads = Path(__file__).resolve().parents[2] / "accel" / "demo_data" / "smollm2-hydra"
+    for argv, named in (
+        ([str(heads), "-o", str(tmp_path / "h")], "Hydra heads"),
+        ([str(tmp_path / "nowhere"), "-o", str(tmp_path / "n")], "no draft checkpoint directory"),
+        ([str(src), "-o", str(tmp_path / "hf")], "exists"),
+    ):
+        assert main(["export-draft", *argv]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and named in err, err

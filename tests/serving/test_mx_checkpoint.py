@@ -163,3 +163,31 @@ def test_bad_files_and_configs_raise_format_error(tmp_path):
         export_mx_checkpoint(tiny_llama(), out, "mxfp6", "quark")
     export_mx_checkpoint(tiny_llama(), out, "mxfp4", "quark", overwrite=True)
     assert read_mx_checkpoint(out)[0]["quantization_config"]["global_quant_config"]["weight"]["dtype"] == "fp4"
+
+
+@pytest.mark.parametrize("layout", ["quark", "compressed-tensors"])
+def test_compress_cli_writes_the_serving_layouts(tmp_path, capsys, layout):
+    """``accel compress SRC -o OUT --to LAYOUT`` writes what ``export_mx_checkpoint`` writes (read back, code for
+    code), and refuses the options of accel's own layout instead of ignoring them."""
+    from accel.cli import EXIT_ERROR, main
+
+    src = saved(tiny_llama(), tmp_path / "src")
+    out = tmp_path / "cli"
+    assert main(["compress", str(src), "-o", str(out), "--to", layout, "--fmt", "mxfp4", "--quiet"]) == 0
+    assert f"{layout} mxfp4" in capsys.readouterr().out
+    export_mx_checkpoint(src, tmp_path / "api", fmt="mxfp4", layout=layout)
+    cfg_cli, tensors_cli = read_mx_checkpoint(out)
+    cfg_api, tensors_api = read_mx_checkpoint(tmp_path / "api")
+    assert cfg_cli == cfg_api and tensors_cli.keys() == tensors_api.keys()
+    for name, value in tensors_cli.items():
+        other = tensors_api[name]
+        if isinstance(value, MXTensor):
+            assert np.array_equal(value.codes, other.codes) and np.array_equal(value.scales, other.scales), name
+        else:
+            assert np.array_equal(value, other), name
+    for flags in (["--block-size", "16"], ["--exclude", "*mlp*"], ["--nonfinite", "keep"]):
+        argv = ["compress", str(src), "-o", str(tmp_path / "no"), "--to", layout, *flags]
+        assert main(argv) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flags[0]} would be ignored by --to {layout}" in err, err
+        assert not (tmp_path / "no").exists()
