@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from accel._lazy import lazy_getattr
 from accel.sim._base import SimWarning
+from accel.sim.band import SpeedupBand, predict_band
 from accel.sim.deployment import Deployment
 from accel.sim.formats import KV_FORMATS, WEIGHT_FORMATS, bits_per_element, bytes_per_element
 from accel.sim.hardware import CalibrationReport, Hardware, hardware, list_hardware, load_hardware
@@ -76,6 +77,8 @@ __all__ = [
     "break_even_alpha",
     "tree_speedups",
     "predict_speedup",
+    "predict_band",
+    "SpeedupBand",
     "StepTime",
     "step_time",
     "LoopStats",

@@ -29,6 +29,15 @@ def _add_spd(p: argparse.ArgumentParser) -> None:
         "default 0.8",
     )
     g.add_argument(
+        "--acceptance-range",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="acceptance uncertain: alpha uniform on [LO, HI]; prints every configuration's speedup at its 10th, "
+        "50th and 90th percentile (accel.sim.predict_band) after the table at --acceptance",
+    )
+    g.add_argument(
         "--tree-nodes",
         type=int,
         default=None,
@@ -135,10 +144,19 @@ def run(args: argparse.Namespace) -> int:
         from accel.sim.plots import check_png_path
 
         check_png_path(args.plot)
-    if args.draft is None and (stats is not None or args.tree_nodes is not None or args.acceptance is not None):
-        raise SimError("--acceptance, --tree-nodes and the loop statistics need --draft")
+    if args.draft is None and (
+        stats is not None or args.tree_nodes is not None or args.acceptance is not None or args.acceptance_range
+    ):
+        raise SimError("--acceptance, --acceptance-range, --tree-nodes and the loop statistics need --draft")
+    if args.acceptance_range and stats is not None:
+        raise SimError("--acceptance-range prices i.i.d. acceptance: drop the measured loop statistics")
     spd: dict[str, Any] = {} if args.draft is None else {"k": args.k, "acceptance": args.acceptance}
     pred = predict_speedup(dep, loop_stats=stats, tree=args.tree_nodes, strict=args.strict, **spd)
+    band = None
+    if args.acceptance_range:
+        from accel.sim.band import predict_band
+
+        band = predict_band(dep, k=args.k, tree=args.tree_nodes, acceptance_range=args.acceptance_range)
     ppd = None
     if args.ppd is not None:
         from accel.sim.ppd_cli import ppd_section
@@ -146,11 +164,16 @@ def run(args: argparse.Namespace) -> int:
         ppd = ppd_section(args)
     if args.json:
         doc = pred.model_dump(mode="json")
+        doc = doc if band is None else {**doc, "band": band.model_dump(mode="json")}
         print(json.dumps(doc if ppd is None else {**doc, "ppd": ppd[1]}, indent=2))
     else:
         print(pred.table())
         if args.tree_nodes is not None:
             print(_tree_budgets(pred, dep, 0.8 if args.acceptance is None else args.acceptance))
+        if band is not None:
+            lo, hi = args.acceptance_range
+            print(f"\nspeedup over the baseline AR with alpha uniform on [{lo:g}, {hi:g}] (percentiles):")
+            print(band.table())
         if ppd is not None:
             print(ppd[0])
     if args.plot:
