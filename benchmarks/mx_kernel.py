@@ -2,7 +2,8 @@
 
 1. GEMV ``y = W x`` (one activation row) for W of shape [N, K]: 4096 x 8192 (134 MB of float32, far over the caches)
    and SmolLM2-135M's layer shapes. float32: ``torch.mv`` with ``torch.set_num_threads(t)``; MX: ``PackedMX.matmul``
-   with ``threads=t`` on the kernel's best path (and its AVX2 path for comparison), MXFP6 and MXFP4. Effective
+   with ``threads=t`` on the kernel's best path (and its AVX2 path for comparison), MXFP6 and MXFP4, and the same
+   weights with int8 activations (``*-q8``: ``accel.formats.mxkernel_q8.matmul_q8``, integer dot products). Effective
    bandwidth = bytes of the stored weight (float32: 4 a weight; MX: packed codes + scales) / time; ``%fp32`` =
    the kernel's effective bandwidth as a share of the float32 GEMV's (the issue's goal: >= 60%), ``x`` = speedup.
    Every configuration is timed round robin with its float32 reference, so load drift hits both alike, each call
@@ -43,6 +44,7 @@ from accel.backends import TorchBackend
 from accel.backends.torch_mx import kernel_threads_beside_torch, pack_decoder
 from accel.formats import quantize
 from accel.formats.mxkernel import PackedMX, kernel_status, set_isa
+from accel.formats.mxkernel_q8 import matmul_q8, q8_kernel_path
 
 SHAPES = {
     "4096x8192": (4096, 8192),
@@ -91,15 +93,16 @@ def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
                 fns = {"fp32": lambda wt=wt, xt=xt: torch.mv(wt, xt)}
                 for fmt, p in packed.items():
                     fns[fmt] = lambda p=p, t=threads, x=x: p.matmul(x, threads=t)
+                    fns[f"{fmt}-q8"] = lambda p=p, t=threads, x=x: matmul_q8(p, x, threads=t)
                 t = _round_robin(fns, reps)
                 fp32_bw = w.nbytes / t["fp32"]
-                for fmt, p in packed.items():
+                for fmt, p in [*packed.items(), *((f"{f}-q8", p) for f, p in packed.items())]:
                     rows.append(
                         dict(
                             shape=label,
                             threads=threads,
                             fmt=fmt,
-                            path=p.kernel_path,
+                            path=q8_kernel_path(p) if fmt.endswith("-q8") else p.kernel_path,
                             fp32_ms=t["fp32"] * 1e3,
                             mx_ms=t[fmt] * 1e3,
                             fp32_gbs=fp32_bw / 1e9,

@@ -157,7 +157,7 @@ def export_onnx(
             progress=bar.update,
             hidden_output=hidden_output,
             matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
-            mx_kernel=spec.format.is_kernel,
+            mx_kernel=spec.format.kernel_act_bits,
             tree=tree,
             mix_inputs=mix_inputs,
             stage=stage,

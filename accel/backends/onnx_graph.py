@@ -38,7 +38,7 @@ def build_decoder_graph(
     progress: Callable[[int], None] | None = None,
     hidden_output: bool = False,
     matmul_nbits: int = 0,
-    mx_kernel: bool = False,
+    mx_kernel: int = 0,
     tree: bool = False,
     int8: str | None = None,
     external: ExternalData | None = None,
@@ -57,7 +57,8 @@ def build_decoder_graph(
     the input ``features`` float32 ``[batch_size, seq_len, feature_size]`` (see ``Decoder.embed``).
     ``progress(1)`` is called once per layer. ``matmul_nbits``: 0, or the ``accuracy_level`` (1 or 4) of onnxruntime
     ``MatMulNBits`` nodes running the MX weights (MXINT8, MXFP6 E2M3, MXFP4 E2M1; see ``accel.backends.onnx_weights``).
-    ``mx_kernel``: those MX weights packed, on accel's fused kernel (``ai.accel::MXLinear`` nodes) instead.
+    ``mx_kernel``: those MX weights packed, on accel's fused kernel (``ai.accel::MXLinear`` nodes) instead, with
+    float32 activations (32, or True) or int8 activations per block of 32 (8).
     ``tree`` adds the tree inputs ``slot_ids`` int64 ``[batch_size, seq_len]`` (each token's cache slot) and
     ``tree_mask`` bool ``[batch_size, seq_len, ctx_len]`` (the slots each token attends to), which replace the
     position-derived write slots and mask (docs/backends.md, "Tree calls").
@@ -126,7 +127,7 @@ class _DecoderGraph:
         int8: str | None = None,
         external: ExternalData | None = None,
         fused: bool = False,
-        mx_kernel: bool = False,
+        mx_kernel: int = 0,
     ) -> None:
         c = self.c = config
         self.fused = fused

@@ -39,13 +39,18 @@ def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(t.codes, np.uint8).reshape(-1), np.asarray(t.scales, np.uint8).reshape(t.shape[0], -1)
 
 
-def mx_linear(g: GraphBuilder, xin: str, names: Sequence[str], ts: Sequence[Any], out: str | None) -> str:
+def mx_linear(
+    g: GraphBuilder, xin: str, names: Sequence[str], ts: Sequence[Any], out: str | None, act_bits: int = 32
+) -> str:
     """``xin @ W^T`` for the MX weights ``ts`` (named ``names``) joined along their outputs, as one ``MXLinear``
-    node; returns its output name."""
+    node; returns its output name. ``act_bits`` 8: the activations quantized to int8 per block of 32 (attribute
+    ``act_bits``; MXFP6 E2M3 and MXFP4 E2M1 only, ``accel.formats.mxkernel_q8``); 32: float32 (no attribute)."""
     if len({t.shape[1] for t in ts}) != 1 or len({t.fmt.name for t in ts}) != 1:
         raise BackendError(f"weights {tuple(names)} differ in input features or format; they cannot share an MXLinear")
     codes, scales = zip(*(_packed(n, t) for n, t in zip(names, ts, strict=True)), strict=True)
     fmt = ts[0].fmt
+    if act_bits == 8 and fast_code(fmt) not in (1, 2):
+        raise BackendError(f"int8 activations need MXFP6 (E2M3) or MXFP4 (E2M1) weights; {names[0]!r} is {fmt.name}")
     key = "+".join(names)
     g.init(f"{key}.mx_codes", np.concatenate(codes))  # each row is whole bytes (32 codes a block), so rows join
     g.init(f"{key}.mx_scales", np.concatenate(scales))
@@ -63,6 +68,7 @@ def mx_linear(g: GraphBuilder, xin: str, names: Sequence[str], ts: Sequence[Any]
         bits=int(fmt.bits),
         block=32,
         fast=fast_code(fmt),
+        **({"act_bits": 8} if act_bits == 8 else {}),
     )
 
 

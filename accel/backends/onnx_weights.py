@@ -86,13 +86,14 @@ class GraphWeights:
         tied: bool,
         nbits_accuracy: int = 0,
         int8: str | None = None,
-        mx_kernel: bool = False,
+        mx_kernel: int = 0,
     ) -> None:
         """``nbits_accuracy``: 0 (MX weights as MatMul on in-graph decodes) or the ``MatMulNBits`` ``accuracy_level``
         (1: float32 activations, 4: int8 activations per block) that runs every MX Linear weight. ``int8``: None, or
         every Linear as int8 weights stored as this scheme, with dynamic activation quantization
-        (``accel.backends.onnx_int8``). ``mx_kernel``:
-        every MX Linear weight packed, on accel's fused kernel (``ai.accel::MXLinear``)."""
+        (``accel.backends.onnx_int8``). ``mx_kernel``: 0, or
+        every MX Linear weight packed, on accel's fused kernel (``ai.accel::MXLinear``) with float32 activations
+        (32, or True) or int8 activations per block (8)."""
         self.g, self.tensors, self.fp16, self.tied = g, tensors, float_dtype == "fp16", tied
         self.nbits = nbits_accuracy
         self.int8 = int8
@@ -115,7 +116,7 @@ class GraphWeights:
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
         if self.kernel and all(hasattr(t, "codes") for t in ts):
-            return mx_linear(self.g, xin, names, ts, out)
+            return mx_linear(self.g, xin, names, ts, out, act_bits=8 if self.kernel == 8 else 32)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
             return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
         if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)

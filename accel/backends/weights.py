@@ -14,6 +14,9 @@
   4 bits a weight + one E8M0 byte a block) and run by accel's fused kernel as the onnxruntime custom operator
   ``ai.accel::MXLinear`` (``accel/formats/mxkernel_ort.c``): float32 activations, weights decoded in registers;
   onnxruntime only, with the kernel built on this machine (a C compiler).
+- ``mxfp6-kernel-q8``, ``mxfp4-kernel-q8``: the same packed weights with the activations quantized to int8 per block
+  of 32 (llama.cpp's Q8_0 scheme) and integer dot products per block (``accel.formats.mxkernel_q8``): exact weights,
+  approximate activations; bit-identical results on every x86 path (portable, AVX2, AVX-512 VNNI).
 
 docs/backends.md describes each in full.
 """
@@ -43,6 +46,8 @@ class WeightFormat(str, Enum):
     MXINT8_KERNEL = "mxint8-kernel"
     MXFP6_KERNEL = "mxfp6-kernel"
     MXFP4_KERNEL = "mxfp4-kernel"
+    MXFP6_KERNEL_Q8 = "mxfp6-kernel-q8"
+    MXFP4_KERNEL_Q8 = "mxfp4-kernel-q8"
 
     @property
     def uses_mx_format(self) -> bool:
@@ -57,7 +62,13 @@ class WeightFormat(str, Enum):
     @property
     def is_kernel(self) -> bool:
         """Whether the graph runs its Linear weights on accel's fused kernel (``ai.accel::MXLinear``, ``*-kernel``)."""
-        return self.value.endswith("-kernel")
+        return self.value.endswith(("-kernel", "-kernel-q8"))
+
+    @property
+    def kernel_act_bits(self) -> int:
+        """The fused kernel's activations: 0 (not a ``*-kernel`` format), 32 (float32) or 8 (``*-kernel-q8``: int8
+        per block of 32, integer dot products; ``accel.formats.mxkernel_q8``)."""
+        return 8 if self.value.endswith("-q8") else 32 if self.is_kernel else 0
 
     @property
     def runs_codes(self) -> bool:

@@ -1,5 +1,6 @@
 /* The fused MX kernel's API (mxk_*), the choice of path per call and the thread pool. See mxkernel.h. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,6 +39,8 @@ static void *run_part(void *arg) {
     part_t *p = (part_t *)arg;
     if (p->decode_out)
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
+    else if (p->job->xq)
+        linear_q8(p->job, p->n0, p->n1, p->job->q8_path);
     else if (use_fast(p->job) == 2)
         linear_vbmi(p->job, p->n0, p->n1);
     else if (use_fast(p->job) == 1)
@@ -202,7 +205,7 @@ int mxk_fast_path(int fast, int block) {
 /* out[n, nblocks * block] = every weight of the padded array (float32, bit-exact to accel.formats' decode) */
 int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int64_t n,
                int64_t nblocks, float *out, int threads) {
-    job_t j = {codes, scales, lut, NULL, NULL, n, nblocks * block, nblocks, 0, 0, bits, block, FAST_NONE};
+    job_t j = {codes, scales, lut, NULL, NULL, n, nblocks * block, nblocks, 0, 0, bits, block, FAST_NONE, NULL, NULL, 0};
     return run_parts(&j, threads, out);
 }
 
@@ -210,6 +213,33 @@ int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, in
 int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast,
                int64_t n, int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y,
                int threads) {
-    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast};
+    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0};
     return run_parts(&j, threads, NULL);
+}
+
+/* the int8-activation path of a call: 2 AVX-512 VNNI, 1 AVX2, 0 portable (capped by mxk_set_isa) */
+int mxk_q8_path(void) {
+    if (max_isa >= 2 && have_vnni()) return 2;
+    return max_isa >= 1 && have_avx2() ? 1 : 0;
+}
+
+/* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, the
+ * activations quantized per block to int8 first (mxkernel_q8.c: integer dot products per block); -1 for another
+ * format or block size, -2 when out of memory */
+int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
+                  int64_t s, int64_t xstride, float *y, int threads) {
+    if (fast != FAST_E2M3 && fast != FAST_E2M1) return -1;
+    int8_t *q = (int8_t *)malloc((size_t)(s * nblocks * 32 > 0 ? s * nblocks * 32 : 1));
+    float *d = (float *)malloc(sizeof(float) * (size_t)(s * nblocks > 0 ? s * nblocks : 1));
+    if (!q || !d) {
+        free(q);
+        free(d);
+        return -2;
+    }
+    mxk_quantize_q8(x, s, xstride, nblocks, q, d);
+    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, 6, 32, fast, q, d, mxk_q8_path()};
+    int rc = run_parts(&j, threads, NULL);
+    free(q);
+    free(d);
+    return rc;
 }

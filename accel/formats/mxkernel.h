@@ -21,7 +21,8 @@
  *
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
  * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c and
- * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere), and mxkernel_ort.c (the onnxruntime operator).
+ * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere), mxkernel_q8.c (int8 activations: integer dot
+ * products per block, its own header comment) and mxkernel_ort.c (the onnxruntime operator).
  */
 #ifndef MXKERNEL_H
 #define MXKERNEL_H
@@ -36,7 +37,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 3
+#define MXK_VERSION 4
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -53,6 +54,9 @@ typedef struct {
     float *y;         /* [S, N] */
     int64_t n, k, nblocks, s, xstride;
     int bits, block, fast;
+    const int8_t *xq; /* int8 activations [S, nblocks, 32] (mxkernel_q8.c); NULL: float activations x */
+    const float *xd;  /* their per-block scales [S, nblocks] */
+    int q8_path;      /* 0 portable, 1 AVX2, 2 AVX-512 VNNI */
 } job_t;
 
 /* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
@@ -66,11 +70,17 @@ MXK_INTERNAL void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, f
 MXK_INTERNAL void linear_portable(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_avx2(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
+MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
+/* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
+void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d);
 /* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */
 int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast, int64_t n,
                int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y, int threads);
+int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
+                  int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */
 MXK_INTERNAL int have_avx2(void);
 MXK_INTERNAL int have_vbmi(void);
+MXK_INTERNAL int have_vnni(void);
 
 #endif

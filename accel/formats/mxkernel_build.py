@@ -1,7 +1,8 @@
 """Build and load the fused MX kernel (``mxkernel*.c``): compiled on first use with the system C compiler, cached.
 
 The C sources ship inside the package: ``mxkernel.h`` (what the files share) and ``mxkernel.c`` (the API, the path
-dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path) and
+dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path),
+``mxkernel_q8.c`` (int8 activations, integer dot products) and
 ``mxkernel_ort.c`` (the onnxruntime operator ``ai.accel::MXLinear``, registered by ``accel.backends.onnx_mxlinear``),
 compiled together into one library. On the first call the library is compiled with ``$CC`` (else ``cc``, else
 ``gcc``) into ``$ACCEL_CACHE/mxkernel/`` (``ACCEL_CACHE`` defaults to ``~/.cache/accel``) under a name that hashes the
@@ -28,10 +29,10 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: the C files compiled together (the API file first) and the header they share
-SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi", "_ort"))
+SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi", "_q8", "_ort"))
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 3
+VERSION = 4
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -109,6 +110,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_decode.argtypes = [_p, _p, _p, _int, _int, _i64, _i64, _p, _int]
     lib.mxk_linear.restype = _int
     lib.mxk_linear.argtypes = [_p, _p, _p, _int, _int, _int, _i64, _i64, _i64, _p, _i64, _i64, _p, _int]
+    lib.mxk_linear_q8.restype = _int
+    lib.mxk_linear_q8.argtypes = [_p, _p, _int, _i64, _i64, _p, _i64, _i64, _p, _int]
+    lib.mxk_quantize_q8.restype = None
+    lib.mxk_quantize_q8.argtypes = [_p, _i64, _i64, _i64, _p, _p]
+    lib.mxk_q8_path.restype = _int
+    lib.mxk_q8_path.argtypes = []
     lib.mxk_set_ort_threads.restype = None
     lib.mxk_set_ort_threads.argtypes = [_int]
     return lib

@@ -71,6 +71,7 @@ typedef struct custom_op {
 typedef struct {
     const ort_fn *api;
     int64_t n, k, bits, block, fast;
+    int64_t act_bits; /* optional attribute: 8 = int8 activations per block (mxk_linear_q8), else float32 */
     int sizes_ok; /* the codes and scales inputs were checked against N, K, bits and block (they are initializers) */
 } mxl_kernel;
 
@@ -100,6 +101,9 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
         failed(api, get(info, "fast", &m->fast)) || m->n < 0 || m->k < 0 || m->block < 1 || m->k % m->block != 0) {
         m->n = -1; /* compute then writes NaN: a graph accel did not write */
     }
+    if (failed(api, get(info, "act_bits", &m->act_bits))) m->act_bits = 32; /* absent: float32 activations */
+    if (m->act_bits != 32 && !(m->act_bits == 8 && m->block == 32 && (m->fast == FAST_E2M3 || m->fast == FAST_E2M1)))
+        m->n = -1;
     return m;
 }
 
@@ -166,6 +170,11 @@ static void mxl_compute(void *kernel, void *context) {
     }
     int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
     int threads = weights / per_thread < ort_threads ? (int)(weights / per_thread) : ort_threads;
+    if (m->act_bits == 8) {
+        if (mxk_linear_q8(codes, scales, (int)m->fast, m->n, m->k / 32, x, rows, m->k, y, threads < 1 ? 1 : threads))
+            for (int64_t i = 0; i < rows * m->n; i++) y[i] = NAN; /* out of memory: loud NaNs */
+        return;
+    }
     mxk_linear(codes, scales, lut, (int)m->bits, (int)m->block, (int)m->fast, m->n, m->k, m->k / m->block, x, rows,
                m->k, y, threads < 1 ? 1 : threads);
 }

@@ -6,7 +6,8 @@ VNNI), to compare the two.
 
 ``IN.npz`` holds ``ids`` / ``pos`` (int64 ``[1, S]``) for every graph, and ``mx_x`` / ``mx_w`` (float32) for the
 fused MX kernel; ``OUT.npz`` gets ``<graph stem>`` (the logits), ``mx_y`` and ``mx_path`` (the kernel path used),
-and ``u8s8`` (what onnxruntime's uint8 x int8 ``MatMulInteger`` gives for a pair of 255 * 127: 64,770 exact, 32,767
+``mx_q8_y`` / ``mx_q8_path`` (the kernel with int8 activations), and ``u8s8`` (what onnxruntime's uint8 x int8
+``MatMulInteger`` gives for a pair of 255 * 127: 64,770 exact, 32,767
 saturated). Needs no torch.
 """
 
@@ -33,6 +34,10 @@ def main(argv: list[str]) -> None:
     packed = PackedMX(quantize(inputs["mx_w"], get_format("mxfp6_e2m3")))
     result["mx_y"] = packed.matmul(inputs["mx_x"])
     result["mx_path"] = np.array(packed.kernel_path)
+    from accel.formats.mxkernel_q8 import matmul_q8, q8_kernel_path
+
+    result["mx_q8_y"] = matmul_q8(packed, inputs["mx_x"])
+    result["mx_q8_path"] = np.array(q8_kernel_path(packed))
     np.savez(out, **result)
 
 

@@ -11,7 +11,8 @@ installs Debian's ``qemu-user``) or the machine is not x86-64.
 - ``*-nbits`` (MatMulNBits, int8 activations per block): the same integer arithmetic on both (per node, to float
   rounding); over a whole graph a float rounding difference can flip an activation's int8 code, so logits may differ
   by ~1% of their range, with the same error against fp32.
-- ``*-kernel`` (accel's fused MX kernel): the emulated CPU runs its AVX2 path, with the same results.
+- ``*-kernel`` (accel's fused MX kernel): the emulated CPU runs its AVX2 path, with the same results; with int8
+  activations (``*-kernel-q8``) the kernel's results are the same bit for bit.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ GRAPHS = {
     "nbits6": ExportWeights("mxfp6-nbits"),
     "nbits4": ExportWeights("mxfp4-nbits"),
     "kernel6": ExportWeights("mxfp6-kernel"),
+    "kernel6q8": ExportWeights("mxfp6-kernel-q8"),
 }
 
 
@@ -69,7 +71,7 @@ def test_emulator_is_a_cpu_without_vnni(runs):
     """The emulated CPU clips a uint8 x int8 pair at 32,767 (no VNNI) and runs the kernel's AVX2 path."""
     _, emu = runs
     assert int(emu["u8s8"]) == 32767, "qemu's Haswell did not run onnxruntime's non-VNNI int8 kernel"
-    assert str(emu["mx_path"]) == "avx2"
+    assert str(emu["mx_path"]) == "avx2" and str(emu["mx_q8_path"]) == "avx2"
 
 
 @pytest.mark.parametrize("name", ["int8_u8u8", "int8_u8s7", "fp32"])
@@ -88,7 +90,10 @@ def test_full_range_int8_loses_accuracy_without_vnni(runs):
     assert u8s8 > 3 * u8u8, f"u8s8 {u8s8:.3f} vs u8u8 {u8u8:.3f}: the emulator did not clip"
 
 
-@pytest.mark.parametrize(("name", "tol"), [("nbits8", 0.02), ("nbits6", 0.02), ("nbits4", 0.02), ("kernel6", 1e-4)])
+MX_TOLERANCES = [("nbits8", 0.02), ("nbits6", 0.02), ("nbits4", 0.02), ("kernel6", 1e-4), ("kernel6q8", 0.02)]
+
+
+@pytest.mark.parametrize(("name", "tol"), MX_TOLERANCES)
 def test_mx_paths_agree(runs, name, tol):
     """MatMulNBits (int8 activations) and the fused kernel: the same results and the same accuracy on both CPUs."""
     native, emu = runs
@@ -102,3 +107,10 @@ def test_mx_paths_agree(runs, name, tol):
 def test_kernel_avx2_path_equals_native(runs):
     native, emu = runs
     np.testing.assert_allclose(emu["mx_y"], native["mx_y"], rtol=1e-5, atol=1e-5 * np.abs(native["mx_y"]).max())
+
+
+def test_kernel_q8_path_equals_native_bit_for_bit(runs):
+    """int8 activations: integer block sums and a fixed float32 sequence, so AVX2 (emulated) and this CPU's best path
+    (VNNI where it has it) give the same bits."""
+    native, emu = runs
+    assert np.array_equal(emu["mx_q8_y"].view(np.int32), native["mx_q8_y"].view(np.int32))

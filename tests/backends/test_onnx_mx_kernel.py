@@ -39,10 +39,11 @@ def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
     return _tiny_model(tied=tied, inter=inter, seed=seed)
 
 
-def _run_node(mxs: list[MXTensor], x: np.ndarray) -> np.ndarray:
-    """``x @ W^T`` (the weights joined along their outputs) by one real MXLinear node in an onnxruntime session."""
+def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32) -> np.ndarray:
+    """``x @ W^T`` (the weights joined along their outputs) by one real MXLinear node in an onnxruntime session
+    (``act_bits`` 8: int8 activations per block)."""
     g = GraphBuilder()
-    y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y")
+    y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y", act_bits=act_bits)
     k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs)
     lead = [f"d{i}" for i in range(x.ndim - 1)]
     graph = helper.make_graph(

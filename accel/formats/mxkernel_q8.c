@@ -1,0 +1,233 @@
+/* MX weights times int8 activations: integer dot products per block (MXFP6 E2M3, MXFP4 E2M1; block 32).
+ *
+ * The weights of a block are the integers value * 2^shift (E2M3: x8 in [-60, 60]; E2M1: x2 in [-12, 12]) times the
+ * block's scale 2^(s - 127 - shift), exactly (mxkernel.h). The activations are quantized per block of 32 as
+ * llama.cpp's Q8_0 does: d = amax / 127, q = rint(x * (127 / amax)) in [-127, 127] (float32 arithmetic, round half
+ * to even; amax = 0 gives d = 0 and q = 0; a NaN or infinite amax gives d = NaN). Then per weight row and x row:
+ *
+ *   p_{b,l} = sum_{e = 4l .. 4l+3} q[e] w[e]                 (int32, exact; l = 0..7, the 8 lanes of a block)
+ *   acc[b % 4][l] = acc[b % 4][l] + (float)p_{b,l} * (ws_b * d_b)   (float32: a product, then a sum; no FMA)
+ *   t = (acc[0] + acc[1]) + (acc[2] + acc[3])                    (lane by lane)
+ *   y = ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7))
+ *
+ * ws_b * d_b is exact (ws_b is a power of two) unless it leaves float32's normal range. Every path computes exactly
+ * this sequence (the file is compiled without floating-point contraction), so the portable loop, AVX2 (vpmaddubsw on
+ * |q| and sign(q) * w: pair sums <= 2 * 127 * 60, far from int16 saturation) and AVX-512 VNNI (vpdpbusd) agree bit for
+ * bit with each other and with accel.formats.mxkernel_q8.reference_q8, whatever the rows per call and the threads.
+ */
+#pragma GCC optimize("fp-contract=off")
+#include <string.h>
+
+#include "mxkernel.h"
+
+/* ------------------------------------------------------------------------------------------------- activations */
+
+void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d) {
+    for (int64_t r = 0; r < s; r++)
+        for (int64_t b = 0; b < nblocks; b++) {
+            const float *xb = x + r * xstride + 32 * b;
+            int8_t *qb = q + (r * nblocks + b) * 32;
+            float amax = 0.0f;
+            for (int e = 0; e < 32; e++) {
+                float a = fabsf(xb[e]);
+                amax = (a > amax || a != a) ? a : amax; /* NaN wins */
+            }
+            if (!(amax <= 3.402823466e38f)) { /* NaN or Inf: the block's outputs are NaN */
+                memset(qb, 0, 32);
+                d[r * nblocks + b] = NAN;
+                continue;
+            }
+            d[r * nblocks + b] = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int e = 0; e < 32; e++) {
+                float v = rintf(xb[e] * inv);
+                qb[e] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
+            }
+        }
+}
+
+/* ------------------------------------------------------------------------------------------------- portable */
+
+/* the block's 32 weight integers value * 2^shift */
+static void block_ints(int fast, const uint8_t *row, int64_t b, int8_t w[32]) {
+    static const int8_t e2m3[32] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                    16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60};
+    static const int8_t e2m1[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+    for (int e = 0; e < 32; e++) {
+        if (fast == FAST_E2M3) {
+            int64_t bit = 6 * (32 * b + e), byte = bit >> 3;
+            int sh = (int)(bit & 7);
+            unsigned v = row[byte];
+            if (sh > 2) v |= (unsigned)row[byte + 1] << 8;
+            unsigned c = (v >> sh) & 63u;
+            w[e] = (int8_t)((c & 32u) ? -e2m3[c & 31u] : e2m3[c & 31u]);
+        } else {
+            unsigned c = (row[16 * b + e / 2] >> ((e & 1) * 4)) & 15u;
+            w[e] = (int8_t)((c & 8u) ? -e2m1[c & 7u] : e2m1[c & 7u]);
+        }
+    }
+}
+
+static float lanes_sum(const float l[8]) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+
+static void q8_portable(const job_t *j, int64_t n0, int64_t n1) {
+    const int bytes = j->fast == FAST_E2M3 ? 24 : 16;
+    const float *tab = SCALES[j->fast];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = j->codes + n * j->nblocks * bytes;
+        const uint8_t *sc = j->scales + n * j->nblocks;
+        for (int64_t s = 0; s < j->s; s++) {
+            float acc[4][8] = {{0}}, t[8];
+            for (int64_t b = 0; b < j->nblocks; b++) {
+                int8_t w[32];
+                block_ints(j->fast, row, b, w);
+                const int8_t *q = j->xq + (s * j->nblocks + b) * 32;
+                float scale = tab[sc[b]] * j->xd[s * j->nblocks + b];
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = 0;
+                    for (int e = 4 * l; e < 4 * l + 4; e++) p += (int32_t)q[e] * w[e];
+                    float prod = (float)p * scale;
+                    acc[b % 4][l] = acc[b % 4][l] + prod;
+                }
+            }
+            for (int l = 0; l < 8; l++) t[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+            j->y[s * j->n + n] = lanes_sum(t);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------- AVX2, VNNI */
+
+#if MXK_X86
+#define Q8_AVX2 __attribute__((target("avx2,fma")))
+#define Q8_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+/* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in byte i (as mxkernel_avx2.c) */
+Q8_AVX2 static inline __m256i q8_unpack_fp6(const uint8_t *p) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)p);
+    __m128i hi = _mm_loadu_si128((const __m128i *)(p + 8));
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    const __m256i spread = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 4, 5, 6, -1, 7, 8, 9,
+                                            -1, 10, 11, 12, -1, 13, 14, 15, -1);
+    v = _mm256_shuffle_epi8(v, spread);
+    __m256i c = _mm256_and_si256(v, _mm256_set1_epi32(0x3F));
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 2), _mm256_set1_epi32(0x3F00)));
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 4), _mm256_set1_epi32(0x3F0000)));
+    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 6), _mm256_set1_epi32(0x3F000000)));
+}
+
+Q8_AVX2 static inline __m256i q8_e2m3(__m256i c) {
+    const __m256i high = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20,
+                                          22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
+    __m256i lo4 = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
+    __m256i e1 = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x10)), _mm256_set1_epi8(0x10));
+    __m256i mag = _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
+    return _mm256_sign_epi8(mag, _mm256_slli_epi16(c, 2));
+}
+
+Q8_AVX2 static inline __m256i q8_e2m1(const uint8_t *p) {
+    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, first)),
+                                   _mm_shuffle_epi8(table, second), 1);
+}
+
+Q8_AVX2 static inline __m256i q8_weights(const int fast, const uint8_t *row, int64_t b) {
+    return fast == FAST_E2M3 ? q8_e2m3(q8_unpack_fp6(row + 24 * b)) : q8_e2m1(row + 16 * b);
+}
+
+Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* one output: W row n against x row s; DOT is the block's 8-lane integer dot product of ax = |q| and sw = sign(q) w */
+#define Q8_BLOCK(ACC, B)                                                                                             \
+    do {                                                                                                             \
+        __m256i w = q8_weights(fast, row, (B));                                                                      \
+        __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * (B)));                                            \
+        __m256i ax = _mm256_sign_epi8(x, x), sw = _mm256_sign_epi8(w, x);                                            \
+        __m256 f = _mm256_cvtepi32_ps(DOT);                                                                          \
+        ACC = _mm256_add_ps(ACC, _mm256_mul_ps(f, _mm256_set1_ps(tab[sc[(B)]] * xd[(B)])));                          \
+    } while (0)
+
+#define Q8_ROW_BODY                                                                                                  \
+    const int bytes = fast == FAST_E2M3 ? 24 : 16;                                                                   \
+    const uint8_t *row = j->codes + n * j->nblocks * bytes, *sc = j->scales + n * j->nblocks;                        \
+    const int8_t *q = j->xq + s * j->nblocks * 32;                                                                   \
+    const float *xd = j->xd + s * j->nblocks, *tab = SCALES[fast];                                                   \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                                      \
+    int64_t b = 0;                                                                                                   \
+    for (; b + 4 <= j->nblocks; b += 4) {                                                                            \
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);                             \
+        Q8_BLOCK(a0, b);                                                                                             \
+        Q8_BLOCK(a1, b + 1);                                                                                         \
+        Q8_BLOCK(a2, b + 2);                                                                                         \
+        Q8_BLOCK(a3, b + 3);                                                                                         \
+    }                                                                                                                \
+    if (b < j->nblocks) Q8_BLOCK(a0, b);                                                                             \
+    if (b + 1 < j->nblocks) Q8_BLOCK(a1, b + 1);                                                                     \
+    if (b + 2 < j->nblocks) Q8_BLOCK(a2, b + 2);                                                                     \
+    j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+
+#define DOT _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1))
+Q8_AVX2 static inline __attribute__((always_inline)) void q8_row_avx2(const job_t *j, int64_t n, int64_t s,
+                                                                      const int fast) {
+    Q8_ROW_BODY
+}
+#undef DOT
+
+#define DOT _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw)
+Q8_VNNI static inline __attribute__((always_inline)) void q8_row_vnni(const job_t *j, int64_t n, int64_t s,
+                                                                      const int fast) {
+    Q8_ROW_BODY
+}
+#undef DOT
+
+Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < j->s; s++) {
+            if (j->fast == FAST_E2M3)
+                q8_row_avx2(j, n, s, FAST_E2M3);
+            else
+                q8_row_avx2(j, n, s, FAST_E2M1);
+        }
+}
+
+Q8_VNNI static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < j->s; s++) {
+            if (j->fast == FAST_E2M3)
+                q8_row_vnni(j, n, s, FAST_E2M3);
+            else
+                q8_row_vnni(j, n, s, FAST_E2M1);
+        }
+}
+
+int have_vnni(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    }
+    return cached;
+}
+#else
+int have_vnni(void) { return 0; }
+static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
+static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
+#endif
+
+void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path) {
+    if (path == 2)
+        q8_vnni(j, n0, n1);
+    else if (path == 1)
+        q8_avx2(j, n0, n1);
+    else
+        q8_portable(j, n0, n1);
+}

@@ -1,0 +1,135 @@
+"""MX weights times int8 activations: ``matmul_q8`` runs integer dot products per block on the fused kernel.
+
+MXFP6 E2M3 and MXFP4 E2M1 weights are exact small integers times a power of two (value x 8 in [-60, 60], value x 2 in
+[-12, 12]). With the activations quantized per block of 32 to int8 (llama.cpp's Q8_0 scheme: ``d = amax / 127``, ``q =
+rint(x * (127 / amax))``) a block's dot product is an integer sum times two scales, which CPUs compute with integer
+multiply-adds (AVX2 ``vpmaddubsw``, AVX-512 VNNI ``vpdpbusd``) instead of converting every weight to float.
+
+What is exact and what is not: the weights are exact (as in ``PackedMX.matmul``); the activations are rounded to 8 bits
+per block (relative error up to ``amax / 254`` per element: an approximation, measured against the float32 path in
+benchmarks/mx_kernel.py, ``*-q8`` rows). Given the quantized activations, every path (portable C, AVX2, AVX-512 VNNI)
+computes the same float32 result bit for bit: the integer sums of 4 products per lane (8 lanes a block, exact), then
+``acc[b % 4][lane] += float(sum) * (w_scale_b * d_b)`` (a product and a sum, no FMA) and a fixed reduction of the 4
+accumulators and 8 lanes (``reference_q8``, the numpy statement of it, is what the tests compare with). A row's result
+does not depend on the rows per call or the threads. Blocks of 32 along the input features only (the MX default); other
+formats and block sizes are refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accel.errors import FormatError
+from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3
+from accel.formats.mx_tensor import MXTensor
+from accel.formats.mxkernel import PackedMX
+from accel.formats.packing import unpack_codes
+
+__all__ = ["Q8_FORMATS", "matmul_q8", "q8_kernel_path", "quantize_q8", "reference_q8"]
+
+#: formats with an int8-activation path, and the shift of their integer weights (value * 2^shift is an integer)
+Q8_FORMATS = {MXFP6_E2M3.name: 3, MXFP4_E2M1.name: 1}
+_F32 = np.float32
+
+
+def _check(w: MXTensor) -> None:
+    if w.fmt.name not in Q8_FORMATS or w.block_size != 32 or len(w.shape) != 2 or w.axis != 1:
+        raise FormatError(
+            f"int8-activation matmul needs a 2-D MXFP6 E2M3 or MXFP4 E2M1 weight in blocks of 32 along axis 1; got "
+            f"{w.fmt.name}, block {w.block_size}, shape {w.shape}, axis {w.axis}"
+        )
+
+
+def quantize_q8(x: np.ndarray, nblocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 activations ``[S, K]`` (K <= 32 * nblocks; zero-padded) -> int8 codes ``[S, nblocks, 32]`` and float32
+    scales ``[S, nblocks]`` (module docstring; a block whose amax is NaN or infinite gets scale NaN and codes 0)."""
+    rows = x.shape[0]
+    xp = np.zeros((rows, nblocks * 32), _F32)
+    xp[:, : x.shape[1]] = x
+    xb = xp.reshape(rows, nblocks, 32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        amax = np.max(np.abs(xb), axis=2)
+        bad = ~(amax <= np.finfo(_F32).max)
+        d = (amax / _F32(127)).astype(_F32)
+        inv = np.where(amax > 0, _F32(127) / np.where(amax > 0, amax, _F32(1)), _F32(0)).astype(_F32)
+        q = np.rint((xb * inv[..., None]).astype(_F32))
+    q = np.clip(np.nan_to_num(q), -127, 127).astype(np.int8)
+    q[bad] = 0
+    d[bad] = np.nan
+    return q, d
+
+
+def _weight_ints(w: MXTensor) -> np.ndarray:
+    """The weights as the integers value * 2^shift, int32 ``[N, nblocks, 32]`` (exact)."""
+    shift = Q8_FORMATS[w.fmt.name]
+    values = w.fmt.code_values().astype(np.float64) * 2.0**shift
+    codes = unpack_codes(w.codes, w.fmt.bits, w.shape[0] * w.nblocks * 32)
+    return values[np.asarray(codes, np.int64)].astype(np.int32).reshape(w.shape[0], w.nblocks, 32)
+
+
+def reference_q8(w: MXTensor, x: np.ndarray) -> np.ndarray:
+    """``quantize_q8(x) @ W.T`` in numpy, in the kernel's exact order of float32 operations (module docstring):
+    float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (for tests)."""
+    _check(w)
+    x = np.asarray(x, _F32).reshape(-1, w.shape[1])
+    q, d = quantize_q8(x, w.nblocks)
+    wi = _weight_ints(w)  # [N, B, 32]
+    shift = Q8_FORMATS[w.fmt.name]
+    with np.errstate(over="ignore", invalid="ignore"):
+        ws = np.where(w.scales == 255, np.nan, np.ldexp(1.0, w.scales.astype(np.int64) - 127 - shift)).astype(_F32)
+        n, nb = w.shape[0], w.nblocks
+        parts = np.einsum("sble,nble->snbl", q.reshape(-1, nb, 8, 4).astype(np.int64), wi.reshape(n, nb, 8, 4))
+        scale = (ws.reshape(n, nb)[None, :, :] * d[:, None, :]).astype(_F32)  # [S, N, B]
+        prod = (parts.astype(_F32) * scale[..., None]).astype(_F32)  # [S, N, B, 8]; |parts| < 2^24: exact
+        acc = np.zeros((4, *prod.shape[:2], 8), _F32)
+        for b in range(nb):
+            acc[b % 4] = (acc[b % 4] + prod[:, :, b]).astype(_F32)
+        t = ((acc[0] + acc[1]).astype(_F32) + (acc[2] + acc[3]).astype(_F32)).astype(_F32)
+        lo = (t[..., 0] + t[..., 4]).astype(_F32) + (t[..., 2] + t[..., 6]).astype(_F32)
+        hi = (t[..., 1] + t[..., 5]).astype(_F32) + (t[..., 3] + t[..., 7]).astype(_F32)
+        return (lo.astype(_F32) + hi.astype(_F32)).astype(_F32)
+
+
+def q8_kernel_path(packed: PackedMX) -> str:
+    """The code that runs ``matmul_q8``: ``"avx512-vnni"``, ``"avx2"``, ``"portable"`` (C) or ``"numpy"``."""
+    lib = packed._lib
+    if lib is None:
+        return "numpy"
+    return ("portable", "avx2", "avx512-vnni")[lib.mxk_q8_path()]
+
+
+def matmul_q8(packed: PackedMX, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """``x @ W.T`` with ``x`` quantized per block of 32 to int8: float32 ``[..., K]`` -> float32 ``[..., N]``, equal
+    bit for bit to ``reference_q8`` (module docstring); the numpy reference itself where the kernel is not built."""
+    w = packed.weight
+    _check(w)
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != packed.in_features:
+        raise FormatError(f"matmul_q8 needs float32 activations [..., {packed.in_features}], got {x.dtype} {x.shape}")
+    lead = x.shape[:-1]
+    x2 = np.ascontiguousarray(x.reshape(-1, packed.in_features))
+    if packed._lib is None:
+        return reference_q8(w, x2).reshape(*lead, packed.out_features)
+    width = w.nblocks * 32
+    if width != packed.in_features:  # the kernel reads whole blocks: zero-pad
+        padded = np.zeros((x2.shape[0], width), _F32)
+        padded[:, : packed.in_features] = x2
+        x2 = padded
+    y = np.empty((x2.shape[0], packed.out_features), _F32)
+    rc = packed._lib.mxk_linear_q8(
+        w.codes.ctypes.data,
+        w.scales.ctypes.data,
+        1 if w.fmt.name == MXFP6_E2M3.name else 2,
+        packed.out_features,
+        w.nblocks,
+        x2.ctypes.data,
+        x2.shape[0],
+        width,
+        y.ctypes.data,
+        packed._threads(threads),
+    )
+    if rc == -2:
+        raise MemoryError("matmul_q8: the kernel could not allocate the quantized activations")
+    if rc != 0:
+        raise FormatError(f"matmul_q8: the kernel refused the call (code {rc})")
+    return y.reshape(*lead, packed.out_features)
