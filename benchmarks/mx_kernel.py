@@ -88,7 +88,7 @@ def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
         reps = repeats if n * k >= 1 << 22 else repeats * 20
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for isa in (2, 1):
+            for isa in (3, 1):
                 set_isa(isa)
                 fns = {"fp32": lambda wt=wt, xt=xt: torch.mv(wt, xt)}
                 for fmt, p in packed.items():
@@ -111,7 +111,7 @@ def bench_gemv(repeats: int, shapes: dict[str, tuple[int, int]]) -> list[dict]:
                             speedup=t["fp32"] / t[fmt],
                         )
                     )
-        set_isa(2)
+        set_isa(3)
     return rows
 
 

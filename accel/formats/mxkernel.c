@@ -16,7 +16,7 @@ __attribute__((constructor)) static void init_scales(void) {
         for (int s = 0; s < 256; s++) SCALES[f][s] = scale_value((uint8_t)s, shift[f]);
 }
 
-static int max_isa = 2; /* mxk_set_isa: the highest path allowed (tests and benchmarks compare the paths) */
+static int max_isa = 3; /* mxk_set_isa: the highest path allowed (tests and benchmarks compare the paths) */
 
 /* 0: portable loop; 1: AVX2 + FMA; 2: AVX-512 VBMI (256-bit byte permutes) */
 static int use_fast(const job_t *j) {
@@ -24,7 +24,8 @@ static int use_fast(const job_t *j) {
     return max_isa >= 2 && have_vbmi() ? 2 : 1;
 }
 
-/* the highest path to use from now on: 2 (default: the best the CPU has), 1 (AVX2 at most), 0 (portable only) */
+/* the highest path to use from now on: 3 (default: the best the CPU has), 2 (AVX-512, but the int8-activation path
+ * without VBMI's unpacking), 1 (AVX2 at most), 0 (portable only) */
 void mxk_set_isa(int level) { max_isa = level; }
 
 /* ------------------------------------------------------------------------------------------------- threads */
@@ -217,9 +218,10 @@ int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, in
     return run_parts(&j, threads, NULL);
 }
 
-/* the int8-activation path of a call: 2 AVX-512 VNNI, 1 AVX2, 0 portable (capped by mxk_set_isa) */
+/* the int8-activation path of a call: 3 AVX-512 VNNI + VBMI, 2 AVX-512 VNNI, 1 AVX2, 0 portable (capped by
+ * mxk_set_isa) */
 int mxk_q8_path(void) {
-    if (max_isa >= 2 && have_vnni()) return 2;
+    if (max_isa >= 2 && have_vnni()) return max_isa >= 3 && have_vbmi() ? 3 : 2;
     return max_isa >= 1 && have_avx2() ? 1 : 0;
 }
 

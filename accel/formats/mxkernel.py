@@ -49,8 +49,9 @@ MIN_WEIGHTS_PER_THREAD = 1 << 18
 
 
 def set_isa(level: int) -> None:
-    """The highest kernel path to use from now on (process-wide): 2 = the best the CPU has (default), 1 = AVX2 at
-    most, 0 = the portable C loop only. Tests and benchmarks use it to check and compare the paths."""
+    """The highest kernel path to use from now on (process-wide): 3 = the best the CPU has (default), 2 = AVX-512 but
+    the int8-activation path (``accel.formats.mxkernel_q8``) without VBMI's unpacking, 1 = AVX2 at most, 0 = the
+    portable C loop only. Tests and benchmarks use it to check and compare the paths."""
     lib = load_kernel()
     if lib is not None:
         lib.mxk_set_isa(int(level))

@@ -12,7 +12,8 @@
  *
  * ws_b * d_b is exact (ws_b is a power of two) unless it leaves float32's normal range. Every path computes exactly
  * this sequence (the file is compiled without floating-point contraction), so the portable loop, AVX2 (vpmaddubsw on
- * |q| and sign(q) * w: pair sums <= 2 * 127 * 60, far from int16 saturation) and AVX-512 VNNI (vpdpbusd) agree bit for
+ * |q| and sign(q) * w: pair sums <= 2 * 127 * 60, far from int16 saturation), AVX-512 VNNI (vpdpbusd) and VNNI with
+ * VBMI's byte-permute unpacking (block_ints_vbmi, mxkernel.h) agree bit for
  * bit with each other and with accel.formats.mxkernel_q8.reference_q8, whatever the rows per call and the threads.
  */
 #pragma GCC optimize("fp-contract=off")
@@ -101,6 +102,7 @@ static void q8_portable(const job_t *j, int64_t n0, int64_t n1) {
 #if MXK_X86
 #define Q8_AVX2 __attribute__((target("avx2,fma")))
 #define Q8_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define Q8_VBMI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vbmi,avx512vnni")))
 
 /* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in byte i (as mxkernel_avx2.c) */
 Q8_AVX2 static inline __m256i q8_unpack_fp6(const uint8_t *p) {
@@ -148,7 +150,7 @@ Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l
 /* one output: W row n against x row s; DOT is the block's 8-lane integer dot product of ax = |q| and sw = sign(q) w */
 #define Q8_BLOCK(ACC, B)                                                                                             \
     do {                                                                                                             \
-        __m256i w = q8_weights(fast, row, (B));                                                                      \
+        __m256i w = WEIGHTS(fast, row, (B));                                                                         \
         __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * (B)));                                            \
         __m256i ax = _mm256_sign_epi8(x, x), sw = _mm256_sign_epi8(w, x);                                            \
         __m256 f = _mm256_cvtepi32_ps(DOT);                                                                          \
@@ -174,6 +176,7 @@ Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l
     if (b + 2 < j->nblocks) Q8_BLOCK(a2, b + 2);                                                                     \
     j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 
+#define WEIGHTS q8_weights
 #define DOT _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1))
 Q8_AVX2 static inline __attribute__((always_inline)) void q8_row_avx2(const job_t *j, int64_t n, int64_t s,
                                                                       const int fast) {
@@ -186,7 +189,57 @@ Q8_VNNI static inline __attribute__((always_inline)) void q8_row_vnni(const job_
                                                                       const int fast) {
     Q8_ROW_BODY
 }
+/* VNNI with VBMI's unpacking, two blocks per 512-bit register: blocks b, b + 1 (b % 4 == 0) update acc0 | acc1 and
+ * b + 2, b + 3 update acc2 | acc3, the same per-block arithmetic as the other paths. AVX-512 has no byte sign
+ * instruction: sign(q) * w is w negated where q < 0 (where q == 0 the product is 0 either way). */
+#define Q8_PAIR(ACC, B)                                                                                              \
+    do {                                                                                                             \
+        __m512i w = pair_ints_vbmi(fast, row + bytes * (B));                                                         \
+        __m512i x = _mm512_loadu_si512((const void *)(q + 32 * (B)));                                                \
+        __m512i sw = _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);                     \
+        __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sw));         \
+        __m512d lo = _mm512_castps_pd(_mm512_set1_ps(tab[sc[(B)]] * xd[(B)]));                                       \
+        __m512 scv = _mm512_castpd_ps(                                                                               \
+            _mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_set1_ps(tab[sc[(B) + 1]] * xd[(B) + 1])), 1));            \
+        ACC = _mm512_add_ps(ACC, _mm512_mul_ps(f, scv));                                                             \
+    } while (0)
+
+/* one block into the low half of ACC (the high half gets + 0.0: unchanged) */
+#define Q8_SINGLE(ACC, B)                                                                                            \
+    do {                                                                                                             \
+        __m256i w = block_ints_vbmi(fast, row + bytes * (B));                                                        \
+        __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * (B)));                                            \
+        __m256i ax = _mm256_sign_epi8(x, x), sw = _mm256_sign_epi8(w, x);                                            \
+        __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw));                          \
+        __m256 prod = _mm256_mul_ps(f, _mm256_set1_ps(tab[sc[(B)]] * xd[(B)]));                                      \
+        ACC = _mm512_add_ps(ACC, _mm512_zextps256_ps512(prod));                                                      \
+    } while (0)
+
+Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_t *j, int64_t n, int64_t s,
+                                                                      const int fast) {
+    const int bytes = fast == FAST_E2M3 ? 24 : 16;
+    const uint8_t *row = j->codes + n * j->nblocks * bytes, *sc = j->scales + n * j->nblocks;
+    const int8_t *q = j->xq + s * j->nblocks * 32;
+    const float *xd = j->xd + s * j->nblocks, *tab = SCALES[fast];
+    __m512 a01 = _mm512_setzero_ps(), a23 = a01;
+    int64_t b = 0;
+    for (; b + 4 <= j->nblocks; b += 4) {
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        Q8_PAIR(a01, b);
+        Q8_PAIR(a23, b + 2);
+    }
+    if (b + 2 <= j->nblocks) {
+        Q8_PAIR(a01, b);
+        if (b + 2 < j->nblocks) Q8_SINGLE(a23, b + 2);
+    } else if (b < j->nblocks) {
+        Q8_SINGLE(a01, b);
+    }
+    __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
+    __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
+    j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
+}
 #undef DOT
+#undef WEIGHTS
 
 Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++)
@@ -208,6 +261,16 @@ Q8_VNNI static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) {
         }
 }
 
+Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < j->s; s++) {
+            if (j->fast == FAST_E2M3)
+                q8_row_vbmi(j, n, s, FAST_E2M3);
+            else
+                q8_row_vbmi(j, n, s, FAST_E2M1);
+        }
+}
+
 int have_vnni(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -218,13 +281,26 @@ int have_vnni(void) {
     return cached;
 }
 #else
+Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < j->s; s++) {
+            if (j->fast == FAST_E2M3)
+                q8_row_vbmi(j, n, s, FAST_E2M3);
+            else
+                q8_row_vbmi(j, n, s, FAST_E2M1);
+        }
+}
+
 int have_vnni(void) { return 0; }
 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
+static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 #endif
 
 void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path) {
-    if (path == 2)
+    if (path == 3)
+        q8_vbmi(j, n0, n1);
+    else if (path == 2)
         q8_vnni(j, n0, n1);
     else if (path == 1)
         q8_avx2(j, n0, n1);

@@ -91,11 +91,12 @@ def reference_q8(w: MXTensor, x: np.ndarray) -> np.ndarray:
 
 
 def q8_kernel_path(packed: PackedMX) -> str:
-    """The code that runs ``matmul_q8``: ``"avx512-vnni"``, ``"avx2"``, ``"portable"`` (C) or ``"numpy"``."""
+    """The code that runs ``matmul_q8``: ``"avx512-vbmi-vnni"``, ``"avx512-vnni"``, ``"avx2"``, ``"portable"`` (C) or
+    ``"numpy"``."""
     lib = packed._lib
     if lib is None:
         return "numpy"
-    return ("portable", "avx2", "avx512-vnni")[lib.mxk_q8_path()]
+    return ("portable", "avx2", "avx512-vnni", "avx512-vbmi-vnni")[lib.mxk_q8_path()]
 
 
 def matmul_q8(packed: PackedMX, x: np.ndarray, threads: int | None = None) -> np.ndarray:

@@ -6,68 +6,6 @@
 #if MXK_X86
 #define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")))
 
-/* the 32 codes of a block -> value * 2^shift as int8 (256-bit VBMI ops): a masked load of the block's bytes, vpermb
- * puts the bytes of 8 codes in each qword, vpmultishiftqb moves code j of a qword to its byte j, and a byte table
- * (vpermt2b: 64 entries for 6-bit codes; vpermb with the 16 entries twice for 4-bit codes) gives the integer */
-VBMI static inline __m256i block_ints_vbmi(int fast, const uint8_t *p) {
-    if (fast == FAST_E2M3) {
-        const __m256i spread = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 9, 10, 11, 11, 11, 12, 13, 14, 15, 16,
-                                                17, 17, 17, 18, 19, 20, 21, 22, 23, 23, 23);
-        const __m256i shifts = _mm256_set1_epi64x(0x2A241E18120C0600LL); /* 0, 6, 12, ..., 42 */
-        const __m256i pos = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22,
-                                             24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
-        const __m256i neg = _mm256_sub_epi8(_mm256_setzero_si256(), pos);
-        __m256i v = _mm256_maskz_loadu_epi8(0xFFFFFFu, p);
-        v = _mm256_multishift_epi64_epi8(shifts, _mm256_permutexvar_epi8(spread, v));
-        return _mm256_permutex2var_epi8(pos, v, neg); /* index bits 0..5: bit 5 (the sign) picks the negatives */
-    }
-    if (fast == FAST_E2M1) {
-        const __m256i spread = _mm256_setr_epi8(0, 1, 2, 3, 3, 3, 3, 3, 4, 5, 6, 7, 7, 7, 7, 7, 8, 9, 10, 11, 11, 11,
-                                                11, 11, 12, 13, 14, 15, 15, 15, 15, 15);
-        const __m256i shifts = _mm256_set1_epi64x(0x1C1814100C080400LL); /* 0, 4, ..., 28 */
-        const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
-                                               6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); /* bit 4 ignored */
-        __m256i v = _mm256_maskz_loadu_epi8(0xFFFFu, p);
-        v = _mm256_multishift_epi64_epi8(shifts, _mm256_permutexvar_epi8(spread, v));
-        return _mm256_permutexvar_epi8(v, table);
-    }
-    return _mm256_loadu_si256((const __m256i *)p);
-}
-
-/* the 64 codes of blocks b and b + 1 -> value * 2^shift as int8 (512-bit VBMI ops; block b in bytes 0..31): as
- * block_ints_vbmi, with one 512-bit permute, shift and table lookup for both blocks. vpermb over 64 bytes reads 6
- * index bits, so the table of 6-bit codes is one register (positives, then negatives: bit 5 is the sign), and the
- * 16 values of 4-bit codes are repeated four times (bits 4 and 5 of the index are the next code's, ignored). */
-VBMI static inline __m512i pair_ints_vbmi(int fast, const uint8_t *p) {
-    if (fast == FAST_E2M3) { /* qword q of the result: the 6 bytes of codes 8q .. 8q + 7 */
-        const __m512i spread = _mm512_set_epi8(47, 47, 47, 46, 45, 44, 43, 42, 41, 41, 41, 40, 39, 38, 37, 36, 35, 35,
-                                               35, 34, 33, 32, 31, 30, 29, 29, 29, 28, 27, 26, 25, 24, 23, 23, 23, 22,
-                                               21, 20, 19, 18, 17, 17, 17, 16, 15, 14, 13, 12, 11, 11, 11, 10, 9, 8, 7,
-                                               6, 5, 5, 5, 4, 3, 2, 1, 0);
-        const __m512i shifts = _mm512_set1_epi64(0x2A241E18120C0600LL);
-        const __m512i table = _mm512_set_epi8(-60, -56, -52, -48, -44, -40, -36, -32, -30, -28, -26, -24, -22, -20,
-                                              -18, -16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2,
-                                              -1, 0, 60, 56, 52, 48, 44, 40, 36, 32, 30, 28, 26, 24, 22, 20, 18, 16,
-                                              15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-        __m512i v = _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFULL, p);
-        v = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, v));
-        return _mm512_permutexvar_epi8(v, table);
-    }
-    if (fast == FAST_E2M1) { /* qword q of the result: the 4 bytes of codes 8q .. 8q + 7 */
-        const __m512i spread = _mm512_set_epi8(31, 31, 31, 31, 31, 30, 29, 28, 27, 27, 27, 27, 27, 26, 25, 24, 23, 23,
-                                               23, 23, 23, 22, 21, 20, 19, 19, 19, 19, 19, 18, 17, 16, 15, 15, 15, 15,
-                                               15, 14, 13, 12, 11, 11, 11, 11, 11, 10, 9, 8, 7, 7, 7, 7, 7, 6, 5, 4, 3,
-                                               3, 3, 3, 3, 2, 1, 0);
-        const __m512i shifts = _mm512_set1_epi64(0x1C1814100C080400LL);
-        const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8,
-                                                                   -12));
-        __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
-        v = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, v));
-        return _mm512_permutexvar_epi8(v, table);
-    }
-    return _mm512_loadu_si512((const void *)p);
-}
-
 /* block b of one W row against one x row: the 32 integer * x products summed (float32), times the block's scale */
 #define VBMI_BLOCK(acc, w0, w1, xrow, b, scale)                                                                      \
     acc = _mm512_fmadd_ps(                                                                                          \

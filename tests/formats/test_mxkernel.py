@@ -35,9 +35,9 @@ def path(request, monkeypatch) -> str:
     else:
         monkeypatch.delenv("ACCEL_MXKERNEL", raising=False)
     reset()
-    set_isa(ISA.get(request.param, 2))
+    set_isa(ISA.get(request.param, 3))
     yield request.param
-    set_isa(2)
+    set_isa(3)
     monkeypatch.undo()
     reset()
 
