@@ -65,6 +65,13 @@ class WeightFormat(str, Enum):
         return self.value.endswith(("-kernel", "-kernel-q8"))
 
     @property
+    def int8_activations(self) -> bool:
+        """Whether the Linear activations are quantized to int8 per block (``*-nbits`` at their default accuracy
+        level 4, ``*-kernel-q8``): a float difference of one ulp can move a code, so a call's logits must not depend
+        on the call's layout (``accel.decode`` refuses token trees on such targets)."""
+        return self.is_nbits or self.value.endswith("-q8")
+
+    @property
     def kernel_act_bits(self) -> int:
         """The fused kernel's activations: 0 (not a ``*-kernel`` format), 32 (float32) or 8 (``*-kernel-q8``: int8
         per block of 32, integer dot products; ``accel.formats.mxkernel_q8``)."""

@@ -292,6 +292,14 @@ class DecodeSpec(_Part):
                 "autotune", "autotune would be ignored: it sizes a proposer's rounds (give a draft, --hydra or --ngram)"
             )
         for part in self.model_parts():
+            if isinstance(part, TreeSpec | HydraTreeSpec) and part.top_k > 1 and target.weights.int8_activations:
+                raise _refuse(
+                    "tree_on_int8_activations",
+                    f"a token tree cannot verify exactly on target weights {target.weights.value}: their int8 "
+                    "activations turn the tree call's float rounding (attention sums over the tree's cache slots) "
+                    "into different codes, so greedy output can differ from the target's own decoding; use a chain "
+                    "(--draft without --tree-nodes) or lookup, or a float-activation target (fp32, *-kernel)",
+                )
             if isinstance(part, HydraTreeSpec) and target.path.suffix in (".onnx", ".gguf"):
                 raise _refuse(
                     "hydra_target",

@@ -185,3 +185,23 @@ def test_engine_packages_never_import_the_recipe():
                     names = [node.module]
                 found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[:2] == ["accel", "decode"]]
     assert found == []
+
+
+@pytest.mark.parametrize("weights", ["mxfp6-nbits", "mxfp6-kernel-q8", "mxfp4-kernel-q8"])
+def test_trees_are_refused_on_int8_activation_targets(weights):
+    """Measured on SmolLM2-135M: a feature-draft tree of 8 on these targets gave output different from the target's
+    own greedy decoding on 2-3 of 3 prompts (the tree call's attention sums run over other cache slots; int8
+    activations turn that rounding into other codes); chains stayed equal. So trees are refused, chains are not."""
+    target = {"path": "t", "weights": weights}
+    for proposer in (
+        {"kind": "tree", "draft": "d"},
+        {"kind": "hydra", "heads": "h"},
+        {"kind": "merge", "lookup": {}, "tree": {"kind": "tree", "draft": "d"}},
+    ):
+        with pytest.raises(ValueError, match=f"cannot verify exactly on target weights {weights}"):
+            DecodeSpec.model_validate({"target": target, "proposer": proposer})
+    DecodeSpec.model_validate({"target": target, "proposer": {"kind": "chain", "draft": "d"}})
+    DecodeSpec.model_validate({"target": target, "proposer": {"kind": "tree", "draft": "d", "top_k": 1}})
+    DecodeSpec.model_validate(
+        {"target": {"path": "t", "weights": "mxfp6-kernel"}, "proposer": {"kind": "tree", "draft": "d"}}
+    )
