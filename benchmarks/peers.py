@@ -264,6 +264,20 @@ def try_row(name: str, make: Callable[[], Row]) -> list[Row]:
         return []
 
 
+def _spd_spec(base: dict[str, Any], weights: str, nodes: int) -> tuple[dict[str, Any], str]:
+    """The SpD row of a target: the feature draft's tree of ``nodes`` merged with lookup, or on a target with int8
+    activations (where ``DecodeSpec`` refuses trees: docs/spd.md) its chain of up to ``nodes`` after lookup."""
+    from accel.backends.weights import WeightFormat
+
+    if WeightFormat(weights).int8_activations:
+        chain = {"kind": "chain", "draft": FEATURE_DRAFT, "k": min(nodes, 4)}
+        name = f"accel {weights} SpD (feature chain {chain['k']} after lookup)"
+        return {**base, "proposer": {"kind": "first_of", "lookup": {"n": 3, "k": 4}, "then": chain}}, name
+    tree = {"kind": "tree", "draft": FEATURE_DRAFT, "nodes": nodes}
+    name = f"accel {weights} SpD (feature tree {nodes} + lookup)"
+    return {**base, "proposer": {"kind": "merge", "lookup": {"n": 3, "k": 4}, "tree": tree}}, name
+
+
 def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row]:
     """AR, SpD and autotuned SpD rows for each of ``--accel``'s target weights."""
     rows = []
@@ -274,9 +288,7 @@ def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row
         rows.append(Row(ar, "accel", w, AccelRunner(base, tokenizer), ar))
         if args.spd_nodes < 1:
             continue
-        tree = {"kind": "tree", "draft": FEATURE_DRAFT, "nodes": args.spd_nodes}
-        spd = {**base, "proposer": {"kind": "merge", "lookup": {"n": 3, "k": 4}, "tree": tree}}
-        name = f"accel {w} SpD (feature tree {args.spd_nodes} + lookup)"
+        spd, name = _spd_spec(base, w, args.spd_nodes)
         rows.append(Row(name, "accel", w, AccelRunner(spd, tokenizer), ar))
         if not args.no_autotune:
             rows.append(Row(f"{name}, autotune", "accel", w, AccelRunner({**spd, "autotune": True}, tokenizer), ar))

@@ -212,6 +212,8 @@ def _metadata(
         **{f"accel.{key}": str(int(value)) for key, value in flags.items()},
         "accel.model_config": json.dumps(cfg.to_hf()),
         **({"accel.int8": spec.int8_scheme} if spec.format == WeightFormat.INT8 else {}),
+        # Linear activations quantized to int8 per block: OrtBackend then refuses token trees (docs/spd.md)
+        "accel.int8_activations": str(int(spec.format.int8_activations and spec.accuracy_level == 4)),
         "accel.attention_rows": "grouped",  # the G query heads of a KV head as G * S rows (OrtBackend.min_rows)
     }
 

@@ -116,7 +116,7 @@ class OrtBackend:
                 for name, have in (
                     ("hidden_states", c.hidden_size),
                     ("features", c.feature_size),
-                    ("tree", c.tree),
+                    ("tree", c.tree and not self._int8_activations(c)),
                     ("mix", c.mix_inputs),
                 )
                 if have
@@ -149,6 +149,29 @@ class OrtBackend:
             io.bind_ortvalue_input(name, value)
             io.bind_ortvalue_output(f"{name}_RetainedState", value)
         self._binding = io
+
+    @staticmethod
+    def _int8_activations(c: GraphContract) -> bool:
+        """Whether the graph quantizes its Linear activations to int8 (metadata ``accel.int8_activations``; exports
+        older than it: a ``*-nbits`` or ``*-q8`` weight name). Such a target scores no token trees: their float
+        rounding moves int8 codes, so a tree's verdict could differ from the target's own decoding (docs/spd.md)."""
+        flag = c.metadata.get("accel.int8_activations")
+        if flag is not None:
+            return flag == "1"
+        weights = c.metadata.get("accel.weights", "")
+        return weights.endswith(("-nbits", "-q8"))
+
+    @property
+    def no_tree_reason(self) -> str | None:
+        """Why this target scores no token trees although its graph has tree inputs (None: it scores them, or has
+        no tree inputs)."""
+        if self.contract.tree and self._int8_activations(self.contract):
+            return (
+                f"its Linear activations are int8 ({self.contract.metadata.get('accel.weights')}): a tree call's float "
+                "rounding moves their codes, so the verdict could differ from the target's own decoding; use a chain "
+                "or lookup (docs/spd.md, Token trees)"
+            )
+        return None
 
     @property
     def info(self) -> BackendInfo:

@@ -109,7 +109,12 @@ def test_the_onnxruntime_node_runs_the_same_numbers(fmt):
         mx_linear(GraphBuilder(), "x", ["w"], [quantize(np.ones((4, 64), np.float32), "mxint8", axis=1)], "y", 8)
 
 
-def test_greedy_spd_on_a_q8_kernel_target_equals_its_ar(tmp_path):
+def test_greedy_spd_on_a_q8_kernel_target_equals_its_ar_and_trees_are_refused(tmp_path):
+    """Chains: greedy SpD is the q8 target's own greedy AR. Trees: refused by the backend, naming the int8
+    activations (a tree call's float rounding moves their codes: docs/spd.md), while a float-activation export of
+    the same weights scores them."""
+    from accel.errors import SpdError
+
     target = _model(tied=True, inter=128, seed=1)
     draft = _model(tied=True, inter=128, seed=2)
     kw = {"ctx_len": 64, "batch_size": 1, "progress": False, "tree": True}
@@ -118,8 +123,11 @@ def test_greedy_spd_on_a_q8_kernel_target_equals_its_ar(tmp_path):
     db = OrtBackend(export_onnx(draft, tmp_path / "d.onnx", **kw))
     prompts = make_tokens(96, (7,), seed=1)
     ar = generate_ar(tb, prompts, max_new_tokens=20, sampling=GREEDY).tokens
-    for proposer in (DraftChain(db, k=3), DraftTree(db, nodes=6)):
-        assert generate(tb, proposer, prompts, max_new_tokens=20, sampling=GREEDY).tokens == ar
+    for k in (1, 3):
+        assert generate(tb, DraftChain(db, k=k), prompts, max_new_tokens=20, sampling=GREEDY).tokens == ar
+    assert "tree" not in tb.info.capabilities and "tree" in fb.info.capabilities
+    with pytest.raises(SpdError, match="its Linear activations are int8 \\(mxfp6-kernel-q8\\)"):
+        generate(tb, DraftTree(db, nodes=6), prompts, max_new_tokens=20, sampling=GREEDY)
     ids = np.asarray([prompts[0]], np.int64)
     pos = np.arange(ids.shape[1], dtype=np.int64)[None]
     q8, f32 = tb.forward(ids, pos, num_logits=ids.shape[1]), fb.forward(ids, pos, num_logits=ids.shape[1])
