@@ -36,12 +36,13 @@ formula, its seconds come from the hardware model and these from the clock.
 
 Phases: the controller's first rounds (``probe``) try N_max, 0, 1 and N_max / 2 so both curves have points; every
 ``explore_every``-th round later (``explore``) tries a neighbour of the last choice (N + 1, then N - 1), which keeps
-the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics; the
-other rounds take the best N (``model``). When a curve has no valid sample (a clock returning zero, NaN or negative
-differences; every sample is refused, ``CostCurve``) the controller runs ``fallback`` nodes (default: the wrapped
-proposer's own ``max_nodes``, its fixed shape) and says so in ``GenerationStats.tuned_rounds`` (``phase =
-"fallback"``): never a division by zero, never a hang. Its learned state persists across ``generate`` calls
-(``reset()`` forgets it).
+the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics; the other
+rounds take the best N (``model``) of a plan recomputed every ``replan_every`` rounds (pricing every budget costs ~1.5
+ms of host time, 6-8% of a SmolLM2 round; the plan is a function of the past either way). When a curve has no valid
+sample (a clock returning zero, NaN or negative differences; every sample is refused, ``CostCurve``) the controller
+runs ``fallback`` nodes (default: the wrapped proposer's own ``max_nodes``, its fixed shape) and says so in
+``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
+persists across ``generate`` calls (``reset()`` forgets it).
 
 Exactness: the budget is a function of the previous rounds only (their verified trees, their timings, which
 proposals were offered) and of the clock, never of the target's output for the current round: it is fixed before
@@ -126,6 +127,8 @@ class AutoTune:
         prior_acceptance: the rank-1 acceptance assumed before any round was verified (later ranks: half of it).
         decay: per-round weight of the old acceptance counts, in (0, 1] (1 = never forget).
         explore_every: every this many rounds a neighbour of the chosen budget is re-measured (0 = never).
+        replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
+            every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
         window: timing samples kept per size (``CostCurve``).
         clock: seconds for timing (``time.perf_counter``).
     """
@@ -139,6 +142,7 @@ class AutoTune:
         prior_acceptance: float = 0.5,
         decay: float = 0.97,
         explore_every: int = 16,
+        replan_every: int = 8,
         window: int = DEFAULT_WINDOW,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -161,7 +165,10 @@ class AutoTune:
             raise SpdError(f"AutoTune decay must be in (0, 1]; got {decay!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore_every!r}")
+        if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
+            raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan_every!r}")
         self.prior_acceptance, self.decay, self.explore_every = float(prior_acceptance), float(decay), explore_every
+        self.replan_every = replan_every
         self.window, self.clock = window, clock
         self.reset()
 
@@ -178,6 +185,7 @@ class AutoTune:
         self._last = self.budgets[-1]
         self._explored = 0
         self._pending: _Pending | None = None
+        self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
         mid = self.budgets[(len(self.budgets) - 1) // 2]
         self._schedule = list(dict.fromkeys([self.budgets[-1], 0, self.budgets[0], mid]))
 
@@ -195,8 +203,14 @@ class AutoTune:
         self._pending = None
         self.proposer.start(run)
 
+    def _cached_plan(self) -> Plan | None:
+        """``plan()``, recomputed every ``replan_every`` rounds (a function of the past rounds either way)."""
+        if self._plan is None or self.rounds - self._plan[0] >= self.replan_every or self._plan[1] is None:
+            self._plan = (self.rounds, self.plan())
+        return self._plan[1]
+
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
-        plan = self.plan()
+        plan = self._cached_plan()
         nodes, phase = self._choose(plan)
         predicted = plan.at(nodes) if plan is not None else (math.nan, math.nan, math.nan)
         out: list[TokenTree | None] = [None] * run.batch

@@ -144,7 +144,7 @@ def test_arguments_are_checked(models):
         AutoTune(chain, budgets=[2, 5])
     with pytest.raises(SpdError, match="fallback"):
         AutoTune(chain, budgets=[1, 2], fallback=3)
-    for kw in (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1)):
+    for kw in (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0)):
         with pytest.raises(SpdError, match=next(iter(kw))):
             AutoTune(chain, **kw)
 
@@ -265,3 +265,16 @@ def test_probe_only_sizes_are_scaled_by_the_real_to_probe_ratio(models):
     assert AutoTune(DraftTree(backend(draft, 1, ctx_len=CTX), nodes=20)).probe_sizes() == [
         1, 2, 3, 4, 5, 8, 16, 21
     ]  # fmt: skip
+
+
+def test_the_plan_is_reused_between_replans(models):
+    """The model's plan is recomputed every ``replan_every`` rounds and reused in between (host time per round)."""
+    _, draft = models
+    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), replan_every=4)
+    tuner.propose_costs.observe(1, 1e-3)
+    tuner.call_costs.observe(1, 10e-3)
+    first = tuner._cached_plan()
+    tuner.rounds += 3
+    assert first is not None and tuner._cached_plan() is first
+    tuner.rounds += 1
+    assert tuner._cached_plan() is not first
