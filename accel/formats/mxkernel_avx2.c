@@ -5,42 +5,6 @@
 #if MXK_X86
 #define AVX2 __attribute__((target("avx2,fma")))
 
-/* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in byte i */
-AVX2 static inline __m256i unpack_fp6(const uint8_t *p) {
-    __m128i lo = _mm_loadu_si128((const __m128i *)p);       /* bytes 0..15: groups 0..3 at 0..11 */
-    __m128i hi = _mm_loadu_si128((const __m128i *)(p + 8)); /* bytes 8..23: groups 4..7 at 4..15 */
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    const __m256i spread = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, /* lane 0 */
-                                            4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
-    v = _mm256_shuffle_epi8(v, spread); /* each dword: one 3-byte group = 4 codes of 6 bits */
-    __m256i c = _mm256_and_si256(v, _mm256_set1_epi32(0x3F));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 2), _mm256_set1_epi32(0x3F00)));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 4), _mm256_set1_epi32(0x3F0000)));
-    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 6), _mm256_set1_epi32(0x3F000000)));
-}
-
-/* E2M3 codes (bytes 0..63) -> value * 8 as int8: magnitude s.ee.mmm: e = 0, 1 give the low 4 bits themselves;
- * e = 2, 3 a table; then the sign (bit 5) */
-AVX2 static inline __m256i e2m3_ints(__m256i c) {
-    const __m256i high = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20,
-                                          22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
-    __m256i lo4 = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
-    __m256i e1 = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x10)), _mm256_set1_epi8(0x10));
-    __m256i mag = _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
-    return _mm256_sign_epi8(mag, _mm256_slli_epi16(c, 2)); /* bit 5 -> bit 7: negative; c == 0 gives mag 0 anyway */
-}
-
-/* the 32 codes of an FP4 block (16 bytes) -> value * 2 as int8, in code order */
-AVX2 static inline __m256i e2m1_ints(const uint8_t *p) {
-    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, first)),
-                                   _mm_shuffle_epi8(table, second), 1);
-}
-
 /* the block's 32 int8 values times one scale -> 4 x 8 exact float32 weights */
 AVX2 static inline void to_floats(__m256i v, float scale, __m256 w[4]) {
     __m256 sc = _mm256_set1_ps(scale);

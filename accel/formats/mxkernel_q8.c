@@ -104,41 +104,8 @@ static void q8_portable(const job_t *j, int64_t n0, int64_t n1) {
 #define Q8_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define Q8_VBMI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vbmi,avx512vnni")))
 
-/* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in byte i (as mxkernel_avx2.c) */
-Q8_AVX2 static inline __m256i q8_unpack_fp6(const uint8_t *p) {
-    __m128i lo = _mm_loadu_si128((const __m128i *)p);
-    __m128i hi = _mm_loadu_si128((const __m128i *)(p + 8));
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    const __m256i spread = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 4, 5, 6, -1, 7, 8, 9,
-                                            -1, 10, 11, 12, -1, 13, 14, 15, -1);
-    v = _mm256_shuffle_epi8(v, spread);
-    __m256i c = _mm256_and_si256(v, _mm256_set1_epi32(0x3F));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 2), _mm256_set1_epi32(0x3F00)));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 4), _mm256_set1_epi32(0x3F0000)));
-    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 6), _mm256_set1_epi32(0x3F000000)));
-}
-
-Q8_AVX2 static inline __m256i q8_e2m3(__m256i c) {
-    const __m256i high = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20,
-                                          22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
-    __m256i lo4 = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
-    __m256i e1 = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x10)), _mm256_set1_epi8(0x10));
-    __m256i mag = _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
-    return _mm256_sign_epi8(mag, _mm256_slli_epi16(c, 2));
-}
-
-Q8_AVX2 static inline __m256i q8_e2m1(const uint8_t *p) {
-    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, first)),
-                                   _mm_shuffle_epi8(table, second), 1);
-}
-
 Q8_AVX2 static inline __m256i q8_weights(const int fast, const uint8_t *row, int64_t b) {
-    return fast == FAST_E2M3 ? q8_e2m3(q8_unpack_fp6(row + 24 * b)) : q8_e2m1(row + 16 * b);
+    return fast == FAST_E2M3 ? e2m3_ints(unpack_fp6(row + 24 * b)) : e2m1_ints(row + 16 * b);
 }
 
 Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
@@ -241,35 +208,20 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
 #undef DOT
 #undef WEIGHTS
 
-Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s++) {
-            if (j->fast == FAST_E2M3)
-                q8_row_avx2(j, n, s, FAST_E2M3);
-            else
-                q8_row_avx2(j, n, s, FAST_E2M1);
-        }
-}
-
-Q8_VNNI static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s++) {
-            if (j->fast == FAST_E2M3)
-                q8_row_vnni(j, n, s, FAST_E2M3);
-            else
-                q8_row_vnni(j, n, s, FAST_E2M1);
-        }
-}
-
-Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s++) {
-            if (j->fast == FAST_E2M3)
-                q8_row_vbmi(j, n, s, FAST_E2M3);
-            else
-                q8_row_vbmi(j, n, s, FAST_E2M1);
-        }
-}
+/* every output of W rows [n0, n1): one loop per path, `fast` a constant in each (row functions are inlined) */
+#define Q8_ROWS(TARGET, NAME, ROW)                                                                                   \
+    TARGET static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                               \
+        for (int64_t n = n0; n < n1; n++)                                                                            \
+            for (int64_t s = 0; s < j->s; s++) {                                                                     \
+                if (j->fast == FAST_E2M3)                                                                            \
+                    ROW(j, n, s, FAST_E2M3);                                                                         \
+                else                                                                                                 \
+                    ROW(j, n, s, FAST_E2M1);                                                                         \
+            }                                                                                                        \
+    }
+Q8_ROWS(Q8_AVX2, q8_avx2, q8_row_avx2)
+Q8_ROWS(Q8_VNNI, q8_vnni, q8_row_vnni)
+Q8_ROWS(Q8_VBMI, q8_vbmi, q8_row_vbmi)
 
 int have_vnni(void) {
     static int cached = -1;
