@@ -36,7 +36,7 @@ TREE_NODES = 4  # node budget of the feature draft's dynamic tree (accel.spd.Dra
 TREE_MODE = f"feature SpD tree({TREE_NODES}) greedy"  # the feature draft's dynamic token tree, greedy
 AUTOTUNE_NODES = 8  # the largest budget the demo's controller may choose (accel.spd.autotune.AutoTune)
 # the feature draft's tree merged with n-gram lookup, sized every round by the controller (0 .. AUTOTUNE_NODES nodes)
-AUTOTUNE_MODE = f"feature SpD autotuned tree(<={AUTOTUNE_NODES})+lookup greedy"
+AUTOTUNE_MODE = f"feature SpD autotune(<={AUTOTUNE_NODES})"
 
 
 def default_draft_dir() -> Path:
