@@ -239,7 +239,8 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
         return -2;
     }
     mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, 6, 32, fast, q, d, mxk_q8_path()};
+    int bits = fast == FAST_E2M3 ? 6 : 4;
+    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path()};
     int rc = run_parts(&j, threads, NULL);
     free(q);
     free(d);

@@ -66,6 +66,17 @@ static inline float scale_value(uint8_t s, int shift) { return s == 0xFF ? NAN :
 /* SCALES[fast][s] = 2^(s - 127 - shift of the fast path's integers), NaN for 0xFF; filled when the library loads */
 MXK_INTERNAL extern float SCALES[4][256];
 
+/* code i of packed codes p with `bits` bits a code (LSB first: FP6 4 codes in 3 bytes, FP4 low nibble first) */
+static inline unsigned code_at(const uint8_t *p, int64_t i, int bits) {
+    if (bits == 8) return p[i];
+    if (bits == 4) return (p[i >> 1] >> ((i & 1) * 4)) & 15u;
+    int64_t bit = 6 * i, byte = bit >> 3;
+    int sh = (int)(bit & 7);
+    unsigned v = p[byte];
+    if (sh > 2) v |= (unsigned)p[byte + 1] << 8;
+    return (v >> sh) & 63u;
+}
+
 /* each path computes rows [n0, n1) of y (decode_rows_portable: of the decoded weights) */
 MXK_INTERNAL void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, float *out);
 MXK_INTERNAL void linear_portable(const job_t *j, int64_t n0, int64_t n1);

@@ -1,16 +1,6 @@
 /* The portable path (any format, any block size): value = lut[code] * 2^(s - 127) in float32. See mxkernel.h. */
 #include "mxkernel.h"
 
-static inline unsigned code_at(const uint8_t *p, int64_t i, int bits) {
-    if (bits == 8) return p[i];
-    if (bits == 4) return (p[i >> 1] >> ((i & 1) * 4)) & 15u;
-    int64_t bit = 6 * i, byte = bit >> 3;
-    int sh = (int)(bit & 7);
-    unsigned v = p[byte];
-    if (sh > 2) v |= (unsigned)p[byte + 1] << 8;
-    return (v >> sh) & 63u;
-}
-
 void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, float *out) {
     int64_t width = j->nblocks * j->block;
     for (int64_t r = r0; r < r1; r++) {

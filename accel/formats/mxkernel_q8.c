@@ -56,14 +56,10 @@ static void block_ints(int fast, const uint8_t *row, int64_t b, int8_t w[32]) {
     static const int8_t e2m1[8] = {0, 1, 2, 3, 4, 6, 8, 12};
     for (int e = 0; e < 32; e++) {
         if (fast == FAST_E2M3) {
-            int64_t bit = 6 * (32 * b + e), byte = bit >> 3;
-            int sh = (int)(bit & 7);
-            unsigned v = row[byte];
-            if (sh > 2) v |= (unsigned)row[byte + 1] << 8;
-            unsigned c = (v >> sh) & 63u;
+            unsigned c = code_at(row, 32 * b + e, 6);
             w[e] = (int8_t)((c & 32u) ? -e2m3[c & 31u] : e2m3[c & 31u]);
         } else {
-            unsigned c = (row[16 * b + e / 2] >> ((e & 1) * 4)) & 15u;
+            unsigned c = code_at(row, 32 * b + e, 4);
             w[e] = (int8_t)((c & 8u) ? -e2m1[c & 7u] : e2m1[c & 7u]);
         }
     }

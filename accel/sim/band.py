@@ -95,8 +95,10 @@ def predict_band(
         raise SimError("give acceptance_range=(lo, hi) or acceptance_samples=[...], exactly one")
     if "acceptance" in kwargs or "loop_stats" in kwargs:
         raise SimError("predict_band takes the acceptance as a distribution: drop acceptance / loop_stats")
+    alphas: list[float] = []
     if acceptance_range is not None:
-        points: list[Acceptance] = list(_alphas_of_range(acceptance_range, qs))
+        alphas = _alphas_of_range(acceptance_range, qs)
+        points: list[Acceptance] = list(alphas)
         source = "range"
     else:
         points = list(acceptance_samples or [])
@@ -110,7 +112,7 @@ def predict_band(
     speed = np.asarray([[c.speedup for c in p.configs] for p in preds])  # [points, configs]
     rate = np.asarray([[c.tokens_per_s for c in p.configs] for p in preds])
     if source == "range":  # nondecreasing in alpha: the points are the quantiles already
-        sq, rq, acc = speed, rate, [float(a) for a in points]  # type: ignore[arg-type]
+        sq, rq, acc = speed, rate, alphas
     else:
         sq, rq = np.quantile(speed, qs, axis=0), np.quantile(rate, qs, axis=0)
         acc = [float(v) for v in np.quantile([_mean_acceptance(a) for a in points], qs)]
