@@ -117,6 +117,33 @@ def published_table() -> dict:
     }
 
 
+def gpu_table() -> dict:
+    """Print the simulator's error on accel's own GPU calls (``accel.sim.measured``): stock, and calibrated on the
+    float16 curves with the other dtypes held out; return both."""
+    import warnings
+
+    from accel.sim.measured import GPU_SOURCE, gpu_errors, gpu_points
+
+    stock = gpu_errors("h200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sim.SimWarning)
+        fitted = sim.calibrate("h200", [o for _, o in gpu_points("fp16")])
+    cal = gpu_errors(fitted)
+    print(f"\nmeasured GPU calls ({GPU_SOURCE}); calibrated on the fp16 curves:")
+    print(f"{'call':<30}{'stock':>8}{'calibrated':>12}")
+    for label, err in stock.items():
+        held = "" if " fp16 " in label else " (held out)"
+        print(f"{label:<30}{err * 100:>7.1f}%{cal[label] * 100:>11.1f}%{held}")
+    held_out = [abs(e) for k, e in cal.items() if " fp16 " not in k]
+    worst_stock, worst_cal = max(map(abs, stock.values())), max(map(abs, cal.values()))
+    print(
+        f"max |error|: stock {worst_stock * 100:.1f}%, calibrated {worst_cal * 100:.1f}%"
+        f" (held out {max(held_out) * 100:.1f}%); fitted: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in fitted.calibration.fitted.items())
+    )
+    return {"stock": stock, "calibrated_on_fp16": cal, "fitted": fitted.calibration.fitted}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--published-only", action="store_true", help="only the published points (seconds)")
@@ -199,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = sweep_rate()
     print(f"sweep: {rate:,.0f} configurations/s (goal >= 100,000)")
     published = published_table()
+    published["gpu_calls"] = gpu_table()
     if args.published_only:
         path = save_results(args.results_dir / "sim_validation_published.json", published, __file__, argv)
         print(f"wrote {path}")

@@ -1,4 +1,12 @@
-"""``TorchBackend``: the reference decoder (``accel.models.Decoder``) in eager torch behind the ``Backend`` protocol."""
+"""``TorchBackend``: the reference decoder (``accel.models.Decoder``) in torch behind the ``Backend`` protocol, on the
+CPU or a CUDA GPU.
+
+Weights and the KV cache stay on the chosen ``device``; a call uploads its token ids, positions and (tree calls) slot
+ids and mask, and downloads float32 logits (and hidden states where asked). The cache has one slot more than
+``ctx_len``: a scratch slot that padding columns write and no query sees (``WriteMode`` ``"dense"``), so a call has
+no data-dependent shapes and no host sync, and each call signature runs on static buffers (``StaticCalls``), captured
+as a CUDA graph on a GPU (``graphs``). ``compile=True`` compiles each transformer block with ``torch.compile``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ from accel.backends.base import (
 )
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
+from accel.backends.torch_graphs import CallKey, StaticCalls, resolve_device, resolve_dtype
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -25,16 +34,25 @@ class TorchBackend:
     """Run a ``Decoder`` with a KV cache of ``ctx_len`` positions kept in torch tensors (written in place).
 
     Args:
-        model: the decoder (put in eval mode; not copied).
+        model: the decoder (put in eval mode and, for another ``device`` or ``dtype``, moved and cast in place).
         ctx_len: KV-cache length in tokens.
         batch_size: rows per call.
         max_seq_len: most tokens per call (default ``ctx_len``).
-        dtype: cache/compute dtype (default: the model's parameter dtype).
+        dtype: weight, cache and compute dtype: ``float32``, ``float16`` or ``bfloat16`` (a name or torch dtype;
+            default: the model's parameter dtype). Norms, RoPE and softmax compute in float32 whatever it is.
         threads: torch intra-op threads (default: leave torch's setting).
         stage: run only layers ``[stage.start, stage.stop)`` as a pipeline stage (``accel.backends.stages``), with
             the cache of those layers; calls go through ``forward_stage``. Default: the whole model.
         exit_head: for a stage with ``exit_logits``: a callable from residual states ``[B, N, hidden]`` to logits
             ``[B, N, V]`` (``accel.drafts.early_exit.ExitHead``); default: the model's final norm and LM head.
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (``BackendError`` where CUDA is asked for and absent).
+        graphs: run each call signature on static buffers, captured as a CUDA graph on a GPU (default: on for
+            CUDA, off on the CPU, where ``True`` runs the same buffers eagerly).
+        compile: compile each transformer block with ``torch.compile`` (in place; regional compilation: identical
+            blocks share one compilation, and the first calls of new shapes compile: S = 1, then any S). Fuses a
+            block's ~50 small kernels into ~15, which a GPU needs to stream weights at its bandwidth.
+        fuse: fuse each block's q/k/v and gate/up projections into one matmul each (``Block.fuse``, in place; the
+            model then keeps no Hugging Face layer names). Default: on for CUDA, off on the CPU.
     """
 
     def __init__(
@@ -44,52 +62,52 @@ class TorchBackend:
         ctx_len: int,
         batch_size: int = 1,
         max_seq_len: int | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         threads: int | None = None,
         stage: StageSpec | None = None,
         exit_head=None,
+        device: str | torch.device = "cpu",
+        graphs: bool | None = None,
+        compile: bool = False,
+        fuse: bool | None = None,
     ) -> None:
         if not hasattr(getattr(model, "config", None), "num_kv_heads"):
             raise BackendError(f"TorchBackend needs an accel.models.Decoder; got {type(model).__name__}")
         cfg = model.config
-        self.dtype = dtype or next(model.parameters()).dtype
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, next(model.parameters()).dtype)
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        check_sizes(ctx_len, batch_size, threads, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        self.model = model.eval()
+        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+        check_sizes(ctx_len, batch_size, threads, per_token)
+        _check_device_memory(self.device, (ctx_len + 1) * batch_size * per_token)
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
             raise BackendError(f"ctx_len {ctx_len} exceeds the model's {cfg.max_position_embeddings} learned positions")
-        self._info = BackendInfo(
-            name="torch",
-            vocab_size=cfg.vocab_size,
-            ctx_len=ctx_len,
-            batch_size=batch_size,
-            max_seq_len=min(max_seq_len or ctx_len, ctx_len),
-            num_layers=cfg.num_layers,
-            capabilities=frozenset({"hidden_states", "tree", "mix"} | ({"features"} if cfg.feature_size else set())),
-            hidden_size=cfg.hidden_size,
-            feature_size=cfg.feature_size,
-        )
         self._stage = stage or StageSpec.whole(cfg.num_layers)
         if self._stage.total != cfg.num_layers:
             raise BackendError(f"stage {self._stage} is not a layer range of this {cfg.num_layers}-layer model")
         if exit_head is not None and not self._stage.exit_logits:
             raise BackendError("exit_head given for a stage without exit_logits")
         self.exit_head = exit_head
-        if not self._stage.is_whole:
-            self._info = BackendInfo(
-                name="torch",
-                vocab_size=cfg.vocab_size,
-                ctx_len=ctx_len,
-                batch_size=batch_size,
-                max_seq_len=self._info.max_seq_len,
-                num_layers=self._stage.num_layers,
-                hidden_size=cfg.hidden_size,
+        self._info = _backend_info(cfg, ctx_len, batch_size, min(max_seq_len or ctx_len, ctx_len), self._stage)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.model = _place(model, self.device, self.dtype).eval()
+        # ctx_len slots and the scratch slot that padding writes (WriteMode "dense")
+        with torch.device(self.device):
+            self.keys, self.values = new_cache(
+                cfg.with_(num_layers=self._stage.num_layers), batch_size, ctx_len + 1, self.dtype
             )
-        self.keys, self.values = new_cache(
-            cfg.with_(num_layers=self._stage.num_layers), batch_size, ctx_len, self.dtype
-        )
+        on_gpu = self.device.type == "cuda"
+        for block in self.model.blocks:
+            if fuse if fuse is not None else on_gpu:
+                block.fuse()
+            if compile:  # regional compilation: one compiled block serves every layer (each new shape compiles once)
+                block.compile()
+        self._calls = None
+        if (graphs if graphs is not None else on_gpu) and self._stage.is_whole:
+            self._calls = StaticCalls(
+                self._step, batch_size=batch_size, slots=ctx_len + 1, device=self.device, capture=on_gpu
+            )
 
     @property
     def info(self) -> BackendInfo:
@@ -118,21 +136,62 @@ class TorchBackend:
         feats = check_extensions(self._info, ids, features, return_hidden)
         tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
         mix = check_mix(self._info, ids, pos, mix_ids, mix_weights)
+        key = CallKey(ids.shape[1], num_logits or ids.shape[1], tree is not None, return_hidden)
         with torch.inference_mode():
-            hidden, self.keys, self.values = self.model.hidden_forward(
-                torch.from_numpy(ids),
-                torch.from_numpy(pos),
-                self.keys,
-                self.values,
-                inplace=True,
-                features=None if feats is None else torch.from_numpy(feats).to(self.dtype),
-                slot_ids=None if tree is None else torch.from_numpy(tree[0]),
-                tree_mask=None if tree is None else torch.from_numpy(tree[1]),
-                mix=None if mix is None else (torch.from_numpy(mix[0]), torch.from_numpy(mix[1])),
-            )
-            head_in = hidden if num_logits is None else hidden[:, -num_logits:, :]
-            logits = self.model.logits(head_in).float().numpy()
-        return (logits, hidden.float().numpy()) if return_hidden else logits
+            t_ids, t_pos = self._put(ids), self._put(pos)
+            slots = mask = None
+            if tree is not None:  # the scratch slot is hidden from every token
+                slots = self._put(tree[0])
+                mask = self._put(np.concatenate([tree[1], np.zeros((*tree[1].shape[:2], 1), bool)], axis=2))
+            if feats is None and mix is None and self._calls is not None:
+                logits, hidden = self._calls(key, t_ids, t_pos, slots, mask)
+            else:
+                logits, hidden = self._step(
+                    t_ids,
+                    t_pos,
+                    slots,
+                    mask,
+                    key,
+                    features=None if feats is None else self._put(feats).to(self.dtype),
+                    mix=None if mix is None else (self._put(mix[0]), self._put(mix[1])),
+                )
+            out = logits.cpu().numpy()
+            return (out, hidden.cpu().numpy()) if return_hidden else out
+
+    def _put(self, array: np.ndarray) -> torch.Tensor:
+        """A host array as a tensor on this backend's device."""
+        return torch.from_numpy(array).to(self.device)
+
+    def _step(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        slots: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        key: CallKey,
+        features: torch.Tensor | None = None,
+        mix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One call on device tensors: float32 logits of the last ``key.num_logits`` columns (and float32 hidden
+        states of every column where ``key.hidden``); writes the cache in place."""
+        hidden, _, _ = self.model.hidden_forward(
+            ids,
+            pos,
+            self.keys,
+            self.values,
+            inplace="dense",
+            features=features,
+            slot_ids=slots,
+            tree_mask=mask,
+            mix=mix,
+        )
+        logits = self.model.logits(hidden[:, -key.num_logits :, :]).float()
+        return logits, (hidden.float() if key.hidden else None)
+
+    @property
+    def static_calls(self) -> StaticCalls | None:
+        """The static-buffer runner of whole-model calls (None where ``graphs`` is off or for a pipeline stage)."""
+        return self._calls
 
     @property
     def stage(self) -> StageSpec:
@@ -155,22 +214,22 @@ class TorchBackend:
         model = self.model
         with torch.inference_mode():
             x, self.keys, self.values = model.stage_forward(
-                torch.from_numpy(pos),
+                self._put(pos),
                 self.keys,
                 self.values,
                 layers=(st.start, st.stop),
-                input_ids=torch.from_numpy(ids) if st.is_first else None,
-                hidden_in=None if st.is_first else torch.from_numpy(np.asarray(hidden_in, np.float32)).to(self.dtype),
+                input_ids=self._put(ids) if st.is_first else None,
+                hidden_in=None if st.is_first else self._put(np.asarray(hidden_in, np.float32)).to(self.dtype),
                 inplace=True,
             )
             head_in = x if num_logits is None else x[:, -num_logits:, :]
             logits = None
             if st.is_last:
-                logits = model.logits(model.norm(head_in)).float().numpy()
+                logits = model.logits(model.norm(head_in)).float().cpu().numpy()
             elif st.exit_logits:
                 head = self.exit_head or (lambda h: model.logits(model.norm(h)))
-                logits = head(head_in).float().numpy()
-        return StageOutput(logits, None if st.is_last else x.float().numpy())
+                logits = head(head_in).float().cpu().numpy()
+        return StageOutput(logits, None if st.is_last else x.float().cpu().numpy())
 
     def reset(self) -> None:
         """Zero the KV cache."""
@@ -182,6 +241,61 @@ class TorchBackend:
         s, d = check_moves(self._info, src, dst)
         for b in np.flatnonzero((s >= 0).any(axis=1)):
             keep = s[b] >= 0
-            fro, to = torch.from_numpy(s[b, keep]), torch.from_numpy(d[b, keep])
-            for t in (*self.keys, *self.values):
-                t[b, :, to] = t[b, :, fro]  # the right side is gathered (a copy) before the write
+            fro, to = self._put(s[b, keep]), self._put(d[b, keep])
+            with torch.inference_mode():
+                for t in (*self.keys, *self.values):
+                    t[b, :, to] = t[b, :, fro]  # the right side is gathered (a copy) before the write, on the device
+
+
+def _backend_info(cfg, ctx_len: int, batch_size: int, max_seq_len: int, stage: StageSpec) -> BackendInfo:
+    """What the backend of ``cfg``'s model tells the loop; a pipeline stage has no extensions and its own layers."""
+    if not stage.is_whole:
+        return BackendInfo(
+            name="torch",
+            vocab_size=cfg.vocab_size,
+            ctx_len=ctx_len,
+            batch_size=batch_size,
+            max_seq_len=max_seq_len,
+            num_layers=stage.num_layers,
+            hidden_size=cfg.hidden_size,
+        )
+    return BackendInfo(
+        name="torch",
+        vocab_size=cfg.vocab_size,
+        ctx_len=ctx_len,
+        batch_size=batch_size,
+        max_seq_len=max_seq_len,
+        num_layers=cfg.num_layers,
+        capabilities=frozenset({"hidden_states", "tree", "mix"} | ({"features"} if cfg.feature_size else set())),
+        hidden_size=cfg.hidden_size,
+        feature_size=cfg.feature_size,
+    )
+
+
+def _place(model: Decoder, device: torch.device, dtype: torch.dtype) -> Decoder:
+    """Move ``model`` to ``device`` and cast its floating parameters to ``dtype``, in place (buffers such as RoPE's
+    inverse frequencies keep their float32). Packed MX layers (``accel.backends.torch_mx``) run on the CPU in float32
+    only."""
+    packed = [n for n, m in model.named_modules() if type(m).__name__ == "PackedLinear"]
+    if packed and (device.type != "cpu" or dtype != torch.float32):
+        raise BackendError(
+            f"{len(packed)} layers hold packed MX weights (the CPU kernel, float32 only); for {device} / {dtype}, "
+            "load the checkpoint without pack_compressed: its MX weights are then decoded once into the dtype"
+        )
+    model.to(device=device)
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
+
+
+def _check_device_memory(device: torch.device, need: int) -> None:
+    """``BackendError`` where a KV cache of ``need`` bytes exceeds the free memory of a CUDA ``device``."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    if need > free:
+        raise BackendError(
+            f"the KV cache needs {need / 2**30:.1f} GiB; {device} has {free / 2**30:.1f} GiB free of "
+            f"{total / 2**30:.1f} GiB (lower ctx_len or batch_size)"
+        )

@@ -108,6 +108,8 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
         weights=t.weights,
         hidden_output=bool(info and info.needs_hidden),
         tree=bool(info and info.branching),
+        device=t.device,
+        dtype=t.dtype,
     )
     for draft, path in drafts:
         check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
@@ -156,7 +158,16 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
     else:
         threads = p.threads if p.threads is not None else draft_threads(p.draft, target.threads, feature)
     weights = p.weights or (WeightFormat.INT8 if feature else WeightFormat.FP32)
-    return open_backend(p.draft, target.backend, target.ctx_len, threads, weights=weights, tree=tree)
+    return open_backend(
+        p.draft,
+        target.backend,
+        target.ctx_len,
+        threads,
+        weights=weights,
+        tree=tree,
+        device=target.device,
+        dtype=target.dtype,
+    )
 
 
 def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
@@ -202,23 +213,31 @@ def open_backend(
     weights: WeightFormat = WeightFormat.FP32,
     hidden_output: bool = False,
     tree: bool = False,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> Backend:
-    """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is; ``ort``: a
-    checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or an ``.onnx`` file);
-    ``ctx_len`` in tokens."""
+    """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is, on ``device``
+    in ``dtype``; ``ort``: a checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or an
+    ``.onnx`` file); ``ctx_len`` in tokens."""
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
     if backend == "torch":
         if not (path.is_dir() or is_gguf(path)):
             raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
         from accel.backends import TorchBackend
+        from accel.backends.torch_graphs import resolve_device
         from accel.backends.torch_mx import pack_compressed
         from accel.models import load_checkpoint
 
+        dev = resolve_device(device)  # before loading: CUDA asked for and absent is named at once
         model = load_checkpoint(path)
-        if path.is_dir():  # an accel-compressed checkpoint keeps its MX weights packed (the fused kernel)
-            pack_compressed(model, path)
-        return TorchBackend(model, ctx_len=ctx_len, batch_size=1, threads=threads)
+        if path.is_dir() and dev.type == "cpu" and dtype in (None, "float32"):
+            pack_compressed(model, path)  # an accel-compressed checkpoint keeps its MX weights packed (CPU kernel)
+        # elsewhere its MX weights stay decoded (once, exactly, at load) and are cast to dtype on the device
+        on_gpu = dev.type == "cuda"  # CUDA graphs and fused projections by default; compiled blocks too
+        return TorchBackend(
+            model, ctx_len=ctx_len, batch_size=1, threads=threads, device=dev, dtype=dtype, compile=on_gpu
+        )
     from accel.backends import OrtBackend, export_cached
     from accel.models.smollm2 import cache_root
 

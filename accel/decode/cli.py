@@ -39,8 +39,8 @@ __all__ = ["register", "run"]
 _DECODE_FLAGS = (
     "target", "draft", "hydra", "k", "min_draft_prob", "ngram", "ngram_k", "ngram_merge", "tree_nodes", "tree_top_k",
     "tree_depth", "tree_min_prob", "tree_expand_prob", "max_new_tokens", "temperature", "top_k", "top_p", "greedy",
-    "seed", "backend", "ctx_len", "threads", "draft_threads", "draft_weights", "target_weights", "tokenizer", "ppd",
-    "ppd_k", "exit_head", "autotune",
+    "seed", "backend", "device", "dtype", "ctx_len", "threads", "draft_threads", "draft_weights", "target_weights",
+    "tokenizer", "ppd", "ppd_k", "exit_head", "autotune",
 )  # fmt: skip
 
 
@@ -149,6 +149,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature/top-k/top-p)")
     p.add_argument("--seed", type=int, default=_default(SamplingSpec, "seed"))
     p.add_argument("--backend", choices=("ort", "torch"), default=_default(TargetSpec, "backend"))
+    p.add_argument(
+        "--device",
+        default=None,
+        help="--backend torch: where weights and KV caches live (cpu, cuda or cuda:N; default cpu). On CUDA every "
+        "call signature is captured once as a CUDA graph",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="--backend torch: weight and compute dtype (default: the checkpoint's; MX weights are decoded once)",
+    )
     p.add_argument(
         "--ctx-len",
         type=int,

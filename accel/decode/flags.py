@@ -74,6 +74,8 @@ def spec_from_args(args: argparse.Namespace) -> DecodeSpec:
                 backend=args.backend,
                 ctx_len=args.ctx_len,
                 threads=args.threads,
+                device=args.device,
+                dtype=args.dtype,
             ),
             "proposer": _proposer(args),
             "sampling": _given(

@@ -104,6 +104,8 @@ class TargetSpec(_Part):
         backend: ``ort`` (checkpoints exported once and cached in ``$ACCEL_CACHE/onnx``) or ``torch``.
         ctx_len: KV-cache length in tokens (checkpoints; an ``.onnx`` file keeps its own).
         threads: intra-op threads (torch: of both models; None: the runtime's default).
+        device: where backend ``torch`` keeps weights and caches (target and draft): ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: backend ``torch``'s weight and compute dtype (None: the checkpoint's, float32 after MX decoding).
     """
 
     path: Path
@@ -111,6 +113,8 @@ class TargetSpec(_Part):
     backend: Literal["ort", "torch"] = "ort"
     ctx_len: int = Field(512, ge=1)
     threads: int | None = Field(None, ge=0)
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
 
     @model_validator(mode="after")
     def _weights_need_a_checkpoint_on_ort(self) -> TargetSpec:
@@ -119,6 +123,12 @@ class TargetSpec(_Part):
                 "ctx_len",
                 f"ctx_len {self.ctx_len} would be ignored: {self.path} is an .onnx file, which keeps the cache length "
                 "it was exported with (give a checkpoint directory or .gguf file to choose it)",
+            )
+        if self.backend != "torch" and (self.device != "cpu" or self.dtype is not None):
+            given = f"device {self.device}" if self.device != "cpu" else f"dtype {self.dtype}"
+            raise _refuse(
+                "torch_only",
+                f"{given} applies to --backend torch (onnxruntime here runs on the CPU in the export's dtype)",
             )
         if self.weights is not WeightFormat.FP32 and (self.backend != "ort" or self.path.suffix == ".onnx"):
             raise _refuse(

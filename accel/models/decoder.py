@@ -17,6 +17,7 @@ state dict maps 1:1 after dropping the ``model.`` prefix; GPT-2 weights are rena
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from torch import nn
 from accel.models.config import MASKED_LOGIT, ModelConfig
 from accel.models.config import rope_inv_freq as _rope_inv_freq_np
 
-__all__ = ["Block", "Decoder", "new_cache", "rope_inv_freq", "rotate_half", "write_cache"]
+__all__ = ["Block", "Decoder", "WriteMode", "new_cache", "rope_inv_freq", "rotate_half", "write_cache"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -43,13 +44,24 @@ def new_cache(
     return keys, values
 
 
-def write_cache(cache: torch.Tensor, new: torch.Tensor, position_ids: torch.Tensor, inplace: bool) -> torch.Tensor:
+#: how a call writes its K/V: False (functional, exportable), True (in place, -1 slots skipped), or "dense" (in
+#: place, every column written: padding goes to the cache's last slot, a scratch slot no query sees; no data-dependent
+#: shapes and no host sync, so CUDA graphs can capture it)
+WriteMode = bool | Literal["dense"]
+
+
+def write_cache(cache: torch.Tensor, new: torch.Tensor, position_ids: torch.Tensor, inplace: WriteMode) -> torch.Tensor:
     """Write ``new [B, H, S, D]`` into ``cache [B, H, ctx, D]`` at slots ``position_ids [B, S]``; -1 writes nothing.
 
     ``inplace=True`` uses index assignment (fast in eager torch). ``inplace=False`` is functional and made of
     standard ops (a one-hot ``[B, 1, ctx, S]`` matmul), so it exports to ONNX; it is exact because each slot
     receives one term and zeros (positions within a call must be distinct, which the callers guarantee).
+    ``inplace="dense"``: every slot is in ``0 .. ctx - 1`` (the caller sent padding to a scratch slot).
     """
+    if inplace == "dense":
+        rows = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(position_ids)
+        cache[rows, :, position_ids, :] = new.transpose(1, 2).to(cache.dtype)  # [B, S, H, D] at (row, slot)
+        return cache
     if inplace:
         rows, cols = torch.nonzero(position_ids >= 0, as_tuple=True)
         cache[rows, :, position_ids[rows, cols], :] = new[rows, :, cols, :].to(cache.dtype)
@@ -91,6 +103,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Grouped-query attention over the position-indexed cache."""
 
+    qkv_proj: nn.Linear  # after ``Block.fuse`` only (q_proj, k_proj, v_proj are then gone)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
@@ -108,14 +122,19 @@ class Attention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         visible: torch.Tensor,
-        inplace: bool,
+        inplace: WriteMode,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Attention of ``x [B, S, hidden]``; K/V written at ``slots [B, S]`` (-1: nothing), queries see the cache
         slots where ``visible [B, 1, 1, S, ctx]`` holds."""
         bsz, seq, _ = x.shape
-        q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "qkv_proj"):  # fused (``fuse``): one matmul, split
+            nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split((nq, nkv, nkv), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope  # [B, 1, S, D]
             q = q * cos + rotate_half(q) * sin
@@ -140,8 +159,26 @@ class Attention(nn.Module):
         return self.o_proj(out), k_cache, v_cache
 
 
+def fuse_linears(names: tuple[str, ...], module: nn.Module, fused: str) -> None:
+    """Replace ``module``'s Linear layers ``names`` (one input width) by one Linear ``fused`` whose output is their
+    outputs concatenated, in that order; the old layers are removed (their weights are not kept twice)."""
+    parts = [getattr(module, n) for n in names]
+    w = torch.cat([p.weight.detach() for p in parts], dim=0)
+    has_bias = parts[0].bias is not None
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if has_bias:
+            layer.bias.copy_(torch.cat([p.bias.detach() for p in parts]))
+    for n in names:
+        delattr(module, n)
+    setattr(module, fused, layer)
+
+
 class MLP(nn.Module):
     """SwiGLU (``gated``) or GPT-2's two-layer MLP (``plain``)."""
+
+    gate_up_proj: nn.Linear  # after ``Block.fuse`` only (gate_proj, up_proj are then gone)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -157,6 +194,9 @@ class MLP(nn.Module):
         return F.silu(x) if self.silu else F.gelu(x, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "gate_up_proj"):  # fused (``Block.fuse``)
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self._act(gate) * up)
         if self.gated:
             return self.down_proj(self._act(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(self._act(self.up_proj(x)))
@@ -171,6 +211,15 @@ class Block(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = _norm(config)
         self.mlp = MLP(config)
+
+    def fuse(self) -> None:
+        """Fuse q/k/v into one ``qkv_proj`` and (gated MLP) gate/up into one ``gate_up_proj``, in place: fewer,
+        wider matmuls per token, the same values (each output is the same dot product). A fused block no longer has
+        the Hugging Face layer names, so fuse only a model that is not exported or saved afterwards."""
+        if not hasattr(self.self_attn, "qkv_proj"):
+            fuse_linears(("q_proj", "k_proj", "v_proj"), self.self_attn, "qkv_proj")
+        if self.mlp.gated and not hasattr(self.mlp, "gate_up_proj"):
+            fuse_linears(("gate_proj", "up_proj"), self.mlp, "gate_up_proj")
 
     def forward(self, x, rope, slots, k_cache, v_cache, visible, inplace):
         attn, k_cache, v_cache = self.self_attn(
@@ -305,7 +354,7 @@ class Decoder(nn.Module):
         position_ids: torch.Tensor,
         past_keys: list[torch.Tensor],
         past_values: list[torch.Tensor],
-        inplace: bool = False,
+        inplace: WriteMode = False,
         features: torch.Tensor | None = None,
         slot_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
@@ -316,6 +365,8 @@ class Decoder(nn.Module):
         ``features``: a feature draft's input; ``mix``: superposed inputs (both: see ``embed``); None for every
         other model. ``slot_ids [B, S]`` and ``tree_mask [B, S, ctx]`` (bool): a tree call (module docstring);
         without them the K/V of a token are written at its position and it sees slots ``0 .. position``.
+        ``inplace="dense"`` (``WriteMode``): the cache's last slot is a scratch slot that padding columns write and no
+        query may see (chain calls never do; a tree mask must hide it).
         """
         x = self.embed(input_ids, position_ids, features, mix)
         ctx = past_keys[0].shape[2]
@@ -329,6 +380,8 @@ class Decoder(nn.Module):
             # visible[b, 0, 0, s, j] = slot j <= position of query s (nothing is visible to padding, p = -1)
             visible = (cache_slots[None, None, :] <= position_ids[:, :, None])[:, None, None, :, :]
             slots = position_ids
+        if inplace == "dense":
+            slots = torch.where(slots >= 0, slots, ctx - 1)
         rope = self.rope_tables(position_ids, x.dtype)
         new_keys, new_values = [], []
         for layer, k_cache, v_cache in zip(self.layers, past_keys, past_values, strict=True):
