@@ -1,0 +1,42 @@
+"""benchmarks/gpu.py's smoke test on the CPU (``--tiny``): the same code a GPU run executes but the capture and the
+CUDA-event timing, so the prepared script does not rot between the rare sessions that have a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks.gpu import main
+from benchmarks.gpu_support import sim_hardware
+
+
+def test_tiny_run_writes_a_row_with_the_curve_and_the_spd_check(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert main(["--device", "cpu", "--tiny", "--all-sizes", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert [p["S"] for p in row["curve"]] == list(range(1, 9))
+    assert all(p["call_s"] > 0 for p in row["curve"])
+    assert row["spd"]["chain_self_k4"]["equal"] and row["spd"]["tree_random"]["equal"]
+    assert row["spd"]["chain_self_k4"]["tokens_per_call"] > 2  # the target drafting for itself is accepted
+    assert "SpD==AR" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-80gb"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_gpu_names_map_to_catalog_entries(name, entry):
+    assert sim_hardware(name) == entry
