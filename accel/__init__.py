@@ -40,6 +40,7 @@ _LAZY_FUNCTIONS = {
 _DEPRECATED = {
     "save": ("accel.formats.compress", "save_compressed"),
     "load": ("accel.formats.compress", "load_compressed"),
+    "demo": ("accel.apps.demo", "apps.demo"),  # the demo application moved with the command line (accel.apps)
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY_FUNCTIONS, {name: f"accel.{name}" for name in _LAZY_SUBMODULES}, _DEPRECATED)

@@ -18,7 +18,8 @@ def lazy_getattr(
 
     ``attributes`` maps a public name to the module defining it; ``modules`` maps a public name to a module that
     is itself the attribute (e.g. ``accel.sim.plots``); ``deprecated`` maps a renamed name to ``(module, new
-    name)``: it still resolves, with a ``DeprecationWarning`` naming the replacement (removed in accel 0.2.0).
+    name)``: it still resolves, with a ``DeprecationWarning`` naming the replacement (removed in accel 0.2.0); a moved
+    module is ``(new module, its name below package)``, e.g. ``"demo": ("accel.apps.demo", "apps.demo")``.
     """
     modules = modules or {}
     deprecated = deprecated or {}
@@ -31,7 +32,8 @@ def lazy_getattr(
                 DeprecationWarning,
                 stacklevel=2,
             )
-            return getattr(importlib.import_module(module), new)
+            target = importlib.import_module(module)
+            return target if module == f"{package}.{new}" else getattr(target, new)  # a moved module: itself
         if name in attributes:
             return getattr(importlib.import_module(attributes[name]), name)
         if name in modules:

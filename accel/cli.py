@@ -26,13 +26,13 @@ from accel.errors import AccelError
 
 # subpackage cli modules, in the order their commands appear in --help
 _COMMAND_MODULES = (
-    "accel.formats.cli",  # compress
-    "accel.backends.cli",  # export
-    "accel.decode.cli",  # generate
-    "accel.sim.cli",  # predict
-    "accel.drafts.cli",  # distill, eval-draft
-    "accel.superposed.cli",  # ngrams, complete
-    "accel.demo",  # demo
+    "accel.apps.compress",  # compress
+    "accel.apps.export",  # export
+    "accel.apps.generate",  # generate
+    "accel.apps.predict",  # predict
+    "accel.apps.drafts",  # distill, eval-draft
+    "accel.apps.superposed",  # ngrams, complete
+    "accel.apps.demo",  # demo
 )
 
 #: exit statuses: a bad command line or input (argparse's own), an interrupted command, an internal error

@@ -6,8 +6,8 @@ Run: .venv/bin/python examples/spd_onnxruntime.py   (SmolLM2-135M + the shipped 
 from pathlib import Path
 
 import accel.models
+from accel.apps.demo import default_draft_dir
 from accel.backends import OrtBackend, export_onnx
-from accel.demo import default_draft_dir
 from accel.spd import GREEDY, DraftChain, generate, generate_ar
 
 out = Path("results/example_spd")

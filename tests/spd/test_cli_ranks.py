@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from accel.spd.cli import _rank_rates
+from accel.apps.printing import _rank_rates
 
 
 def test_rank_rates_are_unconditional():

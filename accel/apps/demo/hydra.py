@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from accel.apps.demo.settings import SHIPPED
+
 __all__ = ["HYDRA_NODES", "default_hydra_dir", "hydra_drafters"]
 
 HYDRA_NODES = 4  # node budget of the heads' trees (TreeShape.for_decoding: top-4 children, depth <= 4)
@@ -17,7 +19,7 @@ HYDRA_NODES = 4  # node budget of the heads' trees (TreeShape.for_decoding: top-
 
 def default_hydra_dir() -> Path:
     """The shipped Hydra++ heads for SmolLM2-135M-Instruct (``accel/demo_data/smollm2-hydra``)."""
-    return Path(__file__).resolve().parents[1] / "demo_data" / "smollm2-hydra"
+    return SHIPPED / "smollm2-hydra"
 
 
 def hydra_drafters(target_dir: Path, onnx_dir: Path, ctx_len: int, temperature: float) -> list[tuple[str, Any, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from accel.demo.pipeline import run_demo
+from accel.apps.demo.pipeline import run_demo
 
 __all__ = ["register"]
 

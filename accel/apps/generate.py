@@ -1,6 +1,6 @@
 """``accel generate``: speculative decoding from the command line (see docs/spd.md).
 
-The flags are parsed into one ``DecodeSpec`` (``accel.decode.flags``), or ``--spec FILE`` gives it whole (JSON or
+The flags are parsed into one ``DecodeSpec`` (``accel.apps.generate_flags``), or ``--spec FILE`` gives it whole (JSON or
 YAML); ``accel.decode.build`` opens what it describes and ``accel.spd.generate`` decodes ``--prompt``.
 
 ``--target`` / ``--draft`` are HF-style checkpoint directories or llama.cpp ``.gguf`` files (``accel.models``), or,
@@ -22,16 +22,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from accel.apps.generate_flags import spec_from_args
+from accel.apps.generate_options import check_generate_options
+from accel.apps.ppd import add_arguments as add_ppd_arguments
+from accel.apps.ppd import run_ppd
+from accel.apps.printing import StreamPrinter, summary
 from accel.backends.weights import WEIGHT_MODES
 from accel.decode.build import WIDE_DRAFT_PARAMS, build
 from accel.decode.files import find_tokenizer, model_config
-from accel.decode.flags import spec_from_args
 from accel.decode.spec import ARSpec, ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, load_spec
 from accel.errors import SpdError
-from accel.spd.cli import StreamPrinter, summary
-from accel.spd.options import check_generate_options
-from accel.spd.ppd_cli import add_arguments as add_ppd_arguments
-from accel.spd.ppd_cli import run_ppd
 
 __all__ = ["register", "run"]
 
@@ -225,7 +225,7 @@ def _prompt_ids(text: str, tokenizer, target: Path) -> list[int]:
 
 
 def _run_ppd(args: argparse.Namespace) -> int:
-    """``accel generate --ppd E`` (``accel.spd.ppd_cli``: PPD is not a proposer of a DecodeSpec yet)."""
+    """``accel generate --ppd E`` (``accel.apps.ppd``: PPD is not a proposer of a DecodeSpec yet)."""
     check_generate_options(args)
     if args.target is None:
         raise SpdError("give --target (a checkpoint directory for --ppd)")

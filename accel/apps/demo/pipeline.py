@@ -1,5 +1,5 @@
 """The demo's stages 1 and 2: load the pair, compress the target to MXFP6, decode on onnxruntime (AR and SpD),
-then hand over to stage 3 (``accel.demo.predict``)."""
+then hand over to stage 3 (``accel.apps.demo.predict``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from accel.demo.hydra import hydra_drafters
-from accel.demo.predict import mx_summary, predict
-from accel.demo.results import DemoResult, print_runs, summarise_runs
-from accel.demo.settings import (
+from accel.apps.demo.hydra import hydra_drafters
+from accel.apps.demo.predict import mx_summary, predict
+from accel.apps.demo.results import DemoResult, print_runs, summarise_runs
+from accel.apps.demo.settings import (
     AUTOTUNE_MODE,
     AUTOTUNE_NODES,
     DEMO_PROMPTS,
@@ -26,7 +26,7 @@ from accel.demo.settings import (
     default_draft_dir,
     default_feature_draft_dir,
 )
-from accel.demo.timing import call_times, feature_call_time, mx_step_times
+from accel.apps.demo.timing import call_times, feature_call_time, mx_step_times
 from accel.errors import DraftError
 
 __all__ = ["run_demo"]
@@ -339,7 +339,7 @@ def _drafters(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> list[tuple[s
         (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
         (AUTOTUNE_MODE, lambda: tuned, GREEDY),
     ]  # + n-gram lookup drafts (accel.spd.lookup), the dynamic token tree (accel.spd.draft_tree), the controller
-    if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.demo.hydra)
+    if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.apps.demo.hydra)
         drafters += hydra_drafters(pair.target_dir, run.results / "onnx", tb.info.ctx_len, run.temperature)
     return drafters
 

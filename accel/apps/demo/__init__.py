@@ -14,10 +14,10 @@ and the distilled draft shipped in ``accel/demo_data/smollm2-draft`` (built by `
 
 from __future__ import annotations
 
-from accel.demo.cli import register
-from accel.demo.pipeline import run_demo
-from accel.demo.results import DemoResult, RunFigures
-from accel.demo.settings import (
+from accel.apps.demo.cli import register
+from accel.apps.demo.pipeline import run_demo
+from accel.apps.demo.results import DemoResult, RunFigures
+from accel.apps.demo.settings import (
     AUTOTUNE_MODE,
     DEMO_PROMPTS,
     HARDWARE,

@@ -1,4 +1,4 @@
-"""The text output of ``accel generate`` (``accel.decode.cli``): the stream printer and the statistics summary.
+"""The text output of ``accel generate`` (``accel.apps.generate``): the stream printer and the statistics summary.
 
 The text is streamed as rounds complete; tokens that were accepted from the draft are shown in green on a terminal,
 in ``[brackets]`` otherwise. The summary prints the statistics of ``accel.spd.GenerationStats`` in the forms

@@ -1,7 +1,7 @@
 """``accel generate``'s flags as a ``DecodeSpec``.
 
-The flags are checked first (``accel.spd.options.check_generate_options``: every flag is used as given or refused,
-naming the flag), then mapped onto the spec: ``--draft`` is a ``chain`` (a ``tree`` with ``--tree-nodes``),
+The flags are checked first (``accel.apps.generate_options.check_generate_options``: every flag is used as given or
+refused, naming the flag), then mapped onto the spec: ``--draft`` is a ``chain`` (a ``tree`` with ``--tree-nodes``),
 ``--hydra`` a ``hydra`` tree, ``--ngram`` a ``lookup`` alone or first (``first_of``), or merged into the tree with
 ``--ngram-merge`` (``merge``). Flags left out take the spec's defaults, and the spec validates the rest: without
 ``--autotune`` / ``--no-autotune`` a run with a proposer is autotuned unless a size flag (``--k``, ``--tree-nodes``,
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from accel.apps.generate_options import check_generate_options
 from accel.decode.spec import DecodeSpec
-from accel.spd.options import check_generate_options
 
 __all__ = ["spec_from_args"]
 

@@ -1,4 +1,4 @@
-"""``accel distill``, ``accel distill-hydra`` (``accel.drafts.hydra.cli``) and ``accel eval-draft``."""
+"""``accel distill``, ``accel distill-hydra`` (``accel.apps.hydra``) and ``accel eval-draft``."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="DIR", help="warm start from a draft with this architecture")
     p.set_defaults(func=_distill)
 
-    from accel.drafts.hydra.cli import register as register_hydra
+    from accel.apps.hydra import register as register_hydra
 
     register_hydra(subparsers)
 
@@ -166,8 +166,8 @@ def _distill(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from accel.apps.hydra import eval_heads, is_heads_dir
     from accel.drafts import evaluate_draft
-    from accel.drafts.hydra.cli import eval_heads, is_heads_dir
     from accel.errors import DraftError
 
     if not args.data and not is_heads_dir(args.draft):

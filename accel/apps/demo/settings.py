@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+SHIPPED = Path(__file__).resolve().parents[2] / "demo_data"  # accel/demo_data: the drafts and heads shipped with accel
+
 __all__ = [
     "AUTOTUNE_MODE",
     "AUTOTUNE_NODES",
@@ -41,9 +43,9 @@ AUTOTUNE_MODE = f"feature SpD autotune(<={AUTOTUNE_NODES})"
 
 def default_draft_dir() -> Path:
     """The shipped demo draft (``accel/demo_data/smollm2-draft``)."""
-    return Path(__file__).resolve().parents[1] / "demo_data" / "smollm2-draft"
+    return SHIPPED / "smollm2-draft"
 
 
 def default_feature_draft_dir() -> Path:
     """The shipped feature draft (reads the target's hidden states): ``accel/demo_data/smollm2-feature-draft``."""
-    return Path(__file__).resolve().parents[1] / "demo_data" / "smollm2-feature-draft"
+    return SHIPPED / "smollm2-feature-draft"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from accel.demo.results import RunFigures
-from accel.demo.settings import HARDWARE
+from accel.apps.demo.results import RunFigures
+from accel.apps.demo.settings import HARDWARE
 from accel.errors import DraftError
 
 __all__ = ["mx_summary", "predict"]

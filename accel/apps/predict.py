@@ -77,9 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="fail when a configuration does not fit in memory")
     p.add_argument("--plot", default=None, help="write a time-breakdown bar chart to this PNG")
     p.add_argument("--json", action="store_true", help="print the full prediction as JSON instead of the table")
-    from accel.sim import ppd_cli
+    from accel.apps import predict_ppd
 
-    ppd_cli.add_arguments(p)
+    predict_ppd.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         band = predict_band(dep, k=args.k, tree=args.tree_nodes, acceptance_range=args.acceptance_range)
     ppd = None
     if args.ppd is not None:
-        from accel.sim.ppd_cli import ppd_section
+        from accel.apps.predict_ppd import ppd_section
 
         ppd = ppd_section(args)
     if args.json:

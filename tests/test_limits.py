@@ -1,0 +1,117 @@
+"""Size limits of the engine packages (CONTRIBUTING.md, "Rules"): no function over 60 lines and no signature over 8
+parameters (``self``/``cls`` not counted). ``DEBT`` lists the functions over a limit today with their size: they may
+shrink (then the entry is lowered or removed) but not grow, and no other function may pass a limit. Checked on the
+source with ``ast``, and shown to fail on a planted violation."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import accel
+
+ENGINE = ("formats", "models", "backends", "sim", "spd", "drafts", "superposed", "serving", "decode")
+MAX_LINES, MAX_PARAMS = 60, 8
+ROOT = Path(accel.__file__).resolve().parent
+
+#: "module:qualified name" -> (lines, parameters) of each function over a limit today (to be split or given typed
+#: option objects; issue "One typed decode recipe")
+DEBT: dict[str, tuple[int, int]] = {
+    "backends.base:Backend.forward": (16, 9),
+    "backends.export:export_cached": (74, 11),
+    "backends.export:export_onnx": (103, 15),
+    "backends.onnx_graph:_DecoderGraph.__init__": (31, 13),
+    "backends.onnx_graph:build_decoder_graph": (81, 16),
+    "backends.ort_backend:OrtBackend.__init__": (76, 9),
+    "backends.ort_backend:OrtBackend.forward": (49, 9),
+    "backends.ort_graph:GraphContract.__init__": (26, 11),
+    "backends.qaic:write_qaic_files": (64, 11),
+    "backends.torch_backend:TorchBackend.__init__": (53, 12),
+    "backends.torch_backend:TorchBackend.forward": (43, 9),
+    "decode.build:open_backend": (58, 9),
+    "drafts.data:sample_prompts": (68, 13),
+    "drafts.data:self_generate": (69, 7),
+    "drafts.early_exit:train_exit_head": (63, 7),
+    "drafts.evaluate:evaluate_draft": (80, 8),
+    "drafts.feature:feature_draft_loss": (61, 11),
+    "drafts.feature:train_feature_draft": (78, 14),
+    "drafts.hydra.evaluate:evaluate_heads": (61, 6),
+    "drafts.hydra.export:export_hydra": (67, 6),
+    "formats.stream:compress_checkpoint": (45, 10),
+    "models.decoder:Decoder.forward": (26, 9),
+    "models.decoder:Decoder.hidden_forward": (41, 9),
+    "serving.mx_layouts:quantization_config": (78, 2),
+    "sim.catalog:_gpu": (37, 13),
+    "sim.host:measure_host": (74, 11),
+    "sim.plots:roofline": (53, 9),
+    "sim.plots:speedup_heatmap": (46, 12),
+    "sim.ppd:predict_ppd": (89, 12),
+    "sim.predict:predict_speedup": (65, 9),
+    "sim.published:_qc": (24, 9),
+    "sim.roofline:step_arrays": (63, 11),
+    "sim.roofline:step_time": (43, 11),
+    "sim.sweeps:sweep": (53, 9),
+    "spd.autotune:AutoTune.__init__": (38, 9),
+    "spd.ppd:generate_ppd": (84, 8),
+}
+
+
+def sizes(root: Path, packages: tuple[str, ...] = ENGINE) -> dict[str, tuple[int, int]]:
+    """``"module:qualname" -> (lines, parameters)`` of every function and method under ``root``'s ``packages``."""
+    found: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, module: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, module, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                params -= bool(a.args and a.args[0].arg in ("self", "cls"))
+                assert child.end_lineno is not None
+                found[f"{module}:{prefix}{child.name}"] = (child.end_lineno - child.lineno + 1, params)
+                visit(child, module, f"{prefix}{child.name}.")
+
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+            visit(ast.parse(path.read_text(encoding="utf-8")), module, "")
+    return found
+
+
+def problems(found: dict[str, tuple[int, int]], debt: dict[str, tuple[int, int]]) -> list[str]:
+    """Functions over a limit and not in ``debt``, ``debt`` entries that grew, and stale ``debt`` entries."""
+    out = []
+    for name, (lines, params) in found.items():
+        cap = debt.get(name, (MAX_LINES, MAX_PARAMS))
+        limit = (max(cap[0], MAX_LINES), max(cap[1], MAX_PARAMS))
+        if lines > limit[0] or params > limit[1]:
+            out.append(f"{name}: {lines} lines, {params} parameters (limit {limit[0]} / {limit[1]})")
+    for name, cap in debt.items():
+        now = found.get(name)
+        if now is None or (now[0] <= MAX_LINES and now[1] <= MAX_PARAMS):
+            out.append(f"{name}: in DEBT but {'gone' if now is None else 'within the limits'}: remove the entry")
+        elif now != cap and now[0] <= cap[0] and now[1] <= cap[1]:
+            out.append(f"{name}: shrank to {now}: lower its DEBT entry from {cap}")
+    return out
+
+
+def test_engine_functions_keep_within_the_limits():
+    assert problems(sizes(ROOT), DEBT) == []
+
+
+def test_a_planted_long_or_wide_function_fails(tmp_path):
+    (tmp_path / "spd").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "spd" / "m.py").write_text(
+        f"def long():\n{body}\n\ndef wide(a, b, c, d, e, f, g, h, i):\n    pass\n\n"
+        "class C:\n    def ok(self, a, b, c, d, e, f, g, h):\n        pass\n"
+    )
+    found = sizes(tmp_path, ("spd",))
+    out = problems(found, {})
+    assert len(out) == 2 and any("spd.m:long: 62 lines" in p for p in out) and any("spd.m:wide" in p for p in out)
+    assert problems(found, {"spd.m:long": (62, 0), "spd.m:wide": (2, 9)}) == []
+    assert problems(found, {"spd.m:long": (70, 0), "spd.m:wide": (2, 9), "spd.m:gone": (99, 1)}) == [
+        "spd.m:long: shrank to (62, 0): lower its DEBT entry from (70, 0)",
+        "spd.m:gone: in DEBT but gone: remove the entry",
+    ]
