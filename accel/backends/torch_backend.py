@@ -249,26 +249,18 @@ class TorchBackend:
 
 def _backend_info(cfg, ctx_len: int, batch_size: int, max_seq_len: int, stage: StageSpec) -> BackendInfo:
     """What the backend of ``cfg``'s model tells the loop; a pipeline stage has no extensions and its own layers."""
-    if not stage.is_whole:
-        return BackendInfo(
-            name="torch",
-            vocab_size=cfg.vocab_size,
-            ctx_len=ctx_len,
-            batch_size=batch_size,
-            max_seq_len=max_seq_len,
-            num_layers=stage.num_layers,
-            hidden_size=cfg.hidden_size,
-        )
+    whole = stage.is_whole
+    caps = {"hidden_states", "tree", "mix"} | ({"features"} if cfg.feature_size else set())
     return BackendInfo(
         name="torch",
         vocab_size=cfg.vocab_size,
         ctx_len=ctx_len,
         batch_size=batch_size,
         max_seq_len=max_seq_len,
-        num_layers=cfg.num_layers,
-        capabilities=frozenset({"hidden_states", "tree", "mix"} | ({"features"} if cfg.feature_size else set())),
+        num_layers=cfg.num_layers if whole else stage.num_layers,
+        capabilities=frozenset(caps if whole else set()),
         hidden_size=cfg.hidden_size,
-        feature_size=cfg.feature_size,
+        feature_size=cfg.feature_size if whole else 0,
     )
 
 
