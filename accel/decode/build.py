@@ -94,6 +94,9 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
     as ``spec.tokenizer`` or beside the target). Raises the ``SpdError`` / ``BackendError`` / ``DraftError`` of the
     file or combination that fails (a draft whose vocabulary differs from the target's, heads deeper than asked)."""
     t = spec.target
+    if is_gguf(t.path):  # parsing a GGUF's metadata (the tokenizer's every token and merge) takes seconds to a minute
+        mb = t.path.stat().st_size / 1e6
+        print(f"reading {t.path.name} ({mb:.0f} MB): GGUF metadata and tokenizer ...", file=sys.stderr, flush=True)
     eos = spec.eos_token_id if spec.eos_token_id is not None else model_config(t.path).get("eos_token_id")
     if tokenizer is None:
         tokenizer = find_tokenizer(spec.tokenizer, t.path)

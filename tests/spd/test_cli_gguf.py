@@ -117,3 +117,28 @@ def test_mx_packed_target_keeps_its_optimized_graph(gguf_pair, tmp_path, monkeyp
     second = _generate(args, capsys)
     assert sorted(p.name for p in (tmp_path / "cache" / "ort").iterdir()) == kept
     assert second["tokens"] == first["tokens"]
+
+
+def test_a_gguf_is_parsed_once_per_process_and_announced(gguf_pair, tmp_path, monkeypatch, capsys):
+    """One ``accel generate`` reads a GGUF's metadata three times (config, tokenizer, weights): the parsed reader is
+    shared while the file is unchanged, and the wait is announced before it starts."""
+    import gguf
+
+    from accel.models.gguf_loader import _cached_reader, _reader
+
+    target, _ = gguf_pair
+    _cached_reader.cache_clear()
+    parsed = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a, **k: parsed.append(path) or real(path, *a, **k))
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    common = ["--target", str(target), "--prompt", "hi", "--greedy", "--max-new-tokens", "2", "--ctx-len", "16"]
+    assert main(["generate", *common]) == 0
+    assert len(parsed) == 1
+    assert f"reading {target.name}" in capsys.readouterr().err
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(target.read_bytes())
+    first = _reader(copy)
+    assert _reader(copy) is first and len(parsed) == 2
+    copy.write_bytes(target.read_bytes() + b"\0" * 32)  # a changed file: read again
+    assert _reader(copy) is not first and len(parsed) == 3
