@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from tqdm.auto import tqdm
 
-from accel.backends.export_tensors import ExportLayout, model_tensors
+from accel.backends.export_tensors import ExportLayout, ExportTensors, model_tensors
 from accel.backends.limits import check_sizes
 from accel.backends.onnx_builder import ExternalData
 from accel.backends.onnx_graph import IR_VERSION, OPSET, build_decoder_graph
@@ -129,52 +129,99 @@ def export_onnx(
     Files are written under temporary names and renamed (the data file first, the ``.onnx`` last, after
     ``onnx.checker``), with mode 0644. Settings are recorded in ``metadata_props`` (``accel.*`` keys).
     """
+    opts = _ExportOptions(ctx_len, batch_size, num_logits, opset, progress, hidden_output, tree, mix_inputs, ort_ops)
+    return _export(model, path, weights, opts, external_data, stage, exit_head)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExportOptions:
+    """The graph settings of one ``export_onnx`` call, as given (see its docstring)."""
+
+    ctx_len: int
+    batch_size: int
+    num_logits: int | None
+    opset: int
+    progress: bool
+    hidden_output: bool
+    tree: bool
+    mix_inputs: bool
+    ort_ops: bool | None
+
+
+def _export(
+    model: Decoder | str | os.PathLike,
+    path: str | Path,
+    weights: ExportWeights | WeightFormat | str,
+    opts: _ExportOptions,
+    external_data: bool | None,
+    stage: StageSpec | None,
+    exit_head: torch.nn.Module | None,
+) -> Path:
+    """``export_onnx``: check the settings, build the graph and write its files; returns the path."""
     spec = ExportWeights.of(weights)
     structure, source = _resolve(model)
-    cfg = _check_export(structure, ctx_len, batch_size, num_logits, opset)
+    cfg = _check_export(structure, opts.ctx_len, opts.batch_size, opts.num_logits, opts.opset)
     path = Path(path)
     if path.is_dir():
         raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
     tensors, used_format = model_tensors(structure, spec, source)
     if external_data is None:
         external_data = _num_elements(structure, source) * 4 > _EXTERNAL_DATA_BYTES
-    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not progress)
-    stage = _check_stage(cfg, stage, exit_head, tree)
+    bar = tqdm(total=cfg.num_layers + 2, desc=f"export {path.name}", unit="step", disable=not opts.progress)
+    stage = _check_stage(cfg, stage, exit_head, opts.tree)
     if exit_head is not None:  # early-exit adapter weights, float32
         tensors = tensors.with_extra(
             {f"exit.{k}": v.detach().float().cpu().numpy() for k, v in exit_head.state_dict().items()}
         )
-    fused = _ort_only(spec) if ort_ops is None else bool(ort_ops)
+    fused = _ort_only(spec) if opts.ort_ops is None else bool(opts.ort_ops)
     with _Output(path, external_data) as out:
         bar.set_postfix_str("graph")
-        proto = build_decoder_graph(
-            cfg,
-            tensors,
-            ctx_len=ctx_len,
-            batch_size=batch_size,
-            num_logits=num_logits,
-            float_dtype=spec.float_dtype,
-            progress=bar.update,
-            hidden_output=hidden_output,
-            matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
-            mx_kernel=spec.format.kernel_act_bits,
-            tree=tree,
-            mix_inputs=mix_inputs,
-            stage=stage,
-            int8=spec.int8_scheme if spec.format == WeightFormat.INT8 else None,
-            external=out.external,
-            fused=fused,
-        )
+        proto = _build_graph(cfg, tensors, spec, opts, stage, fused, out.external, bar.update)
         bar.update(1)
-        flags = {"hidden_output": hidden_output or bool(cfg.feature_size), "tree": tree, "mix_inputs": mix_inputs}
+        flags = {
+            "hidden_output": opts.hidden_output or bool(cfg.feature_size),
+            "tree": opts.tree,
+            "mix_inputs": opts.mix_inputs,
+        }
         flags["ort_ops"] = fused
-        meta = _metadata(cfg, spec, used_format, ctx_len, batch_size, num_logits, flags)
+        meta = _metadata(cfg, spec, used_format, opts.ctx_len, opts.batch_size, opts.num_logits, flags)
         onnx.helper.set_model_props(proto, {**meta, **({} if stage.is_whole else stage.metadata())})
         bar.set_postfix_str("write")
         out.save(proto)
         bar.update(1)
     bar.close()
     return path
+
+
+def _build_graph(
+    cfg: Any,
+    tensors: ExportTensors,
+    spec: ExportWeights,
+    opts: _ExportOptions,
+    stage: StageSpec,
+    fused: bool,
+    external: ExternalData | None,
+    progress: Callable[[int], None],
+) -> onnx.ModelProto:
+    """The decoder graph of an export (``build_decoder_graph`` with the weight storage's settings)."""
+    return build_decoder_graph(
+        cfg,
+        tensors,
+        ctx_len=opts.ctx_len,
+        batch_size=opts.batch_size,
+        num_logits=opts.num_logits,
+        float_dtype=spec.float_dtype,
+        progress=progress,
+        hidden_output=opts.hidden_output,
+        matmul_nbits=spec.accuracy_level if spec.format.is_nbits else 0,
+        mx_kernel=spec.format.kernel_act_bits,
+        tree=opts.tree,
+        mix_inputs=opts.mix_inputs,
+        stage=stage,
+        int8=spec.int8_scheme if spec.format == WeightFormat.INT8 else None,
+        external=external,
+        fused=fused,
+    )
 
 
 def _ort_only(spec: ExportWeights) -> bool:
@@ -376,30 +423,10 @@ def export_cached(
     receiving one status line. ``hidden_output``, ``tree`` and ``mix_inputs``: as ``export_onnx`` (part of the cache
     key). ``progress``: show the export's progress bar.
     """
-    import hashlib
-
-    from accel import __version__
-
     src = Path(src)
-    if src.is_dir():
-        files = [f for f in sorted(src.iterdir()) if f.suffix in (".json", ".safetensors", ".bin")]
-    elif src.is_file() and src.suffix == ".gguf":
-        files = [src]
-    else:
-        raise BackendError(f"{src} is neither a checkpoint directory nor a .gguf file")
-    key = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    spec = ExportWeights.of(weights)
-    key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
-    if mix_inputs:
-        key.update(b":mix")
-    graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "onnx_int8.py", "weights.py")
-    for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
-        key.update(module.read_bytes())
+    digest, spec = _cache_key(_checkpoint_files(src), ctx_len, weights, hidden_output, tree, mix_inputs)
     label = name or (src.stem if src.is_file() else src.name)
-    path = Path(onnx_dir) / f"{label}-{key.hexdigest()[:12]}.onnx"
+    path = Path(onnx_dir) / f"{label}-{digest[:12]}.onnx"
     if path.is_file():
         if say:
             say(f"ONNX {label}: cached {path}")
@@ -427,3 +454,39 @@ def export_cached(
             f"weights {spec.format.value}, ctx {ctx_len}) in {time.perf_counter() - t0:.1f} s"
         )
     return path
+
+
+def _checkpoint_files(src: Path) -> list[Path]:
+    """The files of checkpoint ``src`` that key its cached export (a directory's configs and weights, or the GGUF)."""
+    if src.is_dir():
+        return [f for f in sorted(src.iterdir()) if f.suffix in (".json", ".safetensors", ".bin")]
+    if src.is_file() and src.suffix == ".gguf":
+        return [src]
+    raise BackendError(f"{src} is neither a checkpoint directory nor a .gguf file")
+
+
+def _cache_key(
+    files: list[Path],
+    ctx_len: int,
+    weights: ExportWeights | WeightFormat | str,
+    hidden_output: bool,
+    tree: bool,
+    mix_inputs: bool,
+) -> tuple[str, ExportWeights]:
+    """The hex SHA-256 key of an ``export_cached`` call (see its docstring) and its resolved weight storage."""
+    import hashlib
+
+    from accel import __version__
+
+    key = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    spec = ExportWeights.of(weights)
+    key.update(f"{ctx_len}:{spec}:{__version__}:{int(hidden_output)}{':tree' if tree else ''}".encode())
+    if mix_inputs:
+        key.update(b":mix")
+    graph_code = ("onnx_graph.py", "onnx_weights.py", "onnx_builder.py", "onnx_int8.py", "weights.py")
+    for module in (Path(__file__), *(Path(__file__).with_name(n) for n in graph_code)):  # the graph code itself
+        key.update(module.read_bytes())
+    return key.hexdigest(), spec

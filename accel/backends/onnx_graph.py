@@ -78,36 +78,52 @@ def build_decoder_graph(
     ``com.microsoft.RotaryEmbedding`` (onnxruntime's CPU kernels; fewer nodes per layer, docs/backends.md "The graph
     of a layer"); False: standard ONNX only (the graph Cloud AI 100 and other runtimes read).
     """
-    stage = stage or StageSpec.whole(config.num_layers)
-    if stage.total != config.num_layers:
-        raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
+    stage = _model_stage(config, stage)
     d = _DecoderGraph(
         config, tensors, ctx_len, batch_size, float_dtype, hidden_output, matmul_nbits, tree, stage, int8, external,
         fused=fused, mx_kernel=mx_kernel,
     )  # fmt: skip
     d.mix_inputs = mix_inputs
+    return _assemble(d, num_logits, progress)
+
+
+def _model_stage(config: Any, stage: StageSpec | None) -> StageSpec:
+    """``stage`` (default: the whole model), checked against the model's number of layers."""
+    stage = stage or StageSpec.whole(config.num_layers)
+    if stage.total != config.num_layers:
+        raise ValueError(f"stage {stage} is for a model of {stage.total} layers; this one has {config.num_layers}")
+    return stage
+
+
+def _assemble(d: _DecoderGraph, num_logits: int | None, progress: Callable[[int], None] | None) -> onnx.ModelProto:
+    """The model of ``d``: inputs/outputs, shared tensors, the stage's layers, then its head or hidden output."""
     inputs, outputs = d.io_spec(num_logits)
-    x = d.embed() if stage.is_first else "hidden_in"
+    x = d.embed() if d.stage.is_first else "hidden_in"
     mask = d.attention_mask()
     d.cache_slots()
     d.rope()
     delta = None  # the last sublayer's output, not yet added to the residual stream x (fused into the next norm)
-    for i in range(stage.start, stage.stop):
+    for i in range(d.stage.start, d.stage.stop):
         x, delta = d.layer(i, x, delta, mask)
         if progress:
             progress(1)
-    if stage.is_last:
-        d.head(x, delta, num_logits)
-    else:
-        x = d.g.op("Add", x, delta) if delta else x
-        d.g.op("Identity", x, name="hidden_out")
-        if stage.exit_logits:
-            d.exit_head(x, num_logits)
+    _stage_outputs(d, x, delta, num_logits)
     graph = helper.make_graph(d.g.nodes, "accel_decoder", inputs, outputs, d.g.inits)
     opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(dom, 1) for dom in sorted(d.g.opsets)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="accel")
     model.ir_version = IR_VERSION
     return model
+
+
+def _stage_outputs(d: _DecoderGraph, x: str, delta: str | None, num_logits: int | None) -> None:
+    """The graph's end: the head's logits (last stage), else ``hidden_out`` and any early-exit logits."""
+    if d.stage.is_last:
+        d.head(x, delta, num_logits)
+    else:
+        x = d.g.op("Add", x, delta) if delta else x
+        d.g.op("Identity", x, name="hidden_out")
+        if d.stage.exit_logits:
+            d.exit_head(x, num_logits)
 
 
 class _DecoderGraph:

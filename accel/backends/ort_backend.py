@@ -104,7 +104,14 @@ class OrtBackend:
             raise BackendError(f"{path} was exported for batch size {c.batch_size}, not {batch_size}")
         self.contract = c
         self.graph_num_logits = c.num_logits
-        self._info = BackendInfo(
+        self._info = self._backend_info(c, max_seq_len)
+        self.min_rows = _resolve_min_rows(min_rows, c, check_inplace_cache(path, c.num_layers))
+        self._bind_cache(c)
+
+    @classmethod
+    def _backend_info(cls, c: GraphContract, max_seq_len: int | None) -> BackendInfo:
+        """The ``info`` of a graph with contract ``c`` (capabilities: its optional inputs and outputs)."""
+        return BackendInfo(
             name="onnxruntime",
             vocab_size=c.vocab_size,
             ctx_len=c.ctx_len,
@@ -116,7 +123,7 @@ class OrtBackend:
                 for name, have in (
                     ("hidden_states", c.hidden_size),
                     ("features", c.feature_size),
-                    ("tree", c.tree and not self._int8_activations(c)),
+                    ("tree", c.tree and not cls._int8_activations(c)),
                     ("mix", c.mix_inputs),
                 )
                 if have
@@ -124,12 +131,9 @@ class OrtBackend:
             hidden_size=c.hidden_size or c.stage_width,
             feature_size=c.feature_size,
         )
-        graph_ops = check_inplace_cache(path, c.num_layers)
-        if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1):
-            raise BackendError(f"min_rows must be an int >= 1; got {min_rows!r}")
-        self.min_rows = min_rows if min_rows is not None else default_min_rows(c.metadata, graph_ops)
-        if self.min_rows > 1 and c.ctx_len < 2:
-            raise BackendError(f"min_rows={self.min_rows} pads with position -1, which needs ctx_len >= 2")
+
+    def _bind_cache(self, c: GraphContract) -> None:
+        """Allocate the cache buffers and prepare the IO binding (outputs, and each buffer as input and output)."""
         self._names = [f"past_{kv}.{i}" for i in range(c.num_layers) for kv in ("key", "value")]
         # One buffer per cache tensor, bound as both the input past_* and the output *_RetainedState, so ScatterND
         # updates it in place. Double buffering (two sets, flipped per call) made onnxruntime copy the whole cache
@@ -331,6 +335,16 @@ def _check_free_slot(pos: np.ndarray, ctx_len: int) -> None:
             f"row {int(np.argmax(bad))} mixes padding with positions 0 and {ctx_len - 1} in one call: no cache slot "
             "is free for its padding; split the call"
         )
+
+
+def _resolve_min_rows(min_rows: int | None, c: GraphContract, graph_ops: Any) -> int:
+    """``min_rows`` as given (checked) or the graph's default, checked against its ``ctx_len``."""
+    if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1):
+        raise BackendError(f"min_rows must be an int >= 1; got {min_rows!r}")
+    rows = min_rows if min_rows is not None else default_min_rows(c.metadata, graph_ops)
+    if rows > 1 and c.ctx_len < 2:
+        raise BackendError(f"min_rows={rows} pads with position -1, which needs ctx_len >= 2")
+    return rows
 
 
 def default_min_rows(metadata: dict[str, str], graph_ops: Any) -> int:

@@ -16,12 +16,14 @@ tests check them byte for byte against golden files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,19 +174,8 @@ def write_qaic_files(
     ``compile.sh`` on a machine with the Cloud AI 100 Platform SDK to get ``out_dir/qpc``.
     """
     onnx_path, out = Path(onnx_path), Path(out_dir)
-    if not onnx_path.is_file():
-        raise BackendError(f"no ONNX file at {onnx_path}")
-    if out.exists() and not out.is_dir():
-        raise BackendError(f"{out} exists and is not a directory; give a folder for the Cloud AI 100 files")
-    num_layers, graph_ctx, graph_batch, vocab, num_logits, tree = _graph_facts(onnx_path)
-    if graph_ctx != ctx_len or graph_batch != batch_size:
-        raise BackendError(
-            f"{onnx_path} was exported with ctx_len={graph_ctx}, batch_size={graph_batch}; asked for "
-            f"ctx_len={ctx_len}, batch_size={batch_size} (re-export with the same values)"
-        )
-    if vocab is None:
-        raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
-    try:
+    num_layers, vocab, num_logits, tree = _checked_graph(onnx_path, out, ctx_len, batch_size)
+    with _settings_errors():
         spec = QaicCompileSpec(
             onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()),
             prompt_len=prompt_len,
@@ -200,9 +191,42 @@ def write_qaic_files(
             num_logits=num_logits,
             tree_nodes=tree_nodes,
         )
+    _check_call_lengths(onnx_path, prompt_len, k, ctx_len, tree_nodes, tree)
+    _write_files_atomic(out, _compile_files(spec))
+    return spec
+
+
+def _checked_graph(onnx_path: Path, out: Path, ctx_len: int, batch_size: int) -> tuple[int, int, int | None, bool]:
+    """(num_layers, vocab, baked num_logits, has tree inputs) of the graph, checked against the asked settings."""
+    if not onnx_path.is_file():
+        raise BackendError(f"no ONNX file at {onnx_path}")
+    if out.exists() and not out.is_dir():
+        raise BackendError(f"{out} exists and is not a directory; give a folder for the Cloud AI 100 files")
+    num_layers, graph_ctx, graph_batch, vocab, num_logits, tree = _graph_facts(onnx_path)
+    if graph_ctx != ctx_len or graph_batch != batch_size:
+        raise BackendError(
+            f"{onnx_path} was exported with ctx_len={graph_ctx}, batch_size={graph_batch}; asked for "
+            f"ctx_len={ctx_len}, batch_size={batch_size} (re-export with the same values)"
+        )
+    if vocab is None:
+        raise BackendError(f"{onnx_path}: the logits output has no fixed vocabulary dimension")
+    return num_layers, vocab, num_logits, tree
+
+
+@contextlib.contextmanager
+def _settings_errors() -> Iterator[None]:
+    """Turn a ``QaicCompileSpec`` validation error in the block into a BackendError listing every problem."""
+    try:
+        yield
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise BackendError(f"invalid Cloud AI 100 compile settings: {problems}") from None
+
+
+def _check_call_lengths(
+    onnx_path: Path, prompt_len: int, k: int, ctx_len: int, tree_nodes: int | None, tree: bool
+) -> None:
+    """BackendError unless the compiled call lengths fit ``ctx_len`` (and a tree size has a tree graph)."""
     if prompt_len > ctx_len or k + 1 > ctx_len:
         raise BackendError(f"prompt_len {prompt_len} and K+1 {k + 1} must not exceed ctx_len {ctx_len}")
     if tree_nodes is not None:
@@ -210,8 +234,6 @@ def write_qaic_files(
             raise BackendError(f"{onnx_path} has no tree inputs (slot_ids, tree_mask): export it with tree=True")
         if not 1 <= tree_nodes <= ctx_len:
             raise BackendError(f"tree_nodes {tree_nodes} must be in 1..ctx_len {ctx_len}")
-    _write_files_atomic(out, _compile_files(spec))
-    return spec
 
 
 def _compile_files(spec: QaicCompileSpec) -> dict[str, str]:

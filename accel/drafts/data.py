@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,10 +174,21 @@ def self_generate(
     if any(len(p) == 0 for p in prompts):
         raise DraftError("empty prompt: every prompt needs at least one token")
     gen = torch.Generator().manual_seed(seed)
-    bsz = len(prompts)
     plen = torch.tensor([len(p) for p in prompts])
     width = int(plen.max())
     ctx = width + gen_tokens
+    logits, keys, values = _left_padded_prefill(target, prompts, width, ctx)
+    kk = min(k, target.config.vocab_size)
+    out = _prompt_teacher(prompts, logits, width, ctx, kk)
+    _decode_continuations(target, out, (logits, keys, values), plen, temperatures, gen_tokens, gen, eos_token_ids)
+    return out
+
+
+def _left_padded_prefill(
+    target: Decoder, prompts: list[list[int]], width: int, ctx: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the left-padded prompts through ``target`` into a fresh KV cache of ``ctx`` positions."""
+    bsz = len(prompts)
     ids = torch.zeros(bsz, width, dtype=torch.long)
     pos = torch.full((bsz, width), -1, dtype=torch.long)
     for i, p in enumerate(prompts):  # left padding: position -1 (docs/reference.md §2)
@@ -184,7 +196,12 @@ def self_generate(
         pos[i, width - len(p) :] = torch.arange(len(p))
     keys, values = new_cache(target.config, bsz, ctx)
     logits, keys, values = target(ids, pos, keys, values, inplace=True)
-    kk = min(k, target.config.vocab_size)
+    return logits, keys, values
+
+
+def _prompt_teacher(prompts: list[list[int]], logits: torch.Tensor, width: int, ctx: int, kk: int) -> TeacherData:
+    """Output buffers of ``ctx`` positions holding each prompt and the teacher's top-``kk`` over it."""
+    bsz = len(prompts)
     out_tokens = torch.zeros(bsz, ctx, dtype=torch.long)
     out_mask = torch.zeros(bsz, ctx, dtype=torch.bool)
     out_ids = torch.zeros(bsz, ctx, kk, dtype=torch.long)
@@ -195,6 +212,23 @@ def self_generate(
         out_tokens[i, :n] = torch.tensor(p)
         out_ids[i, :n], out_logp[i, :n] = pre_ids[i, width - n :], pre_logp[i, width - n :]
         out_mask[i, :n] = True
+    return TeacherData(out_tokens, out_mask, out_ids, out_logp)
+
+
+def _decode_continuations(
+    target: Decoder,
+    out: TeacherData,
+    prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    plen: torch.Tensor,
+    temperatures: list[float],
+    gen_tokens: int,
+    gen: torch.Generator,
+    eos_token_ids: tuple[int, ...],
+) -> None:
+    """Decode ``gen_tokens`` tokens per row after the prefill's ``(logits, keys, values)``, writing into ``out``."""
+    logits, keys, values = prefill
+    out_tokens, out_mask, out_ids, out_logp = out.tokens, out.mask, out.topk_ids, out.topk_logp
+    bsz, kk = out_tokens.shape[0], out_ids.shape[2]
     temps = torch.tensor(temperatures, dtype=torch.float32)
     greedy = temps <= 0
     alive = torch.ones(bsz, dtype=torch.bool)
@@ -222,7 +256,6 @@ def self_generate(
         out_ids[rows[alive], cur[alive]] = i_[alive]
         out_logp[rows[alive], cur[alive]] = v_[alive]
         out_mask[rows[alive], cur[alive]] = True
-    return TeacherData(out_tokens, out_mask, out_ids, out_logp)
 
 
 def split_rows(n: int, held_out_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,25 +313,13 @@ def sample_prompts(
     with tqdm(total=n, desc="target writes prompts", disable=not progress, unit="prompt") as bar:
         while len(kept) < n and batch * batch_size < 4 * n:
             rows = [(batch * batch_size + i) % len(starts) for i in range(batch_size)]
-            data = self_generate(
-                target,
-                [start_ids[r] for r in rows],
-                [temperature] * batch_size,
-                max_tokens,
-                1,
-                seed=seed * 7_919 + batch,
-                eos_token_ids=(stop_id,),
+            data = _generate_prompt_batch(
+                target, start_ids, rows, temperature, max_tokens, seed * 7_919 + batch, stop_id
             )
             for i, r in enumerate(rows):
                 new = data.tokens[i, len(start_ids[r]) : len(start_ids[r]) + max_tokens].tolist()
-                if stop_id in new:
-                    body = tokenizer.decode(new[: new.index(stop_id)]).strip()
-                elif partial:  # cut after the last sentence end
-                    text = tokenizer.decode(new)
-                    body = text[: max(text.rfind(c) for c in ".?!\n") + 1].strip()
-                else:
-                    continue
-                if len(body) < 8:
+                body = _sample_body(tokenizer, new, stop_id, partial)
+                if body is None or len(body) < 8:
                     continue
                 text = wrap(starts[r] + body) if wrap else starts[r] + body + stop
                 if text not in seen and len(kept) < n:
@@ -307,3 +328,34 @@ def sample_prompts(
                     bar.update(1)
             batch += 1
     return kept
+
+
+def _generate_prompt_batch(
+    target: Decoder,
+    start_ids: list[list[int]],
+    rows: list[int],
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+    stop_id: int,
+) -> TeacherData:
+    """One batch of samples continuing the starts ``rows``, each stopped by ``stop_id``."""
+    return self_generate(
+        target,
+        [start_ids[r] for r in rows],
+        [temperature] * len(rows),
+        max_tokens,
+        1,
+        seed=seed,
+        eos_token_ids=(stop_id,),
+    )
+
+
+def _sample_body(tokenizer: Any, new: list[int], stop_id: int, partial: bool) -> str | None:
+    """A sample's text up to ``stop_id`` (with ``partial``, else up to its last sentence end); None to drop it."""
+    if stop_id in new:
+        return tokenizer.decode(new[: new.index(stop_id)]).strip()
+    if partial:  # cut after the last sentence end
+        text = tokenizer.decode(new)
+        return text[: max(text.rfind(c) for c in ".?!\n") + 1].strip()
+    return None

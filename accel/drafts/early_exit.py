@@ -196,23 +196,14 @@ def train_exit_head(
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-    steps, warm = config.steps, config.warmup
-
-    def lr_at(s: int) -> float:
-        return min(1.0, (s + 1) / max(warm, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    steps = config.steps
+    sched = _warmup_cosine(opt, steps, config.warmup)
     gen = torch.Generator().manual_seed(config.seed)
     history: list[dict[str, float]] = []
     best, best_state, t0, run = -math.inf, None, time.perf_counter(), math.nan
     ones = torch.ones(1, config.batch_positions, dtype=torch.bool)
     for step in range(steps):
-        idx = torch.randint(0, hidden.shape[0], (config.batch_positions,), generator=gen)
-        if config.negatives:
-            normed = head.normed(hidden[idx].float())
-            loss = sampled_topk_kl(normed, head_weight, topk_ids[idx], topk_logp[idx], config.negatives, gen)
-        else:
-            loss = topk_kl(head(hidden[idx].float())[None], topk_ids[idx][None], topk_logp[idx][None], ones)
+        loss = _exit_batch_loss(head, hidden, topk_ids, topk_logp, config, gen, head_weight, ones)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -237,6 +228,33 @@ def train_exit_head(
     if best_state is not None:
         head.load_state_dict(best_state)
     return history
+
+
+def _warmup_cosine(opt: torch.optim.Optimizer, steps: int, warm: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warm`` steps, then cosine decay to 10% at ``steps``."""
+
+    def lr_at(s: int) -> float:
+        return min(1.0, (s + 1) / max(warm, 1)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+
+
+def _exit_batch_loss(
+    head: ExitHead,
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logp: torch.Tensor,
+    config: ExitTrainConfig,
+    gen: torch.Generator,
+    head_weight: torch.Tensor,
+    ones: torch.Tensor,
+) -> torch.Tensor:
+    """Distillation loss on ``config.batch_positions`` positions drawn with ``gen`` (sampled softmax with negatives)."""
+    idx = torch.randint(0, hidden.shape[0], (config.batch_positions,), generator=gen)
+    if config.negatives:
+        normed = head.normed(hidden[idx].float())
+        return sampled_topk_kl(normed, head_weight, topk_ids[idx], topk_logp[idx], config.negatives, gen)
+    return topk_kl(head(hidden[idx].float())[None], topk_ids[idx][None], topk_logp[idx][None], ones)
 
 
 def _shape(target: Decoder) -> dict[str, int]:

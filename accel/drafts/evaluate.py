@@ -60,6 +60,25 @@ def evaluate_draft(
     d_model = load_model(draft, "draft")
     check_pair(t_model, d_model, describe(target), describe(draft))
     seqs = _as_token_lists(data, target, tokenizer_dir, max_len)
+    starts = _prompt_starts(seqs, prompt_lengths)
+    agree_all, alpha_sum, t_nll, d_nll, n, d_scored = _score_sequences(t_model, d_model, seqs, starts, temperature)
+    rates = run_acceptance(agree_all, max_k)
+    return DraftEval(
+        positions=n,
+        sequences=len(seqs),
+        temperature=temperature,
+        greedy_agreement=float(np.concatenate(agree_all).mean()),
+        accept_rate_by_position=rates,
+        expected_tokens_per_step=[1.0 + float(sum(rates[:k])) for k in range(1, max_k + 1)],
+        alpha=alpha_sum / n,
+        target_nll=t_nll / n,
+        draft_nll=d_nll / max(d_scored, 1),
+        draft_zero_prob=1.0 - d_scored / n,
+    )
+
+
+def _prompt_starts(seqs: list[list[int]], prompt_lengths: Sequence[int] | None) -> list[int]:
+    """The first scored position of each sequence (0, or its prompt length - 1)."""
     if prompt_lengths is None:
         starts = [0] * len(seqs)
     else:
@@ -69,6 +88,13 @@ def evaluate_draft(
         short = [i for i, (s, n) in enumerate(zip(seqs, starts, strict=True)) if n >= len(s) - 1]
         if short:
             raise DraftError(f"sequence(s) {short[:5]} have no token after their prompt; nothing to score")
+    return starts
+
+
+def _score_sequences(
+    t_model: Decoder, d_model: Decoder, seqs: list[list[int]], starts: list[int], temperature: float
+) -> tuple[list[np.ndarray], float, float, float, int, int]:
+    """Teacher-force both models on every sequence: (agreements, alpha sum, target NLL, draft NLL, n, draft scored)."""
     vocab = t_model.config.vocab_size
     agree_all: list[np.ndarray] = []
     alpha_sum, t_nll, d_nll, n, d_scored = 0.0, 0.0, 0.0, 0, 0
@@ -94,19 +120,7 @@ def evaluate_draft(
             d_nll -= float(d_lp[possible].sum())
             d_scored += int(possible.sum())
             n += len(agree)
-    rates = run_acceptance(agree_all, max_k)
-    return DraftEval(
-        positions=n,
-        sequences=len(seqs),
-        temperature=temperature,
-        greedy_agreement=float(np.concatenate(agree_all).mean()),
-        accept_rate_by_position=rates,
-        expected_tokens_per_step=[1.0 + float(sum(rates[:k])) for k in range(1, max_k + 1)],
-        alpha=alpha_sum / n,
-        target_nll=t_nll / n,
-        draft_nll=d_nll / max(d_scored, 1),
-        draft_zero_prob=1.0 - d_scored / n,
-    )
+    return agree_all, alpha_sum, t_nll, d_nll, n, d_scored
 
 
 def run_acceptance(agreements: Sequence[np.ndarray], max_k: int) -> list[float]:

@@ -230,6 +230,28 @@ def unrolled_hidden(
     return model.norm(x), kvs
 
 
+def _loss_terms(
+    draft: Decoder,
+    out: torch.Tensor,
+    m: torch.Tensor,
+    weight: torch.Tensor,
+    p: torch.Tensor,
+    col: torch.Tensor,
+    target: torch.Tensor,
+    estimates: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross-entropy, feature regression and top-1 of hidden states ``out``, positions weighted ``m * weight``."""
+    logp = torch.log_softmax(draft.lm_head(out).float(), dim=-1)  # [B, L, head_vocab]
+    w = m * weight
+    n = w.sum().clamp(min=1.0)
+    ce = (-(p * logp.gather(-1, col.clamp(min=0))).sum(-1) * w).sum() / n
+    if not estimates:  # nothing to regress: the draft's states are not in the feature space
+        return ce, ce.new_zeros(()), ((logp.argmax(-1) == col[..., 0]).float() * w).sum() / n
+    reg = (F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1) * w).sum() / n
+    top1 = ((logp.argmax(-1) == col[..., 0]).float() * w).sum() / n
+    return ce, reg, top1
+
+
 def feature_draft_loss(
     draft: Decoder,
     tokens: torch.Tensor,
@@ -262,32 +284,19 @@ def feature_draft_loss(
     p = torch.softmax(topk_logp.float(), dim=-1) * (col >= 0)
     m = mask.float()
     target = hidden.float()
-
     estimates = estimates_features(draft.config)
-
-    def terms(out: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logp = torch.log_softmax(draft.lm_head(out).float(), dim=-1)  # [B, L, head_vocab]
-        w = m * weight
-        n = w.sum().clamp(min=1.0)
-        ce = (-(p * logp.gather(-1, col.clamp(min=0))).sum(-1) * w).sum() / n
-        if not estimates:  # nothing to regress: the draft's states are not in the feature space
-            return ce, ce.new_zeros(()), ((logp.argmax(-1) == col[..., 0]).float() * w).sum() / n
-        reg = (F.smooth_l1_loss(out.float(), target, reduction="none").mean(-1) * w).sum() / n
-        top1 = ((logp.argmax(-1) == col[..., 0]).float() * w).sum() / n
-        return ce, reg, top1
-
     feats = shift_features(target)
     if noise > 0:
         feats = feats + (torch.rand(feats.shape, generator=generator) * 2 - 1) * noise
     out, kvs = unrolled_hidden(draft, tokens, feats)
-    ce, reg, top1 = terms(out, torch.ones_like(m))
+    ce, reg, top1 = _loss_terms(draft, out, m, torch.ones_like(m), p, col, target, estimates)
     loss = ce + reg_weight * reg
     parts = {"ce": float(ce.detach()), "reg": float(reg.detach()), "top1": float(top1)}
     if unroll == 2:
         step_feats = shift_features(out) if estimates else torch.zeros_like(feats)
         out2, _ = unrolled_hidden(draft, tokens, step_feats, past=kvs)
         prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)  # step 2 follows a scored step 1
-        ce2, reg2, top2 = terms(out2, prev)
+        ce2, reg2, top2 = _loss_terms(draft, out2, m, prev, p, col, target, estimates)
         loss = loss + ce2 + reg_weight * reg2
         parts["top1_step2"] = float(top2)
     return loss, parts
@@ -320,30 +329,12 @@ def train_feature_draft(
     """
     if steps < 1:
         raise DraftError(f"steps must be >= 1; got {steps}")
-    opt = torch.optim.AdamW(
-        [p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0, betas=(0.9, 0.95)
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    )
+    opt, sched = _adamw_with_schedule(draft, lr, warmup, steps)
     gen = torch.Generator().manual_seed(seed)
     lookup = _head_index(draft)
-    best, best_state = -math.inf, None
+    best: tuple[float, dict[str, torch.Tensor] | None] = (-math.inf, None)
     t0 = time.perf_counter()
     run: dict[str, float] = {}
-
-    def evaluate(step: int) -> None:
-        nonlocal best, best_state
-        if eval_fn is None:
-            return
-        draft.eval()
-        with torch.no_grad():
-            score = eval_fn(draft)
-        draft.train()
-        log(f"step {step}: eval {score:.4f} ({time.perf_counter() - t0:.0f} s)")
-        if score > best:
-            best, best_state = score, {k: v.detach().clone() for k, v in draft.state_dict().items()}
-
     draft.train()
     bar = tqdm(range(steps), desc="feature draft", unit="step", disable=not progress)
     for step in bar:
@@ -351,26 +342,67 @@ def train_feature_draft(
             loss, parts = feature_draft_loss(
                 draft, *batches(step), reg_weight=reg_weight, noise=noise, generator=gen, lookup=lookup, unroll=unroll
             )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _optimizer_step(draft, loss, opt, sched)
         run = {k: v if k not in run else 0.98 * run[k] + 0.02 * v for k, v in parts.items()}
         bar.set_postfix({k: f"{v:.3f}" for k, v in run.items()})
         done = max_seconds is not None and time.perf_counter() - t0 > max_seconds
         if (step + 1) % eval_every == 0 or done:
-            evaluate(step + 1)
+            best = _evaluate_keep_best(draft, eval_fn, step + 1, t0, log, best)
         if done:
             log(f"stopped at step {step + 1}: time budget of {max_seconds:.0f} s used")
             break
     else:
         if steps % eval_every:
-            evaluate(steps)
+            best = _evaluate_keep_best(draft, eval_fn, steps, t0, log, best)
     draft.eval()
-    if best_state is not None:
-        draft.load_state_dict(best_state)
+    if best[1] is not None:
+        draft.load_state_dict(best[1])
     return draft
+
+
+def _adamw_with_schedule(
+    draft: Decoder, lr: float, warmup: int, steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters with a linear warm-up and a cosine decay to 10% over ``steps``."""
+    opt = torch.optim.AdamW(
+        [p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.0, betas=(0.9, 0.95)
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    return opt, sched
+
+
+def _optimizer_step(
+    draft: Decoder, loss: torch.Tensor, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR
+) -> None:
+    """Back-propagate ``loss``, clip the gradient norm to 1 and step the optimiser and its schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
+def _evaluate_keep_best(
+    draft: Decoder,
+    eval_fn: Callable[[Decoder], float] | None,
+    step: int,
+    t0: float,
+    log: Callable[[str], None],
+    best: tuple[float, dict[str, torch.Tensor] | None],
+) -> tuple[float, dict[str, torch.Tensor] | None]:
+    """Score and log ``draft`` with ``eval_fn``; returns the new ``(best score, its weights)``."""
+    if eval_fn is None:
+        return best
+    draft.eval()
+    with torch.no_grad():
+        score = eval_fn(draft)
+    draft.train()
+    log(f"step {step}: eval {score:.4f} ({time.perf_counter() - t0:.0f} s)")
+    if score > best[0]:
+        return score, {k: v.detach().clone() for k, v in draft.state_dict().items()}
+    return best
 
 
 @torch.no_grad()

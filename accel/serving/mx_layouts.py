@@ -134,51 +134,61 @@ def quantization_config(layout: MXLayout, excluded: list[str]) -> dict[str, Any]
     """The ``config.json`` ``quantization_config`` of a weight-only checkpoint in ``layout``; ``excluded`` lists the
     Linear modules kept in float (Quark ``exclude``, compressed-tensors ``ignore``)."""
     if layout.name == "quark":
-        weight = {
-            "dtype": QUARK_DTYPES[layout.fmt.name],
-            "qscheme": "per_group",
-            "group_size": BLOCK,
-            "ch_axis": -1,
-            "scale_format": "e8m0",
-            "scale_type": "float",
-            "scale_calculation_mode": "floor",  # accel's rule (OCP MX v1.0 §6.3); Quark's own default is "even"
-            "round_method": "half_even",
-            "is_dynamic": False,
-            "observer_cls": "PerBlockMXObserver",
-            "symmetric": None,
-            "mx_element_dtype": None,
-            "is_scale_quant": False,
-            "block_size": None,
-            "enable_buffer_reuse": False,
-            "max_input_numel": 4194304,
-            "zero_point_type": "int32",
-        }
-        return {
-            "quant_method": "quark",
-            "version": QUARK_VERSION,
-            "quant_mode": "eager_mode",
-            "global_quant_config": {
-                "weight": weight,
-                "input_tensors": None,
-                "output_tensors": None,
-                "bias": None,
-                "target_device": None,
-            },
-            "layer_quant_config": {},
-            "layer_type_quant_config": {},
-            "kv_cache_quant_config": {},
-            "kv_cache_post_rope": False,
-            "softmax_quant_spec": None,
-            "algo_config": None,
-            "exclude": list(excluded),
-            "export": {
-                "kv_cache_group": [],
-                "min_kv_scale": 0.0,
-                "pack_method": "reorder",
-                "weight_format": "real_quantized",
-                "weight_merge_groups": None,
-            },
-        }
+        return _quark_config(layout, excluded)
+    return _ct_config(layout, excluded)
+
+
+def _quark_config(layout: MXLayout, excluded: list[str]) -> dict[str, Any]:
+    """Quark's ``quantization_config`` for a weight-only checkpoint in ``layout``."""
+    weight = {
+        "dtype": QUARK_DTYPES[layout.fmt.name],
+        "qscheme": "per_group",
+        "group_size": BLOCK,
+        "ch_axis": -1,
+        "scale_format": "e8m0",
+        "scale_type": "float",
+        "scale_calculation_mode": "floor",  # accel's rule (OCP MX v1.0 §6.3); Quark's own default is "even"
+        "round_method": "half_even",
+        "is_dynamic": False,
+        "observer_cls": "PerBlockMXObserver",
+        "symmetric": None,
+        "mx_element_dtype": None,
+        "is_scale_quant": False,
+        "block_size": None,
+        "enable_buffer_reuse": False,
+        "max_input_numel": 4194304,
+        "zero_point_type": "int32",
+    }
+    return {
+        "quant_method": "quark",
+        "version": QUARK_VERSION,
+        "quant_mode": "eager_mode",
+        "global_quant_config": {
+            "weight": weight,
+            "input_tensors": None,
+            "output_tensors": None,
+            "bias": None,
+            "target_device": None,
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+        "kv_cache_quant_config": {},
+        "kv_cache_post_rope": False,
+        "softmax_quant_spec": None,
+        "algo_config": None,
+        "exclude": list(excluded),
+        "export": {
+            "kv_cache_group": [],
+            "min_kv_scale": 0.0,
+            "pack_method": "reorder",
+            "weight_format": "real_quantized",
+            "weight_merge_groups": None,
+        },
+    }
+
+
+def _ct_config(layout: MXLayout, excluded: list[str]) -> dict[str, Any]:
+    """compressed-tensors' ``quantization_config`` for a weight-only checkpoint in ``layout``."""
     fmt_name = CT_FORMATS[layout.fmt.name]
     weights = {
         "num_bits": layout.fmt.bits,

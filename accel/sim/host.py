@@ -229,25 +229,12 @@ def measure_host(
     bw_ort = 4.0 * measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
     layer = layer or LayerShape()
     flops_numpy = measure_matmul_flops(matmul_n)
-    nb_fn, nb_elements = ort_streaming_call(True, ort_width, ort_chain, ort_threads)
-    mm_fn, mm_flops = ort_matmul_call(matmul_n, ort_threads)
-    try:  # the 8-bit chain and the GEMM in the layers' round robin: the terms the simulator combines see one load
-        extra = {"nbits_chain": nb_fn, "matmul": mm_fn}
-        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra=extra)
-        nbits_rate, flops = nb_elements / lt["nbits_chain"][1], mm_flops / lt["matmul"][1]
-    except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
-        lt = {}
-        nbits_rate, flops = nb_elements / _median_time(nb_fn, 15, warmup=2), flops_numpy
+    lt, nbits_rate, flops = _layer_times(
+        layer, layer_counts, layer_calls, matmul_n, ort_threads, ort_width, ort_chain, flops_numpy
+    )
     terms = layer_terms(lt, layer_weight_elements(layer), nbits_rate) if lt else {}
     bw = max(bw_copy, bw_one_row, bw_ort, terms.get("fp32_bytes_per_s", 0.0))
-    try:
-        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        mem = 8e9
-    try:
-        l3 = float(max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0))
-    except (ValueError, OSError):
-        l3 = 0.0
+    mem, l3 = _memory_sizes()
     return Hardware(
         name=f"host-{platform.machine()}-{os.cpu_count()}cpu",
         memory_bandwidth_bytes_per_s=bw,
@@ -268,14 +255,70 @@ def measure_host(
         usable_memory_fraction=0.8,
         source=f"measured by accel.sim.measure_host on {platform.node() or 'host'} "
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        notes=(
-            f"copy {bw_copy / 1e9:.2f} GB/s; numpy 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s, W@x.T ms by "
-            f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; numpy matmul "
-            f"{flops_numpy / 1e9:.1f} GFLOP/s fp32; onnxruntime: call {overhead * 1e6:.1f} us, GEMM (the profile's "
-            f"peak) {flops / 1e9:.1f} GFLOP/s fp32, one-row streaming: MatMul "
-            f"{bw_ort / 1e9:.2f} GB/s, 8-bit MatMulNBits {nbits_rate / 1e9:.2f} G weights/s (the rate of "
-            f"{', '.join(NBITS_FORMATS)}: they run on that kernel here); " + _layer_notes(lt, terms)
-        ),
+        notes=_numpy_notes(bw_copy, bw_one_row, r, t, flops_numpy)
+        + _ort_notes(overhead, flops, bw_ort, nbits_rate, lt, terms),
+    )
+
+
+def _layer_times(
+    layer: LayerShape,
+    layer_counts: tuple[int, int],
+    layer_calls: int,
+    matmul_n: int,
+    ort_threads: int | None,
+    ort_width: int,
+    ort_chain: int,
+    flops_numpy: float,
+) -> tuple[dict[str, dict[int, float]], float, float]:
+    """(decoder layer times, 8-bit weights/s, GEMM FLOP/s): timed in the layers' round robin, or without layers."""
+    nb_fn, nb_elements = ort_streaming_call(True, ort_width, ort_chain, ort_threads)
+    mm_fn, mm_flops = ort_matmul_call(matmul_n, ort_threads)
+    try:  # the 8-bit chain and the GEMM in the layers' round robin: the terms the simulator combines see one load
+        extra = {"nbits_chain": nb_fn, "matmul": mm_fn}
+        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra=extra)
+        nbits_rate, flops = nb_elements / lt["nbits_chain"][1], mm_flops / lt["matmul"][1]
+    except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
+        lt = {}
+        nbits_rate, flops = nb_elements / _median_time(nb_fn, 15, warmup=2), flops_numpy
+    return lt, nbits_rate, flops
+
+
+def _memory_sizes() -> tuple[float, float]:
+    """(physical memory bytes, default 8 GB; last-level cache bytes, default 0) of this machine."""
+    try:
+        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        mem = 8e9
+    try:
+        l3 = float(max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0))
+    except (ValueError, OSError):
+        l3 = 0.0
+    return mem, l3
+
+
+def _numpy_notes(bw_copy: float, bw_one_row: float, r: np.ndarray, t: np.ndarray, flops_numpy: float) -> str:
+    """The notes' numpy part: the copy, one-row streaming (ms by rows) and matmul rates."""
+    return (
+        f"copy {bw_copy / 1e9:.2f} GB/s; numpy 1-row weight streaming {bw_one_row / 1e9:.2f} GB/s, W@x.T ms by "
+        f"rows {dict(zip(r.tolist(), [round(float(x) * 1e3, 3) for x in t], strict=True))}; numpy matmul "
+        f"{flops_numpy / 1e9:.1f} GFLOP/s fp32; "
+    )
+
+
+def _ort_notes(
+    overhead: float,
+    flops: float,
+    bw_ort: float,
+    nbits_rate: float,
+    lt: dict[str, dict[int, float]],
+    terms: dict[str, float],
+) -> str:
+    """The notes' onnxruntime part: call overhead, GEMM and streaming rates, and the decoder layers' terms."""
+    return (
+        f"onnxruntime: call {overhead * 1e6:.1f} us, GEMM (the profile's "
+        f"peak) {flops / 1e9:.1f} GFLOP/s fp32, one-row streaming: MatMul "
+        f"{bw_ort / 1e9:.2f} GB/s, 8-bit MatMulNBits {nbits_rate / 1e9:.2f} G weights/s (the rate of "
+        f"{', '.join(NBITS_FORMATS)}: they run on that kernel here); " + _layer_notes(lt, terms)
     )
 
 

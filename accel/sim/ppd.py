@@ -24,6 +24,7 @@ the stage calls come from the roofline, and the Theorem 4.1 fields keep the pape
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -35,7 +36,7 @@ from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.models import ModelSpec
 from accel.sim.ppd_stages import PlacementKind, PPDPlacement, PPDStageTimes, ppd_step_time, stage_specs
-from accel.sim.roofline import resolve_devices, step_time
+from accel.sim.roofline import StepTime, resolve_devices, step_time
 
 
 def _check(d: Any, dbar: Any, k: Any, p: Any, l: Any) -> None:  # noqa: E741
@@ -95,6 +96,104 @@ class PPDResult(SimModel):
     tensor_parallel_speedup: float | None = None
 
 
+def _check_placement(
+    spec: ModelSpec, place: PPDPlacement, dbar: float, k: int, p: float, gen_len: int, batch_size: int
+) -> tuple[ModelSpec, ModelSpec] | None:
+    """Check the arguments for ``place``; the (front, back) stage specs of a stage placement, None for the paper's."""
+    d = spec.n_layers
+    if place.kind != "paper":
+        if batch_size != 1:
+            raise SimError(f"stage placements price PPD at batch 1 (the candidates are the rows); got {batch_size}")
+        front_spec, back_spec = stage_specs(spec, dbar)  # type: ignore[arg-type]  # checked there: an int
+        _check(d, max(dbar, d - dbar), k, p, gen_len)
+        return front_spec, back_spec
+    _check(d, dbar, k, p, gen_len)
+    return None
+
+
+def _step_fn(
+    hw: Hardware, weight_format: str | None, kv_format: str, context_len: int, batch_size: int, n: int
+) -> Callable[..., StepTime]:
+    """The roofline step time of a spec at ``rows`` rows on ``on`` devices (defaults: the batch and ``n``)."""
+
+    def t(s: ModelSpec, rows: int = batch_size, on: int = n):
+        return step_time(
+            s,
+            hw,
+            weight_format=weight_format,
+            kv_format=kv_format,
+            batch_size=rows,
+            context_len=context_len,
+            devices=on,
+        )
+
+    return t
+
+
+def _layer_costs(t: Callable[..., StepTime], spec: ModelSpec) -> tuple[float, float, float]:
+    """(one layer's seconds, the per-call fixed seconds, the full call's seconds) of a decode step."""
+    one = t(spec.model_copy(update={"n_layers": 1})).time_s
+    two = t(spec.model_copy(update={"n_layers": 2})).time_s
+    full = t(spec).time_s
+    layer_s = two - one  # exact: every layer costs the same
+    fixed = full - spec.n_layers * layer_s
+    return layer_s, fixed, full
+
+
+def _theorem_fields(d: int, dbar: float, theorem_dbar: float, k: int, p: float, gen_len: int) -> dict[str, Any]:
+    """The Theorem 4.1 fields of a ``PPDResult`` (layer-time units) for ``theorem_dbar``."""
+    lat_u = ppd_expected_latency(d, theorem_dbar, p, gen_len)
+    comp_u = ppd_expected_compute(d, theorem_dbar, k, p, gen_len)
+    saved = (d - theorem_dbar) * p
+    return dict(
+        d=d,
+        dbar=float(dbar),
+        k=k,
+        p=float(p),
+        gen_len=gen_len,
+        expected_latency_units=lat_u,
+        expected_compute_units=comp_u,
+        approx_latency_units_per_token=d - saved,
+        approx_busy_units=(d + k * (d - theorem_dbar) - saved) / (d - saved),
+    )
+
+
+def _stage_times(
+    t: Callable[..., StepTime],
+    stages: tuple[ModelSpec, ModelSpec],
+    spec: ModelSpec,
+    hw: Hardware,
+    place: PPDPlacement,
+    k: int,
+) -> PPDStageTimes:
+    """The stage calls' times from the roofline: the front stage at ``k`` rows, the back stage at one."""
+    front_spec, back_spec = stages
+    split = place.kind == "per-stage"
+    return PPDStageTimes.from_roofline(
+        t(front_spec, rows=k), t(back_spec, rows=1), split=split, hw=hw, hidden=spec.d_model, k=k
+    )
+
+
+def _stage_latency(
+    t: Callable[..., StepTime],
+    times: PPDStageTimes,
+    spec: ModelSpec,
+    place: PPDPlacement,
+    p: float,
+    gen_len: int,
+    ar_tok: float,
+    n: int,
+) -> tuple[float, dict[str, Any]]:
+    """Latency (s) of ``gen_len`` tokens on a stage placement and its extra ``PPDResult`` fields."""
+    split = place.kind == "per-stage"
+    par, per_tok = ppd_step_time(times, p, place)
+    latency_s = gen_len * per_tok
+    extra: dict[str, Any] = {"stage_times": times, "parallel_s": par}
+    if split:  # AR in tensor parallel over both stages' devices
+        extra["tensor_parallel_speedup"] = ar_tok / (t(spec, on=2 * n).time_s + place.host_s)
+    return latency_s, extra
+
+
 def predict_ppd(
     model: ModelSpec | str | dict,
     hardware: Hardware | str,
@@ -117,61 +216,23 @@ def predict_ppd(
     place = placement if isinstance(placement, PPDPlacement) else PPDPlacement(kind=cast(PlacementKind, placement))
     d = spec.n_layers
     n = resolve_devices(hw, devices)
-    if place.kind != "paper":
-        if batch_size != 1:
-            raise SimError(f"stage placements price PPD at batch 1 (the candidates are the rows); got {batch_size}")
-        front_spec, back_spec = stage_specs(spec, dbar)  # type: ignore[arg-type]  # checked there: an int
-        _check(d, max(dbar, d - dbar), k, p, gen_len)
-    else:
-        _check(d, dbar, k, p, gen_len)
-
-    def t(s: ModelSpec, rows: int = batch_size, on: int = n):
-        return step_time(
-            s,
-            hw,
-            weight_format=weight_format,
-            kv_format=kv_format,
-            batch_size=rows,
-            context_len=context_len,
-            devices=on,
-        )
-
-    one = t(spec.model_copy(update={"n_layers": 1})).time_s
-    two = t(spec.model_copy(update={"n_layers": 2})).time_s
-    full = t(spec).time_s
-    layer_s = two - one  # exact: every layer costs the same
-    fixed = full - d * layer_s
+    stages = _check_placement(spec, place, dbar, k, p, gen_len, batch_size)
+    t = _step_fn(hw, weight_format, kv_format, context_len, batch_size, n)
+    layer_s, fixed, full = _layer_costs(t, spec)
     theorem_dbar = dbar if place.kind == "paper" else max(dbar, d - dbar)
-    lat_u = ppd_expected_latency(d, theorem_dbar, p, gen_len)
-    comp_u = ppd_expected_compute(d, theorem_dbar, k, p, gen_len)
-    saved = (d - theorem_dbar) * p
+    theorem = _theorem_fields(d, dbar, theorem_dbar, k, p, gen_len)
     ar_tok = full + place.host_s
     extra: dict[str, Any] = {}
-    if place.kind == "paper":
-        latency_s = lat_u * layer_s + gen_len * (fixed + place.host_s)
+    if stages is None:  # place.kind == "paper"
+        latency_s = theorem["expected_latency_units"] * layer_s + gen_len * (fixed + place.host_s)
     else:
-        split = place.kind == "per-stage"
-        times = PPDStageTimes.from_roofline(
-            t(front_spec, rows=k), t(back_spec, rows=1), split=split, hw=hw, hidden=spec.d_model, k=k
-        )
-        par, per_tok = ppd_step_time(times, p, place)
-        latency_s = gen_len * per_tok
-        extra = {"stage_times": times, "parallel_s": par}
-        if split:  # AR in tensor parallel over both stages' devices
-            extra["tensor_parallel_speedup"] = ar_tok / (t(spec, on=2 * n).time_s + place.host_s)
+        times = _stage_times(t, stages, spec, hw, place, k)
+        latency_s, extra = _stage_latency(t, times, spec, place, p, gen_len, ar_tok, n)
     ar_s = gen_len * ar_tok
     return PPDResult(
         model=spec.name,
         hardware=hw.name,
-        d=d,
-        dbar=float(dbar),
-        k=k,
-        p=float(p),
-        gen_len=gen_len,
-        expected_latency_units=lat_u,
-        expected_compute_units=comp_u,
-        approx_latency_units_per_token=d - saved,
-        approx_busy_units=(d + k * (d - theorem_dbar) - saved) / (d - saved),
+        **theorem,
         layer_s=layer_s,
         per_token_fixed_s=fixed,
         latency_s=latency_s,

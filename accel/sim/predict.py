@@ -259,6 +259,48 @@ def _check_devices(dep: Deployment) -> None:
             )
 
 
+def _configs(dep: Deployment, spec: _Speculation | None) -> list[ConfigResult]:
+    """AR in every format, then speculative decoding in every format (with ``spec``), with speedups over the first."""
+    raw = [_row(dep, fmt, None) for fmt in dep.formats()]
+    if spec is not None:
+        raw += [_row(dep, fmt, spec) for fmt in dep.formats()]
+    base = raw[0]
+    return [
+        ConfigResult(**r, speedup=base["total_s"] / r["total_s"], decode_speedup=base["tpot_s"] / r["tpot_s"])
+        for r in raw
+    ]
+
+
+def _prediction(
+    dep: Deployment, spec: _Speculation | None, configs: list[ConfigResult], msg: str, plan: dict[str, Any]
+) -> Prediction:
+    """The ``Prediction`` of ``dep``'s configurations, fit message and planning fields."""
+    return Prediction(
+        target=dep.target.name,
+        draft=dep.draft.name if dep.draft else None,
+        hardware=dep.hardware.name,
+        draft_hardware=dep.draft_hw.name if dep.draft else None,
+        devices=dep.n_devices,
+        draft_devices=dep.draft_devices,
+        draft_shares_devices=dep.draft_shares_devices,
+        k=spec.k if spec else None,
+        acceptance=spec.acc_out if spec else None,
+        prompt_len=dep.prompt_len,
+        gen_len=dep.gen_len,
+        batch_size=dep.batch_size,
+        cache=dep.cache,
+        ctx_len=dep.ctx_len,
+        memory_available_bytes=dep.n_devices * dep.hardware.memory_capacity_bytes * dep.hardware.usable_memory_fraction,
+        configs=configs,
+        fits=all(c.fits for c in configs),
+        fit_message=msg,
+        loop_stats=spec.stats if spec else None,
+        feature_draft=bool(spec and spec.feature),
+        tree=spec.tree if spec else None,
+        **plan,
+    )
+
+
 def predict_speedup(
     deployment: Deployment | ModelLike | None = None,
     draft: ModelLike | None = None,
@@ -287,43 +329,13 @@ def predict_speedup(
     spec = None if dep.draft is None else _Speculation(dep, k, acceptance, loop_stats, tree)
     if dep.draft is None and (loop_stats is not None or tree is not None or acceptance is not None):
         raise SimError("acceptance, loop_stats and tree describe speculative decoding: give a draft model too")
-    raw = [_row(dep, fmt, None) for fmt in dep.formats()]
-    if spec is not None:
-        raw += [_row(dep, fmt, spec) for fmt in dep.formats()]
-    base = raw[0]
-    configs = [
-        ConfigResult(**r, speedup=base["total_s"] / r["total_s"], decode_speedup=base["tpot_s"] / r["tpot_s"])
-        for r in raw
-    ]
+    configs = _configs(dep, spec)
     msg = _fit_message(dep, configs, strict)
     slower = placement_warning(dep, spec.shape, configs) if spec is not None else None
     if slower:
         warnings.warn(slower, SimWarning, stacklevel=2)
     plan = _planning(dep, spec) if spec is not None else {}
-    return Prediction(
-        target=dep.target.name,
-        draft=dep.draft.name if dep.draft else None,
-        hardware=dep.hardware.name,
-        draft_hardware=dep.draft_hw.name if dep.draft else None,
-        devices=dep.n_devices,
-        draft_devices=dep.draft_devices,
-        draft_shares_devices=dep.draft_shares_devices,
-        k=spec.k if spec else None,
-        acceptance=spec.acc_out if spec else None,
-        prompt_len=dep.prompt_len,
-        gen_len=dep.gen_len,
-        batch_size=dep.batch_size,
-        cache=dep.cache,
-        ctx_len=dep.ctx_len,
-        memory_available_bytes=dep.n_devices * dep.hardware.memory_capacity_bytes * dep.hardware.usable_memory_fraction,
-        configs=configs,
-        fits=all(c.fits for c in configs),
-        fit_message=msg,
-        loop_stats=spec.stats if spec else None,
-        feature_draft=bool(spec and spec.feature),
-        tree=spec.tree if spec else None,
-        **plan,
-    )
+    return _prediction(dep, spec, configs, msg, plan)
 
 
 __all__ = ["BREAKDOWN_KEYS", "ConfigResult", "Prediction", "predict_speedup"]

@@ -138,6 +138,28 @@ def _op_time(hw: Hardware, mem: Any, comp: Any, dec: Any) -> tuple[Any, Any]:
     return np.maximum(mem, comp) + dec, np.where(mem >= comp, mem, 0.0)
 
 
+def _resource_times(
+    hw: Hardware, lay: dict, head: dict, rows_l: Any, rows_h: Any, bw: float, fl: Any, dec_rate: Any
+) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(mem_l, mem_h, comp_l, comp_h, dec_l, dec_h): a layer's and the head's seconds of each resource."""
+
+    def g(rows: np.ndarray, beta: float = hw.multi_token_penalty, gamma: float = hw.multi_token_exponent) -> np.ndarray:
+        return 1.0 + beta * np.maximum(rows - 1.0, 0.0) ** gamma  # multi-token factor (hardware.py)
+
+    # the decompression (kernel-bound) path's own (beta, gamma) where the device gives them, else the memory terms'
+    beta_dec, gamma_dec = hw.decompress_multi_token_penalty, hw.decompress_multi_token_exponent
+    beta_dec = hw.multi_token_penalty if beta_dec is None else beta_dec
+    gamma_dec = hw.multi_token_exponent if gamma_dec is None else gamma_dec
+
+    mem_l = (lay["weights"] * g(rows_l) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
+    mem_h = (head["weights"] * g(rows_h) + head["act"]) / bw
+    comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
+    # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression
+    dec_l = lay["decompress"] * g(rows_l, beta_dec, gamma_dec) / dec_rate
+    dec_h = head["decompress"] * g(rows_h, beta_dec, gamma_dec) / dec_rate
+    return mem_l, mem_h, comp_l, comp_h, dec_l, dec_h
+
+
 def step_arrays(
     model: ModelSpec,
     hw: Hardware,
@@ -163,23 +185,9 @@ def step_arrays(
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
     fl = n * peak * hw.compute_efficiency
     small_bpe = bytes_per_element(m.dtype)
-
-    def g(rows: np.ndarray, beta: float = hw.multi_token_penalty, gamma: float = hw.multi_token_exponent) -> np.ndarray:
-        return 1.0 + beta * np.maximum(rows - 1.0, 0.0) ** gamma  # multi-token factor (hardware.py)
-
-    # the decompression (kernel-bound) path's own (beta, gamma) where the device gives them, else the memory terms'
-    beta_dec, gamma_dec = hw.decompress_multi_token_penalty, hw.decompress_multi_token_exponent
-    beta_dec = hw.multi_token_penalty if beta_dec is None else beta_dec
-    gamma_dec = hw.multi_token_exponent if gamma_dec is None else gamma_dec
-
     lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
     head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
-    mem_l = (lay["weights"] * g(B * S) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
-    mem_h = (head["weights"] * g(B * NL) + head["act"]) / bw
-    comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
-    # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression
-    dec_l = lay["decompress"] * g(B * S, beta_dec, gamma_dec) / (n * rate)
-    dec_h = head["decompress"] * g(B * NL, beta_dec, gamma_dec) / (n * rate)
+    mem_l, mem_h, comp_l, comp_h, dec_l, dec_h = _resource_times(hw, lay, head, B * S, B * NL, bw, fl, n * rate)
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
     comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -160,6 +160,77 @@ class _Run:
         return out
 
 
+def _prefill(
+    run: _Run, front: StageBackend, back: StageBackend, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reset both stages and run the prompt through the front stage on every row: (hidden, positions, candidates)."""
+    k, n0 = run.k, int(ids.size)
+    front.reset()
+    back.reset()
+    pre = front.forward_stage(np.tile(np.arange(n0), (k, 1)), input_ids=np.tile(ids, (k, 1)), num_logits=1)
+    assert pre.hidden is not None and pre.logits is not None  # a front stage with exit logits returns both
+    hidden, pos = pre.hidden[:1], np.arange(n0)[None]
+    return hidden, pos, run.candidates(pre.logits[0, -1])
+
+
+def _speculation(cands: np.ndarray, catch_up: int | None, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The speculation call ``(ids, pos)``: row r's candidate at ``n``, after the catch-up token at ``n - 1`` if any."""
+    spec_ids, spec_pos = cands[:, None], np.full((k, 1), n, dtype=np.int64)
+    if catch_up is not None:  # rows other than the last hit's lack the last token at n - 1
+        spec_ids = np.concatenate([np.full((k, 1), catch_up), spec_ids], axis=1)
+        spec_pos = np.concatenate([np.full((k, 1), n - 1), spec_pos], axis=1)
+    return spec_ids, spec_pos
+
+
+def _advance(
+    run: _Run, cands: np.ndarray, x: int, spec_out: Any, n: int, ranks: np.ndarray
+) -> tuple[Any, np.ndarray, np.ndarray, int | None]:
+    """After token ``x`` at ``n``: count a hit in ``ranks``; the next (hidden, positions, candidates, catch-up)."""
+    catch_up: int | None
+    hit = np.flatnonzero(cands == x)
+    if hit.size:
+        r = int(hit[0])
+        ranks[r] += 1
+        out, catch_up = spec_out, x
+    else:
+        r, out, catch_up = 0, run.miss(x, n), None
+    hidden, pos = out.hidden[r : r + 1, -1:], np.array([[n]])
+    return hidden, pos, run.candidates(out.logits[r, -1]), catch_up
+
+
+def _stats(
+    run: _Run,
+    front: StageBackend,
+    concurrent: bool,
+    tokens: list[int],
+    steps: int,
+    ranks: np.ndarray,
+    prefill_s: float,
+    wall: float,
+) -> PPDStats:
+    """The ``PPDStats`` of a finished run (``wall``: seconds since the prefill started)."""
+    decode_s = max(wall - prefill_s, 1e-12)
+    cum = np.cumsum(ranks)
+    return PPDStats(
+        k=run.k,
+        exit_layer=front.stage.stop,
+        num_layers=front.stage.total,
+        concurrent=concurrent,
+        new_tokens=len(tokens),
+        steps=steps,
+        hits=int(cum[-1]),
+        hits_at_rank=ranks.tolist(),
+        p_correct=[float(c / steps) if steps else float("nan") for c in cum],
+        prefill_s=prefill_s,
+        wall_s=wall,
+        main_s=run.main_s,
+        spec_s=run.spec_s,
+        miss_s=run.miss_s,
+        tokens_per_s=len(tokens) / wall if wall > 0 else float("nan"),
+        decode_tokens_per_s=max(len(tokens) - 1, 0) / decode_s,
+    )
+
+
 def generate_ppd(
     front: StageBackend,
     back: StageBackend,
@@ -183,23 +254,15 @@ def generate_ppd(
     steps, reason = 0, "length"
     tokens: list[int] = []
     t0 = time.perf_counter()
-    front.reset()
-    back.reset()
-    pre = front.forward_stage(np.tile(np.arange(n0), (k, 1)), input_ids=np.tile(ids, (k, 1)), num_logits=1)
-    assert pre.hidden is not None and pre.logits is not None  # a front stage with exit logits returns both
-    hidden, pos = pre.hidden[:1], np.arange(n0)[None]
-    cands, catch_up = run.candidates(pre.logits[0, -1]), None
+    hidden, pos, cands = _prefill(run, front, back, ids)
+    catch_up: int | None = None
     prefill_s = time.perf_counter() - t0
     try:
         while len(tokens) < max_new_tokens:
             n = n0 + len(tokens)  # the token chosen in this step goes to position n
             spec = None
             if len(tokens) + 1 < max_new_tokens and n + 1 < ctx:  # its front pass will be needed
-                spec_ids, spec_pos = cands[:, None], np.full((k, 1), n, dtype=np.int64)
-                if catch_up is not None:  # rows other than the last hit's lack the last token at n - 1
-                    spec_ids = np.concatenate([np.full((k, 1), catch_up), spec_ids], axis=1)
-                    spec_pos = np.concatenate([np.full((k, 1), n - 1), spec_pos], axis=1)
-                spec = (spec_ids, spec_pos)
+                spec = _speculation(cands, catch_up, k, n)
             t_main = time.perf_counter()
             x, spec_out = run.step(hidden, pos, spec)
             if not tokens:  # the prompt's main call (and the first speculation beside it) count as prefill
@@ -210,37 +273,10 @@ def generate_ppd(
                 reason = "eos" if x in run.eos else ("context" if n + 1 >= ctx else "length")
                 break
             steps += 1
-            hit = np.flatnonzero(cands == x)
-            if hit.size:
-                r = int(hit[0])
-                ranks[r] += 1
-                out, catch_up = spec_out, x
-            else:
-                r, out, catch_up = 0, run.miss(x, n), None
-            hidden, pos = out.hidden[r : r + 1, -1:], np.array([[n]])
-            cands = run.candidates(out.logits[r, -1])
+            hidden, pos, cands, catch_up = _advance(run, cands, x, spec_out, n, ranks)
     finally:
         if run.pool is not None:
             run.pool.shutdown()
     wall = time.perf_counter() - t0
-    decode_s = max(wall - prefill_s, 1e-12)
-    cum = np.cumsum(ranks)
-    stats = PPDStats(
-        k=k,
-        exit_layer=front.stage.stop,
-        num_layers=front.stage.total,
-        concurrent=concurrent,
-        new_tokens=len(tokens),
-        steps=steps,
-        hits=int(cum[-1]),
-        hits_at_rank=ranks.tolist(),
-        p_correct=[float(c / steps) if steps else float("nan") for c in cum],
-        prefill_s=prefill_s,
-        wall_s=wall,
-        main_s=run.main_s,
-        spec_s=run.spec_s,
-        miss_s=run.miss_s,
-        tokens_per_s=len(tokens) / wall if wall > 0 else float("nan"),
-        decode_tokens_per_s=max(len(tokens) - 1, 0) / decode_s,
-    )
+    stats = _stats(run, front, concurrent, tokens, steps, ranks, prefill_s, wall)
     return PPDResult(tokens=tokens, finish_reason=reason, stats=stats)

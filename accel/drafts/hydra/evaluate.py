@@ -36,13 +36,7 @@ def evaluate_heads(
     """Teacher-forced quality of ``heads`` (``HeadsEval``). ``sequences``: 1-D token tensors; ``hidden``: the target's
     final-norm states ``[L, H]`` of each (float32); ``prompt_lengths``: the prompt part of each (>= 2 tokens: a
     round needs a base state before its root); ``shape``: the tree the proposer grows (default ``TreeShape()``)."""
-    shape = shape or TreeShape(depth=heads.config.num_heads)
-    if shape.depth > heads.config.num_heads:
-        raise DraftError(
-            f"a tree of depth {shape.depth} needs {shape.depth} heads; these have {heads.config.num_heads}"
-        )
-    if not len(sequences) or len(sequences) != len(prompt_lengths) or len(sequences) != len(hidden):
-        raise DraftError("evaluate_heads needs one prompt length and one hidden-state tensor per sequence")
+    shape = _check_inputs(heads, sequences, prompt_lengths, hidden, shape)
     K = heads.config.num_heads
     hits1, hitsk, counts = np.zeros(K), np.zeros(K), np.zeros(K)
     chain_hits, chain_counts = np.zeros(K), np.zeros(K)
@@ -51,12 +45,7 @@ def evaluate_heads(
     for seq, plen, hid in zip(sequences, prompt_lengths, hidden, strict=True):
         seq = seq.long()
         length = len(seq)
-        if not 2 <= plen < length - K:
-            raise DraftError(
-                f"prompt length {plen} must be in 2..{length - K - 1} for a sequence of {length} tokens ({K} heads)"
-            )
-        if tuple(hid.shape) != (length, heads.config.hidden_size):
-            raise DraftError(f"hidden states {tuple(hid.shape)} do not match a sequence of {length} tokens")
+        _check_sequence(heads, length, plen, hid)
         roots = np.arange(plen - 1, length - 1 - K)  # a round's root (its last token): K tokens follow it
         right = _head_hits(heads, seq, hid.float(), roots, top_k)
         for i, (ok1, okk) in enumerate(right):
@@ -85,6 +74,35 @@ def evaluate_heads(
         tree_tokens_per_call=tree_tokens / max(rounds, 1),
         tree_nodes=tree_nodes / max(rounds, 1),
     )
+
+
+def _check_inputs(
+    heads: HydraHeads,
+    sequences: Sequence[torch.Tensor],
+    prompt_lengths: Sequence[int],
+    hidden: Sequence[torch.Tensor],
+    shape: TreeShape | None,
+) -> TreeShape:
+    """The tree shape to grow (default: one level per head); ``DraftError`` on inconsistent inputs."""
+    shape = shape or TreeShape(depth=heads.config.num_heads)
+    if shape.depth > heads.config.num_heads:
+        raise DraftError(
+            f"a tree of depth {shape.depth} needs {shape.depth} heads; these have {heads.config.num_heads}"
+        )
+    if not len(sequences) or len(sequences) != len(prompt_lengths) or len(sequences) != len(hidden):
+        raise DraftError("evaluate_heads needs one prompt length and one hidden-state tensor per sequence")
+    return shape
+
+
+def _check_sequence(heads: HydraHeads, length: int, plen: int, hid: torch.Tensor) -> None:
+    """``DraftError`` unless a sequence has room for every head after its prompt and ``hid`` matches it."""
+    K = heads.config.num_heads
+    if not 2 <= plen < length - K:
+        raise DraftError(
+            f"prompt length {plen} must be in 2..{length - K - 1} for a sequence of {length} tokens ({K} heads)"
+        )
+    if tuple(hid.shape) != (length, heads.config.hidden_size):
+        raise DraftError(f"hidden states {tuple(hid.shape)} do not match a sequence of {length} tokens")
 
 
 def _head_hits(heads: HydraHeads, seq: torch.Tensor, hid: torch.Tensor, roots: np.ndarray, top_k: int):

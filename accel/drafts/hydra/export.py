@@ -57,12 +57,7 @@ def export_hydra(
     from accel.backends.export import _quantize_int8
     from accel.drafts.hydra.graph import head_graph, lm_head_graph, prefix_graph
 
-    if weights not in HYDRA_WEIGHTS:
-        raise DraftError(f"weights must be one of {HYDRA_WEIGHTS}; got {weights!r}")
-    if int8_scheme not in INT8_SCHEMES:
-        raise DraftError(f"int8_scheme must be one of {INT8_SCHEMES}; got {int8_scheme!r}")
-    if ctx_len < 2 or batch_size < 1:
-        raise DraftError(f"ctx_len must be >= 2 and batch_size >= 1; got {ctx_len}, {batch_size}")
+    _check_export_args(ctx_len, batch_size, weights, int8_scheme)
     heads._check_attached()
     c = heads.config
     out = Path(out_dir)
@@ -87,8 +82,28 @@ def export_hydra(
         onnx.checker.check_model(proto)
         onnx.save_model(proto, str(tmp / "prefix.onnx"))
     np.save(tmp / "embed.npy", heads.embed.detach().float().cpu().numpy())
+    meta = _export_meta(heads, ctx_len, batch_size, weights, int8_scheme)
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def _check_export_args(ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> None:
+    """``DraftError`` unless the export settings are valid."""
+    if weights not in HYDRA_WEIGHTS:
+        raise DraftError(f"weights must be one of {HYDRA_WEIGHTS}; got {weights!r}")
+    if int8_scheme not in INT8_SCHEMES:
+        raise DraftError(f"int8_scheme must be one of {INT8_SCHEMES}; got {int8_scheme!r}")
+    if ctx_len < 2 or batch_size < 1:
+        raise DraftError(f"ctx_len must be >= 2 and batch_size >= 1; got {ctx_len}, {batch_size}")
+
+
+def _export_meta(heads: HydraHeads, ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> dict:
+    """The contents of ``hydra.json`` for ``heads`` exported with these settings."""
+    c = heads.config
     tc = heads.target_config
-    meta = {
+    return {
         "num_heads": c.num_heads,
         "prefix": c.prefix,
         "hidden_size": c.hidden_size,
@@ -101,10 +116,6 @@ def export_hydra(
         "kv_shape": [batch_size, tc.num_kv_heads, ctx_len, tc.head_dim],
         "target_fingerprint": c.target_fingerprint,
     }
-    (tmp / META).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
 
 
 def export_hydra_cached(
