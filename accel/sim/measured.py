@@ -28,8 +28,10 @@ GPU_SOURCE = "accel benchmarks/gpu.py --compile, NVIDIA H200, torch 2.11.0+cu130
 #: tokens per call of each measured curve
 GPU_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
+Dtype = Literal["fp16", "bf16", "fp32"]
+
 #: (model preset, dtype) -> milliseconds per call at GPU_TOKENS
-_H200_MS = {
+_H200_MS: dict[tuple[str, Dtype], tuple[float, ...]] = {
     ("llama-2-7b", "fp16"): (4.763, 5.084, 5.130, 5.202, 5.339, 5.597, 6.431),
     ("llama-2-7b", "bf16"): (4.831, 5.704, 5.876, 5.882, 5.594, 6.072, 6.545),
     ("tinyllama-1.1b", "fp16"): (1.660, 1.724, 1.753, 1.757, 1.848, 2.013, 2.333),
@@ -40,7 +42,7 @@ _H200_MS = {
 CONTEXT, SLOTS = 256, 1025  # cached tokens before each call; static cache slots read per call
 
 
-def gpu_points(dtype: Literal["fp16", "bf16", "fp32"] | None = None) -> list[tuple[str, Observation]]:
+def gpu_points(dtype: Dtype | None = None) -> list[tuple[str, Observation]]:
     """``(device, observation)`` of every measured call (device: the catalog name, ``h200``), of one ``dtype`` or
     all; labels read ``"<model> <dtype> S=<tokens>"``."""
     out = []
@@ -51,7 +53,7 @@ def gpu_points(dtype: Literal["fp16", "bf16", "fp32"] | None = None) -> list[tup
         for s, t in zip(GPU_TOKENS, ms, strict=True):
             obs = Observation(
                 model=spec,
-                dtype=dt,  # type: ignore[arg-type]
+                dtype=dt,
                 new_tokens=s,
                 num_logits=s,
                 context_len=CONTEXT,

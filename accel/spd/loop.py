@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.backends.base import Backend
+from accel.backends.base import Backend, TreeBackend
 from accel.errors import SpdError
 from accel.spd.checks import check_backend, eos_set, make_rng, validate
 from accel.spd.draft_model import left_padded
@@ -187,7 +187,9 @@ class _Loop:
         paths = [o.path if o is not None else None for o in outcomes]
         moves = call.compaction(paths, self.n) if call.tree_inputs is not None else None
         if moves is not None:
-            self.target.move_cache(*moves)  # type: ignore[attr-defined]
+            if not isinstance(self.target, TreeBackend):  # generate() checked the "tree" capability already
+                raise SpdError(f"the {self.target.info.name} target scored a tree but has no move_cache")
+            self.target.move_cache(*moves)
         if hidden is not None and self.run.hidden is not None:
             for b, path in enumerate(paths):
                 if path is not None:
