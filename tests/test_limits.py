@@ -28,7 +28,7 @@ DEBT: dict[str, tuple[int, int]] = {
     "backends.qaic:write_qaic_files": (44, 11),
     "backends.torch_backend:TorchBackend.__init__": (53, 12),
     "backends.torch_backend:TorchBackend.forward": (43, 9),
-    "decode.build:open_backend": (58, 9),
+    "decode.build:open_backend": (43, 9),
     "drafts.data:sample_prompts": (56, 13),
     "drafts.feature:feature_draft_loss": (48, 11),
     "drafts.feature:train_feature_draft": (56, 14),

@@ -190,6 +190,31 @@ def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
     return open_hydra(p.heads, target.path, shape, ctx_len=target.ctx_len, weights=p.weights, threads=p.threads or 1)
 
 
+def _open_torch(path: Path, ctx_len: int, threads: int | None, device: str, dtype: str | None) -> Backend:
+    """``open_backend``'s torch branch: a checkpoint directory (plain, accel-compressed, or a Quark /
+    compressed-tensors MX folder) or a ``.gguf`` file, loaded as it is, on ``device`` in ``dtype``."""
+    if not (path.is_dir() or is_gguf(path)):
+        raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
+    from accel.backends import TorchBackend
+    from accel.backends.torch_graphs import resolve_device
+    from accel.backends.torch_mx import pack_compressed
+    from accel.models import load_checkpoint
+    from accel.models.sources import engine_quant_method
+
+    dev = resolve_device(device)  # before loading: CUDA asked for and absent is named at once
+    on_gpu = dev.type == "cuda"  # CUDA graphs and fused projections by default; compiled blocks too
+    if path.is_dir() and engine_quant_method(path) is not None:  # a Quark / compressed-tensors MX checkpoint
+        from accel.serving import load_mx_checkpoint
+
+        model = load_mx_checkpoint(path)
+    else:
+        model = load_checkpoint(path)
+        if path.is_dir() and dev.type == "cpu" and dtype in (None, "float32"):
+            pack_compressed(model, path)  # an accel-compressed checkpoint keeps its MX weights packed (CPU kernel)
+        # elsewhere its MX weights stay decoded (once, exactly, at load) and are cast to dtype on the device
+    return TorchBackend(model, ctx_len=ctx_len, batch_size=1, threads=threads, device=dev, dtype=dtype, compile=on_gpu)
+
+
 def draft_threads(draft: Path, target_threads: int | None, feature_draft: bool) -> int | None:
     """Default onnxruntime threads of a draft: the target's for a feature draft or one of at least
     ``WIDE_DRAFT_PARAMS`` parameters (its matmuls are wide), else 1 (its calls are too short to split)."""
@@ -225,22 +250,7 @@ def open_backend(
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
     if backend == "torch":
-        if not (path.is_dir() or is_gguf(path)):
-            raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
-        from accel.backends import TorchBackend
-        from accel.backends.torch_graphs import resolve_device
-        from accel.backends.torch_mx import pack_compressed
-        from accel.models import load_checkpoint
-
-        dev = resolve_device(device)  # before loading: CUDA asked for and absent is named at once
-        model = load_checkpoint(path)
-        if path.is_dir() and dev.type == "cpu" and dtype in (None, "float32"):
-            pack_compressed(model, path)  # an accel-compressed checkpoint keeps its MX weights packed (CPU kernel)
-        # elsewhere its MX weights stay decoded (once, exactly, at load) and are cast to dtype on the device
-        on_gpu = dev.type == "cuda"  # CUDA graphs and fused projections by default; compiled blocks too
-        return TorchBackend(
-            model, ctx_len=ctx_len, batch_size=1, threads=threads, device=dev, dtype=dtype, compile=on_gpu
-        )
+        return _open_torch(path, ctx_len, threads, device, dtype)
     from accel.backends import OrtBackend, export_cached
     from accel.models.smollm2 import cache_root
 

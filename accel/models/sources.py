@@ -75,9 +75,31 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, CheckpointTen
         return open_gguf(p)
     if not p.is_dir():
         raise ModelError(f"{p} is neither a checkpoint directory nor a .gguf file")
+    method = engine_quant_method(p)
+    if method is not None:  # its weights are codes and scales in another engine's layout, not Linear weights
+        raise ModelError(
+            f"{p} is a {method} MX checkpoint (config.json quantization_config.quant_method = {method!r}): load it "
+            "with accel.serving.load_mx_checkpoint(path), or decode it with accel generate --backend torch"
+        )
     config = ModelConfig.from_hf(p)
     hf_loaders, hf_shapes = _hf_files(p)
     return config, _rename(config, hf_loaders, hf_shapes)
+
+
+#: quantization_config.quant_method values of the MX layouts accel.serving reads (AMD Quark, compressed-tensors)
+ENGINE_QUANT_METHODS = ("quark", "compressed-tensors")
+
+
+def engine_quant_method(path: str | os.PathLike) -> str | None:
+    """The ``quantization_config.quant_method`` of a checkpoint directory saved in a serving engine's MX layout
+    (``ENGINE_QUANT_METHODS``), or None (no such field, another method, no readable config.json)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    return method if method in ENGINE_QUANT_METHODS else None
 
 
 def checkpoint_mx(path: str | os.PathLike) -> dict[str, Any]:

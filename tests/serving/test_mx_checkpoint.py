@@ -191,3 +191,31 @@ def test_compress_cli_writes_the_serving_layouts(tmp_path, capsys, layout):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{flags[0]} would be ignored by --to {layout}" in err, err
         assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("layout", ["quark", "compressed-tensors"])
+def test_engine_checkpoints_are_named_by_load_checkpoint_and_decoded_by_generate(tmp_path, capsys, layout):
+    """``load_checkpoint`` (and an onnxruntime export) names an engine MX checkpoint and the loader that reads it,
+    instead of a list of unexpected tensors; ``accel generate --backend torch`` decodes it, token for token as
+    ``load_mx_checkpoint`` + greedy AR."""
+    from accel.backends import TorchBackend
+    from accel.cli import EXIT_ERROR, main
+    from accel.errors import ModelError
+    from accel.models import load_checkpoint
+    from accel.spd import Sampling, generate_ar
+
+    src = saved(tiny_llama(), tmp_path / "src")
+    out = tmp_path / layout
+    export_mx_checkpoint(src, out, fmt="mxfp4", layout=layout)
+    with pytest.raises(ModelError, match=rf"{layout} MX checkpoint .*load_mx_checkpoint"):
+        load_checkpoint(out)
+    prompt = [5, 17, 2, 9]
+    argv = ["generate", "--target", str(out), "--prompt", " ".join(map(str, prompt)), "--greedy"]
+    argv += ["--max-new-tokens", "6", "--ctx-len", "32", "--json"]
+    assert main([*argv, "--backend", "torch"]) == 0
+    got = json.loads(capsys.readouterr().out)["tokens"][0]
+    backend = TorchBackend(load_mx_checkpoint(out), ctx_len=32)
+    want = generate_ar(backend, [prompt], max_new_tokens=6, sampling=Sampling(greedy=True)).tokens[0]
+    assert got == want and len(got) == 6
+    assert main([*argv, "--backend", "ort"]) == EXIT_ERROR
+    assert "load_mx_checkpoint" in capsys.readouterr().err
