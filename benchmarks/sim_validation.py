@@ -88,7 +88,7 @@ def sweep_rate() -> float:
 
 def published_table() -> dict:
     """Print the one-point protocol on the published points (and the stock-default errors); return the summary."""
-    from accel.sim.published import summary, validate
+    from accel.sim.published import summary, validate, validate_leave_one_source_out
 
     cal, stock = validate(calibrate_first=True), validate(calibrate_first=False)
     print(f"\n{'device':<22}{'run':<30}{'measured':>9}{'one-point':>10}{'error':>8}{'stock':>9}{'error':>8}  source")
@@ -107,9 +107,17 @@ def published_table() -> dict:
     print(
         "per device (one point / stock): " + ", ".join(f"{d} {sc[d] * 100:.1f}% / {ss[d] * 100:.1f}%" for d in devices)
     )
+    loso = summary(validate_leave_one_source_out())
+    held = [d for d in loso if d not in ("mean_abs_error", "points")]
+    print(
+        f"leave one source out (each device calibrated on a point of another source): "
+        f"{loso['mean_abs_error'] * 100:.1f}% over {loso['points']} points (goal <= 10%, no device above 15%): "
+        + ", ".join(f"{d} {loso[d] * 100:.1f}%" for d in held)
+    )
     sources = sorted({r.source for r in cal})
     print("sources:\n  " + "\n  ".join(sources))
     return {
+        "leave_one_source_out": loso,
         "one_point": sc,
         "stock": ss,
         "rows": [r.model_dump() for r in cal],

@@ -223,6 +223,38 @@ def validate(points: list[PublishedPoint] | None = None, *, calibrate_first: boo
     return rows
 
 
+def validate_leave_one_source_out(points: list[PublishedPoint] | None = None) -> list[ValidationRow]:
+    """Every point of a device predicted with the device calibrated on one point of *another* source (the first
+    point of the device from any other source): the points are held out from the source they share assumptions
+    with. Devices with one source are left out (no row): nothing else can calibrate them."""
+    points = PUBLISHED if points is None else points
+    rows: list[ValidationRow] = []
+    for device in dict.fromkeys(p.device for p in points):
+        pts = [p for p in points if p.device == device]
+        for source in dict.fromkeys(p.source for p in pts):
+            others = [p for p in pts if p.source != source]
+            if not others:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SimWarning)
+                hw = calibrate(hardware(device), [others[0].run])
+            for p in (q for q in pts if q.source == source):
+                pred = p.run.predicted_tokens_per_s(hw)
+                rows.append(
+                    ValidationRow(
+                        device=device,
+                        label=p.run.label,
+                        measured_tokens_per_s=p.run.tokens_per_s,
+                        predicted_tokens_per_s=pred,
+                        error=pred / p.run.tokens_per_s - 1.0,
+                        calibration_point=False,
+                        where=p.where,
+                        source=p.source,
+                    )
+                )
+    return rows
+
+
 def mean_abs_error(rows: list[ValidationRow]) -> float:
     """Mean |error| over the points not used for calibration."""
     errs = [abs(r.error) for r in rows if not r.calibration_point]
