@@ -206,21 +206,23 @@ def validate(points: list[PublishedPoint] | None = None, *, calibrate_first: boo
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SimWarning)
                 hw = calibrate(hw, [pts[0].run])
-        for i, p in enumerate(pts):
-            pred = p.run.predicted_tokens_per_s(hw)
-            rows.append(
-                ValidationRow(
-                    device=device,
-                    label=p.run.label,
-                    measured_tokens_per_s=p.run.tokens_per_s,
-                    predicted_tokens_per_s=pred,
-                    error=pred / p.run.tokens_per_s - 1.0,
-                    calibration_point=calibrate_first and i == 0,
-                    where=p.where,
-                    source=p.source,
-                )
-            )
+        rows += [_row(p, hw, calibrate_first and i == 0) for i, p in enumerate(pts)]
     return rows
+
+
+def _row(p: PublishedPoint, hw: Hardware, calibration_point: bool) -> ValidationRow:
+    """The prediction of point ``p`` by ``hw``, as a table row."""
+    pred = p.run.predicted_tokens_per_s(hw)
+    return ValidationRow(
+        device=p.device,
+        label=p.run.label,
+        measured_tokens_per_s=p.run.tokens_per_s,
+        predicted_tokens_per_s=pred,
+        error=pred / p.run.tokens_per_s - 1.0,
+        calibration_point=calibration_point,
+        where=p.where,
+        source=p.source,
+    )
 
 
 def validate_leave_one_source_out(points: list[PublishedPoint] | None = None) -> list[ValidationRow]:
@@ -238,20 +240,7 @@ def validate_leave_one_source_out(points: list[PublishedPoint] | None = None) ->
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SimWarning)
                 hw = calibrate(hardware(device), [others[0].run])
-            for p in (q for q in pts if q.source == source):
-                pred = p.run.predicted_tokens_per_s(hw)
-                rows.append(
-                    ValidationRow(
-                        device=device,
-                        label=p.run.label,
-                        measured_tokens_per_s=p.run.tokens_per_s,
-                        predicted_tokens_per_s=pred,
-                        error=pred / p.run.tokens_per_s - 1.0,
-                        calibration_point=False,
-                        where=p.where,
-                        source=p.source,
-                    )
-                )
+            rows += [_row(p, hw, False) for p in pts if p.source == source]
     return rows
 
 
