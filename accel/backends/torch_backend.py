@@ -10,6 +10,8 @@ as a CUDA graph on a GPU (``graphs``). ``compile=True`` compiles each transforme
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -268,7 +270,8 @@ def _place(model: Decoder, device: torch.device, dtype: torch.dtype) -> Decoder:
     """Move ``model`` to ``device`` and cast its floating parameters to ``dtype``, in place (buffers such as RoPE's
     inverse frequencies keep their float32). Packed MX layers (``accel.backends.torch_mx``) run on the CPU in float32
     only."""
-    packed = [n for n, m in model.named_modules() if type(m).__name__ == "PackedLinear"]
+    torch_mx = sys.modules.get("accel.backends.torch_mx")  # no packed layer exists before that module is imported
+    packed = [] if torch_mx is None else [m for m in model.modules() if isinstance(m, torch_mx.PackedLinear)]
     if packed and (device.type != "cpu" or dtype != torch.float32):
         raise BackendError(
             f"{len(packed)} layers hold packed MX weights (the CPU kernel, float32 only); for {device} / {dtype}, "

@@ -96,6 +96,18 @@ def test_greedy_spd_equals_ar_on_packed_target(checkpoints, path):
     )
 
 
+def test_packed_layers_stay_on_the_cpu_in_float32(checkpoints):
+    """Packed MX layers run the CPU kernel in float32: another dtype (or device) is refused by name; unpacked, the
+    same checkpoint takes the dtype (its MX weights decoded once)."""
+    from accel.errors import BackendError
+
+    model = load_checkpoint(checkpoints["mxfp6"])
+    pack_compressed(model, checkpoints["mxfp6"], quiet=True)
+    with pytest.raises(BackendError, match="layers hold packed MX weights"):
+        TorchBackend(model, ctx_len=16, dtype="bfloat16")
+    assert TorchBackend(load_checkpoint(checkpoints["mxfp6"]), ctx_len=16, dtype="bfloat16").dtype == torch.bfloat16
+
+
 def test_generate_cli_packs_a_compressed_target(checkpoints, capsys):
     common = [
         "--target",
