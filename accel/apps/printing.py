@@ -7,11 +7,13 @@ in ``[brackets]`` otherwise. The summary prints the statistics of ``accel.spd.Ge
 
 from __future__ import annotations
 
+import math
 import sys
+from collections import Counter
 
 import numpy as np
 
-__all__ = ["StreamPrinter", "summary"]
+__all__ = ["StreamPrinter", "summary", "tuned_summary"]
 
 _GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
@@ -85,8 +87,27 @@ def summary(stats, messages: list[str]) -> str:
                 f"loop (accel predict --draft-calls-per-loop {s.draft_calls_per_loop:.3f} --lookup-fraction "
                 f"{s.lookup_rounds / s.row_calls:.3f})"
             )
+        if s.tuned_rounds:
+            lines.append(tuned_summary(s.tuned_rounds))
     lines += [f"note: {m}" for m in messages]
     return "\n".join(lines)
+
+
+def tuned_summary(rounds) -> str:
+    """One line on a controller's rounds (``GenerationStats.tuned_rounds``): the shapes it chose, most frequent first
+    (``shape: nodes x rounds``), and its predicted against observed tokens per call and call milliseconds over the
+    rounds it predicted."""
+    chosen = Counter("no speculation" if r.nodes == 0 else f"{r.shape or 'proposer'} {r.nodes} nodes" for r in rounds)
+    shapes = ", ".join(f"{name} x{n}" for name, n in chosen.most_common(4))
+    more = f", {len(chosen) - 4} more" if len(chosen) > 4 else ""
+    told = [r for r in rounds if math.isfinite(r.predicted_tokens_per_call) and math.isfinite(r.predicted_call_s)]
+    line = f"autotune rounds ({len(rounds)}): {shapes}{more}"
+    if told:
+        pt, ot = np.mean([r.predicted_tokens_per_call for r in told]), np.mean([r.tokens_per_call for r in told])
+        pc, oc = np.mean([r.predicted_call_s for r in told]), np.mean([r.call_s for r in told])
+        line += f"; tokens/call predicted {pt:.2f}, observed {ot:.2f}; call ms predicted {1e3 * pc:.1f}, "
+        line += f"observed {1e3 * oc:.1f}"
+    return line
 
 
 def _rank_rates(stats) -> list[float]:

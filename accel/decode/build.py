@@ -20,7 +20,7 @@ import numpy as np
 
 from accel.backends.base import Backend
 from accel.backends.weights import WeightFormat
-from accel.decode.files import find_tokenizer, is_gguf, model_config, onnx_metadata
+from accel.decode.files import find_tokenizer, is_gguf, model_config, onnx_inputs, onnx_metadata
 from accel.decode.spec import (
     ARSpec,
     ChainSpec,
@@ -46,13 +46,18 @@ from accel.spd import (
     check_compatible,
     generate,
 )
+from accel.spd.autotune import AutoTune
 
-__all__ = ["WIDE_DRAFT_PARAMS", "DecodeSetup", "build", "draft_threads", "open_backend"]
+__all__ = ["AUTOTUNE_TREE_NODES", "WIDE_DRAFT_PARAMS", "DecodeSetup", "build", "draft_threads", "open_backend"]
 
 #: drafts with at least this many parameters get the target's threads by default. Measured (benchmarks/draft_threads.py,
 #: RESULTS.md): the shipped 9 M draft runs best on 1 thread; random drafts of 28 M, 61 M and 135 M parameters beside a
 #: 1.7B target gave 1.07-1.10x the SpD tokens/s on 2 threads, and a 0.5B draft 1.46x.
 WIDE_DRAFT_PARAMS = 20_000_000
+
+#: the largest draft tree the controller may choose when the spec names no tree size (a chain or tree spec without
+#: ``nodes``): the shipped feature draft's trees of 4-8 nodes were its best on 2-core CPUs (docs/spd.md)
+AUTOTUNE_TREE_NODES = 8
 
 
 @dataclass
@@ -101,7 +106,8 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
     if tokenizer is None:
         tokenizer = find_tokenizer(spec.tokenizer, t.path)
     drafts: list[tuple[Backend, Path]] = []
-    proposer = _proposer(spec, drafts)
+    arms = _autotune_arms(spec, drafts) if spec.autotune else None
+    proposer = AutoTune(arms) if arms is not None else _proposer(spec, drafts)
     info = proposer.info if proposer is not None else None
     target = open_backend(
         t.path,
@@ -117,9 +123,8 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
     for draft, path in drafts:
         check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
     if spec.autotune and proposer is not None:
-        from accel.spd.autotune import AutoTune
-
-        proposer = AutoTune(proposer)
+        if not isinstance(proposer, AutoTune):
+            proposer = AutoTune(proposer)
         proposer.probe(target)  # the call-cost curve at every budget before the first round (SpdError if it fails)
     return DecodeSetup(spec, target, proposer, tokenizer, eos)
 
@@ -136,6 +141,35 @@ def _proposer(spec: DecodeSpec, drafts: list[tuple[Backend, Path]]) -> Proposer 
     if isinstance(p, MergeSpec):
         return Merge(NgramLookup(p.lookup.n, p.lookup.k), _model_proposer(p.tree, spec.target, drafts))
     return _model_proposer(p, spec.target, drafts)
+
+
+def _autotune_arms(spec: DecodeSpec, drafts: list[tuple[Backend, Path]]) -> list[Proposer] | None:
+    """The shapes the controller chooses between for a draft model (``accel.spd.autotune``): n-gram lookup first then
+    a draft chain, the chain alone, and a draft tree merged with lookup (where the target's and the draft's graphs
+    take tree inputs and the target's activations are not int8), all over one draft backend. The spec's lookup,
+    chain length ``k`` and tree settings size them (defaults: lookup n=3 k=4, chains of up to 4, trees of up to
+    ``AUTOTUNE_TREE_NODES``). None for a proposer without a draft model (lookup alone, Hydra heads): the controller
+    then sizes that one proposer."""
+    parts = spec.model_parts()
+    if not parts or not isinstance(parts[0], ChainSpec | TreeSpec):
+        return None
+    part, p = parts[0], spec.proposer
+    look = p.lookup if isinstance(p, FirstOfSpec | MergeSpec) else LookupSpec()
+    t = spec.target
+    trees = not t.weights.int8_activations and (t.path.suffix != ".onnx" or "tree_mask" in onnx_inputs(t.path))
+    draft = _open_draft(part, t, tree=trees)
+    drafts.append((draft, part.draft))
+    trees = trees and "tree" in draft.info.capabilities  # an .onnx draft is used as it was exported
+    k = part.k if isinstance(part, ChainSpec) else min(part.nodes, 4)
+    arms: list[Proposer] = [FirstOf(NgramLookup(look.n, look.k), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    if trees:
+        tree = (
+            DraftTree(draft, part.nodes, part.top_k, part.depth, part.min_prob, part.expand_prob)
+            if isinstance(part, TreeSpec)
+            else DraftTree(draft, nodes=AUTOTUNE_TREE_NODES)
+        )
+        arms.append(Merge(NgramLookup(look.n, look.k), tree))
+    return arms
 
 
 def _model_proposer(

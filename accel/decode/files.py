@@ -10,7 +10,7 @@ from typing import Any
 
 from accel.errors import BackendError, SpdError
 
-__all__ = ["find_tokenizer", "is_gguf", "model_config", "onnx_metadata"]
+__all__ = ["find_tokenizer", "is_gguf", "model_config", "onnx_inputs", "onnx_metadata"]
 
 
 def is_gguf(path: Path) -> bool:
@@ -56,6 +56,16 @@ def onnx_metadata(path: Path) -> dict[str, str]:
         return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     except Exception:  # protobuf DecodeError
         return {}
+
+
+def onnx_inputs(path: Path) -> set[str]:
+    """The input names of an ONNX file's graph (empty when unreadable: OrtBackend then reports the file)."""
+    import onnx
+
+    try:
+        return {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
+    except Exception:  # protobuf DecodeError
+        return set()
 
 
 def find_tokenizer(tokenizer: Path | None, model: Path):

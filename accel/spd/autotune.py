@@ -1,20 +1,25 @@
-"""``AutoTune``: a proposer that sizes another proposer's candidates every round for the most tokens per second.
+"""``AutoTune``: a proposer that picks, every round, the shape and size of the candidates for the most tokens per
+second.
 
-Each round it picks one node budget N for the whole call (a chain's length K = N, a tree's node budget N, or N = 0:
-no speculation, every row takes a plain target step), the N of the largest
+It wraps one proposer or several (*arms*, ``accel.spd.autotune_arm``: e.g. a draft chain with n-gram lookup first and
+a draft tree merged with lookup, over one draft backend: ``AutoTune.for_draft``). Each round it picks one arm A and
+one node budget N for the whole call (a chain's length K = N, a tree's node budget N, or N = 0: no speculation,
+every row takes a plain target step), the (A, N) of the largest
 
-    rate(N) = E[accepted + 1 | N] / (T_propose(N) + T_call(N))                      (tokens per second, per row)
+    rate(A, N) = E[accepted + 1 | A, N] / (T_propose(A, N) + T_call(N))             (tokens per second, per row)
 
-and hands the wrapped proposer tighter limits for that round (``run.max_nodes`` and ``run.max_depth`` at most N, on a
+and hands arm A's proposer tighter limits for that round (``run.max_nodes`` and ``run.max_depth`` at most N, on a
 copy of the run state); every proposer already honours those limits, since the loop itself lowers them near a row's
-end. With N = 0 the wrapped proposer is not called at all (its draft catches up on the skipped tokens later, as
-after a lookup round). Rows share a call, so the budget is chosen for the batch.
+end. The other arms are not called (told of the round as rows not theirs, as ``FirstOf`` does; a draft catches up on
+the skipped tokens in its next round, as after a lookup round). Rows share a call, so the shape is chosen for the
+batch. Arms sharing one draft backend are safe: the draft cache is position-indexed, and each arm's bookkeeping
+only trusts positions below the committed length, which every arm writes with the same tokens.
 
 The model (docs/spd.md, "Cost-aware speculation"):
 
-- **E[accepted + 1 | N]** is ``accel.sim.tree``'s tree model: ``1 + h * sum`` of the path probabilities of the N
-  most likely nodes (``best_tree``, ``path_probabilities``) under a per-rank acceptance ``P[depth, rank]`` estimated
-  from this run's verified trees (``rank_acceptance_from_counts``: tried and accepted counts per depth and sibling
+- **E[accepted + 1 | A, N]** is ``accel.sim.tree``'s tree model: ``1 + h * sum`` of the path probabilities of the
+  N most likely nodes (``best_tree``, ``path_probabilities``) under a per-rank acceptance ``P[depth, rank]`` estimated
+  from arm A's verified trees (``rank_acceptance_from_counts``: tried and accepted counts per depth and sibling
   rank, the ``GenerationStats.rank_available``/``rank_accepted`` convention), each depth's rates shrunk towards the
   rate pooled over depths (``PRIOR_WEIGHT`` pseudo-counts; the pooled rate towards ``prior_acceptance``), counts
   decayed by ``decay`` per round so the estimate follows the text. A chain proposer is priced with rank 1 only.
@@ -27,24 +32,27 @@ The model (docs/spd.md, "Cost-aware speculation"):
   priced from them; a size only the probe timed is priced as the probe's time scaled by the median ratio of real to
   probe time over the sizes both timed (verification and host time make a real round dearer than the bare call,
   by 9-21% measured on SmolLM2 targets; unscaled, the sizes the controller never picks would look cheap).
-- **T_propose(N)**: the measured seconds of the wrapped proposer's ``propose`` at budget N (its draft calls and
+- **T_propose(A, N)**: the measured seconds of arm A's ``propose`` at budget N (its draft calls and
   catch-up), a second ``CostCurve``; 0 at N = 0.
 
 These are the terms of ``accel.sim.rounds``' round (draft calls + catch-up + the scoring call + host), measured here
 as two totals instead of priced from a roofline: the simulator's expected tokens and this controller's are one
 formula, its seconds come from the hardware model and these from the clock.
 
-Phases: the controller's first rounds (``probe``) try N_max, 0, 1 and N_max / 2 so both curves have points; every
-``explore_every``-th round later (``explore``) tries a neighbour of the last choice (N + 1, then N - 1), which keeps
+Phases: the controller's first rounds (``probe``) try N_max, 0, 1 and N_max / 2 of the first arm, then N_max, 1 and
+N_max / 2 of each other arm, so every curve has points; every ``explore_every``-th round later (``explore``) tries a
+neighbour of the last choice (N + 1, then N - 1; with several arms every third exploration is instead the best
+budget of the next other arm, so the arms not chosen keep their statistics current), which keeps
 the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics; the other
 rounds take the best N (``model``) of a plan recomputed every ``replan_every`` rounds (pricing every budget costs ~1.5
 ms of host time, 6-8% of a SmolLM2 round; the plan is a function of the past either way). When a curve has no valid
 sample (a clock returning zero, NaN or negative differences; every sample is refused, ``CostCurve``) the controller
-runs ``fallback`` nodes (default: the wrapped proposer's own ``max_nodes``, its fixed shape) and says so in
+runs ``fallback`` nodes (default: the first arm's own ``max_nodes``, its fixed shape; on the first arm whose
+budgets hold it) and says so in
 ``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
 persists across ``generate`` calls (``reset()`` forgets it).
 
-Exactness: the budget is a function of the previous rounds only (their verified trees, their timings, which
+Exactness: the arm and budget are a function of the previous rounds only (their verified trees, their timings, which
 proposals were offered) and of the clock, never of the target's output for the current round: it is fixed before
 the wrapped proposer is called and before the target scores anything. Limits that are functions of the past are
 what the loop already gives every proposer, so the wrapped proposer's trees are exactly what it would propose under
@@ -65,41 +73,52 @@ import numpy as np
 
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
-from accel.sim.tree import best_tree, path_probabilities, rank_acceptance_from_counts
+from accel.spd.autotune_arm import NO_ARM, Arm, arm_budgets, as_arms, draft_arms, probe_schedule
 from accel.spd.costs import DEFAULT_WINDOW, CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
 from accel.spd.stats import TunedRound
 from accel.spd.tree import TokenTree
 
-__all__ = ["AutoTune", "Plan"]
+__all__ = ["AutoTune", "Plan", "draft_arms"]
 
-PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a depth's acceptance towards the pooled rate (and that towards the prior)
 Phase = Literal["probe", "explore", "model", "fallback"]
-MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The model's prediction for each candidate budget ``nodes`` (0 first): tokens per row and call, seconds of the
-    call (target + verification + host) and of the proposal."""
+    """The model's prediction for each candidate shape: ``arms[i]`` (the arm index; ``NO_ARM`` for budget 0, the first
+    entry) at budget ``nodes[i]``: tokens per row and call, seconds of the call (target + verification + host) and of
+    the proposal."""
 
     nodes: np.ndarray
     tokens: np.ndarray
     call_s: np.ndarray
     propose_s: np.ndarray
+    arms: np.ndarray
 
     @property
     def tokens_per_s(self) -> np.ndarray:
-        """Predicted tokens per second per row at each budget."""
+        """Predicted tokens per second per row of each shape."""
         return self.tokens / (self.call_s + self.propose_s)
+
+    def best_shape(self, arm: int | None = None) -> tuple[int, int]:
+        """``(arm, nodes)`` of the highest rate (the first on ties: no speculation, then smaller budgets and earlier
+        arms); ``arm``: the best of that arm only."""
+        rate = self.tokens_per_s if arm is None else np.where(self.arms == arm, self.tokens_per_s, -np.inf)
+        i = int(np.argmax(rate))
+        return int(self.arms[i]), int(self.nodes[i])
 
     def best(self) -> int:
         """The budget of the highest rate (the smallest on ties)."""
-        return int(self.nodes[int(np.argmax(self.tokens_per_s))])
+        return self.best_shape()[1]
 
-    def at(self, nodes: int) -> tuple[float, float, float]:
-        """``(tokens, call_s, propose_s)`` predicted at budget ``nodes``."""
-        i = int(np.flatnonzero(self.nodes == nodes)[0])
+    def at(self, nodes: int, arm: int = 0) -> tuple[float, float, float]:
+        """``(tokens, call_s, propose_s)`` predicted at budget ``nodes`` of ``arm`` (any arm for budget 0); NaN for a
+        shape the plan does not price (an arm not measured yet)."""
+        hits = np.flatnonzero((self.nodes == nodes) & ((self.arms == arm) | (nodes == 0)))
+        if hits.size == 0:
+            return math.nan, math.nan, math.nan
+        i = int(hits[0])
         return float(self.tokens[i]), float(self.call_s[i]), float(self.propose_s[i])
 
 
@@ -107,6 +126,7 @@ class Plan:
 class _Pending:
     """What ``propose`` decided, for ``update`` to compare with what happened."""
 
+    arm: int
     nodes: int
     phase: Phase
     rows: np.ndarray
@@ -117,16 +137,19 @@ class _Pending:
 
 
 class AutoTune:
-    """Sizes ``proposer``'s trees per round for tokens per second (module docstring).
+    """Picks a shape (arm and node budget) of ``proposer``'s candidates per round for tokens per second (module
+    docstring).
 
     Args:
-        proposer: any ``Proposer`` that honours ``run.max_nodes`` / ``run.max_depth`` (``DraftChain``, ``DraftTree``,
-            ``NgramLookup``, ``FirstOf``, ``Merge``, ...); its ``max_nodes`` is the largest budget tried.
-        budgets: the node budgets to choose from besides 0 (default: 1 .. ``max_nodes``).
-        fallback: the budget run when the costs cannot be measured (default: the largest budget; 0 = AR).
+        proposer: a ``Proposer`` that honours ``run.max_nodes`` / ``run.max_depth`` (``DraftChain``, ``DraftTree``,
+            ``NgramLookup``, ``FirstOf``, ``Merge``, ...; its ``max_nodes`` is the largest budget tried), or a list
+            of them (the arms, e.g. ``draft_arms(draft)``).
+        budgets: the node budgets to choose from besides 0 (default: 1 .. each arm's ``max_nodes``); with several
+            arms each takes those up to its ``max_nodes``.
+        fallback: the budget run when the costs cannot be measured (default: the first arm's largest; 0 = AR).
         prior_acceptance: the rank-1 acceptance assumed before any round was verified (later ranks: half of it).
         decay: per-round weight of the old acceptance counts, in (0, 1] (1 = never forget).
-        explore_every: every this many rounds a neighbour of the chosen budget is re-measured (0 = never).
+        explore_every: every this many rounds a neighbour of the chosen shape is re-measured (0 = never).
         replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
             every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
         window: timing samples kept per size (``CostCurve``).
@@ -135,7 +158,7 @@ class AutoTune:
 
     def __init__(
         self,
-        proposer: Proposer,
+        proposer: Proposer | Sequence[Proposer],
         *,
         budgets: Sequence[int] | None = None,
         fallback: int | None = None,
@@ -146,62 +169,74 @@ class AutoTune:
         window: int = DEFAULT_WINDOW,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if not isinstance(proposer, Proposer):
-            raise SpdError(f"AutoTune wraps an accel.spd.Proposer; got {type(proposer).__name__}")
-        self.proposer = proposer
-        top = proposer.info.max_nodes
-        allowed = list(range(1, top + 1)) if budgets is None else sorted({int(b) for b in budgets})
-        if not allowed or allowed[0] < 1 or allowed[-1] > top:
-            raise SpdError(
-                f"AutoTune budgets must be node counts in 1 .. {top} (the proposer's max_nodes); got {budgets}"
-            )
-        self.budgets = allowed
-        self.fallback = allowed[-1] if fallback is None else int(fallback)
-        if not (self.fallback == 0 or self.fallback in allowed):
-            raise SpdError(f"AutoTune fallback must be 0 or one of the budgets {allowed}; got {fallback!r}")
-        if not (isinstance(prior_acceptance, (int, float)) and 0.0 < prior_acceptance < 1.0):
-            raise SpdError(f"AutoTune prior_acceptance must be in (0, 1); got {prior_acceptance!r}")
-        if not (isinstance(decay, (int, float)) and 0.0 < decay <= 1.0):
-            raise SpdError(f"AutoTune decay must be in (0, 1]; got {decay!r}")
-        if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
-            raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore_every!r}")
-        if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
-            raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan_every!r}")
+        _check_settings(prior_acceptance, decay, explore_every, replan_every)
+        self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(as_arms(proposer), budgets)]
+        self.fallback = self.arms[0].budgets[-1] if fallback is None else int(fallback)
+        self._fallback_arm = next((i for i, a in enumerate(self.arms) if self.fallback in a.budgets), NO_ARM)
+        if self.fallback != 0 and self._fallback_arm == NO_ARM:
+            known = sorted({b for a in self.arms for b in a.budgets})
+            raise SpdError(f"AutoTune fallback must be 0 or one of the budgets {known}; got {fallback!r}")
         self.prior_acceptance, self.decay, self.explore_every = float(prior_acceptance), float(decay), explore_every
         self.replan_every = replan_every
         self.window, self.clock = window, clock
         self.reset()
 
+    @classmethod
+    def for_draft(cls, draft: Backend, *, k: int = 4, nodes: int = 8, **options) -> AutoTune:
+        """A controller over ``draft_arms(draft, k=k, nodes=nodes)`` (``options``: as ``AutoTune``)."""
+        return cls(draft_arms(draft, k=k, nodes=nodes), **options)
+
+    @property
+    def proposer(self) -> Proposer:
+        """The first arm's proposer (the only one when a single proposer is wrapped)."""
+        return self.arms[0].proposer
+
+    @property
+    def propose_costs(self) -> CostCurve:
+        """The first arm's proposal-cost curve (the only one when a single proposer is wrapped)."""
+        return self.arms[0].propose_costs
+
+    @property
+    def budgets(self) -> list[int]:
+        """Every budget some arm may take, sorted."""
+        return sorted({b for a in self.arms for b in a.budgets})
+
     def reset(self) -> None:
         """Forget everything learned: timings, acceptance counts, the probe."""
         self.call_costs = CostCurve("target call", self.window)  # by tokens scored per row: call + verify + host
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
-        self.propose_costs = CostCurve("proposal", self.window)  # by node budget
-        depth = max(1, self.proposer.info.max_depth)
-        self._available = np.zeros((depth, 1))
-        self._accepted = np.zeros((depth, 1))
-        self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
+        for arm in self.arms:
+            arm.reset()
         self.rounds = 0
-        self._last = self.budgets[-1]
+        self._last = (0, self.arms[0].budgets[-1])
         self._explored = 0
         self._pending: _Pending | None = None
         self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
-        mid = self.budgets[(len(self.budgets) - 1) // 2]
-        self._schedule = list(dict.fromkeys([self.budgets[-1], 0, self.budgets[0], mid]))
+        self._schedule = probe_schedule(self.arms)
 
     # ------------------------------------------------------------------ the Proposer protocol
 
     @property
     def info(self) -> ProposerInfo:
-        i = self.proposer.info
-        return ProposerInfo(f"autotune({i.name})", i.max_nodes, i.max_depth, i.branching, i.needs_hidden, i.ctx_len)
+        infos = [a.proposer.info for a in self.arms]
+        limits = [i.ctx_len for i in infos if i.ctx_len is not None]
+        return ProposerInfo(
+            f"autotune({' / '.join(i.name for i in infos)})",
+            max(i.max_nodes for i in infos),
+            max(i.max_depth for i in infos),
+            any(i.branching for i in infos),
+            any(i.needs_hidden for i in infos),
+            min(limits) if limits else None,
+        )
 
     def check(self, target: BackendInfo) -> None:
-        self.proposer.check(target)
+        for arm in self.arms:
+            arm.proposer.check(target)
 
     def start(self, run: RunState) -> None:
         self._pending = None
-        self.proposer.start(run)
+        for arm in self.arms:
+            arm.proposer.start(run)
 
     def _cached_plan(self) -> Plan | None:
         """``plan()``, recomputed every ``replan_every`` rounds (a function of the past rounds either way)."""
@@ -211,24 +246,26 @@ class AutoTune:
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
         plan = self._cached_plan()
-        nodes, phase = self._choose(plan)
-        predicted = plan.at(nodes) if plan is not None else (math.nan, math.nan, math.nan)
+        arm, nodes, phase = self._choose(plan)
+        predicted = plan.at(nodes, arm) if plan is not None else (math.nan, math.nan, math.nan)
         out: list[TokenTree | None] = [None] * run.batch
         t0 = self.clock()
         if nodes > 0:
             view = copy.copy(run)  # the same run, tighter limits for this round (the run's arrays are not written)
             view.max_nodes = np.minimum(run.max_nodes, nodes)
             view.max_depth = np.minimum(run.max_depth, nodes)
-            out = proposals(self.proposer, view, rows)
+            out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
         offered = any(t is not None for t in out)
-        self._pending = _Pending(nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted)
+        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted)
         return out
 
     def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
         t = self.clock()
-        self.proposer.update(run, outcomes)
         pending, self._pending = self._pending, None
+        chosen = pending.arm if pending is not None else NO_ARM
+        for i, arm in enumerate(self.arms):  # the arm that proposed is told how it fared; the others of no rows
+            arm.proposer.update(run, outcomes if i == chosen else [None] * len(outcomes))
         if pending is None:  # the loop asked no row this round (every row at its end)
             return
         self.rounds += 1
@@ -236,13 +273,18 @@ class AutoTune:
         call_s = t - pending.t_end
         self.call_costs.observe(width, call_s)
         if pending.nodes > 0:
-            self.propose_costs.observe(pending.nodes, pending.propose_s)
-            self._offered = self._offered * self.decay + [float(pending.offered), 1.0]
-            self._count(outcomes)
+            self.arms[pending.arm].observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
+        self._record(run, pending, outcomes, width, call_s)
+
+    def _record(
+        self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float
+    ) -> None:
+        """The round's ``TunedRound``, into the run's statistics (``GenerationStats.tuned_rounds``)."""
         asked = np.flatnonzero(pending.rows)
         tokens = [o.accepted + 1 if o is not None else 1 for o in (outcomes[b] for b in asked.tolist())]
         record = TunedRound(
             nodes=pending.nodes,
+            shape=self.arms[pending.arm].name if pending.nodes > 0 else "none",
             phase=pending.phase,
             call_tokens=width,
             predicted_tokens_per_call=pending.predicted[0],
@@ -287,95 +329,87 @@ class AutoTune:
             merged.observe(size, _median(real, size) if size in real.sizes else ratio * _median(bare, size))
         return merged
 
-    def acceptance(self) -> np.ndarray:
-        """The per-rank acceptance matrix ``P[depth, rank]`` the model uses (``accel.sim.tree`` convention): this
-        run's decayed counts, each depth shrunk towards the pooled rate, that towards the prior."""
-        width = self._available.shape[1] if self.proposer.info.branching else 1
-        avail, acc = self._available[:, :width], self._accepted[:, :width]
-        prior = np.full(width, self.prior_acceptance / 2.0)
-        prior[0] = self.prior_acceptance
-        pooled = (acc.sum(axis=0) + PRIOR_WEIGHT * prior) / (avail.sum(axis=0) + PRIOR_WEIGHT)
-        return rank_acceptance_from_counts(avail + PRIOR_WEIGHT, acc + PRIOR_WEIGHT * pooled)
+    def acceptance(self, arm: int = 0) -> np.ndarray:
+        """The per-rank acceptance matrix ``P[depth, rank]`` the model uses for ``arm`` (``accel.sim.tree``
+        convention): its decayed counts, each depth shrunk towards the pooled rate, that towards the prior."""
+        return self.arms[arm].acceptance(self.prior_acceptance)
 
     def plan(self) -> Plan | None:
-        """The predictions for budget 0 and every budget; None while a cost curve has no valid sample."""
+        """The predictions for budget 0 and every arm's budgets; None while a cost curve has no valid sample."""
         calls = self.call_curve()
         c1 = calls.seconds(1)
-        if c1 is None or not self.propose_costs.sizes:
+        if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        p = self.acceptance()
-        top = self.budgets[-1]
-        tree = best_tree(p, top, width=p.shape[1], max_depth=max(1, self.proposer.info.max_depth))
-        gain = np.concatenate([[0.0], np.cumsum(path_probabilities(tree, p))])  # the N most likely nodes
-        hit = float(self._offered[0] / self._offered[1])
-        nodes = np.asarray([0, *self.budgets])
-        tokens = 1.0 + hit * gain[np.minimum(nodes, tree.n_nodes)]
-        wide = np.asarray([_known(calls, n + 1) for n in nodes])
-        call = np.where(nodes > 0, hit * wide + (1.0 - hit) * c1, c1)
-        prop = np.asarray([_known(self.propose_costs, n) if n > 0 else 0.0 for n in nodes])
-        if not (np.all(np.isfinite(call + prop)) and np.all(call > 0)):
+        nodes, arms, tokens, call, prop = [0], [NO_ARM], [1.0], [c1], [0.0]
+        for i, arm in enumerate(self.arms):
+            if not arm.propose_costs.sizes:
+                continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
+            hit = arm.hit_rate
+            for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
+                nodes.append(n)
+                arms.append(i)
+                tokens.append(e)
+                call.append(hit * _known(calls, n + 1) + (1.0 - hit) * c1)
+                prop.append(_known(arm.propose_costs, n))
+        plan = Plan(np.asarray(nodes), np.asarray(tokens), np.asarray(call), np.asarray(prop), np.asarray(arms))
+        if not (np.all(np.isfinite(plan.call_s + plan.propose_s)) and np.all(plan.call_s > 0)):
             return None
-        return Plan(nodes, tokens, call, prop)
+        return plan
 
     def describe(self) -> str:
-        """One line on the current choice, e.g. ``"4 nodes: 2.31 tokens/call, 1.21x call cost"`` (or why none)."""
+        """One line on the current choice, e.g. ``"4 nodes: 2.31 tokens/call, 1.21x call cost"`` (with several arms
+        the arm's name first), or why none."""
         plan = self.plan()
         if plan is None:
             return f"{self.fallback} nodes (fallback: no valid timings yet)"
-        n = plan.best()
-        tokens, call_s, propose_s = plan.at(n)
+        arm, n = plan.best_shape()
+        if n == 0:
+            return "no speculation (it loses here)"
+        tokens, call_s, propose_s = plan.at(n, arm)
         cost = (call_s + propose_s) / plan.at(0)[1]
-        return (
-            "no speculation (it loses here)"
-            if n == 0
-            else f"{n} nodes: {tokens:.2f} tokens/call, {cost:.2f}x call cost"
-        )
+        shape = f"{self.arms[arm].name}, " if len(self.arms) > 1 else ""
+        return f"{shape}{n} nodes: {tokens:.2f} tokens/call, {cost:.2f}x call cost"
 
-    def _choose(self, plan: Plan | None) -> tuple[int, Phase]:
-        """This round's budget and phase, from the past only (module docstring)."""
+    def _choose(self, plan: Plan | None) -> tuple[int, int, Phase]:
+        """This round's arm, budget and phase, from the past only (module docstring)."""
         if self.rounds < len(self._schedule):
-            return self._schedule[self.rounds], "probe"
+            return (*self._schedule[self.rounds], "probe")
         if plan is None:
-            return self.fallback, "fallback"
+            return self._fallback_arm, self.fallback, "fallback"
         if self.explore_every and self.rounds % self.explore_every == 0:
             self._explored += 1
-            up = self._explored % 2 == 1
-            options = [0, *self.budgets]
-            i = options.index(self._last) if self._last in options else 0
-            j = min(i + 1, len(options) - 1) if up or i == 0 else i - 1
-            return options[j], "explore"
-        self._last = plan.best()
-        return self._last, "model"
+            return (*self._neighbour(plan), "explore")
+        self._last = plan.best_shape()
+        return (*self._last, "model")
 
-    def _count(self, outcomes: Sequence[RowOutcome | None]) -> None:
-        """Add the verified trees' tried / accepted counts per (parent depth, sibling rank), after decaying the old."""
-        self._available *= self.decay
-        self._accepted *= self.decay
-        for o in outcomes:
-            if o is None:
-                continue
-            kids = o.tree.children()
-            steps = []
-            for d, node in enumerate(o.path):
-                if not kids[node]:
-                    break
-                nxt = o.path[d + 1] if d + 1 < len(o.path) else -1
-                rank = kids[node].index(nxt) if nxt >= 0 else -1
-                steps.append((d, rank + 1 if rank >= 0 else len(kids[node]), rank))
-            for d, tried, rank in steps:
-                self._grow(d + 1, tried)
-                self._available[d, :tried] += 1.0
-                if 0 <= rank < MAX_WIDTH:
-                    self._accepted[d, rank] += 1.0
+    def _neighbour(self, plan: Plan) -> tuple[int, int]:
+        """The shape an exploration round re-measures: the last choice's budget + 1, then - 1, within its arm (from no
+        speculation: the first budget of the last arm chosen); with several arms every third time the best budget of
+        the next other arm instead."""
+        arm, nodes = self._last
+        if arm == NO_ARM:
+            arm, nodes = 0, 0
+        if len(self.arms) > 1 and self._explored % 3 == 0:
+            other = (arm + self._explored // 3) % len(self.arms)
+            other = other if other != arm else (other + 1) % len(self.arms)
+            best = plan.best_shape(other)
+            return best if best[1] > 0 else (other, self.arms[other].budgets[0])
+        options = [0, *self.arms[arm].budgets]
+        i = options.index(nodes) if nodes in options else 0
+        j = min(i + 1, len(options) - 1) if self._explored % 2 == 1 or i == 0 else i - 1
+        return (arm if options[j] > 0 else NO_ARM), options[j]
 
-    def _grow(self, depth: int, width: int) -> None:
-        shape = (max(depth, self._available.shape[0]), min(MAX_WIDTH, max(width, self._available.shape[1])))
-        if shape != self._available.shape:
-            for name in ("_available", "_accepted"):
-                old = getattr(self, name)
-                new = np.zeros(shape)
-                new[: old.shape[0], : old.shape[1]] = old[:, : shape[1]]
-                setattr(self, name, new)
+
+def _check_settings(prior_acceptance: float, decay: float, explore_every: int, replan_every: int) -> None:
+    """``SpdError`` naming the first setting out of its range."""
+    if not (isinstance(prior_acceptance, (int, float)) and 0.0 < prior_acceptance < 1.0):
+        raise SpdError(f"AutoTune prior_acceptance must be in (0, 1); got {prior_acceptance!r}")
+    if not (isinstance(decay, (int, float)) and 0.0 < decay <= 1.0):
+        raise SpdError(f"AutoTune decay must be in (0, 1]; got {decay!r}")
+    if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
+        raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore_every!r}")
+    if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
+        raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan_every!r}")
 
 
 def _median(curve: CostCurve, size: int) -> float:

@@ -54,6 +54,7 @@ class TunedRound(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     nodes: int = Field(description="the node budget chosen (chain length, tree nodes); 0 = no speculation")
+    shape: str = Field("", description="the arm chosen (its proposer's name); 'none' for no speculation")
     phase: Literal["probe", "explore", "model", "fallback"] = Field(
         description="why: start-up probe, periodic re-measurement, the cost model's best, or the fixed fallback"
     )

@@ -5,6 +5,7 @@ what the proposer declares it needs (``ProposerInfo.needs_hidden`` / ``branching
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from accel.cli import EXIT_ERROR, main
 from accel.decode import ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, TreeSpec, build
 from accel.models import load_checkpoint, save_pretrained
 from accel.spd import generate
+from accel.spd.autotune import AutoTune
 from tests.helpers.decoders import oracle_feature_draft, perturbed, random_model
 
 PROMPT = [5, 17, 2, 9, 5, 17]
@@ -87,21 +89,31 @@ def test_one_spec_same_tokens_from_cli_flags_and_python(checkpoints, backend, tm
 
 def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
     """On onnxruntime the target is exported with tree inputs for a branching proposer and with hidden states for a
-    feature draft, and plain otherwise."""
+    feature draft, and plain otherwise; the controller (autotune) over a draft model may choose a tree, so its
+    target takes tree inputs."""
     target, draft = checkpoints
     fd = save_pretrained(oracle_feature_draft(load_checkpoint(target), list(range(31))), tmp_path / "fd")
     base = {"target": {"path": str(target), "ctx_len": 32, "threads": 1}, "sampling": {"greedy": True}}
     cases = [
-        ({"kind": "none"}, set()),
-        ({"kind": "chain", "draft": str(draft)}, set()),
-        ({"kind": "tree", "draft": str(draft), "top_k": 2}, {"tree"}),
-        ({"kind": "tree", "draft": str(draft), "top_k": 1}, set()),  # a tree of one child per node is a chain
-        ({"kind": "chain", "draft": str(fd)}, {"hidden_states"}),
-        ({"kind": "merge", "lookup": {}, "tree": {"kind": "tree", "draft": str(fd)}}, {"tree", "hidden_states"}),
+        ({"kind": "none"}, set(), False),
+        ({"kind": "chain", "draft": str(draft)}, set(), False),
+        ({"kind": "tree", "draft": str(draft), "top_k": 2}, {"tree"}, False),
+        ({"kind": "tree", "draft": str(draft), "top_k": 1}, set(), False),  # a tree of one child per node: a chain
+        ({"kind": "chain", "draft": str(fd)}, {"hidden_states"}, False),
+        ({"kind": "merge", "lookup": {}, "tree": {"kind": "tree", "draft": str(fd)}}, {"tree", "hidden_states"}, False),
+        ({"kind": "chain", "draft": str(draft)}, {"tree"}, True),  # chains and a merged tree to choose from
+        (
+            {"kind": "first_of", "lookup": {}, "then": {"kind": "chain", "draft": str(fd)}},
+            {"tree", "hidden_states"},
+            True,
+        ),
     ]
     tokens = []
-    for proposer, needs in cases:
-        setup = build(DecodeSpec.model_validate({**base, "proposer": proposer}))
+    for proposer, needs, tuned in cases:
+        setup = build(DecodeSpec.model_validate({**base, "proposer": proposer, "autotune": tuned}))
+        assert isinstance(setup.proposer, AutoTune) == tuned
+        if tuned:  # lookup first + chain, the chain alone, lookup + tree, over one draft backend
+            assert [type(a.proposer).__name__ for a in setup.proposer.arms] == ["FirstOf", "DraftChain", "Merge"]
         info = setup.proposer.info if setup.proposer is not None else None
         assert bool(info and info.branching) == ("tree" in needs)
         assert {"tree", "hidden_states"} & set(setup.target.info.capabilities) == needs, proposer
@@ -138,7 +150,9 @@ def test_autotune_from_flags_spec_and_python(checkpoints, tmp_path, capsys, kind
     assert type(setup.proposer).__name__ == "AutoTune"
     assert setup.generate([PROMPT]).tokens == ar
     assert main(["generate", *flags, "--autotune", "--prompt", " ".join(map(str, PROMPT))]) == 0
-    assert "autotune: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "autotune: " in out
+    assert re.search(r"autotune rounds \(\d+\): .* x\d+", out)  # the shapes it chose, predicted against observed
 
 
 def test_autotune_needs_a_proposer(checkpoints):

@@ -319,8 +319,8 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
 
 def _drafters(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> list[tuple[str, Any, Any]]:
     """The demo's speculative modes: (name, a function returning the proposer for one prompt, sampling)."""
-    from accel.spd import GREEDY, DraftChain, DraftTree, Merge, NgramLookup, Sampling
-    from accel.spd.autotune import AutoTune
+    from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling
+    from accel.spd.autotune import AutoTune, draft_arms
 
     sampled = Sampling(temperature=run.temperature)
     drafters: list[tuple[str, Any, Sampling]] = [
@@ -330,7 +330,7 @@ def _drafters(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> list[tuple[s
     if fb is None:
         return drafters
     # one controller for every prompt (it learns this machine's costs and the draft's acceptance as it goes)
-    tuned = AutoTune(Merge(NgramLookup(3, run.k), DraftTree(fb, nodes=AUTOTUNE_NODES)))
+    tuned = AutoTune(draft_arms(fb, k=run.k, nodes=AUTOTUNE_NODES, lookup=(3, run.k)))  # chains, lookup, a tree
     tuned.probe(tb)
     drafters += [
         ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),

@@ -1,0 +1,159 @@
+"""One shape family the controller (``accel.spd.autotune.AutoTune``) chooses between, and what it learned of it.
+
+An *arm* is a wrapped proposer (a draft chain, a draft tree, either with n-gram lookup first or merged, Hydra heads,
+...) and its node budgets. Each arm keeps what depends on the proposer: the seconds its ``propose`` takes per budget
+(a ``CostCurve``), the per-rank acceptance of its verified trees (decayed counts, ``rank_acceptance_from_counts``
+convention) and the fraction of rounds it offered a tree at all. The target's call cost depends only on the tokens
+a call scores, so the controller keeps one call curve for every arm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from accel.backends.base import Backend
+from accel.errors import SpdError
+from accel.sim.tree import best_tree, path_probabilities, rank_acceptance_from_counts
+from accel.spd.costs import CostCurve
+from accel.spd.draft_chain import DraftChain
+from accel.spd.draft_tree import DraftTree
+from accel.spd.merge import Merge
+from accel.spd.proposers import FirstOf, NgramLookup, Proposer, RowOutcome
+
+__all__ = ["MAX_WIDTH", "NO_ARM", "PRIOR_WEIGHT", "Arm", "arm_budgets", "as_arms", "draft_arms", "probe_schedule"]
+
+PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a depth's acceptance towards the pooled rate (and that towards the prior)
+NO_ARM = -1  # the arm index of "no speculation" (budget 0)
+MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
+
+
+class Arm:
+    """A proposer, the node budgets it may be given (sorted, in ``1 .. proposer.info.max_nodes``) and its
+    statistics. ``decay``: per-round weight of the old acceptance counts; ``window``: timing samples per budget."""
+
+    def __init__(self, proposer: Proposer, budgets: Sequence[int], *, decay: float, window: int) -> None:
+        self.proposer, self.budgets = proposer, list(budgets)
+        self.decay, self.window = decay, window
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget timings and acceptance counts."""
+        self.propose_costs = CostCurve("proposal", self.window)  # by node budget
+        depth = max(1, self.proposer.info.max_depth)
+        self._available = np.zeros((depth, 1))
+        self._accepted = np.zeros((depth, 1))
+        self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
+
+    @property
+    def name(self) -> str:
+        return self.proposer.info.name
+
+    @property
+    def hit_rate(self) -> float:
+        """The (decayed) fraction of this arm's rounds in which it offered a tree at all (lookup misses lower it)."""
+        return float(self._offered[0] / self._offered[1])
+
+    def observe(self, nodes: int, propose_s: float, offered: bool, outcomes: Sequence[RowOutcome | None]) -> None:
+        """Record a round this arm proposed in at budget ``nodes``: its proposal seconds and its verified trees."""
+        self.propose_costs.observe(nodes, propose_s)
+        self._offered = self._offered * self.decay + [float(offered), 1.0]
+        self._count(outcomes)
+
+    def acceptance(self, prior_acceptance: float) -> np.ndarray:
+        """The per-rank acceptance matrix ``P[depth, rank]`` (``accel.sim.tree`` convention): the decayed counts, each
+        depth shrunk towards the pooled rate, that towards the prior (rank 1: ``prior_acceptance``, others half)."""
+        width = self._available.shape[1] if self.proposer.info.branching else 1
+        avail, acc = self._available[:, :width], self._accepted[:, :width]
+        prior = np.full(width, prior_acceptance / 2.0)
+        prior[0] = prior_acceptance
+        pooled = (acc.sum(axis=0) + PRIOR_WEIGHT * prior) / (avail.sum(axis=0) + PRIOR_WEIGHT)
+        return rank_acceptance_from_counts(avail + PRIOR_WEIGHT, acc + PRIOR_WEIGHT * pooled)
+
+    def expected_tokens(self, prior_acceptance: float) -> np.ndarray:
+        """E[accepted + 1] per row at each of ``budgets`` (``accel.sim.tree``'s model: 1 + hit rate x the path
+        probabilities of the N most likely nodes)."""
+        p = self.acceptance(prior_acceptance)
+        top = self.budgets[-1]
+        tree = best_tree(p, top, width=p.shape[1], max_depth=max(1, self.proposer.info.max_depth))
+        gain = np.concatenate([[0.0], np.cumsum(path_probabilities(tree, p))])  # the N most likely nodes
+        return 1.0 + self.hit_rate * gain[np.minimum(np.asarray(self.budgets), tree.n_nodes)]
+
+    def _count(self, outcomes: Sequence[RowOutcome | None]) -> None:
+        """Add the verified trees' tried / accepted counts per (parent depth, sibling rank), after decaying the old."""
+        self._available *= self.decay
+        self._accepted *= self.decay
+        for o in outcomes:
+            if o is None:
+                continue
+            kids = o.tree.children()
+            steps = []
+            for d, node in enumerate(o.path):
+                if not kids[node]:
+                    break
+                nxt = o.path[d + 1] if d + 1 < len(o.path) else -1
+                rank = kids[node].index(nxt) if nxt >= 0 else -1
+                steps.append((d, rank + 1 if rank >= 0 else len(kids[node]), rank))
+            for d, tried, rank in steps:
+                self._grow(d + 1, tried)
+                self._available[d, :tried] += 1.0
+                if 0 <= rank < MAX_WIDTH:
+                    self._accepted[d, rank] += 1.0
+
+    def _grow(self, depth: int, width: int) -> None:
+        shape = (max(depth, self._available.shape[0]), min(MAX_WIDTH, max(width, self._available.shape[1])))
+        if shape != self._available.shape:
+            for name in ("_available", "_accepted"):
+                old = getattr(self, name)
+                new = np.zeros(shape)
+                new[: old.shape[0], : old.shape[1]] = old[:, : shape[1]]
+                setattr(self, name, new)
+
+
+def draft_arms(draft: Backend, *, k: int = 4, nodes: int = 8, lookup: tuple[int, int] = (3, 4)) -> list[Proposer]:
+    """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
+    ``k`` tokens, the draft chain alone, and (where the draft takes tree inputs) a draft tree of up to ``nodes``
+    nodes merged with lookup. ``lookup``: the n-gram order and its longest proposal (``NgramLookup(n, k)``)."""
+    n, lk = lookup
+    arms: list[Proposer] = [FirstOf(NgramLookup(n, lk), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    if "tree" in draft.info.capabilities:
+        arms.append(Merge(NgramLookup(n, lk), DraftTree(draft, nodes=nodes)))
+    return arms
+
+
+def as_arms(proposer: Proposer | Sequence[Proposer]) -> list[Proposer]:
+    """The arms: ``proposer`` itself, or each of a list; ``SpdError`` for anything that is not a ``Proposer``."""
+    arms = [proposer] if isinstance(proposer, Proposer) else proposer
+    if isinstance(arms, (str, bytes)) or not isinstance(arms, Sequence) or not arms:
+        raise SpdError(f"AutoTune wraps an accel.spd.Proposer or a non-empty list of them; got {proposer!r:.80}")
+    for p in arms:
+        if not isinstance(p, Proposer):
+            raise SpdError(f"AutoTune wraps an accel.spd.Proposer or a list of them; got {type(p).__name__}")
+    return list(arms)
+
+
+def arm_budgets(arms: list[Proposer], budgets: Sequence[int] | None) -> list[tuple[Proposer, list[int]]]:
+    """Each arm with its budgets: 1 .. its ``max_nodes``, or the given ones up to it (every given budget must fit
+    some arm, every arm must keep one)."""
+    tops = [p.info.max_nodes for p in arms]
+    if budgets is None:
+        return [(p, list(range(1, top + 1))) for p, top in zip(arms, tops, strict=True)]
+    given = sorted({int(b) for b in budgets})
+    if not given or given[0] < 1 or given[-1] > max(tops) or any(given[0] > top for top in tops):
+        raise SpdError(
+            f"AutoTune budgets must be node counts in 1 .. {max(tops)} (the proposers' max_nodes {tops}); got {budgets}"
+        )
+    return [(p, [b for b in given if b <= top]) for p, top in zip(arms, tops, strict=True)]
+
+
+def probe_schedule(arms: list[Arm]) -> list[tuple[int, int]]:
+    """The first rounds' shapes: the first arm's largest budget, no speculation, its smallest and middle budgets;
+    then each other arm's largest, smallest and middle."""
+    out: list[tuple[int, int]] = []
+    for i, arm in enumerate(arms):
+        b = arm.budgets
+        mid = b[(len(b) - 1) // 2]
+        firsts = [(i, b[-1]), (NO_ARM, 0)] if i == 0 else [(i, b[-1])]
+        out += [s for s in [*firsts, (i, b[0]), (i, mid)] if s not in out]
+    return out

@@ -1,0 +1,123 @@
+"""The controller over several shapes (``AutoTune`` of a list of arms, ``draft_arms``): exact while it switches
+between a lookup-first chain, a bare chain and a merged tree over one shared draft backend, and it picks the arm the
+stated formula picks.
+
+- greedy: SpD == greedy AR token for token (batch 1 and ragged batch 3) over several runs of one controller, with
+  every arm proposing in some round;
+- sampling: 3-token continuations follow the target's exact law (chi-square at ALPHA, fixed seeds, seeded clock),
+  with the same test failing for a peeking controller in tests/spd/test_autotune.py;
+- the decision: with planted costs, the arm whose proposal is cheap wins, and swapping the costs swaps the choice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accel.errors import SpdError
+from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, generate, generate_ar
+from accel.spd.autotune import AutoTune
+from tests.helpers.decoders import backend, perturbed, random_model
+from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
+from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
+
+pytest.importorskip("torch")
+
+CTX = 64
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = random_model(seed=1, std=0.5)
+    return target, perturbed(target, seed=3, rel=0.3)
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS_1, PROMPTS_3], ids=["b1", "b3"])
+def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
+    target, draft = models
+    tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
+    ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
+    tuner = AutoTune.for_draft(db, k=3, nodes=5, explore_every=3)
+    assert len(tuner.arms) == 3  # lookup | chain, chain, lookup + tree (the torch draft takes tree inputs)
+    records = []
+    for _ in range(4):
+        res = generate(tb, tuner, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
+        assert res.tokens == ar
+        records += res.stats.tuned_rounds
+    names = {a.name for a in tuner.arms}
+    assert {r.shape for r in records if r.nodes > 0} == names  # every arm proposed in some round
+    assert all(r.shape == "none" for r in records if r.nodes == 0)
+    assert {"probe", "model", "explore"} <= {r.phase for r in records}
+    for r in records:  # the budget was honoured (a chain arm scores at most its k + 1 tokens)
+        assert r.call_tokens <= r.nodes + 1
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = random_model(seed=21, vocab_size=VOCAB, std=0.3)
+    return target, perturbed(target, seed=22, rel=0.15)
+
+
+def two_arms(db):
+    return [DraftChain(db, k=K), DraftTree(db, nodes=4, top_k=2, depth=2)]
+
+
+def test_controller_over_arms_keeps_the_target_law(pair):
+    target, draft = pair
+    sampling = SETTINGS["plain"]
+    build = lambda db: AutoTune(two_arms(db), explore_every=3, clock=SeededClock(3))  # noqa: E731
+    counts, records = tuned_counts(target, draft, build, sampling, seed=301, runs=10)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [autotune, two arms]: {pvalue:.4g}")
+    assert pvalue > ALPHA
+    assert len({r.shape for r in records if r.nodes > 0}) == 2  # both arms proposed
+
+
+def test_peeking_controller_over_arms_fails(pair):
+    """The same test fails for a controller over the same arms that peeks at the target's verdict."""
+    target, draft = pair
+    sampling = SETTINGS["plain"]
+    counts, _ = tuned_counts(target, draft, lambda db: Peeking(two_arms(db), target), sampling, seed=301, runs=10)
+    pvalue = chi_square(counts, exact_law(target, sampling))
+    print(f"chi-square p-value [autotune, two arms, peeking]: {pvalue:.4g}")
+    assert pvalue < ALPHA
+
+
+def test_the_cheaper_arm_wins(models):
+    """Two arms with the same acceptance prior and call costs: the arm whose proposal is cheaper is chosen, at the
+    budget the formula E / (T_propose + T_call) gives, and swapping the proposal costs swaps the arm."""
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    for cheap in (0, 1):
+        tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], prior_acceptance=0.9)
+        for s in (1, 5):
+            tuner.call_costs.observe(s, 10e-3)
+        for i, arm in enumerate(tuner.arms):
+            per_node = 0.1e-3 if i == cheap else 5e-3
+            for n in (1, 4):
+                arm.propose_costs.observe(n, per_node * n)
+        plan = tuner.plan()
+        assert plan is not None and plan.arms.tolist() == [-1] + [0] * 4 + [1] * 4
+        assert plan.best_shape() == (cheap, 4)
+        expect = plan.tokens / (plan.call_s + plan.propose_s)
+        assert plan.best_shape() == (int(plan.arms[np.argmax(expect)]), int(plan.nodes[np.argmax(expect)]))
+        assert f"{tuner.arms[cheap].name}, 4 nodes" in tuner.describe()
+
+
+def test_arm_budgets_and_bad_arms(models):
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    tuner = AutoTune([DraftChain(db, k=2), DraftTree(db, nodes=6)], budgets=[1, 2, 6])
+    assert [a.budgets for a in tuner.arms] == [[1, 2], [1, 2, 6]] and tuner.budgets == [1, 2, 6]
+    assert tuner.info.max_nodes == 6 and tuner.info.branching
+    with pytest.raises(SpdError, match="non-empty list"):
+        AutoTune([])
+    with pytest.raises(SpdError, match="got str"):
+        AutoTune([DraftChain(db, k=2), "tree"])  # type: ignore[list-item]
+    with pytest.raises(SpdError, match="budgets"):
+        AutoTune([DraftChain(db, k=2), DraftTree(db, nodes=6)], budgets=[7])
+    with pytest.raises(SpdError, match="budgets"):  # an arm would keep no budget
+        AutoTune([DraftChain(db, k=2), DraftTree(db, nodes=6)], budgets=[3, 4])
+    with pytest.raises(SpdError, match="fallback"):
+        AutoTune([DraftChain(db, k=2), NgramLookup(2, 3)], fallback=4)
+    assert AutoTune([DraftChain(db, k=2), NgramLookup(2, 3)], fallback=3)._fallback_arm == 1
