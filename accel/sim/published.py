@@ -11,6 +11,11 @@ How the sources' settings map onto the simulator (stated per source below): Qual
 1.12, QEfficient-style compiles) use a fixed KV cache of CL slots that attention reads in full and compress every
 MatMul, the LM head included (``-mxfp6-matmul``); gpt-fast and torchao (``generate.py``, batch 1, a ~5-token prompt,
 200 new tokens, tokens/s over the whole ``generate`` call) quantize every ``nn.Linear``, the output layer included.
+
+The sets: ``FIRST_SET`` (the points of issue 20, whose goals ``tests/sim/test_published.py`` holds; some catalog
+defaults were read off them), ``GPT_FAST_MOE`` (gpt-fast's Mixtral table, same repository and machine as GPT_FAST)
+and ``ADDED`` (``published_added.py``: lmdeploy, IBM's torch.compile blog, TensorRT-LLM's H100-vs-A100 blog,
+PyTorch/XLA on TPU v4, AMD's and Oracle's MI300X runs; held out). ``PUBLISHED`` is all of them.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import warnings
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import ConfigDict
 
 from accel.sim._base import SimModel, SimWarning
 from accel.sim.calibration import calibrate
 from accel.sim.hardware import Hardware, hardware
 from accel.sim.observations import RunObservation
 from accel.sim.presets import preset
+from accel.sim.published_added import ADDED
+from accel.sim.published_base import PublishedPoint
 
 MX_BLOG = (
     "Qualcomm, 'Accelerate Large Language Model Inference by ~2x Using Microscaling (Mx) Formats' (C. Verrilli), "
@@ -48,17 +54,6 @@ TORCHAO = (
     "pytorch/ao torchao/quantization/README.md, Benchmarks (CUDA backend, A100-80GB and H100), "
     "https://github.com/pytorch/ao/blob/main/torchao/quantization/README.md , 2024-2025"
 )
-
-
-class PublishedPoint(SimModel):
-    """One published run: where it ran, what it measured, and where it was published."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    device: str  # catalog name (its profile is calibrated per device)
-    run: RunObservation
-    where: str  # table / figure of the source
-    source: str
 
 
 def _qc(
@@ -106,7 +101,7 @@ STD, ULTRA, A100, H100 = "cloud-ai-100-standard", "cloud-ai-100-ultra", "a100-80
 T1, T2 = "Table 1 (Standard; BS 1, PL 1024, GL 1024, CL 2048)", "Table 2 (Ultra; BS 1, PL 1024, GL 1024, CL 2048)"
 GF, GF_TP = "Benchmarks table (batch 1, prompt 5)", "Tensor Parallelism table"
 TA, TH = "CUDA backend, NVIDIA-A100-80GB table", "CUDA backend, NVIDIA-H100 table"
-PUBLISHED: list[PublishedPoint] = [
+FIRST_SET: list[PublishedPoint] = [
     # Cloud AI 100 Standard: the first point of each device is its calibration point
     _qc(STD, "gpt-j-6b", "fp16", 8.08, T1),
     _qc(STD, "gpt-j-6b", "mxfp6", 13.9, T1),
@@ -182,6 +177,17 @@ PUBLISHED: list[PublishedPoint] = [
     _gf(H100, "llama-3.1-8b", "int4-g64", 241.39, TH, TORCHAO),
     _gf(H100, "llama-3.1-8b", "fp8", 178.46, TH, TORCHAO),
 ]
+MOE = "mixtral-moe/README.md, Benchmarks table (batch 1, prompt 5; same 8x A100-80GB 330 W box)"
+GPT_FAST_MOE: list[PublishedPoint] = [  # added for issue 35 (the same repository and machine as GPT_FAST)
+    _gf(A100, "mixtral-8x7b", "bf16", 78.75, MOE, GPT_FAST, devices=2),
+    _gf(A100, "mixtral-8x7b", "bf16", 118.23, MOE, GPT_FAST, devices=4),
+    _gf(A100, "mixtral-8x7b", "bf16", 203.69, MOE, GPT_FAST, devices=8),
+    _gf(A100, "mixtral-8x7b", "int8", 56.04, MOE, GPT_FAST),
+    _gf(A100, "mixtral-8x7b", "int8", 99.91, MOE, GPT_FAST, devices=2),
+    _gf(A100, "mixtral-8x7b", "int8", 149.53, MOE, GPT_FAST, devices=4),
+    _gf(A100, "mixtral-8x7b", "int8", 218.48, MOE, GPT_FAST, devices=8),
+]
+PUBLISHED: list[PublishedPoint] = FIRST_SET + GPT_FAST_MOE + ADDED
 
 
 class ValidationRow(SimModel):
