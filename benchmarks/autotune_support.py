@@ -26,6 +26,7 @@ GOAL_VS_AR = 1.0
 #: the TunedRound fields kept per controller round (``accel.spd.stats.TunedRound``)
 TUNED_FIELDS = (
     "nodes",
+    "shape",
     "phase",
     "call_tokens",
     "predicted_tokens_per_call",
@@ -73,10 +74,12 @@ def controller_choices(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     fraction of rounds with 0 nodes (no speculation), the rounds per phase, and the mean predicted vs observed tokens
     per call and call seconds over the rounds that had a prediction (the model's rounds and explorations)."""
     hist = Counter(int(r["nodes"]) for r in rounds)
+    shapes = Counter(shape_label(str(r.get("shape", ""))) for r in rounds if int(r["nodes"]) > 0)
     predicted = [r for r in rounds if math.isfinite(r["predicted_tokens_per_call"])]
     return {
         "rounds": len(rounds),
         "nodes_histogram": {str(n): hist[n] for n in sorted(hist)},
+        "shape_rounds": dict(shapes.most_common()),
         "zero_fraction": hist[0] / len(rounds) if rounds else math.nan,
         "phases": dict(Counter(str(r["phase"]) for r in rounds)),
         "predicted_tokens_per_call": _finite_mean(r["predicted_tokens_per_call"] for r in predicted),
@@ -129,6 +132,15 @@ def verdict(ratio: float, goal: float) -> str:
     return "n/a" if not math.isfinite(ratio) else "PASS" if ratio >= goal else "FAIL"
 
 
+def shape_label(shape: str) -> str:
+    """A short name of a controller arm (``TunedRound.shape``, a proposer name): ``lookup|chain``, ``chain``,
+    ``lookup+tree``, ``tree``, ``lookup+hydra``, ``lookup|hydra``, ``hydra``, ``lookup`` (``?`` when not recorded)."""
+    kind = "hydra" if "hydra" in shape else "tree" if "tree(" in shape else "chain" if "chain(" in shape else ""
+    if "lookup(" in shape and kind:
+        return f"lookup|{kind}" if " | " in shape else f"lookup+{kind}"
+    return kind or ("lookup" if "lookup(" in shape else "?")
+
+
 def histogram_text(hist: Mapping[str, int]) -> str:
     """``"0:12 4:30 8:3"``: node budget, then rounds."""
     return " ".join(f"{n}:{c}" for n, c in hist.items()) or "-"
@@ -148,7 +160,8 @@ def cell_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
         f"{GOAL_VS_AR}]"
     )
     out.append(
-        f"  choices over {c['rounds']} rounds: nodes {histogram_text(c['nodes_histogram'])}; 0 nodes "
+        f"  choices over {c['rounds']} rounds: shapes {histogram_text(c.get('shape_rounds', {}))}; nodes "
+        f"{histogram_text(c['nodes_histogram'])}; 0 nodes "
         f"{c['zero_fraction']:.0%}; phases {c['phases']}; tokens/call predicted {c['predicted_tokens_per_call']:.2f} "
         f"observed {c['observed_tokens_per_call']:.2f}; call ms predicted {c['predicted_call_ms']:.1f} observed "
         f"{c['observed_call_ms']:.1f}"
@@ -160,10 +173,10 @@ def cell_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
 
 def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per cell (benchmarks/RESULTS.md): AR, best fixed setting, controller, the ratios with the goals, the
-    share of rounds without speculation and the node budgets chosen."""
+    share of rounds without speculation and the shapes (arms) chosen."""
     lines = [
         "| cell | AR tok/s | best fixed | tok/s | controller tok/s | ctrl / best | ctrl / AR | 0 nodes | "
-        "nodes chosen (budget:rounds) | tok/call pred / obs |",
+        "shapes chosen (arm:rounds) | tok/call pred / obs |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summaries.items():
@@ -172,7 +185,7 @@ def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             f"| {name} | {ar:.1f} | {s['best_fixed']} | {s['best_fixed_tokens_per_s']:.1f} | "
             f"{s['controller_tokens_per_s']:.1f} | {s['controller_vs_best']:.2f}x {s['goal_vs_best']} | "
             f"{s['controller_vs_ar']:.2f}x {s['goal_vs_ar']} | {c['zero_fraction']:.0%} | "
-            f"{histogram_text(c['nodes_histogram'])} | {c['predicted_tokens_per_call']:.2f} / "
+            f"{histogram_text(c.get('shape_rounds', {}))} | {c['predicted_tokens_per_call']:.2f} / "
             f"{c['observed_tokens_per_call']:.2f} |"
         )
     return "\n".join(lines)

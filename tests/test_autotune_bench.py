@@ -162,3 +162,34 @@ def test_options_defaults_quick_and_bad_values(bench):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
     assert bench.cell_name("fp32", "hydra", "t0.8", True) == "fp32 / hydra / t0.8 / load"
+
+
+def test_shape_labels_name_the_arms_of_the_controller():
+    """The arm names ``AutoTune`` records (proposer names) shorten to the labels the table counts."""
+    from accel.spd import DraftChain, DraftTree, FirstOf, Merge, NgramLookup
+    from tests.helpers.decoders import backend, random_model
+
+    draft = backend(random_model(seed=1), 1, ctx_len=32)
+    names = {
+        FirstOf(NgramLookup(3, 4), DraftChain(draft, k=4)).info.name: "lookup|chain",
+        DraftChain(draft, k=4).info.name: "chain",
+        Merge(NgramLookup(3, 4), DraftTree(draft, nodes=8)).info.name: "lookup+tree",
+        DraftTree(draft, nodes=8).info.name: "tree",
+        "": "?",
+    }
+    assert {sup.shape_label(n) for n in names} == set(names.values())
+    assert all(sup.shape_label(n) == label for n, label in names.items())
+    first = next(iter(names))
+    rounds = [
+        {
+            "nodes": n,
+            "shape": s,
+            "phase": "model",
+            "predicted_tokens_per_call": 1.0,
+            "tokens_per_call": 1.0,
+            "predicted_call_s": 1.0,
+            "call_s": 1.0,
+        }
+        for n, s in ((2, first), (2, first), (0, "none"))
+    ]
+    assert sup.controller_choices(rounds)["shape_rounds"] == {"lookup|chain": 2}
