@@ -16,10 +16,9 @@ one numpy assignment on the host.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
@@ -33,12 +32,17 @@ from accel.backends.base import (
     check_step_inputs,
     check_tree_inputs,
 )
+from accel.backends.graph_spec import GraphSpec
 from accel.backends.ort_graph import GraphContract, check_inplace_cache, inspect_graph
-from accel.backends.ort_session import open_session
+from accel.backends.ort_padding import check_free_slot, check_padding_slot, left_pad, resolve_min_rows
+from accel.backends.ort_session import SessionOptions, configured_session
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.errors import BackendError, CpuWarning
 
-__all__ = ["GraphContract", "OrtBackend", "check_inplace_cache", "inspect_graph"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["GraphContract", "OrtBackend", "SessionOptions", "check_inplace_cache", "inspect_graph"]
 
 
 class OrtBackend:
@@ -47,14 +51,8 @@ class OrtBackend:
     Args:
         path: the ``.onnx`` file.
         batch_size: expected rows per call; BackendError if the graph was exported for another batch size.
-        threads: onnxruntime intra-op threads (default: onnxruntime's choice, all cores).
-        providers: execution providers (default ``["CPUExecutionProvider"]``). The cache buffers live in host memory,
-            so with a device provider (CUDA) onnxruntime copies them each call; only the CPU path is tested here.
         max_seq_len: most tokens per call (default: ctx_len; a graph exported with ``num_logits`` still accepts
             longer calls but then needs ``num_logits`` <= that value).
-        spin: let idle intra-op threads busy-wait for work (onnxruntime's default). Off by default: in speculative
-            decoding two sessions alternate on the same cores, and a spinning idle pool slows the other model's
-            calls (measured here: the target's K+1-token calls ran 1.7-2x slower beside a spinning draft session).
         min_rows: a call with fewer rows (batch x tokens) gets padding columns (position -1) up to this many. Default:
             2 for a graph with ``com.microsoft.MatMulNBits`` (``export_onnx(weights="mxint8-nbits")``), else 1; 1
             also for such a graph whose attention runs every query head of a KV head as rows of one product
@@ -67,10 +65,20 @@ class OrtBackend:
             A single-token step (autoregressive decoding) and a K+1-token verification would then compute two
             different models. Padded, every call takes the multi-row path and a row's result does not depend on the
             call's shape (tested bit for bit); a one-token step costs about one more row.
+
+    The session settings (``SessionOptions``, keywords; an unknown one is a BackendError naming it):
+        threads: onnxruntime intra-op threads (default: onnxruntime's choice, all cores).
+        providers: execution providers (default ``["CPUExecutionProvider"]``). The cache buffers live in host memory,
+            so with a device provider (CUDA) onnxruntime copies them each call; only the CPU path is tested here.
+        spin: let idle intra-op threads busy-wait for work (onnxruntime's default). Off by default: in speculative
+            decoding two sessions alternate on the same cores, and a spinning idle pool slows the other model's
+            calls (measured here: the target's K+1-token calls ran 1.7-2x slower beside a spinning draft session).
         profile: a file prefix: onnxruntime records every node's time (its profiler) from the first call; the JSON
             is written by ``session.end_profiling()`` (``benchmarks/mx.py --profile`` sums it per operator).
         optimized_dir: keep the optimized graph there and open it directly next time (``accel.backends.ort_session``:
             skips onnxruntime's graph optimization, most of the creation time of an ``mx-packed`` graph).
+
+    ``graph_spec`` reports the graph's ``GraphSpec`` (recorded by ``export_onnx``; None for other graphs).
     """
 
     def __init__(
@@ -78,25 +86,14 @@ class OrtBackend:
         path: str | Path,
         *,
         batch_size: int | None = None,
-        threads: int | None = None,
-        providers: list[str] | None = None,
         max_seq_len: int | None = None,
-        spin: bool = False,
         min_rows: int | None = None,
-        profile: str | Path | None = None,
-        optimized_dir: str | Path | None = None,
+        **session: Unpack[SessionOptions],
     ) -> None:
         path = Path(path)
         if not path.is_file():
             raise BackendError(f"no ONNX file at {path}")
-        self.session = open_session(
-            path,
-            threads=threads,
-            spin=spin,
-            providers=providers or ["CPUExecutionProvider"],
-            optimized_dir=optimized_dir,
-            profile=profile,
-        )
+        self.session = configured_session(path, session)
         c = inspect_graph(self.session, str(path))
         if c.metadata.get("accel.weights") == "int8":
             _warn_int8(path, c.metadata.get("accel.int8"))
@@ -105,7 +102,7 @@ class OrtBackend:
         self.contract = c
         self.graph_num_logits = c.num_logits
         self._info = self._backend_info(c, max_seq_len)
-        self.min_rows = _resolve_min_rows(min_rows, c, check_inplace_cache(path, c.num_layers))
+        self.min_rows = resolve_min_rows(min_rows, c, check_inplace_cache(path, c.num_layers))
         self._bind_cache(c)
 
     @classmethod
@@ -183,6 +180,12 @@ class OrtBackend:
         return self._info
 
     @property
+    def graph_spec(self) -> GraphSpec | None:
+        """The graph's ``GraphSpec`` (its ``accel.graph_spec`` metadata, checked against the graph when the backend
+        was created); None for a graph exported without one (by another tool or an older accel)."""
+        return self.contract.graph_spec
+
+    @property
     def metadata(self) -> dict[str, str]:
         """The graph's ``metadata_props`` (``accel.*`` export settings)."""
         return self.contract.metadata
@@ -217,14 +220,14 @@ class OrtBackend:
         seq = ids.shape[1]
         extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
         if extra > 0:
-            ids, pos, feats, tree, mix = _left_pad(extra, self._info.ctx_len, ids, pos, feats, tree, mix)
+            ids, pos, feats, tree, mix = left_pad(extra, self._info.ctx_len, ids, pos, feats, tree, mix)
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
             raise BackendError(
                 f"this graph returns only the last {baked} logits (exported with num_logits={baked}); "
                 f"a call with {seq} tokens needs num_logits <= {baked}"
             )
-        _check_padding_slot(pos, tree, self._info.ctx_len)
+        check_padding_slot(pos, tree, self._info.ctx_len)
         io = self._run(ids, pos, feats, tree, mix)
         outs = io.get_outputs()
         logits = outs[0].numpy()
@@ -286,7 +289,7 @@ class OrtBackend:
             feed = np.concatenate([np.zeros(pad_shape, feed.dtype), feed], axis=1)
             pos = np.concatenate([np.full((pos.shape[0], extra), -1, pos.dtype), pos], axis=1)
         if (pos < 0).any():
-            _check_free_slot(pos, self._info.ctx_len)
+            check_free_slot(pos, self._info.ctx_len)
         io = self._binding
         io.bind_cpu_input("input_ids" if st.is_first else "hidden_in", feed)
         io.bind_cpu_input("position_ids", pos)
@@ -323,92 +326,11 @@ class OrtBackend:
         return self._buffers
 
 
-def _check_free_slot(pos: np.ndarray, ctx_len: int) -> None:
-    """BackendError for a padded row whose positions include both 0 and ``ctx_len - 1`` (no free slot for its
-    padding writes; see ``onnx_graph``)."""
-    pad = pos < 0
-    vmin = np.where(pad, ctx_len, pos).min(axis=1)
-    vmax = np.where(pad, -1, pos).max(axis=1)
-    bad = pad.any(axis=1) & (vmin == 0) & (vmax == ctx_len - 1)
-    if bad.any():
-        raise BackendError(
-            f"row {int(np.argmax(bad))} mixes padding with positions 0 and {ctx_len - 1} in one call: no cache slot "
-            "is free for its padding; split the call"
-        )
-
-
-def _resolve_min_rows(min_rows: int | None, c: GraphContract, graph_ops: Any) -> int:
-    """``min_rows`` as given (checked) or the graph's default, checked against its ``ctx_len``."""
-    if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 1):
-        raise BackendError(f"min_rows must be an int >= 1; got {min_rows!r}")
-    rows = min_rows if min_rows is not None else default_min_rows(c.metadata, graph_ops)
-    if rows > 1 and c.ctx_len < 2:
-        raise BackendError(f"min_rows={rows} pads with position -1, which needs ctx_len >= 2")
-    return rows
-
-
-def default_min_rows(metadata: dict[str, str], graph_ops: Any) -> int:
-    """``OrtBackend``'s default ``min_rows`` for a graph with these ``accel.*`` metadata and operator types: 2 for a
-    ``MatMulNBits`` graph (a one-row call would take other kernel paths), 1 for others and for a grouped-rows graph
-    (``accel.attention_rows = grouped``, ``export_onnx`` since these were introduced) with >= 2 query heads per KV
-    head, whose one-token calls are multi-row products already."""
-    if "MatMulNBits" not in graph_ops:
-        return 1
-    if metadata.get("accel.attention_rows") == "grouped":
-        try:
-            cfg = json.loads(metadata.get("accel.model_config", "{}"))
-            heads = int(cfg.get("num_attention_heads") or 0)
-            groups = heads // int(cfg.get("num_key_value_heads") or heads or 1)
-        except (ValueError, TypeError, AttributeError):
-            groups = 0
-        if groups >= 2:
-            return 1
-    return 2
-
-
 def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, Any]:
     """Feeds for a bare ``session.run`` equivalent to one ``backend.forward`` (for overhead benchmarks)."""
     feeds: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
     feeds.update(zip(backend._names, backend.cache(), strict=True))
     return feeds
-
-
-def _left_pad(extra: int, ctx_len: int, ids, pos, feats, tree, mix) -> tuple:
-    """``extra`` padding columns on the left of every input of a call (position -1; logits stay last)."""
-    b = ids.shape[0]
-    ids = np.concatenate([np.zeros((b, extra), ids.dtype), ids], axis=1)
-    pos = np.concatenate([np.full((b, extra), -1, pos.dtype), pos], axis=1)
-    if feats is not None:
-        feats = np.concatenate([np.zeros((b, extra, feats.shape[2]), feats.dtype), feats], axis=1)
-    if tree is not None:
-        tree = (
-            np.concatenate([np.zeros((b, extra), np.int64), tree[0]], axis=1),
-            np.concatenate([np.zeros((b, extra, ctx_len), bool), tree[1]], axis=1),
-        )
-    if mix is not None:
-        zero_ids = np.zeros((b, extra, mix[0].shape[2]), np.int64)
-        mix = (
-            np.concatenate([zero_ids, mix[0]], axis=1),
-            np.concatenate([zero_ids.astype(np.float32), mix[1]], axis=1),
-        )
-    return ids, pos, feats, tree, mix
-
-
-def _check_padding_slot(pos: np.ndarray, tree, ctx_len: int) -> None:
-    """The graph sends padding to a free slot next to the row's slots (see onnx_graph): a row writing both slot 0 and
-    slot ``ctx_len - 1`` has none, and the call is refused."""
-    pad = pos < 0
-    if not pad.any():
-        return
-    written = pos if tree is None else tree[0]
-    vmin = np.where(pad, ctx_len, written).min(axis=1)
-    vmax = np.where(pad, -1, written).max(axis=1)
-    bad = pad.any(axis=1) & (vmin == 0) & (vmax == ctx_len - 1)
-    if bad.any():
-        raise BackendError(
-            f"row {int(np.argmax(bad))} mixes padding with slots 0 and {ctx_len - 1} in one "
-            "call: no cache slot is free for its padding; split the call"
-        )
 
 
 def _warn_int8(path: Path, scheme: str | None) -> None:

@@ -1,16 +1,20 @@
 """Reading an ONNX decoder graph's contract: ``GraphContract``/``inspect_graph`` (batch, ctx_len, vocab, layers,
-cache shape, logits columns, tree and mixed inputs, pipeline stage) and ``check_inplace_cache`` (may the cache be
-updated in place?). Used by ``OrtBackend`` (``accel.backends.ort_backend``)."""
+cache shape, logits columns, tree and mixed inputs, pipeline stage, the recorded ``GraphSpec``) and
+``check_inplace_cache`` (may the cache be updated in place?). Used by ``OrtBackend``
+(``accel.backends.ort_backend``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
+from accel.backends.graph_spec import GRAPH_SPEC_KEY, GraphSpec
 from accel.backends.stages import StageSpec
 from accel.errors import BackendError
 
@@ -19,35 +23,48 @@ __all__ = ["GraphContract", "check_inplace_cache", "inspect_graph"]
 _PAST = re.compile(r"^past_(key|value)\.(\d+)$")
 
 
+@dataclass(frozen=True)
 class GraphContract:
-    """What an ONNX decoder graph declares: batch, ctx_len, vocab, layers, cache shape, logits columns."""
+    """What an ONNX decoder graph declares, read by ``inspect_graph``.
 
-    def __init__(
-        self,
-        batch_size: int,
-        ctx_len: int,
-        vocab_size: int,
-        num_layers: int,
-        kv_shape: tuple[int, ...],
-        num_logits: int | None,
-        metadata: dict[str, str],
-        hidden_size: int = 0,
-        feature_size: int = 0,
-        tree: bool = False,
-        mix_inputs: bool = False,
-    ) -> None:
-        self.batch_size, self.ctx_len, self.vocab_size = batch_size, ctx_len, vocab_size
-        self.num_logits, self.metadata = num_logits, metadata
-        self.num_layers, self.kv_shape, self.hidden_size, self.feature_size = (
-            num_layers,
-            kv_shape,
-            hidden_size,
-            feature_size,
-        )
-        self.tree = tree
-        self.mix_inputs = mix_inputs  # the graph has mix_ids / mix_weights (superposed inputs)
-        self.stage = StageSpec.whole(num_layers)  # set by inspect_graph for pipeline-stage graphs
-        self.stage_width = 0  # width of hidden_in / hidden_out (a stage graph's residual stream)
+    Attributes:
+        kv_shape: the shape of every cache tensor ``[batch_size, H_kv, ctx_len, head_dim]``.
+        num_layers: cache layers (a stage graph's own layers).
+        vocab_size: tokens in the vocabulary (the logits' last dimension).
+        num_logits: None (logits for every token of a call) or the fixed number of last tokens with logits.
+        metadata: the graph's ``metadata_props``.
+        hidden_size: width of the output ``hidden_states`` (0: none).
+        feature_size: width of the input ``features`` (0: none; a feature draft).
+        tree: the graph has the tree inputs ``slot_ids`` / ``tree_mask``.
+        mix_inputs: the graph has ``mix_ids`` / ``mix_weights`` (superposed inputs).
+        stage: the layers the graph runs (``StageSpec.whole`` for an ordinary model).
+        stage_width: width of ``hidden_in`` / ``hidden_out`` (a stage graph's residual stream; 0: none).
+        graph_spec: the ``GraphSpec`` its metadata records (``accel.graph_spec``, checked against the graph), or
+            None for a graph without one (another tool's, or an older accel's).
+    """
+
+    kv_shape: tuple[int, ...]
+    num_layers: int
+    vocab_size: int
+    num_logits: int | None
+    metadata: dict[str, str]
+    stage: StageSpec
+    hidden_size: int = 0
+    feature_size: int = 0
+    tree: bool = False
+    mix_inputs: bool = False
+    stage_width: int = 0
+    graph_spec: GraphSpec | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per call."""
+        return self.kv_shape[0]
+
+    @property
+    def ctx_len(self) -> int:
+        """KV-cache length in tokens."""
+        return self.kv_shape[2]
 
 
 def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> GraphContract:
@@ -59,6 +76,42 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
             raise BackendError(f"{source}: input {names[0]!r} is missing (inputs: {sorted(inputs)})")
     if "logits" not in outputs and "hidden_out" not in outputs:  # hidden_out only: a middle pipeline stage
         raise BackendError(f"{source}: output 'logits' is missing (outputs: {sorted(outputs)})")
+    num_layers, kv_shape = _cache_inputs(inputs, outputs, source)
+    batch = inputs["input_ids" if "input_ids" in inputs else "hidden_in"].shape[0]
+    if isinstance(batch, int) and batch != kv_shape[0]:
+        raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
+    logits_shape = outputs["logits"].shape if "logits" in outputs else []
+    vocab = logits_shape[-1] if logits_shape else None
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    if not isinstance(vocab, int):
+        cfg = json.loads(meta.get("accel.model_config", "{}"))
+        vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int):
+        raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
+    num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
+    widths = _widths(inputs, outputs, source)
+    mix = "mix_ids" in inputs or "mix_weights" in inputs
+    if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
+        raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
+    contract = GraphContract(
+        kv_shape=kv_shape,
+        num_layers=num_layers,
+        vocab_size=vocab,
+        num_logits=num_logits,
+        metadata=meta,
+        stage=_graph_stage(meta, num_layers, "input_ids" in inputs, "logits" in outputs, widths[2:], source),
+        hidden_size=widths[0],
+        feature_size=widths[1],
+        tree=_tree_inputs(inputs, kv_shape[2], source),
+        mix_inputs=mix,
+        stage_width=max(widths[2:]),
+    )
+    return dataclasses.replace(contract, graph_spec=_recorded_spec(contract, source))
+
+
+def _cache_inputs(inputs: dict[str, Any], outputs: dict[str, Any], source: str) -> tuple[int, tuple[int, ...]]:
+    """The graph's cache layers and the shape of each cache tensor, checked (every layer's key and value, input and
+    ``_RetainedState`` output, one fixed float32 shape)."""
     layers = sorted({int(m.group(2)) for n in inputs if (m := _PAST.match(n))})
     if not layers:
         raise BackendError(f"{source}: no past_key.{{i}} / past_value.{{i}} cache inputs (inputs: {sorted(inputs)})")
@@ -77,39 +130,41 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
             raise BackendError(f"{source}: {name} has shape {inputs[name].shape}, past_key.0 has {kv_shape}")
         if _PAST.match(name) and inputs[name].type != "tensor(float)":
             raise BackendError(f"{source}: {name} must be float32; got {inputs[name].type}")
-    batch = inputs["input_ids" if "input_ids" in inputs else "hidden_in"].shape[0]
-    if isinstance(batch, int) and batch != kv_shape[0]:
-        raise BackendError(f"{source}: input_ids batch {batch} differs from the cache batch {kv_shape[0]}")
-    logits_shape = outputs["logits"].shape if "logits" in outputs else []
-    vocab = logits_shape[-1] if logits_shape else None
-    meta = dict(session.get_modelmeta().custom_metadata_map)
-    if not isinstance(vocab, int):
-        cfg = json.loads(meta.get("accel.model_config", "{}"))
-        vocab = cfg.get("vocab_size")
-    if not isinstance(vocab, int):
-        raise BackendError(f"{source}: the vocabulary size is unknown (logits shape {logits_shape}, no metadata)")
-    num_logits = logits_shape[1] if len(logits_shape) == 3 and isinstance(logits_shape[1], int) else None
+    return num_layers, tuple(kv_shape)
+
+
+def _widths(inputs: dict[str, Any], outputs: dict[str, Any], source: str) -> list[int]:
+    """Widths of ``hidden_states``, ``features``, ``hidden_in`` and ``hidden_out`` (0 where absent)."""
     widths = []
-    for name, group in (
-        ("hidden_states", outputs),
-        ("features", inputs),
-        ("hidden_in", inputs),
-        ("hidden_out", outputs),
-    ):
+    for name, group in (("hidden_states", outputs), ("features", inputs), ("hidden_in", inputs),
+                        ("hidden_out", outputs)):  # fmt: skip
         shape = group[name].shape if name in group else None
         if shape is not None and (len(shape) != 3 or not isinstance(shape[2], int)):
             raise BackendError(f"{source}: {name} must be [B, seq_len, width] with a fixed width; got {shape}")
         widths.append(shape[2] if shape is not None else 0)
-    tree = _tree_inputs(inputs, kv_shape[2], source)
-    mix = "mix_ids" in inputs or "mix_weights" in inputs
-    if mix and not ("mix_ids" in inputs and "mix_weights" in inputs):
-        raise BackendError(f"{source}: a mixed-input graph needs both inputs mix_ids and mix_weights")
-    contract = GraphContract(
-        kv_shape[0], kv_shape[2], vocab, num_layers, tuple(kv_shape), num_logits, meta, widths[0], widths[1], tree, mix
-    )
-    contract.stage = _graph_stage(meta, num_layers, "input_ids" in inputs, "logits" in outputs, widths[2:], source)
-    contract.stage_width = max(widths[2:])
-    return contract
+    return widths
+
+
+def _recorded_spec(c: GraphContract, source: str) -> GraphSpec | None:
+    """The graph's recorded ``GraphSpec`` (None without one), checked against what the graph itself declares."""
+    spec = GraphSpec.from_metadata(c.metadata, source)
+    if spec is None:
+        return None
+    facts = {
+        "ctx_len": (spec.ctx_len, c.ctx_len),
+        "batch_size": (spec.batch_size, c.batch_size),
+        "tree": (spec.tree, c.tree),
+        "mix_inputs": (spec.mix_inputs, c.mix_inputs),
+        "stage": (spec.stage or StageSpec.whole(c.num_layers), c.stage),
+    }
+    if c.stage.has_logits:
+        facts["num_logits"] = (spec.num_logits, c.num_logits)
+    if c.stage.is_last:
+        facts["hidden_output"] = (spec.hidden_output, bool(c.hidden_size))
+    wrong = [f"{name} {said!r} (the graph: {has!r})" for name, (said, has) in facts.items() if said != has]
+    if wrong:
+        raise BackendError(f"{source}: {GRAPH_SPEC_KEY} disagrees with the graph: {'; '.join(wrong)}")
+    return spec
 
 
 def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:

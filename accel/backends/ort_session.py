@@ -17,14 +17,16 @@ import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypedDict
 
 import onnxruntime as ort
 
-from accel.backends.onnx_mxlinear import register_mx_kernel, uses_mx_kernel_error
+from accel.backends.onnx_mxlinear import check_mx_kernel_graph, register_mx_kernel, uses_mx_kernel_error
 from accel.errors import BackendError
 
-__all__ = ["open_session", "optimized_key", "session_options"]
+__all__ = ["SessionOptions", "configured_session", "open_session", "optimized_key", "session_options"]
 
 _MODEL, _DATA = "model.onnx", "model.onnx.data"
 
@@ -68,6 +70,38 @@ def optimized_key(path: Path, providers: list[str]) -> str:
             st = f.stat()
             h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
+
+
+class SessionOptions(TypedDict, total=False):
+    """``OrtBackend``'s session settings, given as its keywords: ``threads`` (intra-op threads; None: onnxruntime's
+    choice), ``providers`` (default ``["CPUExecutionProvider"]``), ``spin`` (idle threads busy-wait; default off),
+    ``profile`` (onnxruntime's profiler file prefix), ``optimized_dir`` (the optimized-graph cache: module docstring).
+    """
+
+    threads: int | None
+    providers: list[str] | None
+    spin: bool
+    profile: str | os.PathLike | None
+    optimized_dir: str | os.PathLike | None
+
+
+def configured_session(path: Path, options: Mapping[str, Any]) -> ort.InferenceSession:
+    """``open_session`` of ``path`` with the ``SessionOptions`` ``options`` (defaults filled in); BackendError naming
+    an unknown setting."""
+    unknown = sorted(set(options) - set(SessionOptions.__annotations__))
+    if unknown:
+        raise BackendError(
+            f"OrtBackend got unknown keyword(s) {', '.join(unknown)}; session settings: "
+            f"{', '.join(SessionOptions.__annotations__)}"
+        )
+    return open_session(
+        path,
+        threads=options.get("threads"),
+        spin=bool(options.get("spin", False)),
+        providers=options.get("providers") or ["CPUExecutionProvider"],
+        optimized_dir=options.get("optimized_dir"),
+        profile=options.get("profile"),
+    )
 
 
 def open_session(
@@ -115,6 +149,7 @@ def _session(path: Path, opts: ort.SessionOptions, providers: list[str]) -> ort.
     except Exception as exc:
         if not uses_mx_kernel_error(exc):
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+    check_mx_kernel_graph(path)  # a kernel graph accel did not write is refused, not run with other numbers
     register_mx_kernel(opts, opts.intra_op_num_threads or None)
     try:
         return ort.InferenceSession(str(path), opts, providers=providers)

@@ -11,6 +11,7 @@ as a CUDA graph on a GPU (``graphs``). ``compile=True`` compiles each transforme
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -29,7 +30,22 @@ from accel.backends.torch_graphs import CallKey, StaticCalls, resolve_device, re
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
-__all__ = ["TorchBackend"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["TorchBackend", "TorchRuntime"]
+
+
+class TorchRuntime(TypedDict, total=False):
+    """``TorchBackend``'s runtime settings, given as its keywords (see its docstring): ``dtype``, ``threads``,
+    ``device``, ``graphs``, ``compile``, ``fuse``."""
+
+    dtype: torch.dtype | str | None
+    threads: int | None
+    device: str | torch.device
+    graphs: bool | None
+    compile: bool
+    fuse: bool | None
 
 
 class TorchBackend:
@@ -40,13 +56,15 @@ class TorchBackend:
         ctx_len: KV-cache length in tokens.
         batch_size: rows per call.
         max_seq_len: most tokens per call (default ``ctx_len``).
-        dtype: weight, cache and compute dtype: ``float32``, ``float16`` or ``bfloat16`` (a name or torch dtype;
-            default: the model's parameter dtype). Norms, RoPE and softmax compute in float32 whatever it is.
-        threads: torch intra-op threads (default: leave torch's setting).
         stage: run only layers ``[stage.start, stage.stop)`` as a pipeline stage (``accel.backends.stages``), with
             the cache of those layers; calls go through ``forward_stage``. Default: the whole model.
         exit_head: for a stage with ``exit_logits``: a callable from residual states ``[B, N, hidden]`` to logits
             ``[B, N, V]`` (``accel.drafts.early_exit.ExitHead``); default: the model's final norm and LM head.
+
+    The runtime settings (``TorchRuntime``, keywords; an unknown one is a BackendError naming it):
+        dtype: weight, cache and compute dtype: ``float32``, ``float16`` or ``bfloat16`` (a name or torch dtype;
+            default: the model's parameter dtype). Norms, RoPE and softmax compute in float32 whatever it is.
+        threads: torch intra-op threads (default: leave torch's setting).
         device: ``cpu``, ``cuda`` or ``cuda:N`` (``BackendError`` where CUDA is asked for and absent).
         graphs: run each call signature on static buffers, captured as a CUDA graph on a GPU (default: on for
             CUDA, off on the CPU, where ``True`` runs the same buffers eagerly).
@@ -64,22 +82,24 @@ class TorchBackend:
         ctx_len: int,
         batch_size: int = 1,
         max_seq_len: int | None = None,
-        dtype: torch.dtype | str | None = None,
-        threads: int | None = None,
         stage: StageSpec | None = None,
         exit_head=None,
-        device: str | torch.device = "cpu",
-        graphs: bool | None = None,
-        compile: bool = False,
-        fuse: bool | None = None,
+        **runtime: Unpack[TorchRuntime],
     ) -> None:
         if not hasattr(getattr(model, "config", None), "num_kv_heads"):
             raise BackendError(f"TorchBackend needs an accel.models.Decoder; got {type(model).__name__}")
+        unknown = sorted(set(runtime) - set(TorchRuntime.__annotations__))
+        if unknown:
+            raise BackendError(
+                f"TorchBackend got unknown keyword(s) {', '.join(unknown)}; runtime settings: "
+                f"{', '.join(TorchRuntime.__annotations__)}"
+            )
         cfg = model.config
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, next(model.parameters()).dtype)
+        self.device = resolve_device(runtime.get("device", "cpu"))
+        self.dtype = resolve_dtype(runtime.get("dtype"), next(model.parameters()).dtype)
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+        threads = runtime.get("threads")
         check_sizes(ctx_len, batch_size, threads, per_token)
         _check_device_memory(self.device, (ctx_len + 1) * batch_size * per_token)
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
@@ -99,17 +119,21 @@ class TorchBackend:
             self.keys, self.values = new_cache(
                 cfg.with_(num_layers=self._stage.num_layers), batch_size, ctx_len + 1, self.dtype
             )
+        self._calls = self._prepare(runtime, batch_size, ctx_len + 1)
+
+    def _prepare(self, runtime: TorchRuntime, batch_size: int, slots: int) -> StaticCalls | None:
+        """Fuse and compile the blocks as ``runtime`` asks (defaults: fused on CUDA, not compiled), and the static
+        call runner of whole-model calls where ``graphs`` is on (default: on CUDA), over ``slots`` cache slots."""
         on_gpu = self.device.type == "cuda"
+        fuse, graphs = runtime.get("fuse"), runtime.get("graphs")
         for block in self.model.blocks:
             if fuse if fuse is not None else on_gpu:
                 block.fuse()
-            if compile:  # regional compilation: one compiled block serves every layer (each new shape compiles once)
+            if runtime.get("compile", False):  # regional compilation: one compiled block serves every layer
                 block.compile()
-        self._calls = None
         if (graphs if graphs is not None else on_gpu) and self._stage.is_whole:
-            self._calls = StaticCalls(
-                self._step, batch_size=batch_size, slots=ctx_len + 1, device=self.device, capture=on_gpu
-            )
+            return StaticCalls(self._step, batch_size=batch_size, slots=slots, device=self.device, capture=on_gpu)
+        return None
 
     @property
     def info(self) -> BackendInfo:
