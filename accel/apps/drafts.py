@@ -80,12 +80,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a standalone draft (accel distill; plain or MX-compressed) as a float32 Hugging Face "
         "checkpoint that transformers.AutoModelForCausalLM loads with the same logits, for engines that take a "
         "draft model by path (vLLM's draft_model method, vllm-qaic). A restricted head is widened to the full "
-        "vocabulary (zero rows outside it); feature drafts and Hydra heads have no plain-LM form and are refused "
-        "(docs/serving.md).",
+        "vocabulary (zero rows outside it); feature drafts and Hydra heads have no plain-LM form and are refused. "
+        "--format speculators says why no accel draft has a speculators (EAGLE-3) form (docs/serving.md).",
     )
     x.add_argument("draft", help="draft checkpoint directory (accel distill's output, plain or MX-compressed)")
     x.add_argument("-o", "--out", required=True, metavar="OUT_DIR", help="output directory (must not exist)")
-    x.add_argument("--format", choices=("hf",), default="hf", help="output format (hf: a plain HF checkpoint)")
+    x.add_argument(
+        "--format",
+        choices=("hf", "speculators"),
+        default="hf",
+        help="output format (hf: a plain HF checkpoint; speculators: refused with the reason)",
+    )
     x.set_defaults(func=_export_draft)
 
 
@@ -97,6 +102,10 @@ def _export_draft(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():
         raise DraftError(f"{out} exists: give a new output directory")
+    if args.format == "speculators":
+        from accel.serving.speculators_format import SPECULATORS_EXPORT_REFUSALS
+
+        raise DraftError(f"{args.draft}: {SPECULATORS_EXPORT_REFUSALS[_draft_kind(args.draft)]}")
     if is_heads_dir(args.draft):
         raise DraftError(
             f"{args.draft} holds Hydra heads, which read the target's hidden states and have no plain Hugging Face "
@@ -107,6 +116,29 @@ def _export_draft(args: argparse.Namespace) -> int:
     export_hf_draft(args.draft, out)
     print(f"wrote {out} (Hugging Face checkpoint: AutoModelForCausalLM.from_pretrained loads it)")
     return 0
+
+
+def _draft_kind(draft: str) -> str:
+    """``hydra``, ``speculators``, ``feature`` or ``standalone``: what the folder ``draft`` holds (DraftError if it
+    is no draft folder)."""
+    from accel.drafts.hydra.open import is_heads_dir
+    from accel.errors import DraftError
+    from accel.models.config_json import FEATURE_SIZE_KEY
+
+    if is_heads_dir(draft):
+        return "hydra"
+    config = Path(draft) / "config.json"
+    if not config.is_file():
+        raise DraftError(f"no draft checkpoint directory at {draft}")
+    try:
+        fields = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DraftError(f"{config} is not valid JSON: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise DraftError(f"{config} must hold a JSON object")
+    if "speculators_model_type" in fields:
+        return "speculators"
+    return "feature" if fields.get(FEATURE_SIZE_KEY) else "standalone"
 
 
 def _read_prompts(path: str, chat: bool) -> list[str]:
