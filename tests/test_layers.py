@@ -11,7 +11,7 @@ import accel
 
 #: bottom to top; a package may import its own layer and every layer before it
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_lazy"),  # the base: exceptions and the lazy-attribute helper
+    ("errors", "_lazy", "_io"),  # the base: exceptions, the lazy-attribute helper, checked output paths
     ("formats",),  # MX codecs and the fused kernel
     ("models",),  # configs, the torch decoder, checkpoint loading
     ("backends",),  # ONNX export, onnxruntime / torch / Cloud AI 100 runtimes

@@ -18,15 +18,8 @@ ROOT = Path(accel.__file__).resolve().parent
 #: option objects; issue "One typed decode recipe")
 DEBT: dict[str, tuple[int, int]] = {
     "backends.base:Backend.forward": (16, 9),
-    "backends.export:export_cached": (54, 11),
-    "backends.export:export_onnx": (59, 15),
-    "backends.onnx_graph:_DecoderGraph.__init__": (31, 13),
-    "backends.onnx_graph:build_decoder_graph": (58, 16),
-    "backends.ort_backend:OrtBackend.__init__": (34, 9),
     "backends.ort_backend:OrtBackend.forward": (49, 9),
-    "backends.ort_graph:GraphContract.__init__": (26, 11),
     "backends.qaic:write_qaic_files": (44, 11),
-    "backends.torch_backend:TorchBackend.__init__": (53, 12),
     "backends.torch_backend:TorchBackend.forward": (43, 9),
     "decode.build:open_backend": (43, 9),
     "drafts.data:sample_prompts": (56, 13),
@@ -45,7 +38,7 @@ DEBT: dict[str, tuple[int, int]] = {
     "sim.roofline:step_arrays": (49, 11),
     "sim.roofline:step_time": (43, 11),
     "sim.sweeps:sweep": (53, 9),
-    "spd.autotune:AutoTune.__init__": (38, 9),
+    "spd.autotune:AutoTune.__init__": (24, 9),
 }
 
 

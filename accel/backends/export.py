@@ -33,6 +33,7 @@ import onnx
 from tqdm.auto import tqdm
 
 from accel import __version__
+from accel._io import check_output_path
 from accel.backends.export_tensors import ExportLayout, model_tensors
 from accel.backends.graph_spec import GraphOptions, GraphSpec, element_name
 from accel.backends.onnx_builder import ExternalData
@@ -138,6 +139,7 @@ def _export(
     path = Path(path)
     if path.is_dir():
         raise BackendError(f"{path} is a directory: give the path of the .onnx file to write")
+    path = check_output_path(path, "the ONNX graph", BackendError)
     tensors, used_format = model_tensors(structure, spec.export_weights, source)
     if external_data is None:
         external_data = _num_elements(structure, source) * 4 > _EXTERNAL_DATA_BYTES

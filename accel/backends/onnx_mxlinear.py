@@ -16,17 +16,30 @@ Sessions: a graph with ``ai.accel`` nodes needs the kernel library registered in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
+from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
 from accel.formats.mxkernel import code_table, fast_code
 
-__all__ = ["DOMAIN", "mx_linear", "register_mx_kernel", "uses_mx_kernel_error"]
+__all__ = [
+    "DOMAIN",
+    "DOMAIN_VERSIONS",
+    "check_mx_kernel_graph",
+    "mx_linear",
+    "register_mx_kernel",
+    "uses_mx_kernel_error",
+]
 
 DOMAIN = "ai.accel"
+#: the ``ai.accel`` opset versions this accel writes and runs (``accel.backends.onnx_graph`` declares version 1)
+DOMAIN_VERSIONS = (1,)
+_REQUIRED_ATTRS = {"N", "K", "bits", "block", "fast"}
+_FORMAT_OF_FAST = {1: MXFP6_E2M3, 2: MXFP4_E2M1, 3: MXINT8}  # the kernel's format codes (accel.formats.mxkernel)
 
 
 def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -94,3 +107,75 @@ def register_mx_kernel(opts: Any, threads: int | None) -> None:
         )
     lib.mxk_set_ort_threads(max(1, threads or default_threads()))
     opts.register_custom_ops_library(status.library)
+
+
+def check_mx_kernel_graph(path: str | Path) -> None:
+    """BackendError, naming the file and node, unless every ``ai.accel`` node of the graph at ``path`` is an
+    ``MXLinear`` as ``mx_linear`` writes it, in an ``ai.accel`` opset version this accel knows (``DOMAIN_VERSIONS``).
+
+    Checked: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, ``block`` 32, ``K`` a multiple of 32, ``act_bits``
+    absent, 32 or 8 with E2M3/E2M1), the codes and scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32``
+    elements) and the value table (the format's ``code_table``, bit for bit). The kernel itself computes NaN for
+    sizes it does not expect, but a ``fast`` code that disagrees with ``bits`` or a foreign value table gives other
+    numbers without a word (fast 2 on MXFP6 codes: logits off by ~8 on a test decoder)."""
+    import onnx
+
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, OSError: a corrupt or unreadable file
+        raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
+    for opset in model.opset_import:
+        if opset.domain == DOMAIN and opset.version not in DOMAIN_VERSIONS:
+            raise BackendError(
+                f"{path} uses the {DOMAIN} operators of opset version {opset.version}; this accel runs version(s) "
+                f"{list(DOMAIN_VERSIONS)} (a graph written by another accel version: export it again)"
+            )
+    initializers = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.domain == DOMAIN:
+            _check_node(node, initializers, Path(path))
+
+
+def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
+    """``check_mx_kernel_graph`` for one ``ai.accel`` node."""
+    from onnx import AttributeProto, TensorProto, numpy_helper
+
+    where = f"{path}: {DOMAIN}::{node.op_type} node {node.name or node.output[0]!r}"
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type != "MXLinear" or len(node.input) != 4 or len(node.output) != 1:
+        raise BackendError(f"{where}: accel's kernel domain has one operator, MXLinear (4 inputs, 1 output)")
+    if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits"} or any(
+        a.type != AttributeProto.INT for a in attrs.values()
+    ):
+        raise BackendError(f"{where}: attributes {sorted(attrs)}; MXLinear has the ints {sorted(_REQUIRED_ATTRS)}")
+    a = {name: int(attr.i) for name, attr in attrs.items()}
+    fmt = _FORMAT_OF_FAST.get(a["fast"])
+    act_bits = a.get("act_bits", 32)
+    if (
+        fmt is None
+        or a["bits"] != fmt.bits
+        or a["block"] != 32
+        or a["N"] < 1
+        or a["K"] < 32
+        or a["K"] % 32
+        or act_bits not in (8, 32)
+        or (act_bits == 8 and a["fast"] == 3)
+    ):
+        raise BackendError(
+            f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
+            "block 32, K a multiple of 32, act_bits 8 only with E2M3/E2M1)"
+        )
+    want = {
+        node.input[1]: (TensorProto.UINT8, a["N"] * a["K"] * a["bits"] // 8, "codes"),
+        node.input[2]: (TensorProto.UINT8, a["N"] * a["K"] // 32, "scales"),
+        node.input[3]: (TensorProto.FLOAT, 256, "value table"),
+    }
+    for name, (dtype, count, what) in want.items():
+        t = initializers.get(name)
+        if t is None or t.data_type != dtype or int(np.prod(t.dims)) != count:
+            kind = TensorProto.DataType.Name(dtype)
+            got = "not an initializer" if t is None else f"{TensorProto.DataType.Name(t.data_type)} x {np.prod(t.dims)}"
+            raise BackendError(f"{where}: its {what} {name!r} is {got}; N={a['N']} K={a['K']} need {kind} x {count}")
+    table = numpy_helper.to_array(initializers[node.input[3]], base_dir=str(path.parent))
+    if not np.array_equal(np.asarray(table, np.float32).view(np.uint32), code_table(fmt).view(np.uint32)):
+        raise BackendError(f"{where}: its value table is not the {fmt.name} code values the kernel's formats use")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from accel._io import check_output_path, output_file
 from accel.backends.base import BackendInfo, check_step_inputs
 from accel.errors import BackendError
 
@@ -37,6 +38,7 @@ __all__ = ["NO_TREE_REASON", "QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "wri
 
 QAIC_EXEC = "/opt/qti-aic/exec/qaic-exec"  # the compiler driver QEfficient calls (``-compile-only``)
 SPEC_FILE = "accel_qaic.json"
+_WHAT = "the Cloud AI 100 files"  # what write_qaic_files's errors say it was writing
 _PAST = re.compile(r"^past_(key|value)\.(\d+)$")
 
 
@@ -200,8 +202,7 @@ def _checked_graph(onnx_path: Path, out: Path, ctx_len: int, batch_size: int) ->
     """(num_layers, vocab, baked num_logits, has tree inputs) of the graph, checked against the asked settings."""
     if not onnx_path.is_file():
         raise BackendError(f"no ONNX file at {onnx_path}")
-    if out.exists() and not out.is_dir():
-        raise BackendError(f"{out} exists and is not a directory; give a folder for the Cloud AI 100 files")
+    check_output_path(out, _WHAT, BackendError, folder=True)
     num_layers, graph_ctx, graph_batch, vocab, num_logits, tree = _graph_facts(onnx_path)
     if graph_ctx != ctx_len or graph_batch != batch_size:
         raise BackendError(
@@ -258,21 +259,24 @@ def _compile_files(spec: QaicCompileSpec) -> dict[str, str]:
 
 def _write_files_atomic(out: Path, files: dict[str, str]) -> None:
     """Write ``files`` into a temp folder beside ``out``, then move them in (a new ``out`` appears complete; on a
-    failure nothing is left: no temp folder, no empty ``out``)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        (tmp / "compile.sh").chmod(0o755)
-        tmp.chmod(0o777 & ~_umask())
-        if not out.exists():
-            os.rename(tmp, out)
-            return
-        for name in files:
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    failure nothing is left: no temp folder, no empty ``out``, no parent folder made for it)."""
+    with output_file(out, _WHAT, BackendError, folder=True):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        try:
+            for name, text in files.items():
+                (tmp / name).write_text(text)
+            (tmp / "compile.sh").chmod(0o755)
+            tmp.chmod(0o777 & ~_umask())
+            if not out.exists():
+                os.rename(tmp, out)
+                return
+            for name in files:
+                if (out / name).is_dir():
+                    raise BackendError(f"cannot write {_WHAT} to {out}: {out / name} is a directory")
+            for name in files:
+                os.replace(tmp / name, out / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask() -> int:

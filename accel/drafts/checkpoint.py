@@ -11,22 +11,28 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.errors import AccelError, DraftError
+from accel._io import output_file, writing
+from accel.errors import AccelError, DraftError, ModelError
 from accel.models.decoder import Decoder
+from accel.models.loading import load_checkpoint, save_pretrained
 
 __all__ = [
     "TOKENIZER_FILES",
+    "check_finite",
     "check_pair",
     "copy_tokenizer",
     "describe",
     "load_model",
     "load_text_tokenizer",
     "load_torch_state",
+    "restoring",
     "save_model",
     "save_torch_state",
 ]
@@ -54,7 +60,8 @@ def load_model(model: Decoder | str | Path, role: str = "model") -> Decoder:
     """Return ``model`` as an eval-mode float32 ``Decoder``, loading a checkpoint directory with ``accel.models.load``.
 
     Raises ``DraftError`` naming ``role`` ("target"/"draft") and the path when the directory, its ``config.json`` or
-    its weights are missing, or when the files are corrupted or do not match the config.
+    its weights are missing, when the files are corrupted or do not match the config, or when a weight holds NaN or
+    ±Inf (a damaged or diverged checkpoint: its drafts would be accepted never, or checked against NaN).
     """
     if isinstance(model, Decoder):
         return model.eval()
@@ -67,14 +74,23 @@ def load_model(model: Decoder | str | Path, role: str = "model") -> Decoder:
         raise DraftError(f"{role} checkpoint {path} has no config.json")
     if not any((path / f).is_file() for f in _WEIGHT_FILES):
         raise DraftError(f"{role} checkpoint {path} has no weights (expected one of {', '.join(_WEIGHT_FILES)})")
-    from accel.models.loading import load_checkpoint
-
     try:
-        return load_checkpoint(path).eval()
+        loaded = load_checkpoint(path).eval()
     except AccelError as exc:
         raise DraftError(f"{role} checkpoint {path} cannot be loaded: {exc}") from exc
     except Exception as exc:  # safetensors/json/struct errors from a corrupted file
         raise DraftError(f"{role} checkpoint {path} is corrupted or unreadable: {type(exc).__name__}: {exc}") from exc
+    check_finite(loaded.state_dict(), f"{role} checkpoint {path}")
+    return loaded
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """``DraftError`` naming ``source`` and the first tensor unless every floating-point tensor is finite."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise DraftError(
+            f"{source}: {bad[0]} holds NaN or infinite weights ({len(bad)} tensor(s) do): the checkpoint is damaged"
+        )
 
 
 def check_pair(target: Decoder, draft: Decoder, target_name: str = "target", draft_name: str = "draft") -> None:
@@ -103,14 +119,17 @@ def load_text_tokenizer(checkpoint: str | Path):
 
 
 def save_model(model: Decoder, out_dir: str | Path) -> Path:
-    """Write ``model`` as a checkpoint directory (config.json + model.safetensors, atomically); returns the dir."""
-    from accel.models.loading import save_pretrained
-
-    return Path(save_pretrained(model, out_dir))
+    """Write ``model`` as a checkpoint directory (config.json + model.safetensors, atomically); returns the dir.
+    ``DraftError`` naming ``out_dir`` when it cannot be written (``accel.models.save_pretrained``'s checks)."""
+    try:
+        return Path(save_pretrained(model, out_dir))
+    except ModelError as exc:
+        raise DraftError(str(exc)) from exc
 
 
 def copy_tokenizer(src: str | Path | None, dst: str | Path) -> list[str]:
-    """Copy the tokenizer files present in ``src`` to ``dst``; returns their names (none if ``src`` is None)."""
+    """Copy the tokenizer files present in ``src`` to ``dst`` (each through a temp file and a rename); returns their
+    names (none if ``src`` is None). ``DraftError`` naming ``dst`` when it cannot be written."""
     if src is None:
         return []
     copied = []
@@ -118,29 +137,52 @@ def copy_tokenizer(src: str | Path | None, dst: str | Path) -> list[str]:
         f = Path(src) / name
         if f.is_file():
             tmp = Path(dst) / f".{name}.tmp"
-            shutil.copyfile(f, tmp)
-            os.replace(tmp, Path(dst) / name)
+            with writing(dst, f"the tokenizer file {name}", DraftError):
+                try:
+                    shutil.copyfile(f, tmp)
+                    os.replace(tmp, Path(dst) / name)
+                finally:
+                    tmp.unlink(missing_ok=True)
             copied.append(name)
     return copied
 
 
 def save_torch_state(state: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to a temp file in the same directory, then rename (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """``torch.save`` to a temp file in the same directory, then rename (never a half-written file); ``DraftError``
+    naming ``path`` when it cannot be written."""
+    with output_file(path, "the training state", DraftError) as out:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def load_torch_state(path: str | Path) -> dict[str, Any]:
-    """Load a state written by ``save_torch_state`` (``weights_only=True``: nothing is unpickled)."""
+    """Load a state written by ``save_torch_state`` (``weights_only=True``: nothing is unpickled); ``DraftError``
+    when it is unreadable or not a dict of named entries."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise DraftError(f"training state {path} is corrupted or unreadable: {exc}") from exc
+    if not isinstance(state, dict):
+        raise DraftError(f"training state {path} holds a {type(state).__name__}, not a training state")
+    return state
+
+
+@contextmanager
+def restoring(path: str | Path) -> Iterator[None]:
+    """Within the block (a trainer restoring the state at ``path``), a missing entry or one of the wrong shape,
+    type or value is ``DraftError`` naming the file, never a bare ``KeyError``/``RuntimeError`` from torch."""
+    try:
+        yield
+    except AccelError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        raise DraftError(
+            f"training state {path} does not fit this run ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "start without resume"
+        ) from exc

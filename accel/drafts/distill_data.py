@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from accel._io import check_output_path, writing
 from accel.drafts.checkpoint import load_text_tokenizer
 from accel.drafts.config import DistillConfig
 from accel.drafts.data import TeacherData, self_generate, teacher_topk, text_windows
@@ -23,6 +24,8 @@ from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
 __all__ = ["ShardCache", "build_data"]
+
+_WHAT = "the distillation data"  # what the shard cache's errors say it was writing
 
 _DATA_SETTINGS = {
     "data_files",
@@ -42,7 +45,9 @@ class ShardCache:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
+        check_output_path(data_dir, _WHAT, DraftError, folder=True)
+        with writing(data_dir, _WHAT, DraftError):
+            data_dir.mkdir(parents=True, exist_ok=True)
 
     def stamp(self, settings: dict[str, Any]) -> None:
         """DraftError if the folder was built with other ``settings``; else record them."""
@@ -53,8 +58,9 @@ class ShardCache:
                 "top-k); rerun without --resume to rebuild it"
             )
         tmp = self.data_dir / ".settings.json.tmp"
-        tmp.write_text(json.dumps(settings, sort_keys=True))
-        os.replace(tmp, stamp)
+        with writing(self.data_dir, _WHAT, DraftError):
+            tmp.write_text(json.dumps(settings, sort_keys=True))
+            os.replace(tmp, stamp)
 
     def get(self, name: str, make: Callable[[], TeacherData]) -> TeacherData:
         """The shard ``name``: loaded if present and valid, else made by ``make()`` and saved."""
@@ -70,8 +76,9 @@ class ShardCache:
                 path.unlink()
         part = make()
         tmp = self.data_dir / f".{name}.tmp"
-        save_file(part.tensors(), str(tmp))
-        os.replace(tmp, path)
+        with writing(self.data_dir, _WHAT, DraftError):
+            save_file(part.tensors(), str(tmp))
+            os.replace(tmp, path)
         return part
 
 

@@ -30,9 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel._io import output_folder
 from accel.drafts.loss import sampled_topk_kl, topk_kl
 from accel.errors import AccelError, DraftError
 from accel.models.decoder import MLP, Decoder, _norm, new_cache
+from accel.models.loading import _read_safetensors
 
 __all__ = [
     "ExitHead",
@@ -269,33 +271,48 @@ def save_exit_head(head: ExitHead, target: Decoder, path: str | Path, card: dict
     meta = {"layer": head.layer, "width": head.width, "target": _shape(target)}
     if set(card or {}) & set(meta):
         raise DraftError(f"the card's keys {sorted(set(card or {}) & set(meta))} are the head's own; rename them")
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
-    tmp = out / f".{WEIGHTS}.tmp"
-    save_file(state, str(tmp))
-    os.replace(tmp, out / WEIGHTS)
-    (out / CARD).write_text(json.dumps({**meta, **(card or {})}, indent=1, sort_keys=True) + "\n")
+    text = json.dumps({**meta, **(card or {})}, indent=1, sort_keys=True) + "\n"
+    with output_folder(path, "the exit head", DraftError, (WEIGHTS, CARD)) as out:
+        for name, write in ((WEIGHTS, lambda p: save_file(state, str(p))), (CARD, lambda p: p.write_text(text))):
+            tmp = out / f".{name}.tmp"
+            try:
+                write(tmp)
+                os.replace(tmp, out / name)
+            finally:
+                tmp.unlink(missing_ok=True)
     return out
+
+
+def _read_card(path: Path) -> tuple[int, int, Any]:
+    """(layer, width, target shape) of an exit head card; ``DraftError`` unless it is a JSON object whose ``layer``
+    and ``width`` are JSON integers (``1.7``, ``"1"`` or ``true`` were truncated or cast before: another layer)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DraftError(f"{path}: bad exit head card (not JSON: {exc})") from exc
+    if not isinstance(meta, dict) or "target" not in meta:
+        raise DraftError(f"{path}: bad exit head card (a JSON object with layer, width and target)")
+    for key in ("layer", "width"):
+        if type(meta.get(key)) is not int:
+            raise DraftError(f"{path}: bad exit head card ({key} must be a JSON integer; got {meta.get(key)!r})")
+    return meta["layer"], meta["width"], meta["target"]
 
 
 def load_exit_head(path: str | Path, target: Decoder) -> ExitHead:
     """The exit head saved at ``path`` for ``target``; ``DraftError`` when files are missing, truncated or not
     safetensors (accel's checked reader, ``accel.models.loading``), the head was trained for a target of another
     shape, or its tensors do not match its card or are not finite."""
-    from accel.models.loading import _read_safetensors
-
     src = Path(path)
     if not (src / CARD).is_file() or not (src / WEIGHTS).is_file():
         raise DraftError(f"{src} is not an exit head directory (needs {CARD} and {WEIGHTS})")
-    try:
-        meta = json.loads((src / CARD).read_text())
-        layer, width, shape = int(meta["layer"]), int(meta["width"]), meta["target"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DraftError(f"{src / CARD}: bad exit head card ({exc})") from exc
+    layer, width, shape = _read_card(src / CARD)
     if shape != _shape(target):
         raise DraftError(f"{src}: the exit head was trained for a target {shape}, not {_shape(target)}")
-    head = ExitHead(target, layer, width)
+    try:
+        head = ExitHead(target, layer, width)
+    except AccelError as exc:  # a layer or width the target cannot have
+        raise DraftError(f"{src / CARD}: {exc}") from exc
     try:
         state = _read_safetensors(src / WEIGHTS)
     except AccelError as exc:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from accel._io import check_output_path
+from accel.drafts.checkpoint import copy_tokenizer, load_model, save_model
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
@@ -53,9 +55,9 @@ def full_vocab_draft(draft: Decoder) -> Decoder:
 def export_hf_draft(draft: Decoder | str | Path, out_dir: str | Path) -> Path:
     """Write ``draft`` (a ``Decoder`` or a draft checkpoint directory, plain or MX-compressed) to ``out_dir`` as a
     float32 Hugging Face checkpoint (``config.json``, ``model.safetensors``, the tokenizer files of a source
-    directory). Returns ``out_dir``. DraftError for a feature draft or an unreadable source."""
-    from accel.drafts.checkpoint import copy_tokenizer, load_model, save_model
-
+    directory). Returns ``out_dir``. DraftError for a feature draft, an unreadable source or an ``out_dir`` that cannot
+    be written (checked before the draft is read)."""
+    check_output_path(out_dir, "the Hugging Face draft", DraftError, folder=True)
     model = load_model(draft, role="draft")
     out = save_model(full_vocab_draft(model), out_dir)
     copy_tokenizer(None if isinstance(draft, Decoder) else draft, out)

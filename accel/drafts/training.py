@@ -22,12 +22,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from accel._io import check_output_path, writing
 from accel.drafts.architecture import build_draft, causal_hidden, draft_config
 from accel.drafts.checkpoint import (
     copy_tokenizer,
     describe,
     load_model,
     load_torch_state,
+    restoring,
     save_model,
     save_torch_state,
 )
@@ -41,6 +43,7 @@ from accel.models.decoder import Decoder
 __all__ = ["build_data", "distill"]  # build_data: accel.drafts.distill_data
 
 _WORK = ".distill"
+_WHAT = "the draft"  # what distill's output errors say it was writing
 
 
 def distill(
@@ -65,7 +68,7 @@ def distill(
     cfg = config or DistillConfig()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(out_dir)
+    out = check_output_path(out_dir, _WHAT, DraftError, folder=True)  # before anything is read or trained
     work = out / _WORK
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else (None if isinstance(target, Decoder) else Path(target))
     target_model = load_model(target, "target")
@@ -73,7 +76,8 @@ def distill(
     if not cfg.resume and work.exists():
         shutil.rmtree(work)
     new_out = not out.exists()
-    work.mkdir(parents=True, exist_ok=True)
+    with writing(out, _WHAT, DraftError):
+        work.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     try:
@@ -99,10 +103,19 @@ def distill(
     if not (out / "model.safetensors").is_file():
         _write_output(draft, out, tok_dir)
     report = run.report(describe(target), data_time_s, stopped_by)
-    tmp = out / ".distill.json.tmp"
-    tmp.write_text(report.model_dump_json(indent=2))
-    os.replace(tmp, out / "distill.json")
+    _write_report(out, report)
     return report
+
+
+def _write_report(out: Path, report: DistillReport) -> None:
+    """``out/distill.json``, through a temp file and a rename (``DraftError`` when it cannot be written)."""
+    tmp = out / ".distill.json.tmp"
+    with writing(out, "the distill report", DraftError):
+        try:
+            tmp.write_text(report.model_dump_json(indent=2))
+            os.replace(tmp, out / "distill.json")
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 class _Training:
@@ -148,13 +161,14 @@ class _Training:
                 f"cannot resume from {self.state_path}: it was written with a different architecture/data config; "
                 "rerun without --resume to start over (or delete that file to train afresh on the cached data)"
             )
-        self.draft.load_state_dict(saved["model"])
-        self.opt.load_state_dict(saved["optimizer"])
-        self.batch_gen.set_state(saved["rng"])
-        self.step, self.order, self.cursor = int(saved["step"]), saved["order"], int(saved["cursor"])
-        self.history = [HistoryPoint(**h) for h in json.loads(saved["history"])]
-        self.best = json.loads(saved["best"])
-        self.elapsed_before = float(saved["elapsed_s"])
+        with restoring(self.state_path):
+            self.draft.load_state_dict(saved["model"])
+            self.opt.load_state_dict(saved["optimizer"])
+            self.batch_gen.set_state(saved["rng"])
+            self.step, self.order, self.cursor = int(saved["step"]), saved["order"], int(saved["cursor"])
+            self.history = [HistoryPoint(**h) for h in json.loads(saved["history"])]
+            self.best = json.loads(saved["best"])
+            self.elapsed_before = float(saved["elapsed_s"])
 
     def save(self) -> None:
         """Save model, optimizer, data order and history atomically."""

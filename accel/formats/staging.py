@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from accel._io import check_output_path
 from accel.errors import FormatError
 from accel.formats.writer import make_temp_file
 
@@ -45,13 +46,7 @@ def partial_dir(out: Path) -> Path:
 
 def check_output(out: Path, overwrite: bool) -> None:
     """FormatError unless ``out`` can be written: absent, an empty folder, or (with ``overwrite``) a checkpoint."""
-    if out.is_file() or (out.exists() and not out.is_dir()):
-        raise FormatError(f"output {out} exists and is not a directory; give a directory path")
-    ancestor = out.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise FormatError(f"cannot create {out}: {ancestor} is not a directory")
+    check_output_path(out, "the compressed checkpoint", FormatError, folder=True)  # a file, not writable, ...
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not overwrite:

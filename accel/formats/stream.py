@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from accel._io import writing
 from accel.errors import FormatError
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import get_format
@@ -128,22 +129,23 @@ def compress_checkpoint(
     shards = _shards(src)
     files = [SafetensorsFile(src / s) for s in shards]  # validates every header before writing anything
     state = PartialState(settings=settings, sources={s: source_stamp(src / s) for s in shards})
-    created = make_parents(partial_dir(out))
-    try:
-        staging, state = open_partial(out, state, resume, overwrite)
-    except BaseException:
-        remove_empty_dirs(created)
-        raise
-    try:
-        report = _write_all(src, staging, shards, files, state, progress)
-        finish(staging, out)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (accel.cli): keep the finished shards for --resume
-        drop_temp_files(staging)  # a signal between a writer's mkstemp and its own cleanup would leave one
-        raise
-    except BaseException:
-        remove_partial(staging)
-        remove_empty_dirs(created)
-        raise
+    with writing(out, "the compressed checkpoint", FormatError):  # a refusal of the OS: one named line
+        created = make_parents(partial_dir(out))
+        try:
+            staging, state = open_partial(out, state, resume, overwrite)
+        except BaseException:
+            remove_empty_dirs(created)
+            raise
+        try:
+            report = _write_all(src, staging, shards, files, state, progress)
+            finish(staging, out)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (accel.cli): keep the finished shards for --resume
+            drop_temp_files(staging)  # a signal between a writer's mkstemp and its own cleanup would leave one
+            raise
+        except BaseException:
+            remove_partial(staging)
+            remove_empty_dirs(created)
+            raise
     return report
 
 

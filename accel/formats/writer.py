@@ -17,12 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from accel._io import check_output_path, writing
 from accel.errors import FormatError
 from accel.formats.constants import CODES_SUFFIX, FILE_FORMAT_KEY, FILE_FORMAT_TAG, SCALES_SUFFIX
 from accel.formats.file import CRC_KEY, DTYPES, MX_KEY, TensorSpec, dtype_code, mx_specs
 from accel.formats.mx_tensor import MXTensor
 
 __all__ = ["SafetensorsWriter", "make_parents", "make_temp_file", "remove_empty_dirs", "save_tensors"]
+
+_WHAT = "a safetensors file"  # what the writer's errors say it was writing
 
 
 def make_temp_file(target: Path) -> tuple[int, Path]:
@@ -91,18 +94,20 @@ class SafetensorsWriter:
         self.written: set[str] = set()
         header = self._header()
         self.header_len = len(header)
-        if self.path.is_dir():
-            raise FormatError(f"{self.path} is a directory: give a file path to write the tensors to")
-        self.created_dirs = make_parents(self.path)
+        check_output_path(self.path, _WHAT, FormatError)
+        self.created_dirs: list[Path] = []
         try:
-            fd, self.tmp = make_temp_file(self.path)
+            with writing(self.path, _WHAT, FormatError):
+                self.created_dirs = make_parents(self.path)
+                fd, self.tmp = make_temp_file(self.path)
         except BaseException:
             remove_empty_dirs(self.created_dirs)
             raise
         self.file = os.fdopen(fd, "w+b")
         try:
-            self.file.write(struct.pack("<Q", self.header_len) + header)
-            self.file.truncate(8 + self.header_len + self.data_bytes)
+            with writing(self.path, _WHAT, FormatError):
+                self.file.write(struct.pack("<Q", self.header_len) + header)
+                self.file.truncate(8 + self.header_len + self.data_bytes)
         except BaseException:
             self.abort()
             raise
@@ -131,8 +136,9 @@ class SafetensorsWriter:
             raise FormatError(f"tensor {name!r}: got {code} {array.shape}, declared {spec.dtype} {spec.shape}")
         data = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
         self.crcs[name] = zlib.crc32(data.data)
-        self.file.seek(8 + self.header_len + self.offsets[name][0])
-        self.file.write(data.tobytes() if data.size < (1 << 20) else data.data)
+        with writing(self.path, _WHAT, FormatError):
+            self.file.seek(8 + self.header_len + self.offsets[name][0])
+            self.file.write(data.tobytes() if data.size < (1 << 20) else data.data)
         self.written.add(name)
 
     def close(self) -> None:
@@ -144,12 +150,13 @@ class SafetensorsWriter:
         header = self._header()
         assert len(header) == self.header_len, "checksum placeholders must keep the header length"
         try:
-            self.file.seek(8)
-            self.file.write(header)
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
-            os.replace(self.tmp, self.path)
+            with writing(self.path, _WHAT, FormatError):
+                self.file.seek(8)
+                self.file.write(header)
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+                os.replace(self.tmp, self.path)
         except BaseException:
             self.abort()  # e.g. the target became a directory, or the disk is full: no temp file left behind
             raise

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from accel._io import output_folder, writing
 from accel.errors import ModelError
 
 __all__ = ["checkpoint_dir", "gguf_to_checkpoint"]
@@ -44,17 +45,18 @@ def checkpoint_dir(path: str | os.PathLike, *, say: Callable[[str], None] | None
         return target
     if say:
         say(f"converting {p.name} to a float32 checkpoint directory (once): {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        note = gguf_to_checkpoint(p, tmp)
-        tmp.chmod(0o755)  # mkdtemp creates 0700
-        if target.exists():
-            shutil.rmtree(target)  # an incomplete leftover
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with writing(target, f"the converted checkpoint of {p.name}", ModelError):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        try:
+            note = gguf_to_checkpoint(p, tmp)
+            tmp.chmod(0o755)  # mkdtemp creates 0700
+            if target.exists():
+                shutil.rmtree(target)  # an incomplete leftover
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if say:
         say(f"converted {p.name}" + (f" ({note})" if note else ""))
     return target
@@ -70,20 +72,20 @@ def gguf_to_checkpoint(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> s
     from accel.models.gguf_loader import open_gguf
     from accel.models.hf_names import accel_to_hf
 
-    gguf, out = Path(gguf), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    gguf = Path(gguf)
     config, tensors = open_gguf(gguf)
     hf_names = accel_to_hf(config, {name: name for name in tensors})  # HF name -> Decoder name (renaming only)
     specs = [TensorSpec(hf, "F32", tensors.shape(name)) for hf, name in hf_names.items()]
-    with SafetensorsWriter(out / "model.safetensors", specs, metadata={"format": "pt"}) as w:
-        for hf, name in hf_names.items():
-            w.write(hf, tensors[name])
-    (out / "model.safetensors").chmod(0o644)
-    (out / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
-    try:
-        from accel.models.gguf_tokenizer import gguf_tokenizer
+    with output_folder(out_dir, "the converted checkpoint", ModelError, (*_FILES, "tokenizer.json")) as out:
+        with SafetensorsWriter(out / "model.safetensors", specs, metadata={"format": "pt"}) as w:
+            for hf, name in hf_names.items():
+                w.write(hf, tensors[name])
+        (out / "model.safetensors").chmod(0o644)
+        (out / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
+        try:
+            from accel.models.gguf_tokenizer import gguf_tokenizer
 
-        gguf_tokenizer(gguf).save(str(out / "tokenizer.json"))
-    except ModelError as exc:
-        return f"no tokenizer.json: {exc}"
+            gguf_tokenizer(gguf).save(str(out / "tokenizer.json"))
+        except ModelError as exc:
+            return f"no tokenizer.json: {exc}"
     return ""

@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from accel._io import output_folder
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder
 from accel.models.hf_names import HEAD_IDS, accel_to_hf, hf_to_accel
 
 __all__ = ["check_head_token_ids", "load_checkpoint", "load_state", "read_checkpoint_tensors", "save_pretrained"]
+
+CHECKPOINT_FILES = ("model.safetensors", "config.json")  # what save_pretrained writes
 
 
 def load_checkpoint(source: Any, *, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -212,14 +215,13 @@ def save_pretrained(model: Decoder, out_dir: str | Path) -> Path:
             f"model has MX-compressed layers ({compressed[0]}, ...): save it with accel.save_compressed, or save the "
             "uncompressed model"
         )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tensors = accel_to_hf(model.config, state)
     tensors = {k: v.clone() for k, v in tensors.items()}  # no shared storage (safetensors refuses it)
-    _atomic_write(out / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     cfg = json.dumps(model.config.to_hf(), indent=2)
-    _atomic_write(out / "config.json", lambda p: Path(p).write_text(cfg))
+    with output_folder(out_dir, "the checkpoint", ModelError, CHECKPOINT_FILES) as out:
+        _atomic_write(out / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        _atomic_write(out / "config.json", lambda p: Path(p).write_text(cfg))
     return out
 
 

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from accel._io import writing
 from accel.errors import ModelError
 
 __all__ = ["SMOLLM2_GGUF", "load_tokenizer", "smollm2_checkpoint", "smollm2_gguf_path"]
@@ -76,9 +77,15 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
     files = ("config.json", "model.safetensors", "tokenizer.json")
     if _complete(target, files):
         return target
+    gguf_path = smollm2_gguf_path()
+    with writing(target, "the SmolLM2 checkpoint", ModelError):
+        return _convert(gguf_path, target, files)
+
+
+def _convert(gguf_path: Path, target: Path, files: tuple[str, ...]) -> Path:
+    """``smollm2_checkpoint``'s conversion: built in a temporary sibling of ``target`` and renamed into place."""
     from accel.models.loading import load_checkpoint, save_pretrained
 
-    gguf_path = smollm2_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from accel._io import check_output_path, output_file
 from accel.errors import NgramError
-from accel.superposed.store import ALIGN, FORMAT_VERSION, MAGIC, bits_per_code, crc32
+from accel.superposed.store import ALIGN, FORMAT_VERSION, MAGIC, bits_per_code, crc32, header_crc32
 
 __all__ = ["DEFAULT_MAX_TOKENS", "build_store", "corpus_keys"]
 
@@ -70,6 +71,7 @@ def build_store(
     """Count every n-gram (n <= ``max_order``) of ``docs`` (1-D token id arrays; n-grams never cross documents) and
     write the store to ``path`` (a temporary file renamed at the end: never half-written). ``meta`` goes into the
     header (sources, tokenizer fingerprint). Returns the path."""
+    check_output_path(path, "the n-gram store", NgramError)  # before the corpus is read and sorted
     keys = corpus_keys(docs, vocab_size, max_order, max_tokens)
     n = int(keys[0].shape[0])
     header = {
@@ -82,18 +84,17 @@ def build_store(
         "words": len(keys),
         "crc32": [crc32(k) for k in keys],
     }
+    header["header_crc32"] = header_crc32(header)
     raw = json.dumps(header, sort_keys=True).encode("utf-8")
     pad = -(-(16 + len(raw)) // ALIGN) * ALIGN - 16 - len(raw)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + len(raw).to_bytes(8, "little") + raw + b"\0" * pad)
-            for k in keys:
-                k.astype("<u8", copy=False).tofile(f)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    with output_file(path, "the n-gram store", NgramError) as out:
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + len(raw).to_bytes(8, "little") + raw + b"\0" * pad)
+                for k in keys:
+                    k.astype("<u8", copy=False).tofile(f)
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return out

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from accel._io import check_output_path, output_file
 from accel.errors import NgramError
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".tex")
 _BATCH = 256  # texts per encode_batch call
+_CACHED = "the self-written texts"  # what the cache write's errors say it was writing
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -148,12 +150,17 @@ def self_written_texts(
         texts = json.loads(cached.read_text(encoding="utf-8"))
         if isinstance(texts, list) and all(isinstance(t, str) for t in texts) and len(texts) == rows:
             return texts, desc
+    if cached is not None:
+        check_output_path(cached, _CACHED, NgramError)  # before the texts are generated
     texts = _generate(ckpt, tokenizer, [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(rows)], settings)
     if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(texts), encoding="utf-8")
-        os.replace(tmp, cached)
+        with output_file(cached, _CACHED, NgramError):
+            tmp = cached.with_suffix(f".tmp{os.getpid()}")
+            try:
+                tmp.write_text(json.dumps(texts), encoding="utf-8")
+                os.replace(tmp, cached)
+            finally:
+                tmp.unlink(missing_ok=True)
     return texts, desc
 
 

@@ -10,9 +10,12 @@ of the suffixes: 8 bytes x ``words`` per corpus token for all orders at once (Sm
 bits per code, 2 words for order 6, 16 bytes per token), exact, and no pickle.
 
 File: ``b"ACNGRAM1"``, the header length (uint64 little-endian), a JSON header, zero padding to a 64-byte boundary,
-then ``words`` arrays of ``positions`` little-endian uint64 (word 0 of every key, then word 1, ...). Loading checks
-the magic, the header fields, the exact file size, each array's CRC-32 and the key order (``NgramError`` naming the
-problem), then maps the arrays read-only.
+then ``words`` arrays of ``positions`` little-endian uint64 (word 0 of every key, then word 1, ...). The header holds
+the CRC-32 of each array and (format version 2) its own (``header_crc32``: of the header's sorted-key JSON without
+that field), so an edited ``vocab_size`` or ``max_order``, which would reinterpret the keys and give other counts
+without a word, is caught. Loading checks the magic, the header fields and checksum, the exact file size, each
+array's CRC-32 and the key order (``NgramError`` naming the problem), then maps the arrays read-only. Version 1
+stores (written before the header checksum) are read without it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import numpy as np
 
 from accel.errors import NgramError
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "NgramStore", "bits_per_code"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "READ_VERSIONS", "NgramStore", "bits_per_code", "header_crc32"]
 
 MAGIC = b"ACNGRAM1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header carries its own CRC-32 (header_crc32)
+READ_VERSIONS = (1, 2)  # 1: stores written before the header checksum, read without it
 ALIGN = 64
 _MAX_HEADER = 1 << 20
 _CRC_CHUNK = 1 << 24  # bytes per zlib.crc32 call
@@ -223,8 +227,9 @@ def check_header(h: Any, source: str) -> None:
     """``NgramError`` unless ``h`` is a complete, consistent store header."""
     if not isinstance(h, dict) or h.get("format") != "accel-ngrams":
         raise NgramError(f"{source}: the header does not describe an accel n-gram store")
-    if h.get("version") != FORMAT_VERSION:
-        raise NgramError(f"{source}: store format version {h.get('version')!r}; this accel reads {FORMAT_VERSION}")
+    version = h.get("version")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise NgramError(f"{source}: store format version {version!r}; this accel reads {list(READ_VERSIONS)}")
     for key in ("vocab_size", "max_order", "positions", "words"):
         if not isinstance(h.get(key), int) or isinstance(h.get(key), bool) or h[key] < (0 if key == "positions" else 1):
             raise NgramError(f"{source}: header field {key!r} must be a positive int; got {h.get(key)!r}")
@@ -235,5 +240,16 @@ def check_header(h: Any, source: str) -> None:
     if h["words"] != words:
         raise NgramError(f"{source}: {h['words']} words per key; vocab {h['vocab_size']} and order need {words}")
     crcs = h.get("crc32")
-    if not isinstance(crcs, list) or len(crcs) != words or not all(isinstance(c, int) for c in crcs):
+    if not isinstance(crcs, list) or len(crcs) != words or not all(type(c) is int for c in crcs):
         raise NgramError(f"{source}: header field 'crc32' must list {words} ints")
+    if version >= 2 and h.get("header_crc32") != header_crc32(h):
+        raise NgramError(
+            f"{source}: the header fails its CRC-32 check (header_crc32 {h.get('header_crc32')!r}): a field was "
+            "changed or the file is corrupt"
+        )
+
+
+def header_crc32(h: dict[str, Any]) -> int:
+    """CRC-32 of a store header's sorted-key JSON without its ``header_crc32`` field (written by ``build_store``)."""
+    body = {k: v for k, v in h.items() if k != "header_crc32"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode("utf-8"))

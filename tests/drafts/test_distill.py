@@ -91,6 +91,21 @@ def test_resume_refuses_a_different_architecture(tiny_target, text_file, tmp_pat
         distill(tiny_target, tmp_path / "d", _cfg(text_file, max_steps=8, d_model=16, resume=True))
 
 
+def test_resume_from_a_damaged_training_state_is_a_named_error(tiny_target, text_file, tmp_path):
+    """Before: a state missing an entry was a bare KeyError from deep in the restore (one of another shape a
+    RuntimeError from torch, a saved tensor an AttributeError); now a DraftError naming the file."""
+    distill(tiny_target, tmp_path / "d", _cfg(text_file, max_steps=4))
+    state_path = tmp_path / "d" / ".distill" / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    del state["optimizer"]
+    torch.save(state, state_path)
+    with pytest.raises(DraftError, match=r"training state .*state\.pt does not fit this run \(KeyError"):
+        distill(tiny_target, tmp_path / "d", _cfg(text_file, max_steps=8, resume=True))
+    torch.save(torch.zeros(3), state_path)
+    with pytest.raises(DraftError, match=r"state\.pt holds a Tensor, not a training state"):
+        distill(tiny_target, tmp_path / "d", _cfg(text_file, max_steps=8, resume=True))
+
+
 def test_minutes_cap_stops_early_and_still_writes_the_draft(tiny_target, text_file, tmp_path):
     report = distill(tiny_target, tmp_path / "d", _cfg(text_file, max_steps=10_000, minutes=1e-4))
     assert report.stopped_by == "minutes" and report.steps < 10_000

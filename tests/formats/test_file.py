@@ -204,9 +204,9 @@ def test_writer_leaves_no_temp_file_when_the_target_is_or_becomes_a_directory(tm
         save_tensors(tmp_path / "taken", {"a": np.ones(3, np.float32)})
     writer = SafetensorsWriter(tmp_path / "late", [TensorSpec("a", "F32", (3,))])
     writer.write("a", np.ones(3, np.float32))
-    (tmp_path / "late").mkdir()  # the final rename fails
+    (tmp_path / "late").mkdir()  # the final rename fails: a FormatError naming the target (it was a raw OSError)
     (tmp_path / "late" / "x").write_text("x")
-    with pytest.raises(OSError):
+    with pytest.raises(FormatError, match=r"cannot write a safetensors file to .*late: Is a directory: .*\.tmp -> "):
         writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["late", "taken"]
 

@@ -474,6 +474,340 @@ def _drafts() -> list[Case]:
     ]
 
 
+#: a folder where nothing can be created, even by root (sysfs refuses new entries): the "read-only folder" rows run
+#: on Linux only, and without /sys they are left out rather than creating a folder at the file system's root
+READ_ONLY = Path("/sys/accel-read-only") if Path("/sys/kernel").is_dir() else None
+
+
+PLACES = ("under a file", "in a read-only folder") if READ_ONLY is not None else ("under a file",)
+
+
+def _place(w: World, where: str) -> Path:
+    """An output path no writer can use: under a regular file, or (on Linux) in a read-only folder."""
+    return w.file / "out" if where == "under a file" else READ_ONLY / "out"  # type: ignore[operator]
+
+
+def _blocked(w: World, name: str, inside: str) -> Path:
+    """An existing output folder (outside ``w.tmp``) whose entry ``inside`` is a folder: a writer replacing that
+    file fails after writing the others unless it checks first."""
+    out = w.tmp.parent / "blocked" / name
+    (out / inside).mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _outputs() -> list[Case]:
+    """Every public writer into a path it cannot write: before, a raw ``NotADirectoryError``/``PermissionError``/
+    ``IsADirectoryError`` from deep inside (and sometimes a half-written folder); now the writer's own error naming
+    the path and what was being written, and nothing left behind."""
+    from accel import save_compressed
+    from accel.drafts import DistillConfig, distill
+    from accel.drafts.checkpoint import save_torch_state
+    from accel.drafts.early_exit import ExitHead, save_exit_head
+    from accel.drafts.export_hf import export_hf_draft
+    from accel.drafts.hydra.export import export_hydra
+    from accel.drafts.hydra.model import build_hydra, save_hydra
+    from accel.formats import compress_checkpoint, save_tensors
+    from accel.models import load_tokenizer, save_pretrained
+    from accel.superposed import NgramError, build_store
+    from accel.superposed.corpus import self_written_texts
+
+    def texts(w: World, cache: Path) -> Any:
+        return self_written_texts(w.checkpoint, load_tokenizer(w.checkpoint), 2, gen_tokens=2, cache_dir=cache)
+
+    writers: list[tuple[str, Callable[[World, Path], Any], type[BaseException]]] = [
+        ("save_tensors", lambda w, p: save_tensors(p, {"a": X}), FormatError),
+        ("save_compressed", lambda w, p: save_compressed(w.model, p), FormatError),
+        ("compress_checkpoint", lambda w, p: compress_checkpoint(w.checkpoint, p, progress=False), FormatError),
+        ("save_pretrained", lambda w, p: save_pretrained(w.model, p), ModelError),
+        ("export_hf_draft", lambda w, p: export_hf_draft(w.model, p), DraftError),
+        ("save_exit_head", lambda w, p: save_exit_head(ExitHead(w.model, 1, width=8), w.model, p), DraftError),
+        ("save_hydra", lambda w, p: save_hydra(build_hydra(w.model, num_heads=2), p), DraftError),
+        ("export_hydra", lambda w, p: export_hydra(build_hydra(w.model, num_heads=2), p, ctx_len=16), DraftError),
+        ("save_torch_state", lambda w, p: save_torch_state({"step": 1}, p), DraftError),
+        ("build_store", lambda w, p: build_store([np.arange(9)], 32, p), NgramError),
+        ("self_written_texts cache", texts, NgramError),
+        ("distill", lambda w, p: distill(w.checkpoint, p, DistillConfig(max_steps=1, progress=False)), DraftError),
+    ]
+    cases = [
+        Case(f"{name} {where}", _write_to(write, where), error)
+        for name, write, error in writers
+        for where in PLACES
+        if (name, where) != ("compress_checkpoint", "under a file")  # a FormatError already before
+    ]
+    return [
+        *cases,
+        Case("save_torch_state to a dir", lambda w: save_torch_state({"step": 1}, w.tmp), DraftError),
+        Case("build_store to a dir", lambda w: build_store([np.arange(9)], 32, w.tmp), NgramError),
+        Case(
+            "save_pretrained over a config.json dir",
+            lambda w: save_pretrained(w.model, _blocked(w, "ckpt", "config.json")),
+            ModelError,
+        ),
+        Case(
+            "save_exit_head over an exit_head.json dir",
+            lambda w: save_exit_head(ExitHead(w.model, 1, width=8), w.model, _blocked(w, "exit", "exit_head.json")),
+            DraftError,
+        ),
+        Case(
+            "export_hydra over a folder of other files",
+            lambda w: export_hydra(build_hydra(w.model, num_heads=2), _blocked(w, "mine", "notes"), ctx_len=16),
+            DraftError,
+        ),
+    ]
+
+
+def _write_to(write: Callable[[World, Path], Any], where: str) -> Callable[[World], Any]:
+    """A table call: ``write`` into the unwritable place named ``where``."""
+    return lambda w: write(w, _place(w, where))
+
+
+_BUILT: dict[tuple[str, str], Path] = {}
+
+
+def _built(w: World, kind: str, make: Callable[[Path], Path]) -> Path:
+    """The intact artefact ``kind`` of ``w`` (made once, outside ``w.tmp``)."""
+    key = (str(w.tmp), kind)
+    if key not in _BUILT:
+        _BUILT[key] = make(w.tmp.parent / "intact" / kind)
+    return _BUILT[key]
+
+
+def _damaged(w: World, kind: str, make: Callable[[Path], Path], damage: str, edit: Callable[[Path], Any]) -> Path:
+    """A copy of the intact artefact ``kind`` (outside ``w.tmp``) with ``edit(copy)`` applied."""
+    import shutil
+
+    src = _built(w, kind, make)
+    out = w.tmp.parent / "damaged" / kind / damage.replace(" ", "_")
+    if out.exists():
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, out) if src.is_dir() else shutil.copyfile(src, out)
+    edit(out)
+    return out
+
+
+def _edit_json(name: str, **changes: Any) -> Callable[[Path], None]:
+    """An edit: set ``changes`` in the JSON file ``name`` of an artefact folder."""
+    import json
+
+    def edit(folder: Path) -> None:
+        data = json.loads((folder / name).read_text())
+        data.update(changes)
+        (folder / name).write_text(json.dumps(data))
+
+    return edit
+
+
+def _edit_npy(change: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
+    """An edit: replace ``embed.npy`` of a Hydra export by ``change(its array)``."""
+
+    def edit(folder: Path) -> None:
+        np.save(folder / "embed.npy", change(np.load(folder / "embed.npy")))
+
+    return edit
+
+
+def _hydra_runtime_cases() -> list[Case]:
+    """Exported Hydra heads (``HydraRuntime``) with a damaged ``embed.npy``, ``hydra.json`` or graph: before, a raw
+    ``ValueError``/``EOFError`` from numpy, NaN log-probabilities, or fields cast without a word (``1.7`` heads ->
+    1, ``"no"`` prefix -> True, an unknown weight mode); now a ``DraftError`` naming the file."""
+    import shutil
+
+    import torch
+
+    from accel.drafts.hydra.export import export_hydra
+    from accel.drafts.hydra.model import build_hydra
+    from accel.drafts.hydra.runtime import HydraRuntime
+
+    def make(w: World) -> Callable[[Path], Path]:
+        heads = lambda: build_hydra(w.model, num_heads=2, prefix=True, head_ids=torch.arange(8))  # noqa: E731
+        return lambda out: export_hydra(heads(), out, ctx_len=16)
+
+    def run(damage: str, edit: Callable[[Path], Any]) -> Callable[[World], Any]:
+        return lambda w: HydraRuntime(_damaged(w, "hydra", make(w), damage, edit), threads=1)
+
+    def nan(e: np.ndarray) -> np.ndarray:
+        e = e.copy()
+        e[3, 5] = np.nan
+        return e
+
+    return [
+        Case("HydraRuntime ok", run("ok", lambda d: None), OK),
+        Case(
+            "HydraRuntime embed truncated",
+            run("truncated", lambda d: (d / "embed.npy").write_bytes((d / "embed.npy").read_bytes()[:200])),
+            DraftError,
+        ),
+        Case("HydraRuntime embed empty", run("empty", lambda d: (d / "embed.npy").write_bytes(b"")), DraftError),
+        Case("HydraRuntime embed nan", run("nan", _edit_npy(nan)), DraftError),
+        Case("HydraRuntime embed float16", run("f16", _edit_npy(lambda e: e.astype(np.float16))), DraftError),
+        Case("HydraRuntime meta num_heads 1.7", run("heads", _edit_json("hydra.json", num_heads=1.7)), DraftError),
+        Case("HydraRuntime meta prefix 'no'", run("prefix", _edit_json("hydra.json", prefix="no")), DraftError),
+        Case("HydraRuntime meta weights fp16", run("weights", _edit_json("hydra.json", weights="fp16")), DraftError),
+        Case(
+            "HydraRuntime meta head_vocab beyond its LM head",
+            run("head_vocab", _edit_json("hydra.json", head_vocab=16)),
+            DraftError,
+        ),
+        Case(
+            "HydraRuntime meta kv_shape of another ctx",
+            run("kv", _edit_json("hydra.json", kv_shape=[1, 2, 8, 8])),
+            DraftError,
+        ),
+        Case(
+            "HydraRuntime head1 is the LM head graph",
+            run("swap", lambda d: shutil.copyfile(d / "lm_head.onnx", d / "head1.onnx")),
+            DraftError,
+        ),
+    ]
+
+
+def _readers() -> list[Case]:
+    """Loaded artefacts through their checked readers: damaged Hydra exports, exit head cards, n-gram store headers,
+    draft checkpoints holding NaN / Inf, and MX kernel graphs accel did not write."""
+    return [*_hydra_runtime_cases(), *_card_store_draft_cases(), *_kernel_graph_cases()]
+
+
+def _card_store_draft_cases() -> list[Case]:
+    """Exit head cards with fields that were cast (``1.7`` -> layer 1), n-gram stores with an edited header (counts
+    off without a word), and draft checkpoints with a NaN / +Inf weight (figures reported for them)."""
+    import torch
+
+    from accel.drafts import evaluate_draft
+    from accel.drafts.early_exit import ExitHead, load_exit_head, save_exit_head
+    from accel.drafts.export_hf import export_hf_draft
+    from accel.models import load_checkpoint, save_pretrained
+    from accel.superposed import NgramError, NgramStore, build_store
+
+    def exit_head(damage: str, **card: Any) -> Callable[[World], Any]:
+        def call(w: World) -> Any:
+            make = lambda out: save_exit_head(ExitHead(w.model, 1, width=8), w.model, out)  # noqa: E731
+            return load_exit_head(_damaged(w, "exit", make, damage, _edit_json("exit_head.json", **card)), w.model)
+
+        return call
+
+    def store(damage: str, **header: Any) -> Callable[[World], Any]:
+        def call(w: World) -> Any:
+            make = lambda out: build_store([np.arange(20) % 7, np.arange(9)], 32, out, max_order=3)  # noqa: E731
+            return NgramStore.load(_damaged(w, "store", make, damage, lambda p: _edit_header(p, header)))
+
+        return call
+
+    def poisoned(w: World, value: float) -> Path:
+        def make(out: Path) -> Path:
+            model = load_checkpoint(w.checkpoint)
+            with torch.no_grad():
+                model.layers[0].mlp.up_proj.weight[0, 0] = value
+            save_pretrained(model, out)
+            (out / "tokenizer.json").write_bytes((w.checkpoint / "tokenizer.json").read_bytes())
+            return out
+
+        return _built(w, f"draft {value}", make)
+
+    text = ["def add(a, b):\n    return a + b\n" * 4]
+    return [
+        Case("load_exit_head card ok", exit_head("ok"), OK),
+        Case("load_exit_head layer 1.7", exit_head("layer", layer=1.7), DraftError),
+        Case("load_exit_head layer true", exit_head("bool", layer=True), DraftError),
+        Case("load_exit_head width '8'", exit_head("width", width="8"), DraftError),
+        Case("load_exit_head width 10**9", exit_head("huge", width=10**9), DraftError),
+        Case("NgramStore header ok", store("ok"), OK),
+        Case("NgramStore vocab_size edited", store("vocab", vocab_size=16), NgramError),
+        Case("NgramStore max_order edited", store("order", max_order=2), NgramError),
+        Case(
+            "eval-draft a nan draft",
+            lambda w: evaluate_draft(w.checkpoint, poisoned(w, float("nan")), text, max_k=3),
+            DraftError,
+        ),
+        Case(
+            "export_hf_draft an inf draft",
+            lambda w: export_hf_draft(poisoned(w, float("inf")), w.tmp / "hf"),
+            DraftError,
+        ),
+    ]
+
+
+def _edit_header(path: Path, changes: dict[str, Any]) -> None:
+    """Set ``changes`` in the JSON header of the n-gram store at ``path`` (padding redone, checksums left as they
+    were: what an edit by hand gives)."""
+    import json
+
+    from accel.superposed.store import ALIGN, MAGIC, read_header
+
+    header, offset = read_header(path)
+    data = path.read_bytes()[offset:]
+    header.update(changes)
+    text = json.dumps(header, sort_keys=True).encode()
+    pad = -(-(16 + len(text)) // ALIGN) * ALIGN - 16 - len(text)
+    path.write_bytes(MAGIC + len(text).to_bytes(8, "little") + text + b"\0" * pad + data)
+
+
+def _kernel_graph_cases() -> list[Case]:
+    """ONNX graphs with accel's fused MX kernel (``ai.accel::MXLinear``) that accel did not write: an unknown opset
+    version, a format code that disagrees with the bit width, another format's value table. Before, onnxruntime ran
+    them (logits off by ~8, or NaN); now ``OrtBackend`` refuses them. Left out where the kernel cannot be built."""
+    from accel.backends import OrtBackend, export_onnx
+    from accel.formats.mxkernel_build import load_kernel
+
+    if load_kernel() is None:
+        return []
+
+    def graph(damage: str, edit: Callable[[Any], Any]) -> Callable[[World], Any]:
+        def call(w: World) -> Any:
+            import onnx
+
+            def make(out: Path) -> Path:
+                out.mkdir(parents=True)
+                return export_onnx(w.model, out / "k.onnx", ctx_len=16, weights="mxfp6-kernel", progress=False).parent
+
+            def damage_file(folder: Path) -> None:
+                proto = onnx.load(str(folder / "k.onnx"))
+                edit(proto)
+                onnx.save(proto, str(folder / "k.onnx"))
+
+            return OrtBackend(_damaged(w, "kernel", make, damage, damage_file) / "k.onnx")
+
+        return call
+
+    def opset(proto: Any) -> None:
+        next(o for o in proto.opset_import if o.domain == "ai.accel").version = 2
+
+    def attribute(name: str, value: int) -> Callable[[Any], None]:
+        def edit(proto: Any) -> None:
+            node = next(n for n in proto.graph.node if n.domain == "ai.accel")
+            next(a for a in node.attribute if a.name == name).i = value
+
+        return edit
+
+    def table(proto: Any) -> None:
+        from onnx import numpy_helper
+
+        from accel.formats import get_format
+        from accel.formats.mxkernel import code_table
+
+        node = next(n for n in proto.graph.node if n.domain == "ai.accel")
+        init = next(t for t in proto.graph.initializer if t.name == node.input[3])
+        init.CopyFrom(numpy_helper.from_array(code_table(get_format("mxfp4")), init.name))
+
+    return [
+        Case("OrtBackend kernel graph ok", graph("ok", lambda p: None), OK),
+        Case("OrtBackend kernel opset version 2", graph("opset", opset), BackendError),
+        Case("OrtBackend kernel fast 2 on 6-bit codes", graph("fast", attribute("fast", 2)), BackendError),
+        Case("OrtBackend kernel block 16", graph("block", attribute("block", 16)), BackendError),
+        Case("OrtBackend kernel MXFP4 value table", graph("table", table), BackendError),
+    ]
+
+
 def all_cases() -> list[Case]:
-    """Every case of the table, grouped by subpackage."""
-    return [*_formats(), *_compress(), *_models(), *_backends(), *_spd(), *_sim(), *_drafts()]
+    """Every case of the table, grouped by subpackage, then the output and artefact families."""
+    return [
+        *_formats(),
+        *_compress(),
+        *_models(),
+        *_backends(),
+        *_spd(),
+        *_sim(),
+        *_drafts(),
+        *_outputs(),
+        *_readers(),
+    ]

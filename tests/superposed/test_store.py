@@ -97,7 +97,7 @@ def _rewrite(path: Path, tmp_path: Path, fn) -> Path:
         (lambda d: d[:20], "truncated inside its header"),
         (lambda d: d[:-1] + bytes([d[-1] ^ 0x40]), "CRC-32"),
         (lambda d: d[:8] + (10**9).to_bytes(8, "little") + d[16:], "header length"),
-        (lambda d: d.replace(b'"version": 1', b'"version": 9'), "format version"),
+        (lambda d: d.replace(b'"version": 2', b'"version": 9'), "format version"),
         (lambda d: d.replace(b'"max_order": 4', b'"max_order": 0'), "max_order"),
         (lambda d: d.replace(b'"format": "accel-ngrams"', b'"format": "accel-ngramz"'), "does not describe"),
     ],
@@ -107,26 +107,57 @@ def test_corrupt_files_are_refused(store, tmp_path, fn, match):
         NgramStore.load(_rewrite(store[2], tmp_path, fn))
 
 
-def test_unsorted_keys_are_refused(store, tmp_path):
-    """Keys swapped with the CRCs left valid: the order check catches a file not written by accel."""
+def _with_header(path: Path, out: Path, change, keys: list[np.ndarray] | None = None) -> Path:
+    """The store at ``path`` written to ``out`` with its header changed by ``change(header)`` (padding redone) and,
+    given ``keys``, other key arrays."""
     import json
 
-    s = store[0]
-    keys = [np.array(k)[::-1].copy() for k in s.keys]
-    path = store[2]
-    raw = path.read_bytes()
-    length = int.from_bytes(raw[8:16], "little")
-    header = json.loads(raw[16 : 16 + length])
-    from accel.superposed.store import crc32
+    from accel.superposed.store import ALIGN, MAGIC, read_header
 
-    header["crc32"] = [crc32(k) for k in keys]
-    new = json.dumps(header, sort_keys=True).encode()
-    assert len(new) == length
-    out = tmp_path / "unsorted.ngrams"
-    offset = len(raw) - sum(k.nbytes for k in keys)
-    out.write_bytes(raw[:16] + new + raw[16 + length : offset] + b"".join(k.astype("<u8").tobytes() for k in keys))
+    header, offset = read_header(path)
+    raw = path.read_bytes()
+    data = raw[offset:] if keys is None else b"".join(k.astype("<u8").tobytes() for k in keys)
+    change(header)
+    text = json.dumps(header, sort_keys=True).encode()
+    pad = -(-(16 + len(text)) // ALIGN) * ALIGN - 16 - len(text)
+    out.write_bytes(MAGIC + len(text).to_bytes(8, "little") + text + b"\0" * pad + data)
+    return out
+
+
+def test_unsorted_keys_are_refused(store, tmp_path):
+    """Keys swapped with the CRCs (and the header's own) left valid: the order check catches a file not written by
+    accel."""
+    from accel.superposed.store import crc32, header_crc32
+
+    keys = [np.array(k)[::-1].copy() for k in store[0].keys]
+
+    def change(h):
+        h["crc32"] = [crc32(k) for k in keys]
+        h["header_crc32"] = header_crc32(h)
+
     with pytest.raises(NgramError, match="not sorted"):
-        NgramStore.load(out)
+        NgramStore.load(_with_header(store[2], tmp_path / "unsorted.ngrams", change, keys))
+
+
+@pytest.mark.parametrize(("field", "value"), [("vocab_size", 5), ("max_order", 3), ("positions", 0), ("src", "u")])
+def test_an_edited_header_field_is_refused(store, tmp_path, field, value):
+    """Before: ``vocab_size`` 7 -> 5 or ``max_order`` 4 -> 3 loaded (same words per key, the key CRCs intact) and
+    reinterpreted the keys: counts off without a word. Now the header's own CRC-32 names the change."""
+    bad = _with_header(store[2], tmp_path / "edited.ngrams", lambda h: h.update({field: value}))
+    with pytest.raises(NgramError, match="header fails its CRC-32 check"):
+        NgramStore.load(bad)
+
+
+def test_a_version_1_store_is_read_without_a_header_checksum(store, tmp_path):
+    """Stores written before the header checksum (format version 1) still load, with the same counts."""
+
+    def to_v1(h):
+        h["version"] = 1
+        del h["header_crc32"]
+
+    old = NgramStore.load(_with_header(store[2], tmp_path / "v1.ngrams", to_v1))
+    seqs = np.array([[1, 2], [3, 0], [6, 6]])
+    np.testing.assert_array_equal(old.count(seqs), store[0].count(seqs))
 
 
 @pytest.mark.parametrize(

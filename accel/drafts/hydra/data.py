@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from accel._io import check_output_path, writing
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
@@ -34,15 +35,18 @@ def feature_shards(
     shards = sorted(data_dir.glob("*.safetensors"))
     if not shards:
         raise DraftError(f"no data shards (*.safetensors) in {data_dir}")
-    feature_dir.mkdir(parents=True, exist_ok=True)
+    check_output_path(feature_dir, "the feature shards", DraftError, folder=True)
+    with writing(feature_dir, "the feature shards", DraftError):
+        feature_dir.mkdir(parents=True, exist_ok=True)
     pairs = []
     for src in tqdm(shards, desc="target hidden states", unit="shard", disable=not progress):
         dst = feature_dir / src.name
         if not dst.is_file():
             hidden = target_features(target, load_file(str(src))["tokens"]).contiguous()
             tmp = feature_dir / f".{src.name}.tmp"
-            save_file({"hidden": hidden}, str(tmp))
-            os.replace(tmp, dst)
+            with writing(feature_dir, "the feature shards", DraftError):
+                save_file({"hidden": hidden}, str(tmp))
+                os.replace(tmp, dst)
         pairs.append((src, dst))
     return pairs
 

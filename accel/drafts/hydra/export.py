@@ -20,15 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
+from accel._io import check_output_path, output_file
 from accel.backends.weights import INT8_SCHEMES
 from accel.drafts.hydra.model import HydraHeads, load_hydra
+from accel.drafts.hydra.runtime import EMBED, HYDRA_WEIGHTS, META, ExportMeta
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
+from accel.models.loading import load_checkpoint
 
 __all__ = ["HYDRA_WEIGHTS", "export_hydra", "export_hydra_cached"]
 
-HYDRA_WEIGHTS = ("fp32", "int8")
-META = "hydra.json"
+_WHAT = "the Hydra export"  # what export_hydra's errors say it was writing
 
 
 def _tensors(heads: HydraHeads) -> dict[str, np.ndarray]:
@@ -47,46 +49,58 @@ def export_hydra(
     weights: str = "fp32",
     int8_scheme: str = "u8u8",
 ) -> Path:
-    """Write the export directory of ``heads`` (module docstring) to ``out_dir`` (replaced atomically); returns it.
+    """Write the export directory of ``heads`` (module docstring) to ``out_dir`` (built in a temporary sibling and
+    renamed into place: an earlier export there is replaced whole, a failure leaves nothing); returns it.
 
     ``ctx_len``: the prefix layer's cache length in tokens (the target's context); ``batch_size``: rows per call;
     ``int8_scheme``: how ``weights="int8"`` stores its codes (``accel.backends.onnx_int8.INT8_SCHEMES``).
+    ``DraftError`` for bad settings, or an ``out_dir`` that cannot be written or holds files but no export.
     """
+    _check_export_args(ctx_len, batch_size, weights, int8_scheme)
+    heads._check_attached()
+    out = check_output_path(out_dir, _WHAT, DraftError, folder=True)
+    if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
+        raise DraftError(
+            f"cannot write {_WHAT} to {out}: it holds files but no {META}; refusing to replace a folder that is not "
+            "a Hydra export"
+        )
+    with output_file(out, _WHAT, DraftError, folder=True):
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            _write_export(heads, tmp, ctx_len, batch_size, weights, int8_scheme)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_export(heads: HydraHeads, tmp: Path, ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> None:
+    """Every file of the export of ``heads`` into the folder ``tmp``."""
     import onnx
 
     from accel.backends.export import _quantize_int8
     from accel.drafts.hydra.graph import head_graph, lm_head_graph, prefix_graph
 
-    _check_export_args(ctx_len, batch_size, weights, int8_scheme)
-    heads._check_attached()
     c = heads.config
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     tensors = _tensors(heads)
     graphs = {
         f"head{i}": head_graph(i, c.mlp_layers, c.hidden_size, tensors, batch_size) for i in range(1, c.num_heads + 1)
     }
     graphs["lm_head"] = lm_head_graph(c.hidden_size, tensors, batch_size)
+    if heads.prefix is not None:
+        layer = {f"layers.0.{k[len('prefix.') :]}": v for k, v in tensors.items() if k.startswith("prefix.")}
+        graphs["prefix"] = prefix_graph(heads.target_config, layer, ctx_len, batch_size)
     for name, proto in graphs.items():
         if weights == "int8":
             proto = _quantize_int8(proto, int8_scheme)
         onnx.checker.check_model(proto)
         onnx.save_model(proto, str(tmp / f"{name}.onnx"))
-    if heads.prefix is not None:
-        layer = {f"layers.0.{k[len('prefix.') :]}": v for k, v in tensors.items() if k.startswith("prefix.")}
-        proto = prefix_graph(heads.target_config, layer, ctx_len, batch_size)
-        if weights == "int8":
-            proto = _quantize_int8(proto, int8_scheme)
-        onnx.checker.check_model(proto)
-        onnx.save_model(proto, str(tmp / "prefix.onnx"))
-    np.save(tmp / "embed.npy", heads.embed.detach().float().cpu().numpy())
+    np.save(tmp / EMBED, heads.embed.detach().float().cpu().numpy())
     meta = _export_meta(heads, ctx_len, batch_size, weights, int8_scheme)
     (tmp / META).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
 
 
 def _check_export_args(ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> None:
@@ -100,22 +114,24 @@ def _check_export_args(ctx_len: int, batch_size: int, weights: str, int8_scheme:
 
 
 def _export_meta(heads: HydraHeads, ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> dict:
-    """The contents of ``hydra.json`` for ``heads`` exported with these settings."""
+    """The contents of ``hydra.json`` for ``heads`` exported with these settings (checked as the runtime reads it,
+    ``accel.drafts.hydra.runtime.ExportMeta``)."""
     c = heads.config
     tc = heads.target_config
-    return {
-        "num_heads": c.num_heads,
-        "prefix": c.prefix,
-        "hidden_size": c.hidden_size,
-        "vocab_size": c.vocab_size,
-        "head_vocab": len(heads.token_ids),
-        "ctx_len": ctx_len,
-        "batch_size": batch_size,
-        "weights": weights,
-        **({"int8": int8_scheme} if weights == "int8" else {}),
-        "kv_shape": [batch_size, tc.num_kv_heads, ctx_len, tc.head_dim],
-        "target_fingerprint": c.target_fingerprint,
-    }
+    meta = ExportMeta(
+        num_heads=c.num_heads,
+        prefix=c.prefix,
+        hidden_size=c.hidden_size,
+        vocab_size=c.vocab_size,
+        head_vocab=len(heads.token_ids),
+        ctx_len=ctx_len,
+        batch_size=batch_size,
+        weights=weights,  # type: ignore[arg-type]  # checked by _check_export_args
+        int8=int8_scheme if weights == "int8" else None,
+        kv_shape=(batch_size, tc.num_kv_heads, ctx_len, tc.head_dim),
+        target_fingerprint=c.target_fingerprint,
+    )
+    return meta.model_dump(mode="json", exclude_none=True)
 
 
 def export_hydra_cached(
@@ -156,9 +172,7 @@ def export_hydra_cached(
     out = Path(onnx_dir) / f"hydra-{src.name}-{key.hexdigest()[:12]}"
     if (out / META).is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_output_path(out, _WHAT, DraftError, folder=True)  # before the target is read
     if not isinstance(target, Decoder):
-        from accel.models import load_checkpoint
-
         target = load_checkpoint(target).eval()
     return export_hydra(load_hydra(src, target), out, ctx_len=ctx_len, batch_size=batch_size, weights=weights)

@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accel._io import output_folder
 from accel.drafts.architecture import sorted_token_ids
 from accel.drafts.hydra.config import HydraConfig
 from accel.errors import AccelError, DraftError
 from accel.models.config import ModelConfig
 from accel.models.decoder import Block, Decoder, rope_inv_freq, rotate_half
+from accel.models.loading import CHECKPOINT_FILES, _atomic_write, read_checkpoint_tensors
 
 __all__ = ["HydraHeads", "ResBlock", "build_hydra", "load_hydra", "save_hydra", "target_fingerprint"]
 
@@ -272,16 +274,13 @@ def save_hydra(heads: HydraHeads, out_dir: str | Path) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (atomically); returns the directory."""
     from safetensors.torch import save_file
 
-    from accel.models.loading import _atomic_write
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     state = {
         k: v.detach().float().contiguous().clone() if v.is_floating_point() else v.clone()
         for k, v in heads.state_dict().items()
     }
-    _atomic_write(out / "model.safetensors", lambda p: save_file(state, str(p), metadata={"format": "pt"}))
-    _atomic_write(out / "config.json", lambda p: Path(p).write_text(heads.config.model_dump_json(indent=2)))
+    with output_folder(out_dir, "the Hydra heads", DraftError, CHECKPOINT_FILES) as out:
+        _atomic_write(out / "model.safetensors", lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+        _atomic_write(out / "config.json", lambda p: Path(p).write_text(heads.config.model_dump_json(indent=2)))
     return out
 
 
@@ -291,8 +290,6 @@ def load_hydra(directory: str | Path, target: Decoder) -> HydraHeads:
     DraftError naming the problem: no directory / config.json / weights, a config that is not a heads config,
     weights that do not match it or are not finite (NaN / ±Inf), or heads built for another target.
     """
-    from accel.models.loading import read_checkpoint_tensors
-
     d = Path(directory)
     if not d.is_dir():
         raise DraftError(f"Hydra heads directory {d} does not exist")

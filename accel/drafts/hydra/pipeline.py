@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from accel._io import check_output_path, writing
 from accel.drafts.checkpoint import load_model
 from accel.drafts.config import DistillConfig
 from accel.drafts.hydra.config import HydraReport, HydraSpec, HydraTrainConfig
@@ -81,7 +82,7 @@ def distill_hydra(
     spec, data, train = spec or HydraSpec(), data or DistillConfig(), train or HydraTrainConfig()
     if train.threads:
         torch.set_num_threads(train.threads)
-    out = Path(out_dir)
+    out = check_output_path(out_dir, "the Hydra heads", DraftError, folder=True)  # before the target is read
     work = out / STATE_DIR
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else (None if isinstance(target, Decoder) else Path(target))
     target_model = load_model(target, "target")
@@ -106,5 +107,6 @@ def distill_hydra(
     eval_fn = shard_eval(held, TreeShape(depth=spec.num_heads)) if held else None
     report = train_hydra(heads, ShardBatches(train_pairs, train.batch_rows, train.seed), out, train, eval_fn)
     report = report.model_copy(update={"data_time_s": data_s})
-    (out / "hydra_report.json").write_text(report.model_dump_json(indent=2))
+    with writing(out, "the Hydra report", DraftError):
+        (out / "hydra_report.json").write_text(report.model_dump_json(indent=2))
     return report

@@ -8,16 +8,89 @@ KV cache in a runtime buffer that the graph updates in place (as ``accel.backend
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from accel.backends.cpu import int8_warning
-from accel.errors import CpuWarning, DraftError
+from accel.backends.limits import MAX_BATCH_SIZE, MAX_CTX_LEN
+from accel.backends.ort_graph import check_inplace_cache
+from accel.backends.weights import INT8_SCHEMES
+from accel.errors import AccelError, CpuWarning, DraftError
 
-__all__ = ["HydraRuntime"]
+__all__ = ["EMBED", "HYDRA_WEIGHTS", "META", "ExportMeta", "HydraRuntime", "read_export_meta"]
+
+HYDRA_WEIGHTS = ("fp32", "int8")
+META, EMBED = "hydra.json", "embed.npy"
+_FLOAT, _INT64 = "tensor(float)", "tensor(int64)"
+
+
+class ExportMeta(BaseModel):
+    """``hydra.json``, what ``HydraRuntime`` needs to know of an export (``export_hydra`` writes it): read strictly
+    (JSON integers, booleans and numbers as such, no unknown field) and checked for consistency."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    num_heads: int = Field(ge=1, le=64)
+    prefix: bool
+    hidden_size: int = Field(ge=1, le=65536)
+    vocab_size: int = Field(ge=1, le=1 << 22)
+    head_vocab: int = Field(ge=1)
+    ctx_len: int = Field(ge=2, le=MAX_CTX_LEN)
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE)
+    weights: Literal["fp32", "int8"]
+    int8: str | None = None  # how int8 weights are stored (INT8_SCHEMES; absent: exported before it was recorded)
+    kv_shape: tuple[int, int, int, int]
+    target_fingerprint: float = Field(allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExportMeta:
+        if self.head_vocab > self.vocab_size:
+            raise ValueError(f"head_vocab {self.head_vocab} exceeds vocab_size {self.vocab_size}")
+        b, kv_heads, ctx, head_dim = self.kv_shape
+        if b != self.batch_size or ctx != self.ctx_len or kv_heads < 1 or head_dim < 1:
+            raise ValueError(
+                f"kv_shape {list(self.kv_shape)} is not [batch_size {self.batch_size}, kv heads, ctx_len "
+                f"{self.ctx_len}, head dim]"
+            )
+        if self.int8 is not None and (self.weights != "int8" or self.int8 not in INT8_SCHEMES):
+            raise ValueError(f"int8 {self.int8!r} with {self.weights} weights (int8 weights take {INT8_SCHEMES})")
+        return self
+
+
+def read_export_meta(directory: Path) -> ExportMeta:
+    """The checked ``hydra.json`` of an export directory; ``DraftError`` naming the file and every bad field."""
+    path = directory / META
+    if not path.is_file():
+        raise DraftError(f"{directory} is not an exported Hydra heads directory (no {META}): see export_hydra")
+    try:
+        return ExportMeta.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        problems = "; ".join(
+            (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        )
+        raise DraftError(f"{path} is not a valid Hydra export description: {problems}") from None
+    except OSError as exc:
+        raise DraftError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def read_embed(path: Path, shape: tuple[int, int]) -> np.ndarray:
+    """The export's embedding table ``embed.npy`` (memory-mapped): ``DraftError`` unless it is a float32 array of
+    ``shape`` with finite values (a truncated, pickled or foreign file, another dtype or shape, NaN / ±Inf)."""
+    try:
+        embed = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DraftError(f"{path} is not a readable .npy array ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(embed, np.ndarray) or embed.dtype != np.float32 or embed.shape != shape:
+        got = f"{embed.dtype} {embed.shape}" if isinstance(embed, np.ndarray) else type(embed).__name__
+        raise DraftError(f"{path} holds {got}; the export needs float32 {shape}")
+    if not bool(np.isfinite(embed).all()):
+        raise DraftError(f"{path} holds NaN or infinite values: the export is damaged (export the heads again)")
+    return embed
 
 
 def _session(path: Path, threads: int | None):
@@ -33,62 +106,110 @@ def _session(path: Path, threads: int | None):
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise DraftError(f"onnxruntime cannot load {path}: {exc}") from exc
+        raise DraftError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def check_io(session: Any, path: Path, inputs: dict[str, tuple[str, tuple]], outputs: tuple[str, ...]) -> None:
+    """``DraftError`` unless ``session`` (of the graph at ``path``) has exactly ``inputs`` (name -> (type, shape;
+    ``None``: any size)) and at least ``outputs``, with every fixed dimension as given."""
+    got = {i.name: i for i in session.get_inputs()}
+    out = {o.name for o in session.get_outputs()}
+    if set(got) != set(inputs) or not set(outputs) <= out:
+        raise DraftError(
+            f"{path}: inputs {sorted(got)} and outputs {sorted(out)}; this graph needs inputs {sorted(inputs)} and "
+            f"outputs {list(outputs)} (not the graph export_hydra writes under this name)"
+        )
+    for name, (kind, shape) in inputs.items():
+        dims = got[name].shape
+        fixed = len(dims) == len(shape) and all(
+            w is None or not isinstance(d, int) or d == w for d, w in zip(dims, shape, strict=True)
+        )
+        if got[name].type != kind or not fixed:
+            raise DraftError(f"{path}: input {name} is {got[name].type} {dims}; the export needs {kind} {list(shape)}")
 
 
 class HydraRuntime:
     """Exported heads in ``export_dir`` on onnxruntime (``threads``: intra-op threads of every session).
 
     Attributes: ``num_heads``, ``prefix`` (Hydra++), ``hidden_size``, ``vocab_size``, ``ctx_len`` (the prefix
-    cache's length), ``batch_size``, ``weights`` (``fp32``/``int8``).
+    cache's length), ``batch_size``, ``weights`` (``fp32``/``int8``). Every file is checked when opened:
+    ``hydra.json`` (``ExportMeta``), ``embed.npy`` (``read_embed``) and each graph's inputs and outputs, and the LM
+    head is called once for ``head_vocab`` tokens (``DraftError`` naming the file).
     """
 
     def __init__(self, export_dir: str | Path, *, threads: int | None = None) -> None:
         d = Path(export_dir)
-        meta_path = d / "hydra.json"
-        if not meta_path.is_file():
-            raise DraftError(f"{d} is not an exported Hydra heads directory (no hydra.json): see export_hydra")
-        try:
-            meta = json.loads(meta_path.read_text())
-            self.num_heads, self.prefix = int(meta["num_heads"]), bool(meta["prefix"])
-            self.hidden_size, self.vocab_size = int(meta["hidden_size"]), int(meta["vocab_size"])
-            self.ctx_len, self.batch_size = int(meta["ctx_len"]), int(meta["batch_size"])
-            self.weights, kv_shape = str(meta["weights"]), tuple(int(v) for v in meta["kv_shape"])
-            self.head_vocab = int(meta["head_vocab"])
-            int8_scheme = meta.get("int8") if self.weights == "int8" else "fp32"
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DraftError(f"{meta_path} is invalid: {exc!r}") from exc
+        meta = read_export_meta(d)
+        self.num_heads, self.prefix = meta.num_heads, meta.prefix
+        self.hidden_size, self.vocab_size = meta.hidden_size, meta.vocab_size
+        self.ctx_len, self.batch_size, self.weights = meta.ctx_len, meta.batch_size, meta.weights
+        self.head_vocab = meta.head_vocab
         names = [f"head{i}.onnx" for i in range(1, self.num_heads + 1)] + ["lm_head.onnx"]
         missing = [n for n in names if not (d / n).is_file()]
         missing += ["prefix.onnx"] if self.prefix and not (d / "prefix.onnx").is_file() else []
-        if missing or not (d / "embed.npy").is_file():
-            raise DraftError(f"{d}: missing {missing or ['embed.npy']}")
-        self.embed = np.load(d / "embed.npy", mmap_mode="r")
-        if self.embed.shape != (self.vocab_size, self.hidden_size):
-            raise DraftError(
-                f"{d}/embed.npy has shape {self.embed.shape}; expected {(self.vocab_size, self.hidden_size)}"
-            )
-        warning = int8_warning(int8_scheme)
+        if missing or not (d / EMBED).is_file():
+            raise DraftError(f"{d}: missing {missing or [EMBED]}")
+        self.embed = read_embed(d / EMBED, (self.vocab_size, self.hidden_size))
+        warning = int8_warning(meta.int8 if self.weights == "int8" else "fp32")
         if warning is not None:
             warnings.warn(f"{d.name}: {warning}", CpuWarning, stacklevel=2)
         self.heads = [_session(d / f"head{i}.onnx", threads) for i in range(1, self.num_heads + 1)]
         self.lm_head = _session(d / "lm_head.onnx", threads)
-        self._cache = None
+        self._check_graphs(d)
+        self._cache: list[np.ndarray] | None = None
         if self.prefix:
-            import onnxruntime as ort
+            self._open_prefix(d, meta.kv_shape, threads)
 
-            from accel.backends.ort_backend import check_inplace_cache
+    def _check_graphs(self, d: Path) -> None:
+        """The heads' and the LM head's inputs and outputs, and one LM head call for ``head_vocab`` tokens."""
+        b, h = self.batch_size, self.hidden_size
+        for i, head in enumerate(self.heads, 1):
+            spec: dict[str, tuple[str, tuple]] = {
+                "base": (_FLOAT, (b, 1, h)),
+                "path_embeds": (_FLOAT, (b, None, i * h)),
+            }
+            check_io(head, d / f"head{i}.onnx", spec, ("state",))
+        spec = {"state": (_FLOAT, (b, None, h)), "k": (_INT64, (1,))}
+        check_io(self.lm_head, d / "lm_head.onnx", spec, ("topk_logp", "topk_ids"))
+        feeds = {"state": np.zeros((b, 1, h), np.float32), "k": np.array([self.head_vocab], np.int64)}
+        try:
+            _, ids = self.lm_head.run(["topk_logp", "topk_ids"], feeds)
+        except Exception as exc:
+            raise DraftError(
+                f"{d / 'lm_head.onnx'} cannot score the {self.head_vocab} head tokens {META} gives: "
+                f"{str(exc).splitlines()[0]}"
+            ) from exc
+        if ids.shape != (b, 1, self.head_vocab) or ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise DraftError(
+                f"{d / 'lm_head.onnx'}: its token ids are not {self.head_vocab} ids below {self.vocab_size}"
+            )
 
+    def _open_prefix(self, d: Path, kv_shape: tuple[int, int, int, int], threads: int | None) -> None:
+        """The Hydra++ prefix layer's session, checked, with its cache bound in place."""
+        import onnxruntime as ort
+
+        try:
             check_inplace_cache(d / "prefix.onnx", 1)  # the graph lets the cache be updated in place
-            self._prefix = _session(d / "prefix.onnx", threads)
-            self._cache = [np.zeros(kv_shape, np.float32) for _ in range(2)]
-            io = self._prefix.io_binding()
-            io.bind_output("base")
-            for kv, buf in zip(("key", "value"), self._cache, strict=True):
-                v = ort.OrtValue.ortvalue_from_numpy(buf)
-                io.bind_ortvalue_input(f"past_{kv}.0", v)
-                io.bind_ortvalue_output(f"past_{kv}.0_RetainedState", v)
-            self._binding = io
+        except AccelError as exc:  # the backends' BackendError: here a draft artefact is damaged
+            raise DraftError(str(exc)) from exc
+        self._prefix = _session(d / "prefix.onnx", threads)
+        b, h = self.batch_size, self.hidden_size
+        spec = {
+            "hidden": (_FLOAT, (b, None, h)),
+            "position_ids": (_INT64, (b, None)),
+            "past_key.0": (_FLOAT, kv_shape),
+            "past_value.0": (_FLOAT, kv_shape),
+        }
+        check_io(self._prefix, d / "prefix.onnx", spec, ("base", "past_key.0_RetainedState"))
+        cache = [np.zeros(kv_shape, np.float32) for _ in range(2)]
+        self._cache = cache
+        io = self._prefix.io_binding()
+        io.bind_output("base")
+        for kv, buf in zip(("key", "value"), cache, strict=True):
+            v = ort.OrtValue.ortvalue_from_numpy(buf)
+            io.bind_ortvalue_input(f"past_{kv}.0", v)
+            io.bind_ortvalue_output(f"past_{kv}.0_RetainedState", v)
+        self._binding = io
 
     def reset(self) -> None:
         """Zero the prefix layer's cache (a new run)."""

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from accel.drafts.checkpoint import load_torch_state, save_torch_state
+from accel._io import check_output_path, writing
+from accel.drafts.checkpoint import load_torch_state, restoring, save_torch_state
 from accel.drafts.hydra.config import HydraHistoryPoint, HydraReport, HydraTrainConfig
 from accel.drafts.hydra.data import ShardBatches
 from accel.drafts.hydra.model import HydraHeads, save_hydra
@@ -96,14 +97,15 @@ class _HydraTraining:
                 f"cannot resume from {self.state_path}: it was written for other heads or training settings; "
                 "start without resume (or delete that file)"
             )
-        self.heads.load_state_dict(saved["model"])
-        self.opt.load_state_dict(saved["optimizer"])
-        self.batches.load_state(saved["batches"])
-        self.step = int(saved["step"])
-        self.history = [HydraHistoryPoint(**h) for h in json.loads(saved["history"])]
-        self.best = json.loads(saved["best"])
-        self.elapsed_before = float(saved["elapsed_s"])
-        self.positions = int(saved["positions"])
+        with restoring(self.state_path):
+            self.heads.load_state_dict(saved["model"])
+            self.opt.load_state_dict(saved["optimizer"])
+            self.batches.load_state(saved["batches"])
+            self.step = int(saved["step"])
+            self.history = [HydraHistoryPoint(**h) for h in json.loads(saved["history"])]
+            self.best = json.loads(saved["best"])
+            self.elapsed_before = float(saved["elapsed_s"])
+            self.positions = int(saved["positions"])
 
     def save(self) -> None:
         save_torch_state(
@@ -210,8 +212,9 @@ def train_hydra(
     cfg = config or HydraTrainConfig()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_path(out_dir, "the Hydra heads", DraftError, folder=True)
+    with writing(out, "the Hydra heads", DraftError):
+        out.mkdir(parents=True, exist_ok=True)
     for p in (heads.embed, heads.lm_weight):
         p.requires_grad_(False)
     run = _HydraTraining(heads, batches, cfg, out, eval_fn)
