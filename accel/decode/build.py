@@ -32,7 +32,8 @@ from accel.decode.spec import (
     TargetSpec,
     TreeSpec,
 )
-from accel.errors import AccelError, SpdError
+from accel.errors import AccelError, DraftError, SpdError
+from accel.models.sources import open_checkpoint
 from accel.spd import (
     DraftChain,
     DraftTree,
@@ -190,6 +191,7 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
     """The draft backend: int8 for a feature draft unless told otherwise; threads by the draft's size
     (``draft_threads``), the target's on torch (torch threads are global); tree inputs for a ``DraftTree``."""
     feature = bool(model_config(p.draft).get("accel_feature_size"))
+    check_draft_weights(p.draft)
     if target.backend != "ort":
         threads = target.threads
     else:
@@ -205,6 +207,19 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
         device=target.device,
         dtype=target.dtype,
     )
+
+
+def check_draft_weights(path: Path) -> None:
+    """``DraftError`` naming the first tensor of a draft checkpoint directory that holds NaN or infinite weights (read
+    one tensor at a time; a draft is small). Such a draft would otherwise run with garbage proposals: exact still,
+    but silently without speculation. ``.onnx`` and ``.gguf`` drafts are used as they are."""
+    if not path.is_dir():
+        return
+    _, tensors = open_checkpoint(path)
+    for name in tensors:
+        array = np.asarray(tensors[name])
+        if array.dtype.kind == "f" and not bool(np.isfinite(array).all()):
+            raise DraftError(f"draft {path}: {name} holds NaN or infinite weights: the checkpoint is damaged")
 
 
 def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:

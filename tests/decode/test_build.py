@@ -193,3 +193,28 @@ def test_autotune_is_the_default_unless_a_size_pins_the_shape(checkpoints, capsy
         assert line in out and ("off" in line) == ("autotune: off" in out), extra
     assert main([*flags, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["stats"]["tuned_rounds"]) >= 1  # tuned by default
+
+
+def test_a_draft_with_nan_weights_is_refused_by_name(checkpoints, tmp_path, capsys):
+    """A damaged draft checkpoint (a NaN weight) is a one-line DraftError naming the tensor, before any export: it
+    would otherwise run with garbage proposals, exact but silently without speculation."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from accel.errors import DraftError
+
+    target, draft = checkpoints
+    bad = tmp_path / "bad-draft"
+    bad.mkdir()
+    for f in draft.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    weights = load_file(bad / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].copy()
+    weights[name].flat[0] = np.nan
+    save_file(weights, bad / "model.safetensors")
+    spec, flags = _spec(target, bad, "chain", "ort")
+    with pytest.raises(DraftError, match=f"{name} holds NaN"):
+        build(spec)
+    assert main(["generate", *flags, "--prompt", "1 2 3"]) == EXIT_ERROR
+    assert f"{name} holds NaN" in capsys.readouterr().err
