@@ -33,7 +33,7 @@ from accel.decode.spec import (
     TreeSpec,
 )
 from accel.errors import AccelError, DraftError, SpdError
-from accel.models.sources import open_checkpoint
+from accel.models.sources import engine_quant_method, open_checkpoint
 from accel.spd import (
     DraftChain,
     DraftTree,
@@ -213,7 +213,7 @@ def check_draft_weights(path: Path) -> None:
     """``DraftError`` naming the first tensor of a draft checkpoint directory that holds NaN or infinite weights (read
     one tensor at a time; a draft is small). Such a draft would otherwise run with garbage proposals: exact still,
     but silently without speculation. ``.onnx`` and ``.gguf`` drafts are used as they are."""
-    if not path.is_dir():
+    if not path.is_dir() or engine_quant_method(path) is not None:  # an engine's MX layout: its loader checks it
         return
     _, tensors = open_checkpoint(path)
     for name in tensors:
