@@ -148,7 +148,11 @@ def test_sim_validation_published_out(tmp_path):
     run = _script("benchmarks/sim_validation.py", "--published-only", "--results-dir", str(tmp_path))
     assert run.returncode == 0, run.stderr
     data = json.loads((tmp_path / "sim_validation_published.json").read_text())
-    assert set(data) == {"run", "one_point", "stock", "rows", "stock_rows", "gpu_calls", "leave_one_source_out"}
+    assert set(data) == {
+        *("run", "one_point", "stock", "rows", "stock_rows", "gpu_calls", "leave_one_source_out"),
+        *("first_set", "points", "device_types", "multi_device_points"),
+    }
+    assert data["points"] == len(data["stock_rows"]) >= 60 and data["device_types"] >= 6
     gpu = data["gpu_calls"]  # accel's own H200 calls: stock and calibrated on the fp16 curves
     assert len(gpu["stock"]) == len(gpu["calibrated_on_fp16"]) == 35
     assert abs(gpu["calibrated_on_fp16"]["llama-2-7b bf16 S=1"]) < abs(gpu["stock"]["llama-2-7b bf16 S=1"])
