@@ -185,7 +185,8 @@ def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             f"| {name} | {ar:.1f} | {s['best_fixed']} | {s['best_fixed_tokens_per_s']:.1f} | "
             f"{s['controller_tokens_per_s']:.1f} | {s['controller_vs_best']:.2f}x {s['goal_vs_best']} | "
             f"{s['controller_vs_ar']:.2f}x {s['goal_vs_ar']} | {c['zero_fraction']:.0%} | "
-            f"{histogram_text(c.get('shape_rounds', {}))} | {c['predicted_tokens_per_call']:.2f} / "
+            f"{histogram_text(c.get('shape_rounds', {})).replace('|', chr(92) + '|')} | "
+            f"{c['predicted_tokens_per_call']:.2f} / "
             f"{c['observed_tokens_per_call']:.2f} |"
         )
     return "\n".join(lines)
