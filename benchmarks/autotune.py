@@ -15,10 +15,10 @@ Settings of a cell: AR; for ``feature`` the chains K = ``--chain-ks`` (default 1
 ``hydra`` the trees of ``--hydra-nodes`` (4, 12) nodes (``TreeShape.for_decoding``); each also with n-gram lookup
 (``NgramLookup(--ngram 3, --ngram-k 4)``: ``FirstOf`` before a chain, ``Merge`` into a tree); and the controller,
 ``AutoTune`` over the drafter's shapes (feature: ``draft_arms``, lookup then a chain of up to max(--chain-ks), the
-chain alone, the largest tree merged with lookup; Hydra: the largest tree merged with lookup and after lookup),
-probed (``.probe(target)``) before the pass, one instance per cell kept across the prompts (it learns). Per prompt
-(the first ``--prompts`` of ``HELD_OUT_PROMPTS``), every target, sampling and setting runs once,
-``--max-new-tokens`` tokens (EOS ignored, so every run makes the same tokens); AR runs once per (target, sampling)
+chain alone, lookup then the dynamic chain, the largest tree merged with lookup; Hydra: the largest tree merged with
+lookup and after lookup), probed (``.probe(target)``) before the pass, one instance per cell kept across the prompts
+(it learns). Per prompt (the first ``--prompts`` of ``HELD_OUT_PROMPTS``), every target, sampling and setting runs
+once, ``--max-new-tokens`` tokens (EOS ignored, so every run makes the same tokens); AR runs once per (target, sampling)
 and serves both drafters' cells.
 
 tok/s = a setting's new tokens over all prompts / its decode seconds (``wall_s - prefill_s`` of each run); the
@@ -204,11 +204,13 @@ def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace) -> dict
 
 def controller(drafter: str, bench: Bench, args: argparse.Namespace, target: Any) -> AutoTune:
     """``AutoTune`` over the drafter's shapes, probed on ``target``: for the feature draft ``draft_arms`` (lookup
-    first then a chain of up to max(--chain-ks), the chain alone, the largest tree merged with lookup); for Hydra
+    first then a chain of up to max(--chain-ks), the chain alone, lookup first then the dynamic chain (--dyn-k,
+    --min-draft-prob), the largest tree merged with lookup); for Hydra
     heads the largest tree merged with lookup and after lookup (``FirstOf``)."""
     if drafter == "feature":
         lookup = (args.ngram, args.ngram_k)
-        arms = draft_arms(bench.feature, k=max(args.chain_ks), nodes=max(args.tree_nodes), lookup=lookup)
+        top, dynamic = max(args.tree_nodes), (args.dyn_k, args.min_draft_prob)
+        arms = draft_arms(bench.feature, k=max(args.chain_ks), nodes=top, lookup=lookup, dynamic=dynamic)
     else:
         top = max(args.hydra_nodes)
         arms = [Merge(_lookup(args), _hydra_tree(bench, top)), FirstOf(_lookup(args), _hydra_tree(bench, top))]

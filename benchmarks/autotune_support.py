@@ -134,8 +134,10 @@ def verdict(ratio: float, goal: float) -> str:
 
 def shape_label(shape: str) -> str:
     """A short name of a controller arm (``TunedRound.shape``, a proposer name): ``lookup|chain``, ``chain``,
-    ``lookup+tree``, ``tree``, ``lookup+hydra``, ``lookup|hydra``, ``hydra``, ``lookup`` (``?`` when not recorded)."""
+    ``lookup+tree``, ``tree``, ``lookup|dyn chain``, ``lookup+hydra``, ``lookup|hydra``, ``hydra``, ``lookup``
+    (``?`` when not recorded)."""
     kind = "hydra" if "hydra" in shape else "tree" if "tree(" in shape else "chain" if "chain(" in shape else ""
+    kind = "dyn chain" if kind == "chain" and "min_draft_prob" in shape else kind
     if "lookup(" in shape and kind:
         return f"lookup|{kind}" if " | " in shape else f"lookup+{kind}"
     return kind or ("lookup" if "lookup(" in shape else "?")

@@ -73,7 +73,7 @@ import numpy as np
 
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
-from accel.spd.autotune_arm import NO_ARM, Arm, arm_budgets, as_arms, draft_arms, probe_schedule
+from accel.spd.autotune_arm import NO_ARM, Arm, ShapeEvidence, arm_budgets, as_arms, draft_arms, probe_schedule
 from accel.spd.costs import DEFAULT_WINDOW, CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
 from accel.spd.stats import TunedRound
@@ -207,6 +207,7 @@ class AutoTune:
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
         for arm in self.arms:
             arm.reset()
+        self.evidence = ShapeEvidence(self.decay)  # per shape: its own rounds' tokens and seconds
         self.rounds = 0
         self._last = (0, self.arms[0].budgets[-1])
         self._explored = 0
@@ -274,21 +275,25 @@ class AutoTune:
         self.call_costs.observe(width, call_s)
         if pending.nodes > 0:
             self.arms[pending.arm].observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
-        self._record(run, pending, outcomes, width, call_s)
+        tokens = self._record(run, pending, outcomes, width, call_s)
+        shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
+        self.evidence.observe(shape, tokens, call_s, pending.propose_s)
 
     def _record(
         self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float
-    ) -> None:
-        """The round's ``TunedRound``, into the run's statistics (``GenerationStats.tuned_rounds``)."""
+    ) -> float:
+        """The round's ``TunedRound``, into the run's statistics (``GenerationStats.tuned_rounds``); returns its
+        tokens per call (the mean over the rows asked)."""
         asked = np.flatnonzero(pending.rows)
         tokens = [o.accepted + 1 if o is not None else 1 for o in (outcomes[b] for b in asked.tolist())]
+        mean = float(np.mean(tokens)) if tokens else math.nan
         record = TunedRound(
             nodes=pending.nodes,
             shape=self.arms[pending.arm].name if pending.nodes > 0 else "none",
             phase=pending.phase,
             call_tokens=width,
             predicted_tokens_per_call=pending.predicted[0],
-            tokens_per_call=float(np.mean(tokens)) if tokens else math.nan,
+            tokens_per_call=mean,
             predicted_call_s=pending.predicted[1],
             call_s=call_s,
             predicted_propose_s=pending.predicted[2],
@@ -297,6 +302,7 @@ class AutoTune:
         stats = getattr(run, "_stats", None)  # the run's StatsAccumulator: the record ends up in GenerationStats
         if stats is not None and hasattr(stats, "tuned"):
             stats.tuned.append(record)
+        return mean
 
     # ------------------------------------------------------------------ the model
 
@@ -340,18 +346,16 @@ class AutoTune:
         c1 = calls.seconds(1)
         if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        nodes, arms, tokens, call, prop = [0], [NO_ARM], [1.0], [c1], [0.0]
+        rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0))]
         for i, arm in enumerate(self.arms):
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
             for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
-                nodes.append(n)
-                arms.append(i)
-                tokens.append(e)
-                call.append(hit * _known(calls, n + 1) + (1.0 - hit) * c1)
-                prop.append(_known(arm.propose_costs, n))
-        plan = Plan(np.asarray(nodes), np.asarray(tokens), np.asarray(call), np.asarray(prop), np.asarray(arms))
+                call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
+                rows.append((i, n, *self.evidence.blend((i, n), e, call, _known(arm.propose_costs, n))))
+        arms, nodes, tokens, call_s, propose_s = (np.asarray(col) for col in zip(*rows, strict=True))
+        plan = Plan(nodes, tokens, call_s, propose_s, arms)
         if not (np.all(np.isfinite(plan.call_s + plan.propose_s)) and np.all(plan.call_s > 0)):
             return None
         return plan

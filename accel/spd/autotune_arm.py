@@ -22,10 +22,22 @@ from accel.spd.draft_tree import DraftTree
 from accel.spd.merge import Merge
 from accel.spd.proposers import FirstOf, NgramLookup, Proposer, RowOutcome
 
-__all__ = ["MAX_WIDTH", "NO_ARM", "PRIOR_WEIGHT", "Arm", "arm_budgets", "as_arms", "draft_arms", "probe_schedule"]
+__all__ = [
+    "EVIDENCE_WEIGHT",
+    "MAX_WIDTH",
+    "NO_ARM",
+    "PRIOR_WEIGHT",
+    "Arm",
+    "ShapeEvidence",
+    "arm_budgets",
+    "as_arms",
+    "draft_arms",
+    "probe_schedule",
+]
 
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a depth's acceptance towards the pooled rate (and that towards the prior)
 NO_ARM = -1  # the arm index of "no speculation" (budget 0)
+EVIDENCE_WEIGHT = 4.0  # rounds' worth of weight the model's prediction keeps against a shape's own observed rounds
 MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
 
 
@@ -111,12 +123,60 @@ class Arm:
                 setattr(self, name, new)
 
 
-def draft_arms(draft: Backend, *, k: int = 4, nodes: int = 8, lookup: tuple[int, int] = (3, 4)) -> list[Proposer]:
+class ShapeEvidence:
+    """What the rounds run at each shape ``(arm, nodes)`` gave: decayed sums of rounds, tokens per call (mean over the
+    rows asked), call seconds and proposal seconds. ``blend`` moves the model's prediction for a shape towards its
+    own observed means, the prediction weighing ``EVIDENCE_WEIGHT`` rounds: where the acceptance model or the cost
+    curves are off for a shape (deep chain nodes priced at the pooled rate, a tree arm's dearer calls), the shape's
+    own rounds correct it, and a shape not run lately drifts back to the model as its evidence decays."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self._sums: dict[tuple[int, int], np.ndarray] = {}
+
+    def observe(self, shape: tuple[int, int], tokens: float, call_s: float, propose_s: float) -> None:
+        """One round at ``shape``; every shape's old evidence decays by ``decay`` first. Non-finite values (a broken
+        clock) are not recorded."""
+        for sums in self._sums.values():
+            sums *= self.decay
+        if not all(np.isfinite([tokens, call_s, propose_s])) or call_s <= 0:
+            return
+        row = self._sums.setdefault(shape, np.zeros(4))
+        row += [1.0, tokens, call_s, propose_s]
+
+    def rounds(self, shape: tuple[int, int]) -> float:
+        """The decayed number of rounds observed at ``shape``."""
+        sums = self._sums.get(shape)
+        return 0.0 if sums is None else float(sums[0])
+
+    def blend(self, shape: tuple[int, int], tokens: float, call_s: float, propose_s: float) -> tuple[float, ...]:
+        """``(tokens, call_s, propose_s)``: the model's prediction for ``shape`` and its observed means, weighted
+        ``EVIDENCE_WEIGHT`` to the decayed rounds observed."""
+        sums = self._sums.get(shape)
+        if sums is None:
+            return tokens, call_s, propose_s
+        w = EVIDENCE_WEIGHT
+        model = np.asarray([tokens, call_s, propose_s])
+        return tuple(float(x) for x in (w * model + sums[1:]) / (w + sums[0]))
+
+
+def draft_arms(
+    draft: Backend,
+    *,
+    k: int = 4,
+    nodes: int = 8,
+    lookup: tuple[int, int] = (3, 4),
+    dynamic: tuple[int, float] | None = None,
+) -> list[Proposer]:
     """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
-    ``k`` tokens, the draft chain alone, and (where the draft takes tree inputs) a draft tree of up to ``nodes``
-    nodes merged with lookup. ``lookup``: the n-gram order and its longest proposal (``NgramLookup(n, k)``)."""
+    ``k`` tokens, the draft chain alone, (with ``dynamic = (k_max, p)``) lookup first then a dynamic chain of up to
+    ``k_max`` tokens that stops where the draft's probability falls below ``p`` (``DraftChain(min_draft_prob=p)``),
+    and (where the draft takes tree inputs) a draft tree of up to ``nodes`` nodes merged with lookup. ``lookup``: the
+    n-gram order and its longest proposal (``NgramLookup(n, k)``)."""
     n, lk = lookup
     arms: list[Proposer] = [FirstOf(NgramLookup(n, lk), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    if dynamic is not None:
+        arms.append(FirstOf(NgramLookup(n, lk), DraftChain(draft, dynamic[0], dynamic[1])))
     if "tree" in draft.info.capabilities:
         arms.append(Merge(NgramLookup(n, lk), DraftTree(draft, nodes=nodes)))
     return arms

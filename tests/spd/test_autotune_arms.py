@@ -121,3 +121,30 @@ def test_arm_budgets_and_bad_arms(models):
     with pytest.raises(SpdError, match="fallback"):
         AutoTune([DraftChain(db, k=2), NgramLookup(2, 3)], fallback=4)
     assert AutoTune([DraftChain(db, k=2), NgramLookup(2, 3)], fallback=3)._fallback_arm == 1
+
+
+def test_a_shapes_own_rounds_correct_the_model(models):
+    """A shape's observed rounds pull its prediction towards what they gave (the model weighing EVIDENCE_WEIGHT
+    rounds): a budget that keeps delivering fewer tokens than predicted loses the choice to one that delivers."""
+    from accel.spd.autotune_arm import EVIDENCE_WEIGHT
+
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], prior_acceptance=0.9, decay=1.0)
+    for s in (1, 5):
+        tuner.call_costs.observe(s, 10e-3)
+    for arm in tuner.arms:
+        for n in (1, 4):
+            arm.propose_costs.observe(n, 0.1e-3 * n)
+    before = tuner.plan()
+    assert before is not None and before.best_shape() == (0, 4)
+    model = before.at(4, 0)
+    for _ in range(4):  # arm 0 at 4 nodes keeps accepting nothing
+        tuner.evidence.observe((0, 4), 1.0, 10e-3, 0.4e-3)
+    after = tuner.plan()
+    w = EVIDENCE_WEIGHT
+    assert after.at(4, 0)[0] == pytest.approx((w * model[0] + 4 * 1.0) / (w + 4))
+    assert after.at(4, 1) == before.at(4, 1)  # the other arm's shape is untouched
+    assert after.best_shape() == (1, 4)
+    tuner.evidence.observe((1, 4), float("nan"), 10e-3, 0.4e-3)  # a broken round is not evidence
+    assert tuner.evidence.rounds((1, 4)) == 0.0
