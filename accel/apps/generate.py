@@ -37,10 +37,10 @@ __all__ = ["register", "run"]
 
 #: the flags a DecodeSpec holds (``--spec FILE`` replaces them all), and PPD's (not part of a spec yet)
 _DECODE_FLAGS = (
-    "target", "draft", "hydra", "k", "min_draft_prob", "ngram", "ngram_k", "ngram_merge", "tree_nodes", "tree_top_k",
-    "tree_depth", "tree_min_prob", "tree_expand_prob", "max_new_tokens", "temperature", "top_k", "top_p", "greedy",
-    "seed", "backend", "device", "dtype", "ctx_len", "threads", "draft_threads", "draft_weights", "target_weights",
-    "tokenizer", "ppd", "ppd_k", "exit_head", "autotune",
+    "target", "draft", "hydra", "eagle3", "k", "min_draft_prob", "ngram", "ngram_k", "ngram_merge", "tree_nodes",
+    "tree_top_k", "tree_depth", "tree_min_prob", "tree_expand_prob", "max_new_tokens", "temperature", "top_k", "top_p",
+    "greedy", "seed", "backend", "device", "dtype", "ctx_len", "threads", "draft_threads", "draft_weights",
+    "target_weights", "tokenizer", "ppd", "ppd_k", "exit_head", "autotune",
 )  # fmt: skip
 
 
@@ -125,6 +125,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--tree-expand-prob; depth: the heads, at most 4). Add --ngram 3 --ngram-k 7 for lookup drafts where the "
         "text repeats (the most tokens per call measured with the shipped heads; --ngram-merge joins them into the "
         "heads' tree)",
+    )
+    p.add_argument(
+        "--eagle3",
+        default=None,
+        metavar="DIR",
+        help="an EAGLE-3 head in the speculators format (vLLM's draft library; docs/serving.md) instead of --draft: "
+        "a chain of --k tokens (default 3), or a tree with --tree-nodes (and the --tree-* flags). The target must "
+        "be the checkpoint it was trained for (directory or .gguf, --backend ort): it is exported once with the "
+        "hidden states of the head's aux layers, and the head as an ONNX draft, both cached in $ACCEL_CACHE/onnx",
     )
     p.add_argument("--tree-top-k", type=int, default=None, help="candidates per expanded tree node (default 4)")
     p.add_argument("--tree-depth", type=int, default=None, help="most tree levels (default min(nodes, 8))")

@@ -2,10 +2,11 @@
 
 The flags are checked first (``accel.apps.generate_options.check_generate_options``: every flag is used as given or
 refused, naming the flag), then mapped onto the spec: ``--draft`` is a ``chain`` (a ``tree`` with ``--tree-nodes``),
-``--hydra`` a ``hydra`` tree, ``--ngram`` a ``lookup`` alone or first (``first_of``), or merged into the tree with
-``--ngram-merge`` (``merge``). Flags left out take the spec's defaults, and the spec validates the rest: without
-``--autotune`` / ``--no-autotune`` a run with a proposer is autotuned unless a size flag (``--k``, ``--tree-nodes``,
-``--tree-depth``, ``--min-draft-prob``, ``--ngram-k``) pins its shape.
+``--hydra`` a ``hydra`` tree, ``--eagle3`` an ``eagle3`` chain (an ``eagle3_tree`` with ``--tree-nodes``),
+``--ngram`` a ``lookup`` alone or first (``first_of``), or merged into the tree with ``--ngram-merge`` (``merge``).
+Flags left out take the spec's defaults, and the spec validates the rest: without ``--autotune`` / ``--no-autotune``
+a run with a proposer is autotuned unless a size flag (``--k``, ``--tree-nodes``, ``--tree-depth``,
+``--min-draft-prob``, ``--ngram-k``) pins its shape.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _given(**fields: Any) -> dict[str, Any]:
 
 
 def _model_part(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The draft chain or tree, or the Hydra tree, of the flags (None: neither)."""
+    """The draft chain or tree, the Hydra tree, or the EAGLE-3 chain or tree of the flags (None: none of them)."""
     shared = _given(weights=args.draft_weights, threads=args.draft_threads)
     tree = _given(
         nodes=args.tree_nodes,
@@ -36,6 +37,10 @@ def _model_part(args: argparse.Namespace) -> dict[str, Any] | None:
     )
     if args.hydra:
         return {"kind": "hydra", "heads": args.hydra, **tree, **shared}
+    if args.eagle3 and args.tree_nodes is not None:
+        return {"kind": "eagle3_tree", "head": args.eagle3, **tree, **shared}
+    if args.eagle3:
+        return {"kind": "eagle3", "head": args.eagle3, **_given(k=args.k, min_draft_prob=args.min_draft_prob), **shared}
     if args.draft and args.tree_nodes is not None:
         return {"kind": "tree", "draft": args.draft, **tree, **shared}
     if args.draft:

@@ -1,13 +1,13 @@
 """Checks of ``accel generate``'s flags that need no model: every flag is used as given or refused.
 
 A flag that would be ignored (a tree setting without a tree, ``--exit-head`` or ``--ppd-k`` without ``--ppd``,
-``--ctx-len`` with an ``.onnx`` target), silently replaced
-(``--tree-nodes 0`` running the default tree, ``--tree-depth 0`` the default depth) or that contradicts another
-(``--draft`` with ``--hydra``) is an ``SpdError`` naming the flag, the value and what it needs. These are rules about
-the flags: which ``DecodeSpec`` (``accel.decode``) they describe. Rules about the decode itself (target weights on an
-``.onnx`` file, Hydra heads on a ``.gguf`` target, value ranges) are the spec's validators; limits that need the
-models (the target's context, the Hydra heads' depth) are checked where the models are opened (``DraftTree.check``,
-``accel.drafts.hydra.open.hydra_tree_shape``).
+``--ctx-len`` with an ``.onnx`` target), silently replaced (``--tree-nodes 0`` running the default tree,
+``--tree-depth 0`` the default depth) or that contradicts another (``--draft`` with ``--hydra`` or ``--eagle3``) is an
+``SpdError`` naming the flag, the value and what it needs. These are rules about the flags: which ``DecodeSpec``
+(``accel.decode``) they describe. Rules about the decode itself (target weights on an ``.onnx`` file, Hydra heads on a
+``.gguf`` target, an EAGLE-3 head on an ``.onnx`` target, value ranges) are the spec's validators; limits that need
+the models (the target's context, the Hydra heads' depth) are checked where the models are opened
+(``DraftTree.check``, ``accel.drafts.hydra.open.hydra_tree_shape``).
 """
 
 from __future__ import annotations
@@ -46,27 +46,30 @@ def check_generate_options(args: argparse.Namespace) -> None:
         "ctx_len",
     ):
         _positive(args, name, "--" + name.replace("_", "-"))
-    draft, hydra = bool(args.draft), bool(getattr(args, "hydra", None))
-    tree = hydra or (draft and args.tree_nodes is not None)
-    tree_what = "a tree: --tree-nodes with --draft, or --hydra"
+    draft, hydra, eagle3 = bool(args.draft), bool(getattr(args, "hydra", None)), bool(getattr(args, "eagle3", None))
+    chain_model = draft or eagle3  # a model that proposes a chain, or a tree with --tree-nodes
+    tree = hydra or (chain_model and args.tree_nodes is not None)
+    tree_what = "a tree: --tree-nodes with --draft or --eagle3, or --hydra"
     for name in ("tree_depth", "tree_top_k", "tree_min_prob", "tree_expand_prob"):
         if getattr(args, name) is not None:
             _needs(tree, "--" + name.replace("_", "-"), getattr(args, name), tree_what)
     if getattr(args, "k", None) is not None:  # a chain's length, or lookup's when --ngram-k is not given
         _needs(
-            (draft and not tree) or (bool(args.ngram) and args.ngram_k is None),
+            (chain_model and not tree) or (bool(args.ngram) and args.ngram_k is None),
             "--k",
             args.k,
-            "a draft chain (--draft without a tree) or --ngram (without --ngram-k); a tree's size is --tree-nodes",
+            "a chain (--draft or --eagle3 without --tree-nodes) or --ngram (without --ngram-k); a tree's size is "
+            "--tree-nodes",
         )
     if args.min_draft_prob is not None:
-        _needs(draft and not tree, "--min-draft-prob", args.min_draft_prob, "a draft chain: --draft without a tree")
+        what = "a chain: --draft or --eagle3 without --tree-nodes"
+        _needs(chain_model and not tree, "--min-draft-prob", args.min_draft_prob, what)
     if args.ngram_k is not None:
         _needs(bool(args.ngram), "--ngram-k", args.ngram_k, "--ngram")
     if args.draft_weights is not None:
         _needs(draft or hydra, "--draft-weights", args.draft_weights, "--draft or --hydra")
     if args.draft_threads is not None:
-        _needs(draft or hydra, "--draft-threads", args.draft_threads, "--draft or --hydra")
+        _needs(draft or hydra or eagle3, "--draft-threads", args.draft_threads, "--draft, --hydra or --eagle3")
     if getattr(args, "exit_head", None) is not None:
         _needs(args.ppd is not None, "--exit-head", args.exit_head, "--ppd EXIT_LAYER")
     if getattr(args, "ppd_k", None) is not None:
@@ -78,12 +81,18 @@ def check_generate_options(args: argparse.Namespace) -> None:
 
 
 def _check_proposer_flags(args: argparse.Namespace) -> None:
-    """The flags that choose the proposer must name one: a draft or heads (not both), a tree with something to grow
-    it, lookup merged only into a tree."""
-    hydra = getattr(args, "hydra", None)
-    if hydra and args.draft:
-        raise SpdError("give --draft or --hydra, not both")
-    if args.tree_nodes is not None and not (args.draft or hydra):
-        raise SpdError("--tree-nodes needs a draft model (--draft) or Hydra heads (--hydra) to build the trees with")
-    if args.ngram_merge and not (args.ngram and (hydra or (args.draft and args.tree_nodes))):
-        raise SpdError("--ngram-merge joins lookup into a tree: give --ngram and --tree-nodes with --draft, or --hydra")
+    """The flags that choose the proposer must name one: a draft, Hydra heads or an EAGLE-3 head (one of them), a
+    tree with something to grow it, lookup merged only into a tree."""
+    hydra, eagle3 = getattr(args, "hydra", None), getattr(args, "eagle3", None)
+    given = [flag for flag, value in (("--draft", args.draft), ("--hydra", hydra), ("--eagle3", eagle3)) if value]
+    if len(given) > 1:
+        raise SpdError(f"give one of --draft, --hydra and --eagle3, not {' and '.join(given)}")
+    if args.tree_nodes is not None and not given:
+        raise SpdError(
+            "--tree-nodes needs a draft model (--draft), Hydra heads (--hydra) or an EAGLE-3 head (--eagle3) to build "
+            "the trees with"
+        )
+    if args.ngram_merge and not (args.ngram and (hydra or ((args.draft or eagle3) and args.tree_nodes))):
+        raise SpdError(
+            "--ngram-merge joins lookup into a tree: give --ngram and --tree-nodes with --draft or --eagle3, or --hydra"
+        )

@@ -4,7 +4,9 @@ The proposer is built first, from its own files (a draft model, Hydra heads); th
 the proposer declares it needs (``ProposerInfo.needs_hidden``: the target's hidden states; ``ProposerInfo.branching``:
 tree inputs), so no caller decides the target's graph from the kind of draft. On ``backend="ort"`` a checkpoint
 (directory or ``.gguf``) is exported once per settings and cached in ``$ACCEL_CACHE/onnx``
-(``accel.backends.export_cached``); an ``.onnx`` file is used as it is. Everything runs batch 1.
+(``accel.backends.export_cached``); an ``.onnx`` file is used as it is. An EAGLE-3 head (``accel.serving``) reads
+the target's states at its aux layers: the head and that target graph are exported together and cached the same way
+(``_eagle3_graphs``). Everything runs batch 1.
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ import numpy as np
 
 from accel.backends.base import Backend
 from accel.backends.weights import WeightFormat
+from accel.decode.eagle3 import eagle3_proposer, eagle3_target
 from accel.decode.files import find_tokenizer, is_gguf, model_config, onnx_inputs, onnx_metadata
 from accel.decode.spec import (
     ARSpec,
     ChainSpec,
     DecodeSpec,
+    Eagle3ChainSpec,
+    Eagle3Spec,
+    Eagle3TreeSpec,
     FirstOfSpec,
     HydraTreeSpec,
     LookupSpec,
@@ -111,7 +117,7 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
     proposer = AutoTune(arms) if arms is not None else _proposer(spec, drafts)
     info = proposer.info if proposer is not None else None
     target = open_backend(
-        t.path,
+        eagle3_target(spec) or t.path,  # an EAGLE-3 head's target: the export with its aux layers' states
         t.backend,
         t.ctx_len,
         t.threads,
@@ -174,10 +180,12 @@ def _autotune_arms(spec: DecodeSpec, drafts: list[tuple[Backend, Path]]) -> list
 
 
 def _model_proposer(
-    p: ChainSpec | TreeSpec | HydraTreeSpec, target: TargetSpec, drafts: list[tuple[Backend, Path]]
+    p: ChainSpec | TreeSpec | HydraTreeSpec | Eagle3Spec, target: TargetSpec, drafts: list[tuple[Backend, Path]]
 ) -> Proposer:
     if isinstance(p, HydraTreeSpec):
         return _hydra(p, target)
+    if isinstance(p, Eagle3ChainSpec | Eagle3TreeSpec):
+        return eagle3_proposer(p, target)
     draft = _open_draft(p, target, tree=isinstance(p, TreeSpec))
     drafts.append((draft, p.draft))
     if isinstance(p, TreeSpec):

@@ -7,9 +7,11 @@ The proposer is a discriminated union on ``kind``:
 ``chain``    a draft model's chain of up to ``k`` tokens (``accel.spd.DraftChain``)
 ``tree``     a draft model's dynamic token tree (``accel.spd.DraftTree``)
 ``hydra``    a tree grown from Hydra heads (``accel.drafts.hydra.HydraProposer``)
+``eagle3``   an EAGLE-3 head in the speculators format: a chain of up to ``k`` tokens (``DraftChain``)
+``eagle3_tree`` an EAGLE-3 head's dynamic token tree (``DraftTree``)
 ``lookup``   n-gram lookup drafts alone (``accel.spd.NgramLookup``)
-``first_of`` lookup first, the chain, tree or Hydra heads where lookup has no match (``accel.spd.FirstOf``)
-``merge``    lookup's chain joined into a tree or Hydra tree every round (``accel.spd.Merge``)
+``first_of`` lookup first, a model's chain or tree where lookup has no match (``accel.spd.FirstOf``)
+``merge``    lookup's chain joined into a model's tree every round (``accel.spd.Merge``)
 =========== ==========================================================================================
 
 Every part refuses fields it does not have (a tree setting on a chain is an error naming the field, never ignored),
@@ -34,6 +36,8 @@ __all__ = [
     "ARSpec",
     "ChainSpec",
     "DecodeSpec",
+    "Eagle3ChainSpec",
+    "Eagle3TreeSpec",
     "FirstOfSpec",
     "HydraTreeSpec",
     "LookupSpec",
@@ -55,16 +59,17 @@ SHAPE_FIELDS = ("k", "nodes", "depth", "min_draft_prob")
 _NEEDS = {
     "draft": "a draft model (kind chain or tree)",
     "heads": "Hydra heads (kind hydra)",
-    "k": "a chain (kind chain) or lookup (kind lookup)",
-    "min_draft_prob": "a draft chain (kind chain)",
+    "head": "an EAGLE-3 head (kind eagle3 or eagle3_tree)",
+    "k": "a chain (kind chain or eagle3) or lookup (kind lookup)",
+    "min_draft_prob": "a chain (kind chain or eagle3)",
     "n": "lookup (kind lookup, or its part of first_of / merge)",
-    "nodes": "a tree (kind tree or hydra)",
-    "top_k": "a tree (kind tree or hydra)",
-    "depth": "a tree (kind tree or hydra)",
-    "min_prob": "a tree (kind tree or hydra)",
-    "expand_prob": "a tree (kind tree or hydra)",
-    "weights": "a draft model or Hydra heads (kind chain, tree or hydra)",
-    "threads": "a draft model or Hydra heads (kind chain, tree or hydra)",
+    "nodes": "a tree (kind tree, hydra or eagle3_tree)",
+    "top_k": "a tree (kind tree, hydra or eagle3_tree)",
+    "depth": "a tree (kind tree, hydra or eagle3_tree)",
+    "min_prob": "a tree (kind tree, hydra or eagle3_tree)",
+    "expand_prob": "a tree (kind tree, hydra or eagle3_tree)",
+    "weights": "a draft model or Hydra heads (kind chain, tree or hydra; an EAGLE-3 head runs float32)",
+    "threads": "a draft model or heads (kind chain, tree, hydra, eagle3 or eagle3_tree)",
 }
 
 
@@ -231,6 +236,44 @@ class HydraTreeSpec(_TreeShape):
     threads: int | None = Field(None, ge=1)
 
 
+class _Eagle3Head(_Part):
+    """An EAGLE-3 draft head saved in the ``speculators`` format (vLLM's draft library; docs/serving.md, "EAGLE-3
+    heads"), run on onnxruntime as a feature draft (float32 weights).
+
+    Attributes:
+        head: the checkpoint folder (``config.json`` with ``speculators_model_type: eagle3``, safetensors weights);
+            the target must be the checkpoint it was trained for (directory or ``.gguf``, backend ``ort``: it is
+            exported with the hidden states of the head's aux layers). A head saved without ``embed_tokens`` reads
+            the target's.
+        threads: onnxruntime intra-op threads of the head (None: the target's; its matmuls are as wide as the
+            target's).
+    """
+
+    head: Path
+    threads: int | None = Field(None, ge=1)
+
+
+class Eagle3ChainSpec(_Eagle3Head):
+    """An EAGLE-3 head's chain of up to ``k`` tokens per round (3: speculators' usual ``speculative_tokens``), ended
+    early after a proposal the head gave less than ``min_draft_prob`` (``DraftChain``)."""
+
+    kind: Literal["eagle3"] = "eagle3"
+    k: int = Field(3, ge=1)
+    min_draft_prob: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class Eagle3TreeSpec(_Eagle3Head, _TreeShape):
+    """An EAGLE-3 head's dynamic token tree of up to ``nodes`` nodes (``DraftTree``; the head and the target are
+    exported with tree inputs)."""
+
+    kind: Literal["eagle3_tree"] = "eagle3_tree"
+    nodes: int = Field(4, ge=1)
+
+
+#: the proposer parts that run an EAGLE-3 head
+Eagle3Spec = Eagle3ChainSpec | Eagle3TreeSpec
+
+
 class LookupSpec(_Part):
     """N-gram lookup: what followed the last earlier occurrence of the context's last ``n`` tokens (down to 2), up to
     ``k`` tokens (``NgramLookup``)."""
@@ -240,12 +283,14 @@ class LookupSpec(_Part):
     k: int = Field(4, ge=1)
 
 
-ModelProposer = Annotated[ChainSpec | TreeSpec | HydraTreeSpec, Field(discriminator="kind")]
-TreeProposer = Annotated[TreeSpec | HydraTreeSpec, Field(discriminator="kind")]
+ModelProposer = Annotated[
+    ChainSpec | TreeSpec | HydraTreeSpec | Eagle3ChainSpec | Eagle3TreeSpec, Field(discriminator="kind")
+]
+TreeProposer = Annotated[TreeSpec | HydraTreeSpec | Eagle3TreeSpec, Field(discriminator="kind")]
 
 
 class FirstOfSpec(_Part):
-    """Lookup where it matches, else the chain, tree or Hydra tree of ``then`` (``FirstOf``)."""
+    """Lookup where it matches, else the chain or tree of ``then`` (``FirstOf``)."""
 
     kind: Literal["first_of"] = "first_of"
     lookup: LookupSpec
@@ -261,7 +306,16 @@ class MergeSpec(_Part):
 
 
 ProposerSpec = Annotated[
-    ARSpec | ChainSpec | TreeSpec | HydraTreeSpec | LookupSpec | FirstOfSpec | MergeSpec, Field(discriminator="kind")
+    ARSpec
+    | ChainSpec
+    | TreeSpec
+    | HydraTreeSpec
+    | Eagle3ChainSpec
+    | Eagle3TreeSpec
+    | LookupSpec
+    | FirstOfSpec
+    | MergeSpec,
+    Field(discriminator="kind"),
 ]
 
 
@@ -304,7 +358,11 @@ class DecodeSpec(_Part):
                 "autotune", "autotune would be ignored: it sizes a proposer's rounds (give a draft, --hydra or --ngram)"
             )
         for part in self.model_parts():
-            if isinstance(part, TreeSpec | HydraTreeSpec) and part.top_k > 1 and target.weights.int8_activations:
+            if (
+                isinstance(part, TreeSpec | HydraTreeSpec | Eagle3TreeSpec)
+                and part.top_k > 1
+                and target.weights.int8_activations
+            ):
                 raise _refuse(
                     "tree_on_int8_activations",
                     f"a token tree cannot verify exactly on target weights {target.weights.value}: their int8 "
@@ -318,6 +376,8 @@ class DecodeSpec(_Part):
                     f"Hydra heads (--hydra) need the target as a checkpoint directory (they read its embeddings); "
                     f"got {target.path}",
                 )
+            if isinstance(part, _Eagle3Head):
+                _check_eagle3_target(target)
             if isinstance(part, _DraftModel) and target.backend == "torch":
                 for name, value in (("weights", part.weights and part.weights.value), ("threads", part.threads)):
                     if value is not None:
@@ -350,14 +410,32 @@ class DecodeSpec(_Part):
             if name in part.model_fields_set
         ]
 
-    def model_parts(self) -> list[ChainSpec | TreeSpec | HydraTreeSpec]:
-        """The parts of the proposer that run a model (a draft or Hydra heads): none, or one."""
+    def model_parts(self) -> list[ChainSpec | TreeSpec | HydraTreeSpec | Eagle3ChainSpec | Eagle3TreeSpec]:
+        """The parts of the proposer that run a model (a draft, Hydra heads or an EAGLE-3 head): none, or one."""
         p = self.proposer
         if isinstance(p, FirstOfSpec):
             return [p.then]
         if isinstance(p, MergeSpec):
             return [p.tree]
-        return [p] if isinstance(p, ChainSpec | TreeSpec | HydraTreeSpec) else []
+        models = ChainSpec | TreeSpec | HydraTreeSpec | Eagle3ChainSpec | Eagle3TreeSpec
+        return [p] if isinstance(p, models) else []
+
+
+def _check_eagle3_target(target: TargetSpec) -> None:
+    """A named error unless ``target`` can feed an EAGLE-3 head: a checkpoint (directory or ``.gguf``) on backend
+    ``ort``, which ``build`` exports with the hidden states of the head's aux layers."""
+    if target.path.suffix == ".onnx":
+        raise _refuse(
+            "eagle3_target",
+            f"an EAGLE-3 head (--eagle3) needs the target as a checkpoint directory or .gguf file: it is exported with "
+            f"the hidden states of the head's aux layers, which an .onnx file does not output; got {target.path}",
+        )
+    if target.backend != "ort":
+        raise _refuse(
+            "eagle3_backend",
+            f"an EAGLE-3 head (--eagle3) runs on backend ort only (the head and the target's aux-layer outputs are "
+            f"onnxruntime graphs); got backend {target.backend}",
+        )
 
 
 def load_spec(path: str | Path) -> DecodeSpec:
