@@ -19,6 +19,7 @@ import numpy as np
 
 from accel.backends.weights import ExportWeights, WeightFormat
 from accel.errors import BackendError
+from accel.formats import get_format, quantize
 from accel.models.config import ModelConfig
 from accel.models.sources import decoder_tensors
 
@@ -178,8 +179,6 @@ def _mx_weights(
     layout: ExportLayout, spec: ExportWeights, names: list[str], mx_modules: dict[str, Any], convert: dict[str, Any]
 ) -> str:
     """Set the conversions of an MX mode's weights in ``convert``; returns the element format(s) used."""
-    from accel.formats import get_format, quantize
-
     rounded = spec.format == WeightFormat.MX_ROUNDED
     for name, mx in mx_modules.items():  # a compressed model keeps exactly its MX weights
         convert[name] = partial(_dequantized, mx) if rounded else partial(_itself, mx)

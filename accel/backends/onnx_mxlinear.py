@@ -24,7 +24,8 @@ import numpy as np
 from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
 from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
-from accel.formats.mxkernel import code_table, fast_code
+from accel.formats.mxkernel import code_table, default_threads, fast_code
+from accel.formats.mxkernel_build import kernel_status, load_kernel
 
 __all__ = [
     "DOMAIN",
@@ -95,9 +96,6 @@ def register_mx_kernel(opts: Any, threads: int | None) -> None:
     to ``threads`` kernel threads (None: ``accel.formats.mxkernel.default_threads()``; one setting for the process:
     the last session registered sets it). BackendError, naming why, when the kernel cannot be built or loaded here
     (no C compiler, ``ACCEL_MXKERNEL=numpy``)."""
-    from accel.formats.mxkernel import default_threads
-    from accel.formats.mxkernel_build import kernel_status, load_kernel
-
     lib = load_kernel()
     status = kernel_status()
     if lib is None or status.library is None:

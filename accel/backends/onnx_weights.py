@@ -23,8 +23,10 @@ import numpy as np
 from onnx import TensorProto
 
 from accel.backends.onnx_builder import GraphBuilder
+from accel.backends.onnx_int8 import int8_matmul
 from accel.backends.onnx_mxlinear import mx_linear
 from accel.errors import BackendError
+from accel.models.config import MASKED_LOGIT
 
 __all__ = ["GraphWeights", "decode_mx", "nbits_blocks", "nbits_step", "restricted_logits"]
 
@@ -107,8 +109,6 @@ class GraphWeights:
         separate MatMuls). A MatMul, or (``nbits_accuracy``) a MatMulNBits on the MX codes, or (``mx_kernel``) an
         ``ai.accel::MXLinear`` on the packed codes, or (``int8``) int8 weights with dynamic activation quantization."""
         if self.int8 is not None:
-            from accel.backends.onnx_int8 import int8_matmul
-
             parts = [np.asarray(self._get(n), np.float32).T for n in names]
             w_t = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)  # one weight: no copy
             return int8_matmul(self.g, xin, w_t, "+".join(names), self._quantized_inputs, out, self.int8)
@@ -239,8 +239,6 @@ def nbits_blocks(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
 def restricted_logits(g: GraphBuilder, scored: str, tensors: Mapping[str, Any], vocab: int) -> str:
     """``logits [B, N, vocab]``: ``MASKED_LOGIT`` everywhere, the head's ``scored [B, N, head_vocab]`` scattered at
     the ``lm_head_token_ids`` initializer (ScatterElements on axis 2 into an Expand of the constant)."""
-    from accel.models.config import MASKED_LOGIT  # numpy only
-
     if "lm_head_token_ids" not in tensors:
         raise BackendError("weight 'lm_head_token_ids' is missing from the model (config has head_vocab > 0)")
     ids = np.asarray(tensors["lm_head_token_ids"], np.int64)

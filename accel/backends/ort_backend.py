@@ -32,6 +32,7 @@ from accel.backends.base import (
     check_step_inputs,
     check_tree_inputs,
 )
+from accel.backends.cpu import int8_warning
 from accel.backends.graph_spec import GraphSpec
 from accel.backends.ort_graph import GraphContract, check_inplace_cache, inspect_graph
 from accel.backends.ort_padding import check_free_slot, check_padding_slot, left_pad, resolve_min_rows
@@ -335,8 +336,6 @@ def session_feeds(backend: OrtBackend, input_ids: np.ndarray, position_ids: np.n
 
 def _warn_int8(path: Path, scheme: str | None) -> None:
     """One ``CpuWarning`` line when the int8 graph at ``path`` is less accurate on this CPU (``int8_warning``)."""
-    from accel.backends.cpu import int8_warning
-
     msg = int8_warning(scheme)
     if msg is not None:
         warnings.warn(f"{path.name}: {msg}", CpuWarning, stacklevel=3)

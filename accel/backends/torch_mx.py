@@ -26,6 +26,7 @@ from torch import nn
 
 from accel.errors import BackendError
 from accel.formats.elements import get_format
+from accel.formats.file import SafetensorsFile
 from accel.formats.mx_tensor import quantize
 from accel.formats.mxkernel import PackedMX, default_threads, kernel_status
 
@@ -141,8 +142,6 @@ def checkpoint_mx_formats(path: str | Path) -> list[tuple[str, int]]:
 
 def _stored_mx(path: str | Path):
     """(HF name, MXTensor) of each 2-D MX weight blocked along axis 1 in a checkpoint directory (memory-mapped)."""
-    from accel.formats.file import SafetensorsFile
-
     directory = Path(path)
     for f in sorted(directory.glob("*.safetensors")) if directory.is_dir() else []:
         sf = SafetensorsFile(f)

@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 
 from accel.errors import ModelError
-from accel.models.config_json import EMBED_SIZE_KEY, FEATURE_SIZE_KEY, HEAD_VOCAB_KEY, check_size
+from accel.models.config_json import (
+    EMBED_SIZE_KEY,
+    FEATURE_SIZE_KEY,
+    HEAD_VOCAB_KEY,
+    ConfigReader,
+    check_size,
+    gpt2_fields,
+    llama_fields,
+)
 
 __all__ = ["MASKED_LOGIT", "SUPPORTED_MODEL_TYPES", "ModelConfig", "RopeScaling", "rope_inv_freq"]
 
@@ -192,8 +200,6 @@ class ModelConfig:
         the config uses something the reference decoders do not implement (unknown ``model_type``, an unsupported
         ``rope_scaling`` type or activation, sliding windows).
         """
-        from accel.models.config_json import ConfigReader, gpt2_fields, llama_fields
-
         if isinstance(cfg, (str, Path)):
             path = Path(cfg)
             if path.is_dir():

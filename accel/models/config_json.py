@@ -200,6 +200,7 @@ def gpt2_fields(r: ConfigReader) -> dict[str, Any]:
 
 def rope_scaling(rs: dict[str, Any]) -> Any:
     """The RopeScaling of a ``rope_scaling`` (or ``rope_parameters``) object, None for none/default."""
+    # import cycle: accel.models.config reads its HF fields with this module
     from accel.models.config import RopeScaling
 
     if not rs:

@@ -21,6 +21,12 @@ from pathlib import Path
 
 from accel._io import output_folder, writing
 from accel.errors import ModelError
+from accel.formats.file import TensorSpec
+from accel.formats.writer import SafetensorsWriter
+from accel.models.gguf_loader import open_gguf
+from accel.models.gguf_tokenizer import gguf_tokenizer
+from accel.models.hf_names import accel_to_hf
+from accel.models.smollm2 import cache_root
 
 __all__ = ["checkpoint_dir", "gguf_to_checkpoint"]
 
@@ -36,8 +42,6 @@ def checkpoint_dir(path: str | os.PathLike, *, say: Callable[[str], None] | None
     p = Path(path)
     if not (p.is_file() and p.suffix == ".gguf"):
         return p
-    from accel.models.smollm2 import cache_root
-
     st = p.stat()
     key = hashlib.sha256(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
     target = cache_root() / "gguf" / f"{p.stem}-{key}"
@@ -67,11 +71,6 @@ def gguf_to_checkpoint(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> s
     tensor at a time. Returns a note ("" or why there is no tokenizer.json)."""
     import json
 
-    from accel.formats.file import TensorSpec
-    from accel.formats.writer import SafetensorsWriter
-    from accel.models.gguf_loader import open_gguf
-    from accel.models.hf_names import accel_to_hf
-
     gguf = Path(gguf)
     config, tensors = open_gguf(gguf)
     hf_names = accel_to_hf(config, {name: name for name in tensors})  # HF name -> Decoder name (renaming only)
@@ -83,8 +82,6 @@ def gguf_to_checkpoint(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> s
         (out / "model.safetensors").chmod(0o644)
         (out / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
         try:
-            from accel.models.gguf_tokenizer import gguf_tokenizer
-
             gguf_tokenizer(gguf).save(str(out / "tokenizer.json"))
         except ModelError as exc:
             return f"no tokenizer.json: {exc}"

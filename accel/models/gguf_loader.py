@@ -16,6 +16,7 @@ import numpy as np
 
 from accel.errors import ModelError
 from accel.models.config import ModelConfig
+from accel.models.sources import CheckpointTensors
 
 __all__ = ["SUPPORTED_GGUF_ARCHS", "gguf_config", "gguf_tokenizer", "open_gguf", "read_gguf"]
 
@@ -142,8 +143,6 @@ def _load_tensor(path: Path, t: Any, unpermute_heads: int | None) -> np.ndarray:
 def open_gguf(path: str | Path) -> tuple[ModelConfig, Any]:
     """Config and lazily read float32 tensors (``Decoder`` names; a ``accel.models.sources.CheckpointTensors``) of a
     GGUF file: each tensor is read and dequantized when looked up, so memory holds one tensor at a time."""
-    from accel.models.sources import CheckpointTensors
-
     path = Path(path)
     reader = _reader(path)
     config = gguf_config(reader)
@@ -167,6 +166,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
 
 def gguf_tokenizer(path: str | Path):
     """The GGUF's byte-level BPE tokenizer (``accel.models.gguf_tokenizer.gguf_tokenizer``)."""
+    # import cycle: accel.models.gguf_tokenizer reads the file with this module's reader
     from accel.models.gguf_tokenizer import gguf_tokenizer as build
 
     return build(path)

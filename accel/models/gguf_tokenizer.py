@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import ModelError, TokenizerWarning
+from accel.models.gguf_loader import _reader
 
 __all__ = ["GGUF_PRE_TOKENIZERS", "gguf_tokenizer"]
 
@@ -64,12 +65,6 @@ GGUF_PRE_TOKENIZERS: dict[str, tuple[str, str | None, bool]] = {
     **{name: ("qwen2", _QWEN2, True) for name in ("qwen2", "deepseek-r1-qwen")},
     "tekken": ("tekken", _TEKKEN, False),
 }
-
-
-def _reader(path: str | Path) -> Any:
-    from accel.models.gguf_loader import _reader as read
-
-    return read(path)
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from accel._io import output_folder
-from accel.errors import ModelError
+from accel.errors import FormatError, ModelError
+from accel.formats import load_tensors
 from accel.models.config import ModelConfig
 from accel.models.decoder import Decoder
 from accel.models.hf_names import HEAD_IDS, accel_to_hf, hf_to_accel
+from accel.models.sources import open_checkpoint
 
 __all__ = ["check_head_token_ids", "load_checkpoint", "load_state", "read_checkpoint_tensors", "save_pretrained"]
 
@@ -41,8 +43,6 @@ def load_checkpoint(source: Any, *, dtype: torch.dtype = torch.float32) -> Decod
     """
     state: Mapping[str, Any]
     if isinstance(source, (str, os.PathLike)):
-        from accel.models.sources import open_checkpoint
-
         config, state = open_checkpoint(source)  # read one tensor at a time while copying into the model
     elif hasattr(source, "state_dict") and hasattr(source, "config") and hasattr(source.config, "to_dict"):
         config = ModelConfig.from_hf(source.config.to_dict())
@@ -178,9 +178,6 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise ModelError(f"missing checkpoint shard {path}")
     meta = _safetensors_metadata(path)
     if any(k.startswith("accel") for k in meta):  # written by accel.formats (MX-compressed tensors)
-        from accel.errors import FormatError
-        from accel.formats import load_tensors
-
         try:
             loaded = load_tensors(path)
         except FormatError as exc:

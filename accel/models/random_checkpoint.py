@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from accel.errors import ModelError
+from accel.formats.file import TensorSpec
+from accel.formats.writer import SafetensorsWriter
 from accel.models.config import ModelConfig
 
 __all__ = ["PRESETS", "preset_config", "write_random_checkpoint"]
@@ -43,8 +46,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def preset_config(name: str) -> ModelConfig:
     """The ``ModelConfig`` of a preset (``PRESETS``); ``ModelError`` for an unknown name."""
-    from accel.errors import ModelError
-
     if name not in PRESETS:
         raise ModelError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
     return ModelConfig.from_hf(dict(PRESETS[name], rms_norm_eps=1e-6, max_position_embeddings=4096))
@@ -93,8 +94,6 @@ def write_random_checkpoint(
     ``tokenizer_pre``, ``token_list``, ``token_merges``, ``token_types``, ``bos_token_id``, ...).
     """
     if config.model_type not in ("llama", "mistral", "qwen2"):
-        from accel.errors import ModelError
-
         raise ModelError(f"random checkpoints are Llama-family only; got model_type {config.model_type!r}")
     rng = np.random.default_rng(seed)
     if kind == "gguf":
@@ -103,9 +102,6 @@ def write_random_checkpoint(
 
 
 def _write_safetensors(config: ModelConfig, out: Path, rng: np.random.Generator, std: float) -> Path:
-    from accel.formats.file import TensorSpec
-    from accel.formats.writer import SafetensorsWriter
-
     out.mkdir(parents=True, exist_ok=True)
     shapes = list(_shapes(config))
     with SafetensorsWriter(out / "model.safetensors", [TensorSpec(n, "BF16", s) for n, s in shapes]) as w:

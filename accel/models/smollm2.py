@@ -14,6 +14,7 @@ from pathlib import Path
 
 from accel._io import writing
 from accel.errors import ModelError
+from accel.models.gguf_tokenizer import gguf_tokenizer
 
 __all__ = ["SMOLLM2_GGUF", "load_tokenizer", "smollm2_checkpoint", "smollm2_gguf_path"]
 
@@ -29,8 +30,6 @@ def load_tokenizer(path: str | Path):
         raise ModelError("tokenizers is not installed: pip install tokenizers") from exc
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
-        from accel.models.gguf_loader import gguf_tokenizer
-
         return gguf_tokenizer(p)
     if p.is_dir():
         p = p / "tokenizer.json"
@@ -84,6 +83,7 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
 
 def _convert(gguf_path: Path, target: Path, files: tuple[str, ...]) -> Path:
     """``smollm2_checkpoint``'s conversion: built in a temporary sibling of ``target`` and renamed into place."""
+    # torch-optional: loading builds the torch Decoder; this module serves torch-free tokenizer and GGUF paths
     from accel.models.loading import load_checkpoint, save_pretrained
 
     target.parent.mkdir(parents=True, exist_ok=True)

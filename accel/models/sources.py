@@ -27,8 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from accel.errors import ModelError
+from accel.errors import FormatError, ModelError
+from accel.formats.constants import CODES_SUFFIX, SCALES_SUFFIX
+from accel.formats.file import SafetensorsFile
 from accel.models.config import ModelConfig
+from accel.models.hf_names import hf_to_accel
 
 __all__ = ["CheckpointTensors", "checkpoint_mx", "open_checkpoint"]
 
@@ -70,6 +73,7 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, CheckpointTen
     names; float32 unless integer). ``ModelError`` names a missing or unreadable file."""
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
+        # import cycle: accel.models.gguf_loader returns its tensors as this module's CheckpointTensors
         from accel.models.gguf_loader import open_gguf
 
         return open_gguf(p)
@@ -107,9 +111,6 @@ def checkpoint_mx(path: str | os.PathLike) -> dict[str, Any]:
     name, as the ``MXTensor`` each file stores (codes and scales as they are, validated; read now, about 6.25 bits a
     weight for MXFP6); {} for an uncompressed directory or a ``.gguf`` file. An export keeps these weights exactly
     instead of re-quantizing their dequantized values (``accel.backends.export``)."""
-    from accel.errors import FormatError
-    from accel.formats.file import SafetensorsFile
-
     p = Path(path)
     if not p.is_dir():
         return {}
@@ -165,10 +166,6 @@ def _hf_files(d: Path) -> tuple[dict[str, Loader], dict[str, tuple[int, ...]]]:
 
 
 def _safetensors_file(path: Path, loaders: dict[str, Loader], shapes: dict[str, tuple[int, ...]]) -> None:
-    from accel.errors import FormatError
-    from accel.formats.constants import CODES_SUFFIX, SCALES_SUFFIX
-    from accel.formats.file import SafetensorsFile
-
     if not path.is_file():
         raise ModelError(f"missing checkpoint shard {path}")
     try:
@@ -255,8 +252,6 @@ def _rename(config: ModelConfig, loaders: dict[str, Loader], shapes: dict[str, t
     """HF names -> ``Decoder`` names, lazily (``accel.models.hf_names.hf_to_accel``). For the Llama family it is a
     rename, worked out on the names alone (no torch); GPT-2's fused ``c_attn`` split and Conv1D transposes are worked
     out once on shape-only (meta) torch tensors and applied to each tensor's data when it is read."""
-    from accel.models.hf_names import hf_to_accel
-
     out_loaders: dict[str, Loader] = {}
     out_shapes: dict[str, tuple[int, ...]] = {}
     for hf_name, shape in shapes.items():
@@ -278,8 +273,6 @@ def _meta(shape: tuple[int, ...]) -> Any:
 
 def _converted(config: ModelConfig, hf_name: str, name: str, load: Loader) -> np.ndarray:
     import torch
-
-    from accel.models.hf_names import hf_to_accel
 
     t = hf_to_accel(config, {hf_name: torch.from_numpy(load())})[name]
     return t.contiguous().numpy()

@@ -22,6 +22,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from accel.backends.export import export_onnx
 from accel.errors import DraftError
 from accel.formats.writer import make_temp_file
 from accel.serving.speculators_format import Eagle3Head
@@ -34,7 +35,6 @@ def export_eagle3_target(target: Any, path: str | Path, head: Eagle3Head, **expo
     ``head`` reads as its ``hidden_states`` output; ``export_options``: ``export_onnx``'s keywords (``ctx_len`` is
     required; ``hidden_output`` is implied). Returns the path. DraftError (and no file) when the head's layers or
     width do not fit the target."""
-    from accel.backends.export import export_onnx
 
     if not isinstance(head, Eagle3Head):
         raise DraftError(f"export_eagle3_target needs an Eagle3Head (read_speculators); got {type(head).__name__}")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from accel import __version__
 from accel.backends.export import _Output
 from accel.backends.graph_spec import GraphSpec
 from accel.backends.onnx_graph import _assemble, _DecoderGraph
@@ -64,7 +65,6 @@ def export_eagle3_draft(
 
 def _metadata(head: Eagle3Head, spec: GraphSpec) -> dict[str, str]:
     """The ``accel.*`` metadata of an accel export (``GraphSpec.metadata`` and the model's keys) and the head's."""
-    from accel import __version__
 
     return {
         "accel.version": __version__,

@@ -30,10 +30,13 @@ from accel.errors import FormatError
 from accel.formats.file import SafetensorsFile
 from accel.formats.mx_tensor import MXTensor, quantize
 from accel.formats.staging import check_output
+from accel.models.config import ModelConfig
+from accel.models.hf_names import accel_to_hf, hf_to_accel
 from accel.serving.mx_layouts import (
     BLOCK,
     SCALES_SUFFIX,
     MXLayout,
+    from_stored,
     get_layout,
     parse_quantization_config,
     quantization_config,
@@ -112,8 +115,6 @@ class _Source:
 
     def _from_decoder(self, model: Any) -> None:
         import torch
-
-        from accel.models.hf_names import accel_to_hf
 
         self.config = model.config.to_hf()
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -310,8 +311,6 @@ def _read_shard(f: PlainFile, lay: MXLayout) -> dict[str, np.ndarray | MXTensor]
         code = f.entries[codes_name][0]
         if code != lay.codes_dtype:
             raise FormatError(f"{f.path}: {codes_name!r} is {code}; {lay.name} {lay.fmt.name} stores {lay.codes_dtype}")
-        from accel.serving.mx_layouts import from_stored
-
         out[f"{module}.weight"] = from_stored(f.raw(codes_name), f.raw(scales_name), lay, f"{module}.weight")
         used |= {codes_name, scales_name}
     for name, (code, _) in f.entries.items():
@@ -328,9 +327,8 @@ def load_mx_checkpoint(path: str | os.PathLike, *, dtype: Any = None) -> Any:
     weights dequantized exactly (``MXTensor.dequantize``), everything else as stored."""
     import torch
 
-    from accel.models.config import ModelConfig
+    # torch-optional: the Decoder and its loader need torch; reading and writing MX checkpoints does not
     from accel.models.decoder import Decoder
-    from accel.models.hf_names import hf_to_accel
     from accel.models.loading import load_state
 
     config, tensors = read_mx_checkpoint(path)

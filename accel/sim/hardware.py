@@ -163,6 +163,7 @@ def _key(name: str) -> str:
 
 def list_hardware() -> list[str]:
     """Names of the built-in devices."""
+    # import cycle: accel.sim.catalog builds its devices as this module's Hardware
     from accel.sim.catalog import CATALOG
 
     return list(CATALOG)
@@ -170,6 +171,7 @@ def list_hardware() -> list[str]:
 
 def hardware(name: str | Hardware) -> Hardware:
     """A catalog device by name (case/format-insensitive: "cloud-ai-100-ultra", "A100 80GB", "h100_sxm")."""
+    # import cycle: accel.sim.catalog builds its devices as this module's Hardware
     from accel.sim.catalog import ALIASES, CATALOG
 
     if isinstance(name, Hardware):

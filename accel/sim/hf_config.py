@@ -16,6 +16,7 @@ from typing import Any
 
 from accel.errors import SimError
 from accel.sim.models import ModelSpec
+from accel.sim.presets import preset
 
 _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
 SUPPORTED = (*_LLAMA_LIKE, "phi", "opt", "gptj", "codegen", "gpt_neox", "falcon", "gpt2")
@@ -322,8 +323,6 @@ def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None)
 def resolve_model(model: ModelSpec | str | dict[str, Any] | Path, name: str | None = None) -> ModelSpec:
     """Accept a ``ModelSpec``, a preset name, a config dict, or a path to a ``config.json`` (or its folder);
     ``name`` renames the result."""
-    from accel.sim.presets import preset
-
     if isinstance(model, ModelSpec):
         spec = model
     elif isinstance(model, dict) and "n_layers" in model and "model_type" not in model:  # a ModelSpec's dump

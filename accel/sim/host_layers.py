@@ -23,6 +23,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.backends.onnx_graph import build_decoder_graph
+from accel.backends.ort_backend import OrtBackend
+from accel.formats import get_format, quantize
+from accel.models.config import ModelConfig
+
 __all__ = ["LayerShape", "layer_weight_elements", "measure_layer_times"]
 
 
@@ -46,8 +51,6 @@ def layer_weight_elements(shape: LayerShape) -> int:
 
 
 def _tensors(shape: LayerShape, layers: int, nbits: bool, rng: np.random.Generator) -> dict[str, Any]:
-    from accel.formats import get_format, quantize
-
     d, f, hd = shape.hidden, shape.intermediate, shape.hidden // shape.heads
     kv = shape.kv_heads * hd
     out: dict[str, Any] = {"embed_tokens.weight": rng.standard_normal((64, d), dtype=np.float32)}
@@ -68,10 +71,6 @@ def _tensors(shape: LayerShape, layers: int, nbits: bool, rng: np.random.Generat
 
 def _backend(shape: LayerShape, layers: int, nbits: bool, rows: int, threads: int | None, tmp: Path) -> Any:
     import onnx
-
-    from accel.backends.onnx_graph import build_decoder_graph
-    from accel.backends.ort_backend import OrtBackend
-    from accel.models.config import ModelConfig
 
     cfg = ModelConfig(
         vocab_size=64,

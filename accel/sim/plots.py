@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from accel.errors import SimError
+from accel.sim.formats import compute_dtype
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.predict import BREAKDOWN_KEYS, ModelLike, Prediction
 from accel.sim.roofline import step_time
+from accel.sim.sweeps import sweep
 
 
 def _figure(w: float = 7.0, h: float = 4.5):
@@ -81,7 +83,6 @@ def roofline(
         f"scoring (S={k + 1})": (k + 1, context_len, k + 1),
         f"prefill (S={prompt_len})": (prompt_len, 0, 1),
     }
-    from accel.sim.formats import compute_dtype
 
     peak = n * hw.peak_flops(compute_dtype(weight_format)) * hw.compute_efficiency
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
@@ -131,8 +132,6 @@ def speedup_heatmap(
     draft_devices: int = 1,
 ) -> Path:
     """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid; contour at 1x."""
-    from accel.sim.sweeps import sweep
-
     alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha, dtype=np.float64)
     r = sweep(
         target,

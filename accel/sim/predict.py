@@ -29,6 +29,8 @@ from accel.errors import SimError
 from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, SimWarning, check_int
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment, devices_to_fit
 from accel.sim.placement import placement_warning
+from accel.sim.planning import best_k, break_even_alpha, tree_speedups
+from accel.sim.report import prediction_table
 from accel.sim.roofline import Bound, bound_of, format_arrays
 from accel.sim.rounds import chain_round, measured_round, prefill_s, price_round, target_call, tree_round
 from accel.sim.spd import Acceptance, LoopStats, acceptance_vector, alpha_for_expected_tokens, check_alpha, check_k
@@ -102,8 +104,6 @@ class Prediction(SimModel):
 
     def table(self) -> str:
         """A readable text table of the configurations."""
-        from accel.sim.report import prediction_table
-
         return prediction_table(self)
 
 
@@ -233,8 +233,6 @@ def _fit_message(dep: Deployment, configs: list[ConfigResult], strict: bool) -> 
 
 def _planning(dep: Deployment, spec: _Speculation) -> dict[str, Any]:
     """best K and the break-even alpha (chains and measured loops), or the best node budget (trees)."""
-    from accel.sim.planning import best_k, break_even_alpha, tree_speedups
-
     if spec.tree is not None:
         budgets = sorted({*TREE_BUDGETS, spec.k})
         sp = tree_speedups(dep, spec.tree_acc, budgets)

@@ -134,6 +134,7 @@ def self_written_texts(
     ``batch_size`` rows; needs torch). Each text is prompt + continuation, cut after an end-of-sequence token.
     With ``cache_dir``, the texts are kept in a JSON file keyed by the settings and the checkpoint's files, and
     reused."""
+    # torch-optional: accel.drafts.prompts imports torch (via accel.drafts.data); the store must not
     from accel.drafts.prompts import DEFAULT_PROMPTS
 
     ckpt = Path(checkpoint)
@@ -168,6 +169,7 @@ def _generate(ckpt: Path, tokenizer: Any, prompts: list[str], settings: dict[str
     import torch
     from tqdm.auto import tqdm
 
+    # torch-optional: generating the corpus runs the torch target; the store and its lookups must not need it
     from accel.drafts.data import self_generate
     from accel.models import load_checkpoint
 

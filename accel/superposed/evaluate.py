@@ -12,6 +12,7 @@ import numpy as np
 
 from accel.backends.base import Backend, prefill
 from accel.errors import SuperposedError
+from accel.spd.warps import warp
 from accel.superposed.decode import superposed_generate
 from accel.superposed.scoring import SuperposedConfig, log_softmax
 from accel.superposed.store import NgramStore
@@ -61,8 +62,6 @@ def nucleus_samples(
     """k separate nucleus generations of exactly ``max_new_tokens`` tokens (no end-of-sequence stop) on a batch-1
     backend, each a prefill and one call per further token (``accel.spd.warps`` for the warp): the tokens, the wall
     time (seconds) and the backend calls (prefill chunks included)."""
-    from accel.spd.warps import warp
-
     info = backend.info
     if info.batch_size != 1 or k < 1 or max_new_tokens < 1 or not prompt:
         raise SuperposedError("nucleus_samples needs a batch-1 backend, k >= 1, max_new_tokens >= 1 and a prompt")

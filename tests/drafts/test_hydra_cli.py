@@ -86,7 +86,10 @@ def test_cli_errors(tiny_target, heads_dir, tmp_path, capsys):
     echoed only once the heads have loaded)."""
     common = ["generate", "--target", str(tiny_target), "--prompt", "x", "--max-new-tokens", "2"]
     cases = [
-        ([*common, "--hydra", str(heads_dir), "--draft", str(tiny_target)], "not both"),
+        (
+            [*common, "--hydra", str(heads_dir), "--draft", str(tiny_target)],
+            "give one of --draft, --hydra and --eagle3",
+        ),
         ([*common, "--hydra", str(tmp_path)], "not a Hydra heads directory"),
         ([*common, "--hydra", str(heads_dir), "--tree-min-prob", "1.5"], "min_prob must be a probability"),
         (["eval-draft", str(tiny_target), str(tiny_target)], "needs --data"),

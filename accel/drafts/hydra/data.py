@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from accel._io import check_output_path, writing
+from accel.drafts.feature import target_features
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
@@ -28,8 +29,6 @@ def feature_shards(
     ``*.safetensors`` data shard in ``data_dir``, computed once into ``feature_dir`` (same file names, written
     atomically; an interrupted run resumes with the next missing shard)."""
     from safetensors.torch import load_file, save_file
-
-    from accel.drafts.feature import target_features
 
     data_dir, feature_dir = Path(data_dir), Path(feature_dir)
     shards = sorted(data_dir.glob("*.safetensors"))

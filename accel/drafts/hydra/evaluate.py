@@ -14,9 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from accel.drafts.checkpoint import load_text_tokenizer
+from accel.drafts.data import self_generate
+from accel.drafts.feature import target_features
 from accel.drafts.hydra.config import HeadsEval
 from accel.drafts.hydra.model import HydraHeads
 from accel.drafts.hydra.tree import TreeShape, grow_trees
+from accel.drafts.prompts import HELD_OUT_PROMPTS
 from accel.errors import DraftError
 from accel.models.decoder import Decoder
 
@@ -151,11 +155,6 @@ def held_out_sequences(
 ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:
     """Greedy continuations of ``prompts`` (default ``HELD_OUT_PROMPTS``) by ``target`` (up to ``gen_tokens``, cut
     after an end-of-sequence token), their prompt lengths and the target's float32 hidden states of each."""
-    from accel.drafts.checkpoint import load_text_tokenizer
-    from accel.drafts.data import self_generate
-    from accel.drafts.feature import target_features
-    from accel.drafts.prompts import HELD_OUT_PROMPTS
-
     tok = load_text_tokenizer(tokenizer_dir)
     ids = [tok.encode(p).ids for p in (prompts or HELD_OUT_PROMPTS)]
     data = self_generate(

@@ -20,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from accel import __version__
 from accel._io import check_output_path, output_file
+from accel.backends.export import _quantize_int8
 from accel.backends.weights import INT8_SCHEMES
+from accel.drafts.hydra.graph import head_graph, lm_head_graph, prefix_graph
 from accel.drafts.hydra.model import HydraHeads, load_hydra
 from accel.drafts.hydra.runtime import EMBED, HYDRA_WEIGHTS, META, ExportMeta
 from accel.errors import DraftError
@@ -80,9 +83,6 @@ def export_hydra(
 def _write_export(heads: HydraHeads, tmp: Path, ctx_len: int, batch_size: int, weights: str, int8_scheme: str) -> None:
     """Every file of the export of ``heads`` into the folder ``tmp``."""
     import onnx
-
-    from accel.backends.export import _quantize_int8
-    from accel.drafts.hydra.graph import head_graph, lm_head_graph, prefix_graph
 
     c = heads.config
     tensors = _tensors(heads)
@@ -146,8 +146,6 @@ def export_hydra_cached(
     """The export directory of the heads in ``heads_dir`` for ``target`` (a ``Decoder``, or a checkpoint directory,
     loaded only when the export is missing), made once per (heads files, target files when ``target`` is a
     directory, settings, exporter source) under ``onnx_dir`` and reused afterwards."""
-    from accel import __version__
-
     src = Path(heads_dir)
     if not src.is_dir():
         raise DraftError(f"Hydra heads directory {src} does not exist")

@@ -31,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from accel.backends.onnx_builder import IR_VERSION, OPSET, GraphBuilder
+from accel.backends.onnx_graph import _DecoderGraph
 from accel.backends.onnx_weights import GraphWeights
 
 __all__ = ["head_graph", "lm_head_graph", "prefix_graph"]
@@ -91,8 +92,6 @@ def lm_head_graph(hidden: int, tensors: Mapping[str, Any], batch_size: int) -> o
 def prefix_graph(target_config: Any, tensors: Mapping[str, Any], ctx_len: int, batch_size: int) -> onnx.ModelProto:
     """The Hydra++ prefix layer's graph (module docstring); ``target_config`` is the target's ``ModelConfig`` and
     ``tensors`` hold the layer's weights under ``layers.0.*``."""
-    from accel.backends.onnx_graph import _DecoderGraph
-
     config = target_config.with_(num_layers=1, tie_word_embeddings=False)
     d = _DecoderGraph(config, tensors, ctx_len, batch_size, "fp32", False, False)
     value = helper.make_tensor_value_info

@@ -14,19 +14,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from accel.drafts.hydra.config import KIND
+from accel.drafts.hydra.tree import DECODE_BUDGET, KERNEL_DECODE_BUDGET, TreeShape
 from accel.errors import DraftError
+from accel.models.smollm2 import cache_root
 
 if TYPE_CHECKING:
     from accel.drafts.hydra.proposer import HydraProposer
-    from accel.drafts.hydra.tree import TreeShape
 
 __all__ = ["hydra_tree_shape", "is_heads_dir", "open_hydra"]
 
 
 def is_heads_dir(path: str | Path) -> bool:
     """Whether ``path`` is a Hydra heads directory (its config.json says so)."""
-    from accel.drafts.hydra.config import KIND
-
     cfg = Path(path) / "config.json"
     try:
         return cfg.is_file() and json.loads(cfg.read_text()).get("kind") == KIND
@@ -49,8 +49,6 @@ def hydra_tree_shape(
     children per node (default 4), ``depth`` levels (default: the number of heads, at most 4), thresholds
     ``min_prob`` / ``expand_prob`` (``TreeShape.with_thresholds``). ``DraftError`` for a directory that is not
     heads, a depth beyond the heads, or more nodes than the heads can grow at that depth and top-k."""
-    from accel.drafts.hydra.tree import DECODE_BUDGET, KERNEL_DECODE_BUDGET, TreeShape
-
     if not is_heads_dir(heads):
         raise DraftError(f"{heads} is not a Hydra heads directory (no config.json of kind accel-hydra-heads)")
     num_heads = int(json.loads((Path(heads) / "config.json").read_text())["num_heads"])
@@ -85,10 +83,10 @@ def open_hydra(
     """A batch-1 ``HydraProposer`` growing ``shape`` from the heads at ``heads`` for the target checkpoint directory
     ``target_dir`` (the heads read its embeddings), exported with ``weights`` (``int8`` or ``fp32``) for a
     ``ctx_len``-token cache and cached under ``$ACCEL_CACHE/onnx``; ``threads`` onnxruntime threads."""
+    # torch-optional, start-up: the export needs torch and the runtime onnxruntime; `accel --help` imports this module
     from accel.drafts.hydra.export import export_hydra_cached
     from accel.drafts.hydra.proposer import HydraProposer
     from accel.drafts.hydra.runtime import HydraRuntime
-    from accel.models.smollm2 import cache_root
 
     if not target_dir.is_dir():
         raise DraftError("--hydra needs the target as a checkpoint directory (the heads read its embeddings)")

@@ -17,6 +17,7 @@ import torch
 from accel._io import check_output_path, writing
 from accel.drafts.checkpoint import load_model
 from accel.drafts.config import DistillConfig
+from accel.drafts.distill_data import build_data
 from accel.drafts.hydra.config import HydraReport, HydraSpec, HydraTrainConfig
 from accel.drafts.hydra.data import ShardBatches, feature_shards, load_shard
 from accel.drafts.hydra.evaluate import evaluate_heads
@@ -77,8 +78,6 @@ def distill_hydra(
     (its data fields: prompts, ``self_generate``, ``gen_tokens``, ``temperatures``, ``data_files``, ...; the draft
     architecture fields are unused), ``train`` the optimisation. ``train.resume`` continues an interrupted run and
     reuses its data; without it the work files are rebuilt. Returns the ``HydraReport``."""
-    from accel.drafts.distill_data import build_data
-
     spec, data, train = spec or HydraSpec(), data or DistillConfig(), train or HydraTrainConfig()
     if train.threads:
         torch.set_num_threads(train.threads)
