@@ -73,7 +73,16 @@ import numpy as np
 
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
-from accel.spd.autotune_arm import NO_ARM, Arm, ShapeEvidence, arm_budgets, as_arms, draft_arms, probe_schedule
+from accel.spd.autotune_arm import (
+    EVIDENCE_DECAY,
+    NO_ARM,
+    Arm,
+    ShapeEvidence,
+    arm_budgets,
+    as_arms,
+    draft_arms,
+    probe_schedule,
+)
 from accel.spd.costs import DEFAULT_WINDOW, CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
 from accel.spd.stats import TunedRound
@@ -207,7 +216,7 @@ class AutoTune:
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
         for arm in self.arms:
             arm.reset()
-        self.evidence = ShapeEvidence(self.decay)  # per shape: its own rounds' tokens and seconds
+        self.evidence = ShapeEvidence(max(self.decay, EVIDENCE_DECAY))  # per shape: its own rounds' tokens, seconds
         self.rounds = 0
         self._last = (0, self.arms[0].budgets[-1])
         self._explored = 0

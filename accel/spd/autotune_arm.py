@@ -23,6 +23,7 @@ from accel.spd.merge import Merge
 from accel.spd.proposers import FirstOf, NgramLookup, Proposer, RowOutcome
 
 __all__ = [
+    "EVIDENCE_DECAY",
     "EVIDENCE_WEIGHT",
     "MAX_WIDTH",
     "NO_ARM",
@@ -38,6 +39,9 @@ __all__ = [
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a depth's acceptance towards the pooled rate (and that towards the prior)
 NO_ARM = -1  # the arm index of "no speculation" (budget 0)
 EVIDENCE_WEIGHT = 4.0  # rounds' worth of weight the model's prediction keeps against a shape's own observed rounds
+#: per-round decay of a shape's evidence (half-life ~69 rounds): slower than the acceptance counts' so a shape that
+#: disappointed is not re-chosen as soon as its evidence fades back to the model's more hopeful prediction
+EVIDENCE_DECAY = 0.99
 MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
 
 
