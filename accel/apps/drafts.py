@@ -124,18 +124,14 @@ def _draft_kind(draft: str) -> str:
     from accel.drafts.hydra.open import is_heads_dir
     from accel.errors import DraftError
     from accel.models.config_json import FEATURE_SIZE_KEY
+    from accel.serving.speculators_format import read_json_object
 
     if is_heads_dir(draft):
         return "hydra"
     config = Path(draft) / "config.json"
     if not config.is_file():
         raise DraftError(f"no draft checkpoint directory at {draft}")
-    try:
-        fields = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DraftError(f"{config} is not valid JSON: {exc}") from exc
-    if not isinstance(fields, dict):
-        raise DraftError(f"{config} must hold a JSON object")
+    fields = read_json_object(config)
     if "speculators_model_type" in fields:
         return "speculators"
     return "feature" if fields.get(FEATURE_SIZE_KEY) else "standalone"

@@ -42,6 +42,7 @@ __all__ = [
     "SPECULATORS_EXPORT_REFUSALS",
     "SUPPORTED_SPECULATORS_TYPES",
     "Eagle3Head",
+    "read_json_object",
     "read_speculators",
     "vllm_speculative_config",
 ]
@@ -111,7 +112,7 @@ def read_speculators(path: str | Path, *, embed_tokens: np.ndarray | None = None
     path = Path(path)
     if not path.is_dir():
         raise DraftError(f"no speculators checkpoint folder at {path}")
-    raw = _read_json(path / "config.json")
+    raw = read_json_object(path / "config.json")
     kind = raw.get("speculators_model_type")
     if kind not in SUPPORTED_SPECULATORS_TYPES:
         raise DraftError(
@@ -143,7 +144,9 @@ def vllm_speculative_config(checkpoint: str | Path, num_speculative_tokens: int)
 # ---------------------------------------------------------------------------------------------------------- config
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in file ``path``; ``DraftError`` naming the file when it is missing, not JSON or not an
+    object."""
     if not path.is_file():
         raise DraftError(f"no config.json at {path}")
     try:
@@ -239,7 +242,7 @@ def _weight_files(path: Path) -> dict[str, PlainFile]:
     index = path / "model.safetensors.index.json"
     try:
         if index.is_file():
-            weight_map = _read_json(index).get("weight_map")
+            weight_map = read_json_object(index).get("weight_map")
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise DraftError(f"{index}: weight_map must map tensor names to shard file names")
             shards = {name: PlainFile(path / Path(name).name) for name in set(weight_map.values())}
