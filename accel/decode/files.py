@@ -30,10 +30,8 @@ def model_config(path: Path) -> dict[str, Any]:
         cfg = path / "config.json"
         text, where = (cfg.read_text(errors="replace"), str(cfg)) if cfg.is_file() else ("{}", "")
     elif path.suffix == ".onnx" and path.is_file():
-        import onnx
-
         try:
-            meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+            meta = _onnx_header(path)[0]
         except Exception as exc:  # protobuf DecodeError: a corrupt or truncated file
             raise BackendError(f"{path} is not a readable ONNX file: {type(exc).__name__}: {exc}") from exc
         text, where = meta.get("accel.model_config", "{}"), f"{path} (metadata accel.model_config)"
@@ -50,22 +48,33 @@ def model_config(path: Path) -> dict[str, Any]:
 
 def onnx_metadata(path: Path) -> dict[str, str]:
     """The ``metadata_props`` of an ONNX file ({} when unreadable: OrtBackend then reports the file)."""
-    import onnx
-
     try:
-        return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-    except Exception:  # protobuf DecodeError
+        return dict(_onnx_header(path)[0])
+    except Exception:  # protobuf DecodeError, a missing file
         return {}
 
 
 def onnx_inputs(path: Path) -> set[str]:
     """The input names of an ONNX file's graph (empty when unreadable: OrtBackend then reports the file)."""
+    try:
+        return set(_onnx_header(path)[1])
+    except Exception:  # protobuf DecodeError, a missing file
+        return set()
+
+
+def _onnx_header(path: Path) -> tuple[dict[str, str], frozenset[str]]:
+    """An ONNX file's metadata and graph input names, parsed once per file version (name, mtime, size): building a
+    decode asks for its config, metadata and inputs separately. Raises what ``onnx.load`` raises."""
+    stat = path.stat()
+    return _read_onnx_header(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_onnx_header(path: str, mtime_ns: int, size: int) -> tuple[dict[str, str], frozenset[str]]:
     import onnx
 
-    try:
-        return {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
-    except Exception:  # protobuf DecodeError
-        return set()
+    model = onnx.load(path, load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}, frozenset(i.name for i in model.graph.input)
 
 
 def find_tokenizer(tokenizer: Path | None, model: Path):
