@@ -56,6 +56,7 @@ __all__ = [
     "GraphOptions",
     "GraphSpec",
     "WeightFormat",
+    "checkpoint_files",
     "export_cached",
     "export_onnx",
     "model_tensors",
@@ -336,7 +337,7 @@ def export_cached(
     """
     src = Path(src)
     spec = GraphSpec.of(spec, options, "export_cached")
-    digest = spec.cache_key(_checkpoint_files(src))
+    digest = spec.cache_key(checkpoint_files(src))
     label = name or (src.stem if src.is_file() else src.name)
     path = Path(onnx_dir) / f"{label}-{digest[:12]}.onnx"
     if path.is_file():
@@ -355,8 +356,10 @@ def export_cached(
     return path
 
 
-def _checkpoint_files(src: Path) -> list[Path]:
-    """The files of checkpoint ``src`` that key its cached export (a directory's configs and weights, or the GGUF)."""
+def checkpoint_files(src: Path) -> list[Path]:
+    """The files of checkpoint ``src`` that key its cached export (``export_cached``): a directory's configs and
+    weights (``.json``, ``.safetensors``, ``.bin``, sorted by name), or the ``.gguf`` file itself. ``BackendError``
+    for anything else."""
     if src.is_dir():
         return [f for f in sorted(src.iterdir()) if f.suffix in (".json", ".safetensors", ".bin")]
     if src.is_file() and src.suffix == ".gguf":

@@ -6,7 +6,8 @@ tree inputs), so no caller decides the target's graph from the kind of draft. On
 (directory or ``.gguf``) is exported once per settings and cached in ``$ACCEL_CACHE/onnx``
 (``accel.backends.export_cached``); an ``.onnx`` file is used as it is. An EAGLE-3 head (``accel.serving``) reads
 the target's states at its aux layers: the head and that target graph are exported together and cached the same way
-(``_eagle3_graphs``). Everything runs batch 1.
+(``_eagle3_graphs``). A draft checkpoint directory is first checked for NaN or infinite weights, once per version
+of its files (``accel.decode.draft_check``). Everything runs batch 1.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import numpy as np
 
 from accel.backends.base import Backend
 from accel.backends.weights import WeightFormat
+from accel.decode.draft_check import check_draft_weights
 from accel.decode.eagle3 import eagle3_proposer, eagle3_target
 from accel.decode.files import find_tokenizer, is_gguf, model_config, onnx_inputs, onnx_metadata
-from accel.decode.spec import (
+from accel.decode.proposers import (
     ARSpec,
     ChainSpec,
-    DecodeSpec,
     Eagle3ChainSpec,
     Eagle3Spec,
     Eagle3TreeSpec,
@@ -35,11 +36,11 @@ from accel.decode.spec import (
     HydraTreeSpec,
     LookupSpec,
     MergeSpec,
-    TargetSpec,
     TreeSpec,
 )
-from accel.errors import AccelError, DraftError, SpdError
-from accel.models.sources import engine_quant_method, open_checkpoint
+from accel.decode.spec import DecodeSpec, TargetSpec
+from accel.errors import AccelError, SpdError
+from accel.models.sources import engine_quant_method
 from accel.spd import (
     DraftChain,
     DraftTree,
@@ -217,19 +218,6 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
     )
 
 
-def check_draft_weights(path: Path) -> None:
-    """``DraftError`` naming the first tensor of a draft checkpoint directory that holds NaN or infinite weights (read
-    one tensor at a time; a draft is small). Such a draft would otherwise run with garbage proposals: exact still,
-    but silently without speculation. ``.onnx`` and ``.gguf`` drafts are used as they are."""
-    if not path.is_dir() or engine_quant_method(path) is not None:  # an engine's MX layout: its loader checks it
-        return
-    _, tensors = open_checkpoint(path)
-    for name in tensors:
-        array = np.asarray(tensors[name])
-        if array.dtype.kind == "f" and not bool(np.isfinite(array).all()):
-            raise DraftError(f"draft {path}: {name} holds NaN or infinite weights: the checkpoint is damaged")
-
-
 def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
     """The Hydra proposer of this part (``accel.drafts.hydra.open``: the tree shape checked against the heads first,
     then the heads exported once and cached)."""
@@ -256,7 +244,6 @@ def _open_torch(path: Path, ctx_len: int, threads: int | None, device: str, dtyp
     from accel.backends.torch_graphs import resolve_device
     from accel.backends.torch_mx import pack_compressed
     from accel.models import load_checkpoint
-    from accel.models.sources import engine_quant_method
 
     dev = resolve_device(device)  # before loading: CUDA asked for and absent is named at once
     on_gpu = dev.type == "cuda"  # CUDA graphs and fused projections by default; compiled blocks too

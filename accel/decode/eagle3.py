@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from accel.decode.spec import DecodeSpec, Eagle3ChainSpec, Eagle3Spec, Eagle3TreeSpec, TargetSpec
+from accel.decode.proposers import Eagle3ChainSpec, Eagle3Spec, Eagle3TreeSpec
+from accel.decode.spec import DecodeSpec, TargetSpec
 from accel.errors import DraftError, SpdError
 from accel.models.sources import open_checkpoint
 from accel.spd import DraftChain, DraftTree, Proposer
@@ -53,7 +54,7 @@ def _eagle3_graphs(p: Eagle3Spec, t: TargetSpec) -> tuple[Path, Path]:
     its exports (``GraphSpec.cache_key`` of the target's files) plus the head's layer ids and the rewrite's code; the
     head (``export_eagle3_draft``) on its own and the target's files and the graph code. The head is read only when
     one is missing (``read_speculators``, with the target's embeddings when it has none)."""
-    from accel.backends.export import _checkpoint_files
+    from accel.backends.export import checkpoint_files
     from accel.backends.graph_spec import GraphSpec
     from accel.models.smollm2 import cache_root
     from accel.serving import aux_target, eagle3_graph, speculators_format
@@ -64,7 +65,7 @@ def _eagle3_graphs(p: Eagle3Spec, t: TargetSpec) -> tuple[Path, Path]:
         raise SpdError(f"no model at {t.path}: give the head's target as a checkpoint directory or a .gguf file")
     tree = isinstance(p, Eagle3TreeSpec)
     root, label = cache_root() / "onnx", t.path.stem if t.path.is_file() else t.path.name
-    target_files = _checkpoint_files(t.path)
+    target_files = checkpoint_files(t.path)
     graph = GraphSpec.of(None, {"ctx_len": t.ctx_len, "weights": t.weights.value, "hidden_output": True, "tree": tree})
     target_key = _key(graph.cache_key(target_files), repr(_aux_layer_ids(p.head)), aux_target.__file__)
     head_files = [f for f in sorted(p.head.iterdir()) if f.suffix in (".json", ".safetensors")]
@@ -105,10 +106,10 @@ def _aux_layer_ids(head: Path) -> object:
 
 def _read_eagle3_head(head: Path, target: Path) -> Any:
     """``read_speculators(head)``, given the target's token embedding when the head's files hold none."""
-    from accel.serving.speculators_format import _weight_files, read_speculators
+    from accel.serving.speculators_format import read_speculators, weight_files
 
     embed = None
-    if "embed_tokens.weight" not in _weight_files(head):
+    if "embed_tokens.weight" not in weight_files(head):
         embed = np.asarray(open_checkpoint(target)[1]["embed_tokens.weight"], dtype=np.float32)
     print(f"EAGLE-3 head {head.name}: exporting its graphs, once", file=sys.stderr, flush=True)
     return read_speculators(head, embed_tokens=embed)

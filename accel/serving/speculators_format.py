@@ -45,6 +45,7 @@ __all__ = [
     "read_json_object",
     "read_speculators",
     "vllm_speculative_config",
+    "weight_files",
 ]
 
 #: the ``speculators_model_type`` values accel runs
@@ -120,7 +121,7 @@ def read_speculators(path: str | Path, *, embed_tokens: np.ndarray | None = None
             f"{', '.join(SUPPORTED_SPECULATORS_TYPES)}"
         )
     config, layer_ids, flags = _eagle3_config(raw, path)
-    files = _weight_files(path)
+    files = weight_files(path)
     tensors = _read_tensors(files, config, len(layer_ids), flags, embed_tokens is not None)
     if "embed_tokens.weight" not in tensors:
         tensors["embed_tokens.weight"] = _check_float(
@@ -237,8 +238,10 @@ def _speculators_section(raw: dict[str, Any], path: Path) -> tuple[int | None, s
 # --------------------------------------------------------------------------------------------------------- weights
 
 
-def _weight_files(path: Path) -> dict[str, PlainFile]:
-    """Tensor name -> its safetensors file: ``model.safetensors`` or the shards of ``model.safetensors.index.json``."""
+def weight_files(path: Path) -> dict[str, PlainFile]:
+    """Tensor name -> its safetensors file in speculators checkpoint folder ``path`` (a ``PlainFile``: its header read
+    and validated, no tensor read): ``model.safetensors`` or the shards of ``model.safetensors.index.json``.
+    ``DraftError`` when there are none or they cannot be read."""
     index = path / "model.safetensors.index.json"
     try:
         if index.is_file():

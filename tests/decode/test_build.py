@@ -218,3 +218,35 @@ def test_a_draft_with_nan_weights_is_refused_by_name(checkpoints, tmp_path, caps
         build(spec)
     assert main(["generate", *flags, "--prompt", "1 2 3"]) == EXIT_ERROR
     assert f"{name} holds NaN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_a_draft_is_checked_once_per_version_of_its_files(checkpoints, tmp_path, monkeypatch, backend):
+    """The NaN/Inf check reads every draft tensor (a 0.5B draft: ~2 GB) once per version of the draft's files: a
+    second build (its draft export cached on ort) reads none, an edited draft is read again."""
+    import os
+
+    from accel.decode import draft_check
+
+    target, draft = checkpoints
+    copy = tmp_path / "draft"
+    copy.mkdir()
+    for f in draft.iterdir():  # new files: no earlier test of this module has checked them
+        (copy / f.name).write_bytes(f.read_bytes())
+    reads: list[Path] = []
+
+    def counting(path):
+        reads.append(Path(path))
+        return real(path)
+
+    real = draft_check.open_checkpoint
+    monkeypatch.setattr(draft_check, "open_checkpoint", counting)
+    spec, _ = _spec(target, copy, "chain", backend)
+    build(spec)
+    assert reads == [copy]
+    build(spec)
+    assert reads == [copy], "a second build read the draft's tensors again"
+    weights = copy / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    build(spec)
+    assert reads == [copy, copy], "an edited draft was not checked again"
