@@ -84,10 +84,10 @@ def build_decoder_graph(
 
 
 class BuilderOptions(TypedDict, total=False):
-    """``build_decoder_graph``'s older keywords (``accel.sim.host_layers`` passes them): ``ctx_len``,
-    ``batch_size``, ``num_logits`` in tokens/rows; ``float_dtype`` (``fp32``/``fp16``); ``matmul_nbits`` (0, or the
-    ``MatMulNBits`` accuracy level 1 or 4); ``mx_kernel`` (0, or the fused kernel's activation bits 32 or 8);
-    ``int8`` (None or the int8 scheme); ``fused`` (``ort_ops``); and ``GraphSpec``'s flags."""
+    """``build_decoder_graph``'s older keywords (kept for callers outside the engine; accel passes a GraphSpec):
+    ``ctx_len``, ``batch_size``, ``num_logits`` in tokens/rows; ``float_dtype`` (``fp32``/``fp16``);
+    ``matmul_nbits`` (0, or the ``MatMulNBits`` accuracy level 1 or 4); ``mx_kernel`` (0, or the fused kernel's
+    activation bits 32 or 8); ``int8`` (None or the int8 scheme); ``fused`` (``ort_ops``); and ``GraphSpec``'s flags."""
 
     ctx_len: int
     batch_size: int

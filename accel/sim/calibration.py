@@ -8,13 +8,13 @@ rates, link bandwidth and the multi-token penalty through exp.
 
 Which terms: ``fit=None`` chooses them by fit (``accel.sim.term_search``): the terms the observations can see (in
 the order of ``PRIORITY``: the bandwidth efficiency first, then each observed compressed format's decompression rate,
-the per-call and per-layer costs, the link latencies of multi-device observations, the multi-token curve, compute
-efficiency) are fitted alone, in pairs and in growing sets, and the set that explains the observations best with the
-fewest terms wins (ties go to fewer terms at a bound, then to priority); never more terms than observations, so one
-observation fits one term. The result's ``calibration`` report holds the fitted values, the residual of every
-observation, the terms held fixed at their prior values (with those values), the RMS of every set tried, and
-warnings - also raised as ``SimWarning`` - when a term ends at a bound (nothing is clamped silently) or residuals stay
-above 10 %.
+the per-call and per-layer costs, the link latencies of multi-device observations, the multi-token curve, the
+per-row cost, compute efficiency) are fitted alone, in pairs and in growing sets, and the set that explains the
+observations best with the fewest terms wins (ties go to fewer terms at a bound, then to priority); never more
+terms than observations, so one observation fits one term. The result's ``calibration`` report holds the fitted
+values, the residual of every observation, the terms held fixed at their prior values (with those values), the RMS
+of every set tried, and warnings - also raised as ``SimWarning`` - when a term ends at a bound (nothing is clamped
+silently) or residuals stay above 10 %.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ SCALAR_TERMS = (
     "compute_efficiency",
     "call_overhead_s",
     "layer_overhead_s",
+    "row_overhead_s",
     "multi_token_penalty",
     "multi_token_exponent",
     "link_latency_s",
@@ -53,14 +54,16 @@ PRIORITY = (
     "link_latency_s",
     "multi_token_penalty",
     "multi_token_exponent",
+    "row_overhead_s",
     "compute_efficiency",
     "allreduce_latency_s",
 )
 RESIDUAL_WARN = 0.10
-_TIME_SCALE = {"call_overhead_s": 1e-4, "layer_overhead_s": 1e-5, "link_latency_s": 1e-6, "allreduce_latency_s": 1e-6}
+_TIME_SCALE = {"call_overhead_s": 1e-4, "layer_overhead_s": 1e-5, "row_overhead_s": 1e-7, "link_latency_s": 1e-6,
+               "allreduce_latency_s": 1e-6}  # fmt: skip
 # where the Jacobian that decides identifiability is taken: a term at 0 in the prior still shows its effect there
-_NOMINAL = {"call_overhead_s": 1e-4, "layer_overhead_s": 1e-5, "link_latency_s": 1e-6, "allreduce_latency_s": 1e-6,
-            "multi_token_penalty": 0.1}  # fmt: skip
+_NOMINAL = {"call_overhead_s": 1e-4, "layer_overhead_s": 1e-5, "row_overhead_s": 1e-7, "link_latency_s": 1e-6,
+            "allreduce_latency_s": 1e-6, "multi_token_penalty": 0.1}  # fmt: skip
 
 
 def _sigmoid(v: float) -> float:

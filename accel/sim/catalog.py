@@ -14,7 +14,8 @@ Default efficiency terms. They are *defaults*, read off published decode measure
   layer (the blog's FP16 points leave no room for a per-layer cost); SoCs of an Ultra card talk over PCIe Gen4 x8
   behind a switch (16 GB/s), 5 us per all-reduce + 2 us per log2 step (assumed; the FP16 points again bound it).
 - GPUs (A100 / H100 / H200 / L4 / L40S / MI300X / TPU v4): ``bandwidth_efficiency`` 0.78 on A100 (gpt-fast and
-  torchao Llama 2 7B bf16), 0.65 on H100/H200 (torchao Llama 3.1 8B bf16 on H100; H200 assumed alike), 0.60 on
+  torchao Llama 2 7B bf16), 0.65 on H100 (torchao Llama 3.1 8B bf16 on H100; the newer HBM3e parts assumed alike;
+  the H200 entry is calibrated on accel's own measurements instead: ``H200_MEASURED``), 0.60 on
   MI300X and 0.80 on GDDR6 parts and the TPU (assumptions), ``layer_overhead_s =
   30e-6`` and ``call_overhead_s = 30e-6`` (compiled, CUDA-graph style decode: gpt-fast's published 1/2/4/8-GPU
   Llama 2 7B/70B rates imply ~35 us per layer that more GPUs do not remove), weight-only dequantization that adds
@@ -47,7 +48,7 @@ AI100_CALL_OVERHEAD_S = 200e-6
 AI100_DECOMPRESS_ELEMENTS_PER_S = 7.5e10  # per SoC, every compressed format (MXFP6 measured, others assumed)
 GPU_BANDWIDTH_EFFICIENCY = 0.80  # GDDR6 parts and the TPU (assumed); per part below where published runs say
 A100_BANDWIDTH_EFFICIENCY = 0.78  # gpt-fast / torchao Llama 2 7B bf16 on A100-80GB: 1.39-1.42 TB/s of 2.04 incl. fixed
-HBM3_BANDWIDTH_EFFICIENCY = 0.65  # torchao Llama 3.1 8B bf16 on H100: 1.90 TB/s of 3.35 (H200 assumed alike)
+HBM3_BANDWIDTH_EFFICIENCY = 0.65  # torchao Llama 3.1 8B bf16 on H100: 1.90 TB/s of 3.35 (H200: H200_MEASURED)
 MI300X_BANDWIDTH_EFFICIENCY = 0.60  # assumed (HBM3, no published batch-1 figure collected)
 GPU_COMPUTE_EFFICIENCY = 0.6
 GPU_CALL_OVERHEAD_S = 30e-6
@@ -239,6 +240,37 @@ CATALOG: dict[str, Hardware] = {
              "(1.2 TB/s bidirectional)", HBM3_EFF, family="gaudi-roce", peaks={"bf16": 1835, "fp8": 1835}),
     ]
 }  # fmt: skip
+
+# float32 matrix products without TF32 run on the CUDA cores: the datasheets' non-tensor FP32 peak (dense TFLOPS; A100
+# and H100 datasheets, H200 product brief, L4 and L40S datasheets). PyTorch's default (allow_tf32 False for matmuls)
+# is that path; without an entry a float32 product was priced at the FP16 tensor-core peak (docs/sim.md §6).
+FP32_TFLOPS = {"a100-40gb": 19.5, "a100-80gb": 19.5, "h100-sxm": 67, "h100-pcie": 51, "h200": 67, "l4": 30.3,
+               "l40s": 91.6}  # fmt: skip
+for _name, _tf in FP32_TFLOPS.items():
+    CATALOG[_name] = CATALOG[_name].with_(peak_flops_per_s={**CATALOG[_name].peak_flops_per_s, "fp32": _tf * TERA})
+
+# The H200 entry is calibrated on accel's own H200 measurements (accel/sim/measured.py; docs/sim.md §6 and §8), not
+# assumed from H100 reports: the weights stream at the card's measured device-to-device copy rate (4.19-4.24 TB/s of
+# 4.8, benchmarks/RESULTS.md "GPU decode"), and the fixed costs and the multi-token terms are a least-squares fit to
+# the two float16 curves (Llama-2-7B and TinyLlama-1.1B shapes, S = 1..64; bfloat16 and float32 held out). Published
+# points have no H200 row, so this changes no published-point validation.
+H200_MEASURED: dict[str, Any] = dict(
+    bandwidth_efficiency=0.875,  # 4.2 / 4.8 TB/s: the measured copy rate
+    call_overhead_s=400e-6,  # per CUDA-graph replay: embedding, rotary tables, mask, final norm, logits out
+    layer_overhead_s=35e-6,  # per layer (gpt-fast's A100 rates gave the family's ~35 us too)
+    row_overhead_s=0.41e-6,  # per layer per row beyond the first: the layer's small kernels at S rows
+    multi_token_penalty=0.073,  # GEMV (one row) -> GEMM (2+ rows): the weights stream 7 % (2 rows) to 18 % (64) slower
+    multi_token_exponent=0.22,
+)
+#: the H200 as the datasheet and the GPU family's assumed terms describe it (the entry before accel measured one)
+H200_DATASHEET = CATALOG["h200"]
+CATALOG["h200"] = H200_DATASHEET.with_(
+    **H200_MEASURED,
+    notes=CATALOG["h200"].notes.split("; ")[0] + "; calibrated on accel's own H200 measurements "
+    "(accel/sim/measured.py, the float16 curves; H200_MEASURED in accel/sim/catalog.py): bandwidth 0.875 (the "
+    "measured copy rate), 400 us per call, 35 us per layer, 0.41 us per layer per extra row, multi-token "
+    "0.073 (r-1)^0.22; compute efficiency 0.6, dequantization rates and link latency assumed as for the other GPUs.",
+)
 ALIASES: dict[str, str] = {
     "ai100-standard": "cloud-ai-100-standard",
     "ai100-pro": "cloud-ai-100-pro",

@@ -10,6 +10,10 @@ What the roofline does not know are explicit, documented, fittable terms (defaul
 - ``call_overhead_s``: fixed seconds per model call (launch, host round trip, synchronisation).
 - ``layer_overhead_s``: fixed seconds per decoder layer per call (kernel launches and their tails, per-layer
   synchronisation across cores): a per-token cost that does not shrink with weight bytes or with more devices.
+- ``row_overhead_s``: seconds per decoder layer per row (batch x new tokens) of a call beyond the first: the work of
+  a layer's small kernels that grows with the rows but not with the weights (attention over the cache with its
+  scores, rotary, norms, residual adds, the cache write; docs/sim.md §2). 0 = none (every device but the H200 entry,
+  whose value is fitted on accel's own H200 measurements).
 - ``decompress_elements_per_s``: weight elements per second one device expands from a stored format to its compute
   dtype, per format (``mxfp6``, ``int4``, ``int8``, ``fp8``, ...); a format without an entry is free to expand.
   ``decompress_overlap``: ``True`` = expansion runs beside the weight stream (the slower of the two sets the pace);
@@ -79,6 +83,9 @@ class Hardware(SimModel):
     compute_efficiency: float = Field(default=0.6, gt=0, le=1.0)
     call_overhead_s: float = Field(default=20e-6, ge=0)
     layer_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per decoder layer per call")
+    row_overhead_s: float = Field(
+        default=0.0, ge=0, description="seconds per decoder layer per row of a call beyond the first"
+    )
     decompress_elements_per_s: dict[str, float] = Field(
         default_factory=dict, description="per stored weight format: elements/s one device expands"
     )

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.backends.graph_spec import GraphSpec
 from accel.backends.onnx_graph import build_decoder_graph
 from accel.backends.ort_backend import OrtBackend
 from accel.formats import get_format, quantize
 from accel.models.config import ModelConfig
 
-__all__ = ["LayerShape", "layer_weight_elements", "measure_layer_times"]
+__all__ = ["LayerShape", "layer_graph_spec", "layer_weight_elements", "measure_layer_times"]
 
 
 class LayerShape(BaseModel):
@@ -69,6 +70,16 @@ def _tensors(shape: LayerShape, layers: int, nbits: bool, rng: np.random.Generat
     return out
 
 
+def layer_graph_spec(shape: LayerShape, nbits: bool) -> GraphSpec:
+    """The graph ``measure_host`` times: float32 weights, or 8-bit ``MatMulNBits`` weights with int8 activations
+    (``accuracy_level`` 4; the MXFP6 codes are passed as ``MXTensor`` s, the ``mxint8`` element is the runtime's
+    placeholder), with onnxruntime's fused RMSNorm/RoPE operators as in the exports ``benchmarks/mx.py`` times."""
+    weights: dict[str, Any] = (
+        dict(element="mxint8", runtime="nbits", activations="int8") if nbits else dict(element="fp32")
+    )
+    return GraphSpec(ctx_len=shape.ctx_len, batch_size=1, ort_ops=True, **weights)
+
+
 def _backend(shape: LayerShape, layers: int, nbits: bool, rows: int, threads: int | None, tmp: Path) -> Any:
     import onnx
 
@@ -82,9 +93,7 @@ def _backend(shape: LayerShape, layers: int, nbits: bool, rows: int, threads: in
         tie_word_embeddings=True,
     )
     tensors = _tensors(shape, layers, nbits, np.random.default_rng(layers))
-    # fused: onnxruntime's RMSNorm/RoPE operators, as in the exports benchmarks/mx.py times (ort_ops=True)
-    proto = build_decoder_graph(cfg, tensors, ctx_len=shape.ctx_len, batch_size=1, matmul_nbits=4 if nbits else 0,
-                                fused=True)  # fmt: skip
+    proto = build_decoder_graph(cfg, tensors, layer_graph_spec(shape, nbits))
     path = tmp / f"{layers}-{int(nbits)}.onnx"
     onnx.save(proto, str(path))
     b = OrtBackend(path, threads=threads, min_rows=rows)

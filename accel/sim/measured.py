@@ -7,7 +7,8 @@ reads whole (``kv_slots``). Random weights of the named shapes; the median of 20
 
 Source: accel ``benchmarks/gpu.py --compile`` on one NVIDIA H200 (141 GB HBM3e, driver 580.159.04), torch
 2.11.0+cu130, 2026-11-28 (benchmarks/RESULTS.md, "GPU decode"). ``gpu_points()`` gives them; ``gpu_errors(hw)`` the
-simulator's relative error on each.
+simulator's relative error on each. The catalog's ``h200`` entry is fitted on the float16 curves here
+(``accel.sim.catalog.H200_MEASURED``); the bfloat16 and float32 curves are held out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from accel.sim.hardware import Hardware, hardware
 from accel.sim.observations import Observation
 from accel.sim.presets import preset
 
-__all__ = ["GPU_SOURCE", "GPU_TOKENS", "gpu_errors", "gpu_points"]
+__all__ = ["GPU_SOURCE", "GPU_TOKENS", "HELD_OUT_SOURCE", "gpu_errors", "gpu_points", "held_out_points"]
 
 GPU_SOURCE = "accel benchmarks/gpu.py --compile, NVIDIA H200, torch 2.11.0+cu130, 2026-11-28"
 
@@ -40,6 +41,18 @@ _H200_MS: dict[tuple[str, Dtype], tuple[float, ...]] = {
 }
 
 CONTEXT, SLOTS = 256, 1025  # cached tokens before each call; static cache slots read per call
+
+#: Held out from the ``h200`` entry's fit (measured later the same day, same card and script, ``--compile
+#: --shapes llama-2-7b,llama-2-13b --dtypes float16 --batches 4,16,64``): the Llama-2-13B float16 curve at
+#: GPU_TOKENS, and AR steps (one token per sequence) at batch B of both shapes, milliseconds per call.
+HELD_OUT_SOURCE = "accel benchmarks/gpu.py --compile --batches 4,16,64, NVIDIA H200, torch 2.11.0+cu130, 2026-11-28"
+_H200_HELD_OUT_MS: dict[tuple[str, Dtype], tuple[float, ...]] = {
+    ("llama-2-13b", "fp16"): (8.308, 8.923, 8.960, 9.131, 9.285, 9.641, 11.106),
+}
+_H200_BATCH_MS: dict[tuple[str, Dtype], dict[int, float]] = {
+    ("llama-2-7b", "fp16"): {4: 5.822, 16: 8.342, 64: 19.251},
+    ("llama-2-13b", "fp16"): {4: 10.169, 16: 13.980, 64: 31.063},
+}
 
 
 def gpu_points(dtype: Dtype | None = None) -> list[tuple[str, Observation]]:
@@ -63,6 +76,34 @@ def gpu_points(dtype: Dtype | None = None) -> list[tuple[str, Observation]]:
             )
             out.append(("h200", obs))
     return out
+
+
+def held_out_points() -> list[tuple[str, Observation]]:
+    """``(device, observation)`` of the calls held out from the ``h200`` entry's fit (``_H200_HELD_OUT_MS``,
+    ``_H200_BATCH_MS``); labels read ``"<model> <dtype> S=<tokens>"`` or ``"<model> <dtype> B=<batch>"``."""
+    out = []
+    for (model, dt), ms in _H200_HELD_OUT_MS.items():
+        for s, t in zip(GPU_TOKENS, ms, strict=True):
+            out.append(("h200", _call(model, dt, t, new_tokens=s, label=f"{model} {dt} S={s}")))
+    for (model, dt), by_batch in _H200_BATCH_MS.items():
+        for b, t in by_batch.items():
+            out.append(("h200", _call(model, dt, t, batch=b, label=f"{model} {dt} B={b}")))
+    return out
+
+
+def _call(model: str, dt: Dtype, ms: float, *, new_tokens: int = 1, batch: int = 1, label: str) -> Observation:
+    """One measured call of ``ms`` milliseconds, in the setting every point here shares (CONTEXT, SLOTS)."""
+    return Observation(
+        model=preset(model),
+        dtype=dt,
+        batch_size=batch,
+        new_tokens=new_tokens,
+        num_logits=new_tokens,
+        context_len=CONTEXT,
+        kv_slots=SLOTS,
+        seconds_per_call=ms / 1e3,
+        label=label,
+    )
 
 
 def gpu_errors(hw: Hardware | str, points: list[tuple[str, Observation]] | None = None) -> dict[str, float]:

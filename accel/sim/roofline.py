@@ -9,7 +9,7 @@ Per decoder layer (all layers are identical), on each of n tensor-parallel devic
     t_op   = max(t_mem, t_comp, t_dec)   if the device overlaps decompression with the weight stream,
              max(t_mem, t_comp) + t_dec  otherwise
 
-    T = n_layers * (t_layer + layer_overhead + t_comm) + t_head + call_overhead
+    T = n_layers * (t_layer + layer_overhead + row_overhead * (r - 1) + t_comm) + t_head + call_overhead
     t_comm = all-reduces per layer (2, or 1 for a parallel block) of B*S*d_model fp16 values:
              allreduce_latency + link_latency * ceil(log2 n) + 2 (n-1)/n * bytes / link_BW
 
@@ -191,7 +191,8 @@ def step_arrays(
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
     nl = m.n_layers
     comm = nl * m.allreduces_per_layer * allreduce_s(hw, B * S * m.d_model * ACT_BYTES, devices)
-    overhead = hw.call_overhead_s + nl * hw.layer_overhead_s + 0.0 * B
+    # fixed costs: per call, per layer, and per layer for each row beyond the first (hardware.py, docs/sim.md §2)
+    overhead = hw.call_overhead_s + nl * (hw.layer_overhead_s + hw.row_overhead_s * (B * S - 1.0))
     out = {
         "time_s": nl * t_l + t_h + comm + overhead,
         "memory_bound_s": nl * mb_l + mb_h,

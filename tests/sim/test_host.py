@@ -4,10 +4,11 @@ multi-row step as the calibration measured it."""
 import numpy as np
 import pytest
 
+from accel.backends.onnx_graph import legacy_spec
 from accel.errors import SimError
 from accel.sim import Hardware, measure_host, step_time
 from accel.sim.host import NBITS_FORMATS, fit_multi_token, layer_terms
-from accel.sim.host_layers import LayerShape, layer_weight_elements
+from accel.sim.host_layers import LayerShape, layer_graph_spec, layer_weight_elements
 
 
 def test_fit_multi_token_recovers_power_law():
@@ -99,3 +100,13 @@ def test_decompress_multi_token_terms_are_validated():
     for field, bad in (("decompress_multi_token_penalty", -0.1), ("decompress_multi_token_exponent", 2.5)):
         with pytest.raises(SimError, match=field):
             Hardware(**base, **{field: bad})
+
+
+def test_layer_graphs_are_described_by_a_graph_spec():
+    """``measure_host`` builds its layer graphs from a ``GraphSpec`` (issue 34), the same graphs the builder's older
+    keywords described: float32, and 8-bit ``MatMulNBits`` with int8 activations, onnxruntime's fused ops."""
+    shape = LayerShape()
+    for nbits in (False, True):
+        spec = layer_graph_spec(shape, nbits)
+        assert spec == legacy_spec(ctx_len=shape.ctx_len, batch_size=1, matmul_nbits=4 if nbits else 0, fused=True)
+        assert spec.ort_ops and spec.runtime == ("nbits" if nbits else "float")

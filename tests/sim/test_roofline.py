@@ -212,3 +212,30 @@ def test_custom_spec_dtype_sets_the_default_format():
     spec = ModelSpec(n_layers=2, d_model=64, n_heads=4, ffn_dim=128, vocab_size=100, dtype="bf16")
     st = step_time(spec, "h100-sxm")
     assert st.weight_bytes == pytest.approx(step_time(spec, "h100-sxm", weight_format="bf16").weight_bytes)
+
+
+def test_row_overhead_is_per_layer_per_extra_row():
+    """``row_overhead_s``: each layer pays it for every row of a call beyond the first (batch x new tokens), so a
+    one-row call is unchanged; 0 on every catalog device but the H200 entry."""
+    spec = preset("tinyllama-1.1b")
+    hw = hardware("h200")
+    assert hw.row_overhead_s > 0 and hardware("a100-80gb").row_overhead_s == 0.0
+    off = hw.with_(row_overhead_s=0.0)
+    one, one_off = step_time(spec, hw), step_time(spec, off)
+    assert one.time_s == one_off.time_s
+    for batch, s in ((1, 8), (4, 2)):
+        st = step_time(spec, hw, batch_size=batch, new_tokens=s, num_logits=s)
+        base = step_time(spec, off, batch_size=batch, new_tokens=s, num_logits=s)
+        extra = spec.n_layers * hw.row_overhead_s * (batch * s - 1)
+        assert st.overhead_s - base.overhead_s == pytest.approx(extra, rel=1e-12)
+        assert st.time_s - base.time_s == pytest.approx(extra, rel=1e-12)
+
+
+def test_fp32_products_run_at_the_cuda_core_peak():
+    """A float32 product without TF32 runs on the CUDA cores: the datasheets' FP32 peak (A100 19.5, H100 SXM and
+    H200 67 TFLOP/s), not the FP16 tensor cores'."""
+    for name, tflops in (("a100-80gb", 19.5), ("h100-sxm", 67), ("h200", 67)):
+        hw = hardware(name)
+        assert hw.peak_flops("fp32") == tflops * 1e12 < hw.peak_flops("fp16")
+        st = step_time(preset("tinyllama-1.1b"), hw, weight_format="fp32", new_tokens=512, num_logits=1)
+        assert st.compute_s == pytest.approx(st.flops / (tflops * 1e12 * hw.compute_efficiency), rel=1e-9)
