@@ -1,6 +1,9 @@
 """Decode on whatever GPU torch finds, beside accel.sim's prediction of it: AR step time, the verify-call cost curve
-T(S) for S = 1..64, and greedy speculative decoding == AR, for Llama-2-7B- and TinyLlama-1.1B-shaped random models
-in float16 and bfloat16 (weights generated on the device; nothing is downloaded or read).
+T(S) for S = 1..64, and greedy speculative decoding == AR, for Llama-2-7B-, Llama-2-13B- and TinyLlama-1.1B-shaped
+random models in float16 and bfloat16 (weights generated on the device; nothing is downloaded or read). Options:
+``--batches`` adds the AR step at larger batches; ``--mx mxfp6`` adds each shape with its block weights kept packed on
+the device (``TorchBackend(mx=...)``); ``--layer`` first times each 7B projection alone (float, the MX kernel over
+a sweep of launch configs, MX decode + matmul: ``benchmarks/gpu_layers.py``).
 
 Each call runs through ``TorchBackend(device="cuda")``: weights and the KV cache on the GPU, every call signature
 captured once as a CUDA graph. Two times per call: ``dev`` is the graph replay alone (CUDA events), ``call`` is
@@ -32,12 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from accel.backends import TorchBackend, prefill
 from accel.backends.torch_graphs import resolve_device, resolve_dtype
+from accel.backends.torch_mx_device import DeviceMXLinear
 from accel.errors import AccelError
 from accel.spd import DraftChain, DraftTree, Sampling, generate, generate_ar
+from benchmarks.gpu_layers import layer_sweep, print_layer
 from benchmarks.gpu_support import (
     SHAPES,
     cache_bytes,
     copy_bandwidth,
+    make_mx_exact,
+    mx_bytes,
     random_model,
     sim_call,
     sim_hardware,
@@ -64,9 +71,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--all-sizes", action="store_true", help="every S of 1..max-s (default: powers of 2, multiples of 8)"
     )
+    p.add_argument(
+        "--mx",
+        default="",
+        help="also each shape with its block weights in this MX format (e.g. mxfp6), kept packed "
+        "on the device and decoded inside each call (TorchBackend(mx=...)); its rows compute in each --dtypes",
+    )
+    p.add_argument("--mx-rows", type=int, default=None, help="fused decode-matmul up to this many rows (default: "
+                   "the layer's default)")  # fmt: skip
+    p.add_argument("--mx-only", action="store_true", help="with --mx: only the MX rows (not the float ones)")
+    p.add_argument("--batches", default="", help="comma-separated batch sizes > 1: the AR step at each (float rows)")
+    p.add_argument("--layer", action="store_true", help="time each 7B projection alone: float, the MX kernel (a "
+                   "sweep of launch configs; the best then serves the model rows) and MX decode + matmul")  # fmt: skip
     p.add_argument("--tiny", action="store_true", help="the 2-layer smoke-test shape, float32, S up to 8")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    try:
+        args.batches = [int(b) for b in args.batches.split(",") if b]
+    except ValueError:
+        p.error(f"--batches {args.batches!r}: comma-separated integers")
+    if any(b < 2 for b in args.batches):
+        p.error("--batches: sizes above 1 (batch 1 is every row's AR step)")
+    if args.mx:
+        from accel.formats.elements import get_format
+
+        try:
+            get_format(args.mx)
+        except AccelError as exc:
+            p.error(f"--mx: {exc}")
     if args.tiny:
         args.shapes, args.dtypes, args.max_s, args.reps = "tiny", "float32", 8, 3
         args.ctx_len, args.context, args.new_tokens = 128, 16, 16
@@ -78,7 +110,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def spd_check(model, backend: TorchBackend, args, dtype: torch.dtype) -> dict:
+def batch_steps(shape: str, model, dtype: torch.dtype, args, hw: str | None, say) -> list[dict]:
+    """The AR step (1 token per sequence) at each of ``args.batches``: device time, achieved bandwidth and the
+    simulator's time, on the same model (a new backend, cache and graphs per batch size)."""
+    out = []
+    for b in args.batches:
+        _, backend = build(shape, dtype, args, "", batch=b, model=model)
+        prompt = np.random.default_rng(0).integers(0, backend.info.vocab_size, (b, args.context))
+        prefill(backend, prompt)
+        call = time_calls(backend, 1, args.context, args.reps)
+        devt = time_replay(backend, 1, args.reps)
+        sim = sim_call(shape, hw, dtype, 1, args.context, args.ctx_len + 1, batch=b)
+        out.append({"B": b, "call_s": call, "dev_s": devt, "sim_s": sim.seconds, "sim_bound": sim.bound,
+                    "bytes_per_step": weight_bytes(backend.model) + cache_bytes(backend)})  # fmt: skip
+        say(f"  {shape} {dtype} batch {b}: call {call * 1e3:.3f} ms, dev {devt * 1e3:.3f} ms")
+        del backend
+        gc.collect()
+    return out
+
+
+def spd_check(model, backend: TorchBackend, args, dtype: torch.dtype, mx: str = "") -> dict:
     """Greedy SpD == greedy AR on this target: a chain drafted by the target itself (a second cache; acceptance near
     1) and a dynamic tree drafted by a small random model (acceptance near 0): tokens equal, and how many."""
     rng = np.random.default_rng(1)
@@ -86,7 +137,9 @@ def spd_check(model, backend: TorchBackend, args, dtype: torch.dtype) -> dict:
     greedy = Sampling(greedy=True)
     backend.reset()
     ar = generate_ar(backend, prompt, max_new_tokens=args.new_tokens, sampling=greedy).tokens[0]
-    kw = dict(ctx_len=args.ctx_len, device=backend.device, dtype=dtype, max_seq_len=args.max_s)
+    kw = dict(ctx_len=args.ctx_len, device=backend.device, dtype=dtype, max_seq_len=args.max_s) | (
+        {"mx": mx} if mx else {}
+    )
     small = dict(SHAPES["tiny"], vocab_size=backend.info.vocab_size)
     out = {"ar_tokens": len(ar)}
     drafts = {
@@ -111,14 +164,41 @@ def spd_check(model, backend: TorchBackend, args, dtype: torch.dtype) -> dict:
     return out
 
 
-def measure(shape: str, dtype_name: str, args, hw: str | None, say) -> dict:
-    """One (shape, dtype) row: AR step, the T(S) curve, the simulator's times and the SpD check."""
-    dev, dtype = resolve_device(args.device), resolve_dtype(dtype_name, torch.float32)
-    model = random_model(shape, dev, dtype, seed=0, head_std=0.2)
-    torch._dynamo.reset()  # each row compiles afresh (dynamo's recompile limit counts across rows otherwise)
+def build(shape: str, dtype: torch.dtype, args, mx: str, batch: int = 1, model=None):
+    """(model, backend) of one row: a random model of ``shape`` on the device; with ``mx`` its block weights rounded
+    to that format (made in bfloat16, which holds MXFP6/MXFP4 values exactly) and kept packed by the backend."""
+    dev = resolve_device(args.device)
+    if model is None:
+        make = torch.bfloat16 if mx and dtype != torch.float32 else dtype
+        model = random_model(shape, dev, make, seed=0, head_std=0.2)
+        if mx:
+            make_mx_exact(model, mx)
+    runtime: dict = {"mx": mx} if mx else {}
     backend = TorchBackend(
-        model, ctx_len=args.ctx_len, max_seq_len=args.max_s, device=dev, dtype=dtype, compile=args.compile
+        model,
+        ctx_len=args.ctx_len,
+        batch_size=batch,
+        max_seq_len=args.max_s,
+        device=dev,
+        dtype=dtype,
+        compile=args.compile,
+        **runtime,
     )
+    if mx and args.mx_rows is not None:
+        for m in backend.model.modules():
+            if isinstance(m, DeviceMXLinear):
+                m.max_rows = args.mx_rows
+    return model, backend
+
+
+def measure(shape: str, dtype_name: str, args, hw: str | None, say, mx: str = "") -> dict:
+    """One (shape, dtype[, mx]) row: AR step, the T(S) curve, the simulator's times, the SpD check and (float rows)
+    the AR step at each of ``args.batches``."""
+    dev, dtype = resolve_device(args.device), resolve_dtype(dtype_name, torch.float32)
+    torch._dynamo.reset()  # each row compiles afresh (dynamo's recompile limit counts across rows otherwise)
+    model, backend = build(shape, dtype, args, mx)
+    if mx:
+        say(f"  {backend.mx_report.line() if backend.mx_report else 'no packed layers'}")
     prompt = np.random.default_rng(0).integers(0, backend.info.vocab_size, (1, args.context))
     prefill(backend, prompt)
     sizes = [s for s in range(1, args.max_s + 1) if args.all_sizes or s in CURVE_POINTS or s % 8 == 0]
@@ -126,21 +206,28 @@ def measure(shape: str, dtype_name: str, args, hw: str | None, say) -> dict:
     for s in sizes:
         call = time_calls(backend, s, args.context, args.reps)
         devt = time_replay(backend, s, args.reps)
-        sim = sim_call(shape, hw, dtype, s, args.context, args.ctx_len + 1)
+        sim = sim_call(shape, hw, dtype, s, args.context, args.ctx_len + 1, weight_format=mx or None)
         curve.append({"S": s, "call_s": call, "dev_s": devt, "sim_s": sim.seconds, "sim_bound": sim.bound})
         if s in CURVE_POINTS:
-            say(f"  {shape} {dtype_name} S={s}: call {call * 1e3:.3f} ms, dev {devt * 1e3:.3f} ms")
-    nbytes = weight_bytes(model) + cache_bytes(backend)
+            label = f"{shape} {dtype_name}{'+' + mx if mx else ''}"
+            say(f"  {label} S={s}: call {call * 1e3:.3f} ms, dev {devt * 1e3:.3f} ms")
+    packed, floats = mx_bytes(backend.model)
+    nbytes = packed + floats + cache_bytes(backend)
     row = {
         "shape": shape,
-        "dtype": dtype_name,
-        "weight_bytes": weight_bytes(model),
+        "dtype": dtype_name + (f"+{mx}" if mx else ""),
+        "weight_bytes": packed + floats,
         "cache_bytes": cache_bytes(backend),
         "bytes_per_step": nbytes,
         "curve": curve,
-        "spd": spd_check(model, backend, args, dtype),
+        "spd": spd_check(model, backend, args, dtype, mx),
     }
-    del backend, model
+    if not mx and args.batches:
+        del backend
+        row["batches"] = batch_steps(shape, model, dtype, args, hw, say)
+    else:
+        del backend
+    del model
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -208,6 +295,24 @@ def print_table(rows: list[dict]) -> None:
         print(f"{'':<15}{'sim':<9}{'':>77}  {sim}")
 
 
+def print_batches(rows: list[dict], peak_bw: float | None) -> None:
+    """The AR step at each batch size (float rows measured with --batches)."""
+    lines = [(r, b) for r in rows for b in r.get("batches", [])]
+    if not lines:
+        return
+    head = f"{'shape':<15}{'dtype':<9}{'batch':>6}{'AR dev':>9}{'tok/s':>9}{'GB/s':>7}{'%peak':>6}{'sim':>9}{'err':>8}"
+    print("\n" + head)
+    for r, b in lines:
+        t = b["dev_s"] if np.isfinite(b["dev_s"]) else b["call_s"]
+        bw = b["bytes_per_step"] / t
+        err = None if b["sim_s"] is None else 100 * (b["sim_s"] / t - 1)
+        print(
+            f"{r['shape']:<15}{r['dtype']:<9}{b['B']:>6}{t * 1e3:>9.3f}{b['B'] / t:>9.0f}{bw / 1e9:>7.0f}"
+            f"{_fmt(peak_bw and 100 * bw / peak_bw, '6.1f')}{_fmt(b['sim_s'] and b['sim_s'] * 1e3, '9.3f')}"
+            f"{_fmt(err, '+7.1f')}%"
+        )
+
+
 def write_json(args, meta: dict, rows: list[dict]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "args": vars(args) | {"out": str(args.out)}, "rows": rows}
@@ -230,24 +335,32 @@ def main(argv: list[str] | None = None) -> int:
         f"{_fmt(copy and copy / 1e9, '.0f')} GB/s")  # fmt: skip
     rows = []
     t0 = time.perf_counter()
-    for shape in args.shapes.split(","):
-        for dt in args.dtypes.split(","):
-            try:
-                row = measure(shape, dt, args, hw, say)
-            except (RuntimeError, AccelError) as exc:  # one failing row (e.g. out of memory) leaves the others
-                say(f"{shape} {dt} FAILED: {type(exc).__name__}: {exc}")
-                traceback.print_exc()
-                continue
-            row["summary"] = summarize(row, peak, copy)
-            rows.append(row)
-            if args.out:  # after every row: a run stopped at its time limit keeps what it measured
-                write_json(args, {"gpu": gpu, "sim_hardware": hw, "torch": torch.__version__, "copy_Bps": copy,
-                                  "peak_Bps": peak}, rows)  # fmt: skip
-            say(f"{shape} {dt} done ({time.perf_counter() - t0:.0f} s)")
+    meta = {"gpu": gpu, "sim_hardware": hw, "torch": torch.__version__, "copy_Bps": copy, "peak_Bps": peak}
+    if args.layer:
+        meta["layer"] = layer_sweep(args, say)
+    runs = [(shape, dt, mx) for shape in args.shapes.split(",") for dt in args.dtypes.split(",")
+            for mx in ("", args.mx) if not (args.mx_only and args.mx and not mx)]  # fmt: skip
+    for shape, dt, mx in dict.fromkeys(runs):
+        try:
+            row = measure(shape, dt, args, hw, say, mx)
+        except (RuntimeError, AccelError) as exc:  # one failing row (e.g. out of memory) leaves the others
+            say(f"{shape} {dt} {mx} FAILED: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            continue
+        row["summary"] = summarize(row, peak, copy)
+        rows.append(row)
+        if args.out:  # after every row: a run stopped at its time limit keeps what it measured
+            write_json(args, meta, rows)
+        say(f"{shape} {row['dtype']} done ({time.perf_counter() - t0:.0f} s)")
     sync(dev)
     print(f"# {gpu}; simulator entry {hw}; torch {torch.__version__}; ctx_len {args.ctx_len}, context {args.context}; "
           f"copy {_fmt(copy and copy / 1e9, '.0f')} GB/s; compiled blocks: {args.compile}; times in ms")  # fmt: skip
     print_table(rows)
+    print_batches(rows, peak)
+    if args.layer:
+        print_layer(meta["layer"])
+    if args.out:
+        write_json(args, meta, rows)
     return 0
 
 

@@ -11,6 +11,10 @@ import torch
 
 from accel.backends import TorchBackend
 from accel.backends.torch_graphs import CallKey
+from accel.backends.torch_mx_device import DeviceMXLinear
+from accel.formats.constants import DEFAULT_BLOCK_SIZE
+from accel.formats.elements import get_format
+from accel.formats.torch_ops import quantize_elements_torch
 from accel.models import ModelConfig
 from accel.models.decoder import Decoder
 from accel.sim import from_hf_config, step_time
@@ -20,6 +24,11 @@ SHAPES = {
     "llama-2-7b": dict(
         model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, torch_dtype="float16",
+    ),
+    "llama-2-13b": dict(
+        model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+        num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
         rope_theta=10000.0, tie_word_embeddings=False, torch_dtype="float16",
     ),
     "tinyllama-1.1b": dict(
@@ -58,6 +67,28 @@ def random_model(shape: str | dict, device: torch.device, dtype: torch.dtype, se
     return model.eval()
 
 
+def make_mx_exact(model: Decoder, fmt: str) -> int:
+    """Round every transformer-block Linear weight of ``model`` to ``fmt`` in place, on its device (what
+    ``accel.compress`` stores, decoded: the embedding and LM head stay as they are); returns the layers rounded.
+    The model must be in a dtype that holds ``fmt``'s values exactly (float32 or bfloat16 for MXFP6)."""
+    count = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if type(module) is torch.nn.Linear and name.startswith("layers."):
+                element = get_format(fmt)
+                codes, scales, _ = quantize_elements_torch(module.weight, element, -1, DEFAULT_BLOCK_SIZE)
+                layer = DeviceMXLinear(codes, scales, element)
+                module.weight.copy_(layer.weight_float().to(module.weight.dtype))
+                count += 1
+    return count
+
+
+def mx_bytes(model: Decoder) -> tuple[int, int]:
+    """(bytes of packed MX layers' planes and scales, bytes of every float parameter)."""
+    packed = sum(m.nbytes for m in model.modules() if isinstance(m, DeviceMXLinear))
+    return packed, weight_bytes(model)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -76,6 +107,26 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, reps: int = 10) 
     return 2 * nbytes * reps / (time.perf_counter() - t0)
 
 
+def time_layer(fn, x: torch.Tensor, reps: int) -> float:
+    """Median device time (seconds) of ``fn(x)`` (CUDA events, after two warm-up calls; wall time on the CPU)."""
+    fn(x)
+    fn(x)
+    times = []
+    for _ in range(reps):
+        if x.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(x)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def time_replay(backend: TorchBackend, seq: int, reps: int) -> float:
     """Median device time (seconds) of the captured call of ``seq`` tokens (all logits): graph replay alone, timed
     with CUDA events (``time_calls`` on the CPU)."""
@@ -84,7 +135,8 @@ def time_replay(backend: TorchBackend, seq: int, reps: int) -> float:
         return float("nan")
     graph = calls.graph(CallKey(seq, seq, False, False))
     if graph is None:
-        backend.forward(np.zeros((1, seq), np.int64), np.full((1, seq), -1))  # captures it
+        batch = backend.info.batch_size
+        backend.forward(np.zeros((batch, seq), np.int64), np.full((batch, seq), -1))  # captures it
         graph = calls.graph(CallKey(seq, seq, False, False))
     assert graph is not None
     replay = graph.replay
@@ -102,8 +154,9 @@ def time_replay(backend: TorchBackend, seq: int, reps: int) -> float:
 def time_calls(backend: TorchBackend, seq: int, context: int, reps: int) -> float:
     """Median wall time (seconds) of ``backend.forward`` of ``seq`` tokens at positions ``context ..`` with every
     logit returned (uploads, the call and the float32 logits' download: what the SpD loop pays)."""
-    ids = np.random.default_rng(0).integers(0, backend.info.vocab_size, (1, seq))
-    pos = np.arange(context, context + seq)[None]
+    batch = backend.info.batch_size
+    ids = np.random.default_rng(0).integers(0, backend.info.vocab_size, (batch, seq))
+    pos = np.repeat(np.arange(context, context + seq)[None], batch, axis=0)
     backend.forward(ids, pos)  # the first call of a signature captures it
     times = []
     for _ in range(reps):
@@ -148,19 +201,36 @@ class SimCall:
     bound: str = ""
 
 
-def sim_call(shape: str, hw: str | None, dtype: torch.dtype, seq: int, context: int, slots: int) -> SimCall:
-    """``accel.sim.step_time`` of a call of ``seq`` tokens after ``context`` cached ones, all logits returned, with a
-    static cache of ``slots`` slots read whole (as TorchBackend does)."""
+def sim_call(
+    shape: str,
+    hw: str | None,
+    dtype: torch.dtype,
+    seq: int,
+    context: int,
+    slots: int,
+    *,
+    batch: int = 1,
+    weight_format: str | None = None,
+) -> SimCall:
+    """``accel.sim.step_time`` of a call of ``seq`` tokens after ``context`` cached ones (``batch`` sequences), all
+    logits returned, with a static cache of ``slots`` slots read whole (as TorchBackend does); ``weight_format``
+    (e.g. ``mxfp6``) prices the block weights so (default: ``dtype``)."""
     if hw is None or shape == "tiny":
         return SimCall(None)
-    spec = from_hf_config(SHAPES[shape], name=shape)
-    st = step_time(
-        spec,
-        hw,
-        weight_format=SIM_FORMAT[dtype],
-        new_tokens=seq,
-        context_len=context,
-        num_logits=seq,
-        kv_slots=max(slots, context + seq),
-    )
+    try:
+        spec = from_hf_config(SHAPES[shape], name=shape)
+        st = step_time(
+            spec,
+            hw,
+            weight_format=weight_format or SIM_FORMAT[dtype],
+            kv_format=SIM_FORMAT[dtype],
+            batch_size=batch,
+            new_tokens=seq,
+            context_len=context,
+            num_logits=seq,
+            kv_slots=max(slots, context + seq),
+        )
+    except Exception as exc:
+        print(f"  accel.sim failed on {shape} S={seq}: {type(exc).__name__}: {exc}", flush=True)
+        return SimCall(None)
     return SimCall(st.time_s, str(st.bound))

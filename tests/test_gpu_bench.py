@@ -40,3 +40,26 @@ def test_tiny_run_writes_a_row_with_the_curve_and_the_spd_check(tmp_path, capsys
 )
 def test_gpu_names_map_to_catalog_entries(name, entry):
     assert sim_hardware(name) == entry
+
+
+def test_tiny_run_with_mx_rows_batches_and_the_layer_sweep(tmp_path):
+    out = tmp_path / "gpu.json"
+    assert main(["--device", "cpu", "--tiny", "--mx", "mxfp6", "--batches", "2", "--layer", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    plain, packed = doc["rows"]
+    assert plain["dtype"] == "float32" and [b["B"] for b in plain["batches"]] == [2]
+    assert plain["batches"][0]["bytes_per_step"] > plain["weight_bytes"]
+    assert packed["dtype"] == "float32+mxfp6" and packed["weight_bytes"] < plain["weight_bytes"]
+    assert packed["spd"]["chain_self_k4"]["equal"] and packed["spd"]["tree_random"]["equal"]
+    layer = doc["meta"]["layer"]["rows"]
+    assert [r["S"] for r in layer] == [1, 2] and all(r["float"] > 0 and r["decode_mm"] > 0 for r in layer)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--batches", "1"], "sizes above 1"), (["--batches", "x"], "integers"), (["--mx", "fp5"], "--mx")],
+)
+def test_bad_options_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--tiny", *argv])
+    assert message in capsys.readouterr().err

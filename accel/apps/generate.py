@@ -39,8 +39,8 @@ __all__ = ["register", "run"]
 _DECODE_FLAGS = (
     "target", "draft", "hydra", "eagle3", "k", "min_draft_prob", "ngram", "ngram_k", "ngram_merge", "tree_nodes",
     "tree_top_k", "tree_depth", "tree_min_prob", "tree_expand_prob", "max_new_tokens", "temperature", "top_k", "top_p",
-    "greedy", "seed", "backend", "device", "dtype", "ctx_len", "threads", "draft_threads", "draft_weights",
-    "target_weights", "tokenizer", "ppd", "ppd_k", "exit_head", "autotune",
+    "greedy", "seed", "backend", "device", "dtype", "mx_weights", "ctx_len", "threads", "draft_threads",
+    "draft_weights", "target_weights", "tokenizer", "ppd", "ppd_k", "exit_head", "autotune",
 )  # fmt: skip
 
 
@@ -169,6 +169,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("float32", "float16", "bfloat16"),
         default=None,
         help="--backend torch: weight and compute dtype (default: the checkpoint's; MX weights are decoded once)",
+    )
+    p.add_argument(
+        "--mx-weights",
+        choices=("packed", "decoded"),
+        default=None,
+        help="--backend torch, an accel-compressed target: keep its MX weights packed (6.25 bits a weight for MXFP6; "
+        "on a GPU about 1/3 the speed of decoded weights) or decode them once at load (default: packed on the CPU in "
+        "float32, where the fused CPU kernel runs them, decoded elsewhere)",
     )
     p.add_argument(
         "--ctx-len",

@@ -81,6 +81,7 @@ def spec_from_args(args: argparse.Namespace) -> DecodeSpec:
                 threads=args.threads,
                 device=args.device,
                 dtype=args.dtype,
+                mx_weights=args.mx_weights,
             ),
             "proposer": _proposer(args),
             "sampling": _given(

@@ -11,6 +11,7 @@ as a CUDA graph on a GPU (``graphs``). ``compile=True`` compiles each transforme
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
@@ -27,6 +28,7 @@ from accel.backends.base import (
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.backends.torch_graphs import CallKey, StaticCalls, resolve_device, resolve_dtype
+from accel.backends.torch_mx_device import DeviceMXLinear, DevicePackReport, pack_device_mx
 from accel.errors import BackendError
 from accel.models.decoder import Decoder, new_cache
 
@@ -38,7 +40,7 @@ __all__ = ["TorchBackend", "TorchRuntime"]
 
 class TorchRuntime(TypedDict, total=False):
     """``TorchBackend``'s runtime settings, given as its keywords (see its docstring): ``dtype``, ``threads``,
-    ``device``, ``graphs``, ``compile``, ``fuse``."""
+    ``device``, ``graphs``, ``compile``, ``fuse``, ``mx``."""
 
     dtype: torch.dtype | str | None
     threads: int | None
@@ -46,6 +48,7 @@ class TorchRuntime(TypedDict, total=False):
     graphs: bool | None
     compile: bool
     fuse: bool | None
+    mx: str | Sequence[str] | None
 
 
 class TorchBackend:
@@ -73,6 +76,10 @@ class TorchBackend:
             block's ~50 small kernels into ~15, which a GPU needs to stream weights at its bandwidth.
         fuse: fuse each block's q/k/v and gate/up projections into one matmul each (``Block.fuse``, in place; the
             model then keeps no Hugging Face layer names). Default: on for CUDA, off on the CPU.
+        mx: MX format name(s) (e.g. ``"mxfp6"``): every Linear whose weight is exactly an MX weight of one of them
+            (block 32) keeps it packed on the device and decodes it inside each call
+            (``accel.backends.torch_mx_device``; with ``compile`` a decode step fuses decode and matmul into one
+            kernel). Checked before the cast to ``dtype``; other layers are cast as usual. Default: none.
     """
 
     def __init__(
@@ -100,6 +107,7 @@ class TorchBackend:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
         threads = runtime.get("threads")
+        _check_cpu_packed(model, self.device, self.dtype)
         check_sizes(ctx_len, batch_size, threads, per_token)
         _check_device_memory(self.device, (ctx_len + 1) * batch_size * per_token)
         if cfg.positions == "learned" and ctx_len > cfg.max_position_embeddings:
@@ -113,7 +121,8 @@ class TorchBackend:
         self._info = _backend_info(cfg, ctx_len, batch_size, min(max_seq_len or ctx_len, ctx_len), self._stage)
         if threads is not None:
             torch.set_num_threads(threads)
-        self.model = _place(model, self.device, self.dtype).eval()
+        self.model = _place(model, self.device).eval()
+        self.mx_report = self._prepare_weights(runtime)
         # ctx_len slots and the scratch slot that padding writes (WriteMode "dense")
         with torch.device(self.device):
             self.keys, self.values = new_cache(
@@ -121,16 +130,31 @@ class TorchBackend:
             )
         self._calls = self._prepare(runtime, batch_size, ctx_len + 1)
 
-    def _prepare(self, runtime: TorchRuntime, batch_size: int, slots: int) -> StaticCalls | None:
-        """Fuse and compile the blocks as ``runtime`` asks (defaults: fused on CUDA, not compiled), and the static
-        call runner of whole-model calls where ``graphs`` is on (default: on CUDA), over ``slots`` cache slots."""
-        on_gpu = self.device.type == "cuda"
-        fuse, graphs = runtime.get("fuse"), runtime.get("graphs")
-        for block in self.model.blocks:
-            if fuse if fuse is not None else on_gpu:
+    def _prepare_weights(self, runtime: TorchRuntime) -> DevicePackReport | None:
+        """Fuse the blocks' projections as ``runtime`` asks (default: on CUDA), keep exact MX weights packed
+        (``mx``), then cast the remaining floating parameters to the backend's dtype."""
+        fuse = runtime.get("fuse")
+        if fuse if fuse is not None else self.device.type == "cuda":
+            for block in self.model.blocks:
                 block.fuse()
-            if runtime.get("compile", False):  # regional compilation: one compiled block serves every layer
+        formats = runtime.get("mx")
+        report = None
+        if formats:
+            report = pack_device_mx(self.model, [formats] if isinstance(formats, str) else list(formats))
+        _cast(self.model, self.dtype)
+        return report
+
+    def _prepare(self, runtime: TorchRuntime, batch_size: int, slots: int) -> StaticCalls | None:
+        """Compile the blocks as ``runtime`` asks (default: not compiled; with packed MX weights the LM head too,
+        where it is packed), and the static call runner of whole-model calls where ``graphs`` is on (default: on
+        CUDA), over ``slots`` cache slots."""
+        on_gpu = self.device.type == "cuda"
+        graphs = runtime.get("graphs")
+        if runtime.get("compile", False):
+            for block in self.model.blocks:  # regional compilation: one compiled block serves every layer
                 block.compile()
+            if isinstance(self.model.lm_head, DeviceMXLinear):
+                self.model.lm_head.compile()
         if (graphs if graphs is not None else on_gpu) and self._stage.is_whole:
             return StaticCalls(self._step, batch_size=batch_size, slots=slots, device=self.device, capture=on_gpu)
         return None
@@ -290,22 +314,29 @@ def _backend_info(cfg, ctx_len: int, batch_size: int, max_seq_len: int, stage: S
     )
 
 
-def _place(model: Decoder, device: torch.device, dtype: torch.dtype) -> Decoder:
-    """Move ``model`` to ``device`` and cast its floating parameters to ``dtype``, in place (buffers such as RoPE's
-    inverse frequencies keep their float32). Packed MX layers (``accel.backends.torch_mx``) run on the CPU in float32
-    only."""
+def _check_cpu_packed(model: Decoder, device: torch.device, dtype: torch.dtype) -> None:
+    """Packed MX layers of the CPU kernel (``accel.backends.torch_mx``) run on the CPU in float32 only."""
     torch_mx = sys.modules.get("accel.backends.torch_mx")  # no packed layer exists before that module is imported
     packed = [] if torch_mx is None else [m for m in model.modules() if isinstance(m, torch_mx.PackedLinear)]
     if packed and (device.type != "cpu" or dtype != torch.float32):
         raise BackendError(
             f"{len(packed)} layers hold packed MX weights (the CPU kernel, float32 only); for {device} / {dtype}, "
-            "load the checkpoint without pack_compressed: its MX weights are then decoded once into the dtype"
+            "load the checkpoint without pack_compressed and give mx= (its MX weights then stay packed on the "
+            "device), or leave them decoded once into the dtype"
         )
-    model.to(device=device)
+
+
+def _place(model: Decoder, device: torch.device) -> Decoder:
+    """Move ``model`` to ``device``, in place."""
+    return model.to(device=device)
+
+
+def _cast(model: Decoder, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating parameters to ``dtype``, in place (buffers such as RoPE's inverse frequencies keep
+    their float32, packed MX planes their bytes)."""
     for p in model.parameters():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
-    return model
 
 
 def _check_device_memory(device: torch.device, need: int) -> None:

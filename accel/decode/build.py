@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,6 +66,19 @@ WIDE_DRAFT_PARAMS = 20_000_000
 #: the largest draft tree the controller may choose when the spec names no tree size (a chain or tree spec without
 #: ``nodes``): the shipped feature draft's trees of 4-8 nodes were its best on 2-core CPUs (docs/spd.md)
 AUTOTUNE_TREE_NODES = 8
+
+
+class TorchPlacement(NamedTuple):
+    """Where and how backend ``torch`` holds a model (``TargetSpec``'s fields): ``device``, ``dtype`` and, for an
+    accel-compressed checkpoint, ``mx_weights`` (``packed``, ``decoded`` or None: the default for the device)."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    mx_weights: str | None = None
+
+
+#: backend torch's default placement: the CPU, the checkpoint's dtype
+ON_CPU = TorchPlacement()
 
 
 @dataclass
@@ -125,8 +138,7 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
         weights=t.weights,
         hidden_output=bool(info and info.needs_hidden),
         tree=bool(info and info.branching),
-        device=t.device,
-        dtype=t.dtype,
+        placement=TorchPlacement(t.device, t.dtype, t.mx_weights),
     )
     for draft, path in drafts:
         check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
@@ -213,8 +225,7 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
         threads,
         weights=weights,
         tree=tree,
-        device=target.device,
-        dtype=target.dtype,
+        placement=TorchPlacement(target.device, target.dtype),
     )
 
 
@@ -235,14 +246,16 @@ def _hydra(p: HydraTreeSpec, target: TargetSpec) -> Proposer:
     return open_hydra(p.heads, target.path, shape, ctx_len=target.ctx_len, weights=p.weights, threads=p.threads or 1)
 
 
-def _open_torch(path: Path, ctx_len: int, threads: int | None, device: str, dtype: str | None) -> Backend:
+def _open_torch(path: Path, ctx_len: int, threads: int | None, placement: TorchPlacement) -> Backend:
     """``open_backend``'s torch branch: a checkpoint directory (plain, accel-compressed, or a Quark /
-    compressed-tensors MX folder) or a ``.gguf`` file, loaded as it is, on ``device`` in ``dtype``."""
+    compressed-tensors MX folder) or a ``.gguf`` file, loaded as it is, on ``placement.device`` in its dtype; an
+    accel-compressed checkpoint's MX weights packed or decoded as ``placement.mx_weights`` says (``TargetSpec``)."""
+    device, dtype, mx_weights = placement
     if not (path.is_dir() or is_gguf(path)):
         raise SpdError(f"--backend torch needs a checkpoint directory or a .gguf file; got {path}")
     from accel.backends import TorchBackend
     from accel.backends.torch_graphs import resolve_device
-    from accel.backends.torch_mx import pack_compressed
+    from accel.backends.torch_mx import checkpoint_mx_formats, pack_compressed
     from accel.models import load_checkpoint
 
     dev = resolve_device(device)  # before loading: CUDA asked for and absent is named at once
@@ -253,10 +266,22 @@ def _open_torch(path: Path, ctx_len: int, threads: int | None, device: str, dtyp
         model = load_mx_checkpoint(path)
     else:
         model = load_checkpoint(path)
-        if path.is_dir() and dev.type == "cpu" and dtype in (None, "float32"):
-            pack_compressed(model, path)  # an accel-compressed checkpoint keeps its MX weights packed (CPU kernel)
-        # elsewhere its MX weights stay decoded (once, exactly, at load) and are cast to dtype on the device
-    return TorchBackend(model, ctx_len=ctx_len, batch_size=1, threads=threads, device=dev, dtype=dtype, compile=on_gpu)
+    cpu_kernel = dev.type == "cpu" and dtype in (None, "float32")
+    formats = sorted({f for f, block in checkpoint_mx_formats(path) if block == 32}) if path.is_dir() else []
+    if formats and mx_weights != "decoded" and cpu_kernel:
+        pack_compressed(model, path)  # an accel-compressed checkpoint keeps its MX weights packed (CPU kernel)
+        formats = []
+    elif mx_weights != "packed":
+        formats = []  # MX weights stay decoded (once, exactly, at load) and are cast to dtype on the device
+    elif not formats:
+        raise SpdError(f"mx_weights packed: {path} holds no MX weights in blocks of 32 (not an accel-compressed one)")
+    runtime = {"mx": formats} if formats else {}
+    backend = TorchBackend(
+        model, ctx_len=ctx_len, batch_size=1, threads=threads, device=dev, dtype=dtype, compile=on_gpu, **runtime
+    )
+    if backend.mx_report is not None:
+        print(backend.mx_report.line(), file=sys.stderr)
+    return backend
 
 
 def draft_threads(draft: Path, target_threads: int | None, feature_draft: bool) -> int | None:
@@ -285,16 +310,15 @@ def open_backend(
     weights: WeightFormat = WeightFormat.FP32,
     hidden_output: bool = False,
     tree: bool = False,
-    device: str = "cpu",
-    dtype: str | None = None,
+    placement: TorchPlacement = ON_CPU,
 ) -> Backend:
-    """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is, on ``device``
-    in ``dtype``; ``ort``: a checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or an
-    ``.onnx`` file); ``ctx_len`` in tokens."""
+    """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is, as
+    ``placement`` says; ``ort``: a checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or
+    an ``.onnx`` file); ``ctx_len`` in tokens."""
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
     if backend == "torch":
-        return _open_torch(path, ctx_len, threads, device, dtype)
+        return _open_torch(path, ctx_len, threads, placement)
     from accel.backends import OrtBackend, export_cached
     from accel.models.smollm2 import cache_root
 

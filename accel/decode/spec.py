@@ -65,6 +65,9 @@ class TargetSpec(Part):
         threads: intra-op threads (torch: of both models; None: the runtime's default).
         device: where backend ``torch`` keeps weights and caches (target and draft): ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: backend ``torch``'s weight and compute dtype (None: the checkpoint's, float32 after MX decoding).
+        mx_weights: backend ``torch`` with an accel-compressed target: ``packed`` keeps its MX weights packed (the CPU
+            kernel in float32 on the CPU, ``TorchBackend(mx=...)`` elsewhere: 6.25 bits a weight, slower on a GPU),
+            ``decoded`` decodes them once at load; None: packed on the CPU in float32, decoded elsewhere.
     """
 
     path: Path
@@ -74,6 +77,7 @@ class TargetSpec(Part):
     threads: int | None = Field(None, ge=0)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    mx_weights: Literal["packed", "decoded"] | None = None
 
     @model_validator(mode="after")
     def _weights_need_a_checkpoint_on_ort(self) -> TargetSpec:
@@ -83,8 +87,14 @@ class TargetSpec(Part):
                 f"ctx_len {self.ctx_len} would be ignored: {self.path} is an .onnx file, which keeps the cache length "
                 "it was exported with (give a checkpoint directory or .gguf file to choose it)",
             )
-        if self.backend != "torch" and (self.device != "cpu" or self.dtype is not None):
-            given = f"device {self.device}" if self.device != "cpu" else f"dtype {self.dtype}"
+        if self.backend != "torch" and (self.device != "cpu" or self.dtype is not None or self.mx_weights is not None):
+            given = (
+                f"device {self.device}"
+                if self.device != "cpu"
+                else f"dtype {self.dtype}"
+                if self.dtype is not None
+                else f"mx_weights {self.mx_weights}"
+            )
             raise refuse(
                 "torch_only",
                 f"{given} applies to --backend torch (onnxruntime here runs on the CPU in the export's dtype)",

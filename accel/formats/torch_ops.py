@@ -79,6 +79,29 @@ def quantize_torch(
 ) -> MXTensor:
     """Quantize a float tensor to MX with torch ops; the result is bit-identical to ``accel.formats.quantize``."""
     fmt = get_format(fmt)
+    elements, scales, axis = quantize_elements_torch(t, fmt, axis, block_size, name)
+    return MXTensor(
+        fmt,
+        tuple(t.shape),
+        axis,
+        block_size,
+        _pack_torch(elements.reshape(-1), fmt.bits).cpu().numpy(),
+        scales.cpu().numpy(),
+        name=name,
+    )
+
+
+def quantize_elements_torch(
+    t: torch.Tensor,
+    fmt: ElementFormat | str = "mxfp6",
+    axis: int = -1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    name: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``quantize_torch``'s codes before packing, on ``t``'s device: (element codes int32 ``[*prefix, nblocks *
+    block_size]``, E8M0 scales uint8 ``[*prefix, nblocks]``, the normalized axis); ``prefix`` is the shape of the
+    axes other than ``axis``, which moves last (padding elements of a short last block are code 0)."""
+    fmt = get_format(fmt)
     if not isinstance(t, torch.Tensor):
         raise FormatError(f"tensor {name or ''!r}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOAT_DTYPES:
@@ -100,15 +123,10 @@ def quantize_torch(
     scales = torch.where(bad, torch.full_like(e, E8M0_NAN), e + E8M0_BIAS)
     scaled = torch.ldexp(blocks, (-torch.where(bad, torch.zeros_like(e), e)).to(work)[:, None])
     elements = torch.where(bad[:, None], 0, _encode_torch(scaled, fmt))  # a NaN-scale block stores zero codes
-    codes = _pack_torch(elements.reshape(-1), fmt.bits)
-    return MXTensor(
-        fmt,
-        tuple(t.shape),
+    return (
+        elements.reshape((*prefix, nblocks * block_size)),
+        scales.to(torch.uint8).reshape((*prefix, nblocks)),
         axis,
-        block_size,
-        codes.cpu().numpy(),
-        scales.to(torch.uint8).reshape((*prefix, nblocks)).cpu().numpy(),
-        name=name,
     )
 
 

@@ -151,3 +151,27 @@ def test_pack_errors(checkpoints):
     with pytest.raises(BackendError, match="float32 on CPU"):
         packed.layers[0].mlp.up_proj(torch.ones(1, 48, dtype=torch.float64))
     assert np.isfinite(packed.layers[0].mlp.up_proj(torch.ones(1, 48)).numpy()).all()
+
+
+def test_generate_cli_mx_weights_choice(checkpoints, capsys):
+    """``--mx-weights packed`` off the CPU kernel (bfloat16 here; a GPU the same way) keeps the MX weights packed on
+    the device (``DeviceMXLinear``), ``decoded`` decodes them at load; both give the decoded-float tokens. On ort the
+    flag is refused by name, and a plain checkpoint cannot be packed."""
+    common = ["--prompt", "5 17 2", "--max-new-tokens", "8", "--greedy", "--ctx-len", "32", "--threads", "1", "--json"]
+    torch_mx = ["--target", str(checkpoints["mxfp6"]), "--backend", "torch", "--dtype", "float32", *common]
+    assert main(["generate", *torch_mx, "--mx-weights", "decoded"]) == 0
+    out = capsys.readouterr()
+    decoded = json.loads(out.out)
+    assert "packed MX" not in out.err
+    assert main(["generate", *torch_mx, "--mx-weights", "packed"]) == 0
+    out = capsys.readouterr()
+    assert "packed MX weights (the fused CPU kernel" not in out.err  # float32 on the CPU: the CPU kernel's line
+    assert json.loads(out.out)["tokens"] == decoded["tokens"]
+    bf16 = ["--target", str(checkpoints["mxfp6"]), "--backend", "torch", "--dtype", "bfloat16", *common]
+    assert main(["generate", *bf16, "--mx-weights", "packed"]) == 0
+    assert re.search(r"14 linear layers on packed MX weights on the device", capsys.readouterr().err)
+    assert main(["generate", "--target", str(checkpoints["mxfp6"]), *common, "--mx-weights", "packed"]) == 2
+    assert "mx_weights packed applies to --backend torch" in capsys.readouterr().err
+    plain = ["--target", str(checkpoints["float"]), "--backend", "torch", "--dtype", "bfloat16", *common]
+    assert main(["generate", *plain, "--mx-weights", "packed"]) == 2
+    assert "holds no MX weights" in capsys.readouterr().err
