@@ -62,19 +62,8 @@ def gpu_points(dtype: Dtype | None = None) -> list[tuple[str, Observation]]:
     for (model, dt), ms in _H200_MS.items():
         if dtype is not None and dt != dtype:
             continue
-        spec = preset(model)
         for s, t in zip(GPU_TOKENS, ms, strict=True):
-            obs = Observation(
-                model=spec,
-                dtype=dt,
-                new_tokens=s,
-                num_logits=s,
-                context_len=CONTEXT,
-                kv_slots=SLOTS,
-                seconds_per_call=t / 1e3,
-                label=f"{model} {dt} S={s}",
-            )
-            out.append(("h200", obs))
+            out.append(("h200", _call(model, dt, t, new_tokens=s, label=f"{model} {dt} S={s}")))
     return out
 
 
