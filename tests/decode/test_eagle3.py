@@ -126,6 +126,19 @@ def test_autotune_and_lookup_first(models):
     assert res.tokens == [ar] and res.stats.accepted_drafts > 0
 
 
+def test_lookup_merged_into_the_head_tree_runs_exact(models):
+    """``merge``: lookup's chain joined into the EAGLE-3 tree every round, one target call verifying both: greedy AR's
+    tokens, with drafts accepted; the same decode from the flags."""
+    from accel.decode.spec import MergeSpec
+
+    target, head, ar = models
+    tree = {"kind": "eagle3_tree", "head": str(head), "nodes": 6, "top_k": 3}
+    spec = _spec(target, {"kind": "merge", "lookup": {"n": 2}, "tree": tree})
+    assert isinstance(spec.proposer, MergeSpec) and isinstance(spec.proposer.tree, Eagle3TreeSpec)
+    res = build(spec).generate([PROMPT])
+    assert res.tokens == [ar] and res.stats.accepted_drafts > 0
+
+
 def test_exports_are_cached_and_keyed_on_the_head_layers(models, tmp_path, monkeypatch):
     """The target's aux export and the head's graph are written once per settings (a second build exports nothing);
     a head reading other target layers gets its own target export."""
