@@ -175,53 +175,63 @@ def test_compiled_backend_gives_the_eager_logits():
 
 @pytest.fixture
 def kernels():
-    """``accel.backends.mx_triton``, its kernels under Triton's CPU interpreter (tests/conftest.py sets
-    ``TRITON_INTERPRET=1`` before anything imports triton); skipped where triton is not installed."""
+    """(``accel.backends.mx_triton``, the device its kernels run on): a CUDA GPU where there is one, else the CPU under
+    Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` before anything imports triton); skipped where
+    triton is not installed."""
     pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return importlib.import_module("accel.backends.mx_triton"), torch.device("cuda")
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("TRITON_INTERPRET is not 1 in this process (the kernels would need a GPU)")
-    return importlib.import_module("accel.backends.mx_triton")
+        pytest.skip("no GPU, and TRITON_INTERPRET is not 1 in this process")
+    return importlib.import_module("accel.backends.mx_triton"), torch.device("cpu")
 
 
 @pytest.mark.parametrize("name", ["mxfp6_e2m3", "mxfp6_e3m2", "mxfp4_e2m1", "mxfp8_e5m2", "mxint8"])
 def test_triton_decode_equals_the_torch_decode(kernels, name):
+    mx_triton, dev = kernels
     fmt = get_format(name)
-    codes, scales, _ = quantize_elements_torch(torch.randn(24, 160) * 0.05, fmt, -1, 32)
+    codes, scales, _ = quantize_elements_torch(torch.randn(24, 160, device=dev) * 0.05, fmt, -1, 32)
     layer = DeviceMXLinear(codes, scales, fmt)
     ref = decode_torch(layer.lo, layer.hi, layer.scales, fmt, 24, 160)
-    got = kernels.decode(layer.lo, layer.hi, layer.scales, fmt, 24, 160, torch.float32)
+    got = mx_triton.decode(layer.lo, layer.hi, layer.scales, fmt, 24, 160, torch.float32)
     assert torch.equal(got, ref)
-    assert torch.equal(kernels.decode(layer.lo, layer.hi, layer.scales, fmt, 24, 160, torch.bfloat16), ref.bfloat16())
+    bf16 = mx_triton.decode(layer.lo, layer.hi, layer.scales, fmt, 24, 160, torch.bfloat16)
+    assert torch.equal(bf16, ref.bfloat16())
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 16])
 @pytest.mark.parametrize("config", [(8, 4, 1), (8, 2, 16)])  # one program per 8 features; in_features split in two
 def test_triton_matmul_equals_float32_math(kernels, rows, config):
+    mx_triton, dev = kernels
     fmt = get_format("mxfp6")
-    codes, scales, _ = quantize_elements_torch(torch.randn(20, 288) * 0.05, fmt, -1, 32)  # 288: a padded chunk
+    codes, scales, _ = quantize_elements_torch(torch.randn(20, 288, device=dev) * 0.05, fmt, -1, 32)  # a padded chunk
     layer = DeviceMXLinear(codes, scales, fmt)
-    x = torch.randn(rows, 288)
-    ref = x @ layer.weight_float().T
-    got = kernels.matmul(x, layer.lo, layer.hi, layer.scales, fmt, 20, config)
+    x = torch.randn(rows, 288, device=dev)
+    ref = (x.double() @ layer.weight_float().double().T).float()
+    got = mx_triton.matmul(x, layer.lo, layer.hi, layer.scales, fmt, 20, config)
     assert got.shape == (rows, 20)
-    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.cpu().numpy(), ref.cpu().numpy(), rtol=1e-5, atol=1e-5)
     broken = layer.lo.clone()
     broken[0, 0] ^= 0x08  # one code's bit: the kernel reads the planes it is given
-    assert not torch.allclose(kernels.matmul(x, broken, layer.hi, layer.scales, fmt, 20, config), got)
+    assert not torch.allclose(mx_triton.matmul(x, broken, layer.hi, layer.scales, fmt, 20, config), got)
 
 
 def test_triton_kernels_are_what_the_layer_calls_where_they_can_run(kernels, monkeypatch):
-    """With the kernels available (here: the interpreter), a decode step goes through ``mx_matmul``'s kernel."""
+    """With the kernels available (a GPU, or here the interpreter), a decode step goes through ``mx_matmul``'s
+    kernel; on a CPU by default it decodes with torch, to the same values."""
+    mx_triton, dev = kernels
     calls = []
-    real = kernels.matmul
-    monkeypatch.setattr(kernels, "matmul", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
-    monkeypatch.setattr(kernels, "CPU_INTERPRETER", True)
+    real = mx_triton.matmul
+    monkeypatch.setattr(mx_triton, "matmul", lambda *a, **k: calls.append(tuple(a[0].shape)) or real(*a, **k))
+    monkeypatch.setattr(mx_triton, "CPU_INTERPRETER", True)
     fmt = get_format("mxfp6")
-    codes, scales, _ = quantize_elements_torch(torch.randn(8, 64) * 0.05, fmt, -1, 32)
+    codes, scales, _ = quantize_elements_torch(torch.randn(8, 64, device=dev) * 0.05, fmt, -1, 32)
     layer = DeviceMXLinear(codes, scales, fmt)
-    x = torch.randn(1, 2, 64)
-    np.testing.assert_allclose(layer(x).numpy(), (x @ layer.weight_float().T).numpy(), rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, 2, 64, device=dev)
+    ref = (x @ layer.weight_float().T).cpu().numpy()
+    np.testing.assert_allclose(layer(x).cpu().numpy(), ref, rtol=1e-5, atol=1e-5)
     assert calls == [(2, 64)]
-    monkeypatch.setattr(kernels, "CPU_INTERPRETER", False)  # the default on a CPU: torch's decode, same values
-    np.testing.assert_allclose(layer(x).numpy(), (x @ layer.weight_float().T).numpy(), rtol=1e-5, atol=1e-5)
-    assert calls == [(2, 64)]
+    if dev.type == "cpu":
+        monkeypatch.setattr(mx_triton, "CPU_INTERPRETER", False)  # the default on a CPU: torch's decode
+        np.testing.assert_allclose(layer(x).numpy(), ref, rtol=1e-5, atol=1e-5)
+        assert calls == [(2, 64)]
