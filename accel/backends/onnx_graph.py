@@ -165,22 +165,3 @@ def _stage_outputs(d: DecoderGraph, x: str, delta: str | None, num_logits: int |
         d.g.op("Identity", x, name="hidden_out")
         if d.stage.exit_logits:
             d.exit_head(x, num_logits)
-
-
-class _DecoderGraph(DecoderGraph):
-    """``DecoderGraph``, also built from the older positional form ``(config, tensors, ctx_len, batch_size,
-    float_dtype, hidden_output, matmul_nbits)`` (how ``accel.drafts.hydra.graph`` builds its prefix layer)."""
-
-    def __init__(
-        self,
-        config: Any,
-        tensors: Mapping[str, Any],
-        spec: GraphSpec | int,
-        *legacy: Any,
-        external: ExternalData | None = None,
-    ) -> None:
-        if not isinstance(spec, GraphSpec):
-            names = ("batch_size", "float_dtype", "hidden_output", "matmul_nbits")
-            old: dict[str, Any] = dict(zip(names, legacy, strict=False))
-            spec = legacy_spec(ctx_len=spec, **old)
-        super().__init__(config, tensors, spec, external)

@@ -30,7 +30,8 @@ from onnx import TensorProto, helper
 from accel import __version__
 from accel.backends.export import _Output
 from accel.backends.graph_spec import GraphSpec
-from accel.backends.onnx_graph import _assemble, _DecoderGraph
+from accel.backends.onnx_graph import _assemble
+from accel.backends.onnx_layers import DecoderGraph
 from accel.errors import BackendError, DraftError
 from accel.serving.speculators_format import Eagle3Head
 
@@ -77,11 +78,11 @@ def _metadata(head: Eagle3Head, spec: GraphSpec) -> dict[str, str]:
     }
 
 
-class _Eagle3Graph(_DecoderGraph):
+class _Eagle3Graph(DecoderGraph):
     """accel's decoder graph with EAGLE-3's first layer, feature feedback and mask (module docstring)."""
 
     def __init__(self, head: Eagle3Head, spec: GraphSpec, external: Any) -> None:
-        super().__init__(head.config, head.tensors, spec, external=external)
+        super().__init__(head.config, head.tensors, spec, external)
         self.head_info = head
         self.aux_width = len(head.layer_ids) * head.hidden_size
 

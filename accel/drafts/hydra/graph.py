@@ -30,8 +30,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from accel.backends.graph_spec import GraphSpec
 from accel.backends.onnx_builder import IR_VERSION, OPSET, GraphBuilder
-from accel.backends.onnx_graph import _DecoderGraph
+from accel.backends.onnx_layers import DecoderGraph
 from accel.backends.onnx_weights import GraphWeights
 
 __all__ = ["head_graph", "lm_head_graph", "prefix_graph"]
@@ -93,7 +94,7 @@ def prefix_graph(target_config: Any, tensors: Mapping[str, Any], ctx_len: int, b
     """The Hydra++ prefix layer's graph (module docstring); ``target_config`` is the target's ``ModelConfig`` and
     ``tensors`` hold the layer's weights under ``layers.0.*``."""
     config = target_config.with_(num_layers=1, tie_word_embeddings=False)
-    d = _DecoderGraph(config, tensors, ctx_len, batch_size, "fp32", False, False)
+    d = DecoderGraph(config, tensors, GraphSpec(ctx_len=ctx_len, batch_size=batch_size), None)
     value = helper.make_tensor_value_info
     B, H = batch_size, config.hidden_size
     kv_shape = [B, config.num_kv_heads, ctx_len, config.head_dim]
