@@ -11,7 +11,7 @@ import torch
 
 from accel.backends import TorchBackend
 from accel.backends.torch_graphs import CallKey
-from accel.backends.torch_mx_device import DeviceMXLinear
+from accel.backends.torch_mx_device import DeviceMXLinear, decode_codes
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import get_format
 from accel.formats.torch_ops import quantize_elements_torch
@@ -77,8 +77,8 @@ def make_mx_exact(model: Decoder, fmt: str) -> int:
             if type(module) is torch.nn.Linear and name.startswith("layers."):
                 element = get_format(fmt)
                 codes, scales, _ = quantize_elements_torch(module.weight, element, -1, DEFAULT_BLOCK_SIZE)
-                layer = DeviceMXLinear(codes, scales, element)
-                module.weight.copy_(layer.weight_float().to(module.weight.dtype))
+                exact = decode_codes(codes, scales, element, module.in_features)
+                module.weight.copy_(exact.to(module.weight.dtype))
                 count += 1
     return count
 

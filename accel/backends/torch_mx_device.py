@@ -120,7 +120,14 @@ def decode_torch(
     lo: torch.Tensor, hi: torch.Tensor | None, scales: torch.Tensor, fmt: ElementFormat, n: int, k: int
 ) -> torch.Tensor:
     """The device-layout weight ``[n, k]`` in float32 with torch ops (exact; padding dropped)."""
-    values = element_values(join_planes(lo, hi, fmt.bits), fmt).view(n, -1, DEFAULT_BLOCK_SIZE)
+    return decode_codes(join_planes(lo, hi, fmt.bits), scales, fmt, k)
+
+
+def decode_codes(codes: torch.Tensor, scales: torch.Tensor, fmt: ElementFormat, k: int) -> torch.Tensor:
+    """Float32 ``[N, k]`` of element codes ``[N, whole blocks of 32]`` and their E8M0 scales ``[N, blocks]``: the
+    decode every ``DeviceMXLinear`` runs (exact; padding columns dropped)."""
+    n = codes.shape[0]
+    values = element_values(codes, fmt).view(n, -1, DEFAULT_BLOCK_SIZE)
     return (values * _pow2(scales.to(torch.int32))[..., None]).view(n, -1)[:, :k]
 
 
@@ -272,9 +279,7 @@ def exact_device_mx(
         codes, scales, _ = quantize_elements_torch(w32, fmt, -1, block_size)
         if (scales == 0xFF).any():
             continue
-        values = element_values(codes, fmt).view(w32.shape[0], -1, block_size)
-        decoded = (values * _pow2(scales.to(torch.int32))[..., None]).view(w32.shape[0], -1)[:, : w32.shape[1]]
-        if torch.equal(decoded, w32):
+        if torch.equal(decode_codes(codes, scales, fmt, w32.shape[1]), w32):
             return fmt, codes, scales
     return None
 
