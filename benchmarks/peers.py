@@ -5,7 +5,9 @@ reads itself, so EOS never stops a row: every decode makes exactly ``--max-new-t
 same ``--threads`` (keep it <= the idle cores), interleaved prompt by prompt (every row on prompt 1, then every row
 on prompt 2, ...) for ``--rounds`` rounds; speeds are the median over rounds (``peers_support`` defines them). Rows:
 
-- accel (``accel.decode.build``): fp32, ``mxfp6-kernel`` (float32 activations) and ``mxfp6-kernel-q8`` /
+- accel (``accel.decode.build``): fp32, ``gguf-kernel`` (the shipped Q4_1 GGUF's own blocks on accel's kernel, float32
+  activations: the fp32 model's exact weights at 5 bits a weight), ``mxfp6-kernel`` (float32 activations) and
+  ``mxfp6-kernel-q8`` /
   ``mxfp4-kernel-q8`` (int8 activations, integer dot products) targets (``--accel``), autoregressive, speculative
   (the shipped feature draft's tree of ``--spd-nodes`` nodes merged with n-gram lookup), and the same with
   ``autotune``; and the
@@ -217,8 +219,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quality-tokens", type=int, default=64, help="scored continuation tokens per prompt")
     ap.add_argument(
         "--accel",
-        default="fp32,mxfp6-kernel,mxfp6-kernel-q8,mxfp4-kernel-q8",
-        help="accel target weights (comma-separated; fp32 first)",
+        default="fp32,gguf-kernel,mxfp6-kernel,mxfp6-kernel-q8,mxfp4-kernel-q8",
+        help="accel target weights (comma-separated; fp32 first; gguf-kernel: the shipped Q4_1 GGUF's own blocks)",
     )
     ap.add_argument("--spd-nodes", type=int, default=8, help="feature-draft tree nodes of the SpD rows (0: no SpD)")
     ap.add_argument("--no-autotune", action="store_true", help="leave out the autotune SpD rows")
@@ -280,9 +282,12 @@ def _spd_spec(base: dict[str, Any], weights: str, nodes: int) -> tuple[dict[str,
 
 def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row]:
     """AR, SpD and autotuned SpD rows for each of ``--accel``'s target weights."""
+    from accel.models.smollm2 import smollm2_gguf_path
+
     rows = []
     for w in tqdm(args.accel, desc="accel setups", leave=False):
-        target = {"path": ckpt, "weights": w, "ctx_len": args.ctx_len, "threads": args.threads}
+        path = smollm2_gguf_path() if w == "gguf-kernel" else ckpt  # the shipped Q4_1 file's own blocks, exact
+        target = {"path": path, "weights": w, "ctx_len": args.ctx_len, "threads": args.threads}
         base = {"target": target, "sampling": {"greedy": True}, "eos_token_id": [], "max_new_tokens": 1}
         ar = f"accel {w} AR"
         rows.append(Row(ar, "accel", w, AccelRunner(base, tokenizer), ar))

@@ -206,9 +206,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target-weights",
         choices=WEIGHT_MODES,
-        default=_default(TargetSpec, "weights").value,
+        default=None,
         help="onnxruntime export of a target checkpoint (the choices of accel export --weights): fp32 "
-        "(default), or e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
+        "(default; a .gguf file: gguf-kernel, its own Q8_0/Q4_0/Q4_1 blocks on accel's fused kernel, exact), or "
+        "e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
         "8-bit MatMulNBits with int8 activations per block: about half the step time on CPU) or mxfp6-kernel / "
         "mxfp4-kernel / mxint8-kernel (the same weights packed, on accel's fused kernel with float32 activations; "
         "needs a C compiler); see docs/backends.md",

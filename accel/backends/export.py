@@ -67,14 +67,24 @@ __all__ = [
 _EXTERNAL_DATA_BYTES = 64 * 1024 * 1024
 
 
-def _resolve(model: Decoder | str | os.PathLike) -> tuple[ExportLayout, Mapping[str, np.ndarray] | None]:
+def _resolve(
+    model: Decoder | str | os.PathLike, blocks: bool = False
+) -> tuple[ExportLayout, Mapping[str, np.ndarray] | None]:
     """The model's structure and, for a checkpoint path, its lazily read tensors (the structure then comes from the
-    config alone: no torch, no weights allocated)."""
+    config alone: no torch, no weights allocated). ``blocks``: a ``.gguf`` file's Q8_0/Q4_0/Q4_1 Linear weights as
+    ``GGMLTensor`` blocks (``weights="gguf-kernel"``), not dequantized."""
     if not isinstance(model, (str, os.PathLike)):
         if getattr(model, "config", None) is None or not hasattr(model, "named_modules"):
             raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")
         return ExportLayout.of_model(model), None
-    config, tensors = open_checkpoint(model)
+    if blocks:
+        if not (Path(model).is_file() and Path(model).suffix == ".gguf"):
+            raise BackendError(f"weights='gguf-kernel' runs a .gguf file's own blocks; {model} is not a .gguf file")
+        from accel.models.gguf_loader import open_gguf
+
+        config, tensors = open_gguf(Path(model), blocks=True)
+    else:
+        config, tensors = open_checkpoint(model)
     layout = ExportLayout.of_config(config)
     mx = checkpoint_mx(model)  # an accel-compressed directory: its MX weights are kept exactly, as a loaded model's
     return (dataclasses.replace(layout, mx=mx) if mx else layout), tensors
@@ -135,7 +145,7 @@ def _export(
     exit_head: torch.nn.Module | None,
 ) -> Path:
     """``export_onnx``: check the settings, build the graph and write its files; returns the path."""
-    structure, source = _resolve(model)
+    structure, source = _resolve(model, blocks=spec.element == "gguf")
     cfg = _check_export(structure, spec)
     path = Path(path)
     if path.is_dir():

@@ -23,6 +23,7 @@ runtime     elements                         what runs
 ``packed``  any MX element                   MX codes decoded in the graph (``mx-packed``)
 ``nbits``   ``mxint8``, ``mxfp6``, ``mxfp4`` ``MatMulNBits`` on the exact codes (``*-nbits``)
 ``kernel``  ``mxint8``, ``mxfp6``, ``mxfp4`` accel's ``ai.accel::MXLinear`` (``*-kernel``, ``*-kernel-q8``)
+``kernel``  ``gguf``                         a ``.gguf`` file's own Q8_0 / Q4_0 / Q4_1 blocks on it (``gguf-kernel``)
 =========== ================================ ==============================================================
 
 MX elements are named as ``accel.formats`` aliases them (``mxfp6`` = E2M3, ``mxfp4`` = E2M1, ``mxfp8`` = E4M3; the
@@ -56,18 +57,18 @@ if TYPE_CHECKING:
 
 __all__ = ["ELEMENTS", "GRAPH_SPEC_KEY", "RUNTIMES", "GraphOptions", "GraphSpec", "element_name"]
 
-Element = Literal["fp32", "fp16", "int8", "mxint8", "mxfp8", "mxfp8_e5m2", "mxfp6", "mxfp6_e3m2", "mxfp4"]
+Element = Literal["fp32", "fp16", "int8", "gguf", "mxint8", "mxfp8", "mxfp8_e5m2", "mxfp6", "mxfp6_e3m2", "mxfp4"]
 Runtime = Literal["float", "dynamic", "rounded", "packed", "nbits", "kernel"]
 Activations = Literal["float32", "int8"]
 
 _SHORT = {full: short for short, full in ALIASES.items()}  # mxfp6_e2m3 -> mxfp6 (accel.formats.elements)
 MX_ELEMENTS: tuple[str, ...] = tuple(sorted(_SHORT.get(name, name) for name in FORMATS))
-ELEMENTS: tuple[str, ...] = ("fp32", "fp16", "int8", *MX_ELEMENTS)
+ELEMENTS: tuple[str, ...] = ("fp32", "fp16", "int8", "gguf", *MX_ELEMENTS)
 RUNTIMES: tuple[str, ...] = ("float", "dynamic", "rounded", "packed", "nbits", "kernel")
 _CODES = ("mxint8", "mxfp6", "mxfp4")  # exactly 8-bit integer blocks (accel.backends.onnx_weights)
 #: the elements each runtime runs, and its activations (the default first)
 _RUNTIME_ELEMENTS = {"float": ("fp32", "fp16"), "dynamic": ("int8",), "rounded": MX_ELEMENTS, "packed": MX_ELEMENTS,
-                     "nbits": _CODES, "kernel": _CODES}  # fmt: skip
+                     "nbits": _CODES, "kernel": (*_CODES, "gguf")}  # fmt: skip
 _RUNTIME_ACTIVATIONS = {"float": ("float32",), "dynamic": ("int8",), "rounded": ("float32",), "packed": ("float32",),
                         "nbits": ("int8", "float32"), "kernel": ("float32", "int8")}  # fmt: skip
 _Q8_ELEMENTS = ("mxfp6", "mxfp4")  # the int8-activation kernel's formats (accel.formats.mxkernel_q8)
@@ -346,7 +347,7 @@ def _weights(element: Any, runtime: Any, activations: Any, storage: Any, scheme:
     """The five weight fields, checked against each other, with ``runtime`` and ``activations`` defaults filled."""
     element = element_name(element)
     if runtime is None:
-        runtime = {"fp32": "float", "fp16": "float", "int8": "dynamic"}.get(element)
+        runtime = {"fp32": "float", "fp16": "float", "int8": "dynamic", "gguf": "kernel"}.get(element)
         if runtime is None:
             raise BackendError(f"element {element} needs a runtime: rounded, packed (any MX element), nbits or kernel")
     if runtime not in RUNTIMES:

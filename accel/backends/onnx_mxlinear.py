@@ -24,6 +24,7 @@ import numpy as np
 from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
 from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
+from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.formats.mxkernel import code_table, default_threads, fast_code
 from accel.formats.mxkernel_build import kernel_status, load_kernel
 
@@ -41,6 +42,7 @@ DOMAIN = "ai.accel"
 DOMAIN_VERSIONS = (1,)
 _REQUIRED_ATTRS = {"N", "K", "bits", "block", "fast"}
 _FORMAT_OF_FAST = {1: MXFP6_E2M3, 2: MXFP4_E2M1, 3: MXINT8}  # the kernel's format codes (accel.formats.mxkernel)
+_GGML_OF_FAST = {t.fast: t for t in GGML_TYPES.values()}  # 4, 5, 6: GGUF Q8_0, Q4_0, Q4_1 (accel.formats.ggml)
 
 
 def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -59,12 +61,23 @@ def mx_linear(
     """``xin @ W^T`` for the MX weights ``ts`` (named ``names``) joined along their outputs, as one ``MXLinear``
     node; returns its output name. ``act_bits`` 8: the activations quantized to int8 per block of 32 (attribute
     ``act_bits``; MXFP6 E2M3 and MXFP4 E2M1 only, ``accel.formats.mxkernel_q8``); 32: float32 (no attribute)."""
-    if len({t.shape[1] for t in ts}) != 1 or len({t.fmt.name for t in ts}) != 1:
+    kinds = {t.qtype.name if isinstance(t, GGMLTensor) else t.fmt.name for t in ts}
+    if len({t.shape[1] for t in ts}) != 1 or len(kinds) != 1:
         raise BackendError(f"weights {tuple(names)} differ in input features or format; they cannot share an MXLinear")
-    codes, scales = zip(*(_packed(n, t) for n, t in zip(names, ts, strict=True)), strict=True)
-    fmt = ts[0].fmt
-    if act_bits == 8 and fast_code(fmt) not in (1, 2):
-        raise BackendError(f"int8 activations need MXFP6 (E2M3) or MXFP4 (E2M1) weights; {names[0]!r} is {fmt.name}")
+    if isinstance(ts[0], GGMLTensor):
+        if act_bits == 8:
+            raise BackendError(f"int8 activations need MXFP6 (E2M3) or MXFP4 (E2M1) weights; {names[0]!r} is GGUF")
+        joined = GGMLTensor.concat(ts)
+        codes, scales = [joined.codes.reshape(-1)], [joined.scales.reshape(joined.shape[0], -1)]
+        bits, fast, table = joined.qtype.bits, joined.qtype.fast, np.zeros(256, np.float32)
+    else:
+        codes, scales = zip(*(_packed(n, t) for n, t in zip(names, ts, strict=True)), strict=True)
+        fmt = ts[0].fmt
+        if act_bits == 8 and fast_code(fmt) not in (1, 2):
+            raise BackendError(
+                f"int8 activations need MXFP6 (E2M3) or MXFP4 (E2M1) weights; {names[0]!r} is {fmt.name}"
+            )
+        bits, fast, table = int(fmt.bits), fast_code(fmt), code_table(fmt)
     key = "+".join(names)
     g.init(f"{key}.mx_codes", np.concatenate(codes))  # each row is whole bytes (32 codes a block), so rows join
     g.init(f"{key}.mx_scales", np.concatenate(scales))
@@ -74,14 +87,14 @@ def mx_linear(
         xin,
         f"{key}.mx_codes",
         f"{key}.mx_scales",
-        g.const(code_table(fmt), np.float32),
+        g.const(table, np.float32),
         name=out,
         domain=DOMAIN,
         N=sum(int(t.shape[0]) for t in ts),
         K=int(ts[0].shape[1]),
-        bits=int(fmt.bits),
+        bits=int(bits),
         block=32,
-        fast=fast_code(fmt),
+        fast=int(fast),
         **({"act_bits": 8} if act_bits == 8 else {}),
     )
 
@@ -148,10 +161,12 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
         raise BackendError(f"{where}: attributes {sorted(attrs)}; MXLinear has the ints {sorted(_REQUIRED_ATTRS)}")
     a = {name: int(attr.i) for name, attr in attrs.items()}
     fmt = _FORMAT_OF_FAST.get(a["fast"])
+    ggml = _GGML_OF_FAST.get(a["fast"])
     act_bits = a.get("act_bits", 32)
     if (
-        fmt is None
-        or a["bits"] != fmt.bits
+        (fmt is None and ggml is None)
+        or a["bits"] != (fmt.bits if fmt is not None else ggml.bits)  # type: ignore[union-attr]
+        or (ggml is not None and act_bits != 32)
         or a["block"] != 32
         or a["N"] < 1
         or a["K"] < 32
@@ -161,11 +176,13 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
     ):
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
-            "block 32, K a multiple of 32, act_bits 8 only with E2M3/E2M1)"
+            "4/5/6 = GGUF Q8_0/Q4_0/Q4_1 with bits 8/4/4, block 32, K a multiple of 32, act_bits 8 only with "
+            "E2M3/E2M1)"
         )
+    scale_bytes = ggml.scale_bytes if ggml is not None else 1
     want = {
         node.input[1]: (TensorProto.UINT8, a["N"] * a["K"] * a["bits"] // 8, "codes"),
-        node.input[2]: (TensorProto.UINT8, a["N"] * a["K"] // 32, "scales"),
+        node.input[2]: (TensorProto.UINT8, a["N"] * a["K"] // 32 * scale_bytes, "scales"),
         node.input[3]: (TensorProto.FLOAT, 256, "value table"),
     }
     for name, (dtype, count, what) in want.items():
@@ -175,5 +192,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
             got = "not an initializer" if t is None else f"{TensorProto.DataType.Name(t.data_type)} x {np.prod(t.dims)}"
             raise BackendError(f"{where}: its {what} {name!r} is {got}; N={a['N']} K={a['K']} need {kind} x {count}")
     table = numpy_helper.to_array(initializers[node.input[3]], base_dir=str(path.parent))
-    if not np.array_equal(np.asarray(table, np.float32).view(np.uint32), code_table(fmt).view(np.uint32)):
-        raise BackendError(f"{where}: its value table is not the {fmt.name} code values the kernel's formats use")
+    expected = code_table(fmt) if fmt is not None else np.zeros(256, np.float32)  # GGUF blocks: no table (zeros)
+    if not np.array_equal(np.asarray(table, np.float32).view(np.uint32), expected.view(np.uint32)):
+        kind = fmt.name if fmt is not None else "GGUF block (all zero)"
+        raise BackendError(f"{where}: its value table is not the {kind} code values the kernel's formats use")

@@ -26,6 +26,7 @@ from accel.backends.onnx_builder import GraphBuilder
 from accel.backends.onnx_int8 import int8_matmul
 from accel.backends.onnx_mxlinear import mx_linear
 from accel.errors import BackendError
+from accel.formats.ggml import GGMLTensor
 from accel.models.config import MASKED_LOGIT
 
 __all__ = ["GraphWeights", "decode_mx", "nbits_blocks", "nbits_step", "restricted_logits"]
@@ -115,7 +116,7 @@ class GraphWeights:
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
-        if self.kernel and all(hasattr(t, "codes") for t in ts):
+        if self.kernel and kernel_runs(ts):
             return mx_linear(self.g, xin, names, ts, out, act_bits=8 if self.kernel == 8 else 32)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
             return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
@@ -194,6 +195,8 @@ class GraphWeights:
             t = None
         else:
             t = loaded if loaded is not None else self._get(name)
+        if isinstance(t, GGMLTensor):  # llama.cpp blocks outside the kernel: their exact values, stored float32
+            t = t.dequantize(np.float32)
         if hasattr(t, "codes") and hasattr(t, "scales"):
             out = decode_mx(self.g, name, t)
         elif name == "lm_head.weight" and self.tied:
@@ -204,6 +207,14 @@ class GraphWeights:
             out = self.g.init(name, np.asarray(t, np.float32).T)
         self._done[key] = out
         return out
+
+
+def kernel_runs(ts: list[Any]) -> bool:
+    """Whether one ``MXLinear`` runs the weights ``ts`` joined: all MX tensors, or all llama.cpp blocks of one type
+    (``GGMLTensor``; a group that mixes types, as some GGUF files do, runs as a float MatMul of their exact values)."""
+    if all(isinstance(t, GGMLTensor) for t in ts):
+        return len({t.qtype.name for t in ts}) == 1
+    return all(hasattr(t, "codes") and not isinstance(t, GGMLTensor) for t in ts)
 
 
 def nbits_step(fmt: Any) -> float | None:

@@ -17,6 +17,9 @@
 - ``mxfp6-kernel-q8``, ``mxfp4-kernel-q8``: the same packed weights with the activations quantized to int8 per block
   of 32 (llama.cpp's Q8_0 scheme) and integer dot products per block (``accel.formats.mxkernel_q8``): exact weights,
   approximate activations; bit-identical results on every x86 path (portable, AVX2, AVX-512 VNNI).
+- ``gguf-kernel``: a ``.gguf`` file's Linear weights (and head) as the file stores them: its ``Q8_0``, ``Q4_0`` and
+  ``Q4_1`` blocks run by the same fused kernel (``accel.formats.ggml``: llama.cpp's exact values, float32
+  activations); tensors of other types dequantized to float32. Exports from a ``.gguf`` path only.
 
 docs/backends.md describes each in full.
 """
@@ -48,6 +51,7 @@ class WeightFormat(str, Enum):
     MXFP4_KERNEL = "mxfp4-kernel"
     MXFP6_KERNEL_Q8 = "mxfp6-kernel-q8"
     MXFP4_KERNEL_Q8 = "mxfp4-kernel-q8"
+    GGUF_KERNEL = "gguf-kernel"
 
     @property
     def uses_mx_format(self) -> bool:
@@ -85,8 +89,8 @@ class WeightFormat(str, Enum):
     @property
     def element_format(self) -> str | None:
         """The MX element format a ``*-nbits`` or ``*-kernel`` format fixes (``mxint8``, ``mxfp6_e2m3``,
-        ``mxfp4_e2m1``); None for the others."""
-        if not self.runs_codes:
+        ``mxfp4_e2m1``); None for the others (``gguf-kernel``: the file's own block types)."""
+        if not self.runs_codes or self == WeightFormat.GGUF_KERNEL:
             return None
         return {"mxint8": "mxint8", "mxfp6": "mxfp6_e2m3", "mxfp4": "mxfp4_e2m1"}[self.value.split("-")[0]]
 

@@ -330,6 +330,7 @@ def open_backend(
             hidden_output=hidden_output,
             weights=weights.value,
             tree=tree,
+            ort_ops=True,  # onnxruntime runs it: its fused RMSNorm + residual and RoPE (~5% of an fp32 step)
             say=lambda line: print(line, file=sys.stderr, flush=True),
             progress=True,
         )

@@ -11,7 +11,7 @@ backends and a proposer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -54,12 +54,21 @@ __all__ = [
 ]
 
 
+def _kernel_builds() -> bool:
+    """Whether accel's fused kernel (``ai.accel::MXLinear``) builds and loads here (built once, then cached)."""
+    from accel.formats.mxkernel_build import load_kernel
+
+    return load_kernel() is not None
+
+
 class TargetSpec(Part):
     """The model whose tokens are decoded.
 
     Attributes:
         path: a checkpoint directory, a ``.gguf`` file, or (backend ``ort``) an ``.onnx`` file from ``accel export``.
-        weights: the export weight format of a checkpoint on onnxruntime (``accel export --weights``).
+        weights: the export weight format of a checkpoint on onnxruntime (``accel export --weights``); default
+            ``gguf-kernel`` for a ``.gguf`` file (its own Q8_0/Q4_0/Q4_1 blocks on accel's kernel, where a C compiler
+            builds it), else ``fp32``.
         backend: ``ort`` (checkpoints exported once and cached in ``$ACCEL_CACHE/onnx``) or ``torch``.
         ctx_len: KV-cache length in tokens (checkpoints; an ``.onnx`` file keeps its own).
         threads: intra-op threads (torch: of both models; None: the runtime's default).
@@ -78,6 +87,17 @@ class TargetSpec(Part):
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     mx_weights: Literal["packed", "decoded"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gguf_runs_its_own_blocks(cls, data: Any) -> Any:
+        """A ``.gguf`` target on onnxruntime without ``weights`` runs its own blocks (``gguf-kernel``) where accel's
+        kernel builds here; elsewhere, and for every other target, ``fp32``."""
+        if isinstance(data, dict) and data.get("weights") is None and data.get("backend", "ort") == "ort":
+            if Path(str(data.get("path", ""))).suffix == ".gguf" and _kernel_builds():
+                return {**data, "weights": WeightFormat.GGUF_KERNEL}
+            return {k: v for k, v in data.items() if k != "weights"}
+        return data
 
     @model_validator(mode="after")
     def _weights_need_a_checkpoint_on_ort(self) -> TargetSpec:

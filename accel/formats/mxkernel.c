@@ -18,9 +18,10 @@ __attribute__((constructor)) static void init_scales(void) {
 
 static int max_isa = 3; /* mxk_set_isa: the highest path allowed (tests and benchmarks compare the paths) */
 
-/* 0: portable loop; 1: AVX2 + FMA; 2: AVX-512 VBMI (256-bit byte permutes) */
+/* 0: portable loop; 1: AVX2 + FMA (+ F16C); 2: AVX-512 (MX formats: VBMI byte permutes; GGUF blocks: AVX-512F) */
 static int use_fast(const job_t *j) {
-    if (j->fast == FAST_NONE || j->block != 32 || max_isa < 1 || !have_avx2()) return 0;
+    if (j->fast <= FAST_NONE || j->fast > FAST_MAX || j->block != 32 || max_isa < 1 || !have_avx2()) return 0;
+    if (is_gguf(j->fast)) return max_isa >= 2 && have_avx512f() ? 2 : 1;
     return max_isa >= 2 && have_vbmi() ? 2 : 1;
 }
 
@@ -42,6 +43,8 @@ static void *run_part(void *arg) {
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
     else if (p->job->xq)
         linear_q8(p->job, p->n0, p->n1, p->job->q8_path);
+    else if (use_fast(p->job) == 2 && is_gguf(p->job->fast))
+        linear_gguf_avx512(p->job, p->n0, p->n1);
     else if (use_fast(p->job) == 2)
         linear_vbmi(p->job, p->n0, p->n1);
     else if (use_fast(p->job) == 1)
@@ -194,7 +197,8 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
 
 /* ------------------------------------------------------------------------------------------------- API */
 
-/* 1 if the AVX2 path serves format `fast` (1 E2M3, 2 E2M1, 3 INT8) at block size `block` on this CPU */
+/* the path serving format `fast` (1 E2M3, 2 E2M1, 3 INT8, 4 Q8_0, 5 Q4_0, 6 Q4_1) at block size `block` on this CPU:
+ * 0 portable, 1 AVX2, 2 AVX-512 VBMI */
 int mxk_fast_path(int fast, int block) {
     job_t j;
     memset(&j, 0, sizeof j);
@@ -210,10 +214,24 @@ int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, in
     return run_parts(&j, threads, out);
 }
 
-/* y[S, N] = x[S, K] @ W^T; x rows are xstride >= nblocks * block floats apart, columns K.. zero */
+/* out[n, nblocks * 32] = every weight of GGUF blocks (fast 4 Q8_0, 5 Q4_0, 6 Q4_1; mxkernel.h), float32, bit-exact to
+ * accel.formats.ggml's dequantize; -1 for another format code */
+int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, float *out,
+                    int threads) {
+    if (!is_gguf(fast)) return -1;
+    job_t j = {codes, scales, NULL, NULL, NULL, n, nblocks * 32, nblocks, 0, 0, gguf_bits(fast), 32, fast, NULL, NULL,
+               0};
+    return run_parts(&j, threads, out);
+}
+
+/* y[S, N] = x[S, K] @ W^T; x rows are xstride >= nblocks * block floats apart, columns K.. zero. GGUF blocks (fast 4,
+ * 5, 6): scales is the uint8 plane of float16 scales (mxkernel.h), bits 8 (Q8_0) or 4, block 32, K = nblocks * 32, lut
+ * unused (may be NULL). -1 for an unknown format code or GGUF arguments that do not fit. */
 int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast,
                int64_t n, int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y,
                int threads) {
+    if (fast < FAST_NONE || fast > FAST_MAX) return -1;
+    if (is_gguf(fast) && (bits != gguf_bits(fast) || block != 32 || k != nblocks * 32)) return -1;
     job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0};
     return run_parts(&j, threads, NULL);
 }

@@ -15,13 +15,23 @@
  * - AVX2 + FMA (block 32; MXFP6 E2M3, MXFP4 E2M1, MXINT8): the codes of a block are unpacked in a register and mapped
  *   to the integers value * 2^shift (E2M3: x8 in [-60, 60]; E2M1: x2 in [-12, 12]; INT8: x64 = the code itself) by a
  *   byte shuffle, converted to float and multiplied by 2^(s - 127 - shift): an exact product.
+ * GGUF blocks (llama.cpp's Q8_0, Q4_0, Q4_1 as stored: accel.formats.ggml, fast 4, 5, 6; block 32, K a multiple of
+ * 32): codes [N, K / 32, 32] (Q8_0: int8) or [N, K / 32, 16] (Q4_0, Q4_1: byte i holds weight i in its low nibble,
+ * weight i + 16 in its high nibble), scales [N, K / 32, 2] (float16 d, little-endian) or [N, K / 32, 4] (Q4_1: d,
+ * then float16 m); no value table. Each weight is d * q (Q8_0), d * (q - 8) (Q4_0) or d * q + m (Q4_1), computed in
+ * float32 from the exact float32 value of the halves (half_to_float): d * q is exact (an 11-bit significand times an
+ * integer of at most 8 bits), so Q4_1's single rounding is the add's, as in numpy (an FMA of d, q and m rounds the
+ * same exact sum once, so it gives the same float32). The portable path decodes them per weight, the AVX2 path per
+ * block in a register (the same integers as the codes, converted to float and multiplied by d; the halves by F16C,
+ * which every AVX2 CPU has and have_avx2 checks), and on AVX-512F CPUs mxkernel_avx512.c per block in two 16-lane
+ * registers, each decoded block multiplied into up to 8 x rows (their own accumulators, the same FMA sequence).
  * Each x row is then reduced with the same sequence of float32 FMAs whatever the number of rows in the call and the
  * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
  * tokens are scored with it. Rows of W are split over up to 16 threads of a pool kept between calls.
  *
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
- * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c and
- * mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere; the unpacking helpers the paths share are static
+ * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c,
+ * mxkernel_avx512.c (GGUF blocks) and mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere; the unpacking helpers the paths share are static
  * inline functions at the end of this header), mxkernel_q8.c (int8 activations: integer dot
  * products per block, its own header comment) and mxkernel_ort.c (the onnxruntime operator).
  */
@@ -38,7 +48,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 4
+#define MXK_VERSION 5
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -46,7 +56,19 @@
 /* shared between the library's files, not exported from it */
 #define MXK_INTERNAL __attribute__((visibility("hidden")))
 
-enum { FAST_NONE = 0, FAST_E2M3 = 1, FAST_E2M1 = 2, FAST_INT8 = 3 };
+/* the kernel's format codes (its `fast` argument): 1..3 MX formats with SIMD paths, 4..6 GGUF block types */
+enum { FAST_NONE = 0, FAST_E2M3 = 1, FAST_E2M1 = 2, FAST_INT8 = 3, FAST_Q8_0 = 4, FAST_Q4_0 = 5, FAST_Q4_1 = 6 };
+#define FAST_MAX FAST_Q4_1
+
+/* 1 for the GGUF block types (fast 4, 5, 6) */
+static inline int is_gguf(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_Q4_1; }
+/* bytes of a block's codes (32 codes) and of its scales, by format code (MX: one E8M0 byte) */
+static inline int block_code_bytes(int fast) {
+    return fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 || fast == FAST_Q4_0 || fast == FAST_Q4_1 ? 16 : 32;
+}
+static inline int block_scale_bytes(int fast) { return fast == FAST_Q4_1 ? 4 : is_gguf(fast) ? 2 : 1; }
+/* the code width in bits of a GGUF block type (0 for another code) */
+static inline int gguf_bits(int fast) { return fast == FAST_Q8_0 ? 8 : is_gguf(fast) ? 4 : 0; }
 
 typedef struct {
     const uint8_t *codes, *scales;
@@ -63,6 +85,32 @@ typedef struct {
 /* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
 static inline float scale_value(uint8_t s, int shift) { return s == 0xFF ? NAN : ldexpf(1.0f, (int)s - 127 - shift); }
 
+/* the float32 value of IEEE half h, exactly (subnormal halves, signed zeros, infinities; NaN stays NaN, payload kept):
+ * branch-light bit arithmetic (F. Giesen's half_to_float_fast3); the one float operation, for subnormal halves,
+ * subtracts two normal float32 values exactly (so a flush-to-zero mode cannot change it) */
+static inline float half_to_float(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } o, magic;
+    magic.u = 113u << 23;                      /* 2^-14 */
+    const uint32_t shifted_exp = 0x7C00u << 13; /* the exponent bits after the shift */
+    o.u = (uint32_t)(h & 0x7FFF) << 13;
+    uint32_t exp = shifted_exp & o.u;
+    o.u += (127u - 15u) << 23; /* rebias */
+    if (exp == shifted_exp) {
+        o.u += (128u - 16u) << 23; /* Inf / NaN: exponent all ones */
+    } else if (exp == 0) {
+        o.u += 1u << 23; /* zero / subnormal: 2^-14 * (1 + m / 1024) - 2^-14 = m * 2^-24 */
+        o.f -= magic.f;
+    }
+    o.u |= (uint32_t)(h & 0x8000) << 16;
+    return o.f;
+}
+
+/* the half at p (2 bytes, little-endian) as float32 */
+static inline float half_at(const uint8_t *p) { return half_to_float((uint16_t)(p[0] | (p[1] << 8))); }
+
 /* SCALES[fast][s] = 2^(s - 127 - shift of the fast path's integers), NaN for 0xFF; filled when the library loads */
 MXK_INTERNAL extern float SCALES[4][256];
 
@@ -78,21 +126,27 @@ static inline unsigned code_at(const uint8_t *p, int64_t i, int bits) {
 }
 
 /* each path computes rows [n0, n1) of y (decode_rows_portable: of the decoded weights) */
+/* the 32 weights of GGUF block b of row n (fast 4, 5, 6), exactly: the portable path's decode */
+MXK_INTERNAL void gguf_block_portable(const job_t *j, int64_t n, int64_t b, float w[32]);
 MXK_INTERNAL void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, float *out);
 MXK_INTERNAL void linear_portable(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_avx2(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
+MXK_INTERNAL void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1); /* GGUF blocks, AVX-512F */
 MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
 /* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
 void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d);
 /* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */
 int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast, int64_t n,
                int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y, int threads);
+int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, float *out,
+                    int threads);
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */
 MXK_INTERNAL int have_avx2(void);
 MXK_INTERNAL int have_vbmi(void);
+MXK_INTERNAL int have_avx512f(void);
 MXK_INTERNAL int have_vnni(void);
 
 #if MXK_X86

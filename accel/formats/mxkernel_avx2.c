@@ -1,9 +1,13 @@
 /* The AVX2 + FMA path (block 32; MXFP6 E2M3, MXFP4 E2M1, MXINT8): a block's codes unpacked in a register to the
- * integers value * 2^shift, converted to float32 and scaled exactly. See mxkernel.h. */
+ * integers value * 2^shift, converted to float32 and scaled exactly. GGUF Q8_0, Q4_0, Q4_1 (fast 4, 5, 6): the codes'
+ * integers (q, q - 8, q) times the block's float16 d converted exactly (F16C, once a block), plus Q4_1's m.
+ * See mxkernel.h. */
+#include <string.h>
+
 #include "mxkernel.h"
 
 #if MXK_X86
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c"))) /* F16C: every AVX2 CPU has it (checked) */
 
 /* the block's 32 int8 values times one scale -> 4 x 8 exact float32 weights */
 AVX2 static inline void to_floats(__m256i v, float scale, __m256 w[4]) {
@@ -15,17 +19,46 @@ AVX2 static inline void to_floats(__m256i v, float scale, __m256 w[4]) {
     w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), sc);
 }
 
+/* the 32 4-bit codes of a GGUF Q4 block (16 bytes: byte i holds code i low, code i + 16 high) as bytes, in order */
+AVX2 static inline __m256i gguf_nibbles(const uint8_t *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* block b's 32 exact float32 weights; s: the block's scale bytes (MX: s[0] is the E8M0 code, read via scale_tab;
+ * GGUF: float16 d, then Q4_1's float16 m) */
 AVX2 static inline __attribute__((always_inline)) void block_weights(const int fast, const uint8_t *row,
-                                                                     const float *scale_tab, int64_t b, uint8_t s,
-                                                                     __m256 w[4]) {
+                                                                     const float *scale_tab, int64_t b,
+                                                                     const uint8_t *s, __m256 w[4]) {
     __m256i v;
     if (fast == FAST_E2M3)
         v = e2m3_ints(unpack_fp6(row + 24 * b));
     else if (fast == FAST_E2M1)
         v = e2m1_ints(row + 16 * b);
-    else
+    else if (fast == FAST_Q4_0)
+        v = _mm256_sub_epi8(gguf_nibbles(row + 16 * b), _mm256_set1_epi8(8));
+    else if (fast == FAST_Q4_1)
+        v = gguf_nibbles(row + 16 * b);
+    else /* MXINT8, Q8_0: the int8 codes themselves */
         v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
-    to_floats(v, scale_tab[s], w);
+    if (!is_gguf(fast)) {
+        to_floats(v, scale_tab[s[0]], w);
+    } else if (fast != FAST_Q4_1) {
+        uint16_t h;
+        memcpy(&h, s, 2);
+        to_floats(v, _cvtsh_ss(h), w); /* d * q: exact (F16C converts halves exactly, subnormals included) */
+    } else { /* d * q exact, so fma(q, d, m) rounds d * q + m once, as numpy's (d * q) + m does */
+        uint32_t dm_bits;
+        memcpy(&dm_bits, s, 4);
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm_bits)); /* lane 0: d, lane 1: m */
+        __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
+        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)), d, m);
+        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(a, 8))), d, m);
+        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), d, m);
+        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8))), d, m);
+    }
 }
 
 AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -40,15 +73,17 @@ AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
  * `pair` are constants at every call site (one branch-free loop each) */
 AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, const float *scale_tab, int64_t n,
                                                                int64_t s0, const int fast, const int pair) {
-    const int bytes = fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 ? 16 : 32;
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast);
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
-    const uint8_t *sc = j->scales + n * j->nblocks;
+    const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t b = 0; b < j->nblocks; b++) {
         __m256 w[4];
         _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
-        block_weights(fast, row, scale_tab, b, sc[b], w);
+        if (is_gguf(fast)) /* GGUF scales are a second stream of 2 or 4 bytes a block: the same distance ahead */
+            _mm_prefetch((const char *)(sc + sbytes * b) + MXK_PREFETCH_BYTES / bytes * sbytes, _MM_HINT_T0);
+        block_weights(fast, row, scale_tab, b, sc + sbytes * b, w);
         const float *p = x0 + 32 * b;
         a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
         a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p + 8), a1);
@@ -77,22 +112,27 @@ AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, c
 AVX2_ROWS(1)
 AVX2_ROWS(2)
 AVX2_ROWS(3)
+AVX2_ROWS(4)
+AVX2_ROWS(5)
+AVX2_ROWS(6)
 
 AVX2 void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    const float *tab = SCALES[j->fast];
-    if (j->fast == FAST_E2M3)
-        rows_avx2_1(j, tab, n0, n1);
-    else if (j->fast == FAST_E2M1)
-        rows_avx2_2(j, tab, n0, n1);
-    else
-        rows_avx2_3(j, tab, n0, n1);
+    const float *tab = is_gguf(j->fast) ? NULL : SCALES[j->fast]; /* GGUF blocks carry their own float16 scales */
+    switch (j->fast) {
+    case FAST_E2M3: rows_avx2_1(j, tab, n0, n1); break;
+    case FAST_E2M1: rows_avx2_2(j, tab, n0, n1); break;
+    case FAST_Q8_0: rows_avx2_4(j, tab, n0, n1); break;
+    case FAST_Q4_0: rows_avx2_5(j, tab, n0, n1); break;
+    case FAST_Q4_1: rows_avx2_6(j, tab, n0, n1); break;
+    default: rows_avx2_3(j, tab, n0, n1); break;
+    }
 }
 
 int have_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }
     return cached;
 }

@@ -29,10 +29,10 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: the C files compiled together (the API file first) and the header they share
-SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_vbmi", "_q8", "_ort"))
+SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_ort"))
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 4
+VERSION = 5
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -108,6 +108,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_set_isa.argtypes = [_int]
     lib.mxk_decode.restype = _int
     lib.mxk_decode.argtypes = [_p, _p, _p, _int, _int, _i64, _i64, _p, _int]
+    lib.mxk_decode_ggml.restype = _int
+    lib.mxk_decode_ggml.argtypes = [_p, _p, _int, _i64, _i64, _p, _int]
     lib.mxk_linear.restype = _int
     lib.mxk_linear.argtypes = [_p, _p, _p, _int, _int, _int, _i64, _i64, _i64, _p, _i64, _i64, _p, _int]
     lib.mxk_linear_q8.restype = _int

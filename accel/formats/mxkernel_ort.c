@@ -4,7 +4,9 @@
  * Node: inputs x (float32 [..., K]), codes (uint8: the packed codes of W [N, K], C order), scales (uint8 [N, K / 32]:
  * E8M0 codes), lut (float32 [256]: the value of each code, for the portable path); attributes N, K, bits, block (32),
  * fast (1 E2M3, 2 E2M1, 3 INT8: the SIMD paths' formats, 0 none). K must be a multiple of block (the exporter
- * checks). Registered by onnxruntime's RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library)
+ * checks). GGUF blocks (fast 4 Q8_0 with bits 8, 5 Q4_0 and 6 Q4_1 with bits 4; block 32): codes the uint8 code plane
+ * (N * K * bits / 8 bytes), scales the uint8 plane of float16 scales (N * K / 32 * 2 bytes, Q4_1 * 4: d then m), lut
+ * still a float32 [256] input that is not read; no act_bits 8 (int8 activations are for E2M3 and E2M1 only). Registered by onnxruntime's RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library)
  * on this library, which accel already builds and loads for PackedMX (mxkernel_build.py).
  *
  * onnxruntime's pip wheels ship no C headers, so the few parts of its C ABI used here are declared below: the API
@@ -98,7 +100,9 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
     status_fn_i64 get = CALL(api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, status_fn_i64);
     if (failed(api, get(info, "N", &m->n)) || failed(api, get(info, "K", &m->k)) ||
         failed(api, get(info, "bits", &m->bits)) || failed(api, get(info, "block", &m->block)) ||
-        failed(api, get(info, "fast", &m->fast)) || m->n < 0 || m->k < 0 || m->block < 1 || m->k % m->block != 0) {
+        failed(api, get(info, "fast", &m->fast)) || m->n < 0 || m->k < 0 || m->block < 1 || m->k % m->block != 0 ||
+        m->fast < FAST_NONE || m->fast > FAST_MAX ||
+        (is_gguf((int)m->fast) && (m->bits != gguf_bits((int)m->fast) || m->block != 32))) {
         m->n = -1; /* compute then writes NaN: a graph accel did not write */
     }
     if (failed(api, get(info, "act_bits", &m->act_bits))) m->act_bits = 32; /* absent: float32 activations */
@@ -153,7 +157,8 @@ static void mxl_compute(void *kernel, void *context) {
     const uint8_t *codes = data_of(api, in[1]), *scales = data_of(api, in[2]);
     const float *lut = data_of(api, in[3]);
     if (y == NULL) return;
-    if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block], lut [256] */
+    if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block] (GGUF: times 2
+                                * or 4 bytes of halves a block), lut [256] */
         int64_t cd[MXL_MAX_DIMS], sd[MXL_MAX_DIMS], ld[MXL_MAX_DIMS], count[3] = {1, 1, 1};
         int ce = 0, se = 0, le = 0, cn = dims_of(api, in[1], cd, &ce), sn = dims_of(api, in[2], sd, &se);
         int ln = dims_of(api, in[3], ld, &le);
@@ -161,7 +166,8 @@ static void mxl_compute(void *kernel, void *context) {
         for (int d = 0; d < sn; d++) count[1] *= sd[d];
         for (int d = 0; d < ln; d++) count[2] *= ld[d];
         ok = cn >= 0 && sn >= 0 && ln >= 0 && ce == ORT_UINT8 && se == ORT_UINT8 && le == ORT_FLOAT &&
-             count[0] == m->n * m->k * m->bits / 8 && count[1] == m->n * (m->k / m->block) && count[2] == 256;
+             count[0] == m->n * m->k * m->bits / 8 &&
+             count[1] == m->n * (m->k / m->block) * block_scale_bytes((int)m->fast) && count[2] == 256;
         m->sizes_ok = ok;
     }
     if (!ok || x == NULL || codes == NULL || scales == NULL || lut == NULL) { /* not accel's graph: loud NaNs */

@@ -1,18 +1,61 @@
-/* The portable path (any format, any block size): value = lut[code] * 2^(s - 127) in float32. See mxkernel.h. */
+/* The portable path (any format, any block size): value = lut[code] * 2^(s - 127) in float32; GGUF blocks (fast 4,
+ * 5, 6): d * q, d * (q - 8), d * q + m from the blocks' halves. See mxkernel.h. */
 #include "mxkernel.h"
+
+void gguf_block_portable(const job_t *j, int64_t n, int64_t b, float w[32]) {
+    const int cb = block_code_bytes(j->fast), sb = block_scale_bytes(j->fast);
+    const uint8_t *c = j->codes + (n * j->nblocks + b) * cb, *s = j->scales + (n * j->nblocks + b) * sb;
+    const float d = half_at(s);
+    if (j->fast == FAST_Q8_0) {
+        for (int e = 0; e < 32; e++) w[e] = d * (float)(int8_t)c[e];
+        return;
+    }
+    const int off = j->fast == FAST_Q4_0 ? 8 : 0;
+    for (int e = 0; e < 16; e++) {
+        w[e] = d * (float)((int)(c[e] & 15u) - off);
+        w[e + 16] = d * (float)((int)(c[e] >> 4) - off);
+    }
+    if (j->fast == FAST_Q4_1) {
+        const float m = half_at(s + 2);
+        for (int e = 0; e < 32; e++) w[e] += m; /* d * q is exact: the add is the one rounding */
+    }
+}
 
 void decode_rows_portable(const job_t *j, int64_t r0, int64_t r1, float *out) {
     int64_t width = j->nblocks * j->block;
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t b = 0; b < j->nblocks; b++) {
-            float sc = scale_value(j->scales[r * j->nblocks + b], 0);
             int64_t base = r * width + b * j->block;
+            if (is_gguf(j->fast)) {
+                gguf_block_portable(j, r, b, out + base);
+                continue;
+            }
+            float sc = scale_value(j->scales[r * j->nblocks + b], 0);
             for (int e = 0; e < j->block; e++) out[base + e] = j->lut[code_at(j->codes, base + e, j->bits)] * sc;
         }
     }
 }
 
+static void linear_portable_gguf(const job_t *j, int64_t n0, int64_t n1) {
+    float w[32];
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t s = 0; s < j->s; s++) {
+            const float *x = j->x + s * j->xstride;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < j->nblocks; b++) {
+                gguf_block_portable(j, n, b, w);
+                for (int e = 0; e < 32; e++) acc += w[e] * x[b * 32 + e];
+            }
+            j->y[s * j->n + n] = acc;
+        }
+    }
+}
+
 void linear_portable(const job_t *j, int64_t n0, int64_t n1) {
+    if (is_gguf(j->fast)) {
+        linear_portable_gguf(j, n0, n1);
+        return;
+    }
     int64_t width = j->nblocks * j->block;
     for (int64_t n = n0; n < n1; n++) {
         for (int64_t s = 0; s < j->s; s++) {

@@ -79,6 +79,10 @@ VBMI_ROWS(2)
 VBMI_ROWS(3)
 
 VBMI void linear_vbmi(const job_t *j, int64_t n0, int64_t n1) {
+    if (is_gguf(j->fast)) { /* use_fast gives GGUF blocks the AVX2 path; should a call come here, it is AVX2's */
+        linear_avx2(j, n0, n1);
+        return;
+    }
     const float *tab = SCALES[j->fast];
     if (j->fast == FAST_E2M3)
         rows_vbmi_1(j, tab, n0, n1);

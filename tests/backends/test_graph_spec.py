@@ -39,6 +39,7 @@ LEGACY = {
     "mxfp4-kernel": ("mxfp4", "kernel", "float32"),
     "mxfp6-kernel-q8": ("mxfp6", "kernel", "int8"),
     "mxfp4-kernel-q8": ("mxfp4", "kernel", "int8"),
+    "gguf-kernel": ("gguf", "kernel", "float32"),
 }
 
 #: specs exported and read back (kernel runtimes need the compiled custom operator: their metadata is checked alone)
@@ -265,7 +266,7 @@ def test_unknown_keywords_are_refused_by_name(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
-        ({"element": "fp8"}, "element 'fp8' is not supported; supported: fp32, fp16, int8, mx"),
+        ({"element": "fp8"}, "element 'fp8' is not supported; supported: fp32, fp16, int8, gguf, mx"),
         ({"element": "mxfp6"}, "element mxfp6 needs a runtime: rounded, packed"),
         ({"element": "fp32", "runtime": "packed"}, "runtime packed runs the elements mxfp4, .*; not fp32"),
         ({"element": "mxfp8", "runtime": "nbits"}, "runtime nbits runs the elements mxint8, mxfp6, mxfp4; not mxfp8"),
@@ -273,6 +274,8 @@ def test_unknown_keywords_are_refused_by_name(tmp_path):
         ({"element": "mxfp6", "runtime": "gpu"}, "runtime 'gpu' is not supported; supported: float, dynamic"),
         ({"element": "mxint8", "runtime": "kernel", "activations": "int8"}, "int8 activations runs mxfp6, mxfp4"),
         ({"activations": "int8"}, "runtime float takes activations float32; not 'int8'"),
+        ({"element": "gguf", "runtime": "nbits"}, "runtime nbits runs the elements mxint8, mxfp6, mxfp4; not gguf"),
+        ({"element": "gguf", "activations": "int8"}, "kernel with int8 activations runs mxfp6, mxfp4; not gguf"),
         ({"element": "mxfp6", "runtime": "packed", "activations": "bf16"}, "takes activations float32; not 'bf16'"),
         ({"element": "mxfp6", "runtime": "nbits", "float_storage": "fp16"}, "float_storage applies to runtimes"),
         ({"element": "mxfp6", "runtime": "packed", "float_storage": "bf16"}, "float_storage='bf16' is not supported"),

@@ -1,0 +1,150 @@
+"""llama.cpp's block-quantized weights (GGUF ``Q8_0``, ``Q4_0``, ``Q4_1``) kept as stored, for the fused kernel.
+
+A ``GGMLTensor`` is a 2-D weight ``[N, K]`` (``N`` outputs, ``K`` inputs, blocks of 32 along ``K``) in one of these
+three block types, split into two planes the kernel reads with aligned loads (``accel/formats/mxkernel.h``):
+
+- ``codes`` uint8 ``[N, K / 32, 32]`` (``Q8_0``: the int8 codes) or ``[N, K / 32, 16]`` (``Q4_0``, ``Q4_1``: byte ``j``
+  holds weight ``j`` in its low nibble and weight ``j + 16`` in its high nibble, as llama.cpp stores them);
+- ``scales`` uint8 ``[N, K / 32, 2]`` (the block's float16 scale ``d``, little-endian) or ``[N, K / 32, 4]``
+  (``Q4_1``: ``d``, then the float16 offset ``m``).
+
+Each weight's float32 value (``dequantize``) is what llama.cpp's reference and the ``gguf`` package compute, bit for
+bit: ``Q8_0``: ``d * q`` (q in [-128, 127]); ``Q4_0``: ``d * (q - 8)`` (q in [0, 15]); ``Q4_1``: ``(d * q) + m``
+rounded once in float32 (``d * q`` is exact: an 11-bit mantissa times a 4-bit integer). The fused kernel multiplies
+these exact values by float32 activations (``accel.formats.ggml_kernel.GGMLKernel``), and the onnxruntime operator
+``ai.accel::MXLinear`` runs them in an exported graph (``weights="gguf-kernel"``: docs/formats.md, "GGUF blocks on
+the kernel").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from accel.errors import FormatError
+
+__all__ = ["GGML_TYPES", "GGMLTensor", "GGMLType"]
+
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class GGMLType:
+    """One llama.cpp block type: its name, bytes a block in the GGUF file, code bytes and scale bytes a block, the
+    kernel's format code (``fast``) and code width in bits."""
+
+    name: str
+    block_bytes: int
+    code_bytes: int
+    scale_bytes: int
+    fast: int
+    bits: int
+
+
+#: the block types the kernel runs, by GGUF type name
+GGML_TYPES: dict[str, GGMLType] = {
+    t.name: t
+    for t in (
+        GGMLType("Q8_0", 34, 32, 2, 4, 8),
+        GGMLType("Q4_0", 18, 16, 2, 5, 4),
+        GGMLType("Q4_1", 20, 16, 4, 6, 4),
+    )
+}
+
+
+def ggml_type(name: str) -> GGMLType:
+    """The ``GGMLType`` called ``name`` (``Q8_0``, ``Q4_0``, ``Q4_1``); FormatError naming the supported ones."""
+    t = GGML_TYPES.get(str(name).upper())
+    if t is None:
+        raise FormatError(f"GGUF block type {name!r} is not run by accel's kernel; supported: {', '.join(GGML_TYPES)}")
+    return t
+
+
+@dataclass(frozen=True)
+class GGMLTensor:
+    """A 2-D weight ``[N, K]`` in llama.cpp blocks (module docstring): ``qtype`` (``GGMLType``), ``shape`` (N, K),
+    ``codes`` and ``scales`` planes (uint8)."""
+
+    qtype: GGMLType
+    shape: tuple[int, int]
+    codes: np.ndarray
+    scales: np.ndarray
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        if n < 1 or k < BLOCK or k % BLOCK:
+            raise FormatError(f"{self.qtype.name} weight of shape {self.shape}: need N >= 1 and K a multiple of 32")
+        want = {"codes": (n, k // BLOCK, self.qtype.code_bytes), "scales": (n, k // BLOCK, self.qtype.scale_bytes)}
+        for name, shape in want.items():
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.shape != shape:
+                got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise FormatError(f"{self.qtype.name} weight {self.shape}: {name} must be uint8 {shape}, got {got}")
+
+    @classmethod
+    def from_blocks(cls, raw: np.ndarray, qtype: str | GGMLType, shape: Sequence[int]) -> GGMLTensor:
+        """The weight ``shape`` ``[N, K]`` from its GGUF bytes ``raw`` (uint8, ``N * K / 32`` blocks of
+        ``qtype.block_bytes`` bytes, row after row, as the file stores them)."""
+        t = qtype if isinstance(qtype, GGMLType) else ggml_type(qtype)
+        n, k = (int(d) for d in shape)
+        if n < 1 or k < BLOCK or k % BLOCK:
+            raise FormatError(f"{t.name} weight of shape {(n, k)}: need N >= 1 and K a multiple of 32")
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8 or raw.size != n * (k // BLOCK) * t.block_bytes:
+            raise FormatError(
+                f"{t.name} weight {(n, k)}: need {n * (k // BLOCK) * t.block_bytes} bytes of blocks, "
+                f"got {raw.dtype} x {raw.size}"
+            )
+        blocks = raw.reshape(n, k // BLOCK, t.block_bytes)
+        scales = np.ascontiguousarray(blocks[..., : t.scale_bytes])
+        codes = np.ascontiguousarray(blocks[..., t.scale_bytes :])
+        return cls(t, (n, k), codes, scales)
+
+    @property
+    def nblocks(self) -> int:
+        """Blocks a row (``K / 32``)."""
+        return self.shape[1] // BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two planes (as stored in a graph: the GGUF's own size)."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def _d_m(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The blocks' scales ``d`` and (``Q4_1``) offsets ``m``, float32 ``[N, K / 32, 1]``."""
+        halves = self.scales.view(np.dtype("<f2")).astype(np.float32)
+        m = halves[..., 1:2] if self.qtype.scale_bytes == 4 else None
+        return halves[..., 0:1], m
+
+    def integer_codes(self) -> np.ndarray:
+        """Every weight's integer code, int16 ``[N, K / 32, 32]``: ``Q8_0`` in [-128, 127], ``Q4_0`` ``q - 8`` in
+        [-8, 7], ``Q4_1`` ``q`` in [0, 15]."""
+        if self.qtype.bits == 8:
+            return self.codes.view(np.int8).astype(np.int16)
+        q = np.concatenate([self.codes & 0x0F, self.codes >> 4], axis=-1).astype(np.int16)
+        return q - 8 if self.qtype.name == "Q4_0" else q
+
+    def dequantize(self, dtype: type = np.float32) -> np.ndarray:
+        """Every weight ``[N, K]`` in float32 (module docstring: exact, llama.cpp's values), then cast to ``dtype``."""
+        d, m = self._d_m()
+        w = d * self.integer_codes().astype(np.float32)
+        if m is not None:
+            w = w + m
+        return w.reshape(self.shape).astype(dtype, copy=False)
+
+    def take_rows(self, rows: np.ndarray) -> GGMLTensor:
+        """The weight made of rows ``rows`` (int indices into N) of this one, in that order."""
+        rows = np.asarray(rows)
+        return GGMLTensor(self.qtype, (int(rows.size), self.shape[1]), self.codes[rows], self.scales[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[GGMLTensor]) -> GGMLTensor:
+        """The weights ``parts`` (same type and K) stacked along their outputs (rows)."""
+        if not parts or len({(p.qtype.name, p.shape[1]) for p in parts}) != 1:
+            got = [(p.qtype.name, p.shape) for p in parts]
+            raise FormatError(f"cannot join GGUF weights of different types or input features: {got}")
+        n = sum(p.shape[0] for p in parts)
+        codes = np.concatenate([p.codes for p in parts])
+        return GGMLTensor(parts[0].qtype, (n, parts[0].shape[1]), codes, np.concatenate([p.scales for p in parts]))

@@ -1,0 +1,117 @@
+/* The AVX-512F path of GGUF blocks (Q8_0, Q4_0, Q4_1; fast 4, 5, 6): a block's 32 weights decoded exactly to two
+ * 16-lane float32 vectors (the integers q, q - 8 or q converted, times the block's float16 d converted by F16C; Q4_1:
+ * fma(q, d, m), which rounds d * q + m once since d * q is exact), then multiplied into up to 8 x rows at once (a
+ * verify call of K + 1 <= 8 tokens decodes each block once). Per x row two accumulators (weights 0..15 and 16..31 of
+ * every block) take the same FMA sequence whatever the number of rows beside it. Only AVX-512F (+ F16C, FMA) is
+ * needed: CPUs with AVX-512 but without VBMI run it too. See mxkernel.h. */
+#include <string.h>
+
+#include "mxkernel.h"
+
+#if MXK_X86
+#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/* block b's 32 exact float32 weights: w0 (weights 0..15), w1 (16..31) */
+AVX512 static inline __attribute__((always_inline)) void gguf_block512(const int fast, const uint8_t *codes,
+                                                                       const uint8_t *s, __m512 *w0, __m512 *w1) {
+    __m512i q0, q1;
+    if (fast == FAST_Q8_0) {
+        q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes));
+        q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16)));
+    } else {
+        __m128i b = _mm_loadu_si128((const __m128i *)codes);
+        q0 = _mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F)));
+        q1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F)));
+        if (fast == FAST_Q4_0) {
+            q0 = _mm512_sub_epi32(q0, _mm512_set1_epi32(8));
+            q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(8));
+        }
+    }
+    if (fast == FAST_Q4_1) {
+        uint32_t dm_bits;
+        memcpy(&dm_bits, s, 4);
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm_bits)); /* lane 0: d, lane 1: m */
+        __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        *w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d, m);
+        *w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d, m);
+    } else {
+        uint16_t h;
+        memcpy(&h, s, 2);
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+    }
+}
+
+/* one W row against the nx (1 to 8) x rows from s0; `fast` and `nx` are constants at every call site */
+AVX512 static inline __attribute__((always_inline)) void row_dot_512(const job_t *j, int64_t n, int64_t s0,
+                                                                     const int fast, const int nx) {
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast);
+    const int64_t nblocks = j->nblocks;
+    const uint8_t *row = j->codes + n * nblocks * bytes, *sc = j->scales + n * nblocks * sbytes;
+    const float *xr[8];
+    __m512 lo[8], hi[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < nx; r++) {
+        xr[r] = j->x + (s0 + r) * j->xstride;
+        lo[r] = hi[r] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nblocks; b++) {
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(sc + sbytes * b) + MXK_PREFETCH_BYTES / 8, _MM_HINT_T0);
+        __m512 w0, w1;
+        gguf_block512(fast, row + bytes * b, sc + sbytes * b, &w0, &w1);
+#pragma GCC unroll 8
+        for (int r = 0; r < nx; r++) {
+            lo[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr[r] + 32 * b), lo[r]);
+            hi[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr[r] + 32 * b + 16), hi[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nx; r++) j->y[(s0 + r) * j->n + n] = _mm512_reduce_add_ps(_mm512_add_ps(lo[r], hi[r]));
+}
+
+#define ROWS_512(FAST)                                                                                               \
+    AVX512 static void rows_512_##FAST(const job_t *j, int64_t n0, int64_t n1) {                                      \
+        for (int64_t n = n0; n < n1; n++) {                                                                           \
+            for (int64_t s = 0; s < j->s; s += 8) {                                                                   \
+                switch (j->s - s < 8 ? (int)(j->s - s) : 8) {                                                          \
+                case 1: row_dot_512(j, n, s, FAST, 1); break;                                                         \
+                case 2: row_dot_512(j, n, s, FAST, 2); break;                                                         \
+                case 3: row_dot_512(j, n, s, FAST, 3); break;                                                         \
+                case 4: row_dot_512(j, n, s, FAST, 4); break;                                                         \
+                case 5: row_dot_512(j, n, s, FAST, 5); break;                                                         \
+                case 6: row_dot_512(j, n, s, FAST, 6); break;                                                         \
+                case 7: row_dot_512(j, n, s, FAST, 7); break;                                                         \
+                default: row_dot_512(j, n, s, FAST, 8); break;                                                        \
+                }                                                                                                     \
+            }                                                                                                         \
+        }                                                                                                             \
+    }
+ROWS_512(4)
+ROWS_512(5)
+ROWS_512(6)
+
+void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1) {
+    if (j->fast == FAST_Q8_0)
+        rows_512_4(j, n0, n1);
+    else if (j->fast == FAST_Q4_0)
+        rows_512_5(j, n0, n1);
+    else if (j->fast == FAST_Q4_1)
+        rows_512_6(j, n0, n1);
+    else
+        linear_avx2(j, n0, n1);
+}
+
+int have_avx512f(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = have_avx2() && __builtin_cpu_supports("avx512f");
+    }
+    return cached;
+}
+#else
+int have_avx512f(void) { return 0; }
+void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1) { linear_portable(j, n0, n1); }
+#endif
