@@ -54,7 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="RMSNorm + residual and RoPE as onnxruntime's fused CPU operators (faster on onnxruntime; not readable by "
-        "Cloud AI 100). Default: on for int8 and the *-nbits weights, off for the others",
+        "Cloud AI 100). Default: on for int8, the *-nbits and *-kernel weights, off for the others",
+    )
+    p.add_argument(
+        "--accel-attention",
+        action="store_true",
+        help="each layer's RoPE, cache write and attention as one ai.accel::CacheAttention node (accel's kernel "
+        "library; onnxruntime only, needs --ort-ops): attends only the slots each token sees",
     )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")
@@ -97,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         external_data=True if args.external_data else None,
         tree=args.tree,
         ort_ops=args.ort_ops,
+        accel_attention=args.accel_attention,
     )
     data = path.with_name(path.name + ".data")
     where = f" + {data.name}" if data.is_file() else ""

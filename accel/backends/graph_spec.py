@@ -3,7 +3,7 @@
 A frozen, validated description of what ``export_onnx`` writes: sizes (``ctx_len`` and ``num_logits`` in tokens,
 ``batch_size`` in rows), the weights (their ``element`` format and the ``runtime`` that computes with them, as separate
 fields), and the optional inputs/outputs (``hidden_output``, ``tree``, ``mix_inputs``, ``stage``) and operators
-(``ort_ops``). The same object is
+(``ort_ops``, ``accel_attention``). The same object is
 
 - what ``export_onnx`` / ``export_cached`` take (a ``GraphSpec``, or the keywords of ``GraphOptions``, which make one:
   every older keyword call, ``weights="mxfp6-nbits"`` included, builds the same spec);
@@ -100,6 +100,7 @@ class GraphOptions(TypedDict, total=False):
     mix_inputs: bool
     stage: StageSpec | None
     ort_ops: bool | None
+    accel_attention: bool
     opset: int
 
 
@@ -128,6 +129,9 @@ class GraphSpec:
         stage: None (the whole model) or the layer range of a pipeline stage (``accel.backends.stages``).
         ort_ops: onnxruntime's fused RMSNorm/RoPE operators (default: on for the onnxruntime-only runtimes
             ``dynamic``, ``nbits``, ``kernel``).
+        accel_attention: each layer's RoPE, cache write and attention as one ``ai.accel::CacheAttention`` node
+            (accel's kernel library, onnxruntime only; needs ``ort_ops``): attends only the slots each token sees,
+            one node instead of about 15 (docs/backends.md, "The graph of a layer").
         opset: the ONNX opset (only 18).
     """
 
@@ -144,6 +148,7 @@ class GraphSpec:
     mix_inputs: bool = False
     stage: StageSpec | None = None
     ort_ops: bool | None = None
+    accel_attention: bool = False
     opset: int = OPSET
 
     def __post_init__(self) -> None:
@@ -160,7 +165,11 @@ class GraphSpec:
         self._set(**_weights(self.element, self.runtime, self.activations, self.float_storage, self.int8_scheme))
         self._set(**{name: _flag(name, getattr(self, name)) for name in ("hidden_output", "tree", "mix_inputs")})
         ort_ops = self.runtime in _ORT_ONLY if self.ort_ops is None else _flag("ort_ops", self.ort_ops)
-        self._set(ort_ops=ort_ops)
+        self._set(ort_ops=ort_ops, accel_attention=_flag("accel_attention", self.accel_attention))
+        if self.accel_attention and not ort_ops:
+            raise BackendError(
+                "accel_attention (ai.accel::CacheAttention) is an onnxruntime operator: it needs ort_ops"
+            )
         if self.stage is not None and not isinstance(self.stage, StageSpec):
             raise BackendError(f"stage must be a StageSpec or None; got {self.stage!r}")
         if self.tree and self.stage is not None and not self.stage.is_whole:
@@ -291,7 +300,7 @@ class GraphSpec:
         """The ONNX ``metadata_props`` this spec fixes: ``accel.graph_spec`` (``to_json``) and the older ``accel.*``
         keys derived from it (weights, sizes, flags, the stage's layers)."""
         w = self.export_weights
-        flags = {name: getattr(self, name) for name in ("hidden_output", "tree", "mix_inputs", "ort_ops")}
+        flags = {n: getattr(self, n) for n in ("hidden_output", "tree", "mix_inputs", "ort_ops", "accel_attention")}
         meta = {
             GRAPH_SPEC_KEY: self.to_json(),
             "accel.weights": w.format.value,

@@ -88,11 +88,20 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"n{self._n}_{op_type}", **attrs))
         return out
 
-    def ops(self, op_type: str, inputs: list[str], n_out: int, unused: tuple[int, ...] = (), **attrs: Any) -> list[str]:
+    def ops(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int,
+        unused: tuple[int, ...] = (),
+        names: dict[int, str] | None = None,
+        **attrs: Any,
+    ) -> list[str]:
         """Append one node with ``n_out`` outputs; returns their names (``""``, an omitted optional output, for the
-        indices in ``unused``)."""
+        indices in ``unused``; ``names[i]`` for output ``i`` where given, else a fresh name)."""
         self._n += 1
-        outs = ["" if i in unused else f"{op_type.lower()}_{self._n}_{i}" for i in range(n_out)]
+        names = names or {}
+        outs = ["" if i in unused else names.get(i, f"{op_type.lower()}_{self._n}_{i}") for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"n{self._n}_{op_type}", **attrs))
         return outs
 

@@ -140,8 +140,11 @@ def _assemble(d: DecoderGraph, num_logits: int | None, progress: Callable[[int],
     """The model of ``d``: inputs/outputs, shared tensors, the stage's layers, then its head or hidden output."""
     inputs, outputs = d.io_spec(num_logits)
     x = d.embed() if d.stage.is_first else "hidden_in"
-    mask = d.attention_mask()
-    d.cache_slots()
+    if d.spec.accel_attention:  # ai.accel::CacheAttention masks and writes the cache itself
+        mask = ""
+    else:
+        mask = d.attention_mask()
+        d.cache_slots()
     d.rope()
     delta = None  # the last sublayer's output, not yet added to the residual stream x (fused into the next norm)
     for i in range(d.stage.start, d.stage.stop):

@@ -255,9 +255,31 @@ class DecoderGraph:
 
     # ------------------------------------------------------------------ a block, the head
 
+    def cache_attention(self, i: int, h: str) -> str:
+        """``attention`` as one ``ai.accel::CacheAttention`` node (``spec.accel_attention``): the joined q/k/v
+        projection in, RoPE (the ``rope_cache`` tables), the cache write at the call's slots and the attention over
+        the slots each token sees inside it (``accel/formats/mxkernel_attn.c``); returns o_proj's output."""
+        g, c = self.g, self.c
+        p, j = f"layers.{i}.self_attn", i - self.stage.start
+        qkv = self.linear(h, f"{p}.q_proj", c.qkv_bias, f"{p}.k_proj", f"{p}.v_proj")
+        if self.rope_tables is not None:
+            cos, sin, _ = self.rope_tables
+        else:
+            cos = sin = g.const(np.zeros(0, np.float32), np.float32)
+        mask = "tree_mask" if self.tree else g.const(np.zeros(0, bool), bool)
+        slots = "slot_ids" if self.tree else "position_ids"
+        g.opsets.add("ai.accel")
+        inputs = [qkv, f"past_key.{j}", f"past_value.{j}", "position_ids", slots, cos, sin, mask]
+        names = {1: f"past_key.{j}_RetainedState", 2: f"past_value.{j}_RetainedState"}
+        o, _, _ = g.ops("CacheAttention", inputs, 3, names=names, domain="ai.accel", num_heads=c.num_heads,
+                        num_kv_heads=c.num_kv_heads)  # fmt: skip
+        return self.linear(o, f"{p}.o_proj", c.o_bias)
+
     def attention(self, i: int, h: str, mask: str) -> str:
         """Self-attention of layer ``i`` on normed input ``h``; writes the layer's cache; returns o_proj's output."""
         g, c = self.g, self.c
+        if self.spec.accel_attention:
+            return self.cache_attention(i, h)
         p, H, Hkv, D = f"layers.{i}.self_attn", c.num_heads, c.num_kv_heads, c.head_dim
         # q, k and v in one MatMul, one Reshape + Transpose to [B, H + 2 Hkv, S, D], RoPE on the q and k heads at once
         # (elementwise per head, so the same values as separately): 9 nodes per layer instead of 17

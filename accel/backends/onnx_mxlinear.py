@@ -113,8 +113,9 @@ def register_mx_kernel(opts: Any, threads: int | None) -> None:
     status = kernel_status()
     if lib is None or status.library is None:
         raise BackendError(
-            f"this graph runs its weights on accel's fused MX kernel (ai.accel::MXLinear), which is unavailable here "
-            f"({status.reason}); export it with weights='mxfp6-nbits' (or mxint8-/mxfp4-nbits) instead"
+            f"this graph runs accel's kernel library (ai.accel::MXLinear or CacheAttention), which is unavailable here "
+            f"({status.reason}); export it without accel_attention and with weights='mxfp6-nbits' (or mxint8-/"
+            "mxfp4-nbits; fp32 for a .gguf file) instead"
         )
     lib.mxk_set_ort_threads(max(1, threads or default_threads()))
     opts.register_custom_ops_library(status.library)
@@ -122,11 +123,14 @@ def register_mx_kernel(opts: Any, threads: int | None) -> None:
 
 def check_mx_kernel_graph(path: str | Path) -> None:
     """BackendError, naming the file and node, unless every ``ai.accel`` node of the graph at ``path`` is an
-    ``MXLinear`` as ``mx_linear`` writes it, in an ``ai.accel`` opset version this accel knows (``DOMAIN_VERSIONS``).
+    ``MXLinear`` as ``mx_linear`` writes it or a ``CacheAttention`` as ``DecoderGraph.cache_attention`` writes it, in
+    an ``ai.accel`` opset version this accel knows (``DOMAIN_VERSIONS``).
 
-    Checked: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, ``block`` 32, ``K`` a multiple of 32, ``act_bits``
-    absent, 32 or 8 with E2M3/E2M1), the codes and scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32``
-    elements) and the value table (the format's ``code_table``, bit for bit). The kernel itself computes NaN for
+    Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4/5/6 = GGUF Q8_0/Q4_0/Q4_1 with
+    ``bits`` 8/4/4; ``block`` 32, ``K`` a multiple of 32, ``act_bits`` absent, 32 or 8 with E2M3/E2M1), the codes and
+    scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the block's 2 or 4 scale bytes)
+    and the value table (the format's ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8
+    inputs, 3 outputs, ``num_heads`` a multiple of ``num_kv_heads``. The kernel itself computes NaN for
     sizes it does not expect, but a ``fast`` code that disagrees with ``bits`` or a foreign value table gives other
     numbers without a word (fast 2 on MXFP6 codes: logits off by ~8 on a test decoder)."""
     import onnx
@@ -153,8 +157,14 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
 
     where = f"{path}: {DOMAIN}::{node.op_type} node {node.name or node.output[0]!r}"
     attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "CacheAttention":
+        _check_attention(node, attrs, where)
+        return
     if node.op_type != "MXLinear" or len(node.input) != 4 or len(node.output) != 1:
-        raise BackendError(f"{where}: accel's kernel domain has one operator, MXLinear (4 inputs, 1 output)")
+        raise BackendError(
+            f"{where}: accel's kernel domain has two operators, MXLinear (4 inputs, 1 output) and CacheAttention "
+            "(8 inputs, 3 outputs)"
+        )
     if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits"} or any(
         a.type != AttributeProto.INT for a in attrs.values()
     ):
@@ -196,3 +206,20 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
     if not np.array_equal(np.asarray(table, np.float32).view(np.uint32), expected.view(np.uint32)):
         kind = fmt.name if fmt is not None else "GGUF block (all zero)"
         raise BackendError(f"{where}: its value table is not the {kind} code values the kernel's formats use")
+
+
+def _check_attention(node: Any, attrs: dict[str, Any], where: str) -> None:
+    """``check_mx_kernel_graph`` for an ``ai.accel::CacheAttention`` node (``accel.backends.onnx_layers``): 8 inputs,
+    3 outputs, the int attributes ``num_heads`` and ``num_kv_heads`` (a multiple of it). Shapes are the operator's to
+    check at run time (NaN attention for any it does not expect)."""
+    from onnx import AttributeProto
+
+    if len(node.input) != 8 or len(node.output) != 3:
+        raise BackendError(
+            f"{where}: CacheAttention has 8 inputs and 3 outputs; got {len(node.input)}, {len(node.output)}"
+        )
+    if set(attrs) != {"num_heads", "num_kv_heads"} or any(a.type != AttributeProto.INT for a in attrs.values()):
+        raise BackendError(f"{where}: attributes {sorted(attrs)}; CacheAttention has the ints num_heads, num_kv_heads")
+    h, hkv = int(attrs["num_heads"].i), int(attrs["num_kv_heads"].i)
+    if hkv < 1 or h < hkv or h % hkv:
+        raise BackendError(f"{where}: num_heads {h} must be a multiple of num_kv_heads {hkv} (>= 1)")

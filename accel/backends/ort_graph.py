@@ -197,13 +197,24 @@ def _graph_stage(
     return stage
 
 
+def _writes_in_place(writer: Any, name: str, out: str) -> bool:
+    """Whether node ``writer`` makes cache output ``out`` from cache input ``name`` in place: a ScatterND of it, or an
+    ``ai.accel::CacheAttention`` whose past key (value) input 1 (2) is ``name`` and output 1 (2) ``out``."""
+    if writer.op_type == "ScatterND":
+        return writer.input[0] == name
+    if writer.op_type == "CacheAttention" and writer.domain == "ai.accel" and len(writer.input) == 8:
+        return any(writer.input[k] == name and writer.output[k] == out for k in (1, 2))
+    return False
+
+
 def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
     """BackendError unless every cache output of the graph at ``path`` can share its input's buffer; returns the
     graph's operator types.
 
-    That holds when ``past_X_RetainedState`` is produced by a ScatterND whose data input is ``past_X`` and every other
-    node reading ``past_X`` is an ancestor of that ScatterND (so it runs before the write): the graphs ``export_onnx``
-    writes. onnxruntime's ScatterND skips its input -> output copy when both are the same memory."""
+    That holds when ``past_X_RetainedState`` is produced by a ScatterND whose data input is ``past_X`` (or by an
+    ``ai.accel::CacheAttention`` from it) and every other node reading ``past_X`` is an ancestor of that node (so it
+    runs before the write): the graphs ``export_onnx`` writes. onnxruntime's ScatterND, and accel's operator, skip
+    the input -> output copy when both are the same memory."""
     import onnx
 
     try:
@@ -219,12 +230,12 @@ def check_inplace_cache(path: str | Path, num_layers: int) -> set[str]:
         for kv in ("key", "value"):
             name = f"past_{kv}.{i}"
             writer = producer.get(f"{name}_RetainedState")
-            if writer is None or writer.op_type != "ScatterND" or writer.input[0] != name:
+            if writer is None or not _writes_in_place(writer, name, f"{name}_RetainedState"):
                 raise BackendError(
-                    f"{path}: {name}_RetainedState is not a ScatterND of {name}; OrtBackend updates the "
-                    "cache in place and supports only such graphs (as export_onnx writes them)"
+                    f"{path}: {name}_RetainedState is not a ScatterND (or ai.accel::CacheAttention) of {name}; "
+                    "OrtBackend updates the cache in place and supports only such graphs (as export_onnx writes them)"
                 )
-            ancestors, todo = set(), list(writer.input[1:])
+            ancestors, todo = set(), [x for x in writer.input if x != name]
             while todo:
                 node = producer.get(todo.pop())
                 if node is not None and id(node) not in ancestors:

@@ -38,7 +38,7 @@ from accel.decode.proposers import (
     MergeSpec,
     TreeSpec,
 )
-from accel.decode.spec import DecodeSpec, TargetSpec
+from accel.decode.spec import DecodeSpec, TargetSpec, kernel_builds
 from accel.errors import AccelError, SpdError
 from accel.models.sources import engine_quant_method
 from accel.spd import (
@@ -331,6 +331,7 @@ def open_backend(
             weights=weights.value,
             tree=tree,
             ort_ops=True,  # onnxruntime runs it: its fused RMSNorm + residual and RoPE (~5% of an fp32 step)
+            accel_attention=kernel_builds(),  # one ai.accel::CacheAttention a layer, where accel's kernel builds
             say=lambda line: print(line, file=sys.stderr, flush=True),
             progress=True,
         )

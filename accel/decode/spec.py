@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def _kernel_builds() -> bool:
+def kernel_builds() -> bool:
     """Whether accel's fused kernel (``ai.accel::MXLinear``) builds and loads here (built once, then cached)."""
     from accel.formats.mxkernel_build import load_kernel
 
@@ -92,9 +92,10 @@ class TargetSpec(Part):
     @classmethod
     def _gguf_runs_its_own_blocks(cls, data: Any) -> Any:
         """A ``.gguf`` target on onnxruntime without ``weights`` runs its own blocks (``gguf-kernel``) where accel's
-        kernel builds here; elsewhere, and for every other target, ``fp32``."""
+        kernel builds here (checked by loading it: the first use compiles it, a few seconds); elsewhere, and for every
+        other target, ``fp32``."""
         if isinstance(data, dict) and data.get("weights") is None and data.get("backend", "ort") == "ort":
-            if Path(str(data.get("path", ""))).suffix == ".gguf" and _kernel_builds():
+            if Path(str(data.get("path", ""))).suffix == ".gguf" and kernel_builds():
                 return {**data, "weights": WeightFormat.GGUF_KERNEL}
             return {k: v for k, v in data.items() if k != "weights"}
         return data
@@ -118,6 +119,11 @@ class TargetSpec(Part):
             raise refuse(
                 "torch_only",
                 f"{given} applies to --backend torch (onnxruntime here runs on the CPU in the export's dtype)",
+            )
+        if self.weights is WeightFormat.GGUF_KERNEL and self.path.suffix != ".gguf":
+            raise refuse(
+                "target_weights",
+                f"weights gguf-kernel runs a .gguf file's own blocks; {self.path} is not a .gguf file",
             )
         if self.weights is not WeightFormat.FP32 and (self.backend != "ort" or self.path.suffix == ".onnx"):
             raise refuse(

@@ -29,6 +29,8 @@ static int use_fast(const job_t *j) {
  * without VBMI's unpacking), 1 (AVX2 at most), 0 (portable only) */
 void mxk_set_isa(int level) { max_isa = level; }
 
+int mxk_isa_cap(void) { return max_isa; }
+
 /* ------------------------------------------------------------------------------------------------- threads */
 
 typedef struct {
@@ -39,7 +41,9 @@ typedef struct {
 
 static void *run_part(void *arg) {
     part_t *p = (part_t *)arg;
-    if (p->decode_out)
+    if (p->job->fn)
+        p->job->fn(p->job->fn_ctx, p->n0, p->n1);
+    else if (p->decode_out)
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
     else if (p->job->xq)
         linear_q8(p->job, p->n0, p->n1, p->job->q8_path);
@@ -198,7 +202,7 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
 /* ------------------------------------------------------------------------------------------------- API */
 
 /* the path serving format `fast` (1 E2M3, 2 E2M1, 3 INT8, 4 Q8_0, 5 Q4_0, 6 Q4_1) at block size `block` on this CPU:
- * 0 portable, 1 AVX2, 2 AVX-512 VBMI */
+ * 0 portable, 1 AVX2, 2 AVX-512 (VBMI for the MX formats, AVX-512F for GGUF blocks) */
 int mxk_fast_path(int fast, int block) {
     job_t j;
     memset(&j, 0, sizeof j);
@@ -210,7 +214,8 @@ int mxk_fast_path(int fast, int block) {
 /* out[n, nblocks * block] = every weight of the padded array (float32, bit-exact to accel.formats' decode) */
 int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int64_t n,
                int64_t nblocks, float *out, int threads) {
-    job_t j = {codes, scales, lut, NULL, NULL, n, nblocks * block, nblocks, 0, 0, bits, block, FAST_NONE, NULL, NULL, 0};
+    job_t j = {codes, scales, lut,  NULL, NULL, n,    nblocks * block, nblocks, 0,
+               0,     bits,   block, FAST_NONE, NULL, NULL, 0,         NULL,    NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -220,7 +225,7 @@ int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64
                     int threads) {
     if (!is_gguf(fast)) return -1;
     job_t j = {codes, scales, NULL, NULL, NULL, n, nblocks * 32, nblocks, 0, 0, gguf_bits(fast), 32, fast, NULL, NULL,
-               0};
+               0, NULL, NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -232,7 +237,16 @@ int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, in
                int threads) {
     if (fast < FAST_NONE || fast > FAST_MAX) return -1;
     if (is_gguf(fast) && (bits != gguf_bits(fast) || block != 32 || k != nblocks * 32)) return -1;
-    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0};
+    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0, NULL, NULL};
+    return run_parts(&j, threads, NULL);
+}
+
+int mxk_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t n, int threads) {
+    job_t j;
+    memset(&j, 0, sizeof j);
+    j.n = n;
+    j.fn = fn;
+    j.fn_ctx = ctx;
     return run_parts(&j, threads, NULL);
 }
 
@@ -258,7 +272,8 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     }
     mxk_quantize_q8(x, s, xstride, nblocks, q, d);
     int bits = fast == FAST_E2M3 ? 6 : 4;
-    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path()};
+    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
+               NULL,  NULL};
     int rc = run_parts(&j, threads, NULL);
     free(q);
     free(d);

@@ -31,9 +31,10 @@
  *
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
  * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c,
- * mxkernel_avx512.c (GGUF blocks) and mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere; the unpacking helpers the paths share are static
- * inline functions at the end of this header), mxkernel_q8.c (int8 activations: integer dot
- * products per block, its own header comment) and mxkernel_ort.c (the onnxruntime operator).
+ * mxkernel_avx512.c (GGUF blocks) and mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere; the
+ * unpacking helpers the paths share are static inline functions at the end of this header), mxkernel_q8.c (int8
+ * activations: integer dot products per block, its own header comment), mxkernel_attn.c (attention over the KV
+ * cache, its own header comment) and mxkernel_ort.c (the onnxruntime operators).
  */
 #ifndef MXKERNEL_H
 #define MXKERNEL_H
@@ -80,6 +81,9 @@ typedef struct {
     const int8_t *xq; /* int8 activations [S, nblocks, 32] (mxkernel_q8.c); NULL: float activations x */
     const float *xd;  /* their per-block scales [S, nblocks] */
     int q8_path;      /* 0 portable, 1 AVX2, 2 AVX-512 VNNI, 3 VNNI + VBMI */
+    /* a job of another kind (mxkernel_attn.c): run_parts splits [0, n) and calls fn(fn_ctx, i0, i1) per part */
+    void (*fn)(const void *fn_ctx, int64_t i0, int64_t i1);
+    const void *fn_ctx;
 } job_t;
 
 /* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
@@ -141,12 +145,19 @@ int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, in
                int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y, int threads);
 int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, float *out,
                     int threads);
+/* accel's cache attention (mxkernel_attn.c, the onnxruntime operator ai.accel::CacheAttention) */
+int mxk_cache_attention(const float *qkv, float *kc, float *vc, const int64_t *pos, const int64_t *slots,
+                        const float *cos_t, const float *sin_t, const uint8_t *tree_mask, int64_t b, int64_t s,
+                        int64_t h, int64_t hkv, int64_t d, int64_t ctx, float *out, int threads);
+/* split [0, n) over up to `threads` parts of the pool, fn(ctx, i0, i1) each (mxkernel.c) */
+MXK_INTERNAL int mxk_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t n, int threads);
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */
 MXK_INTERNAL int have_avx2(void);
 MXK_INTERNAL int have_vbmi(void);
 MXK_INTERNAL int have_avx512f(void);
+MXK_INTERNAL int mxk_isa_cap(void); /* mxk_set_isa's level */
 MXK_INTERNAL int have_vnni(void);
 
 #if MXK_X86

@@ -29,7 +29,8 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: the C files compiled together (the API file first) and the header they share
-SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_ort"))
+_PARTS = ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_attn", "_ort")
+SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in _PARTS)
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
 VERSION = 5

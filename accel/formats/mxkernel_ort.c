@@ -6,8 +6,10 @@
  * fast (1 E2M3, 2 E2M1, 3 INT8: the SIMD paths' formats, 0 none). K must be a multiple of block (the exporter
  * checks). GGUF blocks (fast 4 Q8_0 with bits 8, 5 Q4_0 and 6 Q4_1 with bits 4; block 32): codes the uint8 code plane
  * (N * K * bits / 8 bytes), scales the uint8 plane of float16 scales (N * K / 32 * 2 bytes, Q4_1 * 4: d then m), lut
- * still a float32 [256] input that is not read; no act_bits 8 (int8 activations are for E2M3 and E2M1 only). Registered by onnxruntime's RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library)
- * on this library, which accel already builds and loads for PackedMX (mxkernel_build.py).
+ * still a float32 [256] input that is not read; no act_bits 8 (int8 activations are for E2M3 and E2M1 only).
+ * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
+ * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already
+ * builds and loads for PackedMX (mxkernel_build.py).
  *
  * onnxruntime's pip wheels ship no C headers, so the few parts of its C ABI used here are declared below: the API
  * table (OrtApi) is an array of function pointers that only ever grows at the end, and OrtCustomOp a struct whose
@@ -19,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mxkernel.h"
 
@@ -32,7 +35,7 @@ typedef struct {
     const char *(*GetVersionString)(void);
 } ort_api_base;
 
-enum { ORT_FLOAT = 1, ORT_UINT8 = 2 };       /* ONNXTensorElementDataType */
+enum { ORT_FLOAT = 1, ORT_UINT8 = 2, ORT_INT64 = 7, ORT_BOOL = 9 }; /* ONNXTensorElementDataType */
 enum { ORT_FAIL = 1 }; /* OrtErrorCode */
 
 /* positions in the OrtApi table */
@@ -199,6 +202,108 @@ static custom_op MXLINEAR = {
     mxl_outputs,          mxl_compute, mxl_destroy, mxl_zero,  mxl_zero,      mxl_zero,   {0},
 };
 
+/* ------------------------------------------------------------------------------------------------- CacheAttention
+ * ai.accel::CacheAttention (mxkernel_attn.c): inputs qkv float32 [B, S, (H + 2 Hkv) * D], past_key and past_value
+ * float32 [B, Hkv, ctx, D], position_ids and slots int64 [B, S], cos and sin float32 [ctx, D / 2] (or [0]: no RoPE),
+ * tree_mask bool [B, S, ctx] (or [0]: a chain call); attributes num_heads H, num_kv_heads Hkv; outputs the attention
+ * [B, S, H * D] and the updated caches (the same shapes as the past ones). OrtBackend binds each cache output to its
+ * input's buffer: the operator then writes the new rows in place; otherwise it copies the cache first. Inputs of
+ * other shapes or types give NaN attention (and the caches unchanged), as MXLinear does. */
+typedef struct {
+    const ort_fn *api;
+    int64_t h, hkv;
+} attn_kernel;
+
+static void *attn_create(const custom_op *op, const ort_fn *api, const void *info) {
+    (void)op;
+    attn_kernel *m = calloc(1, sizeof *m);
+    if (m == NULL) return NULL;
+    m->api = api;
+    status_fn_i64 get = CALL(api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, status_fn_i64);
+    if (failed(api, get(info, "num_heads", &m->h)) || failed(api, get(info, "num_kv_heads", &m->hkv)) || m->hkv < 1 ||
+        m->h < m->hkv || m->h % m->hkv)
+        m->h = -1;
+    return m;
+}
+
+/* the input's element count when it has `nd` dims equal to want[0..nd) (want -1: any), else -1 */
+static int64_t shaped(const ort_fn *api, const void *value, int nd, const int64_t *want, int elem, int64_t *dims) {
+    int e = 0, n = dims_of(api, value, dims, &e);
+    if (n != nd || e != elem) return -1;
+    int64_t count = 1;
+    for (int i = 0; i < n; i++) {
+        if (dims[i] < 0 || (want[i] >= 0 && dims[i] != want[i])) return -1;
+        count *= dims[i];
+    }
+    return count;
+}
+
+static void attn_compute(void *kernel, void *context) {
+    attn_kernel *m = kernel;
+    const ort_fn *api = m->api;
+    typedef OrtStatus *(*get_input_fn)(const void *, size_t, const void **);
+    typedef OrtStatus *(*get_output_fn)(void *, size_t, const int64_t *, size_t, void **);
+    const void *in[8];
+    for (size_t i = 0; i < 8; i++)
+        if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_INPUT, get_input_fn)(context, i, &in[i]))) return;
+    int64_t qd[MXL_MAX_DIMS] = {0}, kd[MXL_MAX_DIMS] = {0}, any[4] = {-1, -1, -1, -1}, tmp[MXL_MAX_DIMS];
+    int e = 0;
+    int ok = m->h > 0 && dims_of(api, in[0], qd, &e) == 3 && e == ORT_FLOAT;
+    ok = ok && shaped(api, in[1], 4, any, ORT_FLOAT, kd) > 0;
+    int64_t b = kd[0], hkv = kd[1], ctx = kd[2], d = kd[3], s = qd[1];
+    int64_t bs[2] = {b, s}, kv_shape[4] = {b, hkv, ctx, d}, rope_shape[2] = {ctx, d / 2}, tree[3] = {b, s, ctx};
+    ok = ok && hkv == m->hkv && qd[0] == b && qd[2] == (m->h + 2 * hkv) * d && d >= 2 && d % 2 == 0;
+    ok = ok && shaped(api, in[2], 4, kv_shape, ORT_FLOAT, tmp) > 0;
+    ok = ok && shaped(api, in[3], 2, bs, ORT_INT64, tmp) >= 0 && shaped(api, in[4], 2, bs, ORT_INT64, tmp) >= 0;
+    int64_t zero[1] = {0};
+    int rope = ok && shaped(api, in[5], 2, rope_shape, ORT_FLOAT, tmp) > 0 && shaped(api, in[6], 2, rope_shape,
+                                                                                      ORT_FLOAT, tmp) > 0;
+    ok = ok && (rope || (shaped(api, in[5], 1, zero, ORT_FLOAT, tmp) == 0 && shaped(api, in[6], 1, zero, ORT_FLOAT,
+                                                                                  tmp) == 0));
+    int has_tree = ok && shaped(api, in[7], 3, tree, ORT_BOOL, tmp) >= 0;
+    ok = ok && (has_tree || shaped(api, in[7], 1, zero, ORT_BOOL, tmp) == 0);
+    /* the attention's shape: [B, S, H * D] (D from past_key when only other inputs are wrong), else qkv's own */
+    int cache_ok = m->h > 0 && shaped(api, in[1], 4, any, ORT_FLOAT, kd) > 0 && shaped(api, in[2], 4, kd, ORT_FLOAT,
+                                                                                      tmp) > 0;
+    int64_t od[3] = {qd[0] > 0 ? qd[0] : 0, qd[1] > 0 ? qd[1] : 0, cache_ok ? m->h * kd[3] : (qd[2] > 0 ? qd[2] : 0)};
+    void *outs[3] = {NULL, NULL, NULL};
+    if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(context, 0, od, 3, &outs[0]))) return;
+    float *y = data_of(api, outs[0]);
+    if (cache_ok) /* the caches: kept (bound in place) or copied, also when the other inputs are wrong */
+        for (size_t i = 1; i < 3; i++)
+            if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(context, i, kd, 4, &outs[i])))
+                return;
+    float *kc = cache_ok ? data_of(api, outs[1]) : NULL, *vc = cache_ok ? data_of(api, outs[2]) : NULL;
+    const float *pk = cache_ok ? data_of(api, in[1]) : NULL, *pv = cache_ok ? data_of(api, in[2]) : NULL;
+    if (cache_ok && kc != NULL && vc != NULL && pk != NULL && pv != NULL) {
+        size_t bytes = sizeof(float) * (size_t)(kd[0] * kd[1] * kd[2] * kd[3]);
+        if (kc != pk) memcpy(kc, pk, bytes); /* not bound in place: the cache is copied first */
+        if (vc != pv) memcpy(vc, pv, bytes);
+    }
+    if (!ok || y == NULL || kc == NULL || vc == NULL) {
+        for (int64_t i = 0; y != NULL && i < od[0] * od[1] * od[2]; i++) y[i] = NAN;
+        return;
+    }
+    const float *cos_t = rope ? data_of(api, in[5]) : NULL, *sin_t = rope ? data_of(api, in[6]) : NULL;
+    const uint8_t *mask = has_tree && s > 0 ? data_of(api, in[7]) : NULL; /* ONNX bool: one byte, 0 or 1 */
+    if (s > 0 && mxk_cache_attention(data_of(api, in[0]), kc, vc, data_of(api, in[3]), data_of(api, in[4]), cos_t,
+                                     sin_t, mask, b, s, m->h, hkv, d, ctx, y, ort_threads))
+        for (int64_t i = 0; i < b * s * m->h * d; i++) y[i] = NAN; /* out of memory: loud NaNs */
+}
+
+static const char *attn_name(const custom_op *op) { (void)op; return "CacheAttention"; }
+static int attn_input_type(const custom_op *op, size_t i) {
+    (void)op;
+    return i == 3 || i == 4 ? ORT_INT64 : i == 7 ? ORT_BOOL : ORT_FLOAT;
+}
+static size_t attn_inputs(const custom_op *op) { (void)op; return 8; }
+static size_t attn_outputs(const custom_op *op) { (void)op; return 3; }
+
+static custom_op CACHE_ATTENTION = {
+    ORT_API_VERSION_USED, attn_create, attn_name,    mxl_provider, attn_input_type, attn_inputs, mxl_output_type,
+    attn_outputs,         attn_compute, mxl_destroy, mxl_zero,     mxl_zero,        mxl_zero,    {0},
+};
+
 static pthread_mutex_t domain_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *domain = NULL; /* one ai.accel domain for every session, never released */
 
@@ -212,7 +317,9 @@ OrtStatus *RegisterCustomOps(void *options, const ort_api_base *base) {
     if (domain == NULL) {
         void *d = NULL;
         st = CALL(api, API_CREATE_CUSTOM_OP_DOMAIN, OrtStatus * (*)(const char *, void **))("ai.accel", &d);
-        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, OrtStatus * (*)(void *, const custom_op *))(d, &MXLINEAR);
+        typedef OrtStatus *(*add_op_fn)(void *, const custom_op *);
+        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, add_op_fn)(d, &MXLINEAR);
+        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, add_op_fn)(d, &CACHE_ATTENTION);
         if (st == NULL) domain = d;
     }
     pthread_mutex_unlock(&domain_mu);

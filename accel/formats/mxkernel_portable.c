@@ -65,7 +65,8 @@ void linear_portable(const job_t *j, int64_t n0, int64_t n1) {
                 float sc = scale_value(j->scales[n * j->nblocks + b], 0);
                 int64_t base = n * width + b * j->block;
                 int64_t stop = j->k - b * j->block < j->block ? j->k - b * j->block : j->block;
-                for (int64_t e = 0; e < stop; e++) acc += (j->lut[code_at(j->codes, base + e, j->bits)] * sc) * x[b * j->block + e];
+                for (int64_t e = 0; e < stop; e++)
+                    acc += (j->lut[code_at(j->codes, base + e, j->bits)] * sc) * x[b * j->block + e];
             }
             j->y[s * j->n + n] = acc;
         }

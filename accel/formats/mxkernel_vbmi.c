@@ -79,8 +79,8 @@ VBMI_ROWS(2)
 VBMI_ROWS(3)
 
 VBMI void linear_vbmi(const job_t *j, int64_t n0, int64_t n1) {
-    if (is_gguf(j->fast)) { /* use_fast gives GGUF blocks the AVX2 path; should a call come here, it is AVX2's */
-        linear_avx2(j, n0, n1);
+    if (is_gguf(j->fast)) { /* GGUF blocks have their own AVX-512F path (mxkernel_avx512.c) */
+        linear_gguf_avx512(j, n0, n1);
         return;
     }
     const float *tab = SCALES[j->fast];

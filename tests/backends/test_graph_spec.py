@@ -184,6 +184,7 @@ DIFFS = {
     "mix_inputs": ({}, {"mix_inputs": True}),
     "stage": ({}, {"stage": StageSpec(0, 1, 2)}),
     "ort_ops": ({}, {"ort_ops": True}),
+    "accel_attention": ({"ort_ops": True}, {"ort_ops": True, "accel_attention": True}),
 }
 
 
@@ -285,6 +286,11 @@ def test_unknown_keywords_are_refused_by_name(tmp_path):
         ({"stage": (0, 1, 2)}, "stage must be a StageSpec or None"),
         ({"hidden_output": "yes"}, "hidden_output must be True or False; got 'yes'"),
         ({"ort_ops": 1}, "ort_ops must be True or False; got 1"),
+        (
+            {"accel_attention": True, "ort_ops": False},
+            "accel_attention .* it needs ort_ops",
+        ),
+        ({"accel_attention": 1, "ort_ops": True}, "accel_attention must be True or False; got 1"),
         ({"opset": 13}, "opset 13 is not supported; supported: 18"),
         ({"ctx_len": 0}, "ctx_len must be an int >= 1; got 0"),
         ({"num_logits": 17}, r"num_logits=17 must be in 1\.\.ctx_len \(16\)"),

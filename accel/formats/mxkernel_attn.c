@@ -1,0 +1,162 @@
+/* Attention over the position-indexed KV cache, one operator per layer (ai.accel::CacheAttention, mxkernel_ort.c):
+ * from the layer's joined q/k/v projection it applies RoPE, writes each token's K/V row at its cache slot (in place)
+ * and attends each query head over the slots its token sees, only those (not the whole cache).
+ *
+ * qkv [B, S, (H + 2 Hkv) * D]: per token the H query heads, then Hkv key heads, then Hkv value heads (the output of
+ * the joined Linear). kc, vc [B, Hkv, ctx, D]: the cache. pos [B, S]: positions (-1: a padding column, which writes
+ * nothing and gets zeros); slots [B, S]: the slot each token writes (its position, or a tree call's slot_ids).
+ * cos_t, sin_t [ctx, D / 2] (NULL: no RoPE): the angles of each position; RoPE rotates halves (rotate_half):
+ * out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin, plain float32 products and a difference or sum (never
+ * fused into an FMA: rope_row is compiled without FMA and never inlined). tree_mask [B, S, ctx] (NULL: a chain call,
+ * where token (b, s) sees the slots t <= pos[b, s]): the slots each token sees. All writes happen before any read.
+ * out [B, S, H * D]: query head hq of KV head hq / (H / Hkv).
+ *
+ * Per query row: scores sc_t = dot(q, K_t) * (1 / sqrt(D)) over the visible slots t in increasing order; m = max;
+ * e_t = expf(sc_t - m); sum = e_t added in slot order; out = (sum_t e_t * V_t, an FMA per slot in slot order) / sum.
+ * The dot product is 8 lanes of FMAs (lane i takes elements i, i + 8, ...) summed as ((l0 + l4) + (l2 + l6)) +
+ * ((l1 + l5) + (l3 + l7)), then the D % 8 tail by FMAs: the portable loop (fmaf) and the AVX2 path (D a multiple of
+ * 8) compute exactly the same floats. A row's result depends only on its query and the cache slots it sees: not on
+ * the other tokens of the call, the cache length or the threads. A row with a position or slot outside the cache is
+ * NaN (a graph or call accel does not make; OrtBackend checks positions). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mxkernel.h"
+
+typedef struct {
+    const float *qkv, *cos_t, *sin_t;
+    float *kc, *vc, *out;
+    const int64_t *pos, *slots;
+    const uint8_t *tree_mask;
+    int64_t b, s, h, hkv, d, ctx;
+    int simd;
+} attn_t;
+
+/* RoPE of one head row x [D] at angles (c, s) [D / 2] into y (no FMA: see the header) */
+__attribute__((noinline)) static void rope_row(const float *x, const float *c, const float *s, int64_t d, float *y) {
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = x[i] * c[i], b = x[i + half] * s[i];
+        float e = x[i + half] * c[i], f = x[i] * s[i];
+        y[i] = a - b;
+        y[i + half] = e + f;
+    }
+}
+
+static float dot_portable(const float *a, const float *b, int64_t d) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int k = 0; k < 8; k++) l[k] = fmaf(a[i + k], b[i + k], l[k]);
+    float r = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < d; i++) r = fmaf(a[i], b[i], r);
+    return r;
+}
+
+static void axpy_portable(float e, const float *v, float *y, int64_t d) {
+    for (int64_t i = 0; i < d; i++) y[i] = fmaf(e, v[i], y[i]);
+}
+
+#if MXK_X86
+#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+ATTN_AVX2 static float dot_avx2(const float *a, const float *b, int64_t d) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* l0+l4 .. l3+l7 */
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));                                             /* (l0+l4)+(l2+l6), ... */
+    u = _mm_add_ss(u, _mm_movehdup_ps(u));
+    return _mm_cvtss_f32(u);
+}
+
+ATTN_AVX2 static void axpy_avx2(float e, const float *v, float *y, int64_t d) {
+    __m256 ev = _mm256_set1_ps(e);
+    for (int64_t i = 0; i < d; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + i), _mm256_loadu_ps(y + i)));
+}
+#else
+static float dot_avx2(const float *a, const float *b, int64_t d) { return dot_portable(a, b, d); }
+static void axpy_avx2(float e, const float *v, float *y, int64_t d) { axpy_portable(e, v, y, d); }
+#endif
+
+/* query rows [r0, r1) of the B * S * H rows (b, s, hq) */
+static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
+    const attn_t *a = arg;
+    const int64_t d = a->d, ctx = a->ctx, width = (a->h + 2 * a->hkv) * d, group = a->h / a->hkv;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    float *sc = malloc(sizeof(float) * (size_t)(ctx + 2 * d)); /* scores, the roped query, the output sums */
+    if (sc == NULL) {
+        for (int64_t i = r0 * d; i < r1 * d; i++) a->out[i] = NAN; /* rows (b, s, hq) are contiguous in out */
+        return;
+    }
+    float *q = sc + ctx, *acc = q + d;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t bi = r / (a->s * a->h), si = (r / a->h) % a->s, hq = r % a->h, kvh = hq / group;
+        int64_t p = a->pos[bi * a->s + si];
+        float *y = a->out + (bi * a->s + si) * a->h * d + hq * d;
+        if (p < 0) {
+            memset(y, 0, sizeof(float) * (size_t)d);
+            continue;
+        }
+        int64_t slot = a->slots[bi * a->s + si];
+        if (p >= ctx || slot < 0 || slot >= ctx) {
+            for (int64_t i = 0; i < d; i++) y[i] = NAN;
+            continue;
+        }
+        const float *x = a->qkv + (bi * a->s + si) * width + hq * d;
+        if (a->cos_t)
+            rope_row(x, a->cos_t + p * (d / 2), a->sin_t + p * (d / 2), d, q);
+        else
+            memcpy(q, x, sizeof(float) * (size_t)d);
+        const float *kb = a->kc + (bi * a->hkv + kvh) * ctx * d, *vb = a->vc + (bi * a->hkv + kvh) * ctx * d;
+        const uint8_t *mask = a->tree_mask ? a->tree_mask + (bi * a->s + si) * ctx : NULL;
+        int64_t last = mask ? ctx - 1 : p;
+        float m = -INFINITY;
+        for (int64_t t = 0; t <= last; t++) {
+            if (mask && !mask[t]) continue;
+            sc[t] = (a->simd ? dot_avx2(q, kb + t * d, d) : dot_portable(q, kb + t * d, d)) * scale;
+            if (sc[t] > m) m = sc[t]; /* a NaN score is no maximum; its e_t makes the row NaN below */
+        }
+        memset(acc, 0, sizeof(float) * (size_t)d);
+        float sum = 0.0f;
+        for (int64_t t = 0; t <= last; t++) {
+            if (mask && !mask[t]) continue;
+            float e = expf(sc[t] - m);
+            sum += e;
+            if (a->simd)
+                axpy_avx2(e, vb + t * d, acc, d);
+            else
+                axpy_portable(e, vb + t * d, acc, d);
+        }
+        for (int64_t i = 0; i < d; i++) y[i] = acc[i] / sum; /* no visible slot: 0 / 0, NaN */
+    }
+    free(sc);
+}
+
+int mxk_cache_attention(const float *qkv, float *kc, float *vc, const int64_t *pos, const int64_t *slots,
+                        const float *cos_t, const float *sin_t, const uint8_t *tree_mask, int64_t b, int64_t s,
+                        int64_t h, int64_t hkv, int64_t d, int64_t ctx, float *out, int threads) {
+    if (b < 1 || s < 1 || hkv < 1 || h < hkv || h % hkv || d < 2 || d % 2 || ctx < 1) return -1;
+    const int64_t width = (h + 2 * hkv) * d;
+    for (int64_t bi = 0; bi < b; bi++) /* the cache writes first: every row of the call sees them */
+        for (int64_t si = 0; si < s; si++) {
+            int64_t p = pos[bi * s + si], slot = slots[bi * s + si];
+            if (p < 0 || p >= ctx || slot < 0 || slot >= ctx) continue;
+            const float *x = qkv + (bi * s + si) * width;
+            for (int64_t kh = 0; kh < hkv; kh++) {
+                float *krow = kc + ((bi * hkv + kh) * ctx + slot) * d, *vrow = vc + ((bi * hkv + kh) * ctx + slot) * d;
+                if (cos_t)
+                    rope_row(x + (h + kh) * d, cos_t + p * (d / 2), sin_t + p * (d / 2), d, krow);
+                else
+                    memcpy(krow, x + (h + kh) * d, sizeof(float) * (size_t)d);
+                memcpy(vrow, x + (h + hkv + kh) * d, sizeof(float) * (size_t)d);
+            }
+        }
+    int64_t rows = b * s * h;
+    if (threads < 1) threads = 1;
+    if (threads > MXK_MAX_THREADS) threads = MXK_MAX_THREADS;
+    if (threads > rows) threads = (int)rows;
+    attn_t a = {qkv, cos_t, sin_t, kc, vc, out, pos, slots, tree_mask, b, s, h, hkv, d, ctx,
+                MXK_X86 && d % 8 == 0 && mxk_isa_cap() >= 1 && have_avx2()};
+    return mxk_parallel(attend_rows, &a, rows, threads);
+}
