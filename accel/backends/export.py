@@ -42,6 +42,7 @@ from accel.backends.onnx_int8 import INT8_SCHEMES, to_u8u8
 from accel.backends.stages import StageSpec
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
+from accel.models.gguf_loader import open_gguf
 from accel.models.sources import checkpoint_mx, open_checkpoint
 
 if TYPE_CHECKING:  # a checkpoint path is exported without torch; only a loaded Decoder brings it
@@ -80,8 +81,6 @@ def _resolve(
     if blocks:
         if not (Path(model).is_file() and Path(model).suffix == ".gguf"):
             raise BackendError(f"weights='gguf-kernel' runs a .gguf file's own blocks; {model} is not a .gguf file")
-        from accel.models.gguf_loader import open_gguf
-
         config, tensors = open_gguf(Path(model), blocks=True)
     else:
         config, tensors = open_checkpoint(model)

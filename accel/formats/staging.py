@@ -112,11 +112,12 @@ def _check_resumable(staging: Path, old: PartialState, new: PartialState) -> Non
 
 def drop_temp_files(staging: Path) -> None:
     """Remove the temp files a killed or interrupted writer left (finished files were renamed into place; a shard
-    not recorded as done is simply written again). Nothing to do once ``staging`` was renamed into place."""
+    not recorded as done is simply written again), and the empty write probe of ``accel._io.check_output_path`` that a
+    SIGKILL between its creation and removal leaves. Nothing to do once ``staging`` was renamed into place."""
     if not staging.is_dir():
         return
     for p in staging.iterdir():
-        if p.name.endswith(".tmp") and p.is_file():
+        if (p.name.endswith(".tmp") or p.name.startswith(".accel-probe-")) and p.is_file():
             p.unlink()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from accel.errors import FormatError, ModelError
+from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.models.config import ModelConfig
 from accel.models.sources import CheckpointTensors
 
@@ -143,8 +144,6 @@ def _load_tensor(path: Path, t: Any, unpermute_heads: int | None) -> np.ndarray:
 def _load_blocks(path: Path, t: Any, unpermute_heads: int | None) -> Any:
     """One Q8_0/Q4_0/Q4_1 2-D GGUF tensor as a ``GGMLTensor`` ``[out, in]`` (``Decoder`` layout; Q/K rows unpermuted
     as ``_load_tensor`` does), its blocks as the file stores them."""
-    from accel.formats.ggml import GGMLTensor
-
     raw = np.fromfile(path, dtype=np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
     if raw.size != int(t.n_bytes):
         raise ModelError(f"GGUF tensor {t.name!r}: file is truncated ({raw.size} of {int(t.n_bytes)} bytes)")
@@ -165,8 +164,6 @@ def open_gguf(path: str | Path, blocks: bool = False) -> tuple[ModelConfig, Any]
     ``blocks``: the 2-D tensors stored as ``Q8_0``, ``Q4_0`` or ``Q4_1`` (``accel.formats.ggml.GGML_TYPES``) are
     looked up as ``GGMLTensor`` instead, their blocks as the file stores them (what ``weights="gguf-kernel"``
     exports); every other tensor is float32 as without it."""
-    from accel.formats.ggml import GGML_TYPES
-
     path = Path(path)
     reader = _reader(path)
     config = gguf_config(reader)

@@ -16,7 +16,7 @@ import pytest
 from accel.cli import EXIT_ERROR, main
 from accel.errors import FormatError, NonFiniteWarning
 from accel.formats import compress_checkpoint, load_tensors
-from accel.formats.staging import MARKER, PartialState, partial_dir, write_marker
+from accel.formats.staging import MARKER, PartialState, drop_temp_files, partial_dir, write_marker
 from tests.helpers.formats import make_checkpoint, make_sharded_checkpoint, tree
 
 pytest.importorskip("safetensors")
@@ -229,3 +229,15 @@ def test_interrupted_compress_leaves_a_resumable_partial_state(tmp_path, sig, co
     assert main(["compress", str(src), "-o", str(tmp_path / "fresh"), "--quiet"]) == 0
     assert tree(out) == tree(tmp_path / "fresh")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "src"]
+
+
+def test_a_resume_drops_what_a_killed_writer_left(tmp_path):
+    """A SIGKILL can land between a writer's mkstemp and its cleanup: its ``.tmp`` file, or the empty write probe of
+    ``check_output_path``, stays in the partial folder. Resuming drops both and keeps every finished file."""
+    staging = tmp_path / "out.accel-partial"
+    staging.mkdir()
+    (staging / "model-00001.safetensors").write_bytes(b"done")
+    (staging / "model-00002.safetensors.x1.tmp").write_bytes(b"half")
+    (staging / ".accel-probe-82cca99c").write_bytes(b"")
+    drop_temp_files(staging)
+    assert sorted(p.name for p in staging.iterdir()) == ["model-00001.safetensors"]
