@@ -26,8 +26,7 @@ AVX2 static inline __m256i gguf_nibbles(const uint8_t *p) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-/* block b's 32 exact float32 weights; s: the block's scale bytes (MX: s[0] is the E8M0 code, read via scale_tab;
- * GGUF: float16 d, then Q4_1's float16 m) */
+/* MX block b's 32 exact float32 weights; s: its E8M0 scale code, read via scale_tab (GGUF blocks: row_dot_gguf) */
 AVX2 static inline __attribute__((always_inline)) void block_weights(const int fast, const uint8_t *row,
                                                                      const float *scale_tab, int64_t b,
                                                                      const uint8_t *s, __m256 w[4]) {
@@ -36,29 +35,9 @@ AVX2 static inline __attribute__((always_inline)) void block_weights(const int f
         v = e2m3_ints(unpack_fp6(row + 24 * b));
     else if (fast == FAST_E2M1)
         v = e2m1_ints(row + 16 * b);
-    else if (fast == FAST_Q4_0)
-        v = _mm256_sub_epi8(gguf_nibbles(row + 16 * b), _mm256_set1_epi8(8));
-    else if (fast == FAST_Q4_1)
-        v = gguf_nibbles(row + 16 * b);
-    else /* MXINT8, Q8_0: the int8 codes themselves */
+    else /* MXINT8: the int8 codes themselves */
         v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
-    if (!is_gguf(fast)) {
-        to_floats(v, scale_tab[s[0]], w);
-    } else if (fast != FAST_Q4_1) {
-        uint16_t h;
-        memcpy(&h, s, 2);
-        to_floats(v, _cvtsh_ss(h), w); /* d * q: exact (F16C converts halves exactly, subnormals included) */
-    } else { /* d * q exact, so fma(q, d, m) rounds d * q + m once, as numpy's (d * q) + m does */
-        uint32_t dm_bits;
-        memcpy(&dm_bits, s, 4);
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm_bits)); /* lane 0: d, lane 1: m */
-        __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-        __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
-        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)), d, m);
-        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(a, 8))), d, m);
-        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), d, m);
-        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8))), d, m);
-    }
+    to_floats(v, scale_tab[s[0]], w);
 }
 
 AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -69,10 +48,89 @@ AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_cvtss_f32(u);
 }
 
+/* a GGUF block's 32 exact float32 weights from its integers v (int8 lanes) and its scale(s) dm as float32, read as
+ * memory broadcasts: d * q (exact), Q4_1 fma(q, d, m) (d * q + m rounded once, as numpy's (d * q) + m) */
+AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fast, __m256i v, const float *dm,
+                                                                   __m256 w[4]) {
+    __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
+    __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+    __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+    __m256 d = _mm256_set1_ps(dm[0]);
+    if (fast == FAST_Q4_1) {
+        __m256 m = _mm256_set1_ps(dm[1]);
+        w[0] = _mm256_fmadd_ps(q0, d, m);
+        w[1] = _mm256_fmadd_ps(q1, d, m);
+        w[2] = _mm256_fmadd_ps(q2, d, m);
+        w[3] = _mm256_fmadd_ps(q3, d, m);
+    } else {
+        w[0] = _mm256_mul_ps(q0, d);
+        w[1] = _mm256_mul_ps(q1, d);
+        w[2] = _mm256_mul_ps(q2, d);
+        w[3] = _mm256_mul_ps(q3, d);
+    }
+}
+
+/* blocks whose float16 scales one GGUF row converts at once (a stack buffer of GGUF_CHUNK * 2 floats) */
+#define GGUF_CHUNK 64
+
+/* GGUF: one W row against x rows s0 and s0 + 1 (two when pair), as row_dot; a chunk's float16 scales converted by
+ * F16C into float32 first (8 at a time), so each block broadcasts its d (and m) from memory */
+AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t *j, int64_t n, int64_t s0,
+                                                                    const int fast, const int pair) {
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), halves = sbytes / 2;
+    const uint8_t *row = j->codes + n * j->nblocks * bytes;
+    const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
+    const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    float dm[GGUF_CHUNK * 2];
+    for (int64_t c0 = 0; c0 < j->nblocks; c0 += GGUF_CHUNK) {
+        int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks, nh = (c1 - c0) * halves, i = 0;
+        for (; i + 8 <= nh; i += 8)
+            _mm256_storeu_ps(dm + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + sbytes * c0 + 2 * i))));
+        for (; i < nh; i++) {
+            uint16_t h;
+            memcpy(&h, sc + sbytes * c0 + 2 * i, 2);
+            dm[i] = _cvtsh_ss(h);
+        }
+        for (int64_t b = c0; b < c1; b++) {
+            __m256 w[4];
+            _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+            __m256i v;
+            if (fast == FAST_Q4_0)
+                v = _mm256_sub_epi8(gguf_nibbles(row + 16 * b), _mm256_set1_epi8(8));
+            else if (fast == FAST_Q4_1)
+                v = gguf_nibbles(row + 16 * b);
+            else
+                v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
+            gguf_floats(fast, v, dm + (b - c0) * halves, w);
+            const float *p = x0 + 32 * b;
+            a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
+            a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p + 8), a1);
+            a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p + 16), a2);
+            a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p + 24), a3);
+            if (pair) {
+                const float *q = x1 + 32 * b;
+                b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(q), b0);
+                b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(q + 8), b1);
+                b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(q + 16), b2);
+                b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(q + 24), b3);
+            }
+        }
+    }
+    j->y[s0 * j->n + n] = hsum(a0, a1, a2, a3);
+    if (pair) j->y[(s0 + 1) * j->n + n] = hsum(b0, b1, b2, b3);
+}
+
 /* one W row against x rows s0 and s0 + 1 (two when pair): each x row keeps its own 4 accumulators; `fast` and
  * `pair` are constants at every call site (one branch-free loop each) */
 AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, const float *scale_tab, int64_t n,
                                                                int64_t s0, const int fast, const int pair) {
+    if (is_gguf(fast)) {
+        row_dot_gguf(j, n, s0, fast, pair);
+        return;
+    }
     const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast);
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
@@ -81,8 +139,6 @@ AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, c
     for (int64_t b = 0; b < j->nblocks; b++) {
         __m256 w[4];
         _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
-        if (is_gguf(fast)) /* GGUF scales are a second stream of 2 or 4 bytes a block: the same distance ahead */
-            _mm_prefetch((const char *)(sc + sbytes * b) + MXK_PREFETCH_BYTES / bytes * sbytes, _MM_HINT_T0);
         block_weights(fast, row, scale_tab, b, sc + sbytes * b, w);
         const float *p = x0 + 32 * b;
         a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);

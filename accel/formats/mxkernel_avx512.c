@@ -1,6 +1,8 @@
 /* The AVX-512F path of GGUF blocks (Q8_0, Q4_0, Q4_1; fast 4, 5, 6): a block's 32 weights decoded exactly to two
  * 16-lane float32 vectors (the integers q, q - 8 or q converted, times the block's float16 d converted by F16C; Q4_1:
- * fma(q, d, m), which rounds d * q + m once since d * q is exact), then multiplied into up to 8 x rows at once (a
+ * fma(q, d, m), which rounds d * q + m once since d * q is exact; a row's halves converted 16 at a time into a
+ * float32 buffer first, so each block reads its d and m as memory broadcasts), then multiplied into up to 8 x rows
+ * at once (a
  * verify call of K + 1 <= 8 tokens decodes each block once). Per x row two accumulators (weights 0..15 and 16..31 of
  * every block) take the same FMA sequence whatever the number of rows beside it. Only AVX-512F (+ F16C, FMA) is
  * needed: CPUs with AVX-512 but without VBMI run it too. See mxkernel.h. */
@@ -11,9 +13,10 @@
 #if MXK_X86
 #define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
-/* block b's 32 exact float32 weights: w0 (weights 0..15), w1 (16..31) */
+/* block b's 32 exact float32 weights: w0 (weights 0..15), w1 (16..31); dm: the block's d (and Q4_1's m) as float32,
+ * read as memory broadcasts (no shuffle-port work) */
 AVX512 static inline __attribute__((always_inline)) void gguf_block512(const int fast, const uint8_t *codes,
-                                                                       const uint8_t *s, __m512 *w0, __m512 *w1) {
+                                                                       const float *dm, __m512 *w0, __m512 *w1) {
     __m512i q0, q1;
     if (fast == FAST_Q8_0) {
         q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes));
@@ -27,44 +30,58 @@ AVX512 static inline __attribute__((always_inline)) void gguf_block512(const int
             q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(8));
         }
     }
-    if (fast == FAST_Q4_1) {
-        uint32_t dm_bits;
-        memcpy(&dm_bits, s, 4);
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm_bits)); /* lane 0: d, lane 1: m */
-        __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+    __m512 d = _mm512_set1_ps(dm[0]);
+    if (fast == FAST_Q4_1) { /* fma(q, d, m) rounds d * q + m once, d * q being exact */
+        __m512 m = _mm512_set1_ps(dm[1]);
         *w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d, m);
         *w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d, m);
     } else {
-        uint16_t h;
-        memcpy(&h, s, 2);
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
         *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
         *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+    }
+}
+
+/* blocks a row's scales are converted for at once (a stack buffer of GGUF_CHUNK * 2 floats) */
+#define GGUF_CHUNK 64
+
+/* the float16 scales of nb blocks (per block `halves` of them: d, or d and m) at s -> float32 dm, exactly (F16C) */
+AVX512 static inline void halves_to_floats(const uint8_t *s, int64_t n, float *dm) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dm + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        dm[i] = _cvtsh_ss(h);
     }
 }
 
 /* one W row against the nx (1 to 8) x rows from s0; `fast` and `nx` are constants at every call site */
 AVX512 static inline __attribute__((always_inline)) void row_dot_512(const job_t *j, int64_t n, int64_t s0,
                                                                      const int fast, const int nx) {
-    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast);
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), halves = sbytes / 2;
     const int64_t nblocks = j->nblocks;
     const uint8_t *row = j->codes + n * nblocks * bytes, *sc = j->scales + n * nblocks * sbytes;
     const float *xr[8];
     __m512 lo[8], hi[8];
+    float dm[GGUF_CHUNK * 2];
 #pragma GCC unroll 8
     for (int r = 0; r < nx; r++) {
         xr[r] = j->x + (s0 + r) * j->xstride;
         lo[r] = hi[r] = _mm512_setzero_ps();
     }
-    for (int64_t b = 0; b < nblocks; b++) {
-        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)(sc + sbytes * b) + MXK_PREFETCH_BYTES / 8, _MM_HINT_T0);
-        __m512 w0, w1;
-        gguf_block512(fast, row + bytes * b, sc + sbytes * b, &w0, &w1);
+    for (int64_t b0 = 0; b0 < nblocks; b0 += GGUF_CHUNK) {
+        int64_t b1 = b0 + GGUF_CHUNK < nblocks ? b0 + GGUF_CHUNK : nblocks;
+        halves_to_floats(sc + sbytes * b0, (b1 - b0) * halves, dm);
+        for (int64_t b = b0; b < b1; b++) {
+            _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+            __m512 w0, w1;
+            gguf_block512(fast, row + bytes * b, dm + (b - b0) * halves, &w0, &w1);
 #pragma GCC unroll 8
-        for (int r = 0; r < nx; r++) {
-            lo[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr[r] + 32 * b), lo[r]);
-            hi[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr[r] + 32 * b + 16), hi[r]);
+            for (int r = 0; r < nx; r++) {
+                lo[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr[r] + 32 * b), lo[r]);
+                hi[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr[r] + 32 * b + 16), hi[r]);
+            }
         }
     }
 #pragma GCC unroll 8
