@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--accel-attention",
         action="store_true",
         help="each layer's RoPE, cache write and attention as one ai.accel::CacheAttention node (accel's kernel "
-        "library; onnxruntime only, needs --ort-ops): attends only the slots each token sees",
+        "library; onnxruntime only, turns --ort-ops on): attends only the slots each token sees",
     )
     p.add_argument("--qaic-dir", default=None, metavar="DIR", help="also write Cloud AI 100 compile files here")
     p.add_argument("--prompt-len", type=int, default=32, help="qaic prefill specialization length (default 32)")

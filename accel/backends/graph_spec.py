@@ -130,7 +130,8 @@ class GraphSpec:
         ort_ops: onnxruntime's fused RMSNorm/RoPE operators (default: on for the onnxruntime-only runtimes
             ``dynamic``, ``nbits``, ``kernel``).
         accel_attention: each layer's RoPE, cache write and attention as one ``ai.accel::CacheAttention`` node
-            (accel's kernel library, onnxruntime only; needs ``ort_ops``): attends only the slots each token sees,
+            (accel's kernel library, onnxruntime only; needs ``ort_ops``, its default then): attends only the slots
+            each token sees,
             one node instead of about 15 (docs/backends.md, "The graph of a layer").
         opset: the ONNX opset (only 18).
     """
@@ -164,8 +165,12 @@ class GraphSpec:
         self._set(**ints, num_logits=None if n is None else int(n))
         self._set(**_weights(self.element, self.runtime, self.activations, self.float_storage, self.int8_scheme))
         self._set(**{name: _flag(name, getattr(self, name)) for name in ("hidden_output", "tree", "mix_inputs")})
-        ort_ops = self.runtime in _ORT_ONLY if self.ort_ops is None else _flag("ort_ops", self.ort_ops)
-        self._set(ort_ops=ort_ops, accel_attention=_flag("accel_attention", self.accel_attention))
+        accel_attention = _flag("accel_attention", self.accel_attention)
+        if self.ort_ops is None:  # the runtime's default; accel's attention operator needs onnxruntime's (ort_ops)
+            ort_ops = self.runtime in _ORT_ONLY or accel_attention
+        else:
+            ort_ops = _flag("ort_ops", self.ort_ops)
+        self._set(ort_ops=ort_ops, accel_attention=accel_attention)
         if self.accel_attention and not ort_ops:
             raise BackendError(
                 "accel_attention (ai.accel::CacheAttention) is an onnxruntime operator: it needs ort_ops"

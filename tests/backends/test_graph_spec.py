@@ -325,3 +325,11 @@ def test_exported_logits_follow_the_spec_not_its_spelling(tmp_path):
     b = export_onnx(model, tmp_path / "b.onnx", ctx_len=CTX, batch_size=2, tree=True, progress=False)
     ids = np.tile(np.arange(5), (2, 1))
     np.testing.assert_array_equal(OrtBackend(a).forward(ids, ids), OrtBackend(b).forward(ids, ids))
+
+
+def test_accel_attention_turns_ort_ops_on_unless_told_not_to():
+    assert GraphSpec(ctx_len=CTX, accel_attention=True).ort_ops is True
+    assert GraphSpec(ctx_len=CTX, accel_attention=True, element="int8").ort_ops is True
+    assert GraphSpec(ctx_len=CTX).ort_ops is False  # fp32 alone: standard ONNX (what Cloud AI 100 reads)
+    with pytest.raises(BackendError, match="it needs ort_ops"):
+        GraphSpec(ctx_len=CTX, accel_attention=True, ort_ops=False)
