@@ -21,13 +21,13 @@ import numpy as np
 
 from accel.errors import FormatError
 from accel.formats.ggml import BLOCK, GGMLTensor
-from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, default_threads
+from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, KernelWeight, default_threads
 from accel.formats.mxkernel_build import load_kernel
 
 __all__ = ["GGMLKernel"]
 
 
-class GGMLKernel:
+class GGMLKernel(KernelWeight):
     """A GGUF-block weight ``[N, K]`` kept as stored, for ``matmul`` by the fused kernel (or the numpy path).
 
     Args:
@@ -52,11 +52,6 @@ class GGMLKernel:
         )
 
     @property
-    def uses_kernel(self) -> bool:
-        """True when calls run the compiled kernel, False on the numpy path."""
-        return self._lib is not None
-
-    @property
     def kernel_path(self) -> str:
         """Which code runs ``matmul``: ``"avx512"`` (AVX-512F), ``"avx2"``, ``"portable"`` (C loop) or ``"numpy"``."""
         if self._lib is None:
@@ -64,22 +59,9 @@ class GGMLKernel:
         return ("portable", "avx2", "avx512")[self._lib.mxk_fast_path(self.tensor.qtype.fast, BLOCK)]
 
     @property
-    def auto_threads(self) -> int:
-        """Threads a call uses by default: 1 below ``MIN_WEIGHTS_PER_THREAD`` weights a thread, else up to
-        ``default_threads()``."""
-        return self._auto_threads
-
-    @property
     def nbytes(self) -> int:
         """Bytes the kernel streams per call: codes + scales (the GGUF blocks' own size)."""
         return self.tensor.nbytes
-
-    def _threads(self, threads: int | None) -> int:
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise FormatError(f"threads must be an int >= 1, got {threads!r}")
-            return min(threads, 16)
-        return self._auto_threads
 
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 ``[N, K]``, bit-exact to ``tensor.dequantize()`` (NaN where a scale is NaN or an

@@ -16,6 +16,7 @@ path gives the same weights (``w.dequantize()``, exact) with a numpy matmul, aft
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import numpy as np
@@ -57,6 +58,15 @@ def set_isa(level: int) -> None:
         lib.mxk_set_isa(int(level))
 
 
+def call_threads(threads: int | None, auto: int) -> int:
+    """The kernel threads of one call: ``threads`` (an int >= 1, at most 16; FormatError otherwise) or ``auto``."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise FormatError(f"threads must be an int >= 1, got {threads!r}")
+        return min(threads, 16)
+    return auto
+
+
 def default_threads() -> int:
     """Threads a large call uses: ``$ACCEL_MXKERNEL_THREADS`` or the CPUs this process may run on (at most 16)."""
     env = os.environ.get("ACCEL_MXKERNEL_THREADS")
@@ -68,7 +78,29 @@ def default_threads() -> int:
     return max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-class PackedMX:
+class KernelWeight:
+    """What ``PackedMX`` and ``accel.formats.ggml_kernel.GGMLKernel`` share: the library (``_lib``, None on the numpy
+    path) and the default thread count of a call (``_auto_threads``), set by the subclass."""
+
+    _lib: ctypes.CDLL | None
+    _auto_threads: int
+
+    @property
+    def uses_kernel(self) -> bool:
+        """True when calls run the compiled kernel, False on the numpy path."""
+        return self._lib is not None
+
+    @property
+    def auto_threads(self) -> int:
+        """Threads a call uses by default: 1 below ``MIN_WEIGHTS_PER_THREAD`` weights a thread, else up to
+        ``default_threads()``."""
+        return self._auto_threads
+
+    def _threads(self, threads: int | None) -> int:
+        return call_threads(threads, self._auto_threads)
+
+
+class PackedMX(KernelWeight):
     """An MX weight [N, K] (blocked along K) kept packed, for ``matmul`` by the fused kernel (or the numpy path).
 
     Args:
@@ -101,11 +133,6 @@ class PackedMX:
         self._auto_threads = max(1, min(default_threads(), self.out_features * self._width // MIN_WEIGHTS_PER_THREAD))
 
     @property
-    def uses_kernel(self) -> bool:
-        """True when calls run the compiled kernel, False on the numpy path."""
-        return self._lib is not None
-
-    @property
     def kernel_path(self) -> str:
         """Which code runs ``matmul``: ``"avx512-vbmi"``, ``"avx2"``, ``"portable"`` (C loop) or ``"numpy"``."""
         if self._lib is None:
@@ -113,22 +140,9 @@ class PackedMX:
         return ("portable", "avx2", "avx512-vbmi")[self._lib.mxk_fast_path(self._fast, self.weight.block_size)]
 
     @property
-    def auto_threads(self) -> int:
-        """Threads a call uses by default: 1 below ``MIN_WEIGHTS_PER_THREAD`` weights a thread, else up to
-        ``default_threads()``."""
-        return self._auto_threads
-
-    @property
     def nbytes(self) -> int:
         """Bytes the kernel streams per call: packed codes + scales."""
         return self.weight.nbytes
-
-    def _threads(self, threads: int | None) -> int:
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise FormatError(f"threads must be an int >= 1, got {threads!r}")
-            return min(threads, 16)
-        return self._auto_threads
 
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 [N, K], bit-exact to ``weight.dequantize()`` (signed zeros and NaN blocks too)."""

@@ -40,6 +40,14 @@ AVX2 static inline __attribute__((always_inline)) void block_weights(const int f
     to_floats(v, scale_tab[s[0]], w);
 }
 
+/* acc[i] += w[i] * x[8 i .. 8 i + 8): one block's 32 products into an x row's 4 accumulators */
+AVX2 static inline __attribute__((always_inline)) void fma_block(const __m256 w[4], const float *x, __m256 acc[4]) {
+    acc[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc[0]);
+    acc[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), acc[1]);
+    acc[2] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), acc[2]);
+    acc[3] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), acc[3]);
+}
+
 AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
     __m256 t = _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d));
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
@@ -83,7 +91,8 @@ AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t 
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 bb[4] = {a[0], a[0], a[0], a[0]};
     float dm[GGUF_CHUNK * 2];
     for (int64_t c0 = 0; c0 < j->nblocks; c0 += GGUF_CHUNK) {
         int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks, nh = (c1 - c0) * halves, i = 0;
@@ -105,22 +114,12 @@ AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t 
             else
                 v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
             gguf_floats(fast, v, dm + (b - c0) * halves, w);
-            const float *p = x0 + 32 * b;
-            a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
-            a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p + 8), a1);
-            a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p + 16), a2);
-            a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p + 24), a3);
-            if (pair) {
-                const float *q = x1 + 32 * b;
-                b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(q), b0);
-                b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(q + 8), b1);
-                b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(q + 16), b2);
-                b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(q + 24), b3);
-            }
+            fma_block(w, x0 + 32 * b, a);
+            if (pair) fma_block(w, x1 + 32 * b, bb);
         }
     }
-    j->y[s0 * j->n + n] = hsum(a0, a1, a2, a3);
-    if (pair) j->y[(s0 + 1) * j->n + n] = hsum(b0, b1, b2, b3);
+    j->y[s0 * j->n + n] = hsum(a[0], a[1], a[2], a[3]);
+    if (pair) j->y[(s0 + 1) * j->n + n] = hsum(bb[0], bb[1], bb[2], bb[3]);
 }
 
 /* one W row against x rows s0 and s0 + 1 (two when pair): each x row keeps its own 4 accumulators; `fast` and
@@ -135,26 +134,17 @@ AVX2 static inline __attribute__((always_inline)) void row_dot(const job_t *j, c
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 bb[4] = {a[0], a[0], a[0], a[0]};
     for (int64_t b = 0; b < j->nblocks; b++) {
         __m256 w[4];
         _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
         block_weights(fast, row, scale_tab, b, sc + sbytes * b, w);
-        const float *p = x0 + 32 * b;
-        a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
-        a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p + 8), a1);
-        a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p + 16), a2);
-        a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p + 24), a3);
-        if (pair) {
-            const float *q = x1 + 32 * b;
-            b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(q), b0);
-            b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(q + 8), b1);
-            b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(q + 16), b2);
-            b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(q + 24), b3);
-        }
+        fma_block(w, x0 + 32 * b, a);
+        if (pair) fma_block(w, x1 + 32 * b, bb);
     }
-    j->y[s0 * j->n + n] = hsum(a0, a1, a2, a3);
-    if (pair) j->y[(s0 + 1) * j->n + n] = hsum(b0, b1, b2, b3);
+    j->y[s0 * j->n + n] = hsum(a[0], a[1], a[2], a[3]);
+    if (pair) j->y[(s0 + 1) * j->n + n] = hsum(bb[0], bb[1], bb[2], bb[3]);
 }
 
 #define AVX2_ROWS(FAST)                                                                                              \
