@@ -10,7 +10,7 @@ Memory stays at about one tensor whatever the model's size. ``PRESETS`` holds th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,18 +86,22 @@ def write_random_checkpoint(
     seed: int = 0,
     std: float = 0.02,
     tokenizer: dict[str, Any] | None = None,
+    gguf_type: str | Callable[[str], str] = "Q8_0",
 ) -> Path:
     """Write a random Llama-family checkpoint of ``config``'s shapes; returns the directory or ``.gguf`` path.
 
-    ``kind``: ``"safetensors"`` (``out`` is a directory; BF16 tensors) or ``"gguf"`` (``out`` is the file; Q8_0
-    matrices). ``tokenizer``: GGUF only, tokenizer metadata by ``gguf.GGUFWriter`` method suffix (``tokenizer_model``,
-    ``tokenizer_pre``, ``token_list``, ``token_merges``, ``token_types``, ``bos_token_id``, ...).
+    ``kind``: ``"safetensors"`` (``out`` is a directory; BF16 tensors) or ``"gguf"`` (``out`` is the file; its
+    matrices quantized by the ``gguf`` package as ``gguf_type``: a block type of 32 (``Q8_0``, ``Q4_0``, ``Q4_1``,
+    ...) or a function of the GGUF tensor name giving one; the rest F32). ``tokenizer``: GGUF only, tokenizer metadata
+    by ``gguf.GGUFWriter`` method suffix (``tokenizer_model``, ``tokenizer_pre``, ``token_list``, ``token_merges``,
+    ``token_types``, ``bos_token_id``, ...).
     """
     if config.model_type not in ("llama", "mistral", "qwen2"):
         raise ModelError(f"random checkpoints are Llama-family only; got model_type {config.model_type!r}")
     rng = np.random.default_rng(seed)
     if kind == "gguf":
-        return _write_gguf(config, Path(out), rng, std, tokenizer or {})
+        type_of = gguf_type if callable(gguf_type) else (lambda _name: gguf_type)
+        return _write_gguf(config, Path(out), rng, std, tokenizer or {}, type_of)
     return _write_safetensors(config, Path(out), rng, std)
 
 
@@ -140,9 +144,24 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_gguf(c: ModelConfig, out: Path, rng: np.random.Generator, std: float, tok: dict[str, Any]) -> Path:
+def _write_gguf(
+    c: ModelConfig,
+    out: Path,
+    rng: np.random.Generator,
+    std: float,
+    tok: dict[str, Any],
+    type_of: Callable[[str], str],
+) -> Path:
     import gguf
     from gguf.quants import quantize
+
+    def qtype(name: str, shape: tuple[int, ...]) -> Any:  # a matrix in whole blocks of 32: the asked type
+        if len(shape) == 2 and shape[1] % 32 == 0:
+            try:
+                return gguf.GGMLQuantizationType[type_of(_gguf_name(name))]
+            except KeyError as exc:
+                raise ModelError(f"gguf_type: {exc} is not a GGUF quantization type") from None
+        return gguf.GGMLQuantizationType.F32
 
     arch = c.model_type
     w = gguf.GGUFWriter(str(out), arch)
@@ -158,11 +177,11 @@ def _write_gguf(c: ModelConfig, out: Path, rng: np.random.Generator, std: float,
     for key, value in tok.items():
         getattr(w, f"add_{key}")(value)  # e.g. tokenizer_model, tokenizer_pre, token_list, token_merges, token_types
     shapes = list(_shapes(c))
-    q8 = gguf.GGMLQuantizationType.Q8_0
     for name, shape in shapes:
-        qtype = q8 if len(shape) == 2 and shape[1] % 32 == 0 else gguf.GGMLQuantizationType.F32
-        nbytes = int(np.prod(shape)) * 4 if qtype != q8 else int(np.prod(shape)) // 32 * 34
-        w.add_tensor_info(_gguf_name(name), shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+        t = qtype(name, shape)
+        block, type_bytes = gguf.GGML_QUANT_SIZES[t]
+        nbytes = int(np.prod(shape)) // block * type_bytes
+        w.add_tensor_info(_gguf_name(name), shape, np.dtype(np.float32), nbytes, raw_dtype=t)
     out.parent.mkdir(parents=True, exist_ok=True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -174,6 +193,7 @@ def _write_gguf(c: ModelConfig, out: Path, rng: np.random.Generator, std: float,
             arr = _permute(arr, c.num_heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _permute(arr, c.num_kv_heads)
-        w.write_tensor_data(quantize(arr, q8) if len(shape) == 2 and shape[1] % 32 == 0 else arr)
+        t = qtype(name, shape)
+        w.write_tensor_data(arr if t == gguf.GGMLQuantizationType.F32 else quantize(arr, t))
     w.close()
     return out

@@ -4,8 +4,8 @@ stores them and run by accel's fused kernel (``ai.accel::MXLinear``, ``fast`` 4/
 What is exact and what is not: the weights are llama.cpp's values bit for bit and the activations stay float32, so
 the logits differ from the fp32 export of the same file (the same dequantized values, as a float MatMul) only by
 float32 summation order. Each output row is the same sum whatever the call's rows, so tree calls equal chain calls
-bit for bit. Tiny random GGUFs written here (three block types, and one that mixes them inside a joined group) and
-SmolLM2-135M's own Q4_1 GGUF (once, against its dequantized checkpoint directory)."""
+bit for bit. Tiny random GGUFs (``write_random_checkpoint``'s ``gguf_type``: three block types, and one that mixes them
+inside a joined group) and SmolLM2-135M's own Q4_1 GGUF (once, against its dequantized checkpoint directory)."""
 
 from __future__ import annotations
 
@@ -45,42 +45,6 @@ MIXED = {"attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q
          "ffn_up": "Q4_0", "ffn_down": "Q8_0", "output": "Q4_1"}  # fmt: skip
 
 
-def write_gguf(cfg: ModelConfig, out: Path, qtype, seed: int = 0, std: float = 0.3) -> Path:
-    """A random GGUF of ``cfg`` (``random_checkpoint``'s names, values and Q/K permutation) whose 2-D tensors are
-    stored as ``qtype(gguf_name)`` (``Q8_0``, ``Q4_0``, ``Q4_1``; quantized by the ``gguf`` package), the rest F32.
-    ``write_random_checkpoint(kind="gguf")`` writes Q8_0 only."""
-    from gguf.quants import quantize
-
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(out), cfg.model_type)
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_vocab_size(cfg.vocab_size)
-    for name, shape in rc._shapes(cfg):
-        arr = rc._random(rng, name, shape, std)
-        if name.endswith("q_proj.weight"):
-            arr = rc._permute(arr, cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
-            arr = rc._permute(arr, cfg.num_kv_heads)
-        gname = rc._gguf_name(name)
-        if len(shape) == 2:
-            t = gguf.GGMLQuantizationType[qtype(gname)]
-            w.add_tensor(gname, quantize(arr, t), raw_dtype=t)
-        else:
-            w.add_tensor(gname, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
 def _mixed_type(gname: str) -> str:
     return MIXED.get(gname.split(".")[-2], "Q8_0")  # token_embd: Q8_0
 
@@ -92,11 +56,9 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("gguf_kernel")
     out = {}
     for kind in (*TYPES, "mixed"):
-        if kind == "Q8_0":
-            src = rc.write_random_checkpoint(CFG, d / "Q8_0.gguf", kind="gguf", seed=1, std=0.3)
-        else:
-            qtype = _mixed_type if kind == "mixed" else (lambda _, k=kind: k)
-            src = write_gguf(CFG, d / f"{kind}.gguf", qtype, seed=2 + len(out))
+        qtype = _mixed_type if kind == "mixed" else kind
+        src = rc.write_random_checkpoint(CFG, d / f"{kind}.gguf", kind="gguf", seed=1 + len(out), std=0.3,
+                                         gguf_type=qtype)  # fmt: skip
         kw = {"ctx_len": CTX, "batch_size": 2, "progress": False}
         kernel = export_onnx(src, d / f"{kind}-k.onnx", weights="gguf-kernel", **kw)
         fp32 = export_onnx(src, d / f"{kind}-f.onnx", weights="fp32", ort_ops=True, **kw)
