@@ -63,6 +63,9 @@ class GGMLKernel(KernelWeight):
         """Bytes the kernel streams per call: codes + scales (the GGUF blocks' own size)."""
         return self.tensor.nbytes
 
+    def _dequantize(self) -> np.ndarray:
+        return self.tensor.dequantize(np.float32)
+
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 ``[N, K]``, bit-exact to ``tensor.dequantize()`` (NaN where a scale is NaN or an
         infinite ``d`` meets a zero code)."""
@@ -86,18 +89,11 @@ class GGMLKernel(KernelWeight):
         """``x @ W.T``: float32 activations ``[..., K]`` (``[S, K]`` or ``[K]``) -> float32 ``[..., N]`` (the module
         docstring: exact weights, float32 sums in a fixed order). ``threads``: kernel threads (default: 1 for small
         weights, else ``default_threads``)."""
-        if not isinstance(x, np.ndarray):
-            x = np.asarray(x)
-        if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
+        x, lead, rows = self._activations(x)
         nthreads = self._threads(threads)
-        lead = x.shape[:-1]
-        rows = int(np.prod(lead, dtype=np.int64))
-        x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
         if self._lib is None:
-            if self._dense is None:
-                self._dense = self.tensor.dequantize(np.float32)
-            return (x2 @ self._dense.T).reshape(*lead, self.out_features)
+            return self._numpy_matmul(x, lead, rows)
+        x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
         y = np.empty((rows, self.out_features), np.float32)
         q = self.tensor.qtype
         rc = self._lib.mxk_linear(

@@ -99,6 +99,31 @@ class KernelWeight:
     def _threads(self, threads: int | None) -> int:
         return call_threads(threads, self._auto_threads)
 
+    # set by the subclass: the weight's shape and its lazily decoded float32 copy (the numpy path)
+    in_features: int
+    out_features: int
+    _dense: np.ndarray | None
+
+    def _dequantize(self) -> np.ndarray:
+        """Every weight, float32 ``[N, K]`` (the subclass's exact decode)."""
+        raise NotImplementedError
+
+    def _activations(self, x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...], int]:
+        """``x`` checked as float32 activations ``[..., K]`` (FormatError otherwise), its leading shape and rows."""
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
+        lead = x.shape[:-1]
+        rows = x.size // self.in_features if self.in_features else int(np.prod(lead, dtype=np.int64))
+        return x, lead, rows
+
+    def _numpy_matmul(self, x: np.ndarray, lead: tuple[int, ...], rows: int) -> np.ndarray:
+        """``x @ W.T`` with numpy on the exact weights (decoded once, kept): the path without the kernel."""
+        if self._dense is None:
+            self._dense = self._dequantize()
+        return (x.reshape(rows, self.in_features) @ self._dense.T).reshape(*lead, self.out_features)
+
 
 class PackedMX(KernelWeight):
     """An MX weight [N, K] (blocked along K) kept packed, for ``matmul`` by the fused kernel (or the numpy path).
@@ -144,6 +169,9 @@ class PackedMX(KernelWeight):
         """Bytes the kernel streams per call: packed codes + scales."""
         return self.weight.nbytes
 
+    def _dequantize(self) -> np.ndarray:
+        return self.weight.dequantize(np.float32)
+
     def decode(self, threads: int | None = None) -> np.ndarray:
         """Every weight, float32 [N, K], bit-exact to ``weight.dequantize()`` (signed zeros and NaN blocks too)."""
         w, nthreads = self.weight, self._threads(threads)
@@ -156,17 +184,10 @@ class PackedMX(KernelWeight):
     def matmul(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """``x @ W.T``: float32 activations ``[..., K]`` -> float32 ``[..., N]`` (see the module docstring: exact
         weights, float32 sums). ``threads``: kernel threads (default: 1 for small weights, else ``default_threads``)."""
-        if not isinstance(x, np.ndarray):
-            x = np.asarray(x)
-        if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise FormatError(f"matmul needs float32 activations [..., {self.in_features}], got {x.dtype} {x.shape}")
+        x, lead, rows = self._activations(x)
         nthreads = self._threads(threads)
-        lead = x.shape[:-1]
-        rows = x.size // self.in_features if self.in_features else int(np.prod(lead, dtype=np.int64))
         if self._lib is None:
-            if self._dense is None:
-                self._dense = self.weight.dequantize(np.float32)
-            return (x.reshape(rows, self.in_features) @ self._dense.T).reshape(*lead, self.out_features)
+            return self._numpy_matmul(x, lead, rows)
         if self._width == self.in_features and x.flags.c_contiguous:
             x2 = x.reshape(rows, self._width)
         else:  # zero-padded to whole blocks: the padding codes then add exact zeros

@@ -248,12 +248,13 @@ static void attn_compute(void *kernel, void *context) {
         if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_INPUT, get_input_fn)(context, i, &in[i]))) return;
     int64_t qd[MXL_MAX_DIMS] = {0}, kd[MXL_MAX_DIMS] = {0}, any[4] = {-1, -1, -1, -1}, tmp[MXL_MAX_DIMS];
     int e = 0;
-    int ok = m->h > 0 && dims_of(api, in[0], qd, &e) == 3 && e == ORT_FLOAT;
-    ok = ok && shaped(api, in[1], 4, any, ORT_FLOAT, kd) > 0;
+    /* the caches first: past_key 4-D float32, past_value the same shape (then kept or copied whatever else) */
+    int cache_ok = m->h > 0 && shaped(api, in[1], 4, any, ORT_FLOAT, kd) > 0 && shaped(api, in[2], 4, kd, ORT_FLOAT,
+                                                                                      tmp) > 0;
+    int ok = cache_ok && dims_of(api, in[0], qd, &e) == 3 && e == ORT_FLOAT;
     int64_t b = kd[0], hkv = kd[1], ctx = kd[2], d = kd[3], s = qd[1];
-    int64_t bs[2] = {b, s}, kv_shape[4] = {b, hkv, ctx, d}, rope_shape[2] = {ctx, d / 2}, tree[3] = {b, s, ctx};
+    int64_t bs[2] = {b, s}, rope_shape[2] = {ctx, d / 2}, tree[3] = {b, s, ctx};
     ok = ok && hkv == m->hkv && qd[0] == b && qd[2] == (m->h + 2 * hkv) * d && d >= 2 && d % 2 == 0;
-    ok = ok && shaped(api, in[2], 4, kv_shape, ORT_FLOAT, tmp) > 0;
     ok = ok && shaped(api, in[3], 2, bs, ORT_INT64, tmp) >= 0 && shaped(api, in[4], 2, bs, ORT_INT64, tmp) >= 0;
     int64_t zero[1] = {0};
     int rope = ok && shaped(api, in[5], 2, rope_shape, ORT_FLOAT, tmp) > 0 && shaped(api, in[6], 2, rope_shape,
@@ -263,8 +264,7 @@ static void attn_compute(void *kernel, void *context) {
     int has_tree = ok && shaped(api, in[7], 3, tree, ORT_BOOL, tmp) >= 0;
     ok = ok && (has_tree || shaped(api, in[7], 1, zero, ORT_BOOL, tmp) == 0);
     /* the attention's shape: [B, S, H * D] (D from past_key when only other inputs are wrong), else qkv's own */
-    int cache_ok = m->h > 0 && shaped(api, in[1], 4, any, ORT_FLOAT, kd) > 0 && shaped(api, in[2], 4, kd, ORT_FLOAT,
-                                                                                      tmp) > 0;
+    if (!cache_ok && dims_of(api, in[0], qd, &e) != 3) qd[0] = qd[1] = qd[2] = 0;
     int64_t od[3] = {qd[0] > 0 ? qd[0] : 0, qd[1] > 0 ? qd[1] : 0, cache_ok ? m->h * kd[3] : (qd[2] > 0 ? qd[2] : 0)};
     void *outs[3] = {NULL, NULL, NULL};
     if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(context, 0, od, 3, &outs[0]))) return;
