@@ -74,6 +74,7 @@ class OrtBackend:
         spin: let idle intra-op threads busy-wait for work (onnxruntime's default). Off by default: in speculative
             decoding two sessions alternate on the same cores, and a spinning idle pool slows the other model's
             calls (measured here: the target's K+1-token calls ran 1.7-2x slower beside a spinning draft session).
+            Alone (autoregressive decoding) a spinning pool is faster: ``accel.decode`` turns it on there.
         profile: a file prefix: onnxruntime records every node's time (its profiler) from the first call; the JSON
             is written by ``session.end_profiling()`` (``benchmarks/mx.py --profile`` sums it per operator).
         optimized_dir: keep the optimized graph there and open it directly next time (``accel.backends.ort_session``:

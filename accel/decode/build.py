@@ -56,7 +56,15 @@ from accel.spd import (
 )
 from accel.spd.autotune import AutoTune
 
-__all__ = ["AUTOTUNE_TREE_NODES", "WIDE_DRAFT_PARAMS", "DecodeSetup", "build", "draft_threads", "open_backend"]
+__all__ = [
+    "AUTOTUNE_TREE_NODES",
+    "WIDE_DRAFT_PARAMS",
+    "DecodeSetup",
+    "GraphNeeds",
+    "build",
+    "draft_threads",
+    "open_backend",
+]
 
 #: drafts with at least this many parameters get the target's threads by default. Measured (benchmarks/draft_threads.py,
 #: RESULTS.md): the shipped 9 M draft runs best on 1 thread; random drafts of 28 M, 61 M and 135 M parameters beside a
@@ -79,6 +87,18 @@ class TorchPlacement(NamedTuple):
 
 #: backend torch's default placement: the CPU, the checkpoint's dtype
 ON_CPU = TorchPlacement()
+
+
+class GraphNeeds(NamedTuple):
+    """What the proposer needs of an exported target graph (``ProposerInfo``'s ``needs_hidden`` and ``branching``):
+    the hidden-state output, tree calls."""
+
+    hidden_output: bool = False
+    tree: bool = False
+
+
+#: a plain graph: logits only, chain calls
+PLAIN = GraphNeeds()
 
 
 @dataclass
@@ -136,9 +156,9 @@ def build(spec: DecodeSpec, tokenizer: Any = None) -> DecodeSetup:
         t.ctx_len,
         t.threads,
         weights=t.weights,
-        hidden_output=bool(info and info.needs_hidden),
-        tree=bool(info and info.branching),
+        needs=GraphNeeds(bool(info and info.needs_hidden), bool(info and info.branching)),
         placement=TorchPlacement(t.device, t.dtype, t.mx_weights),
+        spin=proposer is None,  # no draft session alternates with the target's calls: let its pool spin
     )
     for draft, path in drafts:
         check_compatible(target, draft, tokenizer, find_tokenizer(None, path) if tokenizer is not None else None)
@@ -224,7 +244,7 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool) -> Back
         target.ctx_len,
         threads,
         weights=weights,
-        tree=tree,
+        needs=GraphNeeds(tree=tree),
         placement=TorchPlacement(target.device, target.dtype),
     )
 
@@ -308,13 +328,14 @@ def open_backend(
     threads: int | None,
     *,
     weights: WeightFormat = WeightFormat.FP32,
-    hidden_output: bool = False,
-    tree: bool = False,
+    needs: GraphNeeds = PLAIN,
     placement: TorchPlacement = ON_CPU,
+    spin: bool = False,
 ) -> Backend:
     """A batch-1 backend of the model at ``path`` (``backend`` ``torch``: a checkpoint loaded as it is, as
-    ``placement`` says; ``ort``: a checkpoint exported with ``weights``, ``hidden_output`` and ``tree`` and cached, or
-    an ``.onnx`` file); ``ctx_len`` in tokens."""
+    ``placement`` says; ``ort``: a checkpoint exported with ``weights`` and what the proposer ``needs`` and cached, or
+    an ``.onnx`` file); ``ctx_len`` in tokens. ``spin``: onnxruntime's idle threads busy-wait between calls
+    (``OrtBackend``): faster when no other model's calls alternate with this one's (autoregressive decoding)."""
     if not path.exists():
         raise SpdError(f"no model at {path}: give a checkpoint directory, a .gguf file or an .onnx file")
     if backend == "torch":
@@ -327,9 +348,9 @@ def open_backend(
             path,
             cache_root() / "onnx",
             ctx_len=ctx_len,
-            hidden_output=hidden_output,
+            hidden_output=needs.hidden_output,
             weights=weights.value,
-            tree=tree,
+            tree=needs.tree,
             ort_ops=True,  # onnxruntime runs it: its fused RMSNorm + residual and RoPE (~5% of an fp32 step)
             accel_attention=kernel_builds(),  # one ai.accel::CacheAttention a layer, where accel's kernel builds
             say=lambda line: print(line, file=sys.stderr, flush=True),
@@ -341,7 +362,8 @@ def open_backend(
     # onnxruntime's optimized graph (accel.backends.ort_session); other graphs gain too little for a second copy
     packed = onnx_metadata(path).get("accel.weights") == "mx-packed"
     t0 = time.perf_counter()
-    ort = OrtBackend(path, batch_size=1, threads=threads, optimized_dir=cache_root() / "ort" if packed else None)
+    optimized = cache_root() / "ort" if packed else None
+    ort = OrtBackend(path, batch_size=1, threads=threads, spin=spin, optimized_dir=optimized)
     if time.perf_counter() - t0 > 2:  # large graphs: onnxruntime's optimizations take seconds, say where time went
         print(f"onnxruntime session for {path.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return ort

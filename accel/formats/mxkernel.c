@@ -157,11 +157,43 @@ static int pool_grow(int want) {
     return pool_workers;
 }
 
+/* the runtime's parallel-for of this thread's calls (mxk_use_pfor), NULL: the pool above */
+static __thread mxk_pfor_t ext_pfor = NULL;
+static __thread void *ext_pctx = NULL;
+static long ext_calls = 0;
+
+void mxk_use_pfor(mxk_pfor_t pfor, void *pctx) {
+    ext_pfor = pfor;
+    ext_pctx = pctx;
+}
+
+static void run_part_at(void *parts, size_t i) { run_part((part_t *)parts + i); }
+
+/* the parts of a call on the runtime's parallel-for: no shared state, so calls from several threads run at once */
+static int run_parts_ext(const job_t *j, int threads, float *decode_out) {
+    part_t parts[MXK_MAX_THREADS];
+    for (int t = 0; t < threads; t++) {
+        parts[t].job = j;
+        parts[t].n0 = j->n * t / threads;
+        parts[t].n1 = j->n * (t + 1) / threads;
+        parts[t].decode_out = decode_out;
+    }
+    if (ext_pfor(ext_pctx, run_part_at, (size_t)threads, parts) != 0)
+        for (int t = 0; t < threads; t++) run_part(&parts[t]);
+    else
+        __atomic_add_fetch(&ext_calls, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* how many calls ran on a runtime's parallel-for since the library loaded (tests: the operators use it) */
+long mxk_pfor_calls(void) { return __atomic_load_n(&ext_calls, __ATOMIC_RELAXED); }
+
 /* split rows [0, n) over up to `threads` parts (the caller's thread runs the first one) */
 static int run_parts(const job_t *j, int threads, float *decode_out) {
     if (threads < 1) threads = 1;
     if (threads > MXK_MAX_THREADS) threads = MXK_MAX_THREADS;
     if (threads > j->n) threads = (int)(j->n > 0 ? j->n : 1);
+    if (ext_pfor != NULL) return run_parts_ext(j, threads, decode_out);
     pthread_mutex_lock(&call_mu);
     if (threads > 1 && pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
     for (int t = 0; t < threads; t++) {

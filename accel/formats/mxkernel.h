@@ -40,6 +40,7 @@
 #define MXKERNEL_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -151,6 +152,13 @@ int mxk_cache_attention(const float *qkv, float *kc, float *vc, const int64_t *p
                         int64_t h, int64_t hkv, int64_t d, int64_t ctx, float *out, int threads);
 /* split [0, n) over up to `threads` parts of the pool, fn(ctx, i0, i1) each (mxkernel.c) */
 MXK_INTERNAL int mxk_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t n, int threads);
+/* A parallel-for the caller's runtime provides (onnxruntime's intra-op pool, mxkernel_ort.c): runs fn(usr, i) once for
+ * every i in [0, total), on any of its threads in any order, and returns 0; nonzero when it ran none (the caller then
+ * runs them itself). Set per calling thread: the calls this thread makes until it is set to NULL split their rows
+ * into parts this runs, instead of the library's own pool (so two pools never compete for the same cores). */
+typedef int (*mxk_pfor_t)(void *pctx, void (*fn)(void *usr, size_t i), size_t total, void *usr);
+MXK_INTERNAL void mxk_use_pfor(mxk_pfor_t pfor, void *pctx);
+long mxk_pfor_calls(void); /* calls that ran on a runtime's parallel-for (mxk_use_pfor) */
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */

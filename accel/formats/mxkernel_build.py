@@ -121,6 +121,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_q8_path.argtypes = []
     lib.mxk_set_ort_threads.restype = None
     lib.mxk_set_ort_threads.argtypes = [_int]
+    lib.mxk_pfor_calls.restype = ctypes.c_long
+    lib.mxk_pfor_calls.argtypes = []
     return lib
 
 

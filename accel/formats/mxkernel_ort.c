@@ -14,7 +14,12 @@
  * onnxruntime's pip wheels ship no C headers, so the few parts of its C ABI used here are declared below: the API
  * table (OrtApi) is an array of function pointers that only ever grows at the end, and OrtCustomOp a struct whose
  * fields past those of the declared version onnxruntime does not read. Positions are those of API version 13
- * (onnxruntime 1.13), which every later onnxruntime serves from OrtApiBase::GetApi(13).
+ * (onnxruntime 1.13), which every later onnxruntime serves from OrtApiBase::GetApi(13); KernelContext_ParallelFor (API
+ * version 17, onnxruntime 1.17) where the running onnxruntime serves it.
+ *
+ * Threads: where onnxruntime offers KernelContext_ParallelFor, both operators split their rows over the session's own
+ * intra-op pool (mxk_use_pfor), so no second pool competes with onnxruntime's threads for the cores (its idle threads
+ * may then spin, as onnxruntime's own operators expect); before 1.17 they use the library's pool.
  */
 #include <math.h>
 #include <pthread.h>
@@ -54,7 +59,9 @@ enum {
     API_KERNEL_CONTEXT_GET_OUTPUT = 91,
     API_RELEASE_STATUS = 93,
     API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO = 99,
+    API_KERNEL_CONTEXT_PARALLEL_FOR = 274, /* version 17 */
 };
+#define ORT_API_VERSION_PFOR 17
 
 typedef struct custom_op {
     uint32_t version;
@@ -94,6 +101,21 @@ static int failed(const ort_fn *api, OrtStatus *st) {
     CALL(api, API_RELEASE_STATUS, void (*)(OrtStatus *))(st);
     return 1;
 }
+
+/* the API table of version 17 (KernelContext_ParallelFor); NULL where onnxruntime is older (RegisterCustomOps) */
+static const ort_fn *api_pfor = NULL;
+
+/* mxk_pfor_t on the kernel context's intra-op pool: fn(usr, i) for i in [0, total) */
+static int ort_pfor(void *context, void (*fn)(void *, size_t), size_t total, void *usr) {
+    typedef OrtStatus *(*pfor_fn)(const void *, void (*)(void *, size_t), size_t, size_t, void *);
+    return failed(api_pfor, CALL(api_pfor, API_KERNEL_CONTEXT_PARALLEL_FOR, pfor_fn)(context, fn, total, 0, usr));
+}
+
+/* the kernel calls this thread makes from now until pool_off run on the context's pool, where onnxruntime has one */
+static void pool_on(void *context) {
+    if (api_pfor != NULL) mxk_use_pfor(ort_pfor, context);
+}
+static void pool_off(void) { mxk_use_pfor(NULL, NULL); }
 
 static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info) {
     (void)op;
@@ -179,13 +201,15 @@ static void mxl_compute(void *kernel, void *context) {
     }
     int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
     int threads = weights / per_thread < ort_threads ? (int)(weights / per_thread) : ort_threads;
+    pool_on(context);
     if (m->act_bits == 8) {
         if (mxk_linear_q8(codes, scales, (int)m->fast, m->n, m->k / 32, x, rows, m->k, y, threads < 1 ? 1 : threads))
             for (int64_t i = 0; i < rows * m->n; i++) y[i] = NAN; /* out of memory: loud NaNs */
-        return;
+    } else {
+        mxk_linear(codes, scales, lut, (int)m->bits, (int)m->block, (int)m->fast, m->n, m->k, m->k / m->block, x,
+                   rows, m->k, y, threads < 1 ? 1 : threads);
     }
-    mxk_linear(codes, scales, lut, (int)m->bits, (int)m->block, (int)m->fast, m->n, m->k, m->k / m->block, x, rows,
-               m->k, y, threads < 1 ? 1 : threads);
+    pool_off();
 }
 
 static void mxl_destroy(void *kernel) { free(kernel); }
@@ -286,9 +310,11 @@ static void attn_compute(void *kernel, void *context) {
     }
     const float *cos_t = rope ? data_of(api, in[5]) : NULL, *sin_t = rope ? data_of(api, in[6]) : NULL;
     const uint8_t *mask = has_tree && s > 0 ? data_of(api, in[7]) : NULL; /* ONNX bool: one byte, 0 or 1 */
+    pool_on(context);
     if (s > 0 && mxk_cache_attention(data_of(api, in[0]), kc, vc, data_of(api, in[3]), data_of(api, in[4]), cos_t,
                                      sin_t, mask, b, s, m->h, hkv, d, ctx, y, ort_threads))
         for (int64_t i = 0; i < b * s * m->h * d; i++) y[i] = NAN; /* out of memory: loud NaNs */
+    pool_off();
 }
 
 static const char *attn_name(const custom_op *op) { (void)op; return "CacheAttention"; }
@@ -311,6 +337,8 @@ static void *domain = NULL; /* one ai.accel domain for every session, never rele
 OrtStatus *RegisterCustomOps(void *options, const ort_api_base *base) {
     const ort_fn *api = base->GetApi(ORT_API_VERSION_USED);
     if (api == NULL) return NULL; /* cannot report without an API; onnxruntime < 1.13 is not supported */
+    const char *pool = getenv("ACCEL_MXKERNEL_ORT_POOL"); /* "0": the library's pool (tests compare the two) */
+    api_pfor = pool != NULL && strcmp(pool, "0") == 0 ? NULL : base->GetApi(ORT_API_VERSION_PFOR); /* NULL < 1.17 */
     typedef OrtStatus *(*create_status_fn)(int, const char *);
     OrtStatus *st = NULL;
     pthread_mutex_lock(&domain_mu);

@@ -179,3 +179,24 @@ def test_without_the_kernel_the_session_says_why(tmp_path, monkeypatch):
         monkeypatch.delenv("ACCEL_MXKERNEL")
         mxkernel_build.reset()
     assert OrtBackend(path).info.vocab_size == 96
+
+
+def test_the_node_runs_on_onnxruntimes_pool(monkeypatch):
+    """A weight big enough for 2 kernel threads: the node's call splits its rows over the session's intra-op pool
+    (KernelContext_ParallelFor, counted by the library), with PackedMX.matmul's floats; under
+    ACCEL_MXKERNEL_ORT_POOL=0 it uses the library's own pool (the count stays still), with the same floats."""
+    lib = mxkernel_build.load_kernel()
+    rng = np.random.default_rng(5)
+    mx = quantize(rng.standard_normal((512, 512)).astype(np.float32), "mxfp6", axis=-1)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    before = lib.mxk_pfor_calls()
+    on = _run_node([mx], x)
+    assert lib.mxk_pfor_calls() == before + 1
+    monkeypatch.setenv("ACCEL_MXKERNEL_ORT_POOL", "0")
+    before = lib.mxk_pfor_calls()
+    off = _run_node([mx], x)
+    assert lib.mxk_pfor_calls() == before
+    monkeypatch.delenv("ACCEL_MXKERNEL_ORT_POOL")
+    np.testing.assert_array_equal(on, off)
+    np.testing.assert_array_equal(on, PackedMX(mx).matmul(x))
+    _run_node([mx], x)  # registered again: the pool is back on for the sessions after this test

@@ -90,7 +90,7 @@ def test_one_spec_same_tokens_from_cli_flags_and_python(checkpoints, backend, tm
 def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
     """On onnxruntime the target is exported with tree inputs for a branching proposer and with hidden states for a
     feature draft, and plain otherwise; the controller (autotune) over a draft model may choose a tree, so its
-    target takes tree inputs."""
+    target takes tree inputs. Its onnxruntime pool spins only when no proposer's session alternates with it."""
     target, draft = checkpoints
     fd = save_pretrained(oracle_feature_draft(load_checkpoint(target), list(range(31))), tmp_path / "fd")
     base = {"target": {"path": str(target), "ctx_len": 32, "threads": 1}, "sampling": {"greedy": True}}
@@ -117,6 +117,9 @@ def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
         info = setup.proposer.info if setup.proposer is not None else None
         assert bool(info and info.branching) == ("tree" in needs)
         assert {"tree", "hidden_states"} & set(setup.target.info.capabilities) == needs, proposer
+        # onnxruntime's idle threads spin only where no draft session alternates with the target (autoregressive)
+        spin = setup.target.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert spin == ("1" if proposer["kind"] == "none" else "0"), proposer
         tokens.append(setup.generate([PROMPT]).tokens)
     assert all(t == tokens[0] for t in tokens)  # greedy: every proposer gives the target's own tokens
 
