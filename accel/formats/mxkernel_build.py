@@ -123,6 +123,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_set_ort_threads.argtypes = [_int]
     lib.mxk_pfor_calls.restype = ctypes.c_long
     lib.mxk_pfor_calls.argtypes = []
+    lib.mxk_set_ort_pool.restype = None
+    lib.mxk_set_ort_pool.argtypes = [_int]
     return lib
 
 

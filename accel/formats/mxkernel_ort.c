@@ -17,9 +17,11 @@
  * (onnxruntime 1.13), which every later onnxruntime serves from OrtApiBase::GetApi(13); KernelContext_ParallelFor (API
  * version 17, onnxruntime 1.17) where the running onnxruntime serves it.
  *
- * Threads: where onnxruntime offers KernelContext_ParallelFor, both operators split their rows over the session's own
- * intra-op pool (mxk_use_pfor), so no second pool competes with onnxruntime's threads for the cores (its idle threads
- * may then spin, as onnxruntime's own operators expect); before 1.17 they use the library's pool.
+ * Threads: where onnxruntime offers KernelContext_ParallelFor and the session's idle threads spin (mxk_set_ort_pool,
+ * set when a session registers the library), both operators split their rows over the session's own intra-op pool
+ * (mxk_use_pfor), so no second pool competes with onnxruntime's spinning threads for the cores. Otherwise (sessions
+ * whose threads sleep between operators, onnxruntime before 1.17) they use the library's pool, whose workers stay
+ * hot between the many kernel calls of a step where a sleeping onnxruntime thread would be woken for each.
  */
 #include <math.h>
 #include <pthread.h>
@@ -111,9 +113,14 @@ static int ort_pfor(void *context, void (*fn)(void *, size_t), size_t total, voi
     return failed(api_pfor, CALL(api_pfor, API_KERNEL_CONTEXT_PARALLEL_FOR, pfor_fn)(context, fn, total, 0, usr));
 }
 
+/* whether the operators use onnxruntime's pool (mxk_set_ort_pool: the registering session's threads spin) */
+static int ort_pool = 1;
+
+void mxk_set_ort_pool(int on) { ort_pool = on != 0; }
+
 /* the kernel calls this thread makes from now until pool_off run on the context's pool, where onnxruntime has one */
 static void pool_on(void *context) {
-    if (api_pfor != NULL) mxk_use_pfor(ort_pfor, context);
+    if (api_pfor != NULL && ort_pool) mxk_use_pfor(ort_pfor, context);
 }
 static void pool_off(void) { mxk_use_pfor(NULL, NULL); }
 
@@ -337,8 +344,7 @@ static void *domain = NULL; /* one ai.accel domain for every session, never rele
 OrtStatus *RegisterCustomOps(void *options, const ort_api_base *base) {
     const ort_fn *api = base->GetApi(ORT_API_VERSION_USED);
     if (api == NULL) return NULL; /* cannot report without an API; onnxruntime < 1.13 is not supported */
-    const char *pool = getenv("ACCEL_MXKERNEL_ORT_POOL"); /* "0": the library's pool (tests compare the two) */
-    api_pfor = pool != NULL && strcmp(pool, "0") == 0 ? NULL : base->GetApi(ORT_API_VERSION_PFOR); /* NULL < 1.17 */
+    api_pfor = base->GetApi(ORT_API_VERSION_PFOR); /* NULL before onnxruntime 1.17 */
     typedef OrtStatus *(*create_status_fn)(int, const char *);
     OrtStatus *st = NULL;
     pthread_mutex_lock(&domain_mu);

@@ -489,29 +489,27 @@ def test_check_on_the_op_level_graph(tmp_path):
         check_mx_kernel_graph(bad)
 
 
-def _pool_session(h: int, hkv: int, intra: int) -> ort.InferenceSession:
+def _pool_session(h: int, hkv: int, intra: int, spin: str) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = intra
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
     register_mx_kernel(opts, 2)
     return ort.InferenceSession(one_node_model(h, hkv).SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("intra", [1, 2])
-def test_the_operator_runs_on_onnxruntimes_pool(intra, monkeypatch):
-    """Where onnxruntime offers KernelContext_ParallelFor (1.17+), every call splits its rows over the session's own
-    intra-op pool (the library counts such calls), and gives the same floats as the library's own pool (the switch
-    ACCEL_MXKERNEL_ORT_POOL=0, under which the count stays still)."""
+def test_the_operator_runs_on_onnxruntimes_pool_when_it_spins(intra):
+    """Where onnxruntime offers KernelContext_ParallelFor (1.17+) and the session's idle threads spin, every call
+    splits its rows over the session's own intra-op pool (the library counts such calls); a session whose threads
+    sleep uses the library's pool (the count stays still). Both give the same floats."""
     lib = mxkernel_build.load_kernel()
     feed = make_case(16, h=4, hkv=2, seed=3)
     before = lib.mxk_pfor_calls()
-    on = _pool_session(4, 2, intra).run(None, feed)
+    on = _pool_session(4, 2, intra, "1").run(None, feed)
     assert lib.mxk_pfor_calls() == before + 1
-    monkeypatch.setenv("ACCEL_MXKERNEL_ORT_POOL", "0")
-    off_session = _pool_session(4, 2, intra)
+    off_session = _pool_session(4, 2, intra, "0")
     before = lib.mxk_pfor_calls()
     off = off_session.run(None, feed)
     assert lib.mxk_pfor_calls() == before
-    monkeypatch.delenv("ACCEL_MXKERNEL_ORT_POOL")
-    _pool_session(4, 2, intra)  # registering again turns the pool back on for the sessions after this test
     for a, b in zip(on, off, strict=True):
         assert_bitwise(a, b)

@@ -39,9 +39,9 @@ def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
     return _tiny_model(tied=tied, inter=inter, seed=seed)
 
 
-def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32) -> np.ndarray:
+def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32, spin: str | None = None) -> np.ndarray:
     """``x @ W^T`` (the weights joined along their outputs) by one real MXLinear node in an onnxruntime session
-    (``act_bits`` 8: int8 activations per block)."""
+    (``act_bits`` 8: int8 activations per block; ``spin``: the session's allow_spinning setting, None: default)."""
     g = GraphBuilder()
     y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y", act_bits=act_bits)
     k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs)
@@ -55,6 +55,8 @@ def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32) -> np.ndar
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
     opts = ort.SessionOptions()
+    if spin is not None:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
     register_mx_kernel(opts, 2)
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
@@ -181,10 +183,11 @@ def test_without_the_kernel_the_session_says_why(tmp_path, monkeypatch):
     assert OrtBackend(path).info.vocab_size == 96
 
 
-def test_the_node_runs_on_onnxruntimes_pool(monkeypatch):
-    """A weight big enough for 2 kernel threads: the node's call splits its rows over the session's intra-op pool
-    (KernelContext_ParallelFor, counted by the library), with PackedMX.matmul's floats; under
-    ACCEL_MXKERNEL_ORT_POOL=0 it uses the library's own pool (the count stays still), with the same floats."""
+def test_the_node_runs_on_onnxruntimes_pool_when_it_spins():
+    """A weight big enough for 2 kernel threads: in a session whose idle threads spin (onnxruntime's default) the
+    node's call splits its rows over the session's intra-op pool (KernelContext_ParallelFor, counted by the library);
+    in one whose threads sleep it uses the library's own pool (the count stays still). Both give PackedMX.matmul's
+    floats."""
     lib = mxkernel_build.load_kernel()
     rng = np.random.default_rng(5)
     mx = quantize(rng.standard_normal((512, 512)).astype(np.float32), "mxfp6", axis=-1)
@@ -192,11 +195,8 @@ def test_the_node_runs_on_onnxruntimes_pool(monkeypatch):
     before = lib.mxk_pfor_calls()
     on = _run_node([mx], x)
     assert lib.mxk_pfor_calls() == before + 1
-    monkeypatch.setenv("ACCEL_MXKERNEL_ORT_POOL", "0")
     before = lib.mxk_pfor_calls()
-    off = _run_node([mx], x)
+    off = _run_node([mx], x, spin="0")
     assert lib.mxk_pfor_calls() == before
-    monkeypatch.delenv("ACCEL_MXKERNEL_ORT_POOL")
     np.testing.assert_array_equal(on, off)
     np.testing.assert_array_equal(on, PackedMX(mx).matmul(x))
-    _run_node([mx], x)  # registered again: the pool is back on for the sessions after this test
