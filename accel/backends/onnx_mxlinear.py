@@ -104,20 +104,13 @@ def uses_mx_kernel_error(exc: BaseException) -> bool:
     return DOMAIN in str(exc)
 
 
-def _spins(opts: Any) -> bool:
-    """Whether the ``SessionOptions`` let idle intra-op threads spin (onnxruntime's default when unset)."""
-    try:
-        return bool(opts.get_session_config_entry("session.intra_op.allow_spinning") != "0")
-    except RuntimeError:  # not set: onnxruntime's default, spinning
-        return True
-
-
 def register_mx_kernel(opts: Any, threads: int | None) -> None:
     """Register accel's kernel library (``MXLinear``) in the onnxruntime ``SessionOptions`` ``opts``, its calls on up
-    to ``threads`` kernel threads (None: ``accel.formats.mxkernel.default_threads()``), on the session's own intra-op
-    pool when ``opts`` lets idle threads spin (onnxruntime's default) and on the library's pool when they sleep
-    (docs/backends.md; one setting for the process: the last session registered sets both). BackendError, naming
-    why, when the kernel cannot be built or loaded here (no C compiler, ``ACCEL_MXKERNEL=numpy``)."""
+    to ``threads`` kernel threads (None: ``accel.formats.mxkernel.default_threads()``; one setting for the process:
+    the last session registered sets it), on the session's own intra-op pool when ``opts`` lets idle threads spin
+    (onnxruntime's default; set the entry before registering) and on the library's pool when they sleep
+    (docs/backends.md). BackendError, naming why, when the kernel cannot be built or loaded here (no C compiler,
+    ``ACCEL_MXKERNEL=numpy``)."""
     lib = load_kernel()
     status = kernel_status()
     if lib is None or status.library is None:
@@ -127,7 +120,6 @@ def register_mx_kernel(opts: Any, threads: int | None) -> None:
             "mxfp4-nbits; fp32 for a .gguf file) instead"
         )
     lib.mxk_set_ort_threads(max(1, threads or default_threads()))
-    lib.mxk_set_ort_pool(int(_spins(opts)))
     opts.register_custom_ops_library(status.library)
 
 

@@ -159,7 +159,6 @@ MXK_INTERNAL int mxk_parallel(void (*fn)(const void *, int64_t, int64_t), const 
 typedef int (*mxk_pfor_t)(void *pctx, void (*fn)(void *usr, size_t i), size_t total, void *usr);
 MXK_INTERNAL void mxk_use_pfor(mxk_pfor_t pfor, void *pctx);
 long mxk_pfor_calls(void); /* calls that ran on a runtime's parallel-for (mxk_use_pfor) */
-void mxk_set_ort_pool(int on); /* the onnxruntime operators use the session's pool (mxkernel_ort.c) */
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */

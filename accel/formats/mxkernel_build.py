@@ -91,13 +91,25 @@ def build(cc: str | None = None) -> Path:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
-        os.replace(tmp, lib)
+        _publish(tmp, lib)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"compiling {SOURCES[0].name} took over {BUILD_TIMEOUT_S} s") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return lib
+
+
+def _publish(tmp: str, lib: Path) -> None:
+    """Put the compiled ``tmp`` at ``lib`` unless another process got there first: a hard link creates the name only
+    if it is absent, so a library some process has loaded is never replaced (its mapping would show as deleted, and
+    two processes would run two copies). Where links are refused, an atomic replace."""
+    try:
+        os.link(tmp, lib)
+    except FileExistsError:
+        pass
+    except OSError:
+        os.replace(tmp, lib)
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -123,8 +135,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_set_ort_threads.argtypes = [_int]
     lib.mxk_pfor_calls.restype = ctypes.c_long
     lib.mxk_pfor_calls.argtypes = []
-    lib.mxk_set_ort_pool.restype = None
-    lib.mxk_set_ort_pool.argtypes = [_int]
     return lib
 
 

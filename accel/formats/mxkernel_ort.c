@@ -17,9 +17,10 @@
  * (onnxruntime 1.13), which every later onnxruntime serves from OrtApiBase::GetApi(13); KernelContext_ParallelFor (API
  * version 17, onnxruntime 1.17) where the running onnxruntime serves it.
  *
- * Threads: where onnxruntime offers KernelContext_ParallelFor and the session's idle threads spin (mxk_set_ort_pool,
- * set when a session registers the library), both operators split their rows over the session's own intra-op pool
- * (mxk_use_pfor), so no second pool competes with onnxruntime's spinning threads for the cores. Otherwise (sessions
+ * Threads: where onnxruntime offers KernelContext_ParallelFor and the session's idle threads spin (its options'
+ * session.intra_op.allow_spinning, read when the session registers the library: each choice has its own ai.accel
+ * domain), both operators split their rows over the session's own intra-op pool (mxk_use_pfor), so no second pool
+ * competes with onnxruntime's spinning threads for the cores. Otherwise (sessions
  * whose threads sleep between operators, onnxruntime before 1.17) they use the library's pool, whose workers stay
  * hot between the many kernel calls of a step where a sleeping onnxruntime thread would be woken for each.
  */
@@ -61,6 +62,8 @@ enum {
     API_KERNEL_CONTEXT_GET_OUTPUT = 91,
     API_RELEASE_STATUS = 93,
     API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO = 99,
+    API_HAS_SESSION_CONFIG_ENTRY = 237, /* version 14 */
+    API_GET_SESSION_CONFIG_ENTRY = 238, /* version 14 */
     API_KERNEL_CONTEXT_PARALLEL_FOR = 274, /* version 17 */
 };
 #define ORT_API_VERSION_PFOR 17
@@ -82,11 +85,18 @@ typedef struct custom_op {
     void *later_fields[32]; /* fields of later API versions: zero, and never read at version 13 */
 } custom_op;
 
+/* an operator as registered: onnxruntime hands `op` back to CreateKernel, so its kernels learn which pool to use */
+typedef struct {
+    custom_op op;
+    int ort_pool; /* 1: the session's intra-op pool (its idle threads spin); 0: the library's pool */
+} accel_op;
+
 typedef struct {
     const ort_fn *api;
     int64_t n, k, bits, block, fast;
     int64_t act_bits; /* optional attribute: 8 = int8 activations per block (mxk_linear_q8), else float32 */
     int sizes_ok; /* the codes and scales inputs were checked against N, K, bits and block (they are initializers) */
+    int ort_pool; /* accel_op.ort_pool of the operator it was created from */
 } mxl_kernel;
 
 /* kernel threads of one MXLinear call (mxk_set_ort_threads; a weight under 2^16 elements a thread uses fewer) */
@@ -113,22 +123,18 @@ static int ort_pfor(void *context, void (*fn)(void *, size_t), size_t total, voi
     return failed(api_pfor, CALL(api_pfor, API_KERNEL_CONTEXT_PARALLEL_FOR, pfor_fn)(context, fn, total, 0, usr));
 }
 
-/* whether the operators use onnxruntime's pool (mxk_set_ort_pool: the registering session's threads spin) */
-static int ort_pool = 1;
-
-void mxk_set_ort_pool(int on) { ort_pool = on != 0; }
-
-/* the kernel calls this thread makes from now until pool_off run on the context's pool, where onnxruntime has one */
-static void pool_on(void *context) {
-    if (api_pfor != NULL && ort_pool) mxk_use_pfor(ort_pfor, context);
+/* the kernel calls this thread makes from now until pool_off run on the context's pool (ort_pool: the kernel's
+ * operator was registered for a session whose idle threads spin, which needs API 17) */
+static void pool_on(void *context, int ort_pool) {
+    if (ort_pool && api_pfor != NULL) mxk_use_pfor(ort_pfor, context);
 }
 static void pool_off(void) { mxk_use_pfor(NULL, NULL); }
 
 static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info) {
-    (void)op;
     mxl_kernel *m = calloc(1, sizeof *m);
     if (m == NULL) return NULL;
     m->api = api;
+    m->ort_pool = ((const accel_op *)op)->ort_pool;
     status_fn_i64 get = CALL(api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, status_fn_i64);
     if (failed(api, get(info, "N", &m->n)) || failed(api, get(info, "K", &m->k)) ||
         failed(api, get(info, "bits", &m->bits)) || failed(api, get(info, "block", &m->block)) ||
@@ -208,7 +214,7 @@ static void mxl_compute(void *kernel, void *context) {
     }
     int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
     int threads = weights / per_thread < ort_threads ? (int)(weights / per_thread) : ort_threads;
-    pool_on(context);
+    pool_on(context, m->ort_pool);
     if (m->act_bits == 8) {
         if (mxk_linear_q8(codes, scales, (int)m->fast, m->n, m->k / 32, x, rows, m->k, y, threads < 1 ? 1 : threads))
             for (int64_t i = 0; i < rows * m->n; i++) y[i] = NAN; /* out of memory: loud NaNs */
@@ -228,10 +234,10 @@ static int mxl_output_type(const custom_op *op, size_t i) { (void)op; (void)i; r
 static size_t mxl_outputs(const custom_op *op) { (void)op; return 1; }
 static int mxl_zero(const custom_op *op, size_t i) { (void)op; (void)i; return 0; }
 
-static custom_op MXLINEAR = {
-    ORT_API_VERSION_USED, mxl_create, mxl_name,  mxl_provider, mxl_input_type, mxl_inputs, mxl_output_type,
-    mxl_outputs,          mxl_compute, mxl_destroy, mxl_zero,  mxl_zero,      mxl_zero,   {0},
-};
+#define MXLINEAR(POOL)                                                                                               \
+    {{ORT_API_VERSION_USED, mxl_create, mxl_name, mxl_provider, mxl_input_type, mxl_inputs, mxl_output_type,         \
+      mxl_outputs, mxl_compute, mxl_destroy, mxl_zero, mxl_zero, mxl_zero, {0}},                                     \
+     POOL}
 
 /* ------------------------------------------------------------------------------------------------- CacheAttention
  * ai.accel::CacheAttention (mxkernel_attn.c): inputs qkv float32 [B, S, (H + 2 Hkv) * D], past_key and past_value
@@ -243,13 +249,14 @@ static custom_op MXLINEAR = {
 typedef struct {
     const ort_fn *api;
     int64_t h, hkv;
+    int ort_pool; /* as mxl_kernel's */
 } attn_kernel;
 
 static void *attn_create(const custom_op *op, const ort_fn *api, const void *info) {
-    (void)op;
     attn_kernel *m = calloc(1, sizeof *m);
     if (m == NULL) return NULL;
     m->api = api;
+    m->ort_pool = ((const accel_op *)op)->ort_pool;
     status_fn_i64 get = CALL(api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, status_fn_i64);
     if (failed(api, get(info, "num_heads", &m->h)) || failed(api, get(info, "num_kv_heads", &m->hkv)) || m->hkv < 1 ||
         m->h < m->hkv || m->h % m->hkv)
@@ -317,7 +324,7 @@ static void attn_compute(void *kernel, void *context) {
     }
     const float *cos_t = rope ? data_of(api, in[5]) : NULL, *sin_t = rope ? data_of(api, in[6]) : NULL;
     const uint8_t *mask = has_tree && s > 0 ? data_of(api, in[7]) : NULL; /* ONNX bool: one byte, 0 or 1 */
-    pool_on(context);
+    pool_on(context, m->ort_pool);
     if (s > 0 && mxk_cache_attention(data_of(api, in[0]), kc, vc, data_of(api, in[3]), data_of(api, in[4]), cos_t,
                                      sin_t, mask, b, s, m->h, hkv, d, ctx, y, ort_threads))
         for (int64_t i = 0; i < b * s * m->h * d; i++) y[i] = NAN; /* out of memory: loud NaNs */
@@ -332,30 +339,48 @@ static int attn_input_type(const custom_op *op, size_t i) {
 static size_t attn_inputs(const custom_op *op) { (void)op; return 8; }
 static size_t attn_outputs(const custom_op *op) { (void)op; return 3; }
 
-static custom_op CACHE_ATTENTION = {
-    ORT_API_VERSION_USED, attn_create, attn_name,    mxl_provider, attn_input_type, attn_inputs, mxl_output_type,
-    attn_outputs,         attn_compute, mxl_destroy, mxl_zero,     mxl_zero,        mxl_zero,    {0},
-};
+#define CACHE_ATTENTION(POOL)                                                                                        \
+    {{ORT_API_VERSION_USED, attn_create, attn_name, mxl_provider, attn_input_type, attn_inputs, mxl_output_type,     \
+      attn_outputs, attn_compute, mxl_destroy, mxl_zero, mxl_zero, mxl_zero, {0}},                                   \
+     POOL}
 
+/* the operators of each pool choice ([0] the library's pool, [1] the session's), in one ai.accel domain each */
+static const accel_op OPS[2][2] = {{MXLINEAR(0), CACHE_ATTENTION(0)}, {MXLINEAR(1), CACHE_ATTENTION(1)}};
 static pthread_mutex_t domain_mu = PTHREAD_MUTEX_INITIALIZER;
-static void *domain = NULL; /* one ai.accel domain for every session, never released */
+static void *domains[2] = {NULL, NULL}; /* created on first need, shared by every session, never released */
 
-/* onnxruntime's entry point: add the ai.accel domain (MXLinear) to the session options */
+/* whether the session options let idle intra-op threads spin (onnxruntime's default where the entry is unset) */
+static int options_spin(const void *options) {
+    const char *key = "session.intra_op.allow_spinning";
+    int has = 0;
+    char value[8] = {0};
+    size_t size = sizeof value;
+    typedef OrtStatus *(*has_fn)(const void *, const char *, int *);
+    typedef OrtStatus *(*get_fn)(const void *, const char *, char *, size_t *);
+    if (failed(api_pfor, CALL(api_pfor, API_HAS_SESSION_CONFIG_ENTRY, has_fn)(options, key, &has)) || !has) return 1;
+    if (failed(api_pfor, CALL(api_pfor, API_GET_SESSION_CONFIG_ENTRY, get_fn)(options, key, value, &size))) return 1;
+    return strcmp(value, "0") != 0;
+}
+
+/* onnxruntime's entry point: add an ai.accel domain (MXLinear, CacheAttention) to the session options; its operators
+ * run on the session's intra-op pool where the session's idle threads spin and onnxruntime serves API 17 */
 OrtStatus *RegisterCustomOps(void *options, const ort_api_base *base) {
     const ort_fn *api = base->GetApi(ORT_API_VERSION_USED);
     if (api == NULL) return NULL; /* cannot report without an API; onnxruntime < 1.13 is not supported */
-    api_pfor = base->GetApi(ORT_API_VERSION_PFOR); /* NULL before onnxruntime 1.17 */
     typedef OrtStatus *(*create_status_fn)(int, const char *);
     OrtStatus *st = NULL;
     pthread_mutex_lock(&domain_mu);
-    if (domain == NULL) {
+    api_pfor = base->GetApi(ORT_API_VERSION_PFOR); /* NULL before onnxruntime 1.17 */
+    int pool = api_pfor != NULL && options_spin(options);
+    if (domains[pool] == NULL) {
         void *d = NULL;
         st = CALL(api, API_CREATE_CUSTOM_OP_DOMAIN, OrtStatus * (*)(const char *, void **))("ai.accel", &d);
         typedef OrtStatus *(*add_op_fn)(void *, const custom_op *);
-        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, add_op_fn)(d, &MXLINEAR);
-        if (st == NULL) st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, add_op_fn)(d, &CACHE_ATTENTION);
-        if (st == NULL) domain = d;
+        for (int i = 0; i < 2 && st == NULL; i++)
+            st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, add_op_fn)(d, &OPS[pool][i].op);
+        if (st == NULL) domains[pool] = d;
     }
+    void *domain = domains[pool];
     pthread_mutex_unlock(&domain_mu);
     if (st != NULL) return st;
     if (domain == NULL) return CALL(api, API_CREATE_STATUS, create_status_fn)(ORT_FAIL, "accel: no ai.accel domain");

@@ -504,12 +504,12 @@ def test_the_operator_runs_on_onnxruntimes_pool_when_it_spins(intra):
     sleep uses the library's pool (the count stays still). Both give the same floats."""
     lib = mxkernel_build.load_kernel()
     feed = make_case(16, h=4, hkv=2, seed=3)
-    before = lib.mxk_pfor_calls()
-    on = _pool_session(4, 2, intra, "1").run(None, feed)
-    assert lib.mxk_pfor_calls() == before + 1
-    off_session = _pool_session(4, 2, intra, "0")
-    before = lib.mxk_pfor_calls()
-    off = off_session.run(None, feed)
-    assert lib.mxk_pfor_calls() == before
-    for a, b in zip(on, off, strict=True):
-        assert_bitwise(a, b)
+    spinning, sleeping = _pool_session(4, 2, intra, "1"), _pool_session(4, 2, intra, "0")
+    outs = []
+    for sess, calls in ((spinning, 1), (sleeping, 0), (spinning, 1)):  # each session keeps its own choice
+        before = lib.mxk_pfor_calls()
+        outs.append(sess.run(None, feed))
+        assert lib.mxk_pfor_calls() == before + calls
+    for out in outs[1:]:
+        for a, b in zip(outs[0], out, strict=True):
+            assert_bitwise(a, b)

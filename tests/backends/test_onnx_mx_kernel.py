@@ -39,13 +39,14 @@ def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
     return _tiny_model(tied=tied, inter=inter, seed=seed)
 
 
-def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32, spin: str | None = None) -> np.ndarray:
-    """``x @ W^T`` (the weights joined along their outputs) by one real MXLinear node in an onnxruntime session
-    (``act_bits`` 8: int8 activations per block; ``spin``: the session's allow_spinning setting, None: default)."""
+def _node_session(mxs: list[MXTensor], act_bits: int = 32, spin: str | None = None, ndim: int = 2):
+    """An onnxruntime session of one real MXLinear node computing ``x @ W^T`` for ``x`` of ``ndim`` dimensions (the
+    weights joined along their outputs; ``act_bits`` 8: int8 activations per block; ``spin``: the session's
+    allow_spinning entry, None: the default)."""
     g = GraphBuilder()
     y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y", act_bits=act_bits)
     k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs)
-    lead = [f"d{i}" for i in range(x.ndim - 1)]
+    lead = [f"d{i}" for i in range(ndim - 1)]
     graph = helper.make_graph(
         g.nodes,
         "g",
@@ -58,8 +59,12 @@ def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32, spin: str 
     if spin is not None:
         opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
     register_mx_kernel(opts, 2)
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _run_node(mxs: list[MXTensor], x: np.ndarray, act_bits: int = 32) -> np.ndarray:
+    """``x @ W^T`` by one real MXLinear node (``_node_session``)."""
+    return _node_session(mxs, act_bits, ndim=x.ndim).run(None, {"x": x})[0]
 
 
 @pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp4_e2m1", "mxint8"])
@@ -184,19 +189,20 @@ def test_without_the_kernel_the_session_says_why(tmp_path, monkeypatch):
 
 
 def test_the_node_runs_on_onnxruntimes_pool_when_it_spins():
-    """A weight big enough for 2 kernel threads: in a session whose idle threads spin (onnxruntime's default) the
-    node's call splits its rows over the session's intra-op pool (KernelContext_ParallelFor, counted by the library);
-    in one whose threads sleep it uses the library's own pool (the count stays still). Both give PackedMX.matmul's
-    floats."""
+    """A weight big enough for 2 kernel threads: in a session whose idle threads spin (onnxruntime's default) every
+    call splits its rows over the session's intra-op pool (KernelContext_ParallelFor, counted by the library); in one
+    whose threads sleep it uses the library's own pool (the count stays still). The choice belongs to each session:
+    registering a sleeping session later does not change the spinning one's. Both give PackedMX.matmul's floats."""
     lib = mxkernel_build.load_kernel()
     rng = np.random.default_rng(5)
     mx = quantize(rng.standard_normal((512, 512)).astype(np.float32), "mxfp6", axis=-1)
     x = rng.standard_normal((3, 512)).astype(np.float32)
-    before = lib.mxk_pfor_calls()
-    on = _run_node([mx], x)
-    assert lib.mxk_pfor_calls() == before + 1
-    before = lib.mxk_pfor_calls()
-    off = _run_node([mx], x, spin="0")
-    assert lib.mxk_pfor_calls() == before
-    np.testing.assert_array_equal(on, off)
-    np.testing.assert_array_equal(on, PackedMX(mx).matmul(x))
+    spinning = _node_session([mx])
+    sleeping = _node_session([mx], spin="0")
+    outs = []
+    for session, calls in ((spinning, 1), (sleeping, 0), (spinning, 1)):
+        before = lib.mxk_pfor_calls()
+        outs.append(session.run(None, {"x": x})[0])
+        assert lib.mxk_pfor_calls() == before + calls
+    for y in outs:
+        np.testing.assert_array_equal(y, PackedMX(mx).matmul(x))
