@@ -3,12 +3,14 @@
     python benchmarks/autotune.py [--targets fp32,mxfp6-kernel] [--drafters feature,hydra] [--samplings greedy,t0.8]
                                   [--prompts N] [--max-new-tokens N] [--threads T] [--load | --no-load] [--quick]
 
-Targets: SmolLM2-135M (``smollm2_checkpoint()``) exported once per ``--targets`` weight mode with its hidden states
-and tree inputs (``export_cached(..., hidden_output=True, tree=True)``), so one target graph serves AR, chains, trees
-and the controller. Drafters: ``feature`` (the shipped feature draft ``accel/demo_data/smollm2-feature-draft``, int8
-matmuls, tree inputs, the target's threads) and ``hydra`` (the shipped Hydra++ heads ``accel/demo_data/smollm2-hydra``,
-int8 level graphs, 1 thread). Cells: (target, drafter, sampling[, load]); samplings ``greedy`` and ``t0.8``
-(``Sampling(temperature=0.8)``, seed = the prompt's index for every setting).
+Targets: SmolLM2-135M (``smollm2_checkpoint()``; ``gguf-kernel``: the shipped Q4_1 GGUF's own blocks) exported once
+per ``--targets`` weight mode with its hidden states and tree inputs and the graph ``accel.decode`` runs
+(``export_cached(..., hidden_output=True, tree=True, ort_ops=True, accel_attention=kernel_builds())``), so one target
+graph serves AR, chains, trees and the controller. Drafters: ``feature`` (the shipped feature draft
+``accel/demo_data/smollm2-feature-draft``, int8 matmuls, tree inputs, the target's threads) and ``hydra`` (the
+shipped Hydra++ heads ``accel/demo_data/smollm2-hydra``, int8 level graphs, 1 thread). Cells: (target, drafter,
+sampling[, load]); samplings ``greedy`` and ``t0.8`` (``Sampling(temperature=0.8)``, seed = the prompt's index for
+every setting).
 
 Settings of a cell: AR; for ``feature`` the chains K = ``--chain-ks`` (default 1, 2, 4), the dynamic chain (cap
 ``--dyn-k`` 6, ``min_draft_prob`` ``--min-draft-prob`` 0.3) and the trees of ``--tree-nodes`` (4, 8, 16) nodes; for
@@ -73,7 +75,7 @@ from accel.spd.autotune import AutoTune, draft_arms
 DEMO = Path(__file__).resolve().parents[1] / "accel" / "demo_data"
 SAMPLINGS = {"greedy": GREEDY, "t0.8": Sampling(temperature=0.8)}
 DRAFTERS = ("feature", "hydra")
-TARGETS = ("fp32", "mxfp6-kernel")
+TARGETS = ("fp32", "mxfp6-kernel", "gguf-kernel")
 #: the run-time estimate (``estimate_s``), from the 2-core smoke runs: seconds per generated token over the grid's
 #: runs in one-token target calls (AR = 1, winning settings less, losing ones more: 1.0-1.35 measured on a busy VM,
 #: 0.65-0.9 expected where speculation wins), prefill and start per run, one controller's probe (21 sizes x 4
@@ -98,7 +100,7 @@ def _csv(choices: tuple[str, ...] | None, conv: Callable[[str], Any] = str) -> C
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's options (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", type=_csv(TARGETS), default=list(TARGETS), help="target weights (comma-separated)")
+    ap.add_argument("--targets", type=_csv(TARGETS), default=list(TARGETS[:2]), help="target weights (comma-separated)")
     ap.add_argument("--drafters", type=_csv(DRAFTERS), default=list(DRAFTERS), help="feature, hydra")
     ap.add_argument("--samplings", type=_csv(tuple(SAMPLINGS)), default=list(SAMPLINGS), help="greedy, t0.8")
     ap.add_argument("--prompts", type=int, default=8, help="the first N held-out prompts (1..8)")
@@ -140,14 +142,17 @@ class Bench:
 def open_bench(args: argparse.Namespace) -> Bench:
     """Export (cached under ``$ACCEL_CACHE/onnx``) and open the targets and drafters; tokenize the prompts."""
     from accel.backends import OrtBackend, export_cached
+    from accel.decode.spec import kernel_builds
     from accel.drafts.prompts import HELD_OUT_PROMPTS
     from accel.models import load_tokenizer, smollm2_checkpoint
-    from accel.models.smollm2 import cache_root
+    from accel.models.smollm2 import cache_root, smollm2_gguf_path
 
     target_dir, cache = Path(smollm2_checkpoint()), cache_root() / "onnx"
     targets = {}
     for w in tqdm(args.targets, desc="targets (export once, cached)"):
-        path = export_cached(target_dir, cache, ctx_len=args.ctx_len, weights=w, hidden_output=True, tree=True)
+        src = smollm2_gguf_path() if w == "gguf-kernel" else target_dir  # the shipped Q4_1 file's own blocks
+        kernel = dict(ort_ops=True, accel_attention=kernel_builds())  # the graph accel.decode runs
+        path = export_cached(src, cache, ctx_len=args.ctx_len, weights=w, hidden_output=True, tree=True, **kernel)
         packed = w.endswith("-kernel")  # keep the optimized graph of packed MX weights (as accel generate does)
         targets[w] = OrtBackend(path, threads=args.threads, optimized_dir=cache_root() / "ort" if packed else None)
     feature = hydra = None

@@ -43,7 +43,10 @@ Phases: the controller's first rounds (``probe``) try N_max, 0, 1 and N_max / 2 
 N_max / 2 of each other arm, so every curve has points; every ``explore_every``-th round later (``explore``) tries a
 neighbour of the last choice (N + 1, then N - 1; with several arms every third exploration is instead the best
 budget of the next other arm, so the arms not chosen keep their statistics current), which keeps
-the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics; the other
+the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics. While the
+model's choice is no speculation (a target whose wide calls cost too much, e.g. accel's fused-kernel targets on a
+2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each arm's smallest budget: every exploration
+round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost the controller 6% against AR. The other
 rounds take the best N (``model``) of a plan recomputed every ``replan_every`` rounds (pricing every budget costs ~1.5
 ms of host time, 6-8% of a SmolLM2 round; the plan is a function of the past either way). When a curve has no valid
 sample (a clock returning zero, NaN or negative differences; every sample is refused, ``CostCurve``) the controller
@@ -91,6 +94,9 @@ from accel.spd.tree import TokenTree
 __all__ = ["AutoTune", "Plan", "draft_arms"]
 
 Phase = Literal["probe", "explore", "model", "fallback"]
+
+#: while the model chooses no speculation, exploration rounds are this many times rarer (module docstring)
+QUIET_EXPLORE = 4
 
 
 @dataclass(frozen=True)
@@ -389,7 +395,8 @@ class AutoTune:
             return (*self._schedule[self.rounds], "probe")
         if plan is None:
             return self._fallback_arm, self.fallback, "fallback"
-        if self.explore_every and self.rounds % self.explore_every == 0:
+        quiet = self._last[1] == 0  # speculation loses here: explore rarely, and cheaply (_neighbour)
+        if self.explore_every and self.rounds % (self.explore_every * (QUIET_EXPLORE if quiet else 1)) == 0:
             self._explored += 1
             return (*self._neighbour(plan), "explore")
         self._last = plan.best_shape()
@@ -397,16 +404,17 @@ class AutoTune:
 
     def _neighbour(self, plan: Plan) -> tuple[int, int]:
         """The shape an exploration round re-measures: the last choice's budget + 1, then - 1, within its arm (from no
-        speculation: the first budget of the last arm chosen); with several arms every third time the best budget of
-        the next other arm instead."""
+        speculation: the first budget of the first arm); with several arms every third time the best budget of the next
+        other arm instead (its smallest while the last choice was no speculation)."""
         arm, nodes = self._last
-        if arm == NO_ARM:
+        quiet = arm == NO_ARM
+        if quiet:
             arm, nodes = 0, 0
         if len(self.arms) > 1 and self._explored % 3 == 0:
             other = (arm + self._explored // 3) % len(self.arms)
             other = other if other != arm else (other + 1) % len(self.arms)
             best = plan.best_shape(other)
-            return best if best[1] > 0 else (other, self.arms[other].budgets[0])
+            return best if best[1] > 0 and not quiet else (other, self.arms[other].budgets[0])
         options = [0, *self.arms[arm].budgets]
         i = options.index(nodes) if nodes in options else 0
         j = min(i + 1, len(options) - 1) if self._explored % 2 == 1 or i == 0 else i - 1

@@ -21,7 +21,7 @@ import pytest
 from accel.errors import SpdError
 from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
-from accel.spd.autotune import AutoTune
+from accel.spd.autotune import QUIET_EXPLORE, AutoTune
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import (
     ALPHA,
@@ -133,6 +133,26 @@ def test_speculation_is_switched_off_where_it_loses(models):
             tuner.call_costs.observe(s, 10e-3 + per_token * (s - 1))
     assert flat.plan().best() == 4 and "4 nodes" in flat.describe()
     assert steep.plan().best() == 0 and "no speculation" in steep.describe()
+
+
+def test_exploration_is_rare_and_cheap_where_speculation_loses(models):
+    """Past the probe rounds, with the model choosing no speculation (a steep call curve), exploration rounds come
+    QUIET_EXPLORE times rarer than where speculation pays, and try only the smallest budget."""
+    _, draft = models
+    explored = {}
+    for name, prior, per_token in (("flat", 0.9, 0.0), ("steep", 0.3, 5e-3)):
+        tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=prior)
+        for s in (1, 5):
+            tuner.call_costs.observe(s, 10e-3 + per_token * (s - 1))
+        tuner.rounds = len(tuner._schedule)  # the probe rounds are over
+        choices = []
+        for _ in range(16 * QUIET_EXPLORE * 4):
+            choices.append(tuner._choose(tuner.plan())[1:])
+            tuner.rounds += 1
+        assert {n for n, phase in choices if phase == "model"} == ({4} if name == "flat" else {0})
+        explored[name] = [n for n, phase in choices if phase == "explore"]
+    assert len(explored["flat"]) == 16
+    assert len(explored["steep"]) == 16 // QUIET_EXPLORE and set(explored["steep"]) == {1}
 
 
 def test_arguments_are_checked(models):
