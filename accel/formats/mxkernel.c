@@ -169,15 +169,20 @@ void mxk_use_pfor(mxk_pfor_t pfor, void *pctx) {
 
 static void run_part_at(void *parts, size_t i) { run_part((part_t *)parts + i); }
 
-/* the parts of a call on the runtime's parallel-for: no shared state, so calls from several threads run at once */
-static int run_parts_ext(const job_t *j, int threads, float *decode_out) {
-    part_t parts[MXK_MAX_THREADS];
+/* rows [0, n) of job j as `threads` parts of equal size (the last ones a row larger) */
+static void split_parts(part_t *parts, const job_t *j, int threads, float *decode_out) {
     for (int t = 0; t < threads; t++) {
         parts[t].job = j;
         parts[t].n0 = j->n * t / threads;
         parts[t].n1 = j->n * (t + 1) / threads;
         parts[t].decode_out = decode_out;
     }
+}
+
+/* the parts of a call on the runtime's parallel-for: no shared state, so calls from several threads run at once */
+static int run_parts_ext(const job_t *j, int threads, float *decode_out) {
+    part_t parts[MXK_MAX_THREADS];
+    split_parts(parts, j, threads, decode_out);
     if (ext_pfor(ext_pctx, run_part_at, (size_t)threads, parts) != 0)
         for (int t = 0; t < threads; t++) run_part(&parts[t]);
     else
@@ -196,12 +201,7 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
     if (ext_pfor != NULL) return run_parts_ext(j, threads, decode_out);
     pthread_mutex_lock(&call_mu);
     if (threads > 1 && pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
-    for (int t = 0; t < threads; t++) {
-        pool_parts[t].job = j;
-        pool_parts[t].n0 = j->n * t / threads;
-        pool_parts[t].n1 = j->n * (t + 1) / threads;
-        pool_parts[t].decode_out = decode_out;
-    }
+    split_parts(pool_parts, j, threads, decode_out);
     long gen = pool_generation + 1;
     if (threads > 1) {
         pthread_mutex_lock(&pool_mu);

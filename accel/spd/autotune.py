@@ -395,19 +395,24 @@ class AutoTune:
             return (*self._schedule[self.rounds], "probe")
         if plan is None:
             return self._fallback_arm, self.fallback, "fallback"
-        quiet = self._last[1] == 0  # speculation loses here: explore rarely, and cheaply (_neighbour)
-        if self.explore_every and self.rounds % (self.explore_every * (QUIET_EXPLORE if quiet else 1)) == 0:
+        every = self.explore_every * (QUIET_EXPLORE if self._quiet else 1)  # speculation loses: explore rarely
+        if self.explore_every and self.rounds % every == 0:
             self._explored += 1
             return (*self._neighbour(plan), "explore")
         self._last = plan.best_shape()
         return (*self._last, "model")
+
+    @property
+    def _quiet(self) -> bool:
+        """Whether the model's last choice was no speculation (exploration is then rarer and cheaper)."""
+        return self._last[1] == 0
 
     def _neighbour(self, plan: Plan) -> tuple[int, int]:
         """The shape an exploration round re-measures: the last choice's budget + 1, then - 1, within its arm (from no
         speculation: the first budget of the first arm); with several arms every third time the best budget of the next
         other arm instead (its smallest while the last choice was no speculation)."""
         arm, nodes = self._last
-        quiet = arm == NO_ARM
+        quiet = self._quiet
         if quiet:
             arm, nodes = 0, 0
         if len(self.arms) > 1 and self._explored % 3 == 0:

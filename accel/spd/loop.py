@@ -123,9 +123,8 @@ class _Loop:
         self.run.max_depth[:] = np.where(self.active, room - 1, 0).clip(min=0)
         self.run.max_nodes[:] = np.where(self.active, np.minimum(info.max_seq_len - 1, info.ctx_len - self.n), 0)
         if self.pinfo is not None:
-            pinfo = self.pinfo
-            self.run.max_depth[:] = np.minimum(self.run.max_depth, pinfo.max_depth)
-            self.run.max_nodes[:] = np.minimum(self.run.max_nodes, pinfo.max_nodes).clip(min=0)
+            self.run.max_depth[:] = np.minimum(self.run.max_depth, self.pinfo.max_depth)
+            self.run.max_nodes[:] = np.minimum(self.run.max_nodes, self.pinfo.max_nodes).clip(min=0)
         ask = self.active & (self.run.max_depth >= 1) & (self.run.max_nodes >= 1)
         proposed = self._propose(ask)
         trees: list[TokenTree | None] = []

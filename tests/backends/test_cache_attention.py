@@ -57,13 +57,19 @@ def one_node_model(h: int, hkv: int, n_inputs: int = 8) -> onnx.ModelProto:
 _SESSIONS: dict[tuple[int, int], ort.InferenceSession] = {}
 
 
+def new_session(h: int, hkv: int, intra: int = 1, spin: str | None = None) -> ort.InferenceSession:
+    """A session of ``one_node_model`` (``intra`` onnxruntime threads; ``spin``: its allow_spinning entry)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = intra
+    if spin is not None:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    register_mx_kernel(opts, 2)
+    return ort.InferenceSession(one_node_model(h, hkv).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
 def session(h: int, hkv: int) -> ort.InferenceSession:
     if (h, hkv) not in _SESSIONS:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        register_mx_kernel(opts, 2)
-        model = one_node_model(h, hkv).SerializeToString()
-        _SESSIONS[h, hkv] = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        _SESSIONS[h, hkv] = new_session(h, hkv)
     return _SESSIONS[h, hkv]
 
 
@@ -489,14 +495,6 @@ def test_check_on_the_op_level_graph(tmp_path):
         check_mx_kernel_graph(bad)
 
 
-def _pool_session(h: int, hkv: int, intra: int, spin: str) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = intra
-    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    register_mx_kernel(opts, 2)
-    return ort.InferenceSession(one_node_model(h, hkv).SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 @pytest.mark.parametrize("intra", [1, 2])
 def test_the_operator_runs_on_onnxruntimes_pool_when_it_spins(intra):
     """Where onnxruntime offers KernelContext_ParallelFor (1.17+) and the session's idle threads spin, every call
@@ -504,7 +502,7 @@ def test_the_operator_runs_on_onnxruntimes_pool_when_it_spins(intra):
     sleep uses the library's pool (the count stays still). Both give the same floats."""
     lib = mxkernel_build.load_kernel()
     feed = make_case(16, h=4, hkv=2, seed=3)
-    spinning, sleeping = _pool_session(4, 2, intra, "1"), _pool_session(4, 2, intra, "0")
+    spinning, sleeping = new_session(4, 2, intra, "1"), new_session(4, 2, intra, "0")
     outs = []
     for sess, calls in ((spinning, 1), (sleeping, 0), (spinning, 1)):  # each session keeps its own choice
         before = lib.mxk_pfor_calls()
