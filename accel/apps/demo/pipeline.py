@@ -13,25 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from accel.apps.demo.hydra import hydra_drafters
+from accel.apps.demo.hydra import default_hydra_dir
+from accel.apps.demo.modes import AR_MODE, ModeSettings, demo_modes, open_modes, write_specs
 from accel.apps.demo.predict import mx_summary, predict
 from accel.apps.demo.results import DemoResult, print_runs, summarise_runs
-from accel.apps.demo.settings import (
-    AUTOTUNE_MODE,
-    AUTOTUNE_NODES,
-    DEMO_PROMPTS,
-    LOOKUP_MODE,
-    TREE_MODE,
-    TREE_NODES,
-    default_draft_dir,
-    default_feature_draft_dir,
-)
+from accel.apps.demo.settings import DEMO_PROMPTS, default_draft_dir, default_feature_draft_dir
 from accel.apps.demo.timing import call_times, feature_call_time, mx_step_times
+from accel.apps.printing import StreamPrinter
+from accel.backends.weights import WeightFormat
+from accel.decode import DecodeSetup
+from accel.decode.opening import GraphNeeds, cached_graph
 from accel.errors import DraftError
+from accel.spd.autotune import AutoTune
 
 __all__ = ["run_demo"]
-
-_GREEN, _RESET = "\x1b[32m", "\x1b[0m"
 
 
 def run_demo(
@@ -81,7 +76,8 @@ def run_demo(
     run.say("\n== 1. MXFP6 weight compression of the target (measured here)")
     comp = _compression_stage(pair, run)
     run.say("\n== 2. onnxruntime: autoregressive vs speculative decoding (measured here)")
-    dec = _decoding_stage(pair, comp.pop("mx_model"), run)
+    del comp["mx_model"]  # stage 2 exports its MXFP6 graphs from the checkpoint (accel.apps.demo.modes)
+    dec = _decoding_stage(pair, run)
     run.say("\n== 3. predicted on accelerators (accel.sim roofline model; acceptance measured above)")
     predictions, plot_paths = predict(
         pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
@@ -102,7 +98,7 @@ def run_demo(
     tmp = run.results / ".demo.json.tmp"
     tmp.write_text(result.model_dump_json(indent=2))
     os.replace(tmp, run.results / "demo.json")
-    run.say(f"\nresults: {run.results.resolve()} (demo.json, figures/, onnx/); total {result.wall_s:.0f} s")
+    run.say(f"\nresults: {run.results.resolve()} (demo.json, specs/, figures/); total {result.wall_s:.0f} s")
     return result
 
 
@@ -233,55 +229,56 @@ def _compression_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
     }
 
 
-def _backends(pair: _Pair, mx_model: Any, run: _Run) -> tuple[Any, Any, Any, Path, Path | None]:
-    """The target (MXFP6-rounded weights), draft and feature-draft (or None) ``OrtBackend``s, exported once; and the
-    target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits) and ``mxfp6-kernel`` graph (the same
-    weights on accel's fused kernel; None where the kernel cannot be built), timed beside the target."""
-    from accel.backends import OrtBackend
-    from accel.backends.export import export_cached
+def _mode_settings(pair: _Pair, run: _Run) -> ModeSettings:
+    """What every decoding mode shares (``accel.apps.demo.modes``)."""
+    hydra = (
+        pair.f_model is not None
+        and pair.target_dir == _smollm2_dir()
+        and (default_hydra_dir() / "config.json").is_file()
+    )
+    return ModeSettings(
+        target=pair.target_dir,
+        draft=pair.draft_dir,
+        feature_draft=pair.feat_dir,
+        hydra=hydra,
+        k=run.k,
+        max_new_tokens=run.max_new,
+        temperature=run.temperature,
+        threads=run.threads,
+        ctx_len=_round_up(max(len(p) for p in pair.prompt_ids) + run.max_new + run.k + 2, 64),
+        eos=pair.eos,
+        tokenizer=pair.target_dir if (pair.target_dir / "tokenizer.json").is_file() else pair.draft_dir,
+    )
+
+
+def _timing_graphs(pair: _Pair, ctx_len: int) -> tuple[Path, Path | None]:
+    """The target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits) and ``mxfp6-kernel`` graph (the
+    same weights on accel's fused kernel; None where the kernel cannot be built), exported like the decoding target
+    (``accel.decode.opening.cached_graph``) to be timed beside it."""
     from accel.formats.mxkernel_build import kernel_status
 
-    ctx_len = _round_up(max(len(p) for p in pair.prompt_ids) + run.max_new + run.k + 2, 64)
-    onnx_dir = run.results / "onnx"
-    cached = functools.partial(export_cached, onnx_dir=onnx_dir, ctx_len=ctx_len, say=run.say)
-    t_onnx = cached(
-        pair.target_dir,
-        name="target-mxfp6",
-        weights="mx-rounded",
-        model=mx_model,
-        hidden_output=pair.f_model is not None,
-        tree=pair.f_model is not None,  # the feature draft's token trees (every mode runs this one graph)
+    wide = GraphNeeds(pair.f_model is not None, pair.f_model is not None)  # the decoding target's graph, but weights
+    nbits = cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_NBITS, wide)
+    kernel = (
+        cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_KERNEL, wide) if kernel_status().available else None
     )
-    d_onnx = cached(pair.draft_dir, name="draft", model=pair.d_model)
-    nbits = pair.f_model is not None  # the same graph as the target's, but for its weights
-    mx_onnx = cached(pair.target_dir, name="target-mxfp6-nbits", weights="mxfp6-nbits", model=mx_model,
-                     hidden_output=nbits, tree=nbits)  # fmt: skip
-    kernel_onnx = None
-    if kernel_status().available:
-        kernel_onnx = cached(pair.target_dir, name="target-mxfp6-kernel", weights="mxfp6-kernel", model=mx_model,
-                             hidden_output=nbits, tree=nbits)  # fmt: skip
-    fb = None
-    if pair.feat_dir is not None:
-        # the target's threads, unlike the standalone draft: its calls are a few wide matmuls that do split
-        # int8 matmuls (weights="int8"): ~40% cheaper calls, an approximate draft, the same exact SpD output
-        f_onnx = cached(pair.feat_dir, name="feature-draft", model=pair.f_model, weights="int8", tree=True)
-        fb = OrtBackend(f_onnx, threads=run.threads)
-    tb = OrtBackend(t_onnx, threads=run.threads)
-    # one thread for the tiny draft: its calls are too short to split, and an idle multi-thread pool keeps spinning
-    # on the cores the target's next call needs
-    db = OrtBackend(d_onnx, threads=1)
-    return tb, db, fb, mx_onnx, kernel_onnx
+    return nbits, kernel
 
 
-def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
-    """Stage 2: AR and SpD runs on onnxruntime, streamed; returns ``DemoResult`` fields."""
-    tb, db, fb, mx_onnx, kernel_onnx = _backends(pair, mx_model, run)
-    del mx_model
+def _decoding_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
+    """Stage 2: AR and SpD runs on onnxruntime (each mode a ``DecodeSpec``, written under ``specs/``), streamed;
+    returns ``DemoResult`` fields."""
+    settings = _mode_settings(pair, run)
+    modes = demo_modes(settings)
+    spec_files = write_specs(modes, run.results / "specs")
+    setups = open_modes(modes, pair.tok, wide=pair.f_model is not None)
+    tb, db = setups[AR_MODE].target, setups["SpD greedy"].drafts[0]
     t_call, t_score, d_call = call_times(tb, db, run.k, reps=3 if run.quick else 8)
     run.say(
         f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
     )
+    mx_onnx, kernel_onnx = _timing_graphs(pair, settings.ctx_len)
     mx = mx_step_times(tb, mx_onnx, run.threads, reps=3 if run.quick else 20, kernel_onnx=kernel_onnx)
     fp32, padded, one = mx["fp32_paired_call_s"], mx["mx_nbits_call_s"], mx["mx_nbits_one_row_call_s"]
     run.say(
@@ -296,14 +293,16 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
             f"{kernel * 1e3:.1f} ms per step: {fp32 / kernel:.2f}x float32"
         )
     f_call = None
-    if fb is not None:
-        f_call = feature_call_time(fb, reps=3 if run.quick else 8)
+    if pair.f_model is not None:
+        f_call = feature_call_time(setups["feature SpD greedy"].drafts[0], reps=3 if run.quick else 8)
         run.say(f"feature draft {f_call * 1e3:.2f} ms (S=1) = {f_call / t_call:.1%} of a target call")
-    runs, matches = _decode_prompts(pair, tb, db, fb, run)
+    runs, matches = _decode_prompts(pair, setups, run)
     run.say(
         f"\n(draft tokens shown {'in green' if run.color else 'in [brackets]'}; greedy SpD == AR output: "
         f"{'yes' if matches else 'NO'})"
     )
+    folder = spec_files[AR_MODE].parent
+    run.say(f"each mode's recipe: {folder}/*.json (accel generate --spec FILE --prompt TEXT runs the same decode)")
     figures = summarise_runs(runs)
     print_runs(figures, run.say)
     return {
@@ -314,62 +313,25 @@ def _decoding_stage(pair: _Pair, mx_model: Any, run: _Run) -> dict[str, Any]:
         **mx,
         "runs": figures,
         "greedy_spd_matches_ar": matches,
+        "specs": {name: str(path) for name, path in spec_files.items()},
     }
 
 
-def _drafters(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> list[tuple[str, Any, Any]]:
-    """The demo's speculative modes: (name, a function returning the proposer for one prompt, sampling)."""
-    from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, Sampling
-    from accel.spd.autotune import AutoTune, draft_arms
-
-    sampled = Sampling(temperature=run.temperature)
-    drafters: list[tuple[str, Any, Sampling]] = [
-        ("SpD greedy", lambda: DraftChain(db, k=run.k), GREEDY),
-        (f"SpD sampled T={run.temperature:g}", lambda: DraftChain(db, k=run.k), sampled),
-    ]
-    if fb is None:
-        return drafters
-    # one controller for every prompt (it learns this machine's costs and the draft's acceptance as it goes)
-    tuned = AutoTune(draft_arms(fb, k=run.k, nodes=AUTOTUNE_NODES, lookup=(3, run.k)))  # chains, lookup, a tree
-    tuned.probe(tb)
-    drafters += [
-        ("feature SpD greedy", lambda: DraftChain(fb, k=run.k), GREEDY),
-        (f"feature SpD T={run.temperature:g}", lambda: DraftChain(fb, k=run.k), sampled),
-        (LOOKUP_MODE, lambda: [NgramLookup(3, run.k), DraftChain(fb, k=run.k)], GREEDY),
-        (TREE_MODE, lambda: DraftTree(fb, nodes=TREE_NODES), GREEDY),
-        (AUTOTUNE_MODE, lambda: tuned, GREEDY),
-    ]  # + n-gram lookup drafts (accel.spd.lookup), the dynamic token tree (accel.spd.draft_tree), the controller
-    if pair.target_dir == _smollm2_dir():  # + the shipped Hydra++ heads' trees (accel.apps.demo.hydra)
-        drafters += hydra_drafters(pair.target_dir, run.results / "onnx", tb.info.ctx_len, run.temperature)
-    return drafters
-
-
-def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[dict[str, list[Any]], bool]:
-    """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR."""
-    from accel.spd import GREEDY, generate, generate_ar
-    from accel.spd.autotune import AutoTune
-
-    drafters = _drafters(pair, tb, db, fb, run)
-    runs: dict[str, list[Any]] = {"AR (greedy)": [], **{name: [] for name, _, _ in drafters}}
+def _decode_prompts(pair: _Pair, setups: dict[str, DecodeSetup], run: _Run) -> tuple[dict[str, list[Any]], bool]:
+    """Every decoding mode on every prompt, streamed; the results by mode and whether greedy SpD equalled AR. The
+    modes' setups are reused from prompt to prompt (the controller learns this machine's costs as it goes)."""
+    runs: dict[str, list[Any]] = {name: [] for name in setups}
     matches = True
     for (kind, text), ids in zip(pair.prompts, pair.prompt_ids, strict=True):
         run.say(f"\n--- {kind} prompt: {text.strip()[:90]!r}")
-        ar = generate_ar(tb, [ids], max_new_tokens=run.max_new, sampling=GREEDY, eos_token_id=pair.eos)
-        runs["AR (greedy)"].append(ar)
-        run.say(f"[AR greedy] {pair.tok.decode(ar.tokens[0])}")
-        for name, make, sampling in drafters:
-            printer = _StreamPrinter(pair.tok, run.out, run.color)
+        ar = setups[AR_MODE].generate([ids])
+        runs[AR_MODE].append(ar)
+        run.say(f"[{AR_MODE}] {pair.tok.decode(ar.tokens[0])}")
+        for name, setup in setups.items():
+            if name == AR_MODE:
+                continue
             run.out.write(f"[{name}] ")
-            proposer = make()
-            res = generate(
-                tb,
-                proposer,
-                [ids],
-                max_new_tokens=run.max_new,
-                sampling=sampling,
-                eos_token_id=pair.eos,
-                stream=printer,
-            )
+            res = setup.generate([ids], stream=StreamPrinter(pair.tok, run.out))
             run.out.write("\n")
             runs[name].append(res)
             s = res.stats
@@ -377,37 +339,12 @@ def _decode_prompts(pair: _Pair, tb: Any, db: Any, fb: Any, run: _Run) -> tuple[
                 f"    {s.decode_tokens_per_s:.1f} tok/s, accepted {s.accepted_drafts}/{s.proposed_drafts} draft "
                 f"tokens, {s.tokens_per_target_call:.2f} tokens per target call"
             )
-            if isinstance(proposer, AutoTune):  # what the controller chose and why
-                run.say(f"    autotune: {proposer.describe()}")
-            if sampling.greedy and res.tokens[0] != ar.tokens[0]:
+            if isinstance(setup.proposer, AutoTune):  # what the controller chose and why
+                run.say(f"    autotune: {setup.proposer.describe()}")
+            if setup.sampling.greedy and res.tokens[0] != ar.tokens[0]:
                 matches = False
                 run.say("    WARNING: greedy SpD output differs from AR greedy output")
     return runs, matches
-
-
-class _StreamPrinter:
-    """``stream`` callback: prints each row-0 chunk, accepted draft tokens in green (TTY) or in [brackets]."""
-
-    def __init__(self, tok, out: TextIO, color: bool) -> None:
-        self.tok, self.out, self.color = tok, out, color
-        self.tokens: list[int] = []
-        self.text = ""
-
-    def _piece(self, toks: list[int]) -> str:
-        self.tokens.extend(toks)
-        full = self.tok.decode(self.tokens)
-        piece, self.text = full[len(self.text) :], full
-        return piece
-
-    def __call__(self, row: int, tokens: list[int], from_draft: list[bool]) -> None:
-        drafted = [t for t, f in zip(tokens, from_draft, strict=True) if f]
-        rest = [t for t, f in zip(tokens, from_draft, strict=True) if not f]
-        if drafted:
-            piece = self._piece(drafted)
-            self.out.write(f"{_GREEN}{piece}{_RESET}" if self.color else f"[{piece}]")
-        if rest:
-            self.out.write(self._piece(rest))
-        self.out.flush()
 
 
 def _smollm2_dir() -> Path:

@@ -29,6 +29,8 @@ class RunFigures(BaseModel):
     mean_tokens_per_loop: float | None = None
     drafts_per_loop: float | None = None
     all_accepted_fraction: float | None = None
+    # the generated token ids of each prompt (row 0), in the demo's prompt order
+    tokens: list[list[int]] = Field(default_factory=list)
 
 
 class DemoResult(BaseModel):
@@ -62,6 +64,8 @@ class DemoResult(BaseModel):
     fp32_paired_call_s: float | None = None
     runs: list[RunFigures]
     greedy_spd_matches_ar: bool
+    # each mode's DecodeSpec (mode -> JSON file): accel generate --spec FILE runs the same decode
+    specs: dict[str, Path] = Field(default_factory=dict)
     predictions: dict[str, dict[str, float]] = Field(default_factory=dict)
     figures: list[Path] = Field(default_factory=list)
     wall_s: float
@@ -96,6 +100,7 @@ def summarise_runs(runs: dict[str, list[Any]]) -> list[RunFigures]:
                 mean_tokens_per_loop=sum(s.mean_tokens_per_loop * s.row_calls for s in st) / loops if spd else None,
                 drafts_per_loop=sum(s.draft_tokens for s in st) / loops if spd else None,
                 all_accepted_fraction=sum(s.all_accepted_rounds for s in st) / loops if spd else None,
+                tokens=[[int(t) for t in r.tokens[0]] for r in results],
             )
         )
     return out
