@@ -91,6 +91,13 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# all-reduce libraries on NVLink GPUs: the family's 7 us + 2.3 us per log2 step is gpt-fast's intra-node one-shot
+# all-reduce (ENABLE_INTRA_NODE_COMM=1), 13.9 us on 8 GPUs. NCCL's small-message all-reduce is slower: 20.71 us at
+# 16 KB on 8 H100s over NVLink (ByteDance-Seed/Triton-distributed#57, torch.distributed on NCCL; 19.19 us at 128 B,
+# so latency, not bytes). A stack that reduces through NCCL pays the difference on every all-reduce
+# (docs/sim.md §6; accel/sim/published.py maps the published stacks to their library).
+NCCL_ALLREDUCE_EXTRA_S: dict[str, float] = {"gpu-nvlink": 20.71e-6 - (7e-6 + 3 * 2.3e-6)}
+
 _AI100_SRC = "quic.github.io/cloud-ai-sdk-pages, Architecture (docs/reference.md §5)"
 _AI100_NOTE = (
     "efficiency terms are defaults (accel/sim/catalog.py): bandwidth 0.70 of spec and MX decompression 7.5e10 "

@@ -15,6 +15,8 @@ MatMul, the LM head included (``-mxfp6-matmul``); gpt-fast and torchao (``genera
 Leave one source out (``validate_leave_one_source_out``) holds each source out of its device's calibration; when
 the calibration point's software stack (``STACK_OF``) differs from the held-out source's, the prediction is scaled
 by the two stacks' time ratio read off the other sources' points (``stack_factor``), never the held-out source's.
+In every protocol a stack's all-reduce library (``STACK_ALLREDUCE``: NCCL for lmdeploy and IBM's stack) is priced
+on its multi-GPU points (``at_stack``: NCCL's extra latency over the GPU family's default, ``catalog.py``).
 
 The sets: ``FIRST_SET`` (the points of issue 20, whose goals ``tests/sim/test_published.py`` holds; some catalog
 defaults were read off them), ``GPT_FAST_MOE`` (gpt-fast's Mixtral table, same repository and machine as GPT_FAST)
@@ -31,6 +33,7 @@ import numpy as np
 
 from accel.sim._base import SimModel, SimWarning
 from accel.sim.calibration import calibrate
+from accel.sim.catalog import NCCL_ALLREDUCE_EXTRA_S
 from accel.sim.hardware import Hardware, hardware
 from accel.sim.observations import RunObservation
 from accel.sim.presets import preset
@@ -219,12 +222,9 @@ def validate(points: list[PublishedPoint] | None = None, *, calibrate_first: boo
     rows: list[ValidationRow] = []
     for device in dict.fromkeys(p.device for p in points):
         pts = [p for p in points if p.device == device]
-        hw: Hardware = hardware(device)
-        if calibrate_first:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", SimWarning)
-                hw = calibrate(hw, [pts[0].run])
-        rows += [_row(p, hw, calibrate_first and i == 0) for i, p in enumerate(pts)]
+        hw: Hardware = _calibrated(pts[0]) if calibrate_first else hardware(device)
+        base = stack_of(pts[0]) if calibrate_first else None  # the stack hw is priced for (None: the catalog's)
+        rows += [_row(p, at_stack(hw, stack_of(p), base), calibrate_first and i == 0) for i, p in enumerate(pts)]
     return rows
 
 
@@ -266,10 +266,33 @@ def stack_of(p: PublishedPoint) -> str:
     return STACK_OF.get(p.source, p.source)
 
 
-def _calibrated(device: str, run: RunObservation) -> Hardware:
+#: the all-reduce library of the stacks that run tensor parallel on GPUs where it is not the GPU family's default
+#: (gpt-fast's intra-node one-shot all-reduce, ``catalog.FAMILY_DEFAULTS``): lmdeploy v0.1's TurboMind reduces through
+#: NCCL (``ftNcclAllReduceSum`` after the attention output and after the FFN, src/turbomind/models/llama/), IBM's
+#: torch.compile stack through torch.distributed, whose GPU backend is NCCL (assumed: the blog names no custom
+#: all-reduce). AMD's and Oracle's vLLM runs are one stack (no difference to price); the rest run on one device.
+STACK_ALLREDUCE: dict[str, str] = {"lmdeploy-turbomind": "nccl", "ibm-torch-compile": "nccl"}
+
+
+def allreduce_extra_s(hw: Hardware, stack: str) -> float:
+    """Seconds ``stack``'s all-reduce library adds to every all-reduce on ``hw`` over the family's default library
+    (``catalog.NCCL_ALLREDUCE_EXTRA_S`` for an NCCL stack on NVLink GPUs; 0 otherwise)."""
+    return NCCL_ALLREDUCE_EXTRA_S.get(hw.family, 0.0) if STACK_ALLREDUCE.get(stack) == "nccl" else 0.0
+
+
+def at_stack(hw: Hardware, stack: str, base: str | None = None) -> Hardware:
+    """``hw`` priced for ``base``'s all-reduce library (None: the catalog's default), switched to ``stack``'s."""
+    d = allreduce_extra_s(hw, stack) - (allreduce_extra_s(hw, base) if base is not None else 0.0)
+    if d == 0.0:
+        return hw
+    return hw.model_copy(update={"allreduce_latency_s": max(0.0, hw.allreduce_latency_s + d)})
+
+
+def _calibrated(p: PublishedPoint) -> Hardware:
+    """``p``'s device calibrated on ``p`` alone (one term), priced with ``p``'s stack's all-reduce library."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SimWarning)
-        return calibrate(hardware(device), [run])
+        return calibrate(at_stack(hardware(p.device), stack_of(p)), [p.run])
 
 
 def stack_factor(pool: list[PublishedPoint], stack: str, reference: str) -> float:
@@ -284,7 +307,7 @@ def stack_factor(pool: list[PublishedPoint], stack: str, reference: str) -> floa
         mine = [p for p in pool if p.device == device and stack_of(p) == stack]
         ref = [p for p in pool if p.device == device and stack_of(p) == reference]
         if mine and ref:
-            hw = _calibrated(device, mine[0].run)
+            hw = at_stack(_calibrated(mine[0]), reference, stack)
             logs += [float(np.log(p.run.predicted_s(hw) / p.run.measured_s)) for p in ref]
     return float(np.exp(np.mean(logs))) if logs else 1.0
 
@@ -303,11 +326,11 @@ def validate_leave_one_source_out(points: list[PublishedPoint] | None = None) ->
             others = [p for p in pts if p.source != source]
             if not others:
                 continue
-            hw = _calibrated(device, others[0].run)
+            hw = _calibrated(others[0])
             held = [p for p in pts if p.source == source]
             pool = [p for p in points if p.source != source]
             factor = stack_factor(pool, stack_of(held[0]), stack_of(others[0]))
-            rows += [_row(p, hw, False, factor) for p in held]
+            rows += [_row(p, at_stack(hw, stack_of(p), stack_of(others[0])), False, factor) for p in held]
     return rows
 
 
