@@ -4,9 +4,10 @@ generation.
 All numbers come from one run on one machine. Target: ``--target DIR`` or SmolLM2-135M (``smollm2_checkpoint()``);
 draft: ``--draft DIR``, else the shipped demo draft (``accel/demo_data/smollm2-draft``) for the default target, else
 (or with ``--layer-skip N``) a *layer-skip* stand-in: the target's first N layers with its own final norm and LM
-head. Both are exported with ``export_onnx`` (batch 1) and run by
-``OrtBackend``. Per prompt and setting we run ``generate_ar`` and ``generate`` (greedy, and multinomial at
-``--temperature``) and report tokens/s = new tokens / wall seconds (prefill included, EOS ignored so every run makes
+head. Every setting is a ``DecodeSpec`` (``job_spec``: the recipe ``accel generate --spec`` runs), built through one
+``accel.decode.Opener`` (graphs exported once into ``$ACCEL_CACHE/onnx``, one target session for every mode, batch 1,
+no controller). Per prompt and setting we run it (greedy, and multinomial at ``--temperature``; seed = the prompt's
+index) and report tokens/s = new tokens / wall seconds (prefill included, EOS ignored so every run makes
 ``--max-new-tokens`` tokens; also decode-only tokens/s, prefill excluded). Transformers: ``hf_target.generate(...,
 assistant_model=hf_draft)`` in eager torch on the
 same prompts, same token counts (``min_new_tokens``), its default assistant schedule. Also recorded: per-call latency of
@@ -15,8 +16,8 @@ both models for S = 1..9 new tokens at past length ``--past-len`` (median of rep
 Feature draft (EAGLE-style, ``accel.drafts.feature``): ``--feature-draft DIR``, by default the shipped
 ``accel/demo_data/smollm2-feature-draft`` for the default target (``--no-feature-draft`` skips it). Its runs are modes
 ``spd_feat`` (K = 1..``--feature-k-max``) and ``spd_feat_dyn`` (dynamic length); it is exported with int8 matmuls
-(``--feature-draft-weights``, ``export_onnx(weights="int8")``). The target graph is exported with
-its ``hidden_states`` output for every run, AR included, so all modes run the same target graph.
+(``--feature-draft-weights``). The target graph is exported with its ``hidden_states`` output (and tree inputs with
+``--tree-nodes``) for every run, AR included, so all modes run the same target session.
 
     python benchmarks/spd.py [--target DIR] [--draft DIR] [--feature-draft DIR] [--quick] [--max-new-tokens N] [--no-hf]
                              [--repeats R]
@@ -29,7 +30,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,24 @@ from spd_report import print_header, print_summary, print_table, print_tree_goal
 from spd_support import aggregate, call_latency_s, full_head_copy, hf_assisted, layer_skip_draft, plot, target_quality
 from tqdm.auto import tqdm
 
-from accel.backends import OrtBackend, export_onnx
+from accel.backends import Backend, OrtBackend
+from accel.backends.weights import WeightFormat
+from accel.decode import (
+    ARSpec,
+    ChainSpec,
+    DecodeSetup,
+    DecodeSpec,
+    FirstOfSpec,
+    LookupSpec,
+    MergeSpec,
+    SamplingSpec,
+    TargetSpec,
+    TreeSpec,
+    build,
+)
+from accel.decode.opening import GraphNeeds, Opener, cached_graph
 from accel.drafts.prompts import HELD_OUT_PROMPTS
-from accel.spd import GREEDY, DraftChain, DraftTree, Merge, NgramLookup, Sampling, generate, generate_ar
+from accel.spd import GREEDY, Sampling, generate_ar
 
 # Prompts the shipped draft was NOT trained on (accel.drafts.HELD_OUT_PROMPTS, already in chat/code form): the
 # training prompts (DEFAULT_PROMPTS) would measure memorised continuations, not the draft's real acceptance.
@@ -221,7 +237,9 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Setup:
-    """The models of one benchmark run, their ONNX backends and the tokenized prompts."""
+    """The models of one benchmark run (loaded for their configs, transformers and the quality reference), the
+    recipe parts every job shares, the sessions they open (one ``Opener``: one target session for every mode) and the
+    tokenized prompts."""
 
     target_dir: Path
     target: Any
@@ -233,13 +251,18 @@ class Setup:
     max_new: int
     ks: list[int]
     tmp: Path
-    tb: OrtBackend
-    db: OrtBackend
-    fb: OrtBackend | None
+    target_spec: TargetSpec
+    draft_path: Path
+    feat_path: Path | None
+    opener: Opener
+    tb: Backend = field(init=False)  # the sessions every job shares, opened from the recipes (load_setup)
+    db: Backend = field(init=False)
+    fb: Backend | None = field(init=False, default=None)
 
 
 def load_setup(args: argparse.Namespace) -> Setup:
-    """Load the target and drafts (defaults: SmolLM2 and the shipped drafts), tokenize the prompts, export."""
+    """Load the target and drafts (defaults: SmolLM2 and the shipped drafts), tokenize the prompts, and open the
+    target, draft and feature-draft sessions every job shares (``accel.decode.build`` through one ``Opener``)."""
     import torch
 
     from accel.models import load_checkpoint, load_tokenizer, save_pretrained, smollm2_checkpoint
@@ -261,7 +284,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
         args.draft = str(demo_draft)
     if args.draft and args.layer_skip is None:
         args.draft = str(checkpoint_dir(args.draft, say=print))  # a .gguf: its converted directory
-        draft, draft_name = load_checkpoint(args.draft), str(args.draft)
+        draft, draft_name, draft_path = load_checkpoint(args.draft), str(args.draft), Path(args.draft)
         # re-saved as plain float32 HF tensors: transformers cannot read accel-compressed (MX) checkpoints, nor a
         # restricted LM head (head_vocab), which becomes the full head it was cut from (see full_head_copy)
         draft_dir = save_pretrained(full_head_copy(draft), tmp / "draft_fp32")
@@ -269,6 +292,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
         n = args.layer_skip or 4
         draft = layer_skip_draft(target, n)
         draft_dir, draft_name = save_pretrained(draft, tmp / "layer_skip_draft"), f"layer-skip ({n} layers)"
+        draft_path = draft_dir
     prompts = PROMPTS[: args.prompts or (2 if args.quick else len(PROMPTS))]
     try:
         tok = load_tokenizer(target_dir)
@@ -286,25 +310,7 @@ def load_setup(args: argparse.Namespace) -> Setup:
         args.feature_draft = str(demo_feat)
     feat = load_checkpoint(args.feature_draft) if args.feature_draft and not args.no_feature_draft else None
     tree = bool(args.tree_nodes) and feat is not None  # every mode runs the same target graph, with tree inputs
-    tb = OrtBackend(
-        export_onnx(
-            target,
-            tmp / "target.onnx",
-            ctx_len=args.ctx_len,
-            hidden_output=True,
-            weights=args.target_weights,
-            tree=tree,
-        ),
-        threads=args.threads,
-    )
-    db = OrtBackend(export_onnx(draft, tmp / "draft.onnx", ctx_len=args.ctx_len), threads=args.draft_threads)
-    fb = None
-    if feat is not None:
-        f_onnx = export_onnx(
-            feat, tmp / "feature_draft.onnx", ctx_len=args.ctx_len, weights=args.feature_draft_weights, tree=tree
-        )
-        fb = OrtBackend(f_onnx, threads=args.feature_draft_threads)
-    return Setup(
+    setup = Setup(
         target_dir=target_dir,
         target=target,
         draft=draft,
@@ -315,10 +321,20 @@ def load_setup(args: argparse.Namespace) -> Setup:
         max_new=min(args.max_new_tokens, 32) if args.quick else args.max_new_tokens,
         ks=[1, 2, 4, 8] if args.quick else list(range(1, args.k_max + 1)),
         tmp=tmp,
-        tb=tb,
-        db=db,
-        fb=fb,
+        target_spec=TargetSpec(
+            path=target_dir, weights=args.target_weights, ctx_len=args.ctx_len, threads=args.threads
+        ),
+        draft_path=draft_path,
+        feat_path=Path(args.feature_draft) if feat is not None else None,
+        # the target graph has hidden states for every mode (AR included), so all modes run one target session
+        opener=Opener(GraphNeeds(hidden_output=True, tree=tree), target_spin=False),
     )
+    greedy = (("greedy", GREEDY), "spd", 1, None)
+    setup.tb = open_job(setup, (greedy[0], "ar", 0, None), args).target
+    setup.db = open_job(setup, greedy, args).drafts[0]
+    if feat is not None:
+        setup.fb = open_job(setup, (greedy[0], "spd_feat", 1, None), args).drafts[0]
+    return setup
 
 
 def measure_calls(setup: Setup, args: argparse.Namespace) -> list[dict]:
@@ -374,20 +390,45 @@ def build_jobs(setup: Setup, args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def make_proposer(setup: Setup, mode: str, k: int, thr: Any, args: argparse.Namespace) -> Any:
-    """The proposer of one SpD job: a chain (fixed or dynamic length) or a dynamic tree, after lookup for +ngram
-    (``FirstOf``), joined with lookup's chain for +merge (``Merge``)."""
+def job_spec(setup: Setup, job: Job, args: argparse.Namespace) -> DecodeSpec:
+    """One job as a ``DecodeSpec``: autoregressive, a draft chain (fixed or dynamic length) of the standalone or the
+    feature draft, or the feature draft's dynamic tree, after lookup for +ngram (``first_of``), joined with lookup's
+    chain for +merge (``merge``); the shape as given (no controller)."""
+    (_, sampling), mode, k, thr = job
     base = mode.removesuffix("+ngram").removesuffix("+merge")
+    proposer: Any = ARSpec()
     if base == "spd_feat_tree":
         t, e = thr
-        model: Any = DraftTree(
-            setup.fb, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=t, expand_prob=e
-        )
-    else:
-        model = DraftChain(setup.fb if base.startswith("spd_feat") else setup.db, k=k, min_draft_prob=thr)
+        proposer = TreeSpec(
+            draft=setup.feat_path, nodes=k, top_k=args.tree_top_k, depth=args.tree_depth, min_prob=t, expand_prob=e,
+            weights=args.feature_draft_weights, threads=args.feature_draft_threads,
+        )  # fmt: skip
+    elif base.startswith("spd_feat"):
+        proposer = ChainSpec(
+            draft=setup.feat_path, k=k, min_draft_prob=thr, weights=args.feature_draft_weights,
+            threads=args.feature_draft_threads,
+        )  # fmt: skip
+    elif base.startswith("spd"):
+        proposer = ChainSpec(draft=setup.draft_path, k=k, min_draft_prob=thr, threads=args.draft_threads)
+    lookup = LookupSpec(n=args.ngram, k=args.ngram_k)
     if mode.endswith("+merge"):
-        return Merge(NgramLookup(args.ngram, args.ngram_k), model)
-    return [NgramLookup(args.ngram, args.ngram_k), model] if mode.endswith("+ngram") else model
+        proposer = MergeSpec(lookup=lookup, tree=proposer)
+    elif mode.endswith("+ngram"):
+        proposer = FirstOfSpec(lookup=lookup, then=proposer)
+    warps = SamplingSpec(greedy=True) if sampling.greedy else SamplingSpec(temperature=sampling.temperature)
+    return DecodeSpec(
+        target=setup.target_spec,
+        proposer=proposer,
+        sampling=warps,
+        max_new_tokens=setup.max_new,
+        eos_token_id=[],  # every run makes max_new tokens
+        autotune=False,
+    )
+
+
+def open_job(setup: Setup, job: Job, args: argparse.Namespace) -> DecodeSetup:
+    """``job_spec`` built on the run's shared sessions."""
+    return build(job_spec(setup, job, args), tokenizer=None, opener=setup.opener)
 
 
 def run_jobs(setup: Setup, jobs: list[Job], args: argparse.Namespace) -> tuple[dict[int, list], dict[int, list]]:
@@ -395,21 +436,20 @@ def run_jobs(setup: Setup, jobs: list[Job], args: argparse.Namespace) -> tuple[d
     setting alike; returns the results per job and each job's tokens/s per pass over the prompts."""
     tb1 = None
     if any(mode == "ar_one_row" for _, mode, _, _ in jobs):
-        tb1 = OrtBackend(setup.tmp / "target.onnx", threads=args.threads, min_rows=1)
+        t = setup.target_spec
+        graph = cached_graph(t.path, t.ctx_len, t.weights, setup.opener.target_needs)
+        tb1 = OrtBackend(graph, threads=args.threads, min_rows=1)
+    opened = {j: open_job(setup, job, args) for j, job in enumerate(jobs) if job[1] != "ar_one_row"}
     prompts_ids, max_new = setup.prompts_ids, setup.max_new
     results: dict[int, list] = {j: [] for j in range(len(jobs))}
     per_pass: dict[int, list] = {j: [] for j in range(len(jobs))}  # tokens/s of each job in each pass
     bar = tqdm(total=len(jobs) * len(prompts_ids) * args.repeats, desc="runs")
     for _, (i, ids) in ((r, x) for r in range(args.repeats) for x in enumerate(prompts_ids)):
-        for j, ((_, sampling), mode, k, thr) in enumerate(jobs):
-            if mode in ("ar", "ar_one_row"):
-                backend = tb1 if mode == "ar_one_row" else setup.tb
-                results[j].append(generate_ar(backend, [ids], max_new_tokens=max_new, seed=i, sampling=sampling))
+        for j, ((_, sampling), mode, _, _) in enumerate(jobs):
+            if mode == "ar_one_row":
+                results[j].append(generate_ar(tb1, [ids], max_new_tokens=max_new, seed=i, sampling=sampling))
             else:
-                proposer = make_proposer(setup, mode, k, thr, args)
-                results[j].append(
-                    generate(setup.tb, proposer, [ids], max_new_tokens=max_new, seed=i, sampling=sampling)
-                )
+                results[j].append(opened[j].generate([ids], seed=i))
             bar.update(1)
         if i == len(prompts_ids) - 1:  # a pass is complete: its tokens/s per job
             for j in results:
@@ -443,9 +483,8 @@ def measure_quality(setup: Setup, jobs: list[Job], results: dict[int, list], arg
     """For a quantized target: its distance to the fp32 target (None for fp32)."""
     if args.target_weights == "fp32":
         return None
-    ref = OrtBackend(
-        export_onnx(setup.target, setup.tmp / "target_fp32.onnx", ctx_len=args.ctx_len), threads=args.threads
-    )
+    fp32 = setup.target_spec.model_copy(update={"weights": WeightFormat.FP32})
+    ref = build(DecodeSpec(target=fp32, max_new_tokens=setup.max_new)).target  # the same graph kind, float32 weights
     ar_fp32 = [
         generate_ar(ref, [ids], max_new_tokens=setup.max_new, sampling=GREEDY).tokens[0]
         for ids in tqdm(setup.prompts_ids, desc="fp32 target (quality reference)", leave=False)

@@ -96,10 +96,13 @@ class DecodeSetup:
         return self.spec.sampling.sampling()
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, stream: StreamCallback | None = None
+        self,
+        prompt_ids: Sequence[Sequence[int]] | np.ndarray,
+        stream: StreamCallback | None = None,
+        seed: int | None = None,
     ) -> GenerationResult:
-        """``accel.spd.generate`` with this setup's backends, proposer, warps, seed, token limit and stop tokens
-        (one prompt: the backends run batch 1)."""
+        """``accel.spd.generate`` with this setup's backends, proposer, warps, seed (``seed``: another one, e.g. one
+        per prompt of a benchmark), token limit and stop tokens (one prompt: the backends run batch 1)."""
         spec = self.spec
         return generate(
             self.target,
@@ -107,7 +110,7 @@ class DecodeSetup:
             prompt_ids,
             max_new_tokens=spec.max_new_tokens,
             sampling=self.sampling,
-            seed=spec.sampling.seed,
+            seed=spec.sampling.seed if seed is None else seed,
             eos_token_id=self.eos_token_id,
             stream=stream,
         )
