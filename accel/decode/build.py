@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,21 @@ from accel.decode.opening import (
     TorchPlacement,
     draft_threads,
     open_backend,
+    open_exit_stage,
 )
 from accel.decode.proposers import (
     ARSpec,
     ChainSpec,
+    DraftModelSpec,
     Eagle3ChainSpec,
-    Eagle3Spec,
     Eagle3TreeSpec,
+    EarlyExitSpec,
     FirstOfSpec,
     HydraTreeSpec,
     LookupSpec,
     MergeSpec,
+    ModelPartSpec,
+    SuperposedSpec,
     TreeSpec,
 )
 from accel.decode.spec import DecodeSpec, TargetSpec
@@ -60,6 +64,9 @@ from accel.spd import (
     generate,
 )
 from accel.spd.autotune import AutoTune
+from accel.superposed import NgramStore, SuperposedConfig
+from accel.superposed.proposer import SuperposedProposer
+from accel.superposed.scoring import TUNED
 
 __all__ = [
     "AUTOTUNE_TREE_NODES",
@@ -183,7 +190,7 @@ def _autotune_arms(spec: DecodeSpec, drafts: _Drafts) -> list[Proposer] | None:
     look = p.lookup if isinstance(p, FirstOfSpec | MergeSpec) else LookupSpec()
     t = spec.target
     trees = not t.weights.int8_activations and (t.path.suffix != ".onnx" or "tree_mask" in onnx_inputs(t.path))
-    draft = _open_draft(part, t, trees, drafts)
+    draft = _open_draft(part, t, GraphNeeds(tree=trees), drafts)
     trees = trees and "tree" in draft.info.capabilities  # an .onnx draft is used as it was exported
     k = part.k if isinstance(part, ChainSpec) else min(part.nodes, 4)
     arms: list[Proposer] = [FirstOf(NgramLookup(look.n, look.k), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
@@ -197,14 +204,16 @@ def _autotune_arms(spec: DecodeSpec, drafts: _Drafts) -> list[Proposer] | None:
     return arms
 
 
-def _model_proposer(
-    p: ChainSpec | TreeSpec | HydraTreeSpec | Eagle3Spec, target: TargetSpec, drafts: _Drafts
-) -> Proposer:
+def _model_proposer(p: ModelPartSpec, target: TargetSpec, drafts: _Drafts) -> Proposer:
     if isinstance(p, HydraTreeSpec):
         return _hydra(p, target, drafts.opener)
     if isinstance(p, Eagle3ChainSpec | Eagle3TreeSpec):
         return eagle3_proposer(p, target)
-    draft = _open_draft(p, target, isinstance(p, TreeSpec), drafts)
+    if isinstance(p, EarlyExitSpec):
+        return _early_exit(p, target, drafts.opener)
+    if isinstance(p, SuperposedSpec):
+        return _superposed(p, target, drafts)
+    draft = _open_draft(p, target, GraphNeeds(tree=isinstance(p, TreeSpec)), drafts)
     if isinstance(p, TreeSpec):
         return DraftTree(
             draft, nodes=p.nodes, top_k=p.top_k, depth=p.depth, min_prob=p.min_prob, expand_prob=p.expand_prob
@@ -212,9 +221,10 @@ def _model_proposer(
     return DraftChain(draft, k=p.k, min_draft_prob=p.min_draft_prob)
 
 
-def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool, drafts: _Drafts) -> Backend:
+def _open_draft(p: DraftModelSpec, target: TargetSpec, needs: GraphNeeds, drafts: _Drafts) -> Backend:
     """The draft backend (kept in ``drafts``): int8 for a feature draft unless told otherwise; threads by the draft's
-    size (``draft_threads``), the target's on torch (torch threads are global); tree inputs for a ``DraftTree``."""
+    size (``draft_threads``), the target's on torch (torch threads are global); the graph inputs ``needs`` asks for
+    (tree inputs for a ``DraftTree``, mixed inputs for superposed drafts)."""
     feature = bool(model_config(p.draft).get("accel_feature_size"))
     check_draft_weights(p.draft)
     if target.backend != "ort":
@@ -228,7 +238,7 @@ def _open_draft(p: ChainSpec | TreeSpec, target: TargetSpec, tree: bool, drafts:
         target.ctx_len,
         threads,
         weights=weights,
-        needs=GraphNeeds(tree=tree),
+        needs=needs,
         placement=TorchPlacement(target.device, target.dtype),
     )
     drafts.opened.append((draft, p.draft))
@@ -256,3 +266,23 @@ def _hydra(p: HydraTreeSpec, target: TargetSpec, opener: Opener) -> Proposer:
             p.heads, target.path, shape, ctx_len=target.ctx_len, weights=p.weights, threads=p.threads or 1
         ),
     )
+
+
+def _early_exit(p: EarlyExitSpec, target: TargetSpec, opener: Opener) -> Proposer:
+    """PPD's candidates on this loop: an ``EarlyExit`` over the target's exit stage (one per ``opener`` for the same
+    target, layer, head and threads)."""
+    from accel.spd.exit_proposer import EarlyExit
+
+    threads = p.threads if p.threads is not None else target.threads
+    key = ("exit", target.path.resolve(), target.backend, target.ctx_len, p.exit_layer, str(p.exit_head), threads)
+    front = opener.shared(key, lambda: open_exit_stage(target, p.exit_layer, p.exit_head, threads))
+    return EarlyExit(front, k=p.k)
+
+
+def _superposed(p: SuperposedSpec, target: TargetSpec, drafts: _Drafts) -> Proposer:
+    """Superposed drafts of the draft model (exported with mixed inputs), scored with the n-gram store if given (the
+    tuned interpolation) or by the draft's log-probabilities alone."""
+    draft = _open_draft(p, target, GraphNeeds(mix=True), drafts)
+    store = NgramStore.load(p.store) if p.store is not None else None
+    config = replace(TUNED if store is not None else SuperposedConfig(), k=p.k, temperature=p.temperature)
+    return SuperposedProposer(draft, p.depth, config, store)

@@ -9,9 +9,10 @@ import sys
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from accel.backends.base import Backend
+from accel.backends.stages import StageBackend
 from accel.backends.weights import WeightFormat
 from accel.decode.files import is_gguf, model_config, onnx_metadata
 from accel.decode.spec import TargetSpec, kernel_builds
@@ -28,6 +29,7 @@ __all__ = [
     "cached_graph",
     "draft_threads",
     "open_backend",
+    "open_exit_stage",
 ]
 
 T = TypeVar("T")
@@ -52,11 +54,12 @@ ON_CPU = TorchPlacement()
 
 
 class GraphNeeds(NamedTuple):
-    """What the proposer needs of an exported target graph (``ProposerInfo``'s ``needs_hidden`` and ``branching``):
-    the hidden-state output, tree calls."""
+    """What a proposer needs of an exported graph: the hidden-state output and tree calls of a target
+    (``ProposerInfo``'s ``needs_hidden`` and ``branching``); mixed (superposed) inputs of a draft."""
 
     hidden_output: bool = False
     tree: bool = False
+    mix: bool = False
 
 
 #: a plain graph: logits only, chain calls
@@ -170,6 +173,7 @@ def cached_graph(path: Path, ctx_len: int, weights: WeightFormat, needs: GraphNe
         hidden_output=needs.hidden_output,
         weights=weights.value,
         tree=needs.tree,
+        mix_inputs=needs.mix,
         ort_ops=True,  # onnxruntime runs it: its fused RMSNorm + residual and RoPE (~5% of an fp32 step)
         accel_attention=kernel_builds(),  # one ai.accel::CacheAttention a layer, where accel's kernel builds
         say=lambda line: print(line, file=sys.stderr, flush=True),
@@ -225,3 +229,61 @@ class Opener:
                 path, backend, ctx_len, threads, weights=weights, needs=needs, placement=placement, spin=spin
             ),
         )
+
+
+def open_exit_stage(t: TargetSpec, exit_layer: int, exit_head: str | Path | None, threads: int | None) -> StageBackend:
+    """The exit stage ``[0, exit_layer)`` of the target checkpoint directory ``t.path`` with its exit logits (batch 1,
+    a ``t.ctx_len``-token cache, float32 weights): the trained head at ``exit_head`` (``"shipped"``: the one shipped
+    for SmolLM2-135M at that layer) or, None, the target's own norm and LM head. Backend ort: exported once into
+    ``$ACCEL_CACHE/onnx`` (keyed by the target's and the head's files); torch: loaded. ``SpdError`` for a layer
+    outside ``1 .. layers - 1``; ``DraftError`` for a head of another target or layer."""
+    # torch-optional: the exit head and the export need torch; an onnxruntime run of a cached stage does not
+    from accel.backends.stages import split_layers
+    from accel.drafts.early_exit import shipped_exit_head
+    from accel.models.config import ModelConfig
+
+    layers = ModelConfig.from_hf(model_config(t.path)).num_layers
+    if not 1 <= exit_layer < layers:
+        raise SpdError(f"early exit after layer {exit_layer}: the target has {layers} layers (give 1..{layers - 1})")
+    head = shipped_exit_head(exit_layer) if exit_head == "shipped" else (Path(exit_head) if exit_head else None)
+    stage = split_layers(layers, [exit_layer], exit_logits=True)[0]
+    if t.backend == "torch":
+        from accel.backends import TorchBackend
+
+        model, exit_module = _exit_model(t.path, head, exit_layer)
+        return TorchBackend(model, ctx_len=t.ctx_len, batch_size=1, threads=threads, stage=stage, exit_head=exit_module)
+    from accel.backends import OrtBackend
+
+    return OrtBackend(_exit_graph(t.path, t.ctx_len, stage, head, exit_layer), threads=threads)
+
+
+def _exit_model(path: Path, head: Path | None, exit_layer: int) -> tuple[Any, Any]:
+    """The target model at ``path`` and its exit head at ``head`` (None: no head), checked to be for ``exit_layer``."""
+    from accel.drafts.early_exit import load_exit_head
+    from accel.errors import DraftError
+    from accel.models import load_checkpoint
+
+    model = load_checkpoint(path).eval()
+    module = load_exit_head(head, model) if head is not None else None
+    if module is not None and module.layer != exit_layer:
+        raise DraftError(f"the exit head at {head} is for layer {module.layer}, not the early exit's {exit_layer}")
+    return model, module
+
+
+def _exit_graph(path: Path, ctx_len: int, stage: Any, head: Path | None, exit_layer: int) -> Path:
+    """The exit stage's ``.onnx`` file in ``$ACCEL_CACHE/onnx``, exported once per target files, head files and
+    settings (``GraphSpec.cache_key``)."""
+    from accel.backends import export_onnx
+    from accel.backends.export import checkpoint_files
+    from accel.backends.graph_spec import GraphSpec
+    from accel.models.smollm2 import cache_root
+
+    spec = GraphSpec(ctx_len=ctx_len, batch_size=1, stage=stage)
+    files = checkpoint_files(path) + (checkpoint_files(head) if head is not None else [])
+    out = cache_root() / "onnx" / f"{path.name}-exit{exit_layer}-{spec.cache_key(files)[:12]}.onnx"
+    if not out.is_file():
+        print(f"ONNX exit stage [0, {exit_layer}) of {path.name}: exporting, once", file=sys.stderr, flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        model, module = _exit_model(path, head, exit_layer)
+        export_onnx(model, out, spec, progress=False, exit_head=module)
+    return out

@@ -15,16 +15,20 @@ _NEEDS = {
     "draft": "a draft model (kind chain or tree)",
     "heads": "Hydra heads (kind hydra)",
     "head": "an EAGLE-3 head (kind eagle3 or eagle3_tree)",
-    "k": "a chain (kind chain or eagle3) or lookup (kind lookup)",
+    "k": "a chain (kind chain or eagle3), lookup, early_exit or superposed",
     "min_draft_prob": "a chain (kind chain or eagle3)",
     "n": "lookup (kind lookup, or its part of first_of / merge)",
     "nodes": "a tree (kind tree, hydra or eagle3_tree)",
     "top_k": "a tree (kind tree, hydra or eagle3_tree)",
-    "depth": "a tree (kind tree, hydra or eagle3_tree)",
+    "depth": "a tree (kind tree, hydra or eagle3_tree) or superposed drafts (kind superposed)",
     "min_prob": "a tree (kind tree, hydra or eagle3_tree)",
     "expand_prob": "a tree (kind tree, hydra or eagle3_tree)",
-    "weights": "a draft model or Hydra heads (kind chain, tree or hydra; an EAGLE-3 head runs float32)",
-    "threads": "a draft model or heads (kind chain, tree, hydra, eagle3 or eagle3_tree)",
+    "weights": "a draft model or Hydra heads (kind chain, tree, superposed or hydra; an EAGLE-3 head runs float32)",
+    "threads": "a draft model, heads or an exit stage (kind chain, tree, superposed, hydra, eagle3, eagle3_tree or "
+    "early_exit)",
+    "exit_layer": "an early exit (kind early_exit)",
+    "exit_head": "an early exit (kind early_exit)",
+    "store": "superposed drafts (kind superposed)",
 }
 
 

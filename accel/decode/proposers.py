@@ -10,6 +10,10 @@
 ``lookup``   n-gram lookup drafts alone (``accel.spd.NgramLookup``)
 ``first_of`` lookup first, a model's chain or tree where lookup has no match (``accel.spd.FirstOf``)
 ``merge``    lookup's chain joined into a model's tree every round (``accel.spd.Merge``)
+``early_exit`` PPD's candidates on this loop: the target's early exit proposes its top ``k`` tokens
+             (``accel.spd.exit_proposer.EarlyExit``; the pipelined PPD schedule is ``accel generate --ppd``)
+``superposed`` k superposed drafts of a draft model, proposed as one tree
+             (``accel.superposed.proposer.SuperposedProposer``)
 =========== ==========================================================================================
 
 Each part checks its own fields; the rules that tie a part to the target are ``DecodeSpec``'s (``accel.decode.spec``).
@@ -33,6 +37,7 @@ __all__ = [
     "Eagle3ChainSpec",
     "Eagle3Spec",
     "Eagle3TreeSpec",
+    "EarlyExitSpec",
     "FirstOfSpec",
     "HydraTreeSpec",
     "HydraWeights",
@@ -40,6 +45,7 @@ __all__ = [
     "MergeSpec",
     "ModelPartSpec",
     "ProposerSpec",
+    "SuperposedSpec",
     "TreeSpec",
 ]
 
@@ -153,12 +159,52 @@ class Eagle3TreeSpec(_Eagle3Head, _TreeShape):
     nodes: int = Field(4, ge=1)
 
 
-#: the proposer parts that run a draft model
-DraftModelSpec = ChainSpec | TreeSpec
 #: the proposer parts that run an EAGLE-3 head
 Eagle3Spec = Eagle3ChainSpec | Eagle3TreeSpec
-#: the proposer parts that run a model (a draft, Hydra heads or an EAGLE-3 head)
-ModelPartSpec = ChainSpec | TreeSpec | HydraTreeSpec | Eagle3ChainSpec | Eagle3TreeSpec
+
+
+class EarlyExitSpec(Part):
+    """PPD's candidates as a proposer of the speculative decoding loop (``EarlyExit``): each round the target's exit
+    after ``exit_layer`` layers proposes its top ``k`` next tokens as a depth-1 tree (one accepted at most).
+
+    Attributes:
+        exit_layer: layers of the exit stage ``[0, exit_layer)`` (1 .. the target's layers - 1).
+        k: candidates per round (k > 1: the target takes tree inputs).
+        exit_head: a trained exit head directory (``examples/build_exit_head.py``), ``"shipped"``: the head for
+            SmolLM2-135M shipped at ``exit_layer``; None: the plain exit (the target's final norm and LM head).
+        threads: onnxruntime threads of the exit stage (None: the target's).
+    """
+
+    kind: Literal["early_exit"] = "early_exit"
+    exit_layer: int = Field(ge=1)
+    k: int = Field(3, ge=1)
+    exit_head: Literal["shipped"] | Path | None = None
+    threads: int | None = Field(None, ge=1)
+
+
+class SuperposedSpec(_DraftModel):
+    """k superposed drafts of ``depth`` tokens per round from ``depth`` draft calls, proposed as one tree
+    (``SuperposedProposer``; the draft is exported with mixed inputs, the target with tree inputs when ``k > 1``).
+
+    Attributes:
+        k: drafts kept alive per round (Superposed Decoding's k).
+        depth: draft tokens per draft (1..64); the tree has at most ``k * depth`` nodes.
+        temperature: applied to the draft's logits before its log-softmax (1.0: the draft's own distribution).
+        store: an n-gram store file (``accel ngrams build``) whose counts join the drafts' scores (the tuned
+            interpolation, ``accel.superposed.scoring.TUNED``); None: the draft's log-probabilities alone.
+    """
+
+    kind: Literal["superposed"] = "superposed"
+    k: int = Field(3, ge=1)
+    depth: int = Field(4, ge=1, le=64)
+    temperature: float = Field(1.0, gt=0.0)
+    store: Path | None = None
+
+
+#: the proposer parts that run a draft model
+DraftModelSpec = ChainSpec | TreeSpec | SuperposedSpec
+#: the proposer parts that run a model (a draft, Hydra heads, an EAGLE-3 head, an exit stage)
+ModelPartSpec = ChainSpec | TreeSpec | HydraTreeSpec | Eagle3ChainSpec | Eagle3TreeSpec | EarlyExitSpec | SuperposedSpec
 
 
 class LookupSpec(Part):
@@ -201,6 +247,8 @@ ProposerSpec = Annotated[
     | Eagle3TreeSpec
     | LookupSpec
     | FirstOfSpec
-    | MergeSpec,
+    | MergeSpec
+    | EarlyExitSpec
+    | SuperposedSpec,
     Field(discriminator="kind"),
 ]

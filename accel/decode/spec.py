@@ -25,12 +25,14 @@ from accel.decode.proposers import (
     Eagle3ChainSpec,
     Eagle3Spec,
     Eagle3TreeSpec,
+    EarlyExitSpec,
     FirstOfSpec,
     HydraTreeSpec,
     LookupSpec,
     MergeSpec,
     ModelPartSpec,
     ProposerSpec,
+    SuperposedSpec,
     TreeSpec,
 )
 from accel.errors import SpdError
@@ -42,12 +44,14 @@ __all__ = [
     "DecodeSpec",
     "Eagle3ChainSpec",
     "Eagle3TreeSpec",
+    "EarlyExitSpec",
     "FirstOfSpec",
     "HydraTreeSpec",
     "LookupSpec",
     "MergeSpec",
     "ProposerSpec",
     "SamplingSpec",
+    "SuperposedSpec",
     "TargetSpec",
     "TreeSpec",
     "load_spec",
@@ -196,17 +200,19 @@ class DecodeSpec(Part):
                 "autotune", "autotune would be ignored: it sizes a proposer's rounds (give a draft, --hydra or --ngram)"
             )
         for part in self.model_parts():
-            if (
-                isinstance(part, TreeSpec | HydraTreeSpec | Eagle3TreeSpec)
-                and part.top_k > 1
-                and target.weights.int8_activations
-            ):
+            if _branches(part) and target.weights.int8_activations:
                 raise refuse(
                     "tree_on_int8_activations",
                     f"a token tree cannot verify exactly on target weights {target.weights.value}: their int8 "
                     "activations turn the tree call's float rounding (attention sums over the tree's cache slots) "
                     "into different codes, so greedy output can differ from the target's own decoding; use a chain "
                     "(--draft without --tree-nodes) or lookup, or a float-activation target (fp32, *-kernel)",
+                )
+            if isinstance(part, EarlyExitSpec) and (target.path.suffix in (".onnx", ".gguf") or target.device != "cpu"):
+                raise refuse(
+                    "early_exit_target",
+                    "an early exit (kind early_exit) runs the target's first layers as a stage exported or loaded from "
+                    f"its checkpoint directory, on the CPU; got {target.path} on {target.device}",
                 )
             if isinstance(part, HydraTreeSpec) and target.path.suffix in (".onnx", ".gguf"):
                 raise refuse(
@@ -256,6 +262,14 @@ class DecodeSpec(Part):
         if isinstance(p, MergeSpec):
             return [p.tree]
         return [p] if isinstance(p, ModelPartSpec) else []
+
+
+def _branches(part: ModelPartSpec) -> bool:
+    """Whether ``part`` proposes token trees (more than one child per node): trees of top-k > 1, an early exit's or
+    superposed drafts' k > 1 candidates."""
+    if isinstance(part, TreeSpec | HydraTreeSpec | Eagle3TreeSpec):
+        return part.top_k > 1
+    return isinstance(part, EarlyExitSpec | SuperposedSpec) and part.k > 1
 
 
 def _check_eagle3_target(target: TargetSpec) -> None:
