@@ -14,6 +14,9 @@ all three alike, checks that PPD's tokens equal AR's, and prints per (e, k):
 
 - ``p``: the decoder's match rate (the true token among the exit's top k);
 - decode tokens/s of AR, PPD serial and PPD concurrent, and the speedup of concurrent PPD over AR;
+- ``SpD loop``: the same candidates as a proposer of the speculative decoding loop (``EarlyExit`` on an exit stage of
+  batch 1, verified by the whole graph with tree inputs: the ``early_exit`` kind of a ``DecodeSpec``), its tokens/s
+  and speedup over AR (one thread, no pipelining: a matching candidate's front pass is recomputed);
 - ``theory``: Theorem 4.1 per token, ``L - (L - dbar) p`` layer times with ``dbar = max(e, L - e)`` and one layer time
   = AR's measured time per token / L (the paper's assumption: the candidates run on otherwise idle hardware);
 - ``sim``: the simulator's same-device placement (``accel.sim.ppd_stages.ppd_step_time``): per token
@@ -73,9 +76,11 @@ def export_all(target, args, work: Path):
 
     L = target.config.num_layers
     kw = dict(ctx_len=args.ctx, progress=False)
-    out = {"whole": work / "whole.onnx", "stages": {}}
+    out = {"whole": work / "whole.onnx", "whole_tree": work / "whole-tree.onnx", "stages": {}, "loop": {}}
     if not out["whole"].is_file():
         export_onnx(target, out["whole"], batch_size=1, **kw)
+    if not out["whole_tree"].is_file():  # the SpD loop's target: tree calls verify k > 1 candidates
+        export_onnx(target, out["whole_tree"], batch_size=1, tree=True, **kw)
     for e in args.exit_layers:
         front_spec, back_spec = split_layers(L, [e], exit_logits=True)
         head_dir = next((d for d in (Path(args.heads) / f"smollm2-exit-L{e}", Path(args.heads) / f"exit-L{e}")
@@ -93,20 +98,26 @@ def export_all(target, args, work: Path):
                 if not fronts[k].is_file() or kind == "trained":  # a head may have been retrained: re-export
                     export_onnx(target, fronts[k], batch_size=k, stage=front_spec, exit_head=head, **kw)
             out["stages"][(e, kind)] = (back, fronts)
+            out["loop"][(e, kind)] = work / f"front-L{e}-b1-{kind}.onnx"  # EarlyExit's stage: the target's batch
+            if not out["loop"][(e, kind)].is_file() or kind == "trained":
+                export_onnx(target, out["loop"][(e, kind)], batch_size=1, stage=front_spec, exit_head=head, **kw)
         print(f"exit layer {e}: {'trained head ' + str(head_dir) if head_dir else 'plain exit (no trained head)'}")
     return out
 
 
-def run_config(e, k, back_path, front_path, whole, prompts, args) -> dict:
-    """AR, serial PPD and concurrent PPD, interleaved prompt by prompt (so that a shared machine's load changes
-    affect all three alike) with ``s`` measured before each prompt (the median is used); exactness checked
-    against AR."""
+def run_config(e, k, back_path, front_path, whole, prompts, args, loop) -> dict:
+    """AR, serial PPD, concurrent PPD and the same candidates on the SpD loop (``loop`` = (whole target with tree
+    inputs, exit stage of batch 1): ``generate(target, EarlyExit(stage, k))``), interleaved prompt by prompt (so
+    that a shared machine's load changes affect all alike) with ``s`` measured before each prompt (the median is
+    used); exactness checked against AR."""
     from accel.backends import OrtBackend
-    from accel.spd import Sampling, generate_ar
+    from accel.spd import Sampling, generate, generate_ar
+    from accel.spd.exit_proposer import EarlyExit
     from accel.spd.ppd import generate_ppd
 
     front, back = OrtBackend(front_path, threads=1), OrtBackend(back_path, threads=1)
-    runs: dict[str, list] = {"ar": [], "serial": [], "concurrent": []}
+    tree_target, stage = OrtBackend(loop[0], threads=1), OrtBackend(loop[1], threads=1)
+    runs: dict[str, list] = {"ar": [], "serial": [], "concurrent": [], "loop": []}
     s_values, pair = [], (OrtBackend(back_path, threads=1), OrtBackend(back_path, threads=1))
     hidden = back.info.hidden_size or whole.info.hidden_size
     for p in prompts:
@@ -118,6 +129,10 @@ def run_config(e, k, back_path, front_path, whole, prompts, args) -> dict:
             if res.tokens != ar.tokens[0]:
                 raise SystemExit(f"PPD (e={e}, k={k}, {mode}) differs from AR: exactness broken")
             runs[mode].append(res)
+        res = generate(tree_target, EarlyExit(stage, k), [p], max_new_tokens=args.new, sampling=Sampling(greedy=True))
+        if res.tokens != ar.tokens:
+            raise SystemExit(f"EarlyExit on the SpD loop (e={e}, k={k}) differs from AR: exactness broken")
+        runs["loop"].append(res)
     row = {"e": e, "k": k, **{f"{m}_s": statistics.mean(per_token(r) for r in rs) for m, rs in runs.items()}}
     serial = runs["serial"]
     steps = sum(r.stats.steps for r in serial)
@@ -162,12 +177,15 @@ def main() -> int:
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
     whole = OrtBackend(paths["whole"], threads=1)
     print(f"{len(prompts)} held-out prompts x {args.new} tokens, greedy; onnxruntime, 1 thread per session")
-    head = "| e | k | exit | p | AR tok/s | PPD serial | PPD conc. | speedup | theory tok/s | sim tok/s | err |"
+    head = (
+        "| e | k | exit | p | AR tok/s | PPD serial | PPD conc. | speedup | SpD loop | loop speedup | theory tok/s "
+        "| sim tok/s | err |"
+    )
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for (e, kind), (back, fronts) in paths["stages"].items():
         for k, front in fronts.items():
-            r = run_config(e, k, back, front, whole, prompts, args)
+            r = run_config(e, k, back, front, whole, prompts, args, (paths["whole_tree"], paths["loop"][(e, kind)]))
             p, t_ar = r["p"], r["ar_s"]
             theory = ppd_expected_latency(L, max(e, L - e), p, 10_000) / 10_000 * t_ar / L
             times = PPDStageTimes(front_s=r["t_spec"], back_s=r["t_back"], miss_s=r["t_miss"])
@@ -176,7 +194,8 @@ def main() -> int:
             err = (est - r["concurrent_s"]) / r["concurrent_s"]
             print(
                 f"| {e} | {k} | {kind} | {p:.3f} | {1 / t_ar:.1f} | {1 / r['serial_s']:.1f} | "
-                f"{1 / r['concurrent_s']:.1f} | {t_ar / r['concurrent_s']:.2f}x | {1 / theory:.1f} | {1 / est:.1f} | "
+                f"{1 / r['concurrent_s']:.1f} | {t_ar / r['concurrent_s']:.2f}x | {1 / r['loop_s']:.1f} | "
+                f"{t_ar / r['loop_s']:.2f}x | {1 / theory:.1f} | {1 / est:.1f} | "
                 f"{err:+.1%} |",
                 flush=True,
             )
