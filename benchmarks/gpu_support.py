@@ -17,7 +17,7 @@ from accel.formats.elements import get_format
 from accel.formats.torch_ops import quantize_elements_torch
 from accel.models import ModelConfig
 from accel.models.decoder import Decoder
-from accel.sim import from_hf_config, step_time
+from accel.sim import CallShape, from_hf_config, step_time
 
 # Hugging Face configs of the measured shapes (random weights: nothing is downloaded)
 SHAPES = {
@@ -219,17 +219,10 @@ def sim_call(
         return SimCall(None)
     try:
         spec = from_hf_config(SHAPES[shape], name=shape)
-        st = step_time(
-            spec,
-            hw,
-            weight_format=weight_format or SIM_FORMAT[dtype],
-            kv_format=SIM_FORMAT[dtype],
-            batch_size=batch,
-            new_tokens=seq,
-            context_len=context,
-            num_logits=seq,
-            kv_slots=max(slots, context + seq),
+        call = CallShape(
+            batch_size=batch, new_tokens=seq, context_len=context, num_logits=seq, kv_slots=max(slots, context + seq)
         )
+        st = step_time(spec, hw, call, weight_format=weight_format or SIM_FORMAT[dtype], kv_format=SIM_FORMAT[dtype])
     except Exception as exc:
         print(f"  accel.sim failed on {shape} S={seq}: {type(exc).__name__}: {exc}", flush=True)
         return SimCall(None)

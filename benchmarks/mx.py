@@ -201,15 +201,15 @@ def predict(threads: int) -> dict[str, dict[str, float]]:
     export and rows per call (S=1, S=2: the padded one-token call, S=SCORE); the head in the weight format, as the
     exports hold it, over every row (the exports return every row's logits, padding included). ``streamed``: the
     same profile with the MX bytes themselves streamed (no 8-bit kernel rate)."""
-    from accel.sim import measure_host, step_time
+    from accel.sim import CallShape, measure_host, step_time
 
     hw = measure_host(ort_threads=threads)
     streamed = hw.model_copy(update={"decompress_elements_per_s": {}})
     out: dict[str, dict[str, float]] = {"_profile": {"notes": hw.notes}}  # type: ignore[dict-item]
 
     def ms(h, fmt: str, s: int) -> float:  # the head over all s rows, in the weight format
-        t = step_time("smollm2-135m", h, weight_format=fmt, context_len=PAST, new_tokens=s, num_logits=s,
-                      compress_lm_head=True)  # fmt: skip
+        call = CallShape(new_tokens=s, context_len=PAST, num_logits=s)
+        t = step_time("smollm2-135m", h, call, weight_format=fmt, compress_lm_head=True)
         return t.time_s * 1e3
 
     for label, fmt in SIM_FORMATS.items():

@@ -11,6 +11,7 @@ import numpy as np
 
 from accel import sim
 from accel.errors import SimError
+from accel.sim.roofline import CallShape
 
 GEN_LEN = 16  # generation length of a run that states none (the stand-in's)
 
@@ -292,15 +293,8 @@ def _call_errors(data: dict, models: Models, fmt: str, kv: str) -> list[dict]:
         if hw is None or spec is None:
             continue
         S = int(c["seq_len"])
-        p = sim.step_time(
-            spec,
-            hw,
-            weight_format=fmt,
-            kv_format=kv,
-            new_tokens=S,
-            context_len=int(c["past_len"]),
-            num_logits=int(c.get("num_logits", S)),
-        ).time_s
+        call = CallShape(new_tokens=S, context_len=int(c["past_len"]), num_logits=int(c.get("num_logits", S)))
+        p = sim.step_time(spec, hw, call, weight_format=fmt, kv_format=kv).time_s
         calls.append({**c, "predicted_s": p, "error": p / c["seconds"] - 1})
     return calls
 

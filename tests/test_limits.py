@@ -28,15 +28,7 @@ DEBT: dict[str, tuple[int, int]] = {
     "models.decoder:Decoder.forward": (26, 9),
     "models.decoder:Decoder.hidden_forward": (41, 9),
     "sim.catalog:_gpu": (37, 13),
-    "sim.host:measure_host": (55, 11),
-    "sim.plots:roofline": (52, 9),
-    "sim.plots:speedup_heatmap": (44, 12),
-    "sim.ppd:predict_ppd": (51, 12),
-    "sim.predict:predict_speedup": (35, 9),
     "sim.published:_qc": (24, 9),
-    "sim.roofline:step_arrays": (49, 11),
-    "sim.roofline:step_time": (43, 11),
-    "sim.sweeps:sweep": (53, 9),
     "spd.autotune:AutoTune.__init__": (24, 9),
 }
 

@@ -151,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
     if args.acceptance_range and stats is not None:
         raise SimError("--acceptance-range prices i.i.d. acceptance: drop the measured loop statistics")
     spd: dict[str, Any] = {} if args.draft is None else {"k": args.k, "acceptance": args.acceptance}
-    pred = predict_speedup(dep, loop_stats=stats, tree=args.tree_nodes, strict=args.strict, **spd)
+    pred = predict_speedup(dep, loop_stats=stats, tree=args.tree_nodes, **spd)
+    if args.strict:
+        pred.require_fit()
     band = None
     if args.acceptance_range:
         from accel.sim.band import predict_band

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def ppd_section(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     """``(table, rows)``: the PPD prediction of ``args`` (``accel predict``'s) for each placement; AR is the same
     deployment's (``--target-format`` weights, ``--devices`` per stage, ``--host-s-per-step`` per token)."""
-    from accel.sim.ppd import predict_ppd
+    from accel.sim.ppd import PPDRun, predict_ppd
     from accel.sim.ppd_stages import PPDPlacement
 
     if args.ppd_p is None:
@@ -41,6 +41,7 @@ def ppd_section(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     if args.batch != 1:
         raise SimError("--ppd prices batch 1 (PPD's candidates are the rows of one sequence); drop --batch")
     rows, lines = [], []
+    context_len = args.prompt_len + args.gen_len // 2  # the steps priced at the generation's mean past length
     for kind in PLACEMENTS:
         conc = args.ppd_concurrency if kind == "same-device" else None
         place = PPDPlacement(kind=kind, concurrency=conc, host_s=args.host_s_per_step)
@@ -53,16 +54,13 @@ def ppd_section(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
                 dbar = max(args.ppd, layers - args.ppd)
             except SimError:
                 pass
+        run = PPDRun(dbar=dbar, k=args.ppd_k, p=args.ppd_p, gen_len=args.gen_len, context_len=context_len)
         r = predict_ppd(
             args.target,
             args.hardware,
-            dbar=dbar,
-            k=args.ppd_k,
-            p=args.ppd_p,
-            gen_len=args.gen_len,
+            run,
             weight_format=args.target_format,
             kv_format=args.kv_format,
-            context_len=args.prompt_len + args.gen_len // 2,
             devices=args.devices,
             placement=place,
         )

@@ -24,7 +24,7 @@ from accel.sim.models import ModelSpec, weight_breakdown
 from accel.sim.planning import best_k, break_even_alpha, tree_speedups
 from accel.sim.predict import ConfigResult, Prediction, predict_speedup
 from accel.sim.presets import list_presets, preset
-from accel.sim.roofline import StepTime, step_time
+from accel.sim.roofline import CallShape, StepTime, step_time
 from accel.sim.spd import LoopStats, alpha_for_expected_tokens, expected_tokens, expected_tokens_from, tokens_pmf
 from accel.sim.tree import (
     TokenTree,
@@ -37,6 +37,7 @@ from accel.sim.tree import (
 
 _LAZY = {
     "predict_ppd": "accel.sim.ppd",
+    "PPDRun": "accel.sim.ppd",
     "PPDResult": "accel.sim.ppd",
     "ppd_expected_latency": "accel.sim.ppd",
     "ppd_expected_compute": "accel.sim.ppd",
@@ -44,7 +45,9 @@ _LAZY = {
     "Observation": "accel.sim.observations",
     "RunObservation": "accel.sim.observations",
     "measure_host": "accel.sim.host",
+    "HostProbe": "accel.sim.host",
     "sweep": "accel.sim.sweeps",
+    "SweepAxes": "accel.sim.sweeps",
     "SweepResult": "accel.sim.sweeps",
     "hydra_draft": "accel.sim.hydra",
 }
@@ -79,6 +82,7 @@ __all__ = [
     "predict_speedup",
     "predict_band",
     "SpeedupBand",
+    "CallShape",
     "StepTime",
     "step_time",
     "LoopStats",

@@ -32,10 +32,12 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.hardware import Hardware
 from accel.sim.host_layers import LayerShape, layer_weight_elements, measure_layer_times
 
@@ -203,35 +205,44 @@ def ort_streaming_call(
     return (lambda: sess.run(None, feed)), float(chain * width * width)
 
 
-def measure_host(
-    *,
-    copy_bytes: float = 128e6,
-    stream_bytes: float = 64e6,
-    rows: Sequence[int] = (1, 2, 4, 8, 16),
-    matmul_n: int = 1024,
-    ort_calls: int = 300,
-    ort_threads: int | None = None,
-    ort_width: int = 2048,
-    ort_chain: int = 12,
-    layer: LayerShape | None = None,
-    layer_counts: tuple[int, int] = (2, 12),
-    layer_calls: int = 25,
-) -> Hardware:
-    """Measure this machine (~30 s with the defaults) and return it as a ``Hardware`` (see the module docstring).
-    ``ort_threads``: onnxruntime intra-op threads of the operator measurements (default: onnxruntime's choice);
-    ``ort_width`` x ``ort_width`` weights, ``ort_chain`` of them, for onnxruntime's streaming rates (default 12 x 4.2 M
-    weights: 50 MB in 8 bits, more than a usual last-level cache); ``layer``, ``layer_counts``, ``layer_calls``: the
-    decoder layers timed (``accel.sim.host_layers``; the larger count should hold more 8-bit weights than the cache)."""
-    bw_copy = measure_copy_bandwidth(copy_bytes)
-    r, t = measure_weight_streaming(rows, stream_bytes)
-    bw_one_row = (int(np.sqrt(stream_bytes / 4)) ** 2 * 4) / t[0]
-    overhead = measure_ort_overhead(ort_calls)
-    bw_ort = 4.0 * measure_ort_streaming(False, ort_width, ort_chain, threads=ort_threads)
-    layer = layer or LayerShape()
-    flops_numpy = measure_matmul_flops(matmul_n)
-    lt, nbits_rate, flops = _layer_times(
-        layer, layer_counts, layer_calls, matmul_n, ort_threads, ort_width, ort_chain, flops_numpy
-    )
+@dataclass(frozen=True)
+class HostProbe:
+    """The sizes of what ``measure_host`` times (defaults: ~30 s on a desktop CPU). Numpy: ``copy_bytes`` copied,
+    a float32 weight matrix of ``stream_bytes`` streamed at each of ``rows`` activation rows, a ``matmul_n`` square
+    matmul (also onnxruntime's GEMM). onnxruntime: ``ort_calls`` calls of a one-node graph (the call overhead), a
+    chain of ``ort_chain`` square ``[ort_width, ort_width]`` products (default 12 x 4.2 M weights: 50 MB in 8 bits,
+    more than a usual last-level cache). Decoder layers (``accel.sim.host_layers``): ``layer`` (``None``:
+    SmolLM2-135M's) at ``layer_counts`` layers (the larger should hold more 8-bit weights than the cache), timed
+    ``layer_calls`` calls each."""
+
+    copy_bytes: float = 128e6
+    stream_bytes: float = 64e6
+    rows: Sequence[int] = (1, 2, 4, 8, 16)
+    matmul_n: int = 1024
+    ort_calls: int = 300
+    ort_width: int = 2048
+    ort_chain: int = 12
+    layer: LayerShape | None = None
+    layer_counts: tuple[int, int] = (2, 12)
+    layer_calls: int = 25
+
+
+_HOST_LEGACY = (Replaced("probe", HostProbe, {f.name: f.name for f in fields(HostProbe)}),)
+
+
+def measure_host(probe: HostProbe | None = None, *, ort_threads: int | None = None, **legacy: Any) -> Hardware:
+    """Measure this machine (~30 s with the default ``HostProbe``) and return it as a ``Hardware`` (see the module
+    docstring). ``ort_threads``: onnxruntime intra-op threads of the operator measurements (default: onnxruntime's
+    choice). Deprecated: the ``HostProbe`` fields as keywords (use ``probe=HostProbe(...)``)."""
+    probe = legacy_keywords("measure_host", legacy, _HOST_LEGACY, {"probe": probe})[0]["probe"] or HostProbe()
+    bw_copy = measure_copy_bandwidth(probe.copy_bytes)
+    r, t = measure_weight_streaming(probe.rows, probe.stream_bytes)
+    bw_one_row = (int(np.sqrt(probe.stream_bytes / 4)) ** 2 * 4) / t[0]
+    overhead = measure_ort_overhead(probe.ort_calls)
+    bw_ort = 4.0 * measure_ort_streaming(False, probe.ort_width, probe.ort_chain, threads=ort_threads)
+    layer = probe.layer or LayerShape()
+    flops_numpy = measure_matmul_flops(probe.matmul_n)
+    lt, nbits_rate, flops = _layer_times(probe, layer, ort_threads, flops_numpy)
     terms = layer_terms(lt, layer_weight_elements(layer), nbits_rate) if lt else {}
     bw = max(bw_copy, bw_one_row, bw_ort, terms.get("fp32_bytes_per_s", 0.0))
     mem, l3 = _memory_sizes()
@@ -261,21 +272,16 @@ def measure_host(
 
 
 def _layer_times(
-    layer: LayerShape,
-    layer_counts: tuple[int, int],
-    layer_calls: int,
-    matmul_n: int,
-    ort_threads: int | None,
-    ort_width: int,
-    ort_chain: int,
-    flops_numpy: float,
+    probe: HostProbe, layer: LayerShape, ort_threads: int | None, flops_numpy: float
 ) -> tuple[dict[str, dict[int, float]], float, float]:
     """(decoder layer times, 8-bit weights/s, GEMM FLOP/s): timed in the layers' round robin, or without layers."""
-    nb_fn, nb_elements = ort_streaming_call(True, ort_width, ort_chain, ort_threads)
-    mm_fn, mm_flops = ort_matmul_call(matmul_n, ort_threads)
+    nb_fn, nb_elements = ort_streaming_call(True, probe.ort_width, probe.ort_chain, ort_threads)
+    mm_fn, mm_flops = ort_matmul_call(probe.matmul_n, ort_threads)
     try:  # the 8-bit chain and the GEMM in the layers' round robin: the terms the simulator combines see one load
         extra = {"nbits_chain": nb_fn, "matmul": mm_fn}
-        lt = measure_layer_times(layer, layers=layer_counts, calls=layer_calls, threads=ort_threads, extra=extra)
+        lt = measure_layer_times(
+            layer, layers=probe.layer_counts, calls=probe.layer_calls, threads=ort_threads, extra=extra
+        )
         nbits_rate, flops = nb_elements / lt["nbits_chain"][1], mm_flops / lt["matmul"][1]
     except ImportError:  # the graph builder's accel.models needs torch: no layer terms (pure roofline)
         lt = {}

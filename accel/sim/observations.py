@@ -23,7 +23,7 @@ from accel.sim.formats import KV_FORMATS, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.models import ModelSpec
-from accel.sim.roofline import format_arrays, resolve_devices, step_arrays
+from accel.sim.roofline import CallShape, format_arrays, resolve_devices, step_arrays
 from accel.sim.rounds import ar_step_s, prefill_s
 
 DEFAULT_RUN_TOKENS = 128  # prompt and generation length a RunObservation assumes when not given (with a warning)
@@ -95,6 +95,11 @@ class Observation(_Measured):
         return self
 
     @property
+    def call(self) -> CallShape:
+        """The call's shape (batch, new tokens, past length, logits, fixed-cache slots)."""
+        return CallShape(self.batch_size, self.new_tokens, self.context_len, self.num_logits, self.kv_slots)
+
+    @property
     def measured_s(self) -> float:
         """Seconds per call."""
         if self.seconds_per_call is not None:
@@ -108,14 +113,10 @@ class Observation(_Measured):
             step_arrays(
                 self.model,
                 hw,
+                self.call,
                 fmt=format_arrays(hw, self.weight_format or self.model.dtype),
                 kv_bpe=kv_bytes_per_element(self.kv_format),
-                batch=self.batch_size,
-                new_tokens=self.new_tokens,
-                context_len=self.context_len,
-                num_logits=self.num_logits,
                 devices=resolve_devices(hw, self.devices),
-                kv_slots=self.kv_slots,
             )["time_s"]
         )
 
@@ -125,17 +126,17 @@ def calls_s(hw: Hardware, calls: list[Observation]) -> np.ndarray:
     in one vectorized evaluation (what calibration does many times)."""
     o = calls[0]
     arr = lambda name: np.array([getattr(c, name) for c in calls], dtype=np.float64)  # noqa: E731
+    shape = CallShape(
+        arr("batch_size"), arr("new_tokens"), arr("context_len"), arr("num_logits"),
+        None if o.kv_slots is None else arr("kv_slots"),
+    )  # fmt: skip
     return step_arrays(
         o.model,
         hw,
+        shape,
         fmt=format_arrays(hw, o.weight_format or o.model.dtype),
         kv_bpe=kv_bytes_per_element(o.kv_format),
-        batch=arr("batch_size"),
-        new_tokens=arr("new_tokens"),
-        context_len=arr("context_len"),
-        num_logits=arr("num_logits"),
         devices=resolve_devices(hw, o.devices),
-        kv_slots=None if o.kv_slots is None else arr("kv_slots"),
     )["time_s"]
 
 

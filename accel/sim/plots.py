@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from accel.errors import SimError
+from accel.sim._legacy import Replaced, legacy_keywords
+from accel.sim.deployment import Deployment, HardwareLike, as_deployment
 from accel.sim.formats import compute_dtype
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.predict import BREAKDOWN_KEYS, ModelLike, Prediction
-from accel.sim.roofline import step_time
-from accel.sim.sweeps import sweep
+from accel.sim.roofline import CallShape, step_time
+from accel.sim.sweeps import SweepAxes, sweep
 
 
 def _figure(w: float = 7.0, h: float = 4.5):
@@ -62,44 +66,54 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class RooflinePoints:
+    """The calls :func:`roofline` marks, each for ``batch_size`` sequences: a decode step (S = 1) and the scoring call
+    of a chain of ``k`` drafts (S = K + 1) after ``context_len`` cached tokens, and the prefill of ``prompt_len``
+    tokens (sizes in tokens)."""
+
+    k: int = 7
+    prompt_len: int = 128
+    context_len: int = 512
+    batch_size: int = 1
+
+    def calls(self) -> dict[str, CallShape]:
+        """The labelled calls."""
+        b, k, L = self.batch_size, self.k, self.context_len
+        return {
+            "decode (S=1)": CallShape(b, 1, L, 1),
+            f"scoring (S={k + 1})": CallShape(b, k + 1, L, k + 1),
+            f"prefill (S={self.prompt_len})": CallShape(b, self.prompt_len, 0, 1),
+        }
+
+
+_ROOFLINE_LEGACY = (Replaced("points", RooflinePoints, {f.name: f.name for f in fields(RooflinePoints)}),)
+
+
 def roofline(
     model: ModelLike,
     hardware: Hardware | str,
     path: str | Path,
+    points: RooflinePoints | None = None,
     *,
     weight_format: str = "fp16",
-    k: int = 7,
-    prompt_len: int = 128,
-    context_len: int = 512,
-    batch_size: int = 1,
     devices: int | None = None,
+    **legacy: Any,
 ) -> Path:
-    """Roofline (attainable FLOP/s vs arithmetic intensity, with efficiency terms applied) and the model's decode
-    (S=1), scoring (S=K+1) and prefill (S=prompt_len) calls as points (FLOPs / bytes, FLOPs / predicted time)."""
+    """Roofline (attainable FLOP/s vs arithmetic intensity, with efficiency terms applied) and the model's decode,
+    scoring and prefill calls (``points``, default ``RooflinePoints()``) as points (FLOPs / bytes, FLOPs / predicted
+    time), weights in ``weight_format`` on ``devices`` (default: the card's). Deprecated: ``k``, ``prompt_len``,
+    ``context_len``, ``batch_size`` as keywords (use ``points=RooflinePoints(...)``)."""
+    points = legacy_keywords("roofline", legacy, _ROOFLINE_LEGACY, {"points": points})[0]["points"] or RooflinePoints()
     spec, hw = resolve_model(model), _hardware(hardware)
     n = hw.num_devices if devices is None else devices
-    calls = {  # (new tokens, past length, logits)
-        "decode (S=1)": (1, context_len, 1),
-        f"scoring (S={k + 1})": (k + 1, context_len, k + 1),
-        f"prefill (S={prompt_len})": (prompt_len, 0, 1),
-    }
-
     peak = n * hw.peak_flops(compute_dtype(weight_format)) * hw.compute_efficiency
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
     fig = _figure()
     ax = fig.add_subplot()
     pts = []
-    for label, (S, L, NL) in calls.items():
-        st = step_time(
-            spec,
-            hw,
-            weight_format=weight_format,
-            batch_size=batch_size,
-            devices=devices,
-            new_tokens=S,
-            context_len=L,
-            num_logits=NL,
-        )
+    for label, call in points.calls().items():
+        st = step_time(spec, hw, call, weight_format=weight_format, devices=devices)
         nbytes = st.weight_bytes + st.kv_read_bytes + st.kv_write_bytes + st.activation_bytes
         pts.append((label, st.flops / nbytes, st.flops / st.time_s, st.bound))
     lo = min(p[1] for p in pts) / 4
@@ -110,42 +124,44 @@ def roofline(
         ax.loglog([x], [y], "o", label=f"{label}: {y / 1e12:.3g} TFLOP/s, {bound}")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("FLOP/s")
-    ax.set_title(f"{spec.name} ({weight_format}), batch {batch_size}")
+    ax.set_title(f"{spec.name} ({weight_format}), batch {points.batch_size}")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 
 
+#: the older form's defaults of ``speedup_heatmap`` (target, draft, hardware, path, **fields)
+HEATMAP_DEFAULTS: dict[str, Any] = dict(target_format="mxfp6", batch_size=1, draft_format="fp16", draft_devices=1)
+
+
 def speedup_heatmap(
-    target: ModelLike,
-    draft: ModelLike,
-    hardware: Hardware | str,
-    path: str | Path,
+    deployment: Deployment | ModelLike,
+    draft: ModelLike | None = None,
+    hardware: HardwareLike | None = None,
+    path: str | Path | None = None,
     *,
-    target_format: str = "mxfp6",
-    draft_format: str = "fp16",
     k_max: int = 12,
     alpha: np.ndarray | None = None,
-    batch_size: int = 1,
     context_len: int = 512,
-    devices: int | None = None,
-    draft_devices: int = 1,
+    **settings: Any,
 ) -> Path:
-    """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid; contour at 1x."""
+    """Heatmap of SpD decode speedup over AR (same target format) on the (K, alpha) grid, K = 1..``k_max``, at past
+    length ``context_len`` (tokens); contour at 1x. ``deployment``: a ``Deployment`` (its target format and batch
+    size are plotted; ``settings`` override its fields), or the older form ``(target, draft, hardware, path,
+    **fields)`` with its defaults (``HEATMAP_DEFAULTS``: mxfp6 target, batch 1, fp16 draft on one device; the
+    ``target_format`` and ``batch_size`` fields are the plotted ones, the devices chosen as for batch 1)."""
+    if path is None:
+        raise SimError("speedup_heatmap needs a path (a .png file)")
+    if isinstance(deployment, Deployment):
+        dep = as_deployment(deployment, draft, hardware, settings)
+        fmt, batch = dep.target_format, dep.batch_size
+    else:
+        older = {**HEATMAP_DEFAULTS, **settings}
+        fmt, batch = older.pop("target_format"), older.pop("batch_size")
+        dep = as_deployment(deployment, draft, hardware, older)
     alpha = np.linspace(0, 1, 51) if alpha is None else np.asarray(alpha, dtype=np.float64)
-    r = sweep(
-        target,
-        draft,
-        hardware,
-        k=range(1, k_max + 1),
-        alpha=alpha,
-        target_format=[target_format],
-        batch_size=[batch_size],
-        context_len=[context_len],
-        draft_format=draft_format,
-        devices=devices,
-        draft_devices=draft_devices,
-    )
+    r = sweep(dep, k=range(1, k_max + 1), alpha=alpha, axes=SweepAxes([fmt], [batch], [context_len]))
+    assert dep.draft is not None  # sweep refuses a deployment without one
     s = r.speedup[0, 0, 0]  # (K, alpha)
     fig = _figure()
     ax = fig.add_subplot()
@@ -155,9 +171,7 @@ def speedup_heatmap(
     ax.set_xlabel("acceptance alpha")
     ax.set_ylabel("K (draft tokens per loop)")
     ax.set_title(
-        f"{resolve_model(target).name} ({target_format}) + {resolve_model(draft).name}, "
-        f"{_hardware(hardware).name}, B={batch_size}, L={context_len}",
-        fontsize=9,
+        f"{dep.target.name} ({fmt}) + {dep.draft.name}, {dep.hardware.name}, B={batch}, L={context_len}", fontsize=9
     )
     return _save(fig, path)
 

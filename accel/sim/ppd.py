@@ -25,18 +25,38 @@ the stage calls come from the roofline, and the Theorem 4.1 fields keep the pape
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import numpy as np
 
 from accel.errors import SimError
 from accel.sim._base import MAX_K, MAX_TOKENS, SimModel
+from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model
 from accel.sim.models import ModelSpec
 from accel.sim.ppd_stages import PlacementKind, PPDPlacement, PPDStageTimes, ppd_step_time, stage_specs
-from accel.sim.roofline import StepTime, resolve_devices, step_time
+from accel.sim.roofline import CallShape, StepTime, resolve_devices, step_time
+
+
+@dataclass(frozen=True)
+class PPDRun:
+    """What PPD decodes (Theorem 4.1's inputs and the steps priced): ``gen_len`` tokens per sequence (the theorem's
+    ``l``), early prediction at layer ``dbar`` (``[d/2, d]`` for the paper's placement; the exit layer ``e`` in
+    ``1..d-1`` for a stage placement), ``k`` candidates, match probability ``p``; every decode step priced after
+    ``context_len`` cached tokens (tokens) for ``batch_size`` sequences. Checked by :func:`predict_ppd`."""
+
+    dbar: float
+    k: int
+    p: float
+    gen_len: int
+    context_len: int = 128
+    batch_size: int = 1
+
+
+_PPD_LEGACY = (Replaced("run", PPDRun, {f.name: f.name for f in fields(PPDRun)}),)
 
 
 def _check(d: Any, dbar: Any, k: Any, p: Any, l: Any) -> None:  # noqa: E741
@@ -96,18 +116,16 @@ class PPDResult(SimModel):
     tensor_parallel_speedup: float | None = None
 
 
-def _check_placement(
-    spec: ModelSpec, place: PPDPlacement, dbar: float, k: int, p: float, gen_len: int, batch_size: int
-) -> tuple[ModelSpec, ModelSpec] | None:
+def _check_placement(spec: ModelSpec, place: PPDPlacement, run: PPDRun) -> tuple[ModelSpec, ModelSpec] | None:
     """Check the arguments for ``place``; the (front, back) stage specs of a stage placement, None for the paper's."""
-    d = spec.n_layers
+    d, dbar = spec.n_layers, run.dbar
     if place.kind != "paper":
-        if batch_size != 1:
-            raise SimError(f"stage placements price PPD at batch 1 (the candidates are the rows); got {batch_size}")
+        if run.batch_size != 1:
+            raise SimError(f"stage placements price PPD at batch 1 (the candidates are the rows); got {run.batch_size}")
         front_spec, back_spec = stage_specs(spec, dbar)  # type: ignore[arg-type]  # checked there: an int
-        _check(d, max(dbar, d - dbar), k, p, gen_len)
+        _check(d, max(dbar, d - dbar), run.k, run.p, run.gen_len)
         return front_spec, back_spec
-    _check(d, dbar, k, p, gen_len)
+    _check(d, dbar, run.k, run.p, run.gen_len)
     return None
 
 
@@ -117,15 +135,8 @@ def _step_fn(
     """The roofline step time of a spec at ``rows`` rows on ``on`` devices (defaults: the batch and ``n``)."""
 
     def t(s: ModelSpec, rows: int = batch_size, on: int = n):
-        return step_time(
-            s,
-            hw,
-            weight_format=weight_format,
-            kv_format=kv_format,
-            batch_size=rows,
-            context_len=context_len,
-            devices=on,
-        )
+        call = CallShape(batch_size=rows, context_len=context_len)
+        return step_time(s, hw, call, weight_format=weight_format, kv_format=kv_format, devices=on)
 
     return t
 
@@ -140,8 +151,9 @@ def _layer_costs(t: Callable[..., StepTime], spec: ModelSpec) -> tuple[float, fl
     return layer_s, fixed, full
 
 
-def _theorem_fields(d: int, dbar: float, theorem_dbar: float, k: int, p: float, gen_len: int) -> dict[str, Any]:
+def _theorem_fields(d: int, run: PPDRun, theorem_dbar: float) -> dict[str, Any]:
     """The Theorem 4.1 fields of a ``PPDResult`` (layer-time units) for ``theorem_dbar``."""
+    dbar, k, p, gen_len = run.dbar, run.k, run.p, run.gen_len
     lat_u = ppd_expected_latency(d, theorem_dbar, p, gen_len)
     comp_u = ppd_expected_compute(d, theorem_dbar, k, p, gen_len)
     saved = (d - theorem_dbar) * p
@@ -197,37 +209,38 @@ def _stage_latency(
 def predict_ppd(
     model: ModelSpec | str | dict,
     hardware: Hardware | str,
+    run: PPDRun | None = None,
     *,
-    dbar: float,
-    k: int,
-    p: float,
-    gen_len: int,
     weight_format: str | None = None,
     kv_format: str = "fp16",
-    context_len: int = 128,
-    batch_size: int = 1,
     devices: int | None = None,
     placement: PPDPlacement | str = "paper",
+    **legacy: Any,
 ) -> PPDResult:
-    """Expected PPD latency (s) for ``gen_len`` tokens vs autoregressive decoding on ``hardware``. ``placement``
-    (a ``PPDPlacement`` or its kind): ``"paper"`` prices Theorem 4.1 with ``dbar`` in [d/2, d]; ``"same-device"`` /
-    ``"per-stage"`` price the two-stage decoder with exit layer ``e = dbar`` (batch 1; module docstrings)."""
+    """Expected PPD latency (s) of ``run`` (a ``PPDRun``: ``gen_len`` tokens, ``dbar``, ``k``, ``p``) vs
+    autoregressive decoding on ``hardware``. ``weight_format`` defaults to the model's dtype; ``devices``: tensor
+    parallel devices (per stage for ``"per-stage"``; default: the card's). ``placement`` (a ``PPDPlacement`` or its
+    kind): ``"paper"`` prices Theorem 4.1 with ``dbar`` in [d/2, d]; ``"same-device"`` / ``"per-stage"`` price the
+    two-stage decoder with exit layer ``e = dbar`` (batch 1; module docstrings). Deprecated: ``dbar``, ``k``, ``p``,
+    ``gen_len``, ``context_len``, ``batch_size`` as keywords (use ``run=PPDRun(...)``)."""
+    run = legacy_keywords("predict_ppd", legacy, _PPD_LEGACY, {"run": run})[0]["run"]
+    if run is None:
+        raise TypeError("predict_ppd() needs run=PPDRun(dbar=..., k=..., p=..., gen_len=...)")
     spec, hw = resolve_model(model), _hardware(hardware)
     place = placement if isinstance(placement, PPDPlacement) else PPDPlacement(kind=cast(PlacementKind, placement))
-    d = spec.n_layers
+    d, gen_len = spec.n_layers, run.gen_len
     n = resolve_devices(hw, devices)
-    stages = _check_placement(spec, place, dbar, k, p, gen_len, batch_size)
-    t = _step_fn(hw, weight_format, kv_format, context_len, batch_size, n)
+    stages = _check_placement(spec, place, run)
+    t = _step_fn(hw, weight_format, kv_format, run.context_len, run.batch_size, n)
     layer_s, fixed, full = _layer_costs(t, spec)
-    theorem_dbar = dbar if place.kind == "paper" else max(dbar, d - dbar)
-    theorem = _theorem_fields(d, dbar, theorem_dbar, k, p, gen_len)
+    theorem = _theorem_fields(d, run, run.dbar if place.kind == "paper" else max(run.dbar, d - run.dbar))
     ar_tok = full + place.host_s
     extra: dict[str, Any] = {}
     if stages is None:  # place.kind == "paper"
         latency_s = theorem["expected_latency_units"] * layer_s + gen_len * (fixed + place.host_s)
     else:
-        times = _stage_times(t, stages, spec, hw, place, k)
-        latency_s, extra = _stage_latency(t, times, spec, place, p, gen_len, ar_tok, n)
+        times = _stage_times(t, stages, spec, hw, place, run.k)
+        latency_s, extra = _stage_latency(t, times, spec, place, run.p, gen_len, ar_tok, n)
     ar_s = gen_len * ar_tok
     return PPDResult(
         model=spec.name,
@@ -238,7 +251,7 @@ def predict_ppd(
         latency_s=latency_s,
         ar_latency_s=ar_s,
         speedup=ar_s / latency_s,
-        tokens_per_s=batch_size * gen_len / latency_s,
+        tokens_per_s=run.batch_size * gen_len / latency_s,
         placement=place.kind,
         devices=n,
         per_token_s=latency_s / gen_len,

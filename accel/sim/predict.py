@@ -27,6 +27,7 @@ from pydantic import ConfigDict
 
 from accel.errors import SimError
 from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, SimWarning, check_int
+from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment, devices_to_fit
 from accel.sim.placement import placement_warning
 from accel.sim.planning import best_k, break_even_alpha, tree_speedups
@@ -38,6 +39,8 @@ from accel.sim.tree import TokenTree, best_tree, rank_acceptance
 
 BREAKDOWN_KEYS = ("target_memory", "target_compute", "target_comm", "target_overhead", "draft", "host")
 TREE_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128)  # node budgets best_tree_nodes compares (plus the one asked for)
+# the deprecated strict=True: Prediction.require_fit() raises on a configuration that does not fit
+_STRICT = Replaced("strict", lambda strict: strict, {"strict": "strict"}, "predict_speedup(...).require_fit()")
 
 
 class ConfigResult(SimModel):
@@ -105,6 +108,13 @@ class Prediction(SimModel):
     def table(self) -> str:
         """A readable text table of the configurations."""
         return prediction_table(self)
+
+    def require_fit(self) -> Prediction:
+        """This prediction when every configuration fits in memory; ``SimError`` with ``fit_message`` (what does
+        not fit, and the devices that would hold it) otherwise."""
+        if not self.fits:
+            raise SimError(self.fit_message)
+        return self
 
 
 class _Speculation:
@@ -308,7 +318,6 @@ def predict_speedup(
     acceptance: Acceptance | None = None,
     loop_stats: LoopStats | dict[str, float] | None = None,
     tree: TokenTree | int | None = None,
-    strict: bool = False,
     **settings: Any,
 ) -> Prediction:
     """Predict TTFT (s), TPOT (s), tokens/s and speedups of AR in the baseline and the compressed format, and of
@@ -320,8 +329,10 @@ def predict_speedup(
     per-rank rates (``accel.sim.tree.rank_acceptance``); default 0.8, or with ``loop_stats`` the i.i.d. alpha that
     gives its tokens per loop (for ``best_k`` and the break-even alpha only). ``loop_stats``: measured loops
     (dynamic length, lookup, trees); K is then the cap. ``tree``: a ``TokenTree`` or a node budget (the best tree
-    for ``acceptance``); the report then compares budgets (``best_tree_nodes``). ``strict=True`` raises
-    ``SimError`` when a configuration does not fit in memory."""
+    for ``acceptance``); the report then compares budgets (``best_tree_nodes``). ``Prediction.require_fit()``
+    raises ``SimError`` when a configuration does not fit in memory (deprecated: ``strict=True``)."""
+    objects, settings = legacy_keywords("predict_speedup", settings, (_STRICT,), {}, keep=None)
+    strict = bool(objects["strict"])
     dep = as_deployment(deployment, draft, hardware, settings)
     _check_devices(dep)
     spec = None if dep.draft is None else _Speculation(dep, k, acceptance, loop_stats, tree)

@@ -25,11 +25,13 @@ Exact: the byte and FLOP counts. Approximate: the efficiency terms, the max() ov
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int
+from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.formats import bytes_per_element, compute_dtype, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
@@ -41,6 +43,27 @@ LOGIT_BYTES = 4.0  # logits returned as fp32
 BOUNDS = ("memory", "compute", "decompress", "communication", "overhead")
 Bound = Literal["memory", "compute", "decompress", "communication", "overhead"]
 FormatArrays = tuple[Any, Any, Any]  # (bytes per element, decompress rate per device (inf = free), peak FLOP/s)
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """The shape of one model call: ``batch_size`` sequences each feed ``new_tokens`` tokens after ``context_len``
+    cached ones, and ``num_logits`` positions' logits come back (1 for prefill and decode, K+1 for speculative
+    scoring); ``kv_slots``: a fixed-size cache of that many slots, every one read (``None``: a growing cache, the past
+    ``context_len`` read). Sizes in tokens. :func:`step_time` checks them (integers); :func:`step_arrays` takes them
+    unchecked, as numbers or arrays that broadcast together."""
+
+    batch_size: Any = 1
+    new_tokens: Any = 1
+    context_len: Any = 0
+    num_logits: Any = 1
+    kv_slots: Any = None
+
+
+#: the keywords ``step_time`` took before ``CallShape`` (deprecated; ``step_arrays`` called the batch ``batch``)
+CALL_KEYWORDS = {k: k for k in ("batch_size", "new_tokens", "context_len", "num_logits", "kv_slots")}
+_STEP_TIME_LEGACY = (Replaced("call", CallShape, CALL_KEYWORDS),)
+_STEP_ARRAYS_LEGACY = (Replaced("call", CallShape, {**CALL_KEYWORDS, "batch": "batch_size"}),)
 
 
 class StepTime(SimModel):
@@ -163,29 +186,28 @@ def _resource_times(
 def step_arrays(
     model: ModelSpec,
     hw: Hardware,
+    call: CallShape | None = None,
     *,
     fmt: FormatArrays,
     kv_bpe: float,
-    batch: Any,
-    new_tokens: Any,
-    context_len: Any,
-    num_logits: Any,
     devices: int,
-    kv_slots: Any = None,
     compress_lm_head: bool = False,
+    **legacy: Any,
 ) -> dict[str, np.ndarray]:
-    """Vectorized core of :func:`step_time`: every numeric argument broadcasts. ``fmt`` = :func:`format_arrays`
-    (each entry broadcastable); ``kv_slots``: slots a fixed-size cache attends over (``None`` = a growing cache,
-    the past ``context_len``). Returns seconds / bytes / FLOPs. No validation here (the callers validate)."""
+    """Vectorized core of :func:`step_time`: every number of ``call`` broadcasts (``None``: one decode step, batch 1,
+    no past). ``fmt`` = :func:`format_arrays` (each entry broadcastable); ``kv_bpe``: KV-cache bytes per element.
+    Returns seconds / bytes / FLOPs. No validation here (the callers validate). Deprecated: ``batch``,
+    ``new_tokens``, ``context_len``, ``num_logits``, ``kv_slots`` as keywords (use ``call=CallShape(...)``)."""
+    call = legacy_keywords("step_arrays", legacy, _STEP_ARRAYS_LEGACY, {"call": call})[0]["call"] or CallShape()
     m = model
     f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     bpe, rate, peak = f(fmt[0]), f(fmt[1]), f(fmt[2])
-    B, S, L, NL = f(batch), f(new_tokens), f(context_len), f(num_logits)
+    B, S, L, NL = f(call.batch_size), f(call.new_tokens), f(call.context_len), f(call.num_logits)
     n = float(devices)
     bw = n * hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
     fl = n * peak * hw.compute_efficiency
     small_bpe = bytes_per_element(m.dtype)
-    lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, kv_slots)
+    lay = _layer(m, bpe, small_bpe, kv_bpe, B, S, L, call.kv_slots)
     head = _head(m, bpe, small_bpe, B, S, NL, compress_lm_head)
     mem_l, mem_h, comp_l, comp_h, dec_l, dec_h = _resource_times(hw, lay, head, B * S, B * NL, bw, fl, n * rate)
     (t_l, mb_l), (t_h, mb_h) = _op_time(hw, mem_l, comp_l, dec_l), _op_time(hw, mem_h, comp_h, dec_h)
@@ -232,41 +254,35 @@ def resolve_devices(hw: Hardware, devices: int | None) -> int:
 def step_time(
     model: ModelSpec | str | dict[str, Any],
     hardware: Hardware | str,
+    call: CallShape | None = None,
     *,
     weight_format: str | None = None,
     kv_format: str = "fp16",
-    batch_size: int = 1,
-    new_tokens: int = 1,
-    context_len: int = 0,
-    num_logits: int | None = None,
     devices: int | None = None,
-    kv_slots: int | None = None,
     compress_lm_head: bool = False,
+    **legacy: Any,
 ) -> StepTime:
-    """Roofline time (seconds) of one call of ``model`` with ``new_tokens`` per sequence after ``context_len`` cached
-    tokens, at ``batch_size``. ``weight_format`` defaults to the model's dtype. ``num_logits`` (default 1) =
-    positions whose logits are returned: 1 for prefill and decode, K+1 for speculative scoring. ``devices`` =
-    devices in tensor parallel (default: the card's). ``kv_slots``: a fixed-size cache of that many slots, all read."""
+    """Roofline time (seconds) of one ``call`` of ``model`` (a ``CallShape``; default: one decode step, batch 1, no
+    past). ``weight_format`` defaults to the model's dtype; ``kv_format``: the KV cache's; ``devices`` = devices in
+    tensor parallel (default: the card's); ``compress_lm_head``: the LM head in ``weight_format`` too. Deprecated:
+    ``batch_size``, ``new_tokens``, ``context_len``, ``num_logits``, ``kv_slots`` as keywords (use
+    ``call=CallShape(...)``; ``num_logits=None`` meant 1)."""
+    call = legacy_keywords("step_time", legacy, _STEP_TIME_LEGACY, {"call": call})[0]["call"] or CallShape()
     spec, hw = resolve_model(model), _hardware(hardware)
-    num_logits = 1 if num_logits is None else num_logits
-    batch = check_int("batch_size", batch_size, 1, MAX_BATCH)
-    S = check_int("new_tokens", new_tokens, 1, MAX_TOKENS)
-    L = check_int("context_len", context_len, 0, MAX_TOKENS)
-    nl = check_int("num_logits", num_logits, 1, S)
-    slots = None if kv_slots is None else check_int("kv_slots", kv_slots, L + S, MAX_TOKENS)
+    batch = check_int("batch_size", call.batch_size, 1, MAX_BATCH)
+    S = check_int("new_tokens", call.new_tokens, 1, MAX_TOKENS)
+    L = check_int("context_len", call.context_len, 0, MAX_TOKENS)
+    nl = check_int("num_logits", 1 if call.num_logits is None else call.num_logits, 1, S)
+    slots = None if call.kv_slots is None else check_int("kv_slots", call.kv_slots, L + S, MAX_TOKENS)
     n = resolve_devices(hw, devices)
     fmt = normalize_format(weight_format or spec.dtype)
     r = step_arrays(
         spec,
         hw,
+        CallShape(batch, S, L, nl, slots),
         fmt=format_arrays(hw, fmt),
         kv_bpe=kv_bytes_per_element(kv_format),
-        batch=batch,
-        new_tokens=S,
-        context_len=L,
-        num_logits=nl,
         devices=n,
-        kv_slots=slots,
         compress_lm_head=compress_lm_head,
     )
     vals = {k: float(v) for k, v in r.items()}

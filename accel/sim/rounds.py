@@ -27,7 +27,7 @@ import numpy as np
 
 from accel.sim.deployment import Deployment
 from accel.sim.formats import kv_bytes_per_element
-from accel.sim.roofline import FormatArrays, format_arrays, step_arrays
+from accel.sim.roofline import CallShape, FormatArrays, format_arrays, step_arrays
 from accel.sim.spd import Acceptance, LoopStats, catch_up_tokens, expected_tokens_from, tokens_pmf
 from accel.sim.tree import TokenTree, leaf_end_probability, tree_expected_tokens
 
@@ -96,14 +96,10 @@ def target_call(dep: Deployment, fmt: FormatArrays, S: Any, L: Any, batch: Any =
     return step_arrays(
         dep.target,
         dep.hardware,
+        CallShape(dep.batch_size if batch is None else batch, S, L, S, dep.kv_slots),
         fmt=fmt,
         kv_bpe=kv_bytes_per_element(dep.kv_format),
-        batch=dep.batch_size if batch is None else batch,
-        new_tokens=S,
-        context_len=L,
-        num_logits=S,
         devices=dep.n_devices,
-        kv_slots=dep.kv_slots,
         compress_lm_head=dep.compress_lm_head,
     )
 
@@ -111,17 +107,14 @@ def target_call(dep: Deployment, fmt: FormatArrays, S: Any, L: Any, batch: Any =
 def draft_call(dep: Deployment, S: Any, L: Any, batch: Any = None, num_logits: Any = None) -> np.ndarray:
     """Seconds of a draft call feeding S tokens after L past tokens."""
     assert dep.draft is not None
+    batch = dep.batch_size if batch is None else batch
     return step_arrays(
         dep.draft,
         dep.draft_hw,
+        CallShape(batch, S, L, S if num_logits is None else num_logits, dep.kv_slots),
         fmt=format_arrays(dep.draft_hw, dep.draft_fmt),
         kv_bpe=kv_bytes_per_element(dep.kv_format),
-        batch=dep.batch_size if batch is None else batch,
-        new_tokens=S,
-        context_len=L,
-        num_logits=S if num_logits is None else num_logits,
         devices=dep.n_draft_devices,
-        kv_slots=dep.kv_slots,
         compress_lm_head=dep.compress_lm_head,
     )["time_s"]
 
@@ -138,14 +131,10 @@ def prefill_s(dep: Deployment, fmt: str, speculative: bool) -> float:
         step_arrays(
             dep.target,
             dep.hardware,
+            CallShape(dep.batch_size, dep.prompt_len, 0, 1, dep.kv_slots),
             fmt=format_arrays(dep.hardware, fmt),
             kv_bpe=kv_bytes_per_element(dep.kv_format),
-            batch=dep.batch_size,
-            new_tokens=dep.prompt_len,
-            context_len=0,
-            num_logits=1,
             devices=dep.n_devices,
-            kv_slots=dep.kv_slots,
             compress_lm_head=dep.compress_lm_head,
         )["time_s"]
     )

@@ -8,6 +8,7 @@ numpy broadcasting over the whole grid at once (millions of configurations per s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from pydantic import ConfigDict
 
 from accel.errors import SimError
 from accel.sim._base import MAX_BATCH, MAX_SWEEP_POINTS, MAX_TOKENS, SimModel, check_int_array
+from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment
 from accel.sim.formats import normalize_format
 from accel.sim.roofline import format_arrays
@@ -23,6 +25,20 @@ from accel.sim.spd import catch_up_tokens, check_alpha, check_k, expected_tokens
 
 AXES = ("target_format", "batch_size", "context_len", "k", "alpha")
 DEFAULT_ALPHAS = np.linspace(0, 1, 21)
+
+
+@dataclass(frozen=True)
+class SweepAxes:
+    """The deployment axes of a sweep (K and alpha are ``sweep``'s own keywords): weight formats of the target,
+    batch sizes (sequences) and past lengths (tokens) at which the decode steps are priced; ``None``: the
+    deployment's formats (baseline and compressed), its batch size, its prompt length."""
+
+    target_format: Sequence[str] | str | None = None
+    batch_size: Sequence[int] | None = None
+    context_len: Sequence[int] | None = None
+
+
+_SWEEP_LEGACY = (Replaced("axes", SweepAxes, {k: k for k in ("target_format", "batch_size", "context_len")}),)
 
 
 class SweepResult(SimModel):
@@ -53,7 +69,8 @@ class SweepResult(SimModel):
         return int(self.speedup.size)
 
 
-def _axes(dep: Deployment, target_format: Any, batch_size: Any, context_len: Any, k: Any, alpha: Any) -> tuple:
+def _axes(dep: Deployment, axes: SweepAxes, k: Any, alpha: Any) -> tuple:
+    target_format, batch_size, context_len = axes.target_format, axes.batch_size, axes.context_len
     fmts = dep.formats() if target_format is None else target_format
     fmts = [normalize_format(f) for f in ([fmts] if isinstance(fmts, str) else list(fmts))]
     if not fmts or len(fmts) > 64:
@@ -79,18 +96,19 @@ def sweep(
     *,
     k: Sequence[int] | int = range(1, 17),
     alpha: Sequence[float] | np.ndarray = DEFAULT_ALPHAS,
-    target_format: Sequence[str] | str | None = None,
-    batch_size: Sequence[int] | None = None,
-    context_len: Sequence[int] | None = None,
+    axes: SweepAxes | None = None,
     **settings: Any,
 ) -> SweepResult:
     """Speculative decode speed on the full grid (formats x batch x context x K x alpha); see ``SweepResult``.
-    ``deployment``: a ``Deployment`` (or ``target, draft, hardware, **settings``); the axes default to its formats,
-    batch and prompt length."""
+    ``deployment``: a ``Deployment`` (or ``target, draft, hardware, **settings``, settings = ``Deployment`` fields);
+    ``k``: draft lengths, ``alpha``: acceptances; ``axes`` (``SweepAxes``): the formats, batch sizes and past lengths,
+    by default the deployment's formats, batch and prompt length. Deprecated: ``target_format``, ``batch_size``,
+    ``context_len`` as axis keywords (use ``axes=SweepAxes(...)``)."""
+    objects, settings = legacy_keywords("sweep", settings, _SWEEP_LEGACY, {"axes": axes}, keep=None)
     dep = as_deployment(deployment, draft, hardware, settings)
     if dep.draft is None:
         raise SimError("a speculative sweep needs a deployment with a draft model")
-    fmts, bs, ls, ks, al = _axes(dep, target_format, batch_size, context_len, k, alpha)
+    fmts, bs, ls, ks, al = _axes(dep, objects["axes"] or SweepAxes(), k, alpha)
     fa = np.array([format_arrays(dep.hardware, f) for f in fmts])  # (F, 3)
     tf = (fa[:, 0].reshape(-1, 1, 1, 1), fa[:, 1].reshape(-1, 1, 1, 1), fa[:, 2].reshape(-1, 1, 1, 1))
     B, L, K = bs.reshape(1, -1, 1, 1), ls.reshape(1, 1, -1, 1).astype(np.float64), ks.reshape(1, 1, 1, -1)

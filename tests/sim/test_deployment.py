@@ -19,6 +19,8 @@ from accel.sim import (
     step_time,
     sweep,
 )
+from accel.sim.roofline import CallShape
+from accel.sim.sweeps import SweepAxes
 
 T, D, HW = "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra"
 LLAMA_CFG = {
@@ -39,7 +41,7 @@ def test_one_deployment_serves_every_entry_point():
     assert typed.model_dump() == legacy.model_dump()
     assert best_k(dep, 0.8) == best_k(T, D, HW, 0.8, context_len=512)
     assert break_even_alpha(dep, 5) == break_even_alpha(T, D, HW, 5, context_len=512)
-    s = sweep(dep, k=[3], alpha=[0.8], context_len=[512], target_format=["mxfp6"])
+    s = sweep(dep, k=[3], alpha=[0.8], axes=SweepAxes(context_len=[512], target_format=["mxfp6"]))
     assert s.speedup[0, 0, 0, 0, 0] == pytest.approx(typed.best_k_speedup if typed.best_k == 3 else s.speedup.item())
     # settings override a Deployment's fields; a Deployment plus (draft, hardware) is ambiguous
     assert predict_speedup(dep, batch_size=4).batch_size == 4
@@ -84,13 +86,13 @@ def test_devices_follow_model_size_and_may_span_cards():
     alone = predict_speedup("llama-2-70b", None, "a100-80gb")
     assert not alone.fits and "devices=2" in alone.fit_message
     with pytest.raises(SimError, match="devices=4"):
-        predict_speedup("llama-2-70b", None, "a100-80gb", devices=1, batch_size=64, strict=True, prompt_len=2048)
+        predict_speedup("llama-2-70b", None, "a100-80gb", devices=1, batch_size=64, prompt_len=2048).require_fit()
 
 
 def test_fixed_cache_layout():
     dep = Deployment(target=T, hardware=HW, cache="fixed", ctx_len=2048, prompt_len=1024, gen_len=1024)
     p = predict_speedup(dep)
-    st = step_time(T, HW, context_len=1500, kv_slots=2048)
+    st = step_time(T, HW, CallShape(context_len=1500, kv_slots=2048))
     assert p.config("fp16 AR").tpot_s == pytest.approx(st.time_s)  # every decode step reads all 2048 slots
     assert p.ctx_len == 2048 and "fixed cache of 2048" in p.table()
     assert Deployment(target=T, hardware=HW, cache="fixed").ctx_len == 128 + 896
@@ -136,7 +138,7 @@ def test_huge_sizes_are_refused_before_allocating():
         with pytest.raises(SimError):
             predict_speedup(T, D, HW, **kw)
     with pytest.raises(SimError, match="at most 5,000,000"):
-        sweep(T, D, HW, k=range(1, 65), alpha=np.linspace(0, 1, 1001), batch_size=list(range(1, 200)))
+        sweep(T, D, HW, k=range(1, 65), alpha=np.linspace(0, 1, 1001), axes=SweepAxes(batch_size=list(range(1, 200))))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 50e6

@@ -7,8 +7,9 @@ import pytest
 from accel.backends.onnx_graph import legacy_spec
 from accel.errors import SimError
 from accel.sim import Hardware, measure_host, step_time
-from accel.sim.host import NBITS_FORMATS, fit_multi_token, layer_terms
+from accel.sim.host import NBITS_FORMATS, HostProbe, fit_multi_token, layer_terms
 from accel.sim.host_layers import LayerShape, layer_graph_spec, layer_weight_elements
+from accel.sim.roofline import CallShape
 
 
 def test_fit_multi_token_recovers_power_law():
@@ -36,10 +37,11 @@ def test_layer_terms_recover_known_costs():
 
 def test_measure_host_small():
     tiny = LayerShape(hidden=64, intermediate=128, heads=4, kv_heads=2, ctx_len=32, past=8)
-    hw = measure_host(
+    probe = HostProbe(
         copy_bytes=8e6, stream_bytes=4e6, rows=(1, 2, 4), matmul_n=256, ort_calls=30, ort_width=256, ort_chain=2,
         layer=tiny, layer_counts=(1, 2), layer_calls=3,
     )  # fmt: skip
+    hw = measure_host(probe)
     assert hw.memory_bandwidth_bytes_per_s > 1e8 and hw.peak_flops("fp32") > 1e8
     assert 0 < hw.bandwidth_efficiency <= 1 and 0 < hw.call_overhead_s < 0.05
     assert "fp32" in hw.peak_flops_per_s and hw.peak_flops("fp16") == hw.peak_flops("fp32")
@@ -82,16 +84,21 @@ def test_8bit_multi_row_step_grows_as_calibrated():
     n, over, rate = layer_weight_elements(LayerShape()), 1.8e-4, 29e9
     t8 = {1: over + n / rate, 2: over + 1.24 * n / rate, 4: over + 1.73 * n / rate}  # growth as measured here
     hw = _calibrated(n, over, rate, t8)
-    step = {r: step_time("smollm2-135m", hw, weight_format="mxfp6", context_len=128, new_tokens=r) for r in (1, 2, 4)}
+    step = {
+        r: step_time("smollm2-135m", hw, CallShape(context_len=128, new_tokens=r), weight_format="mxfp6")
+        for r in (1, 2, 4)
+    }
     for r in (2, 4):
         assert step[r].time_s - step[1].time_s == pytest.approx(30 * (t8[r] - t8[1]), rel=1e-6)
         assert step[r].decompress_s > step[r].memory_s and step[r].decompress_s > step[r].compute_s
     assert step[1].overhead_s == pytest.approx(4e-4 + 30 * hw.layer_overhead_s, rel=1e-9)
     shared = hw.with_(decompress_multi_token_penalty=None, decompress_multi_token_exponent=None)
-    old = step_time("smollm2-135m", shared, weight_format="mxfp6", context_len=128, new_tokens=4)
+    old = step_time("smollm2-135m", shared, CallShape(context_len=128, new_tokens=4), weight_format="mxfp6")
     assert old.time_s - step[1].time_s < 0.5 * (step[4].time_s - step[1].time_s)
     # the float32 path keeps the memory terms: its growth is the float32 layer's
-    f32 = {r: step_time("smollm2-135m", hw, weight_format="fp32", context_len=128, new_tokens=r) for r in (1, 4)}
+    f32 = {
+        r: step_time("smollm2-135m", hw, CallShape(context_len=128, new_tokens=r), weight_format="fp32") for r in (1, 4)
+    }
     assert f32[4].memory_s / f32[1].memory_s < 1.31
 
 

@@ -16,6 +16,8 @@ from accel.sim import (
     step_time,
     sweep,
 )
+from accel.sim.roofline import CallShape
+from accel.sim.sweeps import SweepAxes
 
 T, HW = "llama-2-7b", "cloud-ai-100-ultra"
 D = "qualcomm-llama2-draft-115m"
@@ -39,8 +41,8 @@ def _feature_draft() -> ModelSpec:
 
 def _one_more_token_s(draft, L):
     return (
-        step_time(draft, HW, context_len=L, new_tokens=2, devices=4).time_s
-        - step_time(draft, HW, context_len=L, devices=4).time_s
+        step_time(draft, HW, CallShape(context_len=L, new_tokens=2), devices=4).time_s
+        - step_time(draft, HW, CallShape(context_len=L), devices=4).time_s
     )
 
 
@@ -63,11 +65,13 @@ def test_feature_draft_pays_e_minus_one_refeed_tokens_per_loop():
     e = expected_tokens(a, k)
     # both loops: K draft calls + the scoring call; the catch-up differs: E - 1 extra tokens vs a^K * one token
     extra_f = (e - 1) * _one_more_token_s(fd, L)
-    t_score = step_time(T, HW, weight_format="mxfp6", new_tokens=k + 1, num_logits=k + 1, context_len=L).time_s
-    drafts = sum(step_time(fd, HW, context_len=L + j, devices=4).time_s for j in range(k))
+    t_score = step_time(
+        T, HW, CallShape(new_tokens=k + 1, num_logits=k + 1, context_len=L), weight_format="mxfp6"
+    ).time_s
+    drafts = sum(step_time(fd, HW, CallShape(context_len=L + j), devices=4).time_s for j in range(k))
     assert pf.config("mxfp6 + SpD").loop_s == pytest.approx(drafts + t_score + extra_f, rel=1e-12)
     # the plain spec has fewer weights (no fc) so compare its loop with its own by-hand value
-    drafts_p = sum(step_time(plain, HW, context_len=L + j, devices=4).time_s for j in range(k))
+    drafts_p = sum(step_time(plain, HW, CallShape(context_len=L + j), devices=4).time_s for j in range(k))
     assert pp.config("mxfp6 + SpD").loop_s == pytest.approx(
         drafts_p + t_score + a**k * _one_more_token_s(plain, L), rel=1e-12
     )
@@ -75,17 +79,19 @@ def test_feature_draft_pays_e_minus_one_refeed_tokens_per_loop():
 
 def test_feature_draft_sweep_best_k_and_break_even_agree():
     fd = _feature_draft()
-    r = sweep(T, fd, HW, k=range(1, 9), alpha=[0.0, 0.6, 0.9], target_format=["mxfp6"], context_len=[512])
+    r = sweep(
+        T, fd, HW, k=range(1, 9), alpha=[0.0, 0.6, 0.9], axes=SweepAxes(target_format=["mxfp6"], context_len=[512])
+    )
     for i, a in enumerate([0.0, 0.6, 0.9]):
         k, s = best_k(T, fd, HW, a, context_len=512, k_max=8)
         assert r.best_k[0, 0, 0, i] == k
         assert r.speedup[0, 0, 0, k - 1, i] == pytest.approx(s, rel=1e-12)
         e = expected_tokens(a, 3)
-        drafts = sum(step_time(fd, HW, context_len=512 + j, devices=4).time_s for j in range(3))
+        drafts = sum(step_time(fd, HW, CallShape(context_len=512 + j), devices=4).time_s for j in range(3))
         assert r.draft_steps_s[0, 0, 0, 2, i] == pytest.approx(drafts + (e - 1) * _one_more_token_s(fd, 512), rel=1e-12)
     a = break_even_alpha(T, fd, HW, 4, context_len=512)
     assert 0 < a < 1
-    r = sweep(T, fd, HW, k=[4], alpha=[a], target_format=["mxfp6"], context_len=[512])
+    r = sweep(T, fd, HW, k=[4], alpha=[a], axes=SweepAxes(target_format=["mxfp6"], context_len=[512]))
     assert r.speedup[0, 0, 0, 0, 0] == pytest.approx(1.0, abs=1e-7)
 
 
@@ -158,7 +164,9 @@ def test_lookup_loops_price_only_draft_model_calls_and_the_later_catch_up():
             .config("mxfp6 + SpD")
             .loop_s
         )
-        one = step_time(draft, HW, context_len=L + 1, devices=4).time_s  # a call at the loop's mean past length
+        one = step_time(
+            draft, HW, CallShape(context_len=L + 1), devices=4
+        ).time_s  # a call at the loop's mean past length
         more = _one_more_token_s(draft, L)
         want = plain - (3.0 - 1.2) * one + (extra(2.5, 0.6, 0.2) - extra(2.5, 0.0, 0.2)) * more
         assert look == pytest.approx(want, rel=1e-6)

@@ -12,6 +12,7 @@ import pytest
 from accel.sim import SimWarning, calibrate, hardware, preset, step_time
 from accel.sim.catalog import H200_MEASURED
 from accel.sim.measured import GPU_TOKENS, gpu_errors, gpu_points, held_out_points
+from accel.sim.roofline import CallShape
 
 FIT = ["call_overhead_s", "layer_overhead_s", "row_overhead_s", "multi_token_penalty", "multi_token_exponent"]
 
@@ -23,7 +24,10 @@ def test_points_are_the_calls_step_time_prices():
     errors = gpu_errors("h200")
     _, obs = next((d, o) for d, o in pts if o.label == "llama-2-7b bf16 S=16")
     st = step_time(
-        preset("llama-2-7b"), "h200", weight_format="bf16", new_tokens=16, num_logits=16, context_len=256, kv_slots=1025
+        preset("llama-2-7b"),
+        "h200",
+        CallShape(new_tokens=16, num_logits=16, context_len=256, kv_slots=1025),
+        weight_format="bf16",
     )
     assert errors["llama-2-7b bf16 S=16"] == pytest.approx(st.time_s / obs.measured_s - 1, rel=1e-9)
 
@@ -52,7 +56,7 @@ def test_stock_h200_on_the_measured_rows():
     assert max(abs(e) for k, e in errors.items() if k.startswith("llama-2-7b bf16")) < 0.15
     assert abs(errors["llama-2-7b bf16 S=1"]) < 0.02
     assert abs(errors["tinyllama-1.1b fp32 S=64"]) < 0.15
-    st = step_time(preset("tinyllama-1.1b"), "h200", weight_format="fp32", new_tokens=64, num_logits=64)
+    st = step_time(preset("tinyllama-1.1b"), "h200", CallShape(new_tokens=64, num_logits=64), weight_format="fp32")
     assert st.compute_s == pytest.approx(st.flops / (67e12 * hardware("h200").compute_efficiency), rel=1e-9)
 
 

@@ -8,6 +8,7 @@ import pytest
 from accel.errors import SimError
 from accel.sim import Deployment, SimWarning, from_hf_config, predict_speedup, step_time, weight_breakdown
 from accel.sim.deployment import DeployedDtype
+from accel.sim.roofline import CallShape
 
 T, D = "llama-2-7b", "qualcomm-llama2-draft-115m"
 
@@ -85,7 +86,12 @@ def test_deployed_weights_and_kv_cache_separately_mx_included():
     assert dep.dtype == DeployedDtype(weights="mxfp6", kv_cache="mxint8")
     assert dep.baseline == "mxfp6" and dep.kv_format == "mxint8" and dep.target.dtype == "fp16"  # dense parts fp16
     t = step_time(
-        dep.target, dep.hardware, weight_format="mxfp6", kv_format="mxint8", context_len=1024, devices=dep.n_devices
+        dep.target,
+        dep.hardware,
+        CallShape(context_len=1024),
+        weight_format="mxfp6",
+        kv_format="mxint8",
+        devices=dep.n_devices,
     )
     assert predict_speedup(dep, prompt_len=1024, gen_len=2).configs[0].tpot_s == pytest.approx(t.time_s, rel=1e-12)
     bf = Deployment(target=spec, hardware="a100-80gb", dtype={"weights": "int8", "kv_cache": "fp8", "dense": "bf16"})

@@ -6,8 +6,9 @@ import pytest
 
 from accel.errors import SimError
 from accel.sim import hardware, predict_ppd, preset, step_time
-from accel.sim.ppd import ppd_expected_compute, ppd_expected_latency
+from accel.sim.ppd import PPDRun, ppd_expected_compute, ppd_expected_latency
 from accel.sim.ppd_stages import PPDPlacement, PPDStageTimes, ppd_step_time, transfer_s
+from accel.sim.roofline import CallShape
 
 
 def _simulate_latency(d, dbar, p, n_tok, runs, rng):
@@ -34,28 +35,28 @@ def test_compute_and_approximations():
     assert (
         ppd_expected_compute(d, dbar, k, p, n_tok) == ppd_expected_latency(d, dbar, p, n_tok) + k * (d - dbar) * n_tok
     )
-    r = predict_ppd("llama-2-7b", "a100-80gb", dbar=dbar, k=k, p=p, gen_len=n_tok)
+    r = predict_ppd("llama-2-7b", "a100-80gb", PPDRun(dbar=dbar, k=k, p=p, gen_len=n_tok))
     assert r.approx_latency_units_per_token == pytest.approx(d * (1 - p / 2))
     assert r.approx_busy_units == pytest.approx((k + 2 - p) / (2 - p))
     assert r.expected_latency_units / n_tok == pytest.approx(r.approx_latency_units_per_token, rel=1e-3)
 
 
 def test_device_mapping():
-    ar = step_time("llama-2-7b", "a100-80gb", context_len=128).time_s
-    none = predict_ppd("llama-2-7b", "a100-80gb", dbar=20, k=2, p=0.0, gen_len=100)
+    ar = step_time("llama-2-7b", "a100-80gb", CallShape(context_len=128)).time_s
+    none = predict_ppd("llama-2-7b", "a100-80gb", PPDRun(dbar=20, k=2, p=0.0, gen_len=100))
     assert none.latency_s == pytest.approx(100 * ar) and none.speedup == pytest.approx(1.0)
-    half = predict_ppd("llama-2-7b", "a100-80gb", dbar=16, k=2, p=1.0, gen_len=100)
+    half = predict_ppd("llama-2-7b", "a100-80gb", PPDRun(dbar=16, k=2, p=1.0, gen_len=100))
     assert 1.5 < half.speedup < 2.0  # layers twice as fast at most; per-token head/overhead not saved
     assert half.layer_s * 32 + half.per_token_fixed_s == pytest.approx(ar)
 
 
 def test_bad_input():
     with pytest.raises(SimError, match="dbar"):
-        predict_ppd("llama-2-7b", "l4", dbar=8, k=2, p=0.5, gen_len=10)  # < d/2
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=8, k=2, p=0.5, gen_len=10))  # < d/2
     with pytest.raises(SimError, match="p "):
-        predict_ppd("llama-2-7b", "l4", dbar=20, k=2, p=1.5, gen_len=10)
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=20, k=2, p=1.5, gen_len=10))
     with pytest.raises(SimError, match="k "):
-        predict_ppd("llama-2-7b", "l4", dbar=20, k=0, p=0.5, gen_len=10)
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=20, k=0, p=0.5, gen_len=10))
 
 
 # --- stage placements (accel.sim.ppd_stages): hand-worked examples -------------------------------------------------
@@ -101,18 +102,20 @@ def test_transfer_by_hand():
 def test_predict_same_device_is_the_stage_calls_of_the_roofline():
     e, k = 12, 3
     spec = preset("llama-2-7b")
-    front = step_time(spec.model_copy(update={"n_layers": e}), "a100-80gb", batch_size=k, context_len=128, devices=1)
-    back = step_time(spec.model_copy(update={"n_layers": 32 - e}), "a100-80gb", context_len=128, devices=1)
+    front = step_time(
+        spec.model_copy(update={"n_layers": e}), "a100-80gb", CallShape(batch_size=k, context_len=128), devices=1
+    )
+    back = step_time(spec.model_copy(update={"n_layers": 32 - e}), "a100-80gb", CallShape(context_len=128), devices=1)
     place = PPDPlacement(kind="same-device", concurrency=1.0, host_s=0.5 * MS)
-    r = predict_ppd(spec, "a100-80gb", dbar=e, k=k, p=0.0, gen_len=10, devices=1, placement=place)
+    r = predict_ppd(spec, "a100-80gb", PPDRun(dbar=e, k=k, p=0.0, gen_len=10), devices=1, placement=place)
     # p = 0, s = 1: back + front side by side take their sum, then the miss runs the front call again
     assert r.per_token_s == pytest.approx(0.5 * MS + back.time_s + 2 * front.time_s)
     assert r.latency_s == pytest.approx(10 * r.per_token_s)
-    ar = step_time(spec, "a100-80gb", context_len=128, devices=1).time_s
+    ar = step_time(spec, "a100-80gb", CallShape(context_len=128), devices=1).time_s
     assert r.ar_per_token_s == pytest.approx(ar + 0.5 * MS) and r.speedup < 1
     assert r.stage_times.front_s == pytest.approx(front.time_s) and r.stage_times.back_s == pytest.approx(back.time_s)
     # the roofline's concurrency: memory-bound calls share the bandwidth, so P ~ the sum less the overheads
-    dflt = predict_ppd(spec, "a100-80gb", dbar=e, k=k, p=0.0, gen_len=10, devices=1, placement="same-device")
+    dflt = predict_ppd(spec, "a100-80gb", PPDRun(dbar=e, k=k, p=0.0, gen_len=10), devices=1, placement="same-device")
     busy = back.time_s - back.overhead_s + front.time_s - front.overhead_s
     assert dflt.parallel_s == pytest.approx(busy)
     # Theorem 4.1's fields keep the paper's figure for dbar = max(e, d - e)
@@ -123,28 +126,28 @@ def test_predict_per_stage_by_hand():
     e, k, p = 16, 2, 0.4
     hw = hardware("cloud-ai-100-ultra")
     spec = preset("llama-2-7b")
-    front = step_time(spec.model_copy(update={"n_layers": e}), hw, batch_size=k, context_len=128, devices=1)
-    back = step_time(spec.model_copy(update={"n_layers": 32 - e}), hw, context_len=128, devices=1)
-    r = predict_ppd(spec, hw, dbar=e, k=k, p=p, gen_len=100, devices=1, placement="per-stage")
+    front = step_time(spec.model_copy(update={"n_layers": e}), hw, CallShape(batch_size=k, context_len=128), devices=1)
+    back = step_time(spec.model_copy(update={"n_layers": 32 - e}), hw, CallShape(context_len=128), devices=1)
+    r = predict_ppd(spec, hw, PPDRun(dbar=e, k=k, p=p, gen_len=100), devices=1, placement="per-stage")
     xk, x1 = transfer_s(hw, k, 4096), transfer_s(hw, 1, 4096)
     par = max(back.time_s, front.time_s + xk) + hw.link_latency_s
     assert r.parallel_s == pytest.approx(par)
     assert r.per_token_s == pytest.approx(par + (1 - p) * (front.time_s + x1))
-    ar1 = step_time(spec, hw, context_len=128, devices=1).time_s
-    ar2 = step_time(spec, hw, context_len=128, devices=2).time_s
+    ar1 = step_time(spec, hw, CallShape(context_len=128), devices=1).time_s
+    ar2 = step_time(spec, hw, CallShape(context_len=128), devices=2).time_s
     assert r.speedup == pytest.approx(ar1 / r.per_token_s) and r.tensor_parallel_speedup == pytest.approx(ar1 / ar2)
     assert 1.0 < r.speedup < r.tensor_parallel_speedup  # PPD beats one SoC, not AR in TP over the same two
 
 
 def test_stage_placement_errors():
     with pytest.raises(SimError, match="exit layer must be an integer in \\[1, 31\\]"):
-        predict_ppd("llama-2-7b", "l4", dbar=32, k=2, p=0.5, gen_len=10, placement="per-stage")
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=32, k=2, p=0.5, gen_len=10), placement="per-stage")
     with pytest.raises(SimError, match="exit layer"):
-        predict_ppd("llama-2-7b", "l4", dbar=0, k=2, p=0.5, gen_len=10, placement="same-device")
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=0, k=2, p=0.5, gen_len=10), placement="same-device")
     with pytest.raises(SimError, match="batch 1"):
-        predict_ppd("llama-2-7b", "l4", dbar=16, k=2, p=0.5, gen_len=10, batch_size=2, placement="same-device")
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=16, k=2, p=0.5, gen_len=10, batch_size=2), placement="same-device")
     with pytest.raises(SimError, match="kind"):
-        predict_ppd("llama-2-7b", "l4", dbar=16, k=2, p=0.5, gen_len=10, placement="two-gpus")
+        predict_ppd("llama-2-7b", "l4", PPDRun(dbar=16, k=2, p=0.5, gen_len=10), placement="two-gpus")
     with pytest.raises(SimError, match="concurrency"):
         PPDPlacement(kind="same-device", concurrency=2.5)
     with pytest.raises(SimError, match="same-device term"):
@@ -168,7 +171,11 @@ def test_the_where_ppd_pays_table_in_the_docs_is_what_predict_ppd_gives():
         for place in ("same-device", "per-stage"):
             for k, p in ((1, 0.26), (3, 0.47)):
                 got[place, k] = predict_ppd(
-                    model, hw, dbar=L // 2, k=k, p=p, gen_len=256, placement=place, devices=int(n), context_len=1024
+                    model,
+                    hw,
+                    PPDRun(dbar=L // 2, k=k, p=p, gen_len=256, context_len=1024),
+                    placement=place,
+                    devices=int(n),
                 )
         assert f"{got['same-device', 1].ar_per_token_s * 1e3:.2f}" == ar, line
         assert f"{got['same-device', 1].speedup:.2f}x / {got['same-device', 3].speedup:.2f}x" == same, line

@@ -7,6 +7,7 @@ import pytest
 
 from accel.cli import EXIT_ERROR, main
 from accel.sim import predict_ppd
+from accel.sim.ppd import PPDRun
 from accel.sim.ppd_stages import PPDPlacement
 
 ARGS = ["predict", "--target", "llama-2-13b", "--hardware", "cloud-ai-100-ultra", "--devices", "2", "--gen-len", "256"]
@@ -17,11 +18,9 @@ def test_ppd_section_matches_predict_ppd(capsys):
     assert main([*ARGS, *PPD, "--json", "--ppd-concurrency", "1.5", "--host-s-per-step", "0.001"]) == 0
     rows = json.loads(capsys.readouterr().out)["ppd"]
     assert [r["placement"] for r in rows] == ["paper", "same-device", "per-stage"]
-    kw = dict(k=3, p=0.47, gen_len=256, weight_format="mxfp6", context_len=128 + 128, devices=2)
-    same = predict_ppd(
-        "llama-2-13b", "cloud-ai-100-ultra", dbar=20, **kw, placement=PPDPlacement(kind="same-device",
-                                                                                   concurrency=1.5, host_s=0.001)
-    )  # fmt: skip
+    run = PPDRun(dbar=20, k=3, p=0.47, gen_len=256, context_len=128 + 128)
+    place = PPDPlacement(kind="same-device", concurrency=1.5, host_s=0.001)
+    same = predict_ppd("llama-2-13b", "cloud-ai-100-ultra", run, weight_format="mxfp6", devices=2, placement=place)
     assert rows[1]["per_token_s"] == pytest.approx(same.per_token_s)
     assert rows[1]["stage_times"]["front_s"] == pytest.approx(same.stage_times.front_s)
     split = rows[2]

@@ -7,6 +7,7 @@ import pytest
 
 from accel.errors import SimError
 from accel.sim import best_k, break_even_alpha, expected_tokens, hardware, predict_speedup, preset, step_time
+from accel.sim.roofline import CallShape
 
 T, D, HW = "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra"
 
@@ -15,13 +16,13 @@ def _loop_by_hand(k, L, fmt="mxfp6", p_all=0.0):
     """K draft calls at past L..L+K-1 on the target's four SoCs (the draft follows the target) + one (K+1)-token
     scoring call on four, from scalar step_time;
     with probability p_all (all K accepted) the draft's first call of the next loop feeds 2 tokens."""
-    draft = sum(step_time(D, HW, context_len=L + j, devices=4).time_s for j in range(k))
+    draft = sum(step_time(D, HW, CallShape(context_len=L + j), devices=4).time_s for j in range(k))
     draft += p_all * (
-        step_time(D, HW, context_len=L, new_tokens=2, devices=4).time_s
-        - step_time(D, HW, context_len=L, devices=4).time_s
+        step_time(D, HW, CallShape(context_len=L, new_tokens=2), devices=4).time_s
+        - step_time(D, HW, CallShape(context_len=L), devices=4).time_s
     )
-    score = step_time(T, HW, weight_format=fmt, new_tokens=k + 1, num_logits=k + 1, context_len=L).time_s
-    return draft + score, step_time(T, HW, weight_format=fmt, context_len=L).time_s
+    score = step_time(T, HW, CallShape(new_tokens=k + 1, num_logits=k + 1, context_len=L), weight_format=fmt).time_s
+    return draft + score, step_time(T, HW, CallShape(context_len=L), weight_format=fmt).time_s
 
 
 def test_four_configurations_and_speedups():
@@ -43,9 +44,9 @@ def test_four_configurations_and_speedups():
 
 def test_ar_tpot_is_mean_of_decode_steps():
     p = predict_speedup(T, D, HW, k=3, acceptance=0.5, prompt_len=10, gen_len=5)
-    steps = [step_time(T, HW, weight_format="mxfp6", context_len=L).time_s for L in range(10, 14)]
+    steps = [step_time(T, HW, CallShape(context_len=L), weight_format="mxfp6").time_s for L in range(10, 14)]
     assert p.config("mxfp6 AR").tpot_s == pytest.approx(np.mean(steps), rel=1e-12)
-    ttft = step_time(T, HW, weight_format="mxfp6", new_tokens=10, num_logits=1).time_s
+    ttft = step_time(T, HW, CallShape(new_tokens=10, num_logits=1), weight_format="mxfp6").time_s
     assert p.config("mxfp6 AR").ttft_s == pytest.approx(ttft, rel=1e-12)
 
 
@@ -84,7 +85,7 @@ def test_70b_fp16_does_not_fit_on_ai100_standard():
     assert "DOES NOT FIT" in p.fit_message and "fp16 AR" in p.fit_message
     assert p.config("fp16 AR").max_batch_size == 0
     with pytest.raises(SimError, match="DOES NOT FIT"):
-        predict_speedup("chinchilla-70b", "chinchilla-4b-draft", "cloud-ai-100-standard", k=3, strict=True)
+        predict_speedup("chinchilla-70b", "chinchilla-4b-draft", "cloud-ai-100-standard", k=3).require_fit()
 
 
 def test_max_batch_size_is_the_largest_that_fits():

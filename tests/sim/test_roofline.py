@@ -5,6 +5,7 @@ import pytest
 
 from accel.errors import SimError
 from accel.sim import ModelSpec, hardware, preset, step_time
+from accel.sim.roofline import CallShape
 
 
 def test_decode_step_by_hand_memory_bound():
@@ -30,7 +31,7 @@ def test_prefill_is_compute_bound_and_matches_flops():
     hw = hardware("a100-80gb")
     spec = preset("llama-2-7b")
     S = 4096
-    st = step_time(spec, hw, new_tokens=S, num_logits=1)
+    st = step_time(spec, hw, CallShape(new_tokens=S, num_logits=1))
     assert st.bound == "compute"
     linear_flops = 2 * S * (spec.num_params - 2 * 32000 * 4096)
     assert st.flops > linear_flops and st.flops < 1.6 * linear_flops  # + attention (~S/2 keys) + 1-logit head
@@ -40,7 +41,9 @@ def test_prefill_is_compute_bound_and_matches_flops():
 def test_breakdown_partitions_time():
     for S, L in [(1, 0), (8, 1000), (512, 0)]:
         for fmt in ("bf16", "int4", "mxfp6"):
-            st = step_time("llama-3-8b", "h100-sxm", weight_format=fmt, new_tokens=S, context_len=L, num_logits=1)
+            st = step_time(
+                "llama-3-8b", "h100-sxm", CallShape(new_tokens=S, context_len=L, num_logits=1), weight_format=fmt
+            )
             assert st.time_s == pytest.approx(st.memory_bound_s + st.compute_bound_s + st.comm_s + st.overhead_s)
 
 
@@ -52,10 +55,8 @@ def test_more_bandwidth_never_slower(fmt, S, L, B):
         step_time(
             "mistral-7b",
             hw.with_(memory_bandwidth_bytes_per_s=bw),
+            CallShape(new_tokens=S, context_len=L, batch_size=B),
             weight_format=fmt,
-            new_tokens=S,
-            context_len=L,
-            batch_size=B,
         ).time_s
         for bw in np.geomspace(1e11, 1e13, 9)
     ]
@@ -63,9 +64,9 @@ def test_more_bandwidth_never_slower(fmt, S, L, B):
 
 
 def test_longer_context_and_bigger_batch_never_faster():
-    t = [step_time("llama-2-7b", "cloud-ai-100-pro", context_len=L).time_s for L in (0, 128, 1024, 4096)]
+    t = [step_time("llama-2-7b", "cloud-ai-100-pro", CallShape(context_len=L)).time_s for L in (0, 128, 1024, 4096)]
     assert np.all(np.diff(t) > 0)
-    t = [step_time("llama-2-7b", "cloud-ai-100-pro", batch_size=b).time_s for b in (1, 2, 8, 64)]
+    t = [step_time("llama-2-7b", "cloud-ai-100-pro", CallShape(batch_size=b)).time_s for b in (1, 2, 8, 64)]
     assert np.all(np.diff(t) > 0)
 
 
@@ -97,9 +98,9 @@ def test_decompression_serial_adds_and_overlapped_takes_the_max():
 def test_catalog_mx_gain_is_below_the_byte_ratio_on_cloud_ai_100():
     """Published MXFP6 gains on Cloud AI 100 are 1.6-1.8x (accel/sim/published.py); bytes alone promise ~2.4x."""
     hw = hardware("cloud-ai-100-standard")
-    kw = dict(context_len=1024, kv_slots=2048)
-    t16 = step_time("gpt-j-6b", hw, **kw).time_s
-    t6 = step_time("gpt-j-6b", hw, weight_format="mxfp6", compress_lm_head=True, **kw)
+    call = CallShape(context_len=1024, kv_slots=2048)
+    t16 = step_time("gpt-j-6b", hw, call).time_s
+    t6 = step_time("gpt-j-6b", hw, call, weight_format="mxfp6", compress_lm_head=True)
     assert 1.5 < t16 / t6.time_s < 1.9
     assert t16 / (t6.memory_s + t6.overhead_s) > 2.1  # what the pure byte ratio would have said
 
@@ -108,8 +109,8 @@ def test_multi_token_penalty_scales_weight_time_only_above_one_row():
     hw = hardware("cloud-ai-100-pro")
     pen = hw.with_(multi_token_penalty=0.5, multi_token_exponent=1.0)
     assert step_time("llama-2-7b", pen).time_s == step_time("llama-2-7b", hw).time_s
-    a = step_time("llama-2-7b", hw, new_tokens=5, num_logits=5)
-    b = step_time("llama-2-7b", pen, new_tokens=5, num_logits=5)
+    a = step_time("llama-2-7b", hw, CallShape(new_tokens=5, num_logits=5))
+    b = step_time("llama-2-7b", pen, CallShape(new_tokens=5, num_logits=5))
     assert b.time_s > a.time_s
     w_layers = a.weight_bytes - 32000 * 4096 * 2 - 4096 * 2
     bw = 137e9 * hw.bandwidth_efficiency
@@ -143,20 +144,20 @@ def test_communication_bound_is_reported_as_communication():
 
 def test_fixed_cache_reads_every_slot():
     """A QEfficient-style compile attends over all ctx_len slots: the KV read does not depend on the position."""
-    a = step_time("llama-2-7b", "cloud-ai-100-ultra", context_len=10, kv_slots=2048)
-    b = step_time("llama-2-7b", "cloud-ai-100-ultra", context_len=2000, kv_slots=2048)
+    a = step_time("llama-2-7b", "cloud-ai-100-ultra", CallShape(context_len=10, kv_slots=2048))
+    b = step_time("llama-2-7b", "cloud-ai-100-ultra", CallShape(context_len=2000, kv_slots=2048))
     assert a.kv_read_bytes == b.kv_read_bytes == 2048 * 2 * 32 * 4096 * 2
     assert a.time_s == pytest.approx(b.time_s)
-    grow = step_time("llama-2-7b", "cloud-ai-100-ultra", context_len=10)
+    grow = step_time("llama-2-7b", "cloud-ai-100-ultra", CallShape(context_len=10))
     assert grow.kv_read_bytes == 10 * 2 * 32 * 4096 * 2
 
 
 def test_sliding_window_caps_the_kv_read():
     mistral = preset("mistral-7b")  # window 4096 on every layer
-    st = step_time(mistral, "h100-sxm", context_len=20000)
+    st = step_time(mistral, "h100-sxm", CallShape(context_len=20000))
     assert st.kv_read_bytes == 4096 * 2 * 32 * 8 * 128 * 2
     half = mistral.model_copy(update={"sliding_layers": 16})
-    st = step_time(half, "h100-sxm", context_len=20000)
+    st = step_time(half, "h100-sxm", CallShape(context_len=20000))
     assert st.kv_read_bytes == pytest.approx((16 * 4096 + 16 * 20000) * 2 * 8 * 128 * 2)
 
 
@@ -168,7 +169,7 @@ def test_mixture_of_experts_reads_the_experts_it_touches():
     expert = 3 * d * f
     layer = (attn + 8 * d + 2 * expert) * 2 + (2 * d) * 2  # one row touches top-2 experts
     assert one.weight_bytes == pytest.approx(32 * layer + 32000 * d * 2 + d * 2)
-    big = step_time(mix, "h100-sxm", weight_format="bf16", devices=2, batch_size=64)
+    big = step_time(mix, "h100-sxm", CallShape(batch_size=64), weight_format="bf16", devices=2)
     touched = 8 * (1 - (1 - 2 / 8) ** 64)
     assert big.weight_bytes == pytest.approx(
         32 * ((attn + 8 * d + touched * expert) * 2 + 2 * d * 2) + 32000 * d * 2 + d * 2
@@ -177,20 +178,20 @@ def test_mixture_of_experts_reads_the_experts_it_touches():
 
 
 def test_bad_sizes():
-    for kw in [
-        dict(batch_size=0),
-        dict(new_tokens=0),
-        dict(context_len=-1),
-        dict(new_tokens=2, num_logits=3),
-        dict(devices=0),
-        dict(devices=5000),
-        dict(batch_size=True),  # a bool is not a count
-        dict(new_tokens=1.5),
-        dict(context_len=10, kv_slots=5),
-        dict(new_tokens=2**25),  # beyond the token bound, refused before any work
+    for call, kw in [
+        (CallShape(batch_size=0), {}),
+        (CallShape(new_tokens=0), {}),
+        (CallShape(context_len=-1), {}),
+        (CallShape(new_tokens=2, num_logits=3), {}),
+        (None, dict(devices=0)),
+        (None, dict(devices=5000)),
+        (CallShape(batch_size=True), {}),  # a bool is not a count
+        (CallShape(new_tokens=1.5), {}),
+        (CallShape(context_len=10, kv_slots=5), {}),
+        (CallShape(new_tokens=2**25), {}),  # beyond the token bound, refused before any work
     ]:
         with pytest.raises(SimError):
-            step_time("gpt2", "l4", **kw)
+            step_time("gpt2", "l4", call, **kw)
     with pytest.raises(SimError, match="weight format"):
         step_time("gpt2", "l4", weight_format="fp12")
 
@@ -199,12 +200,12 @@ def test_kv_cache_read_with_grouped_query_attention():
     """Llama-3-8B (8 KV heads of 128): reading a 4096-token cache costs 4096 * 2 * 32 * 8 * 128 * 2 bytes."""
     hw = hardware("h100-sxm")
     L = 4096
-    a = step_time("llama-3-8b", hw, context_len=0)
-    b = step_time("llama-3-8b", hw, context_len=L)
+    a = step_time("llama-3-8b", hw, CallShape(context_len=0))
+    b = step_time("llama-3-8b", hw, CallShape(context_len=L))
     kv = L * 2 * 32 * 8 * 128 * 2
     assert b.kv_read_bytes == kv
     assert b.memory_bound_s - a.memory_bound_s == pytest.approx(kv / (3350e9 * hw.bandwidth_efficiency), rel=1e-9)
-    fp8 = step_time("llama-3-8b", hw, context_len=L, kv_format="fp8")
+    fp8 = step_time("llama-3-8b", hw, CallShape(context_len=L), kv_format="fp8")
     assert fp8.kv_read_bytes == kv / 2
 
 
@@ -224,8 +225,8 @@ def test_row_overhead_is_per_layer_per_extra_row():
     one, one_off = step_time(spec, hw), step_time(spec, off)
     assert one.time_s == one_off.time_s
     for batch, s in ((1, 8), (4, 2)):
-        st = step_time(spec, hw, batch_size=batch, new_tokens=s, num_logits=s)
-        base = step_time(spec, off, batch_size=batch, new_tokens=s, num_logits=s)
+        st = step_time(spec, hw, CallShape(batch_size=batch, new_tokens=s, num_logits=s))
+        base = step_time(spec, off, CallShape(batch_size=batch, new_tokens=s, num_logits=s))
         extra = spec.n_layers * hw.row_overhead_s * (batch * s - 1)
         assert st.overhead_s - base.overhead_s == pytest.approx(extra, rel=1e-12)
         assert st.time_s - base.time_s == pytest.approx(extra, rel=1e-12)
@@ -237,5 +238,5 @@ def test_fp32_products_run_at_the_cuda_core_peak():
     for name, tflops in (("a100-80gb", 19.5), ("h100-sxm", 67), ("h200", 67)):
         hw = hardware(name)
         assert hw.peak_flops("fp32") == tflops * 1e12 < hw.peak_flops("fp16")
-        st = step_time(preset("tinyllama-1.1b"), hw, weight_format="fp32", new_tokens=512, num_logits=1)
+        st = step_time(preset("tinyllama-1.1b"), hw, CallShape(new_tokens=512, num_logits=1), weight_format="fp32")
         assert st.compute_s == pytest.approx(st.flops / (tflops * 1e12 * hw.compute_efficiency), rel=1e-9)

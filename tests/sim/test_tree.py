@@ -23,6 +23,7 @@ from accel.sim import (
     tree_expected_tokens,
     tree_speedups,
 )
+from accel.sim.roofline import CallShape
 from accel.sim.tree import leaf_end_probability, path_probabilities
 
 T, D, HW = "llama-2-7b", "qualcomm-llama2-draft-115m", "cloud-ai-100-ultra"
@@ -123,11 +124,11 @@ def test_tree_rounds_are_priced_level_by_level():
     assert tree.draft_call_widths() == [1, 1, 1]
     L, a = 300, 0.6
     p = predict_speedup(T, D, HW, tree=tree, acceptance=a, prompt_len=L, gen_len=2)
-    score = step_time(T, HW, weight_format="mxfp6", new_tokens=6, num_logits=6, context_len=L).time_s
-    drafts = sum(step_time(D, HW, context_len=L + j, devices=4).time_s for j in range(3))
+    score = step_time(T, HW, CallShape(new_tokens=6, num_logits=6, context_len=L), weight_format="mxfp6").time_s
+    drafts = sum(step_time(D, HW, CallShape(context_len=L + j), devices=4).time_s for j in range(3))
     more = (
-        step_time(D, HW, context_len=L, new_tokens=2, devices=4).time_s
-        - step_time(D, HW, context_len=L, devices=4).time_s
+        step_time(D, HW, CallShape(context_len=L, new_tokens=2), devices=4).time_s
+        - step_time(D, HW, CallShape(context_len=L), devices=4).time_s
     )
     spd = p.config("mxfp6 + SpD")
     assert spd.loop_s == pytest.approx(score + drafts + leaf_end_probability(tree, a) * more, rel=1e-12)

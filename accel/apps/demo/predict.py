@@ -40,9 +40,9 @@ def predict(
         _predict_feature(t_cfg, feat_dir / "config.json", feat[0], k, predictions, say)
     if not quick:
         figures.append(plots.speedup_heatmap(t_cfg, d_cfg, "cloud-ai-100-pro", fig_dir / "spd-heatmap-ai100-pro.png"))
-        figures.append(
-            plots.roofline(t_cfg, "cloud-ai-100-pro", fig_dir / "roofline-ai100-pro.png", weight_format="mxfp6", k=k)
-        )
+        roof = fig_dir / "roofline-ai100-pro.png"
+        points = plots.RooflinePoints(k=k)
+        figures.append(plots.roofline(t_cfg, "cloud-ai-100-pro", roof, points, weight_format="mxfp6"))
     say("\nfigures (predicted): " + ", ".join(str(f) for f in figures))
     return predictions, figures
 
