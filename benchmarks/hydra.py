@@ -194,14 +194,14 @@ def target_costs(target, ctx: int = 120, reps: int = 5) -> None:
 
     rng = np.random.default_rng(0)
     target.reset()
-    target.forward(rng.integers(0, 1000, (1, ctx)), np.arange(ctx)[None], num_logits=1, return_hidden=True)
+    target.forward_hidden(rng.integers(0, 1000, (1, ctx)), np.arange(ctx)[None], num_logits=1)
     widths = list(range(1, 14))
     times: dict[int, list[float]] = {w: [] for w in widths}
     for _ in range(reps):
         for w in widths:
             ids, pos = rng.integers(0, 1000, (1, w)), (ctx + np.arange(w))[None]
             t0 = time.perf_counter()
-            target.forward(ids, pos, num_logits=w, return_hidden=True)
+            target.forward_hidden(ids, pos, num_logits=w)
             times[w].append(time.perf_counter() - t0)
     base = float(np.median(times[1]))
     print("target call by width: " + "  ".join(f"{w}:{np.median(v) / base:.2f}" for w, v in times.items()))

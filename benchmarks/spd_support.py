@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from accel.backends.base import chain_tree_inputs
+from accel.backends.base import TreeInputs, chain_tree_inputs
 
 __all__ = ["aggregate", "call_latency_s", "full_head_copy", "hf_assisted", "layer_skip_draft", "plot", "target_quality"]
 
@@ -49,7 +49,7 @@ def full_head_copy(draft):
 
 def call_latency_s(backend, seq_lens, past_len: int, repeats: int, tree: bool = False) -> dict[int, float]:
     """Median seconds of one forward with S new tokens at positions past_len .. past_len+S-1 (cache pre-filled);
-    ``tree``: as a tree call (``slot_ids``/``tree_mask`` given; the mask is dense, so any tree shape costs the same).
+    ``tree``: as a tree call (``tree=TreeInputs(...)`` given; the mask is dense, so any tree shape costs the same).
 
     The S values are interleaved within each of the ``repeats`` passes, so a load change on a shared machine shifts
     every S alike instead of bending the S-curve the simulator is calibrated on. A feature draft gets random target
@@ -64,7 +64,7 @@ def call_latency_s(backend, seq_lens, past_len: int, repeats: int, tree: bool = 
 
     def as_tree(ids, pos, kw):
         slots, mask = chain_tree_inputs(pos, backend.info.ctx_len)
-        return ids, pos, {**kw, "slot_ids": slots, "tree_mask": mask}
+        return ids, pos, {**kw, "tree": TreeInputs(slots, mask)}
 
     backend.reset()
     prompt = rng.integers(0, vocab, size=(1, past_len))

@@ -81,7 +81,7 @@ def build_prompts(args: argparse.Namespace, target: Path) -> list[str]:
     """Stage 2 of the recipe: target-written chat questions + built-in prompts + code openings, cached as JSON."""
     from accel.drafts import DEFAULT_PROMPTS
     from accel.drafts.checkpoint import load_model, load_text_tokenizer
-    from accel.drafts.data import sample_prompts
+    from accel.drafts.data import PromptSampling, sample_prompts
     from accel.drafts.prompts import HELD_OUT_PROMPTS, code_signatures
 
     path = Path(args.work) / "prompts.json"
@@ -94,14 +94,16 @@ def build_prompts(args: argparse.Namespace, target: Path) -> list[str]:
             load_text_tokenizer(target),
             [CHAT_HEADER],
             args.chat_prompts,
-            stop="<|im_end|>",
-            max_tokens=64,
-            temperature=0.7,
-            batch_size=64,
-            seed=1,
-            exclude=HELD_OUT_PROMPTS,
-            wrap=lambda s: s + ASSISTANT,
-            partial=True,
+            PromptSampling(
+                stop="<|im_end|>",
+                max_tokens=64,
+                temperature=0.7,
+                batch_size=64,
+                seed=1,
+                exclude=HELD_OUT_PROMPTS,
+                wrap=lambda s: s + ASSISTANT,
+                partial=True,
+            ),
         )
     prompts = [
         p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in HELD_OUT_PROMPTS
@@ -248,10 +250,10 @@ def ship(target: Path, draft: Path, out: Path) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     fmt = "fp16"
     try:
-        from accel.formats import compress_checkpoint
+        from accel.formats import CompressSettings, compress_checkpoint
 
         # every 2-D weight incl. the (tied) embedding, which is 86% of the draft; norms stay float
-        compress_checkpoint(draft, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
+        compress_checkpoint(draft, tmp, CompressSettings("mxfp6", exclude=["*norm*"]), progress=False)
         fmt = "mxfp6"
     except Exception as exc:  # formats package not there yet, or cannot write: fall back to fp16 safetensors
         print(f"MXFP6 shipping unavailable ({type(exc).__name__}: {exc}); writing fp16", flush=True)

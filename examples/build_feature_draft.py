@@ -141,7 +141,14 @@ def parse_args() -> argparse.Namespace:
 
 def train(args: argparse.Namespace, target, pairs, held) -> tuple:
     """Stage 3-4: build (or load) the draft and train it; returns it, its float checkpoint dir and the seconds."""
-    from accel.drafts.feature import build_feature_draft, deepen_feature_draft, greedy_acceptance, train_feature_draft
+    from accel.drafts.feature import (
+        FeatureLoss,
+        FeatureTrainConfig,
+        build_feature_draft,
+        deepen_feature_draft,
+        greedy_acceptance,
+        train_feature_draft,
+    )
     from accel.models import load_checkpoint, save_pretrained
 
     seqs, plens, hidden = held
@@ -165,14 +172,15 @@ def train(args: argparse.Namespace, target, pairs, held) -> tuple:
     draft = train_feature_draft(
         draft,
         batch_source(pairs, args.batch_rows, seed=0),
-        steps=args.steps,
-        lr=args.lr,
-        warmup=args.warmup,
-        noise=0.1,
-        reg_weight=1.0,
-        max_seconds=args.minutes * 60,
+        FeatureTrainConfig(
+            steps=args.steps,
+            lr=args.lr,
+            warmup=args.warmup,
+            loss=FeatureLoss(noise=0.1, reg_weight=1.0),
+            max_seconds=args.minutes * 60,
+            eval_every=300,
+        ),
         eval_fn=score,
-        eval_every=300,
     )
     plain = save_pretrained(draft, Path(args.work) / "draft")
     return draft, plain, time.perf_counter() - t1
@@ -181,14 +189,14 @@ def train(args: argparse.Namespace, target, pairs, held) -> tuple:
 def ship(args: argparse.Namespace, draft, plain: Path, pairs, held, timing: dict) -> dict:
     """Stage 5: MXFP6 to ``--ship-dir`` (written beside it, renamed into place) with its ``draft_card.json``."""
     from accel.drafts.feature import greedy_acceptance
-    from accel.formats import compress_checkpoint
+    from accel.formats import CompressSettings, compress_checkpoint
     from accel.models import load_checkpoint
 
     seqs, plens, hidden = held
     dest = Path(args.ship_dir)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    compress_checkpoint(plain, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
+    compress_checkpoint(plain, tmp, CompressSettings("mxfp6", exclude=["*norm*"]), progress=False)
     shipped = load_checkpoint(tmp).eval()
     rates = greedy_acceptance(shipped, seqs, plens, hidden, max_k=6)
     card = {

@@ -51,7 +51,7 @@ def build_prompts(work: Path, target, tokenizer, args: argparse.Namespace) -> li
     """Stage 1: target-written chat questions + built-in prompts + code openings (cached), none of
     ``--exclude-prompts``."""
     from accel.drafts import DEFAULT_PROMPTS
-    from accel.drafts.data import sample_prompts
+    from accel.drafts.data import PromptSampling, sample_prompts
     from accel.drafts.prompts import HELD_OUT_PROMPTS, code_signatures
 
     path = work / "prompts.json"
@@ -68,14 +68,16 @@ def build_prompts(work: Path, target, tokenizer, args: argparse.Namespace) -> li
         tokenizer,
         [CHAT_HEADER],
         args.chat_prompts,
-        stop="<|im_end|>",
-        max_tokens=64,
-        temperature=0.7,
-        batch_size=64,
-        seed=args.prompt_seed,
-        exclude=tuple(exclude),
-        wrap=lambda s: s + ASSISTANT,
-        partial=True,
+        PromptSampling(
+            stop="<|im_end|>",
+            max_tokens=64,
+            temperature=0.7,
+            batch_size=64,
+            seed=args.prompt_seed,
+            exclude=tuple(exclude),
+            wrap=lambda s: s + ASSISTANT,
+            partial=True,
+        ),
     )
     prompts = [p for p in dict.fromkeys([*questions, *DEFAULT_PROMPTS, *code_signatures()]) if p not in exclude]
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0)).tolist()
@@ -202,12 +204,12 @@ def evaluate_and_ship(args: argparse.Namespace, target, target_dir: Path, heads_
     from accel.drafts.hydra import evaluate_heads, load_hydra
     from accel.drafts.hydra.evaluate import held_out_sequences
     from accel.drafts.hydra.model import weights_bytes
-    from accel.formats import compress_checkpoint
+    from accel.formats import CompressSettings, compress_checkpoint
 
     ship = Path(args.ship_dir)
     tmp = ship.with_name(f".{ship.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    compress_checkpoint(heads_dir, tmp, fmt="mxfp6", exclude=["*norm*"], progress=False)
+    compress_checkpoint(heads_dir, tmp, CompressSettings("mxfp6", exclude=["*norm*"]), progress=False)
     shutil.copy(heads_dir / "config.json", tmp / "config.json")
     report = json.loads((heads_dir / "hydra_report.json").read_text())
     (tmp / "hydra_report.json").unlink(missing_ok=True)  # its summary goes into the card (no local paths shipped)

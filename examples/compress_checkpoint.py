@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument("--fmt", default="mxfp6", help="mxfp6 | mxfp4 | mxfp8 | mxint8 | ...")
     args = parser.parse_args()
     src = args.src or accel.models.smollm2_checkpoint()
-    report = accel.formats.compress_checkpoint(src, args.out, fmt=args.fmt, overwrite=True)
+    report = accel.formats.compress_checkpoint(src, args.out, args.fmt, overwrite=True)
     print(report.summary())
     model = accel.models.load_checkpoint(args.out)  # MX tensors are dequantized exactly on load
     print(f"loaded {type(model).__name__} with {model.num_parameters:,} parameters from {args.out}")

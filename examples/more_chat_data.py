@@ -45,7 +45,7 @@ def main() -> int:
 
     from accel.drafts import DistillConfig
     from accel.drafts.checkpoint import load_model, load_text_tokenizer
-    from accel.drafts.data import sample_prompts
+    from accel.drafts.data import PromptSampling, sample_prompts
     from accel.drafts.distill_data import build_data
     from accel.drafts.prompts import HELD_OUT_PROMPTS
     from accel.models import smollm2_checkpoint
@@ -65,14 +65,16 @@ def main() -> int:
             load_text_tokenizer(target_dir),
             [CHAT_HEADER],
             args.questions,
-            stop="<|im_end|>",
-            max_tokens=64,
-            temperature=0.8,
-            batch_size=64,
-            seed=2,
-            exclude=tuple(old) + HELD_OUT_PROMPTS,
-            wrap=lambda q: q + ASSISTANT,
-            partial=True,
+            PromptSampling(
+                stop="<|im_end|>",
+                max_tokens=64,
+                temperature=0.8,
+                batch_size=64,
+                seed=2,
+                exclude=tuple(old) + HELD_OUT_PROMPTS,
+                wrap=lambda q: q + ASSISTANT,
+                partial=True,
+            ),
         )
         prompts = [q for q in questions if q not in old]
         tmp = cached.with_suffix(".tmp")

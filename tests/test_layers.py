@@ -15,7 +15,7 @@ import accel
 
 #: bottom to top; a package may import its own layer and every layer before it
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_lazy", "_io"),  # the base: exceptions, the lazy-attribute helper, checked output paths
+    ("errors", "_lazy", "_io", "_legacy"),  # the base: exceptions, lazy attributes, checked output paths, old keywords
     ("formats",),  # MX codecs and the fused kernel
     ("models",),  # configs, the torch decoder, checkpoint loading
     ("backends",),  # ONNX export, onnxruntime / torch / Cloud AI 100 runtimes

@@ -17,19 +17,8 @@ ROOT = Path(accel.__file__).resolve().parent
 #: "module:qualified name" -> (lines, parameters) of each function over a limit today (to be split or given typed
 #: option objects; issue "One typed decode recipe")
 DEBT: dict[str, tuple[int, int]] = {
-    "backends.base:Backend.forward": (16, 9),
-    "backends.ort_backend:OrtBackend.forward": (49, 9),
-    "backends.qaic:write_qaic_files": (44, 11),
-    "backends.torch_backend:TorchBackend.forward": (43, 9),
-    "drafts.data:sample_prompts": (56, 13),
-    "drafts.feature:feature_draft_loss": (48, 11),
-    "drafts.feature:train_feature_draft": (56, 14),
-    "formats.stream:compress_checkpoint": (45, 10),
-    "models.decoder:Decoder.forward": (26, 9),
-    "models.decoder:Decoder.hidden_forward": (41, 9),
     "sim.catalog:_gpu": (37, 13),
     "sim.published:_qc": (24, 9),
-    "spd.autotune:AutoTune.__init__": (24, 9),
 }
 
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.to != "accel":
         return _to_serving(args)
     from accel.formats.staging import partial_dir
-    from accel.formats.stream import compress_checkpoint
+    from accel.formats.stream import CompressSettings, compress_checkpoint
     from accel.models.gguf_convert import checkpoint_dir
 
     try:
@@ -118,13 +118,9 @@ def run(args: argparse.Namespace) -> int:
             report = compress_checkpoint(
                 checkpoint_dir(args.src_dir, say=print),  # a .gguf is converted to a float32 directory once
                 args.out_dir,
-                fmt=args.fmt,
-                include=args.include,
-                exclude=args.exclude,
-                block_size=args.block_size,
+                CompressSettings(args.fmt, args.include, args.exclude, args.block_size, args.nonfinite),
                 overwrite=args.overwrite,
                 progress=not args.quiet,
-                nonfinite=args.nonfinite,
                 resume=args.resume,
             )
     except KeyboardInterrupt:

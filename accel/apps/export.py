@@ -109,19 +109,17 @@ def run(args: argparse.Namespace) -> int:
     where = f" + {data.name}" if data.is_file() else ""
     print(f"wrote {path}{where} ({onnx_file_bytes(path) / 1e6:.1f} MB in all, weights={args.weights})")
     if args.qaic_dir:
-        from accel.backends.qaic import write_qaic_files
+        from accel.backends.qaic import QaicOptions, write_qaic_files
 
         try:
-            spec = write_qaic_files(
-                path,
-                args.qaic_dir,
-                prompt_len=args.prompt_len,
-                k=args.k,
-                ctx_len=args.ctx_len,
+            options = QaicOptions(
                 batch_size=args.batch_size,
                 num_cores=args.num_cores,
                 mxint8_kv=args.mxint8_kv,
                 tree_nodes=args.tree_nodes,
+            )
+            spec = write_qaic_files(
+                path, args.qaic_dir, prompt_len=args.prompt_len, k=args.k, ctx_len=args.ctx_len, options=options
             )
         except BaseException:  # the command's outputs are whole or absent: drop the ONNX file it just wrote
             for written in (path, path.with_name(path.name + ".data")):

@@ -1,4 +1,4 @@
-"""Runtimes behind one ``Backend`` protocol (see ``accel.backends.base``).
+"""Runtimes behind one ``Backend`` protocol and its capability protocols (see ``accel.backends.base``).
 
 ``OrtBackend`` and the qaic file writers need no torch. ``TorchBackend`` and ``export_onnx`` import torch and load
 lazily on first use.
@@ -7,7 +7,19 @@ lazily on first use.
 from __future__ import annotations
 
 from accel._lazy import lazy_getattr
-from accel.backends.base import Backend, BackendInfo, check_step_inputs, prefill
+from accel.backends.base import (
+    Backend,
+    BackendInfo,
+    FeatureBackend,
+    HiddenBackend,
+    MixBackend,
+    MixInputs,
+    TreeBackend,
+    TreeInputs,
+    check_step_inputs,
+    prefill,
+    require,
+)
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 
@@ -19,6 +31,7 @@ _LAZY = {
     "OrtBackend": "accel.backends.ort_backend",
     "QaicBackend": "accel.backends.qaic",
     "QaicCompileSpec": "accel.backends.qaic",
+    "QaicOptions": "accel.backends.qaic",
     "write_qaic_files": "accel.backends.qaic",
 }
 
@@ -32,15 +45,23 @@ __all__ = [
     "BackendError",
     "BackendInfo",
     "ExportWeights",
+    "FeatureBackend",
     "GraphSpec",
+    "HiddenBackend",
+    "MixBackend",
+    "MixInputs",
     "OrtBackend",
     "QaicBackend",
     "QaicCompileSpec",
+    "QaicOptions",
     "TorchBackend",
+    "TreeBackend",
+    "TreeInputs",
     "WeightFormat",
     "check_step_inputs",
     "export_cached",
     "export_onnx",
     "prefill",
+    "require",
     "write_qaic_files",
 ]

@@ -1,4 +1,4 @@
-"""The ``Backend`` protocol: what the speculative decoding loop needs from a runtime.
+"""The ``Backend`` protocols: what the speculative decoding loop needs from a runtime.
 
 A backend owns one model instance and its KV cache (the position-indexed contract of docs/reference.md §2): every call
 writes the keys/values of its tokens at ``position_ids`` and attends to every cache slot ``<=`` the query's position.
@@ -10,33 +10,39 @@ Conventions (every backend follows them, so the SpD loop is backend-agnostic):
 - ``position_ids``: int64 ``[B, S]``; ``-1`` marks a padding slot (its token is ignored, its K/V are not written, its
   logits are garbage). Valid positions must be ``< info.ctx_len``.
 - ``forward`` returns float32 numpy logits ``[B, N, V]`` for the last ``N = num_logits`` columns (all ``S`` if None).
-- Extension points arrive as further keyword-only arguments of ``forward``; a backend lists the ones it supports in
-  ``info.capabilities`` and raises ``BackendError`` for the others. Implemented:
+- Capabilities: what a backend can do beyond a plain call, listed in ``info.capabilities``. Each has a protocol that
+  says how it is called; a caller that needs one narrows to it with :func:`require` (``BackendError`` naming what is
+  missing) instead of passing options to a plain ``Backend``. Implemented:
 
-  - ``"hidden_states"``: ``return_hidden=True`` makes ``forward`` return ``(logits, hidden)`` with ``hidden`` the
+  - ``"hidden_states"`` (``HiddenBackend``): ``forward_hidden`` returns ``(logits, hidden)`` with ``hidden`` the
     float32 final-norm hidden states ``[B, S, info.hidden_size]`` of every column (what the LM head reads);
-  - ``"features"`` (a feature draft, ``accel.drafts.feature``): ``forward`` requires ``features``, float32
-    ``[B, S, info.feature_size]``, the target's hidden state at each column's position - 1.
-
-  - ``"tree"`` (token trees, docs/backends.md "Tree calls"): ``forward`` also takes ``slot_ids`` (int64 ``[B, S]``,
-    the cache slot each token's K/V are written to, unique per row) and ``tree_mask`` (bool ``[B, S, ctx_len]``:
-    token s attends to slot j iff ``tree_mask[b, s, j]``: its row's committed slots, its ancestors' slots and its
-    own). Positions only drive RoPE then, so siblings may share one. Without them a call is a chain call
-    (``slot_ids = position_ids``, slot j visible iff ``j <= position``). Such a backend also has
+  - ``"features"`` (``FeatureBackend``; a feature draft, ``accel.drafts.feature``): ``forward`` requires ``features``,
+    float32 ``[B, S, info.feature_size]``, the target's hidden state at each column's position - 1.
+  - ``"tree"`` (``TreeBackend``; token trees, docs/backends.md "Tree calls"): ``forward(..., tree=TreeInputs(slot_ids,
+    tree_mask))``: ``slot_ids`` (int64 ``[B, S]``, the cache slot each token's K/V are written to, unique per row) and
+    ``tree_mask`` (bool ``[B, S, ctx_len]``: token s attends to slot j iff ``tree_mask[b, s, j]``: its row's committed
+    slots, its ancestors' slots and its own). Positions only drive RoPE then, so siblings may share one. Without them
+    a call is a chain call (``slot_ids = position_ids``, slot j visible iff ``j <= position``). Such a backend also has
     ``move_cache(src, dst)``, which copies K/V between slots (the compaction after a tree is accepted).
-  - ``"mix"`` (superposed inputs, ``accel.superposed``): ``forward`` also takes ``mix_ids`` (int64 ``[B, S, M]``)
-    and ``mix_weights`` (float32 ``[B, S, M]``). Column s then enters the layers as the weighted sum of token
-    embeddings ``sum_m mix_weights[b, s, m] * E[mix_ids[b, s, m]]`` instead of ``E[input_ids[b, s]]`` (``input_ids``
-    are validated but not read; pass ``mix_ids[..., 0]``). One id of weight 1 is exactly the ordinary call. The
-    weights need not sum to 1; padding columns ignore them.
+  - ``"mix"`` (``MixBackend``; superposed inputs, ``accel.superposed``): ``forward(..., mix=MixInputs(ids,
+    weights))`` with ``ids`` int64 ``[B, S, M]`` and ``weights`` float32 ``[B, S, M]``. Column s then enters the
+    layers as the weighted sum of token embeddings ``sum_m weights[b, s, m] * E[ids[b, s, m]]`` instead of
+    ``E[input_ids[b, s]]`` (``input_ids`` are validated but not read; pass ``ids[..., 0]``). One id of weight 1 is
+    exactly the ordinary call. The weights need not sum to 1; padding columns ignore them.
 
-  Layer-range execution is a later extension point of the same form.
+  ``forward_hidden`` takes the keywords of ``forward`` too (a feature draft's tree call: ``features`` and ``tree``).
+  Layer-range execution is a later capability of the same form.
+
+Deprecated (one release): the keywords ``return_hidden=True`` (now ``forward_hidden``), ``slot_ids``/``tree_mask``
+(now ``tree=TreeInputs(...)``) and ``mix_ids``/``mix_weights`` (now ``mix=MixInputs(...)``) still work in ``forward``
+with a ``DeprecationWarning``; every backend hands them to :func:`legacy_forward`, which translates them.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -46,14 +52,21 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendInfo",
+    "FeatureBackend",
+    "HiddenBackend",
+    "MixBackend",
+    "MixInputs",
     "TreeBackend",
+    "TreeInputs",
     "chain_tree_inputs",
     "check_extensions",
     "check_mix",
     "check_moves",
     "check_step_inputs",
     "check_tree_inputs",
+    "legacy_forward",
     "prefill",
+    "require",
 ]
 
 
@@ -69,8 +82,8 @@ class BackendInfo:
         max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
             prefilled in chunks by :func:`prefill`.
         num_layers: transformer layers (for statistics and the simulator).
-        capabilities: optional ``forward`` features this backend supports (``"hidden_states"``, ``"features"``,
-            ``"tree"``, ``"mix"``).
+        capabilities: what this backend can do beyond a plain call (``"hidden_states"``, ``"features"``, ``"tree"``,
+            ``"mix"``; module docstring).
         hidden_size: width of the ``hidden_states`` output (0 when unknown).
         feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
     """
@@ -86,30 +99,37 @@ class BackendInfo:
     feature_size: int = 0
 
 
+@dataclass(frozen=True, eq=False)
+class TreeInputs:
+    """The inputs of a token-tree call (``"tree"``; module docstring): ``slot_ids`` int ``[B, S]``, the cache slot
+    each token writes, and ``tree_mask`` bool ``[B, S, ctx_len]``, the slots each token sees. Checked by the backend
+    (:func:`check_tree_inputs`)."""
+
+    slot_ids: np.ndarray
+    tree_mask: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class MixInputs:
+    """Superposed inputs of one call (``"mix"``; module docstring): token ``ids`` int ``[B, S, M]`` and their
+    ``weights`` float ``[B, S, M]``. Checked by the backend (:func:`check_mix`)."""
+
+    ids: np.ndarray
+    weights: np.ndarray
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A model plus its KV cache that scores tokens at given positions."""
 
     @property
     def info(self) -> BackendInfo:
-        """Static facts (vocab size, ctx_len, batch size, longest call)."""
+        """Static facts (vocab size, ctx_len, batch size, longest call, capabilities)."""
         ...
 
-    def forward(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        return_hidden: bool = False,
-        slot_ids: np.ndarray | None = None,
-        tree_mask: np.ndarray | None = None,
-        mix_ids: np.ndarray | None = None,
-        mix_weights: np.ndarray | None = None,
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N columns
-        (``(logits, hidden)`` with ``return_hidden``; see the module docstring for the extension arguments)."""
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None) -> np.ndarray:
+        """Write K/V for the tokens at ``position_ids`` and return float32 logits ``[B, N, V]`` of the last N
+        columns."""
         ...
 
     def reset(self) -> None:
@@ -118,13 +138,184 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class FeatureBackend(Backend, Protocol):
+    """A feature draft (``"features"``): every call takes ``features [B, S, info.feature_size]``."""
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """``Backend.forward`` with the target's hidden state at each column's position - 1 as ``features``."""
+        ...
+
+
+@runtime_checkable
+class HiddenBackend(Backend, Protocol):
+    """A backend with the ``"hidden_states"`` capability: ``forward_hidden``."""
+
+    def forward_hidden(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``'s logits and the float32 final-norm hidden states ``[B, S, info.hidden_size]`` of every column
+        (``features``/``tree`` where the backend has those capabilities too)."""
+        ...
+
+
+@runtime_checkable
 class TreeBackend(Backend, Protocol):
-    """A backend with the ``"tree"`` capability: tree calls (``slot_ids``, ``tree_mask``) and cache moves."""
+    """A backend with the ``"tree"`` capability: tree calls (``tree=TreeInputs(...)``) and cache moves."""
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        tree: TreeInputs | None = None,
+    ) -> np.ndarray:
+        """``Backend.forward``; with ``tree`` a token-tree call (None: a chain call)."""
+        ...
 
     def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy the K/V of every layer from slots ``src`` to slots ``dst`` (int ``[B, M]``, -1 = no move) of each row;
         all sources are read before any destination is written. See :func:`check_moves`."""
         ...
+
+
+@runtime_checkable
+class MixBackend(Backend, Protocol):
+    """A backend with the ``"mix"`` capability: superposed inputs (``mix=MixInputs(...)``)."""
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        mix: MixInputs | None = None,
+    ) -> np.ndarray:
+        """``Backend.forward``; with ``mix`` each column enters as a weighted sum of token embeddings."""
+        ...
+
+
+_PROTOCOLS: dict[str, type] = {
+    "hidden_states": HiddenBackend,
+    "features": FeatureBackend,
+    "tree": TreeBackend,
+    "mix": MixBackend,
+}
+_HOW = {
+    "hidden_states": "it does not output hidden states: export the model with hidden_output=True",
+    "features": "it is not a feature draft (no 'features' input)",
+    "tree": "it has no tree inputs (slot_ids, tree_mask): export the model with tree=True",
+    "mix": "it takes no mixed inputs (mix ids and weights): export the model with mix_inputs=True",
+}
+
+
+@overload
+def require(backend: Backend, capability: Literal["hidden_states"]) -> HiddenBackend: ...
+@overload
+def require(backend: Backend, capability: Literal["features"]) -> FeatureBackend: ...
+@overload
+def require(backend: Backend, capability: Literal["tree"]) -> TreeBackend: ...
+@overload
+def require(backend: Backend, capability: Literal["mix"]) -> MixBackend: ...
+def require(backend: Backend, capability: str) -> Any:
+    """``backend`` as the protocol of ``capability`` (module docstring), or ``BackendError`` naming what is missing:
+    the capability in ``info.capabilities`` (with the backend's own reason where it gives one, e.g.
+    ``QaicBackend.no_tree_reason``) or a method of the protocol."""
+    _check_capability(backend, capability)
+    return backend
+
+
+def _check_capability(backend: Backend, capability: str) -> None:
+    """``BackendError`` unless ``backend`` lists ``capability`` and has the methods of its protocol (``require``)."""
+    proto = _PROTOCOLS.get(capability)
+    if proto is None:
+        raise BackendError(f"unknown capability {capability!r}; known: {', '.join(_PROTOCOLS)}")
+    info = backend.info
+    if capability not in info.capabilities:
+        why = getattr(backend, "no_tree_reason", None) if capability == "tree" else None
+        raise BackendError(f"this {info.name} backend has no {capability!r} capability: {why or _HOW[capability]}")
+    if not isinstance(backend, proto):
+        raise BackendError(
+            f"{type(backend).__name__} lists the {capability!r} capability but is no {proto.__name__} (a method of "
+            "that protocol is missing)"
+        )
+
+
+#: deprecated ``forward`` keyword -> its replacement
+_DEPRECATED = {
+    "return_hidden": "forward_hidden(...)",
+    "slot_ids": "tree=TreeInputs(slot_ids, tree_mask)",
+    "tree_mask": "tree=TreeInputs(slot_ids, tree_mask)",
+    "mix_ids": "mix=MixInputs(ids, weights)",
+    "mix_weights": "mix=MixInputs(ids, weights)",
+}
+#: current ``forward`` keyword -> the capability that takes it
+_KEYWORDS = {"features": "features", "tree": "tree", "mix": "mix"}
+#: the deprecated pairs: new keyword -> (old keywords, the dataclass that replaces them)
+_PAIRS: dict[str, tuple[str, str, type]] = {
+    "tree": ("slot_ids", "tree_mask", TreeInputs),
+    "mix": ("mix_ids", "mix_weights", MixInputs),
+}
+
+
+def legacy_forward(
+    backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray, legacy: dict[str, Any], **call: Any
+) -> Any:
+    """One ``forward`` call of ``backend`` given its own keywords ``call`` and the keywords ``legacy`` that its
+    signature does not name (its ``**legacy``; every backend hands them here). Each deprecated keyword warns
+    (``DeprecationWarning`` naming the replacement) and is translated; ``return_hidden=True`` returns
+    ``forward_hidden``'s ``(logits, hidden)`` as it used to. A capability keyword (``features``, ``tree``, ``mix``)
+    the backend lacks is a ``BackendError`` naming it (None is accepted); any other keyword is a ``TypeError``."""
+    unknown = sorted(set(legacy) - set(_DEPRECATED) - set(_KEYWORDS))
+    if unknown:
+        raise TypeError(
+            f"{type(backend).__name__}.forward() got unexpected keyword(s) {', '.join(unknown)}; it takes "
+            f"num_logits, {', '.join(_KEYWORDS)}"
+        )
+    given: dict[str, list[str]] = {}  # replacement -> the deprecated keywords given that it replaces
+    for name in sorted(legacy.keys() & _DEPRECATED.keys()):
+        given.setdefault(_DEPRECATED[name], []).append(f"{name}=...")
+    for new, names in given.items():
+        warnings.warn(f"forward({', '.join(names)}) is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+    call = _translated(legacy, call)
+    for name, capability in _KEYWORDS.items():
+        if call.get(name) is not None:
+            _check_capability(backend, capability)
+    unnamed = sorted(k for k in _KEYWORDS.keys() & legacy.keys() if legacy[k] is not None)
+    if unnamed:  # the backend lists the capability but its forward has no such keyword
+        raise TypeError(f"{type(backend).__name__}.forward() takes no {', '.join(unnamed)}")
+    call = {k: v for k, v in call.items() if v is not None}
+    if legacy.get("return_hidden", False):
+        return require(backend, "hidden_states").forward_hidden(input_ids, position_ids, **call)
+    return backend.forward(input_ids, position_ids, **call)
+
+
+def _translated(legacy: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    """``call`` with the capability keywords of ``legacy`` and the ``tree``/``mix`` of its deprecated pairs."""
+    out = {**call, **{k: legacy[k] for k in _KEYWORDS if k in legacy}}
+    for new, (a, b, cls) in _PAIRS.items():
+        x, y = legacy.get(a), legacy.get(b)
+        if x is None and y is None:
+            continue
+        if x is None or y is None:
+            raise BackendError(f"a {new} call needs both {a} and {b}; got only one")
+        if out.get(new) is not None:
+            raise BackendError(f"give {new}= or {a}/{b}, not both")
+        out[new] = cls(x, y)
+    return out
 
 
 def check_step_inputs(
@@ -174,18 +365,19 @@ def check_step_inputs(
 
 
 def check_extensions(
-    info: BackendInfo, ids: np.ndarray, features: np.ndarray | None, return_hidden: bool
+    info: BackendInfo, ids: np.ndarray, features: np.ndarray | None, hidden: bool
 ) -> np.ndarray | None:
-    """Validate the extension arguments of one ``forward`` call; returns ``features`` as C-contiguous float32.
+    """Validate the ``features`` of one call (``hidden``: a ``forward_hidden`` call); returns them as C-contiguous
+    float32.
 
-    ``BackendError`` when ``return_hidden`` is asked of a backend without ``"hidden_states"``, when a feature draft gets
+    ``BackendError`` when hidden states are asked of a backend without ``"hidden_states"``, when a feature draft gets
     no ``features`` (or another model gets some), or when their shape is not ``[B, S, info.feature_size]`` or they
     hold NaN/inf.
     """
-    if return_hidden and "hidden_states" not in info.capabilities:
+    if hidden and "hidden_states" not in info.capabilities:
         raise BackendError(
-            f"this {info.name} backend does not output hidden states (return_hidden=True); export "
-            "the model with hidden_output=True"
+            f"this {info.name} backend does not output hidden states (forward_hidden); export the model with "
+            "hidden_output=True"
         )
     if not info.feature_size:
         if features is not None:
@@ -203,33 +395,33 @@ def check_extensions(
 
 
 def check_mix(
-    info: BackendInfo, ids: np.ndarray, pos: np.ndarray, mix_ids: np.ndarray | None, mix_weights: np.ndarray | None
+    info: BackendInfo, ids: np.ndarray, pos: np.ndarray, mix: MixInputs | None
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Validate the ``"mix"`` arguments of one ``forward`` call (``ids``/``pos`` already checked); returns C-contiguous
-    ``(int64 mix_ids, float32 mix_weights)`` with padding columns zeroed, or None when neither is given.
+    """Validate the ``mix`` of one ``forward`` call (``ids``/``pos`` already checked); returns C-contiguous
+    ``(int64 ids, float32 weights)`` with padding columns zeroed, or None for an ordinary call (``mix`` None).
 
-    ``BackendError`` when only one is given, the backend has no ``"mix"`` capability, the shapes are not one
-    ``[B, S, M]`` with ``M >= 1``, an id of a real column is outside the vocabulary, or a weight is NaN/inf.
+    ``BackendError`` when the backend has no ``"mix"`` capability, the shapes are not one ``[B, S, M]`` with
+    ``M >= 1``, an id of a real column is outside the vocabulary, or a weight is NaN/inf.
     """
-    if mix_ids is None and mix_weights is None:
+    if mix is None:
         return None
-    if mix_ids is None or mix_weights is None:
-        raise BackendError("a mixed call needs both mix_ids and mix_weights [B, S, M]; got only one")
+    if not isinstance(mix, MixInputs):
+        raise BackendError(f"mix must be an accel.backends.MixInputs(ids, weights); got {type(mix).__name__}")
     if "mix" not in info.capabilities:
         raise BackendError(
-            f"this {info.name} backend takes no mixed inputs (mix_ids, mix_weights): export the model with "
+            f"this {info.name} backend takes no mixed inputs (mix ids and weights): export the model with "
             "mix_inputs=True"
         )
-    m_ids, m_w = np.asarray(mix_ids), np.asarray(mix_weights)
+    m_ids, m_w = np.asarray(mix.ids), np.asarray(mix.weights)
     if m_ids.ndim != 3 or m_ids.shape[:2] != ids.shape or m_ids.shape[2] < 1 or m_w.shape != m_ids.shape:
         raise BackendError(
-            f"mix_ids {m_ids.shape} and mix_weights {m_w.shape} must both be [batch, seq, M] = "
+            f"mix ids {m_ids.shape} and weights {m_w.shape} must both be [batch, seq, M] = "
             f"[{ids.shape[0]}, {ids.shape[1]}, M >= 1]"
         )
     if not np.issubdtype(m_ids.dtype, np.integer):
-        raise BackendError(f"mix_ids must be integers; got {m_ids.dtype}")
+        raise BackendError(f"mix ids must be integers; got {m_ids.dtype}")
     if not np.issubdtype(m_w.dtype, np.floating) or not np.all(np.isfinite(m_w)):
-        raise BackendError("mix_weights must be finite floating-point values")
+        raise BackendError("mix weights must be finite floating-point values")
     real = (pos >= 0)[:, :, None]
     bad = real & ((m_ids < 0) | (m_ids >= info.vocab_size))
     if np.any(bad):
@@ -266,7 +458,7 @@ def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | 
     for start in range(0, ids.shape[1], step):
         chunk_ids = ids[:, start : start + step]
         chunk_pos = pos[:, start : start + step]
-        logits = cast(np.ndarray, backend.forward(chunk_ids, chunk_pos, num_logits=1))
+        logits = backend.forward(chunk_ids, chunk_pos, num_logits=1)
     assert logits is not None
     return logits[:, -1, :]
 
@@ -281,27 +473,27 @@ def chain_tree_inputs(position_ids: np.ndarray, ctx_len: int) -> tuple[np.ndarra
 
 
 def check_tree_inputs(
-    info: BackendInfo, position_ids: np.ndarray, slot_ids: np.ndarray | None, tree_mask: np.ndarray | None
+    info: BackendInfo, position_ids: np.ndarray, tree: TreeInputs | None
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Validate the tree inputs of one ``forward`` call (``position_ids`` already checked); returns them as
-    C-contiguous ``(int64 slot_ids, bool tree_mask)``, or None for a chain call (neither given).
+    """Validate the ``tree`` of one ``forward`` call (``position_ids`` already checked); returns it as C-contiguous
+    ``(int64 slot_ids, bool tree_mask)``, or None for a chain call (``tree`` None).
 
-    ``BackendError`` naming the problem when only one is given, the backend has no ``"tree"`` capability, a shape is
+    ``BackendError`` naming the problem when the backend has no ``"tree"`` capability, a shape is
     not ``[B, S]`` / ``[B, S, ctx_len]``, the mask is not boolean, a token's slot is outside the cache or shared with
     another token of its row, a token does not see its own slot, or a token sees the slot of another token of the
     call that is not at an earlier position (a sibling, a descendant, or a cycle: in-call ancestors come first).
     Padding columns (position -1) write nothing; their slots and mask rows are ignored.
     """
-    if slot_ids is None and tree_mask is None:
+    if tree is None:
         return None
-    if slot_ids is None or tree_mask is None:
-        raise BackendError("a tree call needs both slot_ids [B, S] and tree_mask [B, S, ctx_len]; got only one")
+    if not isinstance(tree, TreeInputs):
+        raise BackendError(f"tree must be an accel.backends.TreeInputs(slot_ids, tree_mask); got {type(tree).__name__}")
     if "tree" not in info.capabilities:
         raise BackendError(
             f"this {info.name} backend has no tree inputs (slot_ids, tree_mask): export the model with tree=True"
         )
     pos = np.asarray(position_ids)
-    slots, mask = np.asarray(slot_ids), np.asarray(tree_mask)
+    slots, mask = np.asarray(tree.slot_ids), np.asarray(tree.tree_mask)
     if slots.shape != pos.shape or not np.issubdtype(slots.dtype, np.integer):
         raise BackendError(f"slot_ids must be an integer array of shape {pos.shape}; got {slots.dtype} {slots.shape}")
     want = (*pos.shape, info.ctx_len)

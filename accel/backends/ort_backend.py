@@ -25,12 +25,15 @@ import onnxruntime as ort
 
 from accel.backends.base import (
     BackendInfo,
+    MixInputs,
+    TreeInputs,
     chain_tree_inputs,
     check_extensions,
     check_mix,
     check_moves,
     check_step_inputs,
     check_tree_inputs,
+    legacy_forward,
 )
 from accel.backends.cpu import int8_warning
 from accel.backends.graph_spec import GraphSpec
@@ -199,48 +202,71 @@ class OrtBackend:
         *,
         num_logits: int | None = None,
         features: np.ndarray | None = None,
-        return_hidden: bool = False,
-        slot_ids: np.ndarray | None = None,
-        tree_mask: np.ndarray | None = None,
-        mix_ids: np.ndarray | None = None,
-        mix_weights: np.ndarray | None = None,
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs
-        (a mixed-input graph given none gets each token with weight 1, the ordinary call bit for bit). See
-        ``accel.backends.base``."""
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+        **legacy: Any,
+    ) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]``; ``features``: a feature draft's input,
+        ``tree``: a tree call, ``mix``: superposed inputs (a mixed-input graph given none gets each token with weight
+        1, the ordinary call bit for bit). See ``accel.backends.base`` (and its ``legacy_forward`` for ``legacy``)."""
+        if legacy:
+            return legacy_forward(
+                self, input_ids, position_ids, legacy, num_logits=num_logits, features=features, tree=tree, mix=mix
+            )
+        return self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=False)[0]
+
+    def forward_hidden(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``'s logits and the hidden states ``[B, S, H]`` of every column (``"hidden_states"``: a graph
+        exported with ``hidden_output=True``, or a feature draft)."""
+        logits, hidden = self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=True)
+        assert hidden is not None
+        return logits, hidden
+
+    def _score(
+        self, input_ids, position_ids, num_logits: int | None, features, tree, mix, *, hidden: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One validated whole-model call: logits of the last ``num_logits`` columns and, with ``hidden``, the hidden
+        states of every column (else None)."""
         if not self.contract.stage.is_whole:
             raise BackendError("this graph is a pipeline stage: call forward_stage (or use accel.backends.Pipeline)")
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
-        feats = check_extensions(self._info, ids, features, return_hidden)
-        tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
-        if tree is None and self.contract.tree:
-            tree = chain_tree_inputs(pos, self._info.ctx_len)
-        mix = check_mix(self._info, ids, pos, mix_ids, mix_weights)
-        if mix is None and self.contract.mix_inputs:
-            mix = (ids[:, :, None], np.ones((*ids.shape, 1), np.float32))
+        feats = check_extensions(self._info, ids, features, hidden)
+        slots_mask = check_tree_inputs(self._info, pos, tree)
+        if slots_mask is None and self.contract.tree:
+            slots_mask = chain_tree_inputs(pos, self._info.ctx_len)
+        mixed = check_mix(self._info, ids, pos, mix)
+        if mixed is None and self.contract.mix_inputs:
+            mixed = (ids[:, :, None], np.ones((*ids.shape, 1), np.float32))
         seq = ids.shape[1]
         extra = -(-self.min_rows // ids.shape[0]) - seq  # padding columns for min_rows (left: logits stay last)
         if extra > 0:
-            ids, pos, feats, tree, mix = left_pad(extra, self._info.ctx_len, ids, pos, feats, tree, mix)
+            ids, pos, feats, slots_mask, mixed = left_pad(extra, self._info.ctx_len, ids, pos, feats, slots_mask, mixed)
         baked = self.graph_num_logits
         if baked is not None and seq > baked and (num_logits is None or num_logits > baked):
             raise BackendError(
                 f"this graph returns only the last {baked} logits (exported with num_logits={baked}); "
                 f"a call with {seq} tokens needs num_logits <= {baked}"
             )
-        check_padding_slot(pos, tree, self._info.ctx_len)
-        io = self._run(ids, pos, feats, tree, mix)
-        outs = io.get_outputs()
+        check_padding_slot(pos, slots_mask, self._info.ctx_len)
+        outs = self._run(ids, pos, feats, slots_mask, mixed).get_outputs()
         logits = outs[0].numpy()
         want = num_logits if num_logits is not None else seq
         if logits.shape[1] != want:
             logits = logits[:, -want:, :]
         logits = np.ascontiguousarray(logits, dtype=np.float32)
-        if not return_hidden:
-            return logits
-        hidden = outs[1].numpy()
-        return logits, (hidden[:, -seq:] if extra > 0 else hidden)
+        if not hidden:
+            return logits, None
+        states = outs[1].numpy()
+        return logits, (states[:, -seq:] if extra > 0 else states)
 
     def _run(self, ids, pos, feats, tree, mix) -> ort.IOBinding:
         """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs)."""

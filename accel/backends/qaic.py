@@ -17,6 +17,7 @@ tests check them byte for byte against golden files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accel._io import check_output_path, output_file
-from accel.backends.base import BackendInfo, check_step_inputs
+from accel._legacy import Replaced, legacy_keywords
+from accel.backends.base import BackendInfo, check_step_inputs, legacy_forward
 from accel.errors import BackendError
 
-__all__ = ["NO_TREE_REASON", "QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "write_qaic_files"]
+__all__ = ["NO_TREE_REASON", "QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "QaicOptions", "write_qaic_files"]
 
 QAIC_EXEC = "/opt/qti-aic/exec/qaic-exec"  # the compiler driver QEfficient calls (``-compile-only``)
 SPEC_FILE = "accel_qaic.json"
@@ -152,6 +155,25 @@ def _graph_facts(onnx_path: Path) -> tuple[int, int, int, int | None, int | None
     )
 
 
+@dataclass(frozen=True)
+class QaicOptions:
+    """How ``write_qaic_files`` compiles a graph: ``batch_size`` rows (the graph's), ``num_cores`` AI cores per device,
+    ``num_devices`` devices (tensor-parallel), MatMul weights as MXFP6 (``mxfp6``), the KV cache as MXINT8
+    (``mxint8_kv``; else float16), and ``tree_nodes`` tokens per token-tree call (root included; None: no tree
+    calls)."""
+
+    batch_size: int = 1
+    num_cores: int = 16
+    num_devices: int = 1
+    mxfp6: bool = True
+    mxint8_kv: bool = False
+    tree_nodes: int | None = None
+
+
+#: ``write_qaic_files``'s keywords before ``QaicOptions`` (deprecated; removed in accel 0.2.0)
+_OPTIONS = Replaced("options", QaicOptions, {f.name: f.name for f in dataclasses.fields(QaicOptions)})
+
+
 def write_qaic_files(
     onnx_path: str | Path,
     out_dir: str | Path,
@@ -159,41 +181,36 @@ def write_qaic_files(
     prompt_len: int,
     k: int,
     ctx_len: int,
-    batch_size: int = 1,
-    num_cores: int = 16,
-    num_devices: int = 1,
-    mxfp6: bool = True,
-    mxint8_kv: bool = False,
-    tree_nodes: int | None = None,
+    options: QaicOptions | None = None,
+    **legacy: Any,
 ) -> QaicCompileSpec:
     """Write ``specializations.json``, ``custom_io.yaml``, ``compile.sh`` (+ ``mdp_ts_config.json`` for several
-    devices) and ``accel_qaic.json`` into ``out_dir`` for the exported decoder at ``onnx_path``.
+    devices) and ``accel_qaic.json`` into ``out_dir`` for the exported decoder at ``onnx_path``: prefill calls of
+    ``prompt_len`` tokens, decode calls of ``k + 1`` tokens, a ``ctx_len``-token cache, compiled as ``options`` says
+    (default ``QaicOptions()``; its fields as keywords are deprecated).
 
-    ``ctx_len`` and ``batch_size`` must match the graph (export with the same values). ``tree_nodes``: also compile
-    token-tree calls of that many tokens (root included); the graph must have been exported with ``tree=True``.
-    ``QaicBackend`` does not run tree calls yet (the compaction after a tree round must move K/V on the card: not
-    implemented). Returns the spec; run
-    ``compile.sh`` on a machine with the Cloud AI 100 Platform SDK to get ``out_dir/qpc``.
+    ``ctx_len`` and ``options.batch_size`` must match the graph (export with the same values). ``tree_nodes``: also
+    compile token-tree calls of that many tokens (root included); the graph must have been exported with
+    ``tree=True``. ``QaicBackend`` does not run tree calls yet (the compaction after a tree round must move K/V on the
+    card: not implemented). Returns the spec; run ``compile.sh`` on a machine with the Cloud AI 100 Platform SDK to
+    get ``out_dir/qpc``.
     """
+    objects, _ = legacy_keywords("write_qaic_files", legacy, [_OPTIONS], {"options": options}, keep=())
+    opt: QaicOptions = objects["options"] or QaicOptions()
     onnx_path, out = Path(onnx_path), Path(out_dir)
-    num_layers, vocab, num_logits, tree = _checked_graph(onnx_path, out, ctx_len, batch_size)
+    num_layers, vocab, num_logits, tree = _checked_graph(onnx_path, out, ctx_len, opt.batch_size)
     with _settings_errors():
         spec = QaicCompileSpec(
             onnx_path=os.path.relpath(onnx_path.resolve(), out.resolve()),
             prompt_len=prompt_len,
             k=k,
             ctx_len=ctx_len,
-            batch_size=batch_size,
-            num_cores=num_cores,
-            num_devices=num_devices,
-            mxfp6=mxfp6,
-            mxint8_kv=mxint8_kv,
             num_layers=num_layers,
             vocab_size=vocab,
             num_logits=num_logits,
-            tree_nodes=tree_nodes,
+            **dataclasses.asdict(opt),
         )
-    _check_call_lengths(onnx_path, prompt_len, k, ctx_len, tree_nodes, tree)
+    _check_call_lengths(onnx_path, prompt_len, k, ctx_len, opt.tree_nodes, tree)
     _write_files_atomic(out, _compile_files(spec))
     return spec
 
@@ -352,19 +369,13 @@ class QaicBackend:
         return self._info
 
     def forward(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        slot_ids: np.ndarray | None = None,
-        tree_mask: np.ndarray | None = None,
+        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None, **legacy: Any
     ) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``). Token-tree
-        calls (``slot_ids``/``tree_mask``) are a ``BackendError`` (``NO_TREE_REASON``), raised before the card is
-        touched."""
-        if slot_ids is not None or tree_mask is not None:
-            raise BackendError(f"QaicBackend cannot run token-tree calls: {NO_TREE_REASON}")
+        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (see ``accel.backends.base``). No
+        capabilities: token-tree calls are a ``BackendError`` (``NO_TREE_REASON``, through ``legacy_forward``),
+        raised before the card is touched."""
+        if legacy:
+            return legacy_forward(self, input_ids, position_ids, legacy, num_logits=num_logits)
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         seq = ids.shape[1]
         target = min(s for s in self.spec.seq_lens if s >= seq)

@@ -27,11 +27,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from accel.backends.base import BackendInfo, check_step_inputs
+from accel.backends.base import BackendInfo, check_step_inputs, legacy_forward
 from accel.errors import BackendError
 
 __all__ = [
@@ -238,17 +238,12 @@ class Pipeline:
         return self._info
 
     def forward(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        return_hidden: bool = False,
+        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None, **legacy: Any
     ) -> np.ndarray:
-        """Logits ``[B, N, V]`` of the last stage after every stage has run on the tokens (``Backend.forward``)."""
-        if features is not None or return_hidden:
-            raise BackendError("a Pipeline has no extensions (features, return_hidden)")
+        """Logits ``[B, N, V]`` of the last stage after every stage has run on the tokens (``Backend.forward``; a
+        pipeline has no capabilities: ``legacy_forward`` refuses their keywords)."""
+        if legacy:
+            return legacy_forward(self, input_ids, position_ids, legacy, num_logits=num_logits)
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
         out = self.stages[0].forward_stage(pos, input_ids=ids, num_logits=num_logits)
         for stage in self.stages[1:]:

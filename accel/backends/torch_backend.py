@@ -12,25 +12,28 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
 
 from accel.backends.base import (
     BackendInfo,
+    MixInputs,
+    TreeInputs,
     check_extensions,
     check_mix,
     check_moves,
     check_step_inputs,
     check_tree_inputs,
+    legacy_forward,
 )
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.backends.torch_graphs import CallKey, StaticCalls, resolve_device, resolve_dtype
 from accel.backends.torch_mx_device import DeviceMXLinear, DevicePackReport, pack_device_mx
 from accel.errors import BackendError
-from accel.models.decoder import Decoder, new_cache
+from accel.models.decoder import Decoder, ExtraInputs, new_cache
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -171,42 +174,66 @@ class TorchBackend:
         *,
         num_logits: int | None = None,
         features: np.ndarray | None = None,
-        return_hidden: bool = False,
-        slot_ids: np.ndarray | None = None,
-        tree_mask: np.ndarray | None = None,
-        mix_ids: np.ndarray | None = None,
-        mix_weights: np.ndarray | None = None,
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]`` (``(logits, hidden [B, S, H])`` with
-        ``return_hidden``); ``slot_ids``/``tree_mask``: a tree call; ``mix_ids``/``mix_weights``: superposed inputs.
-        See ``accel.backends.base``."""
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+        **legacy: Any,
+    ) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]``; ``features``: a feature draft's input,
+        ``tree``: a tree call, ``mix``: superposed inputs. See ``accel.backends.base`` (and its ``legacy_forward`` for
+        ``legacy``)."""
+        if legacy:
+            return legacy_forward(
+                self, input_ids, position_ids, legacy, num_logits=num_logits, features=features, tree=tree, mix=mix
+            )
+        return self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=False)[0]
+
+    def forward_hidden(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``'s logits and the float32 final-norm hidden states ``[B, S, H]`` of every column."""
+        logits, hidden = self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=True)
+        assert hidden is not None
+        return logits, hidden
+
+    def _score(
+        self, input_ids, position_ids, num_logits: int | None, features, tree, mix, *, hidden: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One validated whole-model call: logits of the last ``num_logits`` columns and, with ``hidden``, the hidden
+        states of every column (else None)."""
         if not self._stage.is_whole:
             raise BackendError("this TorchBackend runs a pipeline stage: call forward_stage (or use a Pipeline)")
         ids, pos = check_step_inputs(self._info, input_ids, position_ids, num_logits)
-        feats = check_extensions(self._info, ids, features, return_hidden)
-        tree = check_tree_inputs(self._info, pos, slot_ids, tree_mask)
-        mix = check_mix(self._info, ids, pos, mix_ids, mix_weights)
-        key = CallKey(ids.shape[1], num_logits or ids.shape[1], tree is not None, return_hidden)
+        feats = check_extensions(self._info, ids, features, hidden)
+        slots_mask = check_tree_inputs(self._info, pos, tree)
+        mixed = check_mix(self._info, ids, pos, mix)
+        key = CallKey(ids.shape[1], num_logits or ids.shape[1], slots_mask is not None, hidden)
         with torch.inference_mode():
             t_ids, t_pos = self._put(ids), self._put(pos)
             slots = mask = None
-            if tree is not None:  # the scratch slot is hidden from every token
-                slots = self._put(tree[0])
-                mask = self._put(np.concatenate([tree[1], np.zeros((*tree[1].shape[:2], 1), bool)], axis=2))
-            if feats is None and mix is None and self._calls is not None:
-                logits, hidden = self._calls(key, t_ids, t_pos, slots, mask)
+            if slots_mask is not None:  # the scratch slot is hidden from every token
+                slots = self._put(slots_mask[0])
+                mask = self._put(np.concatenate([slots_mask[1], np.zeros((*slots_mask[1].shape[:2], 1), bool)], axis=2))
+            if feats is None and mixed is None and self._calls is not None:
+                logits, states = self._calls(key, t_ids, t_pos, slots, mask)
             else:
-                logits, hidden = self._step(
+                logits, states = self._step(
                     t_ids,
                     t_pos,
                     slots,
                     mask,
                     key,
                     features=None if feats is None else self._put(feats).to(self.dtype),
-                    mix=None if mix is None else (self._put(mix[0]), self._put(mix[1])),
+                    mix=None if mixed is None else (self._put(mixed[0]), self._put(mixed[1])),
                 )
             out = logits.cpu().numpy()
-            return (out, hidden.cpu().numpy()) if return_hidden else out
+            return out, (states.cpu().numpy() if hidden else None)
 
     def _put(self, array: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on this backend's device."""
@@ -224,17 +251,8 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One call on device tensors: float32 logits of the last ``key.num_logits`` columns (and float32 hidden
         states of every column where ``key.hidden``); writes the cache in place."""
-        hidden, _, _ = self.model.hidden_forward(
-            ids,
-            pos,
-            self.keys,
-            self.values,
-            inplace="dense",
-            features=features,
-            slot_ids=slots,
-            tree_mask=mask,
-            mix=mix,
-        )
+        extra = ExtraInputs(features=features, slot_ids=slots, tree_mask=mask, mix=mix)
+        hidden, _, _ = self.model.hidden_forward(ids, pos, self.keys, self.values, inplace="dense", extra=extra)
         logits = self.model.logits(hidden[:, -key.num_logits :, :]).float()
         return logits, (hidden.float() if key.hidden else None)
 

@@ -5,8 +5,8 @@
   target generates itself); writes a normal checkpoint directory that every part of accel loads.
 - ``evaluate_draft(target, draft, data, temperature=...) -> DraftEval``: greedy agreement, per-position greedy SpD
   acceptance for K up to 8, and alpha = E[sum_x min(p, q)] at a temperature (what ``accel.sim`` needs).
-- Feature drafts (EAGLE-style, ``accel.drafts.feature``): ``build_feature_draft``, ``train_feature_draft``,
-  ``greedy_acceptance`` -- a one-layer draft that reads the target's hidden states.
+- Feature drafts (EAGLE-style, ``accel.drafts.feature``): ``build_feature_draft``, ``train_feature_draft``
+  (``FeatureTrainConfig``), ``greedy_acceptance`` -- a one-layer draft that reads the target's hidden states.
 
 Needs torch (the ``[torch]`` extra); submodules are imported lazily so ``import accel.drafts`` alone is cheap.
 """
@@ -25,6 +25,8 @@ _LAZY = {
     "DEFAULT_PROMPTS": "accel.drafts.prompts",
     "build_feature_draft": "accel.drafts.feature",
     "train_feature_draft": "accel.drafts.feature",
+    "FeatureTrainConfig": "accel.drafts.feature",
+    "FeatureLoss": "accel.drafts.feature",
     "greedy_acceptance": "accel.drafts.feature",
 }
 
@@ -37,6 +39,8 @@ __all__ = [
     "DistillConfig",
     "DistillReport",
     "DraftEval",
+    "FeatureLoss",
+    "FeatureTrainConfig",
     "HistoryPoint",
     "build_draft",
     "build_feature_draft",

@@ -15,18 +15,28 @@ under the full softmax, so they sum to <= 1 in probability).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.drafts.architecture import causal_logits
 from accel.errors import DraftError
 from accel.models.decoder import Decoder, new_cache
 
-__all__ = ["TeacherData", "chat_prompt", "sample_prompts", "self_generate", "teacher_topk", "text_windows"]
+__all__ = [
+    "PromptSampling",
+    "TeacherData",
+    "chat_prompt",
+    "sample_prompts",
+    "self_generate",
+    "teacher_topk",
+    "text_windows",
+]
 
 
 def chat_prompt(user_text: str) -> str:
@@ -272,56 +282,64 @@ def to_numpy_ids(seqs) -> list[np.ndarray]:
     return [np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]
 
 
+@dataclass(frozen=True)
+class PromptSampling:
+    """How ``sample_prompts`` samples: each sample continues a start at ``temperature`` for at most ``max_tokens``
+    tokens and counts when the single-token string ``stop`` ends it (with ``partial``, a sample that did not reach it
+    is kept too, cut after its last sentence end); ``batch_size`` rows per generation, seeded by ``seed``. A kept
+    sample becomes ``wrap(start + sample)`` (default ``start + sample + stop``); the strings in ``exclude`` are never
+    returned."""
+
+    stop: str
+    max_tokens: int = 48
+    temperature: float = 1.0
+    batch_size: int = 64
+    seed: int = 0
+    exclude: tuple[str, ...] = ()
+    wrap: Callable[[str], str] | None = None
+    partial: bool = False
+
+
 def sample_prompts(
     target: Decoder,
-    tokenizer,
+    tokenizer: Any,
     starts: list[str],
     n: int,
+    sampling: PromptSampling | None = None,
     *,
-    stop: str,
-    max_tokens: int = 48,
-    temperature: float = 1.0,
-    batch_size: int = 64,
-    seed: int = 0,
-    exclude: tuple[str, ...] = (),
-    wrap=None,
-    partial: bool = False,
     progress: bool = True,
+    **legacy: Any,
 ) -> list[str]:
-    """Up to ``n`` distinct prompts the target writes itself: it continues each of ``starts`` (cycled) by sampling at
-    ``temperature`` for at most ``max_tokens`` tokens; a sample counts when ``stop`` ends it (e.g. ``"<|im_end|>"``
-    after a ChatML user header: a complete user question; ``"\\n"`` after ``"def "``: a complete signature).
+    """Up to ``n`` distinct prompts the target writes itself: it continues each of ``starts`` (cycled) as
+    ``sampling`` says (a ``PromptSampling``); a sample counts when its ``stop`` ends it (e.g. ``"<|im_end|>"`` after a
+    ChatML user header: a complete user question; ``"\\n"`` after ``"def "``: a complete signature).
 
-    With ``partial=True`` a sample that did not reach ``stop`` is kept too, cut after its last sentence end
-    (``.``, ``?``, ``!`` or a newline). Returns ``wrap(start + sample)`` for each kept sample (default: ``start +
-    sample + stop``), in generation order,
-    without duplicates and without the strings in ``exclude``. Costs ``ceil(n / batch_size)`` batched generations or
-    more when samples are dropped (stops after ``4 n`` samples).
+    Returns the kept samples in generation order, without duplicates and without ``sampling.exclude``. Costs
+    ``ceil(n / batch_size)`` batched generations or more when samples are dropped (stops after ``4 n`` samples).
+    Deprecated: ``sampling``'s fields as keywords (``stop=``, ``max_tokens=``, ...; use ``PromptSampling(...)``).
     """
     from tqdm.auto import tqdm
 
+    sampling = _legacy_sampling("sample_prompts", sampling, legacy)
     if not starts:
         raise DraftError("sample_prompts needs at least one start string")
-    stop_ids = tokenizer.encode(stop).ids
+    stop_ids = tokenizer.encode(sampling.stop).ids
     if len(stop_ids) != 1:
-        raise DraftError(f"stop string {stop!r} must be a single token; it is {len(stop_ids)} tokens")
-    stop_id = stop_ids[0]
+        raise DraftError(f"stop string {sampling.stop!r} must be a single token; it is {len(stop_ids)} tokens")
     start_ids = [tokenizer.encode(s).ids for s in starts]
     kept: list[str] = []
-    seen = set(exclude)
-    batch = 0
+    seen = set(sampling.exclude)
+    batch, size = 0, sampling.batch_size
     with tqdm(total=n, desc="target writes prompts", disable=not progress, unit="prompt") as bar:
-        while len(kept) < n and batch * batch_size < 4 * n:
-            rows = [(batch * batch_size + i) % len(starts) for i in range(batch_size)]
-            data = _generate_prompt_batch(
-                target, start_ids, rows, temperature, max_tokens, seed * 7_919 + batch, stop_id
-            )
+        while len(kept) < n and batch * size < 4 * n:
+            rows = [(batch * size + i) % len(starts) for i in range(size)]
+            data = _generate_prompt_batch(target, start_ids, rows, sampling, stop_ids[0], batch)
             for i, r in enumerate(rows):
-                new = data.tokens[i, len(start_ids[r]) : len(start_ids[r]) + max_tokens].tolist()
-                body = _sample_body(tokenizer, new, stop_id, partial)
+                new = data.tokens[i, len(start_ids[r]) : len(start_ids[r]) + sampling.max_tokens].tolist()
+                body = _sample_body(tokenizer, new, stop_ids[0], sampling.partial)
                 if body is None or len(body) < 8:
                     continue
-                text = wrap(starts[r] + body) if wrap else starts[r] + body + stop
+                text = sampling.wrap(starts[r] + body) if sampling.wrap else starts[r] + body + sampling.stop
                 if text not in seen and len(kept) < n:
                     seen.add(text)
                     kept.append(text)
@@ -330,23 +348,38 @@ def sample_prompts(
     return kept
 
 
+def _legacy_sampling(func: str, sampling: PromptSampling | None, legacy: dict[str, Any]) -> PromptSampling:
+    """``sampling``, or the ``PromptSampling`` built from the deprecated keywords ``legacy`` (``accel._legacy``: one
+    ``DeprecationWarning`` naming them; unknown keywords, or both forms, a TypeError)."""
+    objects, _ = legacy_keywords(func, legacy, [_SAMPLING], {"sampling": sampling}, keep=())
+    if objects["sampling"] is None:
+        raise TypeError(f"{func}() needs sampling=PromptSampling(stop=...)")
+    return objects["sampling"]
+
+
+def _prompt_sampling(**kw: Any) -> PromptSampling:
+    """``PromptSampling`` of the deprecated keywords (``exclude`` as a tuple, as the dataclass keeps it)."""
+    if "exclude" in kw:
+        kw["exclude"] = tuple(kw["exclude"])
+    return PromptSampling(**kw)
+
+
+_SAMPLING = Replaced(
+    "sampling", _prompt_sampling, {f.name: f.name for f in fields(PromptSampling)}, label="PromptSampling"
+)
+
+
 def _generate_prompt_batch(
-    target: Decoder,
-    start_ids: list[list[int]],
-    rows: list[int],
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-    stop_id: int,
+    target: Decoder, start_ids: list[list[int]], rows: list[int], sampling: PromptSampling, stop_id: int, batch: int
 ) -> TeacherData:
-    """One batch of samples continuing the starts ``rows``, each stopped by ``stop_id``."""
+    """Batch number ``batch`` of samples continuing the starts ``rows``, each stopped by ``stop_id``."""
     return self_generate(
         target,
         [start_ids[r] for r in rows],
-        [temperature] * len(rows),
-        max_tokens,
+        [sampling.temperature] * len(rows),
+        sampling.max_tokens,
         1,
-        seed=seed,
+        seed=sampling.seed * 7_919 + batch,
         eos_token_ids=(stop_id,),
     )
 

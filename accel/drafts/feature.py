@@ -21,17 +21,22 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.drafts.architecture import causal_hidden, sorted_token_ids, svd_embedding
 from accel.errors import DraftError
-from accel.models.decoder import Decoder, new_cache, rotate_half
+from accel.models.decoder import Decoder, ExtraInputs, new_cache, rotate_half
 
 __all__ = [
+    "FeatureLoss",
+    "FeatureTrainConfig",
     "augment_draft",
     "build_feature_draft",
     "deepen_feature_draft",
@@ -252,33 +257,55 @@ def _loss_terms(
     return ce, reg, top1
 
 
+@dataclass(frozen=True)
+class FeatureLoss:
+    """The loss of a feature draft (``feature_draft_loss``): cross-entropy + ``reg_weight`` x smooth-L1 of its hidden
+    state against the target's, with uniform noise of half-width ``noise`` on the input features; ``unroll = 2`` adds
+    the same loss for the second drafting step (1 or 2)."""
+
+    reg_weight: float = 1.0
+    noise: float = 0.0
+    unroll: int = 2
+
+
+@dataclass(frozen=True)
+class FeatureTrainConfig:
+    """Training of a feature draft (``train_feature_draft``): ``steps`` AdamW steps (linear warm-up over ``warmup``,
+    cosine decay to 10%) at learning rate ``lr`` on ``loss``; ``max_seconds`` stops early (seconds of wall time); the
+    draft is scored every ``eval_every`` steps and at the end; ``seed`` drives the feature noise."""
+
+    steps: int
+    lr: float = 1e-3
+    warmup: int = 100
+    loss: FeatureLoss = FeatureLoss(noise=0.1)
+    max_seconds: float | None = None
+    eval_every: int = 500
+    seed: int = 0
+
+
 def feature_draft_loss(
     draft: Decoder,
-    tokens: torch.Tensor,
-    hidden: torch.Tensor,
-    mask: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_logp: torch.Tensor,
+    batch: Sequence[torch.Tensor],
+    loss: FeatureLoss = FeatureLoss(),
     *,
-    reg_weight: float = 1.0,
-    noise: float = 0.0,
     generator: torch.Generator | None = None,
     lookup: torch.Tensor | None = None,
-    unroll: int = 2,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Training loss of a feature draft on one batch; returns ``(loss, {"ce", "reg", "top1", "top1_step2"})``.
 
-    ``tokens [B, L]``, ``hidden [B, L, H]`` (the target's features of ``tokens``), ``mask [B, L]`` (position has a
-    teacher distribution), ``topk_* [B, L, k]``. Cross-entropy (nats) is against the teacher's renormalised top-k
-    restricted to the head's tokens, plus ``reg_weight`` x smooth-L1 of the draft's hidden state against the target's.
+    ``batch = (tokens [B, L], hidden [B, L, H], mask [B, L], topk_ids [B, L, k], topk_logp [B, L, k])``: the
+    target's features of ``tokens``, whether a position has a teacher distribution, and that distribution.
+    Cross-entropy (nats) is against the teacher's renormalised top-k restricted to the head's tokens, plus
+    ``loss.reg_weight`` x smooth-L1 of the draft's hidden state against the target's (``FeatureLoss``).
     ``unroll = 2`` adds the same loss for the second drafting step: each position fed the draft's own estimate of the
     previous feature (zeros for a draft that cannot estimate, see ``augment_draft``), attending to the first pass's
     K/V (``unrolled_hidden``), as at inference. The regression term exists only for drafts whose width is the
-    feature width. ``top1``/``top1_step2``: the
-    fraction of masked positions whose head argmax is the teacher's top-1 (agreement with the target's greedy choice).
+    feature width. ``top1``/``top1_step2``: the fraction of masked positions whose head argmax is the teacher's top-1
+    (agreement with the target's greedy choice). ``lookup``: ``_head_index(draft)``, computed when not given.
     """
-    if unroll not in (1, 2):
-        raise DraftError(f"unroll must be 1 or 2; got {unroll}")
+    if loss.unroll not in (1, 2):
+        raise DraftError(f"unroll must be 1 or 2; got {loss.unroll}")
+    tokens, hidden, mask, topk_ids, topk_logp = batch
     lookup = _head_index(draft) if lookup is None else lookup
     col = lookup[topk_ids]  # [B, L, k]
     p = torch.softmax(topk_logp.float(), dim=-1) * (col >= 0)
@@ -286,78 +313,97 @@ def feature_draft_loss(
     target = hidden.float()
     estimates = estimates_features(draft.config)
     feats = shift_features(target)
-    if noise > 0:
-        feats = feats + (torch.rand(feats.shape, generator=generator) * 2 - 1) * noise
+    if loss.noise > 0:
+        feats = feats + (torch.rand(feats.shape, generator=generator) * 2 - 1) * loss.noise
     out, kvs = unrolled_hidden(draft, tokens, feats)
     ce, reg, top1 = _loss_terms(draft, out, m, torch.ones_like(m), p, col, target, estimates)
-    loss = ce + reg_weight * reg
+    total = ce + loss.reg_weight * reg
     parts = {"ce": float(ce.detach()), "reg": float(reg.detach()), "top1": float(top1)}
-    if unroll == 2:
+    if loss.unroll == 2:
         step_feats = shift_features(out) if estimates else torch.zeros_like(feats)
         out2, _ = unrolled_hidden(draft, tokens, step_feats, past=kvs)
         prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)  # step 2 follows a scored step 1
         ce2, reg2, top2 = _loss_terms(draft, out2, m, prev, p, col, target, estimates)
-        loss = loss + ce2 + reg_weight * reg2
+        total = total + ce2 + loss.reg_weight * reg2
         parts["top1_step2"] = float(top2)
-    return loss, parts
+    return total, parts
 
 
 def train_feature_draft(
     draft: Decoder,
     batches: Callable[[int], Sequence[torch.Tensor]],
+    config: FeatureTrainConfig | None = None,
     *,
-    steps: int,
-    lr: float = 1e-3,
-    warmup: int = 100,
-    reg_weight: float = 1.0,
-    noise: float = 0.1,
-    max_seconds: float | None = None,
     eval_fn: Callable[[Decoder], float] | None = None,
-    eval_every: int = 500,
-    seed: int = 0,
     log: Callable[[str], None] = print,
     progress: bool = True,
-    unroll: int = 2,
+    **legacy: Any,
 ) -> Decoder:
-    """Train ``draft`` in place with AdamW (linear warm-up, cosine decay to 10%) and return the best state seen.
+    """Train ``draft`` in place as ``config`` (a ``FeatureTrainConfig``) says and return the best state seen.
 
     ``batches(step)`` returns ``(tokens, hidden, mask, topk_ids, topk_logp)`` for that step (see
     ``feature_draft_loss``); ``eval_fn(draft) -> score`` (higher is better, e.g. held-out agreement) is called every
-    ``eval_every`` steps and at the end, and the best-scoring weights are kept. ``max_seconds`` stops early (seconds of
-    wall time). ``unroll``: see ``feature_draft_loss``. Runs in bfloat16 autocast on CPU. ``progress``: show a tqdm
-    bar with running losses.
+    ``config.eval_every`` steps and at the end, and the best-scoring weights are kept. Runs in bfloat16 autocast on
+    CPU. ``progress``: show a tqdm bar with running losses. Deprecated: ``config``'s fields as keywords (``steps=``,
+    ``lr=``, ..., and ``reg_weight=``/``noise=``/``unroll=`` of its ``loss``; use ``FeatureTrainConfig(...)``).
     """
-    if steps < 1:
-        raise DraftError(f"steps must be >= 1; got {steps}")
-    opt, sched = _adamw_with_schedule(draft, lr, warmup, steps)
-    gen = torch.Generator().manual_seed(seed)
+    config = _legacy_config("train_feature_draft", config, legacy)
+    if config.steps < 1:
+        raise DraftError(f"steps must be >= 1; got {config.steps}")
+    opt, sched = _adamw_with_schedule(draft, config.lr, config.warmup, config.steps)
+    gen = torch.Generator().manual_seed(config.seed)
     lookup = _head_index(draft)
     best: tuple[float, dict[str, torch.Tensor] | None] = (-math.inf, None)
     t0 = time.perf_counter()
     run: dict[str, float] = {}
     draft.train()
-    bar = tqdm(range(steps), desc="feature draft", unit="step", disable=not progress)
+    bar = tqdm(range(config.steps), desc="feature draft", unit="step", disable=not progress)
     for step in bar:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, parts = feature_draft_loss(
-                draft, *batches(step), reg_weight=reg_weight, noise=noise, generator=gen, lookup=lookup, unroll=unroll
-            )
+            loss, parts = feature_draft_loss(draft, batches(step), config.loss, generator=gen, lookup=lookup)
         _optimizer_step(draft, loss, opt, sched)
         run = {k: v if k not in run else 0.98 * run[k] + 0.02 * v for k, v in parts.items()}
         bar.set_postfix({k: f"{v:.3f}" for k, v in run.items()})
-        done = max_seconds is not None and time.perf_counter() - t0 > max_seconds
-        if (step + 1) % eval_every == 0 or done:
+        done = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
+        if (step + 1) % config.eval_every == 0 or done:
             best = _evaluate_keep_best(draft, eval_fn, step + 1, t0, log, best)
         if done:
-            log(f"stopped at step {step + 1}: time budget of {max_seconds:.0f} s used")
+            log(f"stopped at step {step + 1}: time budget of {config.max_seconds:.0f} s used")
             break
     else:
-        if steps % eval_every:
-            best = _evaluate_keep_best(draft, eval_fn, steps, t0, log, best)
+        if config.steps % config.eval_every:
+            best = _evaluate_keep_best(draft, eval_fn, config.steps, t0, log, best)
     draft.eval()
     if best[1] is not None:
         draft.load_state_dict(best[1])
     return draft
+
+
+def _legacy_config(func: str, config: FeatureTrainConfig | None, legacy: dict[str, Any]) -> FeatureTrainConfig:
+    """``config``, or the ``FeatureTrainConfig`` built from the deprecated keywords ``legacy`` (``accel._legacy``: one
+    ``DeprecationWarning`` naming them; unknown keywords, or both forms, a TypeError)."""
+    objects, _ = legacy_keywords(func, legacy, [_CONFIG], {"config": config}, keep=())
+    if objects["config"] is None:
+        raise TypeError(f"{func}() needs config=FeatureTrainConfig(steps=...)")
+    return objects["config"]
+
+
+def _train_config(**kw: Any) -> FeatureTrainConfig:
+    """``FeatureTrainConfig`` of the deprecated keywords, the loss's own (``reg_weight``, ``noise``, ``unroll``) in
+    its ``FeatureLoss``."""
+    if "steps" not in kw:
+        raise TypeError("train_feature_draft() needs config=FeatureTrainConfig(steps=...)")
+    loss_names = {f.name for f in fields(FeatureLoss)}
+    loss = replace(FeatureTrainConfig.loss, **{k: v for k, v in kw.items() if k in loss_names})
+    return FeatureTrainConfig(**{k: v for k, v in kw.items() if k not in loss_names}, loss=loss)
+
+
+_CONFIG = Replaced(
+    "config",
+    _train_config,
+    {f.name: f.name for cls in (FeatureTrainConfig, FeatureLoss) for f in fields(cls) if f.name != "loss"},
+    label="FeatureTrainConfig",
+)
 
 
 def _adamw_with_schedule(
@@ -432,13 +478,11 @@ def greedy_acceptance(
         keys, values = new_cache(draft.config, 1, length + max_k + 1)
         pos = torch.arange(length)[None]
         if plen > 1:
-            _, keys, values = draft.hidden_forward(
-                seq[None, : plen - 1], pos[:, : plen - 1], keys, values, inplace=True, features=feats[:, : plen - 1]
-            )
+            extra = ExtraInputs(features=feats[:, : plen - 1])
+            _, keys, values = draft.hidden_forward(seq[None, : plen - 1], pos[:, : plen - 1], keys, values, True, extra)
         for p in range(plen - 1, length - 1):
-            out, keys, values = draft.hidden_forward(
-                seq[None, p : p + 1], pos[:, p : p + 1], keys, values, inplace=True, features=feats[:, p : p + 1]
-            )
+            extra = ExtraInputs(features=feats[:, p : p + 1])
+            out, keys, values = draft.hidden_forward(seq[None, p : p + 1], pos[:, p : p + 1], keys, values, True, extra)
             starts += 1
             for j in range(min(max_k, length - 1 - p)):
                 tok = int(draft.logits(out[:, -1]).argmax())
@@ -447,7 +491,7 @@ def greedy_acceptance(
                 hits[j] += 1
                 est = out[:, -1:] if estimates else torch.zeros_like(feats[:, :1])
                 out, keys, values = draft.hidden_forward(
-                    torch.tensor([[tok]]), torch.tensor([[p + 1 + j]]), keys, values, inplace=True, features=est
+                    torch.tensor([[tok]]), torch.tensor([[p + 1 + j]]), keys, values, True, ExtraInputs(features=est)
                 )
     return [h / max(starts, 1) for h in hits]
 

@@ -19,6 +19,7 @@ _LAZY = {
     "save_tensors": "accel.formats.writer",
     "load_tensors": "accel.formats.file",
     "compress_checkpoint": "accel.formats.stream",
+    "CompressSettings": "accel.formats.stream",
     "CompressionReport": "accel.formats.report",
     "LayerReport": "accel.formats.report",
 }
@@ -31,6 +32,7 @@ __all__ = [
     "ALIASES",
     "DEFAULT_BLOCK_SIZE",
     "FORMATS",
+    "CompressSettings",
     "CompressionReport",
     "ElementFormat",
     "LayerReport",

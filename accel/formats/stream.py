@@ -15,6 +15,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from accel._io import writing
+from accel._legacy import Replaced, legacy_keywords
 from accel.errors import FormatError
 from accel.formats.constants import DEFAULT_BLOCK_SIZE
 from accel.formats.elements import get_format
@@ -101,34 +104,46 @@ def _mx_shape_spec(name: str, shape: tuple[int, ...], bits: int, block_size: int
     ]
 
 
+@dataclass(frozen=True)
+class CompressSettings:
+    """What ``compress_checkpoint`` writes: the MX element format ``fmt``, the tensors it compresses (``include`` /
+    ``exclude``: globs over tensor names; default every 2-D float ``*.weight`` except ``DEFAULT_EXCLUDE``), the
+    ``block_size`` and the non-finite policy ``nonfinite`` (``"error"`` or ``"keep"``, ``accel.formats.report``).
+    Checked when used; a resumed run must have the same settings."""
+
+    fmt: str = "mxfp6"
+    include: Sequence[str] | None = None
+    exclude: Sequence[str] | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    nonfinite: str = "error"
+
+
 def compress_checkpoint(
     src_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
-    fmt: str = "mxfp6",
-    include: list[str] | None = None,
-    exclude: list[str] | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    settings: CompressSettings | str | None = None,
+    *,
     overwrite: bool = False,
-    progress: bool = True,
-    nonfinite: str = "error",
     resume: bool = False,
+    progress: bool = True,
+    **legacy: Any,
 ) -> CompressionReport:
     """Compress the 2-D linear weights of a safetensors checkpoint directory to MX, writing ``out_dir``.
 
-    ``include`` / ``exclude`` are globs over tensor names (default: every 2-D float ``*.weight`` except
-    ``DEFAULT_EXCLUDE``). Weights are blocked along their last axis (in_features). ``nonfinite``: ``"error"``
-    (default) or ``"keep"`` for weights holding NaN/Inf (see ``accel.formats.report``). ``out_dir`` appears only
-    once complete; ``overwrite`` replaces an existing checkpoint there (and clears an unfinished run), ``resume``
-    finishes an interrupted run from its partial folder ``OUT.accel-partial``. Returns the CompressionReport.
+    ``settings``: a ``CompressSettings``, or just its format name (default ``CompressSettings()``: MXFP6). Weights
+    are blocked along their last axis (in_features). ``out_dir`` appears only once complete; ``overwrite`` replaces
+    an existing checkpoint there (and clears an unfinished run), ``resume`` finishes an interrupted run from its
+    partial folder ``OUT.accel-partial``. Returns the CompressionReport. Deprecated: ``fmt=``, ``include=``,
+    ``exclude=``, ``block_size=``, ``nonfinite=`` (use ``CompressSettings(...)``).
     """
-    element = get_format(fmt)
-    settings = _settings(element.name, include, exclude, block_size, nonfinite)
+    settings = _legacy_settings("compress_checkpoint", settings, legacy)
+    checked = _settings(get_format(settings.fmt).name, settings)
     src, out = Path(src_dir), Path(out_dir)
     _check_source(src, out)
     check_output(out, overwrite)
     shards = _shards(src)
     files = [SafetensorsFile(src / s) for s in shards]  # validates every header before writing anything
-    state = PartialState(settings=settings, sources={s: source_stamp(src / s) for s in shards})
+    state = PartialState(settings=checked, sources={s: source_stamp(src / s) for s in shards})
     with writing(out, "the compressed checkpoint", FormatError):  # a refusal of the OS: one named line
         created = make_parents(partial_dir(out))
         try:
@@ -149,18 +164,38 @@ def compress_checkpoint(
     return report
 
 
-def _settings(fmt: str, include, exclude, block_size: int, nonfinite: str) -> dict[str, Any]:
-    """The settings of a run, checked (a resumed run must match them)."""
+def _legacy_settings(func: str, settings: CompressSettings | str | None, legacy: dict[str, Any]) -> CompressSettings:
+    """``settings`` as a ``CompressSettings`` (a format name: ``CompressSettings(fmt=name)``), or built from the
+    deprecated keywords ``legacy`` (``accel._legacy``: one ``DeprecationWarning`` naming them) and a format name
+    given positionally. Unknown keywords, a ``CompressSettings`` with them, or ``fmt`` twice are a TypeError."""
+    if legacy and isinstance(settings, str) and "fmt" in legacy:
+        raise TypeError(f"{func}() got multiple values for the format: {settings!r} and fmt={legacy['fmt']!r}")
+    name = {"fmt": settings} if isinstance(settings, str) and legacy else {}
+    given = {"settings": settings if isinstance(settings, CompressSettings) else None}
+    objects, _ = legacy_keywords(func, {**name, **legacy}, [_SETTINGS], given, keep=())
+    if objects["settings"] is not None:
+        return objects["settings"]
+    return CompressSettings(fmt=settings) if isinstance(settings, str) else CompressSettings()
+
+
+_SETTINGS = Replaced("settings", CompressSettings, {f.name: f.name for f in fields(CompressSettings)})
+
+
+def _settings(fmt: str, settings: CompressSettings) -> dict[str, Any]:
+    """The settings of a run, checked, as the partial folder's marker keeps them (a resumed run must match them)."""
     patterns = {}
-    for what, value, default in (("include", include, ["*"]), ("exclude", exclude, list(DEFAULT_EXCLUDE))):
+    for what, value, default in (
+        ("include", settings.include, ["*"]),
+        ("exclude", settings.exclude, list(DEFAULT_EXCLUDE)),
+    ):
         value = default if value is None or (what == "include" and not value) else value
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             raise FormatError(f"{what} must be a list of glob patterns (str), got {value!r}")
         patterns[what] = list(value)
     return {
         "fmt": fmt,
-        "block_size": check_block_size(block_size),
-        "nonfinite": check_policy(nonfinite),
+        "block_size": check_block_size(settings.block_size),
+        "nonfinite": check_policy(settings.nonfinite),
         **patterns,
     }
 

@@ -11,12 +11,13 @@ from accel._lazy import lazy_getattr
 from accel.models.config import MASKED_LOGIT, ModelConfig, RopeScaling
 
 if TYPE_CHECKING:  # what type checkers see; at run time these are imported on first use
-    from accel.models.decoder import Decoder, new_cache
+    from accel.models.decoder import Decoder, ExtraInputs, new_cache
     from accel.models.loading import load_checkpoint, save_pretrained
     from accel.models.smollm2 import load_tokenizer, smollm2_checkpoint, smollm2_gguf_path
 
 _LAZY = {
     "Decoder": "accel.models.decoder",
+    "ExtraInputs": "accel.models.decoder",
     "new_cache": "accel.models.decoder",
     "load_checkpoint": "accel.models.loading",
     "save_pretrained": "accel.models.loading",
@@ -34,6 +35,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY, deprecated=_DEPRECATED)
 __all__ = [
     "MASKED_LOGIT",
     "Decoder",
+    "ExtraInputs",
     "ModelConfig",
     "RopeScaling",
     "load_checkpoint",

@@ -17,16 +17,18 @@ state dict maps 1:1 after dropping the ``model.`` prefix; GPT-2 weights are rena
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.models.config import MASKED_LOGIT, ModelConfig
 from accel.models.config import rope_inv_freq as _rope_inv_freq_np
 
-__all__ = ["Block", "Decoder", "WriteMode", "new_cache", "rope_inv_freq", "rotate_half", "write_cache"]
+__all__ = ["Block", "Decoder", "ExtraInputs", "WriteMode", "new_cache", "rope_inv_freq", "rotate_half", "write_cache"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -230,6 +232,33 @@ class Block(nn.Module):
         return x, k_cache, v_cache
 
 
+@dataclass(frozen=True)
+class ExtraInputs:
+    """The optional inputs of one ``Decoder`` call beyond tokens, positions and cache: a feature draft's ``features
+    [B, S, feature_size]``, a tree call's ``slot_ids [B, S]`` and ``tree_mask [B, S, ctx]`` (bool; module docstring)
+    and superposed inputs ``mix = (ids [B, S, M], weights [B, S, M])`` (``Decoder.embed``). None: not used."""
+
+    features: torch.Tensor | None = None
+    slot_ids: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    mix: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+_NO_EXTRA = ExtraInputs()
+
+
+def _legacy_extra(method: str, extra: ExtraInputs | None, legacy: dict[str, Any]) -> ExtraInputs | None:
+    """``extra``, or the ``ExtraInputs`` built from the deprecated keywords ``legacy`` of ``Decoder.<method>``
+    (``accel._legacy``: one ``DeprecationWarning`` naming them; unknown keywords, or both forms, a TypeError)."""
+    if not legacy:
+        return extra
+    objects, _ = legacy_keywords(f"Decoder.{method}", legacy, [_EXTRA], {"extra": extra}, keep=())
+    return objects["extra"]
+
+
+_EXTRA = Replaced("extra", ExtraInputs, {f.name: f.name for f in fields(ExtraInputs)})
+
+
 class Decoder(nn.Module):
     """Decoder-only transformer with a position-indexed KV cache.
 
@@ -329,20 +358,13 @@ class Decoder(nn.Module):
         past_values: list[torch.Tensor],
         num_logits: int | None = None,
         inplace: bool = False,
-        features: torch.Tensor | None = None,
-        slot_ids: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
+        extra: ExtraInputs | None = None,
+        **legacy: Any,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """``(logits [B, N, V], new_keys, new_values)``; see ``hidden_forward`` for the arguments."""
+        extra = _legacy_extra("forward", extra, legacy)
         hidden, new_keys, new_values = self.hidden_forward(
-            input_ids,
-            position_ids,
-            past_keys,
-            past_values,
-            inplace=inplace,
-            features=features,
-            slot_ids=slot_ids,
-            tree_mask=tree_mask,
+            input_ids, position_ids, past_keys, past_values, inplace, extra
         )
         if num_logits is not None:
             hidden = hidden[:, -num_logits:, :]
@@ -355,20 +377,21 @@ class Decoder(nn.Module):
         past_keys: list[torch.Tensor],
         past_values: list[torch.Tensor],
         inplace: WriteMode = False,
-        features: torch.Tensor | None = None,
-        slot_ids: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        mix: tuple[torch.Tensor, torch.Tensor] | None = None,
+        extra: ExtraInputs | None = None,
+        **legacy: Any,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Final-norm hidden states ``[B, S, hidden]`` of every column (what the LM head reads), and the new cache.
 
-        ``features``: a feature draft's input; ``mix``: superposed inputs (both: see ``embed``); None for every
-        other model. ``slot_ids [B, S]`` and ``tree_mask [B, S, ctx]`` (bool): a tree call (module docstring);
-        without them the K/V of a token are written at its position and it sees slots ``0 .. position``.
+        ``extra`` (``ExtraInputs``): a feature draft's ``features``, superposed ``mix`` inputs (both: see ``embed``),
+        a tree call's ``slot_ids [B, S]`` and ``tree_mask [B, S, ctx]`` (bool; module docstring); without a tree the
+        K/V of a token are written at its position and it sees slots ``0 .. position``.
         ``inplace="dense"`` (``WriteMode``): the cache's last slot is a scratch slot that padding columns write and no
-        query may see (chain calls never do; a tree mask must hide it).
+        query may see (chain calls never do; a tree mask must hide it). Deprecated: ``features=``, ``slot_ids=``,
+        ``tree_mask=``, ``mix=`` as keywords (use ``extra=ExtraInputs(...)``).
         """
-        x = self.embed(input_ids, position_ids, features, mix)
+        extra = _legacy_extra("hidden_forward", extra, legacy) or _NO_EXTRA
+        slot_ids, tree_mask = extra.slot_ids, extra.tree_mask
+        x = self.embed(input_ids, position_ids, extra.features, extra.mix)
         ctx = past_keys[0].shape[2]
         if (slot_ids is None) != (tree_mask is None):
             raise ValueError("a tree call needs both slot_ids and tree_mask")

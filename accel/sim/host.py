@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.sim._legacy import Replaced, legacy_keywords
+from accel._legacy import Replaced, legacy_keywords
 from accel.sim.hardware import Hardware
 from accel.sim.host_layers import LayerShape, layer_weight_elements, measure_layer_times
 

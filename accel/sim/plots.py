@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.errors import SimError
-from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.deployment import Deployment, HardwareLike, as_deployment
 from accel.sim.formats import compute_dtype
 from accel.sim.hardware import Hardware

@@ -30,9 +30,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.errors import SimError
 from accel.sim._base import MAX_K, MAX_TOKENS, SimModel
-from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware
 from accel.sim.hf_config import resolve_model

@@ -25,9 +25,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import ConfigDict
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.errors import SimError
 from accel.sim._base import MAX_K, MAX_TREE_NODES, SimModel, SimWarning, check_int
-from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment, devices_to_fit
 from accel.sim.placement import placement_warning
 from accel.sim.planning import best_k, break_even_alpha, tree_speedups

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.sim._base import MAX_BATCH, MAX_DEVICES, MAX_TOKENS, SimModel, check_int
-from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.formats import bytes_per_element, compute_dtype, kv_bytes_per_element, normalize_format
 from accel.sim.hardware import Hardware
 from accel.sim.hardware import hardware as _hardware

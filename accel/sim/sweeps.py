@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from pydantic import ConfigDict
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.errors import SimError
 from accel.sim._base import MAX_BATCH, MAX_SWEEP_POINTS, MAX_TOKENS, SimModel, check_int_array
-from accel.sim._legacy import Replaced, legacy_keywords
 from accel.sim.deployment import Deployment, HardwareLike, ModelLike, as_deployment
 from accel.sim.formats import normalize_format
 from accel.sim.roofline import format_arrays

@@ -69,11 +69,12 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import numpy as np
 
+from accel._legacy import Replaced, legacy_keywords
 from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
 from accel.spd.autotune_arm import (
@@ -91,7 +92,7 @@ from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, pr
 from accel.spd.stats import TunedRound
 from accel.spd.tree import TokenTree
 
-__all__ = ["AutoTune", "Plan", "draft_arms"]
+__all__ = ["AutoTune", "Plan", "TuneSettings", "draft_arms"]
 
 Phase = Literal["probe", "explore", "model", "fallback"]
 
@@ -151,6 +152,42 @@ class _Pending:
     predicted: tuple[float, float, float]
 
 
+@dataclass(frozen=True)
+class TuneSettings:
+    """How ``AutoTune`` learns.
+
+    Attributes:
+        prior_acceptance: the rank-1 acceptance assumed before any round was verified (later ranks: half of it).
+        decay: per-round weight of the old acceptance counts, in (0, 1] (1 = never forget).
+        explore_every: every this many rounds a neighbour of the chosen shape is re-measured (0 = never).
+        replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
+            every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
+        window: timing samples kept per size (``CostCurve``).
+    """
+
+    prior_acceptance: float = 0.5
+    decay: float = 0.97
+    explore_every: int = 16
+    replan_every: int = 8
+    window: int = DEFAULT_WINDOW
+
+    def check(self) -> None:
+        """``SpdError`` naming the first setting out of its range."""
+        p, decay, explore, replan = self.prior_acceptance, self.decay, self.explore_every, self.replan_every
+        if not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
+            raise SpdError(f"AutoTune prior_acceptance must be in (0, 1); got {p!r}")
+        if not (isinstance(decay, (int, float)) and 0.0 < decay <= 1.0):
+            raise SpdError(f"AutoTune decay must be in (0, 1]; got {decay!r}")
+        if isinstance(explore, bool) or not isinstance(explore, int) or explore < 0:
+            raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore!r}")
+        if isinstance(replan, bool) or not isinstance(replan, int) or replan < 1:
+            raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan!r}")
+
+
+#: ``AutoTune``'s keywords before ``TuneSettings`` (deprecated; removed in accel 0.2.0)
+_SETTINGS = Replaced("settings", TuneSettings, {f.name: f.name for f in fields(TuneSettings)})
+
+
 class AutoTune:
     """Picks a shape (arm and node budget) of ``proposer``'s candidates per round for tokens per second (module
     docstring).
@@ -162,12 +199,8 @@ class AutoTune:
         budgets: the node budgets to choose from besides 0 (default: 1 .. each arm's ``max_nodes``); with several
             arms each takes those up to its ``max_nodes``.
         fallback: the budget run when the costs cannot be measured (default: the first arm's largest; 0 = AR).
-        prior_acceptance: the rank-1 acceptance assumed before any round was verified (later ranks: half of it).
-        decay: per-round weight of the old acceptance counts, in (0, 1] (1 = never forget).
-        explore_every: every this many rounds a neighbour of the chosen shape is re-measured (0 = never).
-        replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
-            every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
-        window: timing samples kept per size (``CostCurve``).
+        settings: how the controller learns (``TuneSettings``; default ``TuneSettings()``). Its fields as keywords
+            (``prior_acceptance=``, ``decay=``, ``explore_every=``, ``replan_every=``, ``window=``) are deprecated.
         clock: seconds for timing (``time.perf_counter``).
     """
 
@@ -177,14 +210,15 @@ class AutoTune:
         *,
         budgets: Sequence[int] | None = None,
         fallback: int | None = None,
-        prior_acceptance: float = 0.5,
-        decay: float = 0.97,
-        explore_every: int = 16,
-        replan_every: int = 8,
-        window: int = DEFAULT_WINDOW,
+        settings: TuneSettings | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        **legacy: Any,
     ) -> None:
-        _check_settings(prior_acceptance, decay, explore_every, replan_every)
+        objects, _ = legacy_keywords("AutoTune", legacy, [_SETTINGS], {"settings": settings}, keep=())
+        self.settings = st = objects["settings"] or TuneSettings()
+        st.check()
+        prior_acceptance, decay, explore_every = st.prior_acceptance, st.decay, st.explore_every
+        replan_every, window = st.replan_every, st.window
         self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(as_arms(proposer), budgets)]
         self.fallback = self.arms[0].budgets[-1] if fallback is None else int(fallback)
         self._fallback_arm = next((i for i, a in enumerate(self.arms) if self.fallback in a.budgets), NO_ARM)
@@ -424,18 +458,6 @@ class AutoTune:
         i = options.index(nodes) if nodes in options else 0
         j = min(i + 1, len(options) - 1) if self._explored % 2 == 1 or i == 0 else i - 1
         return (arm if options[j] > 0 else NO_ARM), options[j]
-
-
-def _check_settings(prior_acceptance: float, decay: float, explore_every: int, replan_every: int) -> None:
-    """``SpdError`` naming the first setting out of its range."""
-    if not (isinstance(prior_acceptance, (int, float)) and 0.0 < prior_acceptance < 1.0):
-        raise SpdError(f"AutoTune prior_acceptance must be in (0, 1); got {prior_acceptance!r}")
-    if not (isinstance(decay, (int, float)) and 0.0 < decay <= 1.0):
-        raise SpdError(f"AutoTune decay must be in (0, 1]; got {decay!r}")
-    if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
-        raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore_every!r}")
-    if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
-        raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan_every!r}")
 
 
 def _median(curve: CostCurve, size: int) -> float:

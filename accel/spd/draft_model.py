@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.backends.base import Backend, BackendInfo
+from accel.backends.base import Backend, BackendInfo, TreeInputs, require
 from accel.errors import SpdError
 from accel.spd.checks import check_backend
 from accel.spd.proposers import RunState
@@ -89,12 +89,27 @@ class DraftModel:
         return out
 
     def call(
-        self, run: RunState, ids: np.ndarray, pos: np.ndarray, *, num_logits: int = 1, prefill: bool = False, **kw
-    ):
-        """``(logits, hidden)`` of one draft call (hidden: a feature draft's final-norm states, else None)."""
-        if self.feature:
-            return run.call(self.backend, ids, pos, num_logits=num_logits, prefill=prefill, return_hidden=True, **kw)
-        return run.call(self.backend, ids, pos, num_logits=num_logits, prefill=prefill, **kw), None
+        self,
+        run: RunState,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        *,
+        num_logits: int = 1,
+        prefill: bool = False,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(logits, hidden)`` of one draft call, timed and counted (``RunState.draft_work``); hidden: a feature
+        draft's final-norm states (it reads ``features``), else None. ``tree``: a tree call (``"tree"``, checked by
+        the proposer)."""
+        with run.draft_work(int(ids.shape[1]), prefill=prefill):
+            if self.feature:
+                return require(self.backend, "hidden_states").forward_hidden(
+                    ids, pos, num_logits=num_logits, features=features, tree=tree
+                )
+            if tree is not None:
+                return require(self.backend, "tree").forward(ids, pos, num_logits=num_logits, tree=tree), None
+            return self.backend.forward(ids, pos, num_logits=num_logits), None
 
     def start(self, run: RunState) -> None:
         """Reset the cache and prefill every prompt but its last token (chunks of ``max_seq_len``)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accel.backends.base import Backend, BackendInfo
+from accel.backends.base import Backend, BackendInfo, TreeInputs
 from accel.errors import SpdError
 from accel.models.config import MASKED_LOGIT
 from accel.spd.draft_model import DraftModel, draft_probs
@@ -249,7 +249,7 @@ class DraftTree:
                     parent = pool.parents[i]
                     est = root_est[b, 0] if parent < 0 else pool.estimates[parent]
                     feats[b, j] = est
-        out, hidden = self.model.call(run, ids, pos, num_logits=width, slot_ids=slots, tree_mask=mask, features=feats)
+        out, hidden = self.model.call(run, ids, pos, num_logits=width, tree=TreeInputs(slots, mask), features=feats)
         est = self.model.estimate(hidden, run.batch)
         rows = np.zeros(run.batch, dtype=bool)
         rows[list(expand)] = True

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.backends.base import BackendInfo
+from accel.backends.base import BackendInfo, legacy_forward
 from accel.backends.stages import StageBackend
 from accel.errors import SpdError
 from accel.spd.draft_model import DraftModel, draft_probs
@@ -46,11 +46,10 @@ class ExitStageBackend:
         return self.stage_backend.info
 
     def forward(
-        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None, **kw: Any
+        self, input_ids: np.ndarray, position_ids: np.ndarray, *, num_logits: int | None = None, **legacy: Any
     ) -> np.ndarray:
-        used = sorted(name for name, value in kw.items() if value is not None and value is not False)
-        if used:
-            raise SpdError(f"an exit stage takes no extensions ({used})")
+        if legacy:  # an exit stage has no capabilities: legacy_forward refuses their keywords
+            return legacy_forward(self, input_ids, position_ids, legacy, num_logits=num_logits)
         out = self.stage_backend.forward_stage(position_ids, input_ids=input_ids, num_logits=num_logits)
         assert out.logits is not None
         return out.logits

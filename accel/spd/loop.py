@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from accel.backends.base import Backend, TreeBackend
+from accel.backends.base import Backend, TreeInputs, require
 from accel.errors import SpdError
 from accel.spd.checks import check_backend, eos_set, make_rng, validate
 from accel.spd.draft_model import left_padded
@@ -79,6 +79,8 @@ class _Loop:
             "spd" if pinfo else "ar", pinfo.max_nodes if pinfo else 0, self.batch, depth, pinfo.name if pinfo else ""
         )
         self.want_hidden = bool(pinfo and pinfo.needs_hidden)
+        # proposers that read hidden states checked that the target has them (Proposer.check)
+        self.hidden_target = require(target, "hidden_states") if self.want_hidden else None
         hidden = None
         if self.want_hidden:  # the target's final-norm states by position, for proposers that read them
             hidden = np.zeros((self.batch, self.buf.shape[1], target.info.hidden_size), dtype=np.float32)
@@ -87,14 +89,17 @@ class _Loop:
 
     # ------------------------------------------------------------------ target calls
 
-    def _target(self, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False, tree=None):
-        """Logits (and hidden states when wanted) of one target call."""
-        kw = {} if tree is None else {"slot_ids": tree[0], "tree_mask": tree[1]}
+    def _target(
+        self, ids: np.ndarray, pos: np.ndarray, num_logits: int, prefill: bool = False, tree: TreeInputs | None = None
+    ):
+        """Logits (and hidden states when wanted) of one target call; ``tree``: a tree call."""
         with self.acc.timed("target", prefill):
-            if self.want_hidden:
-                out, hidden = self.target.forward(ids, pos, num_logits=num_logits, return_hidden=True, **kw)
+            if self.hidden_target is not None:
+                out, hidden = self.hidden_target.forward_hidden(ids, pos, num_logits=num_logits, tree=tree)
+            elif tree is not None:  # generate() checked the "tree" capability (the proposer is branching)
+                out, hidden = require(self.target, "tree").forward(ids, pos, num_logits=num_logits, tree=tree), None
             else:
-                out, hidden = self.target.forward(ids, pos, num_logits=num_logits, **kw), None
+                out, hidden = self.target.forward(ids, pos, num_logits=num_logits), None
         self.acc.target_calls += 1
         return out, hidden
 
@@ -187,9 +192,7 @@ class _Loop:
         paths = [o.path if o is not None else None for o in outcomes]
         moves = call.compaction(paths, self.n) if call.tree_inputs is not None else None
         if moves is not None:
-            if not isinstance(self.target, TreeBackend):  # generate() checked the "tree" capability already
-                raise SpdError(f"the {self.target.info.name} target scored a tree but has no move_cache")
-            self.target.move_cache(*moves)
+            require(self.target, "tree").move_cache(*moves)
         if hidden is not None and self.run.hidden is not None:
             for b, path in enumerate(paths):
                 if path is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -102,13 +102,12 @@ class RunState:
         self._stats = stats
 
     def call(
-        self, backend: Backend, ids: np.ndarray, pos: np.ndarray, *, num_logits: int = 1, prefill: bool = False, **kw
-    ) -> Any:
-        """``backend.forward(ids, pos, num_logits=..., **kw)``, timed and counted as a draft call (prefill or not)."""
-        with self._stats.timed("draft", prefill):
-            out = backend.forward(ids, pos, num_logits=num_logits, **kw)
-        self._count_draft(int(ids.shape[1]), prefill)
-        return out
+        self, backend: Backend, ids: np.ndarray, pos: np.ndarray, *, num_logits: int = 1, prefill: bool = False
+    ) -> np.ndarray:
+        """``backend.forward(ids, pos, num_logits=...)``, timed and counted as a draft call (prefill or not); a call
+        with a capability (``accel.backends.base.require``) goes inside ``draft_work``."""
+        with self.draft_work(int(ids.shape[1]), prefill=prefill):
+            return backend.forward(ids, pos, num_logits=num_logits)
 
     @contextmanager
     def draft_work(self, tokens: int, *, prefill: bool = False) -> Iterator[None]:

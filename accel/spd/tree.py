@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from accel.backends.base import TreeInputs
 from accel.errors import SpdError
 
 __all__ = [
@@ -234,7 +235,7 @@ class TreeCall:
 
     ids: np.ndarray
     pos: np.ndarray
-    tree_inputs: tuple[np.ndarray, np.ndarray] | None
+    tree_inputs: TreeInputs | None
     offsets: np.ndarray  # [B] column of each row's root
 
     @classmethod
@@ -262,7 +263,7 @@ class TreeCall:
                     if p >= 0:
                         own[i, base : base + i] = own[p, base : base + i]
                     own[i, base + i] = True
-        return cls(ids, pos, None if slots is None or mask is None else (slots, mask), offsets)
+        return cls(ids, pos, None if slots is None or mask is None else TreeInputs(slots, mask), offsets)
 
     def compaction(self, paths: Sequence[Sequence[int] | None], n: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """``(src, dst)`` slot moves ``[B, M]`` (-1 = none) that bring each row's accepted path (laid-out node indices,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accel.backends.base import Backend, prefill
+from accel.backends.base import Backend, MixInputs, prefill, require
 from accel.errors import SuperposedError
 from accel.superposed.scoring import RowsSelection, SuperposedConfig, log_softmax, ngram_logprobs, select_rows
 from accel.superposed.store import NgramStore
@@ -222,6 +222,7 @@ def superposed_generate(
     """
     cfg = config or SuperposedConfig()
     _check(backend, prompts, max_new_tokens, store)
+    mixer = require(backend, "mix")
     eos = frozenset(int(t) for t in eos_token_ids)
     b = len(prompts)
     width = max(len(p) for p in prompts)
@@ -241,8 +242,7 @@ def superposed_generate(
         if beams.all_done:
             break
         ids1, pos1, mix_ids, mix_w = beams.mix_inputs()
-        out = backend.forward(ids1, pos1, num_logits=1, mix_ids=mix_ids, mix_weights=mix_w)
-        logits = np.asarray(out[0] if isinstance(out, tuple) else out)[:, -1, :]
+        logits = mixer.forward(ids1, pos1, num_logits=1, mix=MixInputs(mix_ids, mix_w))[:, -1, :]
         result.calls += 1
     result.decode_s = time.perf_counter() - t0
     result.drafts = beams.drafts()

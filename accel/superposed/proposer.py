@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from accel.backends.base import Backend, BackendInfo
+from accel.backends.base import Backend, BackendInfo, MixInputs, require
 from accel.errors import SpdError, SuperposedError
 from accel.spd.draft_model import DraftModel
 from accel.spd.proposers import ProposerInfo, RowOutcome, RunState
@@ -71,6 +71,7 @@ class SuperposedProposer:
         if store is not None and store.vocab_size != draft.info.vocab_size:
             raise SuperposedError(f"the n-gram store's vocabulary ({store.vocab_size}) is not the draft's")
         self.model = DraftModel(draft)
+        self.mixer = require(draft, "mix")  # the draft as a MixBackend, for the superposed calls
         self.depth, self.cfg, self.store = depth, config or SuperposedConfig(), store
 
     @property
@@ -107,7 +108,8 @@ class SuperposedProposer:
             if beams.all_done:
                 break
             ids, pos, mix_ids, mix_w = beams.mix_inputs()
-            out, _ = self.model.call(run, ids, pos, mix_ids=mix_ids, mix_weights=mix_w)
+            with run.draft_work(int(ids.shape[1])):
+                out = self.mixer.forward(ids, pos, num_logits=1, mix=MixInputs(mix_ids, mix_w))
             logits = out[:, -1, :]
         drafts = beams.drafts()
         out_trees: list[TokenTree | None] = [None] * run.batch

@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from accel.backends import OrtBackend, export_onnx
+from accel.backends import OrtBackend, TreeInputs, export_onnx
 from accel.backends.graph_spec import GraphSpec
 from accel.backends.onnx_builder import IR_VERSION
 from accel.backends.onnx_mxlinear import check_mx_kernel_graph, register_mx_kernel
@@ -445,7 +445,7 @@ def test_tree_calls_match_the_standard_tree_graph(exports, shape):
         backend = OrtBackend(exports[name], threads=2)
         assert "tree" in backend.info.capabilities
         pre = backend.forward(prompt[None], np.arange(n)[None])
-        tree = backend.forward(toks[None], pos[None], slot_ids=slots[None], tree_mask=mask[None])
+        tree = backend.forward(toks[None], pos[None], tree=TreeInputs(slots[None], mask[None]))
         got.append((pre, tree))
     (pa, ta), (ps, ts) = got
     assert spread_err(pa, ps) < TOL, spread_err(pa, ps)

@@ -1,4 +1,4 @@
-"""The backend extension points used by feature drafts: the ``hidden_states`` output (``return_hidden``) and the
+"""The backend extension points used by feature drafts: the ``hidden_states`` output (``forward_hidden``) and the
 ``features`` input, on torch and on onnxruntime with real exported graphs.
 
 Tolerance: onnxruntime vs eager torch on the same float32 weights, ~1e-6 on O(1) values (kernel order); ``atol=1e-5``.
@@ -61,8 +61,8 @@ def test_target_hidden_output_matches_torch(models, tmp_path, weights):
     tb = TorchBackend(ref, ctx_len=16, batch_size=2)
     for b in (ort_b, tb):
         _prime(b)
-    lo, ho = ort_b.forward(IDS, POS, num_logits=2, return_hidden=True)
-    lt, ht = tb.forward(IDS, POS, num_logits=2, return_hidden=True)
+    lo, ho = ort_b.forward_hidden(IDS, POS, num_logits=2)
+    lt, ht = tb.forward_hidden(IDS, POS, num_logits=2)
     assert lo.shape == (2, 2, 48) and ho.shape == (2, 3, 32)
     valid = POS >= 0
     np.testing.assert_allclose(ho[valid], ht[valid], atol=ATOL)
@@ -79,8 +79,8 @@ def test_feature_draft_onnx_matches_torch(models, tmp_path):
     assert ort_b.info.feature_size == tb.info.feature_size == 32
     for b in (ort_b, tb):
         _prime(b, feats=True)
-    lo, ho = ort_b.forward(IDS, POS, features=_feats(), return_hidden=True)
-    lt, ht = tb.forward(IDS, POS, features=_feats(), return_hidden=True)
+    lo, ho = ort_b.forward_hidden(IDS, POS, features=_feats())
+    lt, ht = tb.forward_hidden(IDS, POS, features=_feats())
     valid = POS >= 0
     np.testing.assert_allclose(lo[valid], lt[valid], atol=ATOL)
     np.testing.assert_allclose(ho[valid], ht[valid], atol=ATOL)
@@ -98,7 +98,7 @@ def test_extension_errors(models, tmp_path, make):
         plain = OrtBackend(export_onnx(target, tmp_path / "t.onnx", ctx_len=16, batch_size=2, progress=False))
         feat = OrtBackend(export_onnx(draft, tmp_path / "d.onnx", ctx_len=16, batch_size=2, progress=False))
         with pytest.raises(BackendError, match="does not output hidden states"):
-            plain.forward(IDS, POS, return_hidden=True)
+            plain.forward_hidden(IDS, POS)
     with pytest.raises(BackendError, match="not a feature draft"):
         plain.forward(IDS, POS, features=_feats())
     with pytest.raises(BackendError, match="needs features"):
@@ -145,8 +145,8 @@ def test_int8_draft_export(models, tmp_path):
     assert b8.metadata["accel.weights"] == "int8" and b8.info.capabilities == bf.info.capabilities
     for b in (b8, bf):
         _prime(b, feats=True)
-    l8, h8 = b8.forward(IDS, POS, features=_feats(), return_hidden=True)
-    lf, hf = bf.forward(IDS, POS, features=_feats(), return_hidden=True)
+    l8, h8 = b8.forward_hidden(IDS, POS, features=_feats())
+    lf, hf = bf.forward_hidden(IDS, POS, features=_feats())
     valid = POS >= 0
     scored = lf[valid][:, 5:]  # the head's tokens (the others hold MASKED_LOGIT in both)
     err = np.abs(l8[valid][:, 5:] - scored).max()

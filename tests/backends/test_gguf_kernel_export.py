@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from accel.backends import OrtBackend, export_onnx
+from accel.backends import OrtBackend, TreeInputs, export_onnx
 from accel.backends.graph_spec import GraphSpec
 from accel.backends.onnx_mxlinear import check_mx_kernel_graph
 from accel.backends.weights import WeightFormat
@@ -141,7 +141,7 @@ def _tree_call(backend, prompt: list[int], parents: list[int], toks: np.ndarray)
     n = len(prompt) - 1
     backend.forward(np.array([prompt[:-1]]), np.arange(n)[None])
     pos, slots, mask = tree_inputs(parents, n, CTX)
-    return backend.forward(toks[None], pos[None], slot_ids=slots[None], tree_mask=mask[None])[0]
+    return backend.forward(toks[None], pos[None], tree=TreeInputs(slots[None], mask[None]))[0]
 
 
 def test_tree_calls_equal_chain_calls(files, tmp_path):

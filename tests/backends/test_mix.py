@@ -1,5 +1,5 @@
-"""The ``"mix"`` extension point (superposed inputs, ``accel.superposed``): ``mix_ids`` / ``mix_weights`` on torch
-and on onnxruntime with real exported graphs.
+"""The ``"mix"`` capability (superposed inputs, ``accel.superposed``): ``forward(..., mix=MixInputs(ids, weights))``
+on torch and on onnxruntime with real exported graphs.
 
 Exact: one id of weight 1 is the ordinary call, bit for bit, on both runtimes (embedding x 1.0, summed over one
 term); a mixed-input graph called without mix arguments equals the plain graph bit for bit. Approximate: onnxruntime
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accel.backends import BackendError, OrtBackend, TorchBackend, export_onnx  # noqa: E402
+from accel.backends import BackendError, MixInputs, OrtBackend, TorchBackend, export_onnx  # noqa: E402
 from accel.models import Decoder, ModelConfig  # noqa: E402
 
 ATOL = 1e-5
@@ -36,11 +36,11 @@ def graphs(model, tmp_path_factory):
 
 
 def _steps(backend, mixed: bool):
-    """Prefill, then three one-token steps; with ``mixed`` every call goes through mix_ids (weight 1)."""
+    """Prefill, then three one-token steps; with ``mixed`` every call goes through ``mix`` (one id of weight 1)."""
     out = []
     calls = [(PROMPT, PPOS)] + [(np.array([[t], [t + 1]]), PPOS[:, -1:] + 1 + i) for i, t in enumerate((5, 6, 7))]
     for ids, pos in calls:
-        kw = {"mix_ids": ids[:, :, None], "mix_weights": np.ones((*ids.shape, 1), np.float32)} if mixed else {}
+        kw = {"mix": MixInputs(ids[:, :, None], np.ones((*ids.shape, 1), np.float32))} if mixed else {}
         out.append(backend.forward(ids, pos, num_logits=1, **kw))  # padding columns' logits are garbage
     return out
 
@@ -82,7 +82,7 @@ def test_ort_mixed_calls_match_torch(model, graphs):
         w = rng.dirichlet(np.ones(3), size=(2, 2)).astype(np.float32)
         args = (ids[:, :, 0], pos + 2 * step)
         np.testing.assert_allclose(
-            o.forward(*args, mix_ids=ids, mix_weights=w), t.forward(*args, mix_ids=ids, mix_weights=w), atol=ATOL
+            o.forward(*args, mix=MixInputs(ids, w)), t.forward(*args, mix=MixInputs(ids, w)), atol=ATOL
         )
 
 
@@ -91,40 +91,40 @@ def test_mix_changes_the_result(model):
     b = TorchBackend(model, ctx_len=16, batch_size=2)
     ids, pos = np.array([[3], [4]]), np.array([[0], [0]])
     plain = b.forward(ids, pos)
-    mixed = b.forward(ids, pos, mix_ids=np.array([[[3, 8]], [[4, 8]]]), mix_weights=np.full((2, 1, 2), 0.5, np.float32))
+    mixed = b.forward(ids, pos, mix=MixInputs(np.array([[[3, 8]], [[4, 8]]]), np.full((2, 1, 2), 0.5, np.float32)))
     assert np.abs(plain - mixed).max() > 1e-3
 
 
 def test_mix_padding_columns_are_ignored(graphs):
     o = OrtBackend(graphs[1], threads=1)
     ids, pos = np.array([[3, 4], [0, 5]]), np.array([[0, 1], [-1, 0]])
-    a = o.forward(ids, pos, mix_ids=ids[:, :, None], mix_weights=np.ones((2, 2, 1), np.float32))
+    a = o.forward(ids, pos, mix=MixInputs(ids[:, :, None], np.ones((2, 2, 1), np.float32)))
     bad = np.array([[[3], [4]], [[999], [5]]])  # the padding column's id is out of range and its weight NaN
     w = np.ones((2, 2, 1), np.float32)
     w[1, 0, 0] = np.nan
     o.reset()
     with pytest.raises(BackendError, match="finite"):  # NaN is refused even where ignored: a caller bug
-        o.forward(ids, pos, mix_ids=bad, mix_weights=w)
+        o.forward(ids, pos, mix=MixInputs(bad, w))
     w[1, 0, 0] = 7.0
-    np.testing.assert_array_equal(o.forward(ids, pos, mix_ids=bad, mix_weights=w), a)
+    np.testing.assert_array_equal(o.forward(ids, pos, mix=MixInputs(bad, w)), a)
 
 
 @pytest.mark.parametrize(
-    ("kw", "match"),
+    ("mix", "match"),
     [
-        ({"mix_ids": np.zeros((2, 1, 2), np.int64)}, "needs both"),
-        ({"mix_ids": np.zeros((2, 1), np.int64), "mix_weights": np.ones((2, 1), np.float32)}, r"\[batch, seq, M\]"),
-        ({"mix_ids": np.zeros((2, 1, 2), np.int64), "mix_weights": np.ones((2, 1, 3), np.float32)}, "must both"),
-        ({"mix_ids": np.full((2, 1, 1), 48), "mix_weights": np.ones((2, 1, 1), np.float32)}, "outside the vocab"),
-        ({"mix_ids": np.zeros((2, 1, 1), np.float32), "mix_weights": np.ones((2, 1, 1))}, "integers"),
-        ({"mix_ids": np.zeros((2, 1, 1), np.int64), "mix_weights": np.full((2, 1, 1), np.inf)}, "finite"),
+        ((np.zeros((2, 1, 1), np.int64), np.ones((2, 1, 1), np.float32)), "MixInputs"),
+        (MixInputs(np.zeros((2, 1), np.int64), np.ones((2, 1), np.float32)), r"\[batch, seq, M\]"),
+        (MixInputs(np.zeros((2, 1, 2), np.int64), np.ones((2, 1, 3), np.float32)), "must both"),
+        (MixInputs(np.full((2, 1, 1), 48), np.ones((2, 1, 1), np.float32)), "outside the vocab"),
+        (MixInputs(np.zeros((2, 1, 1), np.float32), np.ones((2, 1, 1))), "integers"),
+        (MixInputs(np.zeros((2, 1, 1), np.int64), np.full((2, 1, 1), np.inf)), "finite"),
     ],
 )
-def test_bad_mix_arguments(model, graphs, kw, match):
+def test_bad_mix_arguments(model, graphs, mix, match):
     ids, pos = np.array([[1], [2]]), np.array([[0], [0]])
     for b in (TorchBackend(model, ctx_len=16, batch_size=2), OrtBackend(graphs[1], threads=1)):
         with pytest.raises(BackendError, match=match):
-            b.forward(ids, pos, **kw)
+            b.forward(ids, pos, mix=mix)
 
 
 def test_plain_graph_refuses_mix(graphs):
@@ -134,7 +134,6 @@ def test_plain_graph_refuses_mix(graphs):
         o.forward(
             np.array([[1], [2]]),
             np.array([[0], [0]]),
-            mix_ids=np.zeros((2, 1, 1), np.int64),
-            mix_weights=np.ones((2, 1, 1), np.float32),
+            mix=MixInputs(np.zeros((2, 1, 1), np.int64), np.ones((2, 1, 1), np.float32)),
         )
     assert "mix" in OrtBackend(graphs[1], threads=1).info.capabilities

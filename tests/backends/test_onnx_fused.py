@@ -90,7 +90,7 @@ def test_head_variants_and_stages_match_the_standard_graph(tmp_path):
                                ort_ops=ort_ops, **kw)  # fmt: skip
             b = OrtBackend(path, threads=1)
             ids, pos = np.stack([r[:6] for r in rows]), np.tile(np.arange(6), (2, 1))
-            got[ort_ops] = b.forward(ids, pos, num_logits=1, return_hidden=True) if kw.get("hidden_output") else (
+            got[ort_ops] = b.forward_hidden(ids, pos, num_logits=1) if kw.get("hidden_output") else (
                 b.forward(ids, pos, num_logits=1),)  # fmt: skip
         for a, b in zip(got[True], got[False], strict=True):
             np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)

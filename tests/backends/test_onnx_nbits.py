@@ -246,7 +246,7 @@ def test_min_rows_padding_keeps_outputs_and_checks_its_argument(tmp_path):
         for rows in (1, 5):
             b = OrtBackend(path, min_rows=rows)
             b.forward(ids[:, :5], np.tile(np.arange(5), (batch, 1)), features=feats[:, :5], num_logits=1)
-            outs.append(b.forward(ids[:, 5:], np.full((batch, 1), 5), features=feats[:, 5:], return_hidden=True))
+            outs.append(b.forward_hidden(ids[:, 5:], np.full((batch, 1), 5), features=feats[:, 5:]))
         (l1, h1), (l5, h5) = outs
         assert l5.shape == l1.shape == (batch, 1, 96) and h5.shape == h1.shape == (batch, 1, 64)
         np.testing.assert_allclose(l5, l1, atol=1e-5, rtol=0)

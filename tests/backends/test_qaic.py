@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from accel.backends import export_onnx
-from accel.backends.qaic import QaicBackend, QaicCompileSpec, write_qaic_files
+from accel.backends.qaic import QaicBackend, QaicCompileSpec, QaicOptions, write_qaic_files
 from accel.errors import BackendError
 from accel.models import Decoder, ModelConfig
 
 GOLDEN = Path(__file__).parent / "golden"
-CASES = {
-    "default": dict(prompt_len=32, k=7, mxfp6=True, mxint8_kv=False, num_devices=1),
-    "mxint8_2dev": dict(prompt_len=16, k=3, mxfp6=False, mxint8_kv=True, num_devices=2, num_cores=14),
+CASES = {  # (call lengths, compile options)
+    "default": (dict(prompt_len=32, k=7), QaicOptions(mxfp6=True, mxint8_kv=False, num_devices=1)),
+    "mxint8_2dev": (dict(prompt_len=16, k=3), QaicOptions(mxfp6=False, mxint8_kv=True, num_devices=2, num_cores=14)),
 }
 
 
@@ -35,7 +35,8 @@ def onnx_file(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_files_match_golden(onnx_file, case):
     out = onnx_file.parent / f"qaic_{case}"
-    spec = write_qaic_files(onnx_file, out, ctx_len=64, batch_size=1, **CASES[case])
+    lengths, options = CASES[case]
+    spec = write_qaic_files(onnx_file, out, ctx_len=64, options=options, **lengths)
     assert spec.onnx_path == "../model.onnx" and spec.num_layers == 2 and spec.vocab_size == 64
     written = sorted(p.name for p in out.iterdir())
     golden = GOLDEN / case
@@ -94,14 +95,16 @@ def test_tree_specialization(onnx_file, tmp_path):
     """A tree graph gets a third specialization, seq_len = tree_nodes; a chain graph refuses tree_nodes."""
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
     tree_file = export_onnx(Decoder(cfg).init_weights(0), tmp_path / "tree.onnx", ctx_len=64, progress=False, tree=True)
-    spec = write_qaic_files(tree_file, tmp_path / "qaic", prompt_len=32, k=3, ctx_len=64, tree_nodes=16)
+    tree16 = QaicOptions(tree_nodes=16)
+    spec = write_qaic_files(tree_file, tmp_path / "qaic", prompt_len=32, k=3, ctx_len=64, options=tree16)
     written = json.loads((tmp_path / "qaic" / "specializations.json").read_text())["specializations"]
     assert [s["seq_len"] for s in written] == ["32", "4", "16"] and spec.seq_lens == (4, 16, 32)
     assert QaicCompileSpec.model_validate_json((tmp_path / "qaic" / "accel_qaic.json").read_text()).tree_nodes == 16
     with pytest.raises(BackendError, match="no tree inputs"):
-        write_qaic_files(onnx_file, tmp_path / "chain", prompt_len=32, k=3, ctx_len=64, tree_nodes=16)
+        write_qaic_files(onnx_file, tmp_path / "chain", prompt_len=32, k=3, ctx_len=64, options=tree16)
     with pytest.raises(BackendError, match="tree_nodes 65"):
-        write_qaic_files(tree_file, tmp_path / "big", prompt_len=32, k=3, ctx_len=64, tree_nodes=65)
+        big = QaicOptions(tree_nodes=65)
+        write_qaic_files(tree_file, tmp_path / "big", prompt_len=32, k=3, ctx_len=64, options=big)
 
 
 @pytest.mark.parametrize(
@@ -109,8 +112,8 @@ def test_tree_specialization(onnx_file, tmp_path):
     [
         ({"k": 0}, "k: Input should be greater than 0"),
         ({"prompt_len": 1.5}, "prompt_len"),
-        ({"num_cores": -1}, "num_cores"),
-        ({"num_devices": "two"}, "num_devices"),
+        ({"options": QaicOptions(num_cores=-1)}, "num_cores"),
+        ({"options": QaicOptions(num_devices="two")}, "num_devices"),  # type: ignore[arg-type]
         ({"k": 64}, "must not exceed ctx_len"),
         ({"ctx_len": 32}, "exported with ctx_len=64"),
     ],
@@ -157,6 +160,7 @@ def test_tree_calls_are_refused_with_the_reason(onnx_file, tmp_path, monkeypatch
     import numpy as np
 
     import accel.backends.qaic as qaic
+    from accel.backends import TreeInputs, require
     from accel.errors import SpdError
     from accel.spd import GREEDY, DraftTree, generate
     from tests.helpers.decoders import backend
@@ -165,11 +169,29 @@ def test_tree_calls_are_refused_with_the_reason(onnx_file, tmp_path, monkeypatch
     monkeypatch.setattr(qaic, "_session_class", lambda: _NoCard)
     qb = QaicBackend(tmp_path / "qaic" / "qpc")
     ids, pos = np.zeros((1, 2), np.int64), np.array([[0, 1]])
-    with pytest.raises(BackendError, match=r"cannot run token-tree calls: .*in-graph compaction is not implemented"):
-        qb.forward(ids, pos, slot_ids=pos, tree_mask=np.ones((1, 2, 64), bool))
+    assert not qb.info.capabilities
+    with pytest.raises(BackendError, match=r"no 'tree' capability: .*in-graph compaction is not implemented"):
+        require(qb, "tree")
+    with pytest.raises(BackendError, match=r"no 'tree' capability: .*in-graph compaction is not implemented"):
+        qb.forward(ids, pos, tree=TreeInputs(pos, np.ones((1, 2, 64), bool)))
     with pytest.raises(BackendError, match="cannot move cache slots"):
         qb.move_cache(np.array([[3]]), np.array([[2]]))
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=48)
     draft = backend(Decoder(cfg).init_weights(1), 1, ctx_len=64)
     with pytest.raises(SpdError, match=r"qaic target backend cannot score them: .*retained on the card"):
         generate(qb, DraftTree(draft, nodes=4, top_k=2), [[1, 2, 3]], max_new_tokens=4, sampling=GREEDY)
+
+
+def test_the_old_option_keywords_still_work_and_warn(onnx_file, tmp_path):
+    """``write_qaic_files``'s compile keywords before ``QaicOptions`` write the same files, with a DeprecationWarning
+    naming the replacement; unknown keywords and both forms together are refused by name."""
+    new = tmp_path / "new"
+    write_qaic_files(onnx_file, new, prompt_len=16, k=3, ctx_len=64, options=QaicOptions(num_devices=2, num_cores=14))
+    with pytest.warns(DeprecationWarning, match=r"num_cores=, num_devices= -> options=QaicOptions\(num_cores=..."):
+        write_qaic_files(onnx_file, tmp_path / "old", prompt_len=16, k=3, ctx_len=64, num_cores=14, num_devices=2)
+    for f in sorted(p.name for p in new.iterdir()):
+        assert (tmp_path / "old" / f).read_text() == (new / f).read_text(), f
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*num_chips"):
+        write_qaic_files(onnx_file, tmp_path / "x", prompt_len=16, k=3, ctx_len=64, num_chips=2)
+    with pytest.raises(TypeError, match="got options= and the deprecated num_cores"):
+        write_qaic_files(onnx_file, tmp_path / "y", prompt_len=16, k=3, ctx_len=64, options=QaicOptions(), num_cores=2)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tests.helpers.spd as spd_helpers
-from accel.backends import TorchBackend, prefill
+from accel.backends import TorchBackend, TreeInputs, prefill
 from accel.backends.torch_graphs import CallKey, resolve_device, resolve_dtype
 from accel.decode import TargetSpec
 from accel.errors import BackendError
@@ -116,7 +116,7 @@ def test_cache_after_tree_compaction_equals_a_fresh_prefill():
         mask[0, i, slots[0, i]] = True
         if p >= 0:
             mask[0, i, slots[0, p]] = True
-    b.forward(toks, pos, slot_ids=slots, tree_mask=mask)
+    b.forward(toks, pos, tree=TreeInputs(slots, mask))
     b.move_cache(np.array([[9, 11]]), np.array([[8, 9]]))  # accept node 1 then node 3 (path off the first child)
     ref = static(fresh(), ctx_len=32)
     prefill(ref, np.array([[*PROMPT, 12, 14]]))

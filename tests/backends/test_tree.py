@@ -1,4 +1,4 @@
-"""Tree calls on the KV-cache contract (``slot_ids``, ``tree_mask``; the ``"tree"`` capability), torch and
+"""Tree calls on the KV-cache contract (``tree=TreeInputs(slot_ids, tree_mask)``; the ``"tree"`` capability), torch and
 onnxruntime: every node's logits equal a separate chain call along its own path, chain calls on a tree graph equal
 the chain graph's bit for bit, ``move_cache`` compaction leaves the cache a fresh prefill of the accepted tokens
 would, and malformed tree inputs are ``BackendError``s that write nothing."""
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
-from accel.backends import OrtBackend, TorchBackend, export_onnx  # noqa: E402
+from accel.backends import OrtBackend, TorchBackend, TreeInputs, export_onnx  # noqa: E402
 from accel.errors import BackendError  # noqa: E402
 from tests.helpers.decoders import random_model  # noqa: E402
 from tests.helpers.scenario import make_tokens, run_scenario  # noqa: E402
@@ -71,7 +71,7 @@ def tree_call(backend, prompts, shapes, tokens):
         p, s, m = tree_inputs(parents, committed[b], CTX)
         cols = slice(width - len(parents), width)
         ids[b, cols], pos[b, cols], slots[b, cols], mask[b, cols] = toks, p, s, m
-    logits = backend.forward(ids, pos, slot_ids=slots, tree_mask=mask)
+    logits = backend.forward(ids, pos, tree=TreeInputs(slots, mask))
     return [logits[b, width - len(s) :] for b, s in enumerate(shapes)], committed
 
 
@@ -165,7 +165,7 @@ def bad_calls():
         ("mask of the wrong length", slots, mask[:, :2], "expected"),
         ("integer mask", slots, mask.astype(np.int64), "boolean"),
         ("slots of the wrong shape", slots[:, :2], mask, "slot_ids"),
-        ("mask without slots", None, mask, "both"),
+        ("mask without slots", None, mask, "slot_ids"),
     ]
 
 
@@ -178,12 +178,12 @@ def test_malformed_tree_inputs_raise_and_write_nothing(model, files, kind):
     ids = np.array([[6, 7, 8]])
     for what, slots, mask, message in cases:
         with pytest.raises(BackendError, match=message):
-            backend.forward(ids, pos, slot_ids=slots, tree_mask=mask)
+            backend.forward(ids, pos, tree=TreeInputs(slots, mask))
         for a, b in zip(before, caches(backend), strict=True):
             np.testing.assert_array_equal(a, b, err_msg=what)
     chain = make("onnxruntime", model, files, 1, "chain")
     with pytest.raises(BackendError, match="tree=True"):
-        chain.forward(ids, pos, slot_ids=np.array([[5, 6, 7]]), tree_mask=np.ones((1, 3, CTX), bool))
+        chain.forward(ids, pos, tree=TreeInputs(np.array([[5, 6, 7]]), np.ones((1, 3, CTX), bool)))
 
 
 @pytest.mark.parametrize("kind", ["torch", "onnxruntime"])

@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch")
 
 from accel.drafts.architecture import causal_hidden  # noqa: E402
 from accel.drafts.feature import (  # noqa: E402
+    FeatureLoss,
+    FeatureTrainConfig,
     build_feature_draft,
     feature_draft_loss,
     target_features,
@@ -43,11 +45,10 @@ def _draft(target: Decoder) -> Decoder:
 
 def test_training_lowers_loss_and_raises_agreement(target):
     batch = _batch(target)
-    before = feature_draft_loss(_draft(target), *batch)[1]
-    draft = train_feature_draft(
-        _draft(target), lambda step: _batch(target, step % 8), steps=300, lr=1e-2, warmup=10, progress=False
-    )
-    after = feature_draft_loss(draft, *batch)[1]
+    before = feature_draft_loss(_draft(target), batch)[1]
+    config = FeatureTrainConfig(steps=300, lr=1e-2, warmup=10)
+    draft = train_feature_draft(_draft(target), lambda step: _batch(target, step % 8), config, progress=False)
+    after = feature_draft_loss(draft, batch)[1]
     assert after["ce"] < 0.6 * before["ce"] and after["reg"] < before["reg"], (before, after)
     assert after["top1"] > before["top1"] + 0.2 and after["top1_step2"] > before["top1_step2"] + 0.2
     assert not draft.training
@@ -66,9 +67,8 @@ def test_best_state_is_kept(target):
     draft = train_feature_draft(
         _draft(target),
         lambda step: _batch(target, step),
-        steps=30,
+        FeatureTrainConfig(steps=30, eval_every=10),
         eval_fn=eval_fn,
-        eval_every=10,
         progress=False,
         log=logs.append,
     )
@@ -82,8 +82,7 @@ def test_time_budget_stops_early(target):
     train_feature_draft(
         _draft(target),
         lambda step: _batch(target, step),
-        steps=10_000,
-        max_seconds=0.0,
+        FeatureTrainConfig(steps=10_000, max_seconds=0.0),
         progress=False,
         log=logs.append,
     )
@@ -92,9 +91,9 @@ def test_time_budget_stops_early(target):
 
 def test_bad_arguments(target):
     with pytest.raises(DraftError, match="steps must be >= 1"):
-        train_feature_draft(_draft(target), lambda step: _batch(target), steps=0, progress=False)
+        train_feature_draft(_draft(target), lambda step: _batch(target), FeatureTrainConfig(steps=0), progress=False)
     with pytest.raises(DraftError, match="unroll must be 1 or 2"):
-        feature_draft_loss(_draft(target), *_batch(target), unroll=3)
+        feature_draft_loss(_draft(target), _batch(target), FeatureLoss(unroll=3))
     with pytest.raises(DraftError, match="repeated ids"):
         build_feature_draft(target, [3, 3, 4])
     with pytest.raises(DraftError, match=r"must be in \[0, 24\)"):
@@ -109,6 +108,41 @@ def test_bad_arguments(target):
         augment_draft(target, 0)
     with pytest.raises(DraftError, match="already reads features"):
         augment_draft(_draft(target), 32)
+
+
+def test_deprecated_keywords_give_the_same_weights(target):
+    """The keywords of the old signature fold into a ``FeatureTrainConfig`` (and its ``FeatureLoss``) with one
+    DeprecationWarning naming the replacement, and train exactly the same weights."""
+    new = train_feature_draft(
+        _draft(target),
+        lambda step: _batch(target, step),
+        FeatureTrainConfig(steps=3, lr=1e-2, warmup=2, loss=FeatureLoss(noise=0.2, reg_weight=0.5, unroll=1)),
+        progress=False,
+        log=lambda s: None,
+    )
+    with pytest.warns(
+        DeprecationWarning, match=r"steps=, lr=, warmup=, noise=, reg_weight=, unroll=.*FeatureTrainConfig"
+    ):
+        old = train_feature_draft(
+            _draft(target),
+            lambda step: _batch(target, step),
+            steps=3,
+            lr=1e-2,
+            warmup=2,
+            noise=0.2,
+            reg_weight=0.5,
+            unroll=1,
+            progress=False,
+            log=lambda s: None,
+        )
+    for name, value in new.state_dict().items():
+        assert torch.equal(value, old.state_dict()[name]), name
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*stepz"):
+        train_feature_draft(_draft(target), lambda step: _batch(target), stepz=3)
+    with pytest.raises(TypeError, match="give config alone"):
+        train_feature_draft(_draft(target), lambda step: _batch(target), FeatureTrainConfig(steps=1), lr=0.1)
+    with pytest.raises(TypeError, match=r"needs config=FeatureTrainConfig\(steps="):
+        train_feature_draft(_draft(target), lambda step: _batch(target), lr=0.1)
 
 
 def test_target_features_in_bfloat16(target):
@@ -157,9 +191,7 @@ def test_deepened_draft_starts_equal_and_trains(target):
     small = train_feature_draft(
         _draft(target),
         lambda step: _batch(target, step % 4),
-        steps=30,
-        lr=1e-2,
-        warmup=5,
+        FeatureTrainConfig(steps=30, lr=1e-2, warmup=5),
         log=lambda s: None,
         progress=False,
     )
@@ -172,13 +204,12 @@ def test_deepened_draft_starts_equal_and_trains(target):
         h_deep, _ = unrolled_hidden(deep, tokens, feats)
         torch.testing.assert_close(h_deep, h_small, atol=1e-6, rtol=0)
         torch.testing.assert_close(deep.lm_head(h_deep), small.lm_head(h_small), atol=1e-5, rtol=0)
-        before, _ = feature_draft_loss(deep, *_batch(target, 0))
-    train_feature_draft(
-        deep, lambda step: _batch(target, step % 4), steps=30, lr=1e-2, warmup=5, log=lambda s: None, progress=False
-    )
+        before, _ = feature_draft_loss(deep, _batch(target, 0))
+    config = FeatureTrainConfig(steps=30, lr=1e-2, warmup=5)
+    train_feature_draft(deep, lambda step: _batch(target, step % 4), config, log=lambda s: None, progress=False)
     assert deep.layers[1].self_attn.o_proj.weight.abs().max() > 0
     with torch.no_grad():
-        after, _ = feature_draft_loss(deep, *_batch(target, 0))
+        after, _ = feature_draft_loss(deep, _batch(target, 0))
     assert after < before
     with pytest.raises(DraftError, match="needs a feature draft"):
         deepen_feature_draft(target, target)

@@ -104,7 +104,7 @@ def test_mxfp6_heads_load(target, tmp_path):
 
     heads = random_heads(target, num_heads=2, prefix=True)
     save_hydra(heads, tmp_path / "h")
-    compress_checkpoint(tmp_path / "h", tmp_path / "mx", fmt="mxfp6", progress=False)
+    compress_checkpoint(tmp_path / "h", tmp_path / "mx", "mxfp6", progress=False)
     back = load_hydra(tmp_path / "mx", target)
     w, w6 = heads.heads[1].blocks[0].res.weight, back.heads[1].blocks[0].res.weight
     assert not torch.equal(w, w6) and torch.allclose(w, w6, atol=0.05 * float(w.detach().abs().max()))

@@ -51,7 +51,7 @@ def checkpoints(tmp_path_factory):
     save_pretrained(draft, d / "draft")
     out = {"float": d / "target", "draft": d / "draft"}
     for fmt in ("mxfp6", "mxfp4"):
-        compress_checkpoint(d / "target", d / fmt, fmt=fmt, progress=False)
+        compress_checkpoint(d / "target", d / fmt, fmt, progress=False)
         out[fmt] = d / fmt
     return out
 

@@ -9,14 +9,14 @@ import pytest
 
 from accel.cli import main
 from accel.errors import FormatError
-from accel.formats import compress_checkpoint, load_tensors, quantize
+from accel.formats import CompressSettings, compress_checkpoint, load_tensors, quantize
 from tests.helpers.formats import make_checkpoint
 
 
 @pytest.mark.parametrize("with_index", [True, False])
 def test_compress_checkpoint_matches_quantize(tmp_path, rng, with_index):
     originals = make_checkpoint(tmp_path / "src", rng, with_index)
-    report = compress_checkpoint(tmp_path / "src", tmp_path / "out", fmt="mxfp6", progress=False)
+    report = compress_checkpoint(tmp_path / "src", tmp_path / "out", "mxfp6", progress=False)
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [
@@ -77,6 +77,33 @@ def test_cli_compress(tmp_path, rng, capsys):
     assert "known formats" in capsys.readouterr().err
 
 
+def test_deprecated_keywords_write_the_same_files(tmp_path, rng):
+    """The keywords of the old signature (``fmt=``, ``exclude=``, ...) fold into a ``CompressSettings`` with one
+    DeprecationWarning naming it, also after a positional format name, and write the same bytes."""
+    make_checkpoint(tmp_path / "src", rng, True)
+    settings = CompressSettings("mxfp4", exclude=["*up_proj*"], block_size=32)
+    new = compress_checkpoint(tmp_path / "src", tmp_path / "new", settings, progress=False)
+    with pytest.warns(DeprecationWarning, match=r"fmt=, exclude=, block_size=.*CompressSettings\("):
+        old = compress_checkpoint(
+            tmp_path / "src", tmp_path / "old", fmt="mxfp4", exclude=["*up_proj*"], block_size=32, progress=False
+        )
+    with pytest.warns(DeprecationWarning, match="exclude="):
+        mixed = compress_checkpoint(
+            tmp_path / "src", tmp_path / "mixed", "mxfp4", exclude=["*up_proj*"], progress=False
+        )
+    assert new == old == mixed and "model.layers.0.mlp.up_proj.weight" in new.skipped
+    for shard in sorted((tmp_path / "new").glob("*.safetensors")):
+        assert shard.read_bytes() == (tmp_path / "old" / shard.name).read_bytes()
+        assert shard.read_bytes() == (tmp_path / "mixed" / shard.name).read_bytes()
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) fromat"):
+        compress_checkpoint(tmp_path / "src", tmp_path / "x", fromat="mxfp4")
+    with pytest.raises(TypeError, match="give settings alone"):
+        compress_checkpoint(tmp_path / "src", tmp_path / "x", settings, block_size=32)
+    with pytest.raises(TypeError, match="multiple values for the format"):
+        compress_checkpoint(tmp_path / "src", tmp_path / "x", "mxfp4", fmt="mxfp6")
+    assert not (tmp_path / "x").exists()
+
+
 def test_stream_bad_inputs(tmp_path, rng):
     with pytest.raises(FormatError, match="not a directory"):
         compress_checkpoint(tmp_path / "nope", tmp_path / "out")
@@ -102,7 +129,7 @@ def test_bf16_checkpoint(tmp_path, rng):
     w = torch.from_numpy(rng.standard_normal((32, 64)).astype(np.float32)).to(torch.bfloat16)
     norm = torch.from_numpy(rng.standard_normal(64).astype(np.float32)).to(torch.bfloat16)
     save_file({"layers.0.o_proj.weight": w, "layers.0.norm.weight": norm}, str(src / "model.safetensors"))
-    report = compress_checkpoint(src, tmp_path / "out", fmt="mxfp8", progress=False)
+    report = compress_checkpoint(src, tmp_path / "out", "mxfp8", progress=False)
     assert report.layers[0].bytes_before == 32 * 64 * 2
     out = tmp_path / "out" / "model.safetensors"
     with safe_open(str(out), framework="pt") as f:

@@ -15,7 +15,7 @@ import pytest
 
 from accel.cli import EXIT_ERROR, main
 from accel.errors import FormatError, NonFiniteWarning
-from accel.formats import compress_checkpoint, load_tensors
+from accel.formats import CompressSettings, compress_checkpoint, load_tensors
 from accel.formats.staging import MARKER, PartialState, drop_temp_files, partial_dir, write_marker
 from tests.helpers.formats import make_checkpoint, make_sharded_checkpoint, tree
 
@@ -47,7 +47,9 @@ def test_nonfinite_weight_is_an_error_by_default_and_nothing_is_written(tmp_path
 def test_nonfinite_keep_is_loud_and_counted(tmp_path, capsys, value):
     w = _nan_checkpoint(tmp_path / "src", value=value)
     with pytest.warns(NonFiniteWarning, match="1 NaN/Inf"):
-        report = compress_checkpoint(tmp_path / "src", tmp_path / "out", progress=False, nonfinite="keep")
+        report = compress_checkpoint(
+            tmp_path / "src", tmp_path / "out", CompressSettings(nonfinite="keep"), progress=False
+        )
     layer = report.layers[0]
     assert (layer.nonfinite_in, layer.nan_out, report.nan_out) == (1, 32, 32)  # the whole block of 32 decodes NaN
     assert report.nonfinite_layers == ["model.layers.0.mlp.up_proj.weight"]
@@ -111,10 +113,10 @@ def test_output_paths_that_cannot_be_written(tmp_path, rng, capsys):
 
 def test_overwrite_replaces_a_checkpoint_as_a_whole(tmp_path, rng):
     make_checkpoint(tmp_path / "src", rng)
-    compress_checkpoint(tmp_path / "src", tmp_path / "out", fmt="mxfp4", progress=False)
+    compress_checkpoint(tmp_path / "src", tmp_path / "out", "mxfp4", progress=False)
     (tmp_path / "out" / "stale.json").write_text("{}")
-    compress_checkpoint(tmp_path / "src", tmp_path / "out", fmt="mxfp6", progress=False, overwrite=True)
-    compress_checkpoint(tmp_path / "src", tmp_path / "fresh", fmt="mxfp6", progress=False)
+    compress_checkpoint(tmp_path / "src", tmp_path / "out", "mxfp6", progress=False, overwrite=True)
+    compress_checkpoint(tmp_path / "src", tmp_path / "fresh", "mxfp6", progress=False)
     assert tree(tmp_path / "out") == tree(tmp_path / "fresh")  # no stale file, no mxfp4 shard left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "src"]
 
@@ -147,7 +149,7 @@ def test_resume_and_overwrite_of_a_partial_run(tmp_path, rng):
     with pytest.raises(FormatError, match=r"unfinished run.*--resume.*--overwrite"):
         compress_checkpoint(src, out, progress=False)
     with pytest.raises(FormatError, match=r"other settings.*fmt"):
-        compress_checkpoint(src, out, fmt="mxfp4", progress=False, resume=True)
+        compress_checkpoint(src, out, "mxfp4", progress=False, resume=True)
     assert (staging / MARKER).is_file()  # a refused resume keeps the partial run
     report = compress_checkpoint(src, out, progress=False, resume=True)
     assert len(report.layers) == 2 and not staging.exists()

@@ -116,7 +116,7 @@ def _formats() -> list[Case]:
 
 def _compress() -> list[Case]:
     from accel import compress, load_compressed, save_compressed
-    from accel.formats import compress_checkpoint
+    from accel.formats import CompressSettings, compress_checkpoint
 
     def compress_copy(**kw):
         def call(w: World):
@@ -145,12 +145,14 @@ def _compress() -> list[Case]:
         Case("ckpt out = src", lambda w: compress_checkpoint(w.checkpoint, w.checkpoint, progress=False), FormatError),
         Case(
             "ckpt block 0",
-            lambda w: compress_checkpoint(w.checkpoint, w.tmp / "o3", block_size=0, progress=False),
+            lambda w: compress_checkpoint(w.checkpoint, w.tmp / "o3", CompressSettings(block_size=0), progress=False),
             FormatError,
         ),
         Case(
             "ckpt unknown nonfinite",
-            lambda w: compress_checkpoint(w.checkpoint, w.tmp / "o4", nonfinite="drop", progress=False),
+            lambda w: compress_checkpoint(
+                w.checkpoint, w.tmp / "o4", CompressSettings(nonfinite="drop"), progress=False
+            ),
             FormatError,
         ),
     ]
@@ -194,7 +196,7 @@ def _models() -> list[Case]:
 
 
 def _backends() -> list[Case]:
-    from accel.backends import OrtBackend, TorchBackend, export_onnx, write_qaic_files
+    from accel.backends import OrtBackend, QaicOptions, TorchBackend, export_onnx, write_qaic_files
 
     def export(**kw):
         return lambda w: export_onnx(w.model, w.tmp / "e.onnx", **{"ctx_len": 16, "progress": False, **kw})
@@ -241,7 +243,7 @@ def _backends() -> list[Case]:
         Case("qaic k 0", qaic(k=0), BackendError),
         Case("qaic k beyond ctx", qaic(k=64), BackendError),
         Case("qaic ctx differs from the graph", qaic(ctx_len=64), BackendError),
-        Case("qaic cores -1", qaic(num_cores=-1), BackendError),
+        Case("qaic cores -1", qaic(options=QaicOptions(num_cores=-1)), BackendError),
         Case(
             "qaic out is a file",
             lambda w: write_qaic_files(w.onnx, w.file, prompt_len=8, k=3, ctx_len=32),

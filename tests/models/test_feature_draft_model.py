@@ -16,7 +16,7 @@ import torch
 
 from accel.drafts.feature import build_feature_draft, shift_features, unrolled_hidden
 from accel.errors import DraftError, ModelError
-from accel.models import Decoder, ModelConfig, load_checkpoint, new_cache, save_pretrained
+from accel.models import Decoder, ExtraInputs, ModelConfig, load_checkpoint, new_cache, save_pretrained
 
 ATOL = 1e-5
 
@@ -71,18 +71,18 @@ def test_checkpoint_round_trip(draft, tmp_path):
 def test_mxfp6_checkpoint_round_trip(draft, tmp_path):
     """The shipping path: ``compress_checkpoint`` to MXFP6 (fc and layer weights); loads back as a feature draft
     whose outputs differ from the float draft only by the MX rounding."""
-    from accel.formats import compress_checkpoint
+    from accel.formats import CompressSettings, compress_checkpoint
 
     src = save_pretrained(draft, tmp_path / "d")
-    compress_checkpoint(src, tmp_path / "mx", fmt="mxfp6", exclude=["*norm*"], progress=False)
+    compress_checkpoint(src, tmp_path / "mx", CompressSettings("mxfp6", exclude=["*norm*"]), progress=False)
     back = load_checkpoint(tmp_path / "mx")
     assert back.config.feature_size == 32
     ids = torch.tensor([[1, 5, 9, 2]])
     feats = torch.randn(1, 4, 32, generator=torch.Generator().manual_seed(0))
     pos = torch.arange(4)[None]
     with torch.no_grad():
-        a = draft.hidden_forward(ids, pos, *new_cache(draft.config, 1, 8), features=feats)[0]
-        b = back.hidden_forward(ids, pos, *new_cache(back.config, 1, 8), features=feats)[0]
+        a = draft.hidden_forward(ids, pos, *new_cache(draft.config, 1, 8), extra=ExtraInputs(feats))[0]
+        b = back.hidden_forward(ids, pos, *new_cache(back.config, 1, 8), extra=ExtraInputs(feats))[0]
     assert 0 < float((a - b).abs().max()) < 0.5  # MXFP6 rounding: changed, but close
 
 
@@ -101,8 +101,8 @@ def test_forward_is_head_of_hidden_forward(draft):
     pos = torch.arange(5)[None]
     feats = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        logits, _, _ = draft(ids, pos, *new_cache(draft.config, 1, 8), num_logits=2, features=feats)
-        hidden, _, _ = draft.hidden_forward(ids, pos, *new_cache(draft.config, 1, 8), features=feats)
+        logits, _, _ = draft(ids, pos, *new_cache(draft.config, 1, 8), num_logits=2, extra=ExtraInputs(feats))
+        hidden, _, _ = draft.hidden_forward(ids, pos, *new_cache(draft.config, 1, 8), extra=ExtraInputs(feats))
     assert torch.equal(logits, draft.logits(hidden[:, -2:]))
 
 
@@ -123,12 +123,14 @@ def test_unrolled_hidden_matches_cached_drafting(layers):
         for i in range(7):
             keys, values = new_cache(d.config, 2, 8)
             if i:
-                _, keys, values = d.hidden_forward(
-                    tok[:, :i], pos[:, :i], keys, values, inplace=True, features=true[:, :i]
-                )
-            step = d.hidden_forward(tok[:, i : i + 1], pos[:, i : i + 1], keys, values, features=est[:, i : i + 1])
+                _, keys, values = d.hidden_forward(tok[:, :i], pos[:, :i], keys, values, True, ExtraInputs(true[:, :i]))
+            step = d.hidden_forward(
+                tok[:, i : i + 1], pos[:, i : i + 1], keys, values, extra=ExtraInputs(est[:, i : i + 1])
+            )
             np.testing.assert_allclose(step[0][:, 0].numpy(), out2[:, i].numpy(), atol=ATOL)
-            same = d.hidden_forward(tok[:, i : i + 1], pos[:, i : i + 1], keys, values, features=true[:, i : i + 1])
+            same = d.hidden_forward(
+                tok[:, i : i + 1], pos[:, i : i + 1], keys, values, extra=ExtraInputs(true[:, i : i + 1])
+            )
             np.testing.assert_allclose(same[0][:, 0].numpy(), out1[:, i].numpy(), atol=ATOL)
     assert float((out1 - out2).abs().max()) > 0.01  # the estimates matter
 

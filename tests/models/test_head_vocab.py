@@ -139,7 +139,7 @@ def test_compressed_checkpoint_round_trip(saved, tmp_path):
 
     small, path = saved
     out = tmp_path / "mx"
-    report = compress_checkpoint(path, out, fmt="mxfp6", progress=False)
+    report = compress_checkpoint(path, out, "mxfp6", progress=False)
     assert "lm_head.token_ids" in report.skipped and "lm_head.weight" in report.skipped
     loaded = load_checkpoint(out)
     assert torch.equal(loaded.lm_head_token_ids, small.lm_head_token_ids)

@@ -153,7 +153,7 @@ def test_load_accel_compressed_checkpoint(saved_llama, tmp_path):
     from accel.formats import compress_checkpoint
 
     out = tmp_path / "mx"
-    compress_checkpoint(saved_llama, out, fmt="mxfp6", progress=False)
+    compress_checkpoint(saved_llama, out, "mxfp6", progress=False)
     loaded = load_checkpoint(out)  # MX tensors dequantized
     reference = copy.deepcopy(load_checkpoint(saved_llama))
     accel.compress(reference, "mxfp6")

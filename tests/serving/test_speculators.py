@@ -75,13 +75,11 @@ def accel_chain(draft: OrtBackend, features: np.ndarray, tokens: np.ndarray, q: 
     feats[0, 1:, : features.shape[1]] = features[: q + 1]
     ids = np.concatenate([[0], tokens[: q + 1]])[None]
     draft.reset()
-    logits, hidden = draft.forward(ids, np.arange(q + 2)[None], features=feats, return_hidden=True, num_logits=1)
+    logits, hidden = draft.forward_hidden(ids, np.arange(q + 2)[None], features=feats, num_logits=1)
     out = [logits[0, -1]]
     for t in range(1, steps):
         pos = np.array([[q + 1 + t]])
-        logits, hidden = draft.forward(
-            tokens[q + t].reshape(1, 1), pos, features=hidden[:, -1:], return_hidden=True, num_logits=1
-        )
+        logits, hidden = draft.forward_hidden(tokens[q + t].reshape(1, 1), pos, features=hidden[:, -1:], num_logits=1)
         out.append(logits[0, -1])
     return out
 
@@ -157,7 +155,7 @@ def test_target_outputs_the_aux_states(verifier, tmp_path, weights, ort_ops):
     assert aux.info.hidden_size == head.feature_width and aux.metadata["accel.aux_layer_ids"] == "0,2,4"
     tokens = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(4))
     ids, pos = tokens.numpy()[None], np.arange(10)[None]
-    logits, hidden = aux.forward(ids, pos, return_hidden=True)
+    logits, hidden = aux.forward_hidden(ids, pos)
     np.testing.assert_array_equal(logits, plain.forward(ids, pos))
     # against float64: the random target's residuals reach ~300 and float32 torch is itself ~1e-3 off there
     reference = copy.deepcopy(target)

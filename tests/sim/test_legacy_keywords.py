@@ -1,4 +1,4 @@
-"""The keywords that typed objects replaced (``accel.sim._legacy``, one release): each old call form still works, gives
+"""The keywords that typed objects replaced (``accel._legacy``, one release): each old call form still works, gives
 exactly what the new form gives and warns (``DeprecationWarning`` naming the replacement); an unknown keyword is
 refused by name, and an object given together with its deprecated keywords is ambiguous."""
 

@@ -21,7 +21,7 @@ import pytest
 from accel.errors import SpdError
 from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
-from accel.spd.autotune import QUIET_EXPLORE, AutoTune
+from accel.spd.autotune import QUIET_EXPLORE, AutoTune, TuneSettings
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import (
     ALPHA,
@@ -49,6 +49,8 @@ PROPOSERS = {
     "lookup+tree": lambda db: Merge(NgramLookup(2, 3), DraftTree(db, nodes=4, top_k=2)),
 }
 
+EXPLORE_3 = TuneSettings(explore_every=3)  # a neighbour re-measured every 3 rounds
+
 
 @pytest.fixture(scope="module")
 def models():
@@ -62,7 +64,7 @@ def test_greedy_equals_ar_while_the_budget_changes(models, name, prompts):
     target, draft = models
     tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
     ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
-    tuner = AutoTune(PROPOSERS[name](db), explore_every=3)
+    tuner = AutoTune(PROPOSERS[name](db), settings=TuneSettings(explore_every=3))
     records = []
     for _ in range(4):  # one controller over several runs: probe, then model and explore rounds
         res = generate(tb, tuner, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
@@ -101,7 +103,7 @@ def test_bad_timings_run_the_fixed_fallback(models, clock):
 
 
 def chain_tuner(db, prior: float) -> AutoTune:
-    tuner = AutoTune(DraftChain(db, k=4), prior_acceptance=prior)
+    tuner = AutoTune(DraftChain(db, k=4), settings=TuneSettings(prior_acceptance=prior))
     tuner.propose_costs.observe(1, 1e-3)
     tuner.propose_costs.observe(4, 4e-3)  # 1 ms per draft call
     return tuner
@@ -166,7 +168,7 @@ def test_arguments_are_checked(models):
         AutoTune(chain, budgets=[1, 2], fallback=3)
     for kw in (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0)):
         with pytest.raises(SpdError, match=next(iter(kw))):
-            AutoTune(chain, **kw)
+            AutoTune(chain, settings=TuneSettings(**kw))
 
 
 # ---------------------------------------------------------------------- distribution exactness
@@ -238,10 +240,10 @@ def tuned_counts(target, draft, build, sampling: dict, seed: int, runs: int):
 @pytest.mark.parametrize(
     "name, build, setting",
     [
-        ("sampled chain", lambda db: AutoTune(DraftChain(db, k=K), explore_every=3, clock=SeededClock(1)), "plain"),
+        ("sampled chain", lambda db: AutoTune(DraftChain(db, k=K), settings=EXPLORE_3, clock=SeededClock(1)), "plain"),
         (
             "top-k tree",
-            lambda db: AutoTune(DraftTree(db, nodes=4, top_k=2, depth=2), explore_every=3, clock=SeededClock(2)),
+            lambda db: AutoTune(DraftTree(db, nodes=4, top_k=2, depth=2), settings=EXPLORE_3, clock=SeededClock(2)),
             "temperature",
         ),
     ],
@@ -290,7 +292,7 @@ def test_probe_only_sizes_are_scaled_by_the_real_to_probe_ratio(models):
 def test_the_plan_is_reused_between_replans(models):
     """The model's plan is recomputed every ``replan_every`` rounds and reused in between (host time per round)."""
     _, draft = models
-    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), replan_every=4)
+    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(replan_every=4))
     tuner.propose_costs.observe(1, 1e-3)
     tuner.call_costs.observe(1, 10e-3)
     first = tuner._cached_plan()
@@ -298,3 +300,16 @@ def test_the_plan_is_reused_between_replans(models):
     assert first is not None and tuner._cached_plan() is first
     tuner.rounds += 1
     assert tuner._cached_plan() is not first
+
+
+def test_the_old_setting_keywords_still_work_and_warn(models):
+    """``AutoTune``'s learning keywords before ``TuneSettings`` build the same settings, with a DeprecationWarning
+    naming the replacement; unknown keywords and both forms together are refused by name."""
+    chain = DraftChain(backend(models[1], 1, ctx_len=CTX), k=4)
+    with pytest.warns(DeprecationWarning, match=r"explore_every=, decay= -> settings=TuneSettings\(explore_every="):
+        old = AutoTune(chain, explore_every=3, decay=0.9)
+    assert old.settings == TuneSettings(explore_every=3, decay=0.9) and old.explore_every == 3 and old.decay == 0.9
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*explore"):
+        AutoTune(chain, explore=3)
+    with pytest.raises(TypeError, match="got settings= and the deprecated decay"):
+        AutoTune(chain, settings=TuneSettings(), decay=0.5)

@@ -16,7 +16,7 @@ import pytest
 
 from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, generate, generate_ar
-from accel.spd.autotune import AutoTune
+from accel.spd.autotune import AutoTune, TuneSettings
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
 from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
@@ -37,7 +37,7 @@ def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
     target, draft = models
     tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
     ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
-    tuner = AutoTune.for_draft(db, k=3, nodes=5, explore_every=3)
+    tuner = AutoTune.for_draft(db, k=3, nodes=5, settings=TuneSettings(explore_every=3))
     assert len(tuner.arms) == 3  # lookup | chain, chain, lookup + tree (the torch draft takes tree inputs)
     records = []
     for _ in range(4):
@@ -65,7 +65,7 @@ def two_arms(db):
 def test_controller_over_arms_keeps_the_target_law(pair):
     target, draft = pair
     sampling = SETTINGS["plain"]
-    build = lambda db: AutoTune(two_arms(db), explore_every=3, clock=SeededClock(3))  # noqa: E731
+    build = lambda db: AutoTune(two_arms(db), settings=TuneSettings(explore_every=3), clock=SeededClock(3))  # noqa: E731
     counts, records = tuned_counts(target, draft, build, sampling, seed=301, runs=10)
     pvalue = chi_square(counts, exact_law(target, sampling))
     print(f"chi-square p-value [autotune, two arms]: {pvalue:.4g}")
@@ -89,7 +89,7 @@ def test_the_cheaper_arm_wins(models):
     _, draft = models
     db = backend(draft, 1, ctx_len=CTX)
     for cheap in (0, 1):
-        tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], prior_acceptance=0.9)
+        tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9))
         for s in (1, 5):
             tuner.call_costs.observe(s, 10e-3)
         for i, arm in enumerate(tuner.arms):
@@ -130,7 +130,7 @@ def test_a_shapes_own_rounds_correct_the_model(models):
 
     _, draft = models
     db = backend(draft, 1, ctx_len=CTX)
-    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], prior_acceptance=0.9, decay=1.0)
+    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
     for s in (1, 5):
         tuner.call_costs.observe(s, 10e-3)
     for arm in tuner.arms:

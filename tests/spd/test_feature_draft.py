@@ -19,7 +19,7 @@ from tests.helpers.spd import NEW, PROMPT, SETTINGS, VOCAB, chi_square, exact_la
 torch = pytest.importorskip("torch")
 
 from accel.drafts.architecture import causal_hidden  # noqa: E402
-from accel.drafts.feature import build_feature_draft, train_feature_draft  # noqa: E402
+from accel.drafts.feature import FeatureTrainConfig, build_feature_draft, train_feature_draft  # noqa: E402
 from accel.models import Decoder  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [3, 1], [5, 5, 2, 0, 1]]
@@ -47,9 +47,8 @@ def teacher_batches(target, vocab: int, rows: int = 64, length: int = 12, seed: 
 
 def trained_feature_draft(target, vocab: int, head_ids, steps: int = 300):
     draft = build_feature_draft(target, torch.as_tensor(head_ids), layers=1, embed_size=8, seed=1)
-    return train_feature_draft(
-        draft, teacher_batches(target, vocab), steps=steps, lr=1e-2, warmup=20, log=lambda s: None, progress=False
-    ).eval()
+    config = FeatureTrainConfig(steps=steps, lr=1e-2, warmup=20)
+    return train_feature_draft(draft, teacher_batches(target, vocab), config, log=lambda s: None, progress=False).eval()
 
 
 class Recording:
@@ -63,7 +62,12 @@ class Recording:
         return self.inner.info
 
     def forward(self, input_ids, position_ids, **kw):
-        out = self.inner.forward(input_ids, position_ids, **kw)
+        return self._record(input_ids, position_ids, kw, self.inner.forward(input_ids, position_ids, **kw))
+
+    def forward_hidden(self, input_ids, position_ids, **kw):
+        return self._record(input_ids, position_ids, kw, self.inner.forward_hidden(input_ids, position_ids, **kw))
+
+    def _record(self, input_ids, position_ids, kw, out):
         self.log.append((self.name, np.array(input_ids), np.array(position_ids), kw.get("features"), out))
         return out
 

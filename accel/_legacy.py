@@ -1,7 +1,8 @@
-"""Deprecated keywords of ``accel.sim``'s public functions, kept for one release (removed in accel 0.2.0).
+"""Deprecated keywords of accel's public functions, kept for one release (removed in accel 0.2.0).
 
-Functions whose keywords were grouped into typed objects (``CallShape``, ``PPDRun``, ``SweepAxes``, ``HostProbe``,
-``RooflinePoints``) take the old keywords through one ``**legacy`` parameter and hand it to :func:`legacy_keywords`:
+Functions whose keywords were grouped into typed objects (``accel.sim``'s ``CallShape``, ``PPDRun``, ``SweepAxes``,
+``HostProbe``, ``RooflinePoints``; ``accel.backends.QaicOptions``) take the old keywords through one ``**legacy``
+parameter and hand it to :func:`legacy_keywords`:
 each deprecated keyword still works, folded into the object that replaced it, with one ``DeprecationWarning`` naming
 the keywords and their replacement; giving the object and its deprecated keywords together is ambiguous and refused;
 any other unexpected keyword is a ``TypeError`` naming it.
@@ -18,17 +19,19 @@ from typing import Any
 @dataclass(frozen=True)
 class Replaced:
     """Deprecated keywords replaced by the parameter ``param``: ``fields`` maps each keyword to its field in the
-    object ``build(**fields)`` takes; ``hint`` says how the replacement reads (default ``param=Build(field=...)``)."""
+    object ``build(**fields)`` takes; ``hint`` says how the replacement reads (default ``param=Build(field=...)``,
+    ``Build`` = ``label`` or ``build``'s name)."""
 
     param: str
     build: Callable[..., Any]
     fields: Mapping[str, str]
     hint: str = ""
+    label: str = ""  # the replacement's class name when ``build`` is a helper around it
 
     def replacement(self, given: Sequence[str]) -> str:
         if self.hint:
             return self.hint
-        name = getattr(self.build, "__name__", "")
+        name = self.label or getattr(self.build, "__name__", "")
         return f"{self.param}={name}({', '.join(f'{self.fields[k]}=...' for k in given)})"
 
 
