@@ -34,11 +34,26 @@ from pathlib import Path
 
 from bench_support import json_out, save_results
 
-from accel.backends.weights import WEIGHT_MODES
+from accel.backends.weights import WEIGHT_MODES, WeightFormat
+from accel.decode import (
+    ARSpec,
+    ChainSpec,
+    DecodeSpec,
+    FirstOfSpec,
+    HydraTreeSpec,
+    LookupSpec,
+    MergeSpec,
+    ProposerSpec,
+    SamplingSpec,
+    TargetSpec,
+    build,
+)
+from accel.decode.opening import GraphNeeds, Opener
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_DRAFT = REPO / "accel" / "demo_data" / "smollm2-draft"
 SHIPPED_FEATURE = REPO / "accel" / "demo_data" / "smollm2-feature-draft"
+FP32_AR = "autoregressive, fp32 target"
 
 
 def parse_args() -> argparse.Namespace:
@@ -116,73 +131,57 @@ SKIPPABLE = ("standalone", "feature", "fp32", "chain", "tree")  # tree: the Hydr
 LOOKUP = ("alone", "feature", "first", "merge")
 
 
-def proposers(args: argparse.Namespace, cache: Path, target_dir: Path, heads_of: dict[str, str]) -> dict:
-    """name -> a function making a fresh proposer (or None for AR); ``heads_of`` gets each Hydra row's heads dir."""
-    from accel.backends import OrtBackend, export_cached
-    from accel.spd import DraftChain, NgramLookup
-
-    rows: dict = {"autoregressive": lambda: None}
-    lookup = (lambda: NgramLookup(args.ngram, args.ngram_k)) if args.ngram else None
+def proposers(args: argparse.Namespace, heads_of: dict[str, str]) -> dict[str, ProposerSpec]:
+    """row name -> the ``DecodeSpec`` proposer of that row (``ARSpec`` for AR); ``heads_of`` gets each Hydra row's
+    heads dir."""
+    rows: dict[str, ProposerSpec] = {"autoregressive": ARSpec()}
+    lookup = LookupSpec(n=args.ngram, k=args.ngram_k) if args.ngram else None
     tag = f"lookup n={args.ngram} k={args.ngram_k}"
     if lookup and "alone" in args.lookup:
         rows[tag] = lookup
     if "standalone" not in args.skip:
-        draft = OrtBackend(export_cached(SHIPPED_DRAFT, cache, ctx_len=args.ctx_len), threads=1)
-        rows[f"standalone draft, chain k={args.k}"] = lambda: DraftChain(draft, k=args.k)
-    if "feature" not in args.skip or (lookup and "feature" in args.lookup):
-        path = export_cached(SHIPPED_FEATURE, cache, ctx_len=args.ctx_len, weights="int8")
-        feature = OrtBackend(path, threads=args.threads)
-        if "feature" not in args.skip:
-            rows[f"feature draft, chain k={args.k} (int8)"] = lambda: DraftChain(feature, k=args.k)
-        if lookup and "feature" in args.lookup:
-            chain = lambda: DraftChain(feature, k=6, min_draft_prob=0.3)  # noqa: E731 (spd.py's best after lookup)
-            rows[f"feature dyn chain 6 t=0.3, after {tag}"] = with_lookup("first", lookup, chain)
+        rows[f"standalone draft, chain k={args.k}"] = ChainSpec(draft=SHIPPED_DRAFT, k=args.k)
+    feature = partial(ChainSpec, draft=SHIPPED_FEATURE, threads=args.threads)  # int8: build's default for it
+    if "feature" not in args.skip:
+        rows[f"feature draft, chain k={args.k} (int8)"] = feature(k=args.k)
+    if lookup and "feature" in args.lookup:  # spd.py's best after lookup
+        rows[f"feature dyn chain 6 t=0.3, after {tag}"] = FirstOfSpec(
+            lookup=lookup, then=feature(k=6, min_draft_prob=0.3)
+        )
     for n, heads_dir in enumerate(args.hydra):
-        made = hydra_rows(args, cache, target_dir, heads_dir, first=n == 0, lookup=lookup, tag=tag)
+        made = hydra_rows(args, heads_dir, first=n == 0, lookup=lookup, tag=tag)
         rows.update(made)
         heads_of.update(dict.fromkeys(made, heads_dir))
     return rows
 
 
-def with_lookup(how: str, lookup, make):
-    """A factory of ``make()`` after lookup (``FirstOf``, how="first") or merged with it (``Merge``)."""
-    from accel.spd import FirstOf, Merge
-
-    join = FirstOf if how == "first" else Merge
-    return lambda: join(lookup(), make())
-
-
-def hydra_rows(args: argparse.Namespace, cache: Path, target_dir: Path, heads_dir: str, first: bool, lookup, tag):
+def hydra_rows(
+    args: argparse.Namespace, heads_dir: str, first: bool, lookup: LookupSpec | None, tag: str
+) -> dict[str, ProposerSpec]:
     """The rows of one heads directory: its trees (plain, after lookup, merged), the fp32 ablation, its chain."""
-    from accel.drafts.hydra import HydraProposer, HydraRuntime, TreeShape
-    from accel.drafts.hydra.export import export_hydra_cached
+    from accel.drafts.hydra.config import HydraConfig
 
-    def runtime(weights: str) -> HydraRuntime:
-        path = export_hydra_cached(heads_dir, target_dir, cache, ctx_len=args.ctx_len, weights=weights)
-        return HydraRuntime(path, threads=1)
-
-    def shape(budget: int, keep: float = 0.0, expand: float = 0.0) -> TreeShape:
-        s = TreeShape.for_decoding(heads.num_heads, budget, args.top_k)
-        return s.with_thresholds(keep, expand or None)
-
-    rows: dict = {}
-    heads = runtime("int8")
-    kind = "Hydra++" if heads.prefix else "Hydra (MLP)"
+    config = HydraConfig.model_validate_json((Path(heads_dir) / "config.json").read_text())
+    num_heads, kind = config.num_heads, "Hydra++" if config.prefix else "Hydra (MLP)"
+    heads = partial(HydraTreeSpec, heads=Path(heads_dir), top_k=args.top_k, weights="int8")
+    rows: dict[str, ProposerSpec] = {}
     for budget, keep, expand in args.nodes:
-        make = partial(HydraProposer, heads, shape(budget, keep, expand))
+        tree = heads(nodes=budget, min_prob=keep, expand_prob=expand or None)
         name = f"{kind}, tree {budget}" + (f" p {keep:g}/{expand or keep:g}" if keep or expand else "")
         if "tree" not in args.skip:
-            rows[name] = make
-        for how in ("first", "merge") if lookup else ():
-            if how in args.lookup:
-                rows[f"{name}, {'after' if how == 'first' else 'merged with'} {tag}"] = with_lookup(how, lookup, make)
+            rows[name] = tree
+        if lookup and "first" in args.lookup:
+            rows[f"{name}, after {tag}"] = FirstOfSpec(lookup=lookup, then=tree)
+        if lookup and "merge" in args.lookup:
+            rows[f"{name}, merged with {tag}"] = MergeSpec(lookup=lookup, tree=tree)
     if first and "fp32" not in args.skip:
-        fp32 = runtime("fp32")
-        spec = max(args.nodes)
-        rows[f"{kind}, tree {spec[0]} fp32"] = partial(HydraProposer, fp32, shape(*spec))
+        budget, keep, expand = max(args.nodes)
+        rows[f"{kind}, tree {budget} fp32"] = heads(
+            nodes=budget, min_prob=keep, expand_prob=expand or None, weights="fp32"
+        )
     if "chain" not in args.skip:
-        chain = TreeShape.chain(min(4, heads.num_heads))
-        rows[f"{kind}, chain k={chain.depth}"] = partial(HydraProposer, heads, chain)
+        depth = min(4, num_heads)  # the heads' top-1 chain: a tree of one child per node
+        rows[f"{kind}, chain k={depth}"] = HydraTreeSpec(heads=Path(heads_dir), nodes=depth, top_k=1, depth=depth)
     return rows
 
 
@@ -269,50 +268,41 @@ def predict_rows(totals: dict, heads_of: dict[str, str], hardware: list[str], ta
     return out
 
 
+def _specs(args: argparse.Namespace, rows: dict[str, ProposerSpec], target_dir: Path) -> dict[str, DecodeSpec]:
+    """Every row as a ``DecodeSpec`` on the target (``--target-weights``; the fp32 AR row on float32 weights)."""
+    target = TargetSpec(path=target_dir, weights=args.target_weights, ctx_len=args.ctx_len, threads=args.threads)
+    sampling = SamplingSpec(greedy=True) if args.temperature is None else SamplingSpec(temperature=args.temperature)
+    spec = partial(DecodeSpec, sampling=sampling, max_new_tokens=args.max_new, autotune=False)
+    specs = {name: spec(target=target, proposer=p) for name, p in rows.items()}
+    if args.target_weights != "fp32":  # right after AR: its own AR on float32 weights, timed in the same run
+        fp32 = spec(target=target.model_copy(update={"weights": WeightFormat.FP32}))
+        specs = {"autoregressive": specs.pop("autoregressive"), FP32_AR: fp32, **specs}
+    return specs
+
+
 def main() -> int:
     args = parse_args()
-    from accel.backends import OrtBackend, export_cached
     from accel.drafts.checkpoint import load_text_tokenizer
     from accel.drafts.prompts import HELD_OUT_PROMPTS
     from accel.models import smollm2_checkpoint
-    from accel.models.smollm2 import cache_root
-    from accel.spd import GREEDY, Sampling, generate
 
     target_dir = Path(smollm2_checkpoint())
-    cache = cache_root() / "onnx"
-    path = export_cached(
-        target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True, weights=args.target_weights
-    )
-    target = OrtBackend(path, threads=args.threads)
-    backends = {}  # row name -> its own target (default: ``target``)
-    if args.target_weights != "fp32":
-        fp32_path = export_cached(target_dir, cache, ctx_len=args.ctx_len, hidden_output=True, tree=True)
-        backends["autoregressive, fp32 target"] = OrtBackend(fp32_path, threads=args.threads)
     tok = load_text_tokenizer(target_dir)
     if not 1 <= args.prompts <= len(HELD_OUT_PROMPTS):
         raise SystemExit(f"--prompts must be in 1..{len(HELD_OUT_PROMPTS)}")
     prompts = [tok.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
-    if args.costs:
-        target_costs(target)
-    sampling = GREEDY if args.temperature is None else Sampling(temperature=args.temperature)
-    eos_id = json.loads((target_dir / "config.json").read_text()).get("eos_token_id")
     heads_of: dict[str, str] = {}
-    makers = proposers(args, cache, target_dir, heads_of)
-    if backends:
-        makers = {"autoregressive": makers.pop("autoregressive"), **dict.fromkeys(backends, lambda: None), **makers}
+    specs = _specs(args, proposers(args, heads_of), target_dir)
+    # one target session (hidden states and tree inputs) for every row; the fp32 AR row opens its own
+    opener = Opener(GraphNeeds(hidden_output=True, tree=True), target_spin=False)
+    setups = {name: build(spec, tok, opener) for name, spec in specs.items()}
+    if args.costs:
+        target_costs(setups["autoregressive"].target)
     zero = {"calls": 0, "new": 0, "draft_s": 0.0, "rounds": 0, "wall": 0.0, "nodes": 0, "lookup": 0, **LOOP_ZERO}
-    totals = {name: {"tokens": [], **zero} for name in makers}
+    totals = {name: {"tokens": [], **zero} for name in setups}
     for i, prompt in enumerate(prompts):  # prompt-major: load on a shared machine falls on every row alike
-        for name, make in makers.items():
-            res = generate(
-                backends.get(name, target),
-                make(),
-                [prompt],
-                max_new_tokens=args.max_new,
-                sampling=sampling,
-                seed=i,
-                eos_token_id=eos_id,
-            )
+        for name, setup in setups.items():
+            res = setup.generate([prompt], seed=i)
             s, t = res.stats, totals[name]
             t["tokens"].append(res.tokens[0])
             t["calls"] += s.row_calls
@@ -323,6 +313,18 @@ def main() -> int:
             t["lookup"] += s.lookup_rounds
             t["wall"] += s.wall_s - s.prefill_s
             add_loop_shape(t, s)
+    rows = _report(totals, args)
+    if args.predict:
+        predicted = predict_rows(totals, heads_of, args.predict, target_dir)
+        for row in rows:
+            row["predicted_speedup"] = predicted.get(row["proposer"])
+    if args.json:
+        save_results(args.json, {"rows": rows}, __file__)
+    return 0
+
+
+def _report(totals: dict, args: argparse.Namespace) -> list[dict]:
+    """One printed and returned row per setting (speedups over the first row, AR)."""
     rows, reference = [], totals["autoregressive"]["tokens"]
     for name, t in totals.items():
         row = {
@@ -333,7 +335,7 @@ def main() -> int:
             "nodes_per_round": t["nodes"] / max(t["rounds"], 1),
             "lookup_share": t["lookup"] / max(t["rounds"], 1),
             "tokens_per_s": t["new"] / t["wall"],
-            "equals_ar": t["tokens"] == reference if args.temperature is None and name not in backends else None,
+            "equals_ar": t["tokens"] == reference if args.temperature is None and name != FP32_AR else None,
         }
         row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows else 1.0
         rows.append(row)
@@ -345,13 +347,7 @@ def main() -> int:
             f"== AR: {row['equals_ar']}",
             flush=True,
         )
-    if args.predict:
-        predicted = predict_rows(totals, heads_of, args.predict, target_dir)
-        for row in rows:
-            row["predicted_speedup"] = predicted.get(row["proposer"])
-    if args.json:
-        save_results(args.json, {"rows": rows}, __file__)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
