@@ -1,18 +1,24 @@
 """benchmarks/spd.py's settings are DecodeSpecs: every mode of its grammar maps to the recipe ``accel generate --spec``
-runs (the proposer kind, the shape as given, no controller); no timed assertions."""
+runs (the proposer kind, the shape as given, no controller), and a setting run by the benchmark gives the tokens the
+CLI and Python give for its spec file; no timed assertions."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from accel.decode import DecodeSpec, TargetSpec
+from accel.cli import main
+from accel.decode import DecodeSpec, TargetSpec, build
+from accel.decode.opening import GraphNeeds, Opener
+from accel.models import save_pretrained
 from accel.spd import GREEDY, Sampling
+from tests.helpers.decoders import perturbed, random_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,3 +84,30 @@ def test_every_mode_is_a_decode_spec(spd, tmp_path, mode, k, thr, kind, inner):
         )
         assert part.threads == (2 if feature else 1)
     assert DecodeSpec.model_validate_json(spec.model_dump_json()) == spec  # what a spec file holds means the same
+
+
+def test_a_benchmark_setting_runs_as_the_cli_runs_its_spec_file(spd, tmp_path, tmp_path_factory, monkeypatch, capsys):
+    """One benchmark setting, written once as a DecodeSpec: the benchmark's own path (``open_job`` on its shared
+    sessions), ``accel generate --spec`` on the spec's JSON and ``build(spec)`` in Python give the same tokens (greedy,
+    lookup first, then the draft's chain), all equal to the target's own decoding."""
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path_factory.getbasetemp() / "spd_bench_cache"))
+    target_model = random_model(seed=2, std=0.5)
+    target = save_pretrained(target_model, tmp_path / "target")
+    draft = save_pretrained(perturbed(target_model, 3, 0.05), tmp_path / "draft")
+    setup = SimpleNamespace(
+        target_spec=TargetSpec(path=target, ctx_len=48, threads=1),
+        draft_path=draft,
+        feat_path=None,
+        max_new=16,
+        opener=Opener(GraphNeeds(hidden_output=True)),  # as the benchmark: one target graph for every mode
+    )
+    prompt = [5, 17, 2, 9, 5, 17, 3]
+    job = (("greedy", GREEDY), "spd+ngram", 3, None)
+    spec = spd.job_spec(setup, job, ARGS)
+    bench = spd.open_job(setup, job, ARGS).generate([prompt], seed=0).tokens
+    path = tmp_path / "setting.json"
+    path.write_text(spec.model_dump_json())
+    assert main(["generate", "--spec", str(path), "--prompt", " ".join(map(str, prompt)), "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)["tokens"]
+    ar = spd.open_job(setup, (("greedy", GREEDY), "ar", 0, None), ARGS).generate([prompt]).tokens
+    assert bench == cli == build(spec).generate([prompt]).tokens == ar
