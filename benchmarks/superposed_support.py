@@ -49,6 +49,12 @@ def shard_store(data: Path, tok: Any, vocab: int, exclude: Sequence[str], cache:
     """The n-gram store of the shards under ``data/data`` without the rows that contain one of the prompts
     ``exclude`` (and never the held-out prompts), built once per shard set and exclusion and cached under ``cache``.
     Returns the store and a one-line description."""
+    store = NgramStore.load(shard_store_file(data, tok, vocab, exclude, cache))
+    return store, str(store.meta["sources"][0])
+
+
+def shard_store_file(data: Path, tok: Any, vocab: int, exclude: Sequence[str], cache: Path) -> Path:
+    """``shard_store``'s file (built if it is not cached yet): what a ``SuperposedSpec``'s ``store`` names."""
     excluded = [*exclude, *HELD_OUT_PROMPTS]
     shards = sorted((data / "data").glob("*.safetensors"))
     stamp = json.dumps([[f.name, f.stat().st_size] for f in shards] + sorted(excluded))
@@ -58,8 +64,7 @@ def shard_store(data: Path, tok: Any, vocab: int, exclude: Sequence[str], cache:
         docs, dropped = drop_containing(docs, shard_prompt_ids(data, tok, excluded))
         desc += f"; {dropped} rows of {len(excluded)} excluded prompts dropped"
         build_store(docs, vocab, path, meta={"sources": [desc], "tokenizer": tokenizer_fingerprint(tok)})
-    store = NgramStore.load(path)
-    return store, str(store.meta["sources"][0])
+    return path
 
 
 def tuning_prompts(data: Path, n: int) -> list[str]:
