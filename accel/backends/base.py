@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, overload, runtime_checkable
+from typing import Any, Literal, Protocol, cast, overload, runtime_checkable
 
 import numpy as np
 
@@ -56,6 +56,7 @@ __all__ = [
     "HiddenBackend",
     "MixBackend",
     "MixInputs",
+    "ScoringBackend",
     "TreeBackend",
     "TreeInputs",
     "chain_tree_inputs",
@@ -206,6 +207,53 @@ class MixBackend(Backend, Protocol):
     ) -> np.ndarray:
         """``Backend.forward``; with ``mix`` each column enters as a weighted sum of token embeddings."""
         ...
+
+
+class ScoringBackend:
+    """``forward`` and ``forward_hidden`` of a whole-model backend, both one validated call of its ``_score`` (the
+    backend's own: logits of the last ``num_logits`` columns and, with ``hidden``, the hidden states of every column);
+    old keywords go through ``legacy_forward``. ``OrtBackend`` and ``TorchBackend`` share them."""
+
+    def _score(
+        self, input_ids, position_ids, num_logits: int | None, features, tree, mix, *, hidden: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+        **legacy: Any,
+    ) -> np.ndarray:
+        """Score tokens at positions; returns float32 logits ``[B, N, V]``; ``features``: a feature draft's input,
+        ``tree``: a tree call, ``mix``: superposed inputs (module docstring; ``legacy``: ``legacy_forward``)."""
+        if legacy:
+            return legacy_forward(
+                cast(Backend, self), input_ids, position_ids, legacy, num_logits=num_logits, features=features,
+                tree=tree, mix=mix,
+            )  # fmt: skip
+        return self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=False)[0]
+
+    def forward_hidden(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        *,
+        num_logits: int | None = None,
+        features: np.ndarray | None = None,
+        tree: TreeInputs | None = None,
+        mix: MixInputs | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``forward``'s logits and the float32 final-norm hidden states ``[B, S, H]`` of every column
+        (``"hidden_states"``)."""
+        logits, hidden = self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=True)
+        assert hidden is not None
+        return logits, hidden
 
 
 _PROTOCOLS: dict[str, type] = {

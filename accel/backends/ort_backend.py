@@ -25,15 +25,13 @@ import onnxruntime as ort
 
 from accel.backends.base import (
     BackendInfo,
-    MixInputs,
-    TreeInputs,
+    ScoringBackend,
     chain_tree_inputs,
     check_extensions,
     check_mix,
     check_moves,
     check_step_inputs,
     check_tree_inputs,
-    legacy_forward,
 )
 from accel.backends.cpu import int8_warning
 from accel.backends.graph_spec import GraphSpec
@@ -49,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["GraphContract", "OrtBackend", "SessionOptions", "check_inplace_cache", "inspect_graph"]
 
 
-class OrtBackend:
+class OrtBackend(ScoringBackend):
     """Run an exported decoder on onnxruntime, keeping the KV cache in runtime buffers between calls.
 
     Args:
@@ -194,42 +192,6 @@ class OrtBackend:
     def metadata(self) -> dict[str, str]:
         """The graph's ``metadata_props`` (``accel.*`` export settings)."""
         return self.contract.metadata
-
-    def forward(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        tree: TreeInputs | None = None,
-        mix: MixInputs | None = None,
-        **legacy: Any,
-    ) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]``; ``features``: a feature draft's input,
-        ``tree``: a tree call, ``mix``: superposed inputs (a mixed-input graph given none gets each token with weight
-        1, the ordinary call bit for bit). See ``accel.backends.base`` (and its ``legacy_forward`` for ``legacy``)."""
-        if legacy:
-            return legacy_forward(
-                self, input_ids, position_ids, legacy, num_logits=num_logits, features=features, tree=tree, mix=mix
-            )
-        return self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=False)[0]
-
-    def forward_hidden(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        tree: TreeInputs | None = None,
-        mix: MixInputs | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``forward``'s logits and the hidden states ``[B, S, H]`` of every column (``"hidden_states"``: a graph
-        exported with ``hidden_output=True``, or a feature draft)."""
-        logits, hidden = self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=True)
-        assert hidden is not None
-        return logits, hidden
 
     def _score(
         self, input_ids, position_ids, num_logits: int | None, features, tree, mix, *, hidden: bool

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
 
 from accel.backends.base import (
     BackendInfo,
-    MixInputs,
-    TreeInputs,
+    ScoringBackend,
     check_extensions,
     check_mix,
     check_moves,
     check_step_inputs,
     check_tree_inputs,
-    legacy_forward,
 )
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
@@ -54,7 +52,7 @@ class TorchRuntime(TypedDict, total=False):
     mx: str | Sequence[str] | None
 
 
-class TorchBackend:
+class TorchBackend(ScoringBackend):
     """Run a ``Decoder`` with a KV cache of ``ctx_len`` positions kept in torch tensors (written in place).
 
     Args:
@@ -166,41 +164,6 @@ class TorchBackend:
     def info(self) -> BackendInfo:
         """Static facts about this backend."""
         return self._info
-
-    def forward(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        tree: TreeInputs | None = None,
-        mix: MixInputs | None = None,
-        **legacy: Any,
-    ) -> np.ndarray:
-        """Score tokens at positions; returns float32 logits ``[B, N, V]``; ``features``: a feature draft's input,
-        ``tree``: a tree call, ``mix``: superposed inputs. See ``accel.backends.base`` (and its ``legacy_forward`` for
-        ``legacy``)."""
-        if legacy:
-            return legacy_forward(
-                self, input_ids, position_ids, legacy, num_logits=num_logits, features=features, tree=tree, mix=mix
-            )
-        return self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=False)[0]
-
-    def forward_hidden(
-        self,
-        input_ids: np.ndarray,
-        position_ids: np.ndarray,
-        *,
-        num_logits: int | None = None,
-        features: np.ndarray | None = None,
-        tree: TreeInputs | None = None,
-        mix: MixInputs | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``forward``'s logits and the float32 final-norm hidden states ``[B, S, H]`` of every column."""
-        logits, hidden = self._score(input_ids, position_ids, num_logits, features, tree, mix, hidden=True)
-        assert hidden is not None
-        return logits, hidden
 
     def _score(
         self, input_ids, position_ids, num_logits: int | None, features, tree, mix, *, hidden: bool
