@@ -6,17 +6,18 @@ same ``--threads`` (keep it <= the idle cores), interleaved prompt by prompt (ev
 on prompt 2, ...) for ``--rounds`` rounds; speeds are the median over rounds (``peers_support`` defines them). Rows:
 
 - accel (``accel.decode.build``): fp32, ``gguf-kernel`` (the shipped Q4_1 GGUF's own blocks on accel's kernel, float32
-  activations: the fp32 model's exact weights at 5 bits a weight), ``mxfp6-kernel`` (float32 activations) and
-  ``mxfp6-kernel-q8`` /
+  activations: the fp32 model's exact weights at 5 bits a weight), ``gguf-kernel:KIND`` (the file of llama.cpp's row
+  ``KIND``, e.g. ``Q4_K_M``, on accel's kernel: its K-quant and Q5 blocks repacked exactly), ``mxfp6-kernel``
+  (float32 activations) and ``mxfp6-kernel-q8`` /
   ``mxfp4-kernel-q8`` (int8 activations, integer dot products) targets (``--accel``), autoregressive, speculative
   (the shipped feature draft's tree of ``--spd-nodes`` nodes merged with n-gram lookup), and the same with
   ``autotune``; and the
   MX precision ladder (``--ladder``): the fp32 target drafted by its own ``mxfp4-kernel`` copy (after lookup,
   autotuned), exact without any training;
 - onnxruntime-genai: its model builder's fp32 and int4 graphs of the same checkpoint (built once, cached);
-- llama.cpp (llama-cpp-python): the shipped Q4_1 GGUF as it is, and F32 (with an f32 KV cache), Q8_0 and Q4_0 made
-  from it by libllama's quantizer with its default tensor-type choices (cached); the other rows keep llama.cpp's
-  default f16 KV cache.
+- llama.cpp (llama-cpp-python): the shipped Q4_1 GGUF as it is, and F32 (with an f32 KV cache), Q8_0, Q4_0, Q4_K_M,
+  Q5_K_M and Q6_K made from it by libllama's quantizer with its default tensor-type choices (cached); the other rows
+  keep llama.cpp's default f16 KV cache.
 
 Quality is teacher-forced on the held-out prompts followed by accel fp32's greedy continuation of
 ``--quality-tokens`` tokens: at the positions that predict the continuation (8 x 64 = 512 by default), KL(accel fp32
@@ -220,7 +221,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--accel",
         default="fp32,gguf-kernel,mxfp6-kernel,mxfp6-kernel-q8,mxfp4-kernel-q8",
-        help="accel target weights (comma-separated; fp32 first; gguf-kernel: the shipped Q4_1 GGUF's own blocks)",
+        help="accel target weights (comma-separated; fp32 first; gguf-kernel: the shipped Q4_1 GGUF's own blocks; "
+        "gguf-kernel:KIND: the llama.cpp row KIND's file, e.g. Q4_K_M, on accel's kernel)",
     )
     ap.add_argument("--spd-nodes", type=int, default=8, help="feature-draft tree nodes of the SpD rows (0: no SpD)")
     ap.add_argument("--no-autotune", action="store_true", help="leave out the autotune SpD rows")
@@ -239,6 +241,9 @@ def parse_args() -> argparse.Namespace:
     args.accel, args.genai, args.llama = ([w for w in v.split(",") if w] for v in (args.accel, args.genai, args.llama))
     if not args.accel or args.accel[0] != "fp32":
         ap.error("--accel must start with fp32: accel fp32 AR is the reference of every row")
+    files = {w.split(":", 1)[1] for w in args.accel if w.startswith("gguf-kernel:")}
+    if files - set(LLAMA_FTYPES):
+        ap.error(f"--accel gguf-kernel:KIND: unknown {sorted(files - set(LLAMA_FTYPES))}; choose from {LLAMA_FTYPES}")
     for flag, got, known in (("--genai", args.genai, GENAI_PRECISIONS), ("--llama", args.llama, tuple(LLAMA_FTYPES))):
         if set(got) - set(known):
             ap.error(f"{flag}: unknown {sorted(set(got) - set(known))}; choose from {', '.join(known)}")
@@ -285,18 +290,27 @@ def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row
     from accel.models.smollm2 import smollm2_gguf_path
 
     rows = []
-    for w in tqdm(args.accel, desc="accel setups", leave=False):
-        path = smollm2_gguf_path() if w == "gguf-kernel" else ckpt  # the shipped Q4_1 file's own blocks, exact
+    for entry in tqdm(args.accel, desc="accel setups", leave=False):
+        w, label, path = "gguf-kernel", entry, ckpt
+        if entry == "gguf-kernel":
+            path = smollm2_gguf_path()  # the shipped Q4_1 file's own blocks, exact
+        elif entry.startswith("gguf-kernel:"):  # a file libllama quantized (the llama.cpp row's own), run by accel
+            kind = entry.split(":", 1)[1]
+            path, label = llama_gguf(kind, args.threads), f"gguf-kernel {kind}"
+        else:
+            w = label = entry
         target = {"path": path, "weights": w, "ctx_len": args.ctx_len, "threads": args.threads}
         base = {"target": target, "sampling": {"greedy": True}, "eos_token_id": [], "max_new_tokens": 1}
-        ar = f"accel {w} AR"
-        rows.append(Row(ar, "accel", w, AccelRunner(base, tokenizer), ar))
+        ar = f"accel {label} AR"
+        rows.append(Row(ar, "accel", label, AccelRunner(base, tokenizer), ar))
         if args.spd_nodes < 1:
             continue
         spd, name = _spd_spec(base, w, args.spd_nodes)
-        rows.append(Row(name, "accel", w, AccelRunner(spd, tokenizer), ar))
+        name = name.replace(f"accel {w} ", f"accel {label} ", 1)
+        rows.append(Row(name, "accel", label, AccelRunner(spd, tokenizer), ar))
         if not args.no_autotune:
-            rows.append(Row(f"{name}, autotune", "accel", w, AccelRunner({**spd, "autotune": True}, tokenizer), ar))
+            auto = AccelRunner({**spd, "autotune": True}, tokenizer)
+            rows.append(Row(f"{name}, autotune", "accel", label, auto, ar))
         if args.ladder and w == "fp32":  # the MX precision ladder: a lower-precision copy of the target drafts it
             ladder = {"kind": "chain", "draft": ckpt, "weights": args.ladder}
             spec = {**base, "proposer": {"kind": "first_of", "lookup": {"n": 3}, "then": ladder}}

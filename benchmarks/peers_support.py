@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 #: llama.cpp rows -> the ``llama_ftype`` libllama quantizes the shipped file to (None: the shipped Q4_1 as it is)
-LLAMA_FTYPES: dict[str, int | None] = {"F32": 0, "Q8_0": 7, "Q4_1": None, "Q4_0": 2}
+LLAMA_FTYPES: dict[str, int | None] = {
+    "F32": 0, "Q8_0": 7, "Q4_1": None, "Q4_0": 2, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18
+}  # fmt: skip
 #: the issue's goal: a peer row is beaten when accel has a row of KL <= the peer's at >= this times its tokens/s
 PARETO_SPEEDUP = 1.5
 

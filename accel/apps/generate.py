@@ -208,7 +208,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=WEIGHT_MODES,
         default=None,
         help="onnxruntime export of a target checkpoint (the choices of accel export --weights): fp32 "
-        "(default; a .gguf file: gguf-kernel, its own Q8_0/Q4_0/Q4_1 blocks on accel's fused kernel, exact), or "
+        "(default; a .gguf file: gguf-kernel, its own Q8_0/Q4_0/Q4_1/K-quant/Q5 blocks on accel's fused kernel, "
+        "exact), or "
         "e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
         "8-bit MatMulNBits with int8 activations per block: about half the step time on CPU) or mxfp6-kernel / "
         "mxfp4-kernel / mxint8-kernel (the same weights packed, on accel's fused kernel with float32 activations; "

@@ -72,8 +72,8 @@ def _resolve(
     model: Decoder | str | os.PathLike, blocks: bool = False
 ) -> tuple[ExportLayout, Mapping[str, np.ndarray] | None]:
     """The model's structure and, for a checkpoint path, its lazily read tensors (the structure then comes from the
-    config alone: no torch, no weights allocated). ``blocks``: a ``.gguf`` file's Q8_0/Q4_0/Q4_1 Linear weights as
-    ``GGMLTensor`` blocks (``weights="gguf-kernel"``), not dequantized."""
+    config alone: no torch, no weights allocated). ``blocks``: a ``.gguf`` file's Q8_0/Q4_0/Q4_1 (and,
+    repacked, K-quant and Q5) Linear weights as ``GGMLTensor`` blocks (``weights="gguf-kernel"``), not dequantized."""
     if not isinstance(model, (str, os.PathLike)):
         if getattr(model, "config", None) is None or not hasattr(model, "named_modules"):
             raise BackendError(f"export_onnx needs an accel.models.Decoder; got {type(model).__name__}")

@@ -23,7 +23,7 @@ runtime     elements                         what runs
 ``packed``  any MX element                   MX codes decoded in the graph (``mx-packed``)
 ``nbits``   ``mxint8``, ``mxfp6``, ``mxfp4`` ``MatMulNBits`` on the exact codes (``*-nbits``)
 ``kernel``  ``mxint8``, ``mxfp6``, ``mxfp4`` accel's ``ai.accel::MXLinear`` (``*-kernel``, ``*-kernel-q8``)
-``kernel``  ``gguf``                         a ``.gguf`` file's own Q8_0 / Q4_0 / Q4_1 blocks on it (``gguf-kernel``)
+``kernel``  ``gguf``                         a ``.gguf`` file's own blocks on it (``gguf-kernel``)
 =========== ================================ ==============================================================
 
 MX elements are named as ``accel.formats`` aliases them (``mxfp6`` = E2M3, ``mxfp4`` = E2M1, ``mxfp8`` = E4M3; the

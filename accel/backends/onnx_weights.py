@@ -118,6 +118,11 @@ class GraphWeights:
             return self._matmul_nbits(xin, names, ts, out)
         if self.kernel and kernel_runs(ts):
             return mx_linear(self.g, xin, names, ts, out, act_bits=8 if self.kernel == 8 else 32)
+        if self.kernel and len(ts) > 1 and all(isinstance(t, GGMLTensor) for t in ts):
+            # a group of llama.cpp blocks of several types (a GGUF's Q5_0 q/k beside a Q8_0 v): one MXLinear a
+            # weight, outputs joined (each column the same dot product as in the weight's own node)
+            parts = [mx_linear(self.g, xin, [n], [t], None) for n, t in zip(names, ts, strict=True)]
+            return self.g.op("Concat", *parts, axis=-1, name=out)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
             return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)
         if any(hasattr(t, "codes") for t in ts):  # MX-packed: decoded separately, joined (folded at session creation)
@@ -210,8 +215,8 @@ class GraphWeights:
 
 
 def kernel_runs(ts: list[Any]) -> bool:
-    """Whether one ``MXLinear`` runs the weights ``ts`` joined: all MX tensors, or all llama.cpp blocks of one type
-    (``GGMLTensor``; a group that mixes types, as some GGUF files do, runs as a float MatMul of their exact values)."""
+    """Whether one ``MXLinear`` runs the weights ``ts`` joined: all MX tensors, or all llama.cpp blocks of one kernel
+    layout (``GGMLTensor``; a group that mixes layouts, as GGUF files often do, runs one ``MXLinear`` a weight)."""
     if all(isinstance(t, GGMLTensor) for t in ts):
         return len({t.qtype.name for t in ts}) == 1
     return all(hasattr(t, "codes") and not isinstance(t, GGMLTensor) for t in ts)

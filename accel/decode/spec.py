@@ -71,8 +71,8 @@ class TargetSpec(Part):
     Attributes:
         path: a checkpoint directory, a ``.gguf`` file, or (backend ``ort``) an ``.onnx`` file from ``accel export``.
         weights: the export weight format of a checkpoint on onnxruntime (``accel export --weights``); default
-            ``gguf-kernel`` for a ``.gguf`` file (its own Q8_0/Q4_0/Q4_1 blocks on accel's kernel, where a C compiler
-            builds it), else ``fp32``.
+            ``gguf-kernel`` for a ``.gguf`` file (its own Q8_0/Q4_0/Q4_1 blocks, and K-quant/Q5 blocks repacked
+            exactly, on accel's kernel, where a C compiler builds it), else ``fp32``.
         backend: ``ort`` (checkpoints exported once and cached in ``$ACCEL_CACHE/onnx``) or ``torch``.
         ctx_len: KV-cache length in tokens (checkpoints; an ``.onnx`` file keeps its own).
         threads: intra-op threads (torch: of both models; None: the runtime's default).

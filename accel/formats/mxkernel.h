@@ -27,7 +27,12 @@
  * registers, each decoded block multiplied into up to 8 x rows (their own accumulators, the same FMA sequence).
  * Each x row is then reduced with the same sequence of float32 FMAs whatever the number of rows in the call and the
  * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
- * tokens are scored with it. Rows of W are split over up to 16 threads of a pool kept between calls.
+ * tokens are scored with it. Repacked GGUF blocks (fast 7 Q4_F32: Q4 nibble codes, float32 d and m a block; fast 8
+ * I8_F32: int8 codes, float32 d and m per 16 weights) hold K-quants (Q4_K, Q5_K, Q6_K) and Q5_0 / Q5_1 exactly: each
+ * weight is fma(q, d, m), where d * q is exact (d = the super-block's float16 scale times an integer sub-scale of at
+ * most 8 bits, q at most 6 bits: <= 24 significant bits), so the one rounding is the offset's, as in the gguf
+ * package's d * q - dm; a type without an offset stores m = -0.0, which leaves d * q as it is, signed zeros included.
+ * Rows of W are split over up to 16 threads of a pool kept between calls.
  *
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
  * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c,
@@ -50,7 +55,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 5
+#define MXK_VERSION 6
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -58,19 +63,46 @@
 /* shared between the library's files, not exported from it */
 #define MXK_INTERNAL __attribute__((visibility("hidden")))
 
-/* the kernel's format codes (its `fast` argument): 1..3 MX formats with SIMD paths, 4..6 GGUF block types */
-enum { FAST_NONE = 0, FAST_E2M3 = 1, FAST_E2M1 = 2, FAST_INT8 = 3, FAST_Q8_0 = 4, FAST_Q4_0 = 5, FAST_Q4_1 = 6 };
-#define FAST_MAX FAST_Q4_1
+/* the kernel's format codes (its `fast` argument): 1..3 MX formats with SIMD paths, 4..6 GGUF block types as stored,
+ * 7, 8 GGUF block types repacked exactly with float32 scales (accel/formats/ggml_repack.py: Q4_K -> 7; Q5_K, Q6_K,
+ * Q5_0, Q5_1 -> 8) */
+enum {
+    FAST_NONE = 0,
+    FAST_E2M3 = 1,
+    FAST_E2M1 = 2,
+    FAST_INT8 = 3,
+    FAST_Q8_0 = 4,
+    FAST_Q4_0 = 5,
+    FAST_Q4_1 = 6,
+    FAST_Q4_F32 = 7,
+    FAST_I8_F32 = 8
+};
+#define FAST_MAX FAST_I8_F32
 
-/* 1 for the GGUF block types (fast 4, 5, 6) */
-static inline int is_gguf(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_Q4_1; }
+/* 1 for the GGUF block types (fast 4 .. 8) */
+static inline int is_gguf(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_I8_F32; }
+/* 1 for the block types whose scale plane holds float32 values (fast 7, 8); the others' hold float16 (or E8M0) */
+static inline int f32_scales(int fast) { return fast == FAST_Q4_F32 || fast == FAST_I8_F32; }
+/* nibble-coded block types: byte i holds code i (low nibble) and code i + 16 (high nibble) */
+static inline int nibble_codes(int fast) { return fast == FAST_Q4_0 || fast == FAST_Q4_1 || fast == FAST_Q4_F32; }
 /* bytes of a block's codes (32 codes) and of its scales, by format code (MX: one E8M0 byte) */
 static inline int block_code_bytes(int fast) {
-    return fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 || fast == FAST_Q4_0 || fast == FAST_Q4_1 ? 16 : 32;
+    return fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 || nibble_codes(fast) ? 16 : 32;
 }
-static inline int block_scale_bytes(int fast) { return fast == FAST_Q4_1 ? 4 : is_gguf(fast) ? 2 : 1; }
+/* the float scale values of a GGUF block: d (Q8_0, Q4_0), d and m (Q4_1, Q4_F32), d0 m0 d1 m1 (I8_F32: one pair for
+ * weights 0..15, one for 16..31) */
+static inline int block_floats(int fast) {
+    return fast == FAST_I8_F32 ? 4 : fast == FAST_Q4_1 || fast == FAST_Q4_F32 ? 2 : 1;
+}
+static inline int block_scale_bytes(int fast) {
+    return !is_gguf(fast) ? 1 : block_floats(fast) * (f32_scales(fast) ? 4 : 2);
+}
 /* the code width in bits of a GGUF block type (0 for another code) */
-static inline int gguf_bits(int fast) { return fast == FAST_Q8_0 ? 8 : is_gguf(fast) ? 4 : 0; }
+static inline int gguf_bits(int fast) {
+    return fast == FAST_Q8_0 || fast == FAST_I8_F32 ? 8 : is_gguf(fast) ? 4 : 0;
+}
+/* 1 for the block types whose weights are fma(q, d, m) (an offset m; I8_F32's m is -0.0 where there is none) */
+static inline int has_offset(int fast) { return fast == FAST_Q4_1 || fast == FAST_Q4_F32 || fast == FAST_I8_F32; }
 
 typedef struct {
     const uint8_t *codes, *scales;

@@ -1,6 +1,7 @@
 /* The AVX2 + FMA path (block 32; MXFP6 E2M3, MXFP4 E2M1, MXINT8): a block's codes unpacked in a register to the
  * integers value * 2^shift, converted to float32 and scaled exactly. GGUF Q8_0, Q4_0, Q4_1 (fast 4, 5, 6): the codes'
- * integers (q, q - 8, q) times the block's float16 d converted exactly (F16C, once a block), plus Q4_1's m.
+ * integers (q, q - 8, q) times the block's float16 d converted exactly (F16C, once a block), plus Q4_1's m; the
+ * repacked types (fast 7, 8) read their float32 d and m as they are.
  * See mxkernel.h. */
 #include <string.h>
 
@@ -56,8 +57,9 @@ AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_cvtss_f32(u);
 }
 
-/* a GGUF block's 32 exact float32 weights from its integers v (int8 lanes) and its scale(s) dm as float32, read as
- * memory broadcasts: d * q (exact), Q4_1 fma(q, d, m) (d * q + m rounded once, as numpy's (d * q) + m) */
+/* a GGUF block's 32 exact float32 weights from its integers v (int8 lanes) and its scale values dm as float32, read as
+ * memory broadcasts: d * q (exact); Q4_1, Q4_F32 fma(q, d, m) (d * q + m rounded once, as numpy's (d * q) + m);
+ * I8_F32 fma(q, d0, m0) for weights 0..15, fma(q, d1, m1) for 16..31 */
 AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fast, __m256i v, const float *dm,
                                                                    __m256 w[4]) {
     __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
@@ -66,12 +68,13 @@ AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fas
     __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
     __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
     __m256 d = _mm256_set1_ps(dm[0]);
-    if (fast == FAST_Q4_1) {
-        __m256 m = _mm256_set1_ps(dm[1]);
+    if (has_offset(fast)) {
+        const int second = fast == FAST_I8_F32 ? 2 : 0; /* weights 16..31: their own d and m */
+        __m256 m = _mm256_set1_ps(dm[1]), d1 = _mm256_set1_ps(dm[second]), m1 = _mm256_set1_ps(dm[second + 1]);
         w[0] = _mm256_fmadd_ps(q0, d, m);
         w[1] = _mm256_fmadd_ps(q1, d, m);
-        w[2] = _mm256_fmadd_ps(q2, d, m);
-        w[3] = _mm256_fmadd_ps(q3, d, m);
+        w[2] = _mm256_fmadd_ps(q2, d1, m1);
+        w[3] = _mm256_fmadd_ps(q3, d1, m1);
     } else {
         w[0] = _mm256_mul_ps(q0, d);
         w[1] = _mm256_mul_ps(q1, d);
@@ -80,40 +83,53 @@ AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fas
     }
 }
 
-/* blocks whose float16 scales one GGUF row converts at once (a stack buffer of GGUF_CHUNK * 2 floats) */
+/* blocks whose scale values one GGUF row converts at once (a stack buffer of GGUF_CHUNK * 4 floats) */
 #define GGUF_CHUNK 64
 
-/* GGUF: one W row against x rows s0 and s0 + 1 (two when pair), as row_dot; a chunk's float16 scales converted by
- * F16C into float32 first (8 at a time), so each block broadcasts its d (and m) from memory */
+/* the scale values of blocks c0 .. c1 of a row (sc: the row's scale plane) as float32 into dm: float16 planes
+ * converted by F16C (8 at a time), float32 planes copied */
+AVX2 static inline void chunk_scales(const int fast, const uint8_t *sc, int64_t c0, int64_t c1, float *dm) {
+    const int sbytes = block_scale_bytes(fast);
+    const int64_t nh = (c1 - c0) * block_floats(fast);
+    if (f32_scales(fast)) {
+        memcpy(dm, sc + sbytes * c0, (size_t)nh * sizeof(float));
+        return;
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nh; i += 8)
+        _mm256_storeu_ps(dm + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + sbytes * c0 + 2 * i))));
+    for (; i < nh; i++) {
+        uint16_t h;
+        memcpy(&h, sc + sbytes * c0 + 2 * i, 2);
+        dm[i] = _cvtsh_ss(h);
+    }
+}
+
+/* GGUF: one W row against x rows s0 and s0 + 1 (two when pair), as row_dot; a chunk's scale values converted into
+ * float32 first, so each block broadcasts its d (and m) from memory */
 AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t *j, int64_t n, int64_t s0,
                                                                     const int fast, const int pair) {
-    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), halves = sbytes / 2;
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), floats = block_floats(fast);
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m256 bb[4] = {a[0], a[0], a[0], a[0]};
-    float dm[GGUF_CHUNK * 2];
+    float dm[GGUF_CHUNK * 4];
     for (int64_t c0 = 0; c0 < j->nblocks; c0 += GGUF_CHUNK) {
-        int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks, nh = (c1 - c0) * halves, i = 0;
-        for (; i + 8 <= nh; i += 8)
-            _mm256_storeu_ps(dm + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + sbytes * c0 + 2 * i))));
-        for (; i < nh; i++) {
-            uint16_t h;
-            memcpy(&h, sc + sbytes * c0 + 2 * i, 2);
-            dm[i] = _cvtsh_ss(h);
-        }
+        int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks;
+        chunk_scales(fast, sc, c0, c1, dm);
         for (int64_t b = c0; b < c1; b++) {
             __m256 w[4];
             _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
             __m256i v;
             if (fast == FAST_Q4_0)
                 v = _mm256_sub_epi8(gguf_nibbles(row + 16 * b), _mm256_set1_epi8(8));
-            else if (fast == FAST_Q4_1)
+            else if (nibble_codes(fast))
                 v = gguf_nibbles(row + 16 * b);
             else
                 v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
-            gguf_floats(fast, v, dm + (b - c0) * halves, w);
+            gguf_floats(fast, v, dm + (b - c0) * floats, w);
             fma_block(w, x0 + 32 * b, a);
             if (pair) fma_block(w, x1 + 32 * b, bb);
         }
@@ -161,15 +177,19 @@ AVX2_ROWS(3)
 AVX2_ROWS(4)
 AVX2_ROWS(5)
 AVX2_ROWS(6)
+AVX2_ROWS(7)
+AVX2_ROWS(8)
 
 AVX2 void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    const float *tab = is_gguf(j->fast) ? NULL : SCALES[j->fast]; /* GGUF blocks carry their own float16 scales */
+    const float *tab = is_gguf(j->fast) ? NULL : SCALES[j->fast]; /* GGUF blocks carry their own scales */
     switch (j->fast) {
     case FAST_E2M3: rows_avx2_1(j, tab, n0, n1); break;
     case FAST_E2M1: rows_avx2_2(j, tab, n0, n1); break;
     case FAST_Q8_0: rows_avx2_4(j, tab, n0, n1); break;
     case FAST_Q4_0: rows_avx2_5(j, tab, n0, n1); break;
     case FAST_Q4_1: rows_avx2_6(j, tab, n0, n1); break;
+    case FAST_Q4_F32: rows_avx2_7(j, tab, n0, n1); break;
+    case FAST_I8_F32: rows_avx2_8(j, tab, n0, n1); break;
     default: rows_avx2_3(j, tab, n0, n1); break;
     }
 }

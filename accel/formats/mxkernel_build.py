@@ -33,7 +33,7 @@ _PARTS = ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_attn", "_ort")
 SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in _PARTS)
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 5
+VERSION = 6
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")

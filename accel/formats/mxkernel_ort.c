@@ -4,8 +4,9 @@
  * Node: inputs x (float32 [..., K]), codes (uint8: the packed codes of W [N, K], C order), scales (uint8 [N, K / 32]:
  * E8M0 codes), lut (float32 [256]: the value of each code, for the portable path); attributes N, K, bits, block (32),
  * fast (1 E2M3, 2 E2M1, 3 INT8: the SIMD paths' formats, 0 none). K must be a multiple of block (the exporter
- * checks). GGUF blocks (fast 4 Q8_0 with bits 8, 5 Q4_0 and 6 Q4_1 with bits 4; block 32): codes the uint8 code plane
- * (N * K * bits / 8 bytes), scales the uint8 plane of float16 scales (N * K / 32 * 2 bytes, Q4_1 * 4: d then m), lut
+ * checks). GGUF blocks (fast 4 Q8_0 and 8 I8_F32 with bits 8, 5 Q4_0, 6 Q4_1 and 7 Q4_F32 with bits 4; block 32):
+ * codes the uint8 code plane (N * K * bits / 8 bytes), scales the uint8 plane of the blocks' scales (N * K / 32 *
+ * block_scale_bytes: float16 d, Q4_1 d then m; float32 d then m for Q4_F32, d0 m0 d1 m1 for I8_F32), lut
  * still a float32 [256] input that is not read; no act_bits 8 (int8 activations are for E2M3 and E2M1 only).
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
  * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already
@@ -195,8 +196,8 @@ static void mxl_compute(void *kernel, void *context) {
     const uint8_t *codes = data_of(api, in[1]), *scales = data_of(api, in[2]);
     const float *lut = data_of(api, in[3]);
     if (y == NULL) return;
-    if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block] (GGUF: times 2
-                                * or 4 bytes of halves a block), lut [256] */
+    if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block] (GGUF: times
+                                * block_scale_bytes), lut [256] */
         int64_t cd[MXL_MAX_DIMS], sd[MXL_MAX_DIMS], ld[MXL_MAX_DIMS], count[3] = {1, 1, 1};
         int ce = 0, se = 0, le = 0, cn = dims_of(api, in[1], cd, &ce), sn = dims_of(api, in[2], sd, &se);
         int ln = dims_of(api, in[3], ld, &le);

@@ -1,22 +1,38 @@
 /* The portable path (any format, any block size): value = lut[code] * 2^(s - 127) in float32; GGUF blocks (fast 4,
- * 5, 6): d * q, d * (q - 8), d * q + m from the blocks' halves. See mxkernel.h. */
+ * 5, 6): d * q, d * (q - 8), d * q + m from the blocks' halves; repacked blocks (fast 7, 8): d * q + m from their
+ * float32 scales. See mxkernel.h. */
+#include <string.h>
+
 #include "mxkernel.h"
 
+/* the scale value i of a GGUF block's scale bytes s: float16 (fast 4, 5, 6) or float32 (fast 7, 8) */
+static float scale_at(int fast, const uint8_t *s, int i) {
+    if (!f32_scales(fast)) return half_at(s + 2 * i);
+    float v;
+    memcpy(&v, s + 4 * i, sizeof v);
+    return v;
+}
+
 void gguf_block_portable(const job_t *j, int64_t n, int64_t b, float w[32]) {
-    const int cb = block_code_bytes(j->fast), sb = block_scale_bytes(j->fast);
+    const int fast = j->fast, cb = block_code_bytes(fast), sb = block_scale_bytes(fast);
     const uint8_t *c = j->codes + (n * j->nblocks + b) * cb, *s = j->scales + (n * j->nblocks + b) * sb;
-    const float d = half_at(s);
-    if (j->fast == FAST_Q8_0) {
+    const float d = scale_at(fast, s, 0);
+    if (!nibble_codes(fast)) { /* int8 codes: Q8_0 d * q; I8_F32 d * q + m per 16 weights */
         for (int e = 0; e < 32; e++) w[e] = d * (float)(int8_t)c[e];
+        if (fast == FAST_I8_F32) {
+            const float m0 = scale_at(fast, s, 1), d1 = scale_at(fast, s, 2), m1 = scale_at(fast, s, 3);
+            for (int e = 0; e < 16; e++) w[e] += m0; /* d * q is exact: the add is the one rounding */
+            for (int e = 16; e < 32; e++) w[e] = d1 * (float)(int8_t)c[e] + m1;
+        }
         return;
     }
-    const int off = j->fast == FAST_Q4_0 ? 8 : 0;
+    const int off = fast == FAST_Q4_0 ? 8 : 0;
     for (int e = 0; e < 16; e++) {
         w[e] = d * (float)((int)(c[e] & 15u) - off);
         w[e + 16] = d * (float)((int)(c[e] >> 4) - off);
     }
-    if (j->fast == FAST_Q4_1) {
-        const float m = half_at(s + 2);
+    if (has_offset(fast)) {
+        const float m = scale_at(fast, s, 1);
         for (int e = 0; e < 32; e++) w[e] += m; /* d * q is exact: the add is the one rounding */
     }
 }

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from accel.errors import FormatError, ModelError
-from accel.formats.ggml import GGML_TYPES, GGMLTensor
+from accel.formats.ggml import GGUF_KERNEL_TYPES, GGMLTensor
 from accel.models.config import ModelConfig
 from accel.models.sources import CheckpointTensors
 
@@ -142,8 +142,9 @@ def _load_tensor(path: Path, t: Any, unpermute_heads: int | None) -> np.ndarray:
 
 
 def _load_blocks(path: Path, t: Any, unpermute_heads: int | None) -> Any:
-    """One Q8_0/Q4_0/Q4_1 2-D GGUF tensor as a ``GGMLTensor`` ``[out, in]`` (``Decoder`` layout; Q/K rows unpermuted
-    as ``_load_tensor`` does), its blocks as the file stores them."""
+    """One 2-D GGUF tensor of a type the kernel runs (``GGUF_KERNEL_TYPES``) as a ``GGMLTensor`` ``[out, in]``
+    (``Decoder`` layout; Q/K rows unpermuted as ``_load_tensor`` does), its blocks as the file stores them or
+    repacked exactly."""
     raw = np.fromfile(path, dtype=np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
     if raw.size != int(t.n_bytes):
         raise ModelError(f"GGUF tensor {t.name!r}: file is truncated ({raw.size} of {int(t.n_bytes)} bytes)")
@@ -161,8 +162,9 @@ def open_gguf(path: str | Path, blocks: bool = False) -> tuple[ModelConfig, Any]
     """Config and lazily read float32 tensors (``Decoder`` names; a ``accel.models.sources.CheckpointTensors``) of a
     GGUF file: each tensor is read and dequantized when looked up, so memory holds one tensor at a time.
 
-    ``blocks``: the 2-D tensors stored as ``Q8_0``, ``Q4_0`` or ``Q4_1`` (``accel.formats.ggml.GGML_TYPES``) are
-    looked up as ``GGMLTensor`` instead, their blocks as the file stores them (what ``weights="gguf-kernel"``
+    ``blocks``: the 2-D tensors stored as ``Q8_0``, ``Q4_0`` or ``Q4_1`` (their blocks as the file stores them) or
+    ``Q4_K``, ``Q5_K``, ``Q6_K``, ``Q5_0``, ``Q5_1`` (repacked exactly, ``accel.formats.ggml_repack``;
+    ``accel.formats.ggml.GGUF_KERNEL_TYPES``) are looked up as ``GGMLTensor`` instead (what ``weights="gguf-kernel"``
     exports); every other tensor is float32 as without it."""
     path = Path(path)
     reader = _reader(path)
@@ -174,7 +176,8 @@ def open_gguf(path: str | Path, blocks: bool = False) -> tuple[ModelConfig, Any]
     for t in reader.tensors:
         name, kind = _decoder_name(t.name)
         n_heads = heads.get(kind or "")
-        as_blocks = blocks and len(t.shape) == 2 and t.tensor_type.name in GGML_TYPES and int(t.shape[0]) % 32 == 0
+        kernel_type = t.tensor_type.name in GGUF_KERNEL_TYPES
+        as_blocks = blocks and len(t.shape) == 2 and kernel_type and int(t.shape[0]) % 32 == 0
         loaders[name] = partial(_load_blocks if as_blocks else _load_tensor, path, t, n_heads)
         shapes[name] = tuple(int(d) for d in reversed(t.shape))
     return config, CheckpointTensors(loaders, shapes)

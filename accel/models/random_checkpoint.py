@@ -92,7 +92,9 @@ def write_random_checkpoint(
 
     ``kind``: ``"safetensors"`` (``out`` is a directory; BF16 tensors) or ``"gguf"`` (``out`` is the file; its
     matrices quantized by the ``gguf`` package as ``gguf_type``: a block type of 32 (``Q8_0``, ``Q4_0``, ``Q4_1``,
-    ...) or a function of the GGUF tensor name giving one; the rest F32). ``tokenizer``: GGUF only, tokenizer metadata
+    ...) or a function of the GGUF tensor name giving one; the rest F32; ``Q4_K``, ``Q5_K``, ``Q6_K``, which the
+    package does not quantize, as random super-blocks of 256 (their weights are what those decode to)).
+    ``tokenizer``: GGUF only, tokenizer metadata
     by ``gguf.GGUFWriter`` method suffix (``tokenizer_model``, ``tokenizer_pre``, ``token_list``, ``token_merges``,
     ``token_types``, ``bos_token_id``, ...).
     """
@@ -153,14 +155,16 @@ def _write_gguf(
     type_of: Callable[[str], str],
 ) -> Path:
     import gguf
-    from gguf.quants import quantize
 
-    def qtype(name: str, shape: tuple[int, ...]) -> Any:  # a matrix in whole blocks of 32: the asked type
+    def qtype(name: str, shape: tuple[int, ...]) -> Any:  # a matrix in whole blocks: the asked type
         if len(shape) == 2 and shape[1] % 32 == 0:
             try:
-                return gguf.GGMLQuantizationType[type_of(_gguf_name(name))]
+                t = gguf.GGMLQuantizationType[type_of(_gguf_name(name))]
             except KeyError as exc:
                 raise ModelError(f"gguf_type: {exc} is not a GGUF quantization type") from None
+            if shape[1] % gguf.GGML_QUANT_SIZES[t][0]:
+                raise ModelError(f"gguf_type {t.name} needs rows of whole blocks; {name} has {shape[1]} columns")
+            return t
         return gguf.GGMLQuantizationType.F32
 
     arch = c.model_type
@@ -193,7 +197,43 @@ def _write_gguf(
             arr = _permute(arr, c.num_heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _permute(arr, c.num_kv_heads)
-        t = qtype(name, shape)
-        w.write_tensor_data(arr if t == gguf.GGMLQuantizationType.F32 else quantize(arr, t))
+        w.write_tensor_data(_tensor_data(rng, arr, qtype(name, shape), std))
     w.close()
     return out
+
+
+def _tensor_data(rng: np.random.Generator, arr: np.ndarray, t: Any, std: float) -> np.ndarray:
+    """What a GGUF stores for the weight ``arr`` as type ``t``: float32 as it is, the ``gguf`` package's blocks, or
+    (K-quants, which the package does not quantize) random blocks (``_random_blocks``)."""
+    import gguf
+    from gguf.quants import quantize
+
+    if t == gguf.GGMLQuantizationType.F32:
+        return arr
+    if t.name in _RANDOM_BLOCK_SCALES:
+        return _random_blocks(rng, t.name, arr.shape, std, gguf.GGML_QUANT_SIZES[t])
+    return quantize(arr, t)
+
+
+#: K-quant super-blocks written as random bytes: byte offsets of their float16 scales, and each scale's size
+#: relative to the tensor's std (so the weights they decode to stay within about +-3 std)
+_RANDOM_BLOCK_SCALES: dict[str, tuple[tuple[int, ...], float]] = {
+    "Q4_K": ((0, 2), 1 / 300),
+    "Q5_K": ((0, 2), 1 / 600),
+    "Q6_K": ((208,), 1 / 1400),
+}
+
+
+def _random_blocks(
+    rng: np.random.Generator, name: str, shape: tuple[int, ...], std: float, size: tuple[int, int]
+) -> np.ndarray:
+    """Random K-quant blocks ``[rows, row bytes]`` of a weight ``shape`` (random codes and sub-scales, float16 scales
+    of either sign around ``std`` x the type's factor): the weights are whatever they decode to, not ``_random``'s."""
+    block, type_bytes = size
+    rows, nb = int(shape[0]), int(shape[1]) // block
+    raw = rng.integers(0, 256, (rows, nb, type_bytes), dtype=np.uint8)
+    offsets, factor = _RANDOM_BLOCK_SCALES[name]
+    for at in offsets:
+        scale = (std * factor * rng.uniform(0.5, 1.5, (rows, nb))).astype(np.float16)
+        raw[..., at : at + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * type_bytes)

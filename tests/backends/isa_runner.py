@@ -6,9 +6,10 @@ VNNI), to compare the two.
 
 ``IN.npz`` holds ``ids`` / ``pos`` (int64 ``[1, S]``) for every graph, and ``mx_x`` / ``mx_w`` (float32) for the
 fused MX kernel; ``OUT.npz`` gets ``<graph stem>`` (the logits), ``mx_y`` and ``mx_path`` (the kernel path used),
-``mx_q8_y`` / ``mx_q8_path`` (the kernel with int8 activations), and ``u8s8`` (what onnxruntime's uint8 x int8
-``MatMulInteger`` gives for a pair of 255 * 127: 64,770 exact, 32,767
-saturated). Needs no torch.
+``mx_q8_y`` / ``mx_q8_path`` (the kernel with int8 activations), ``gguf_<type>_y`` / ``_eye`` / ``_path`` for every
+``gguf_<type>`` input (a GGUF block type's bytes of a ``[48, K]`` weight, on the kernel), and ``u8s8`` (what
+onnxruntime's uint8 x int8 ``MatMulInteger`` gives for a pair of 255 * 127: 64,770 exact, 32,767 saturated). Needs no
+torch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def main(argv: list[str]) -> None:
 
     result["mx_q8_y"] = matmul_q8(packed, inputs["mx_x"])
     result["mx_q8_path"] = np.array(q8_kernel_path(packed))
+    from accel.formats.ggml import GGMLTensor
+    from accel.formats.ggml_kernel import GGMLKernel
+
+    k = inputs["mx_x"].shape[1]
+    for key in inputs.files:  # GGUF blocks: gguf_<type> = the file's bytes of a [48, K] weight
+        if key.startswith("gguf_"):
+            g = GGMLKernel(GGMLTensor.from_blocks(inputs[key], key[5:], (48, k)))
+            result[f"{key}_y"] = g.matmul(inputs["mx_x"])
+            result[f"{key}_eye"] = g.matmul(np.eye(k, dtype=np.float32))  # every weight through the SIMD path
+            result[f"{key}_path"] = np.array(g.kernel_path)
     np.savez(out, **result)
 
 

@@ -1,10 +1,11 @@
 """``weights="gguf-kernel"``: a ``.gguf`` file's Q8_0 / Q4_0 / Q4_1 Linear weights (and head) exported as the file
-stores them and run by accel's fused kernel (``ai.accel::MXLinear``, ``fast`` 4/5/6) in real onnxruntime sessions.
+stores them, and its Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1 ones repacked exactly, run by accel's fused kernel
+(``ai.accel::MXLinear``, ``fast`` 4 to 8) in real onnxruntime sessions.
 
 What is exact and what is not: the weights are llama.cpp's values bit for bit and the activations stay float32, so
 the logits differ from the fp32 export of the same file (the same dequantized values, as a float MatMul) only by
 float32 summation order. Each output row is the same sum whatever the call's rows, so tree calls equal chain calls
-bit for bit. Tiny random GGUFs (``write_random_checkpoint``'s ``gguf_type``: three block types, and one that mixes them
+bit for bit. Tiny random GGUFs (``write_random_checkpoint``'s ``gguf_type``: each block type, and files that mix them
 inside a joined group) and SmolLM2-135M's own Q4_1 GGUF (once, against its dequantized checkpoint directory)."""
 
 from __future__ import annotations
@@ -122,18 +123,73 @@ def test_logits_and_greedy_tokens_equal_the_fp32_export(files, qtype):
     assert ar_k == ar_f and all(len(t) == 12 for t in ar_k)
 
 
-def test_a_group_of_mixed_types_runs_as_a_float_matmul(files):
-    """q (Q4_0) + k, v (Q8_0) and gate (Q4_1) + up (Q4_0) cannot share an MXLinear: those groups run as a float
-    MatMul of their exact values; o_proj, down_proj and the head stay on the kernel with their own types."""
+def test_a_group_of_mixed_types_runs_one_mxlinear_a_weight(files):
+    """q (Q4_0) + k, v (Q8_0) and gate (Q4_1) + up (Q4_0) cannot share an MXLinear: each weight of those groups is
+    its own MXLinear of its file's type (outputs joined by a Concat); no MatMul reads a weight; the logits equal the
+    fp32 export's up to summation order."""
     _, kernel, fp32 = files["mixed"]
     fasts = collections.Counter(a["fast"] for a in mxlinear_attrs(kernel))
-    q41, q80 = GGML_TYPES["Q4_1"].fast, GGML_TYPES["Q8_0"].fast
-    assert fasts == {q41: CFG.num_layers + 1, q80: CFG.num_layers}  # o_proj + head; down_proj
+    q41, q40, q80 = GGML_TYPES["Q4_1"].fast, GGML_TYPES["Q4_0"].fast, GGML_TYPES["Q8_0"].fast
+    layers = CFG.num_layers
+    assert fasts == {q41: 2 * layers + 1, q40: 2 * layers, q80: 3 * layers}  # (o, gate) + head; (q, up); (k, v, down)
+    model = onnx.load(str(kernel), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & inits]
     check_mx_kernel_graph(kernel)
     rows = make_tokens(CFG.vocab_size, PROMPTS, seed=6)
     k = run_scenario(OrtBackend(kernel, threads=2), rows, PROMPTS)
     f = run_scenario(OrtBackend(fp32, threads=2), rows, PROMPTS)
     assert spread_err(k, f) < 1e-5, spread_err(k, f)
+
+
+#: K-quant files (rows of 256): one type everywhere, and a llama.cpp-style mix (Q4_K_M on a model whose widths are
+#: not all multiples of 256 falls back to Q5_0 / Q8_0 for some tensors, and puts Q6_K on some)
+K_CFG = ModelConfig(vocab_size=96, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+K_MIXED = {"attn_q": "Q5_0", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_1", "ffn_gate": "Q5_K",
+           "ffn_up": "Q4_K", "ffn_down": "Q6_K", "output": "Q8_0"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def k_files(tmp_path_factory):
+    """Per kind (a repacked type, or ``mixed``): the GGUF, its gguf-kernel export and its fp32 export (batch 2)."""
+    d = tmp_path_factory.mktemp("gguf_kquants")
+    out = {}
+    for kind in (*K_TYPES, "mixed"):
+        qtype = (lambda g: K_MIXED.get(g.split(".")[-2], "Q6_K")) if kind == "mixed" else kind
+        src = rc.write_random_checkpoint(K_CFG, d / f"{kind}.gguf", kind="gguf", seed=11 + len(out), std=0.3,
+                                         gguf_type=qtype)  # fmt: skip
+        kw = {"ctx_len": CTX, "batch_size": 2, "progress": False}
+        kernel = export_onnx(src, d / f"{kind}-k.onnx", weights="gguf-kernel", **kw)
+        fp32 = export_onnx(src, d / f"{kind}-f.onnx", weights="fp32", ort_ops=True, **kw)
+        out[kind] = (src, kernel, fp32)
+    return out
+
+
+@pytest.mark.parametrize("kind", [*K_TYPES, "mixed"])
+def test_k_quants_run_repacked_on_the_kernel(k_files, kind):
+    """Q4_K (layout Q4_F32, fast 7) and Q5_K, Q6_K, Q5_0, Q5_1 (I8_F32, fast 8) run as MXLinear nodes, no MatMul
+    reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the fp32 export of the same file
+    up to summation order; greedy decoding gives the same tokens."""
+    _, kernel, fp32 = k_files[kind]
+    fasts = collections.Counter(a["fast"] for a in mxlinear_attrs(kernel))
+    if kind == "mixed":
+        assert set(fasts) == {GGML_TYPES[n].fast for n in ("Q4_F32", "I8_F32", "Q8_0")}
+    else:
+        want = GGML_TYPES["Q4_F32" if kind == "Q4_K" else "I8_F32"].fast
+        assert fasts == {want: 4 * K_CFG.num_layers + 1}
+    model = onnx.load(str(kernel), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & inits]
+    check_mx_kernel_graph(kernel)
+    rows = make_tokens(K_CFG.vocab_size, PROMPTS, seed=7)
+    k = run_scenario(OrtBackend(kernel, threads=2), rows, PROMPTS)
+    f = run_scenario(OrtBackend(fp32, threads=2), rows, PROMPTS)
+    assert spread_err(k, f) < 1e-5, spread_err(k, f)
+    prompts = [list(r[:n]) for r, n in zip(rows, PROMPTS, strict=True)]
+    ar_k = generate_ar(OrtBackend(kernel, threads=2), prompts, max_new_tokens=12, sampling=GREEDY).tokens
+    ar_f = generate_ar(OrtBackend(fp32, threads=2), prompts, max_new_tokens=12, sampling=GREEDY).tokens
+    assert ar_k == ar_f and all(len(t) == 12 for t in ar_k)
 
 
 def _tree_call(backend, prompt: list[int], parents: list[int], toks: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ installs Debian's ``qemu-user``) or the machine is not x86-64.
   by ~1% of their range, with the same error against fp32.
 - ``*-kernel`` (accel's fused MX kernel): the emulated CPU runs its AVX2 path, with the same results; with int8
   activations (``*-kernel-q8``) the kernel's results are the same bit for bit.
+- GGUF blocks on the kernel (``Q4_1`` as stored; ``Q4_K``, ``Q6_K``, ``Q5_0`` repacked): the AVX2 path's weights are
+  the ``gguf`` package's values bit for bit, its products this CPU's to float32 summation order.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import pytest
 from accel.backends import ExportWeights, export_onnx
 from accel.models import Decoder, ModelConfig
 from tests.backends import isa_runner
+from tests.formats.test_ggml_kernel import _raw_blocks as _stored_blocks
+from tests.formats.test_ggml_repack import _raw as _repacked_blocks
+
+gq = pytest.importorskip("gguf.quants")
 
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = pytest.mark.skipif(
@@ -47,6 +53,15 @@ GRAPHS = {
 }
 
 
+#: GGUF block types run by the kernel's AVX2 path on the emulated CPU (as stored, and the two repacked layouts)
+GGUF_TYPES = ("Q4_1", "Q4_K", "Q6_K", "Q5_0")
+
+
+def _raw_blocks(rng: np.random.Generator, name: str, n: int, k: int, small: bool) -> np.ndarray:
+    make = _stored_blocks if name in ("Q8_0", "Q4_0", "Q4_1") else _repacked_blocks
+    return make(rng, name, n, k, small=small)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(native outputs, emulated outputs) of every graph and of the fused kernel."""
@@ -57,14 +72,17 @@ def runs(tmp_path_factory):
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((3, 256)), rng.standard_normal((48, 256))
     ids = rng.integers(0, 96, (1, 12))
-    np.savez(d / "in.npz", ids=ids, pos=np.arange(12)[None], mx_x=x.astype(np.float32), mx_w=w.astype(np.float32))
+    blocks = {f"gguf_{t}": _raw_blocks(rng, t, 48, 256, small=True) for t in GGUF_TYPES}
+    np.savez(d / "in.npz", ids=ids, pos=np.arange(12)[None], mx_x=x.astype(np.float32), mx_w=w.astype(np.float32),
+             **blocks)  # fmt: skip
     isa_runner.main([str(d / "in.npz"), str(d / "native.npz"), *paths])
     cmd = [QEMU, "-cpu", "Haswell", sys.executable, isa_runner.__file__, str(d / "in.npz"), str(d / "emu.npz"), *paths]
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     if done.returncode != 0:
         pytest.fail(f"the emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
-    return np.load(d / "native.npz"), np.load(d / "emu.npz")
+    native = {**np.load(d / "native.npz"), **{f"in_{k}": v for k, v in blocks.items()}}  # + the GGUF bytes
+    return native, np.load(d / "emu.npz")
 
 
 def test_emulator_is_a_cpu_without_vnni(runs):
@@ -107,6 +125,19 @@ def test_mx_paths_agree(runs, name, tol):
 def test_kernel_avx2_path_equals_native(runs):
     native, emu = runs
     np.testing.assert_allclose(emu["mx_y"], native["mx_y"], rtol=1e-5, atol=1e-5 * np.abs(native["mx_y"]).max())
+
+
+@pytest.mark.parametrize("name", GGUF_TYPES)
+def test_gguf_blocks_on_the_avx2_path(runs, name):
+    """GGUF blocks (stored and repacked): the emulated CPU runs the AVX2 path, every weight it multiplies is the gguf
+    package's value bit for bit (x @ I), and its products equal this CPU's to float32 summation order."""
+    native, emu = runs
+    key = f"gguf_{name}"
+    assert str(emu[f"{key}_path"]) == "avx2"
+    ref = gq.dequantize(native[f"in_{key}"].reshape(48, -1), getattr(gq.GGMLQuantizationType, name))
+    assert np.array_equal(emu[f"{key}_eye"].T, ref) and np.array_equal(native[f"{key}_eye"].T, ref)
+    y, y_emu = native[f"{key}_y"], emu[f"{key}_y"]
+    np.testing.assert_allclose(y_emu, y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
 
 
 def test_kernel_q8_path_equals_native_bit_for_bit(runs):
