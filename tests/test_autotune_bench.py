@@ -158,10 +158,33 @@ def test_options_defaults_quick_and_bad_values(bench):
     q = bench.parse_args(["--quick", "--targets", "fp32"])
     assert (q.prompts, q.max_new_tokens, q.load, q.targets) == (2, 32, False, ["fp32"])
     assert bench.parse_args(["--no-load"]).load is False
-    for bad in (["--targets", "fp16"], ["--samplings", "t1"], ["--prompts", "9"], ["--drafters", ""]):
+    assert (a.confirm, q.confirm, bench.parse_args(["--confirm", "0"]).confirm) == (3, 0, 0)
+    for bad in (
+        ["--targets", "fp16"],
+        ["--samplings", "t1"],
+        ["--prompts", "9"],
+        ["--drafters", ""],
+        ["--confirm", "-1"],
+    ):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
     assert bench.cell_name("fp32", "hydra", "t0.8", True) == "fp32 / hydra / t0.8 / load"
+
+
+def test_the_confirmation_pass_reruns_the_fastest_fixed_settings(bench):
+    """The settings the confirmation pass reruns: the fastest fixed ones of the grid cell (tokens over seconds), never
+    AR or the controller, settings without time last."""
+    rec = sup.RunRecord
+
+    def runs(seconds: float) -> list:
+        return [rec(0, [1] * 10, 10, seconds, []), rec(1, [1] * 10, 10, seconds, [])]
+
+    cell = {"AR": runs(1.0), "chain K=1": runs(0.5), "tree 4": runs(0.4), "tree 8": runs(2.0), "none": runs(0.0),
+            "controller": runs(0.1)}  # fmt: skip
+    known = ["chain K=1", "tree 4", "tree 8", "none"]
+    assert bench.fastest_settings(cell, known, 2) == ["tree 4", "chain K=1"]
+    assert bench.fastest_settings(cell, known, 9) == ["tree 4", "chain K=1", "tree 8", "none"]
+    assert bench.fastest_settings(cell, known, 0) == []
 
 
 def test_shape_labels_name_the_arms_of_the_controller():
