@@ -42,7 +42,7 @@ DOMAIN = "ai.accel"
 DOMAIN_VERSIONS = (1,)
 _REQUIRED_ATTRS = {"N", "K", "bits", "block", "fast"}
 _FORMAT_OF_FAST = {1: MXFP6_E2M3, 2: MXFP4_E2M1, 3: MXINT8}  # the kernel's format codes (accel.formats.mxkernel)
-_GGML_OF_FAST = {t.fast: t for t in GGML_TYPES.values()}  # 4..8: Q8_0 Q4_0 Q4_1 Q4_F32 I8_F32 (accel.formats.ggml)
+_GGML_OF_FAST = {t.fast: t for t in GGML_TYPES.values()}  # 4..10: GGUF blocks (accel.formats.ggml)
 
 
 def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -128,14 +128,14 @@ def check_mx_kernel_graph(path: str | Path) -> None:
     ``MXLinear`` as ``mx_linear`` writes it or a ``CacheAttention`` as ``DecoderGraph.cache_attention`` writes it, in
     an ``ai.accel`` opset version this accel knows (``DOMAIN_VERSIONS``).
 
-    Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..8 = GGUF Q8_0/Q4_0/Q4_1/
-    Q4_F32/I8_F32 with ``bits`` 8/4/4/4/8; ``block`` 32, ``K`` a multiple of 32, ``act_bits`` absent, 32 or 8 with
-    E2M3/E2M1), the codes and scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the
-    block's 2, 4, 8 or 16 scale bytes)
-    and the value table (the format's ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8
-    inputs, 3 outputs, ``num_heads`` a multiple of ``num_kv_heads``. The kernel itself computes NaN for
-    sizes it does not expect, but a ``fast`` code that disagrees with ``bits`` or a foreign value table gives other
-    numbers without a word (fast 2 on MXFP6 codes: logits off by ~8 on a test decoder)."""
+    Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..10 = GGUF Q8_0/Q4_0/Q4_1/
+    Q4_F32/I8_F32/Q5S_F32/Q5_F32 with ``bits`` 8/4/4/4/8/5/5; ``block`` 32, ``K`` a multiple of 32, ``act_bits``
+    absent, 32 or 8 with E2M3/E2M1), the codes and scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32``
+    elements, GGUF: times the block's 2 to 16 scale bytes) and the value table (the format's ``code_table`` bit for
+    bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a multiple of
+    ``num_kv_heads``. The kernel itself computes NaN for sizes it does not expect, but a ``fast`` code that
+    disagrees with ``bits`` or a foreign value table gives other numbers without a word (fast 2 on MXFP6 codes:
+    logits off by ~8 on a test decoder)."""
     import onnx
 
     try:
@@ -189,8 +189,8 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
     ):
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
-            "4..8 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32 with bits 8/4/4/4/8, block 32, K a multiple of 32, act_bits 8 "
-            "only with E2M3/E2M1)"
+            "4..10 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32/Q5S_F32/Q5_F32 with bits 8/4/4/4/8/5/5, block 32, K a multiple "
+            "of 32, act_bits 8 only with E2M3/E2M1)"
         )
     scale_bytes = ggml.scale_bytes if ggml is not None else 1
     want = {

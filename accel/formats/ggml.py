@@ -1,7 +1,7 @@
 """llama.cpp's block-quantized weights kept as stored (GGUF ``Q8_0``, ``Q4_0``, ``Q4_1``) or repacked exactly (K-quants
 ``Q4_K``, ``Q5_K``, ``Q6_K`` and ``Q5_0``, ``Q5_1``: ``accel.formats.ggml_repack``), for the fused kernel.
 
-A ``GGMLTensor`` is a 2-D weight ``[N, K]`` (``N`` outputs, ``K`` inputs, blocks of 32 along ``K``) in one of five
+A ``GGMLTensor`` is a 2-D weight ``[N, K]`` (``N`` outputs, ``K`` inputs, blocks of 32 along ``K``) in one of seven
 kernel layouts (``GGML_TYPES``), split into two planes the kernel reads with aligned loads
 (``accel/formats/mxkernel.h``). The three GGUF types the kernel reads as stored:
 
@@ -12,10 +12,12 @@ kernel layouts (``GGML_TYPES``), split into two planes the kernel reads with ali
 
 Each weight's float32 value (``dequantize``) is what llama.cpp's reference and the ``gguf`` package compute, bit for
 bit: ``Q8_0``: ``d * q`` (q in [-128, 127]); ``Q4_0``: ``d * (q - 8)`` (q in [0, 15]); ``Q4_1``: ``(d * q) + m``
-rounded once in float32 (``d * q`` is exact: an 11-bit mantissa times a 4-bit integer). The two repacked layouts
-hold float32 scales: ``Q4_F32`` (``Q4_1``'s codes, scales ``[N, K / 32, 8]``: float32 ``d``, ``m``) and ``I8_F32``
-(int8 codes ``[N, K / 32, 32]``, scales ``[N, K / 32, 16]``: float32 ``d``, ``m`` for weights 0..15, then for
-16..31), each weight ``(d * q) + m`` (``d * q`` exact), equal to the ``gguf`` package's value of the file's type.
+rounded once in float32 (``d * q`` is exact: an 11-bit mantissa times a 4-bit integer). The four repacked layouts
+hold float32 scales: ``Q4_F32`` (``Q4_1``'s codes, scales ``[N, K / 32, 8]``: float32 ``d``, ``m``), ``Q5S_F32`` and
+``Q5_F32`` (codes ``[N, K / 32, 20]``: ``Q4_1``'s nibbles, then 4 bytes whose bit ``i`` is code ``i``'s fifth bit;
+``Q5S_F32`` subtracts 16; scales as ``Q4_F32``) and ``I8_F32`` (int8 codes ``[N, K / 32, 32]``, scales
+``[N, K / 32, 16]``: float32 ``d``, ``m`` for weights 0..15, then for 16..31), each weight ``(d * q) + m`` (``d * q``
+exact), equal to the ``gguf`` package's value of the file's type.
 ``GGMLTensor.source`` names the file's type. The fused kernel multiplies
 these exact values by float32 activations (``accel.formats.ggml_kernel.GGMLKernel``), and the onnxruntime operator
 ``ai.accel::MXLinear`` runs them in an exported graph (``weights="gguf-kernel"``: docs/formats.md, "GGUF blocks on
@@ -60,6 +62,8 @@ GGML_TYPES: dict[str, GGMLType] = {
         GGMLType("Q4_1", 20, 16, 4, 6, 4),
         GGMLType("Q4_F32", 24, 16, 8, 7, 4),
         GGMLType("I8_F32", 48, 32, 16, 8, 8),
+        GGMLType("Q5S_F32", 28, 20, 8, 9, 5),
+        GGMLType("Q5_F32", 28, 20, 8, 10, 5),
     )
 }
 _STORED = ("Q8_0", "Q4_0", "Q4_1")  # GGUF types whose blocks are a kernel layout as they are
@@ -140,7 +144,7 @@ class GGMLTensor:
     def _d_m(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The blocks' scales ``d`` and offsets ``m`` (None without), float32 ``[N, K / 32, 1]`` (``I8_F32``:
         ``[N, K / 32, 32]``, each weight's own)."""
-        if self.qtype.name == "Q4_F32":
+        if self.qtype.name in ("Q4_F32", "Q5S_F32", "Q5_F32"):
             f = self.scales.view("<f4")
             return f[..., 0:1], f[..., 1:2]
         if self.qtype.name == "I8_F32":
@@ -152,11 +156,16 @@ class GGMLTensor:
 
     def integer_codes(self) -> np.ndarray:
         """Every weight's integer code, int16 ``[N, K / 32, 32]``: ``Q8_0``, ``I8_F32`` in [-128, 127], ``Q4_0``
-        ``q - 8`` in [-8, 7], ``Q4_1``, ``Q4_F32`` ``q`` in [0, 15]."""
+        ``q - 8`` in [-8, 7], ``Q4_1``, ``Q4_F32`` ``q`` in [0, 15], ``Q5S_F32`` ``q - 16`` in [-16, 15], ``Q5_F32``
+        ``q`` in [0, 31]."""
         if self.qtype.bits == 8:
             return self.codes.view(np.int8).astype(np.int16)
-        q = np.concatenate([self.codes & 0x0F, self.codes >> 4], axis=-1).astype(np.int16)
-        return q - 8 if self.qtype.name == "Q4_0" else q
+        nib = self.codes[..., :16]
+        q = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int16)
+        if self.qtype.bits == 5:  # bytes 16..19: bit i is code i's fifth bit
+            fifth = np.unpackbits(self.codes[..., 16:20], axis=-1, bitorder="little").astype(np.int16)
+            q |= fifth << 4
+        return q - {"Q4_0": 8, "Q5S_F32": 16}.get(self.qtype.name, 0)
 
     def dequantize(self, dtype: type = np.float32) -> np.ndarray:
         """Every weight ``[N, K]`` in float32 (module docstring: exact, llama.cpp's values), then cast to ``dtype``."""

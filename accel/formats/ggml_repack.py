@@ -3,13 +3,17 @@
 
 These types store a 256-weight super-block (K-quants) or a 32-weight block (``Q5_*``) whose codes and scales the
 fused kernel cannot read as they are. Each is rewritten, once at load time, into one of two kernel layouts of 32-weight
-blocks with float32 scales (``accel.formats.ggml``; ``accel/formats/mxkernel.h``, fast 7 and 8):
+blocks with float32 scales (``accel.formats.ggml``; ``accel/formats/mxkernel.h``, fast 7 to 10):
 
 - ``Q4_F32`` (from ``Q4_K``): the 4-bit codes as ``Q4_1`` lays them out (byte ``j``: weight ``j`` low nibble, weight
   ``j + 16`` high), and per block float32 ``d = d_super * sc`` and ``m = -(dmin * min)``: 6 bits a weight (the file:
   4.5);
-- ``I8_F32`` (from ``Q5_K``, ``Q6_K``, ``Q5_0``, ``Q5_1``): one int8 code a weight, and per 16 weights float32 ``d``
-  and ``m`` (``-0.0`` where the type has no offset): 12 bits a weight (the files: 5.5, 6.56, 5.5, 6).
+- ``Q5S_F32`` (from ``Q5_0``) and ``Q5_F32`` (from ``Q5_1``, ``Q5_K``): ``Q4_1``'s nibbles of the low 4 bits, then 4
+  bytes whose bit ``i`` is weight ``i``'s fifth bit (``Q5_0``'s and ``Q5_1``'s own ``qs`` and ``qh``), and per block
+  float32 ``d`` and ``m``; ``Q5S_F32`` subtracts 16 from the codes (``Q5_0``: ``d * (q - 16)``, ``m = -0.0``): 7
+  bits a weight (the files: 5.5 to 6);
+- ``I8_F32`` (from ``Q6_K``): one int8 code a weight, and per 16 weights float32 ``d`` and ``m`` (``-0.0``): 12 bits
+  a weight (the file: 6.56).
 
 What is exact: each weight the kernel computes, ``fma(q, d, m)``, equals the ``gguf`` package's dequantized value
 (and llama.cpp's reference ``dequantize_row_*``) bit for bit: the products of a float16 scale and an integer sub-scale
@@ -34,8 +38,8 @@ _F32 = np.float32
 
 class Repacked:
     """How one GGUF type is repacked: its ``name``, bytes a file block of ``weights`` weights, the kernel layout it
-    becomes (``"Q4_F32"`` or ``"I8_F32"``) and the function (raw blocks ``[rows, blocks, block_bytes]`` -> codes,
-    scales planes)."""
+    becomes (``"Q4_F32"``, ``"Q5S_F32"``, ``"Q5_F32"`` or ``"I8_F32"``) and the function (raw blocks ``[rows, blocks,
+    block_bytes]`` -> codes, scales planes)."""
 
     def __init__(
         self, name: str, weights: int, block_bytes: int, layout: str, fn: Callable[[np.ndarray], tuple]
@@ -87,8 +91,9 @@ def _q5_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d, m, rest = _split_k(raw)
     qh, qs = rest[..., :32], rest[..., 32:160]
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1  # [..., 8, 32]: bit b of byte l
-    q = _low_nibbles_k(qs) | (high << 4)
-    return _int8_blocks(q, d, m)
+    fifth = np.packbits(high.astype(np.uint8), axis=-1, bitorder="little")  # [..., 8, 4]: bit i = weight i's
+    codes = np.concatenate([_nibble_layout(_low_nibbles_k(qs)), fifth], axis=-1)
+    return _flat(codes), _flat(np.stack([d, m], axis=-1))
 
 
 def _q6_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,23 +110,13 @@ def _q6_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q5_legacy(raw: np.ndarray, offset: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``Q5_0`` (d, qh, qs: ``d * (q - 16)``) or ``Q5_1`` (d, m, qh, qs: ``d * q + m``) blocks of 32."""
+    """``Q5_0`` (d, qh, qs: ``d * (q - 16)``) or ``Q5_1`` (d, m, qh, qs: ``d * q + m``) blocks of 32: their ``qs``
+    (``Q4_1``'s nibble order) and ``qh`` (bit i: weight i's fifth bit) are the 5-bit layouts' codes as they are."""
     d = _f16(raw[..., 0:2])
     m = _f16(raw[..., 2:4]) if offset else np.full_like(d, -0.0)
     at = 4 if offset else 2
-    qh = np.ascontiguousarray(raw[..., at : at + 4]).view("<u4")[..., 0]
-    qs = raw[..., at + 4 : at + 20]
-    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)
-    high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
-    q = (low | (high << 4)) - (0 if offset else 16)
-    pair = np.stack([d, m], axis=-1)
-    return _flat(q.astype(np.int8).view(np.uint8)), _flat(np.concatenate([pair, pair], axis=-1))
-
-
-def _int8_blocks(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes ``[..., 8, 32]`` with one ``d``, ``m`` per 32 -> ``I8_F32`` planes (the pair repeated for both halves)."""
-    pair = np.stack([d, m], axis=-1)
-    return _flat(q.astype(np.int8).view(np.uint8)), _flat(np.concatenate([pair, pair], axis=-1))
+    qh, qs = raw[..., at : at + 4], raw[..., at + 4 : at + 20]
+    return _flat(np.concatenate([qs, qh], axis=-1)), _flat(np.stack([d, m], axis=-1))
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -134,10 +129,10 @@ REPACKED: dict[str, Repacked] = {
     r.name: r
     for r in (
         Repacked("Q4_K", QK_K, 144, "Q4_F32", _q4_k),
-        Repacked("Q5_K", QK_K, 176, "I8_F32", _q5_k),
+        Repacked("Q5_K", QK_K, 176, "Q5_F32", _q5_k),
         Repacked("Q6_K", QK_K, 210, "I8_F32", _q6_k),
-        Repacked("Q5_0", 32, 22, "I8_F32", lambda raw: _q5_legacy(raw, offset=False)),
-        Repacked("Q5_1", 32, 24, "I8_F32", lambda raw: _q5_legacy(raw, offset=True)),
+        Repacked("Q5_0", 32, 22, "Q5S_F32", lambda raw: _q5_legacy(raw, offset=False)),
+        Repacked("Q5_1", 32, 24, "Q5_F32", lambda raw: _q5_legacy(raw, offset=True)),
     )
 }
 

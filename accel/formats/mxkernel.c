@@ -233,9 +233,8 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
 
 /* ------------------------------------------------------------------------------------------------- API */
 
-/* the path serving format `fast` (1 E2M3, 2 E2M1, 3 INT8, 4 Q8_0, 5 Q4_0, 6 Q4_1, 7 Q4_F32, 8
- * I8_F32) at block size `block` on this CPU:
- * 0 portable, 1 AVX2, 2 AVX-512 (VBMI for the MX formats, AVX-512F for GGUF blocks) */
+/* the path serving format `fast` (1 E2M3, 2 E2M1, 3 INT8, 4..10 GGUF blocks: mxkernel.h) at block size `block` on
+ * this CPU: 0 portable, 1 AVX2, 2 AVX-512 (VBMI for the MX formats, AVX-512F for GGUF blocks) */
 int mxk_fast_path(int fast, int block) {
     job_t j;
     memset(&j, 0, sizeof j);
@@ -252,7 +251,7 @@ int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, in
     return run_parts(&j, threads, out);
 }
 
-/* out[n, nblocks * 32] = every weight of GGUF blocks (fast 4 Q8_0, 5 Q4_0, 6 Q4_1, 7 Q4_F32, 8 I8_F32; mxkernel.h), float32, bit-exact to
+/* out[n, nblocks * 32] = every weight of GGUF blocks (fast 4..10; mxkernel.h), float32, bit-exact to
  * accel.formats.ggml's dequantize; -1 for another format code */
 int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, float *out,
                     int threads) {
@@ -263,8 +262,9 @@ int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64
 }
 
 /* y[S, N] = x[S, K] @ W^T; x rows are xstride >= nblocks * block floats apart, columns K.. zero. GGUF blocks (fast 4
- * .. 8): scales is the uint8 plane of the blocks' float16 (fast 7, 8: float32) scales (mxkernel.h), bits 8 (Q8_0,
- * I8_F32) or 4, block 32, K = nblocks * 32, lut unused (may be NULL). -1 for an unknown format code or GGUF arguments that do not fit. */
+ * .. 10): scales is the uint8 plane of the blocks' float16 (fast 7..10: float32) scales (mxkernel.h), bits
+ * gguf_bits(fast), block 32, K = nblocks * 32, lut unused (may be NULL). -1 for an unknown format code or GGUF
+ * arguments that do not fit. */
 int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int fast,
                int64_t n, int64_t k, int64_t nblocks, const float *x, int64_t s, int64_t xstride, float *y,
                int threads) {

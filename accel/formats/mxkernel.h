@@ -28,7 +28,9 @@
  * Each x row is then reduced with the same sequence of float32 FMAs whatever the number of rows in the call and the
  * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
  * tokens are scored with it. Repacked GGUF blocks (fast 7 Q4_F32: Q4 nibble codes, float32 d and m a block; fast 8
- * I8_F32: int8 codes, float32 d and m per 16 weights) hold K-quants (Q4_K, Q5_K, Q6_K) and Q5_0 / Q5_1 exactly: each
+ * I8_F32: int8 codes, float32 d and m per 16 weights; fast 9 Q5S_F32 and 10 Q5_F32: Q4 nibbles plus a 32-bit plane of
+ * fifth bits, float32 d and m a block, 9 subtracting 16 from the codes) hold K-quants (Q4_K, Q5_K, Q6_K) and Q5_0 /
+ * Q5_1 exactly: each
  * weight is fma(q, d, m), where d * q is exact (d = the super-block's float16 scale times an integer sub-scale of at
  * most 8 bits, q at most 6 bits: <= 24 significant bits), so the one rounding is the offset's, as in the gguf
  * package's d * q - dm; a type without an offset stores m = -0.0, which leaves d * q as it is, signed zeros included.
@@ -64,8 +66,8 @@
 #define MXK_INTERNAL __attribute__((visibility("hidden")))
 
 /* the kernel's format codes (its `fast` argument): 1..3 MX formats with SIMD paths, 4..6 GGUF block types as stored,
- * 7, 8 GGUF block types repacked exactly with float32 scales (accel/formats/ggml_repack.py: Q4_K -> 7; Q5_K, Q6_K,
- * Q5_0, Q5_1 -> 8) */
+ * 7..10 GGUF block types repacked exactly with float32 scales (accel/formats/ggml_repack.py: Q4_K -> 7, Q6_K -> 8,
+ * Q5_0 -> 9, Q5_1 and Q5_K -> 10) */
 enum {
     FAST_NONE = 0,
     FAST_E2M3 = 1,
@@ -75,34 +77,40 @@ enum {
     FAST_Q4_0 = 5,
     FAST_Q4_1 = 6,
     FAST_Q4_F32 = 7,
-    FAST_I8_F32 = 8
+    FAST_I8_F32 = 8,
+    FAST_Q5S_F32 = 9,
+    FAST_Q5_F32 = 10
 };
-#define FAST_MAX FAST_I8_F32
+#define FAST_MAX FAST_Q5_F32
 
-/* 1 for the GGUF block types (fast 4 .. 8) */
-static inline int is_gguf(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_I8_F32; }
-/* 1 for the block types whose scale plane holds float32 values (fast 7, 8); the others' hold float16 (or E8M0) */
-static inline int f32_scales(int fast) { return fast == FAST_Q4_F32 || fast == FAST_I8_F32; }
-/* nibble-coded block types: byte i holds code i (low nibble) and code i + 16 (high nibble) */
-static inline int nibble_codes(int fast) { return fast == FAST_Q4_0 || fast == FAST_Q4_1 || fast == FAST_Q4_F32; }
+/* 1 for the GGUF block types (fast 4 .. 10) */
+static inline int is_gguf(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_MAX; }
+/* 1 for the block types whose scale plane holds float32 values (fast 7..10); the others' hold float16 (or E8M0) */
+static inline int f32_scales(int fast) { return fast >= FAST_Q4_F32 && fast <= FAST_MAX; }
+/* 5-bit block types (fast 9, 10): Q4 nibbles (16 bytes), then 4 bytes whose bit i is code i's fifth bit */
+static inline int q5_codes(int fast) { return fast == FAST_Q5S_F32 || fast == FAST_Q5_F32; }
+/* nibble-coded block types: byte i holds code i (low nibble) and code i + 16 (high nibble); the 5-bit types too */
+static inline int nibble_codes(int fast) {
+    return fast == FAST_Q4_0 || fast == FAST_Q4_1 || fast == FAST_Q4_F32 || q5_codes(fast);
+}
 /* bytes of a block's codes (32 codes) and of its scales, by format code (MX: one E8M0 byte) */
 static inline int block_code_bytes(int fast) {
-    return fast == FAST_E2M3 ? 24 : fast == FAST_E2M1 || nibble_codes(fast) ? 16 : 32;
+    return fast == FAST_E2M3 ? 24 : q5_codes(fast) ? 20 : fast == FAST_E2M1 || nibble_codes(fast) ? 16 : 32;
 }
-/* the float scale values of a GGUF block: d (Q8_0, Q4_0), d and m (Q4_1, Q4_F32), d0 m0 d1 m1 (I8_F32: one pair for
- * weights 0..15, one for 16..31) */
-static inline int block_floats(int fast) {
-    return fast == FAST_I8_F32 ? 4 : fast == FAST_Q4_1 || fast == FAST_Q4_F32 ? 2 : 1;
-}
+/* the float scale values of a GGUF block: d (Q8_0, Q4_0), d and m (Q4_1, Q4_F32, Q5S_F32, Q5_F32), d0 m0 d1 m1
+ * (I8_F32: one pair for weights 0..15, one for 16..31) */
+static inline int block_floats(int fast) { return fast == FAST_I8_F32 ? 4 : fast == FAST_Q4_1 || fast >= 7 ? 2 : 1; }
 static inline int block_scale_bytes(int fast) {
     return !is_gguf(fast) ? 1 : block_floats(fast) * (f32_scales(fast) ? 4 : 2);
 }
 /* the code width in bits of a GGUF block type (0 for another code) */
 static inline int gguf_bits(int fast) {
-    return fast == FAST_Q8_0 || fast == FAST_I8_F32 ? 8 : is_gguf(fast) ? 4 : 0;
+    return fast == FAST_Q8_0 || fast == FAST_I8_F32 ? 8 : q5_codes(fast) ? 5 : is_gguf(fast) ? 4 : 0;
 }
-/* 1 for the block types whose weights are fma(q, d, m) (an offset m; I8_F32's m is -0.0 where there is none) */
-static inline int has_offset(int fast) { return fast == FAST_Q4_1 || fast == FAST_Q4_F32 || fast == FAST_I8_F32; }
+/* what a block type subtracts from its unsigned codes before scaling: 8 (Q4_0), 16 (Q5S_F32), else 0 */
+static inline int code_offset(int fast) { return fast == FAST_Q4_0 ? 8 : fast == FAST_Q5S_F32 ? 16 : 0; }
+/* 1 for the block types whose weights are fma(q, d, m) (an offset m; -0.0 where the file's type has none) */
+static inline int has_offset(int fast) { return fast == FAST_Q4_1 || fast >= FAST_Q4_F32; }
 
 typedef struct {
     const uint8_t *codes, *scales;

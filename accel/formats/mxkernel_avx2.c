@@ -1,7 +1,7 @@
 /* The AVX2 + FMA path (block 32; MXFP6 E2M3, MXFP4 E2M1, MXINT8): a block's codes unpacked in a register to the
  * integers value * 2^shift, converted to float32 and scaled exactly. GGUF Q8_0, Q4_0, Q4_1 (fast 4, 5, 6): the codes'
  * integers (q, q - 8, q) times the block's float16 d converted exactly (F16C, once a block), plus Q4_1's m; the
- * repacked types (fast 7, 8) read their float32 d and m as they are.
+ * repacked types (fast 7..10) read their float32 d and m as they are; the 5-bit ones add each code's fifth bit.
  * See mxkernel.h. */
 #include <string.h>
 
@@ -25,6 +25,18 @@ AVX2 static inline __m256i gguf_nibbles(const uint8_t *p) {
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* the 32 fifth bits at p (4 bytes, bit i: code i) as bytes 16 or 0, in code order: each byte of the broadcast mask
+ * copied to the 8 result bytes it covers, then tested against that byte's own bit */
+AVX2 static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t m;
+    memcpy(&m, p, 4);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
 }
 
 /* MX block b's 32 exact float32 weights; s: its E8M0 scale code, read via scale_tab (GGUF blocks: row_dot_gguf) */
@@ -122,13 +134,15 @@ AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t 
         for (int64_t b = c0; b < c1; b++) {
             __m256 w[4];
             _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+            const uint8_t *blk = row + bytes * b;
             __m256i v;
-            if (fast == FAST_Q4_0)
-                v = _mm256_sub_epi8(gguf_nibbles(row + 16 * b), _mm256_set1_epi8(8));
-            else if (nibble_codes(fast))
-                v = gguf_nibbles(row + 16 * b);
-            else
-                v = _mm256_loadu_si256((const __m256i *)(row + 32 * b));
+            if (nibble_codes(fast)) {
+                v = gguf_nibbles(blk);
+                if (q5_codes(fast)) v = _mm256_or_si256(v, fifth_bits(blk + 16));
+                if (code_offset(fast)) v = _mm256_sub_epi8(v, _mm256_set1_epi8((char)code_offset(fast)));
+            } else {
+                v = _mm256_loadu_si256((const __m256i *)blk);
+            }
             gguf_floats(fast, v, dm + (b - c0) * floats, w);
             fma_block(w, x0 + 32 * b, a);
             if (pair) fma_block(w, x1 + 32 * b, bb);
@@ -179,6 +193,8 @@ AVX2_ROWS(5)
 AVX2_ROWS(6)
 AVX2_ROWS(7)
 AVX2_ROWS(8)
+AVX2_ROWS(9)
+AVX2_ROWS(10)
 
 AVX2 void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
     const float *tab = is_gguf(j->fast) ? NULL : SCALES[j->fast]; /* GGUF blocks carry their own scales */
@@ -190,6 +206,8 @@ AVX2 void linear_avx2(const job_t *j, int64_t n0, int64_t n1) {
     case FAST_Q4_1: rows_avx2_6(j, tab, n0, n1); break;
     case FAST_Q4_F32: rows_avx2_7(j, tab, n0, n1); break;
     case FAST_I8_F32: rows_avx2_8(j, tab, n0, n1); break;
+    case FAST_Q5S_F32: rows_avx2_9(j, tab, n0, n1); break;
+    case FAST_Q5_F32: rows_avx2_10(j, tab, n0, n1); break;
     default: rows_avx2_3(j, tab, n0, n1); break;
     }
 }

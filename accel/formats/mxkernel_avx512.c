@@ -1,6 +1,7 @@
-/* The AVX-512F path of GGUF blocks (Q8_0, Q4_0, Q4_1, fast 4, 5, 6; the repacked Q4_F32, I8_F32, fast 7, 8): a
- * block's 32 weights decoded exactly to two 16-lane float32 vectors (the integers q, q - 8 or q converted, times the
- * block's d; Q4_1, Q4_F32: fma(q, d, m), I8_F32: fma(q, d0, m0) and fma(q, d1, m1), which round d * q + m once since
+/* The AVX-512F path of GGUF blocks (Q8_0, Q4_0, Q4_1, fast 4, 5, 6; the repacked Q4_F32, I8_F32, Q5S_F32,
+ * Q5_F32, fast 7..10): a block's 32 weights decoded exactly to two 16-lane float32 vectors (the integers q, q - 8,
+ * q - 16 or q converted, a 5-bit type's fifth bits added by mask first, times the block's d; Q4_1, Q4_F32, Q5S_F32,
+ * Q5_F32: fma(q, d, m), I8_F32: fma(q, d0, m0) and fma(q, d1, m1), which round d * q + m once since
  * d * q is exact; a row's float16 halves converted 16 at a time into a float32 buffer first, float32 scales copied,
  * so each block reads its d and m as memory broadcasts), then multiplied into up to 8 x rows
  * at once (a
@@ -26,9 +27,15 @@ AVX512 static inline __attribute__((always_inline)) void gguf_block512(const int
         __m128i b = _mm_loadu_si128((const __m128i *)codes);
         q0 = _mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F)));
         q1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F)));
-        if (fast == FAST_Q4_0) {
-            q0 = _mm512_sub_epi32(q0, _mm512_set1_epi32(8));
-            q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(8));
+        if (q5_codes(fast)) { /* bit i of the 4 bytes after the nibbles: code i's fifth bit */
+            uint32_t m;
+            memcpy(&m, codes + 16, 4);
+            q0 = _mm512_mask_add_epi32(q0, (__mmask16)(m & 0xFFFFu), q0, _mm512_set1_epi32(16));
+            q1 = _mm512_mask_add_epi32(q1, (__mmask16)(m >> 16), q1, _mm512_set1_epi32(16));
+        }
+        if (code_offset(fast)) {
+            q0 = _mm512_sub_epi32(q0, _mm512_set1_epi32(code_offset(fast)));
+            q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(code_offset(fast)));
         }
     }
     __m512 d = _mm512_set1_ps(dm[0]);
@@ -117,6 +124,8 @@ ROWS_512(5)
 ROWS_512(6)
 ROWS_512(7)
 ROWS_512(8)
+ROWS_512(9)
+ROWS_512(10)
 
 void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1) {
     if (j->fast == FAST_Q8_0)
@@ -129,6 +138,10 @@ void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1) {
         rows_512_7(j, n0, n1);
     else if (j->fast == FAST_I8_F32)
         rows_512_8(j, n0, n1);
+    else if (j->fast == FAST_Q5S_F32)
+        rows_512_9(j, n0, n1);
+    else if (j->fast == FAST_Q5_F32)
+        rows_512_10(j, n0, n1);
     else
         linear_avx2(j, n0, n1);
 }

@@ -4,9 +4,10 @@
  * Node: inputs x (float32 [..., K]), codes (uint8: the packed codes of W [N, K], C order), scales (uint8 [N, K / 32]:
  * E8M0 codes), lut (float32 [256]: the value of each code, for the portable path); attributes N, K, bits, block (32),
  * fast (1 E2M3, 2 E2M1, 3 INT8: the SIMD paths' formats, 0 none). K must be a multiple of block (the exporter
- * checks). GGUF blocks (fast 4 Q8_0 and 8 I8_F32 with bits 8, 5 Q4_0, 6 Q4_1 and 7 Q4_F32 with bits 4; block 32):
- * codes the uint8 code plane (N * K * bits / 8 bytes), scales the uint8 plane of the blocks' scales (N * K / 32 *
- * block_scale_bytes: float16 d, Q4_1 d then m; float32 d then m for Q4_F32, d0 m0 d1 m1 for I8_F32), lut
+ * checks). GGUF blocks (fast 4 Q8_0 and 8 I8_F32 with bits 8, 5 Q4_0, 6 Q4_1 and 7 Q4_F32 with bits 4, 9 Q5S_F32 and
+ * 10 Q5_F32 with bits 5; block 32): codes the uint8 code plane (N * K * bits / 8 bytes), scales the uint8 plane of
+ * the blocks' scales (N * K / 32 * block_scale_bytes: float16 d, Q4_1 d then m; float32 d then m for Q4_F32 and the
+ * 5-bit types, d0 m0 d1 m1 for I8_F32), lut
  * still a float32 [256] input that is not read; no act_bits 8 (int8 activations are for E2M3 and E2M1 only).
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
  * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already

@@ -1,11 +1,11 @@
 /* The portable path (any format, any block size): value = lut[code] * 2^(s - 127) in float32; GGUF blocks (fast 4,
- * 5, 6): d * q, d * (q - 8), d * q + m from the blocks' halves; repacked blocks (fast 7, 8): d * q + m from their
+ * 5, 6): d * q, d * (q - 8), d * q + m from the blocks' halves; repacked blocks (fast 7..10): d * q + m from their
  * float32 scales. See mxkernel.h. */
 #include <string.h>
 
 #include "mxkernel.h"
 
-/* the scale value i of a GGUF block's scale bytes s: float16 (fast 4, 5, 6) or float32 (fast 7, 8) */
+/* the scale value i of a GGUF block's scale bytes s: float16 (fast 4, 5, 6) or float32 (fast 7..10) */
 static float scale_at(int fast, const uint8_t *s, int i) {
     if (!f32_scales(fast)) return half_at(s + 2 * i);
     float v;
@@ -26,10 +26,14 @@ void gguf_block_portable(const job_t *j, int64_t n, int64_t b, float w[32]) {
         }
         return;
     }
-    const int off = fast == FAST_Q4_0 ? 8 : 0;
+    const int off = code_offset(fast);
+    uint32_t fifth = 0; /* 5-bit types: bit i is code i's fifth bit */
+    if (q5_codes(fast)) memcpy(&fifth, c + 16, 4);
     for (int e = 0; e < 16; e++) {
-        w[e] = d * (float)((int)(c[e] & 15u) - off);
-        w[e + 16] = d * (float)((int)(c[e] >> 4) - off);
+        int lo = (int)(c[e] & 15u) | (int)((fifth >> e) & 1u) << 4;
+        int hi = (int)(c[e] >> 4) | (int)((fifth >> (e + 16)) & 1u) << 4;
+        w[e] = d * (float)(lo - off);
+        w[e + 16] = d * (float)(hi - off);
     }
     if (has_offset(fast)) {
         const float m = scale_at(fast, s, 1);

@@ -26,6 +26,7 @@ from accel.decode.spec import TargetSpec
 from accel.errors import BackendError
 from accel.formats import mxkernel_build
 from accel.formats.ggml import GGML_TYPES
+from accel.formats.ggml_repack import REPACKED
 from accel.models import Decoder, ModelConfig
 from accel.models import random_checkpoint as rc
 from accel.spd import GREEDY, generate_ar
@@ -168,16 +169,17 @@ def k_files(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", [*K_TYPES, "mixed"])
 def test_k_quants_run_repacked_on_the_kernel(k_files, kind):
-    """Q4_K (layout Q4_F32, fast 7) and Q5_K, Q6_K, Q5_0, Q5_1 (I8_F32, fast 8) run as MXLinear nodes, no MatMul
+    """Q4_K (layout Q4_F32, fast 7), Q6_K (I8_F32, 8), Q5_0 (Q5S_F32, 9), Q5_1 and Q5_K (Q5_F32, 10) run as MXLinear
+    nodes, no MatMul
     reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the fp32 export of the same file
     up to summation order; greedy decoding gives the same tokens."""
     _, kernel, fp32 = k_files[kind]
     fasts = collections.Counter(a["fast"] for a in mxlinear_attrs(kernel))
+    layout = {t: REPACKED[t].layout if t in REPACKED else t for t in (*K_TYPES, "Q8_0", "Q6_K")}
     if kind == "mixed":
-        assert set(fasts) == {GGML_TYPES[n].fast for n in ("Q4_F32", "I8_F32", "Q8_0")}
+        assert set(fasts) == {GGML_TYPES[layout[t]].fast for t in K_MIXED.values()}
     else:
-        want = GGML_TYPES["Q4_F32" if kind == "Q4_K" else "I8_F32"].fast
-        assert fasts == {want: 4 * K_CFG.num_layers + 1}
+        assert fasts == {GGML_TYPES[layout[kind]].fast: 4 * K_CFG.num_layers + 1}
     model = onnx.load(str(kernel), load_external_data=False)
     inits = {i.name for i in model.graph.initializer}
     assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & inits]

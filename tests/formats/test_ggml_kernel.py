@@ -311,7 +311,7 @@ def test_kernel_refuses_gguf_arguments_that_do_not_fit(rng):
     assert lib.mxk_linear(c, s, None, 8, 32, 6, *args) == -1  # Q4_1 with 8 bits
     assert lib.mxk_linear(c, s, None, 4, 16, 6, *args) == -1  # block 16
     assert lib.mxk_linear(c, s, None, 4, 32, 6, 2, 63, 2, *args[3:]) == -1  # K != nblocks * 32
-    assert lib.mxk_linear(c, s, None, 4, 32, 9, *args) == -1  # no format 9
+    assert lib.mxk_linear(c, s, None, 4, 32, 11, *args) == -1  # no format 11
     assert np.array_equal(y, np.full((1, 2), 7.0, np.float32))
     for fast in (4, 5, 6):
         assert lib.mxk_linear_q8(c, s, fast, 2, 2, x.ctypes.data, 1, 64, y.ctypes.data, 1) == -1
@@ -391,13 +391,13 @@ def test_ort_node_equals_matmul_bit_for_bit(name, rng):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_ort_node_refuses_graphs_accel_does_not_write(name, rng):
-    """int8 activations, bits that do not match the type, another block size, a format code past 8: NaN outputs."""
+    """int8 activations, bits that do not match the type, another block size, a format code past 10: NaN outputs."""
     if load_kernel() is None:
         pytest.skip("the fused kernel cannot be built here")
     t = GGMLTensor.from_blocks(_raw_blocks(rng, name, 5, 64, small=True), name, (5, 64))
     x = np.ones((2, 64), np.float32)
     wrong_bits = 4 if t.qtype.bits == 8 else 8
-    for attrs in ({"act_bits": 8}, {"bits": wrong_bits}, {"block": 16}, {"fast": 9}):
+    for attrs in ({"act_bits": 8}, {"bits": wrong_bits}, {"block": 16}, {"fast": 11}):
         assert np.isnan(_run_node(t, x, **attrs)).all(), attrs
     if name == "Q4_1":  # Q4_1's scales read as Q4_0's: the scales plane is twice the size expected
         assert np.isnan(_run_node(t, x, fast=5)).all()

@@ -1,12 +1,12 @@
 """GGUF K-quants (``Q4_K``, ``Q5_K``, ``Q6_K``) and ``Q5_0`` / ``Q5_1`` repacked exactly for the fused kernel
-(``accel.formats.ggml_repack``; layouts ``Q4_F32`` and ``I8_F32``, format codes 7 and 8 of
+(``accel.formats.ggml_repack``; layouts ``Q4_F32``, ``I8_F32``, ``Q5S_F32`` and ``Q5_F32``, format codes 7 to 10 of
 ``accel/formats/mxkernel*.c``).
 
 The reference is the ``gguf`` package's own dequantization of the file's bytes: ``GGMLTensor.dequantize`` and the
 kernel's ``decode`` on each of its paths equal it bit for bit (NaN where it is NaN) on random super-blocks whose float16
 scales are normal, subnormal, zero, negative, infinite and NaN; ``matmul`` stays within the float32 dot-product bound
 of the float64 product of those weights, each row's result independent of the rows beside it and of the threads; the
-onnxruntime operator with fast 7 and 8 equals ``matmul`` bit for bit. A decode that reads the sub-scales without their
+onnxruntime operator with fast 7 to 10 equals ``matmul`` bit for bit. A decode that reads the sub-scales without their
 high bits (a plausible slip in the 6-bit packing) is shown to give other weights, so the reference catches it.
 """
 
@@ -173,9 +173,9 @@ def test_refusals(rng):
     assert t.source == "Q4_K"
     with pytest.raises(FormatError, match="different types"):  # Q4_F32 and I8_F32 layouts do not join
         GGMLTensor.concat([t, GGMLTensor.from_blocks(_raw(rng, "Q5_K", 1, 256), "Q5_K", (1, 256))])
-    q5 = GGMLTensor.from_blocks(_raw(rng, "Q5_0", 1, 256), "Q5_0", (1, 256))
-    both = GGMLTensor.concat([GGMLTensor.from_blocks(_raw(rng, "Q6_K", 2, 256), "Q6_K", (2, 256)), q5])
-    assert both.qtype.name == "I8_F32" and both.source == "Q6_K+Q5_0"
+    q5 = GGMLTensor.from_blocks(_raw(rng, "Q5_1", 1, 256), "Q5_1", (1, 256))
+    both = GGMLTensor.concat([GGMLTensor.from_blocks(_raw(rng, "Q5_K", 2, 256), "Q5_K", (2, 256)), q5])
+    assert both.qtype.name == "Q5_F32" and both.source == "Q5_K+Q5_1"
     assert both.take_rows(np.array([2])).shape == (1, 256)
 
 
@@ -193,5 +193,8 @@ def test_ort_node_equals_matmul_bit_for_bit(name, rng):
     t = GGMLTensor.from_blocks(_raw(rng, name, 5, k, small=True), name, (5, k))
     x = np.ones((2, k), np.float32)
     assert not np.isnan(_run_node(t, x)).any()
-    other = 6 if t.qtype.name == "I8_F32" else 8  # another layout's code: its scales plane has another size
-    assert np.isnan(_run_node(t, x, fast=other, bits=GGML_TYPES["Q4_1" if other == 6 else "I8_F32"].bits)).all()
+    other = "Q4_1" if t.qtype.name != "Q4_1" else "Q8_0"  # another layout: its scales plane has another size
+    assert np.isnan(_run_node(t, x, fast=GGML_TYPES[other].fast, bits=GGML_TYPES[other].bits)).all()
+    if t.qtype.bits == 5:  # Q5S_F32 and Q5_F32 share their sizes: the other code is read, with other weights
+        swap = GGML_TYPES["Q5_F32" if t.qtype.name == "Q5S_F32" else "Q5S_F32"].fast
+        assert not np.array_equal(_run_node(t, x, fast=swap), _run_node(t, x))
