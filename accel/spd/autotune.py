@@ -104,13 +104,16 @@ QUIET_EXPLORE = 4
 class Plan:
     """The model's prediction for each candidate shape: ``arms[i]`` (the arm index; ``NO_ARM`` for budget 0, the first
     entry) at budget ``nodes[i]``: tokens per row and call, seconds of the call (target + verification + host) and of
-    the proposal."""
+    the proposal; ``model_tokens`` / ``model_call_s``: the arm model's own tokens and call seconds before its rounds
+    corrected them (``ShapeEvidence``; None: the same as ``tokens`` / ``call_s``)."""
 
     nodes: np.ndarray
     tokens: np.ndarray
     call_s: np.ndarray
     propose_s: np.ndarray
     arms: np.ndarray
+    model_tokens: np.ndarray | None = None
+    model_call_s: np.ndarray | None = None
 
     @property
     def tokens_per_s(self) -> np.ndarray:
@@ -131,11 +134,23 @@ class Plan:
     def at(self, nodes: int, arm: int = 0) -> tuple[float, float, float]:
         """``(tokens, call_s, propose_s)`` predicted at budget ``nodes`` of ``arm`` (any arm for budget 0); NaN for a
         shape the plan does not price (an arm not measured yet)."""
-        hits = np.flatnonzero((self.nodes == nodes) & ((self.arms == arm) | (nodes == 0)))
-        if hits.size == 0:
+        i = self._index(nodes, arm)
+        if i is None:
             return math.nan, math.nan, math.nan
-        i = int(hits[0])
         return float(self.tokens[i]), float(self.call_s[i]), float(self.propose_s[i])
+
+    def model_at(self, nodes: int, arm: int = 0) -> tuple[float, float]:
+        """``(tokens, call_s)`` of the arm model alone at that shape, before its rounds corrected it (NaN as ``at``)."""
+        i = self._index(nodes, arm)
+        if i is None:
+            return math.nan, math.nan
+        tokens = self.tokens if self.model_tokens is None else self.model_tokens
+        call = self.call_s if self.model_call_s is None else self.model_call_s
+        return float(tokens[i]), float(call[i])
+
+    def _index(self, nodes: int, arm: int) -> int | None:
+        hits = np.flatnonzero((self.nodes == nodes) & ((self.arms == arm) | (nodes == 0)))
+        return int(hits[0]) if hits.size else None
 
 
 @dataclass
@@ -150,6 +165,7 @@ class _Pending:
     t_end: float
     offered: bool
     predicted: tuple[float, float, float]
+    model: tuple[float, float] | None
 
 
 @dataclass(frozen=True)
@@ -298,6 +314,7 @@ class AutoTune:
         plan = self._cached_plan()
         arm, nodes, phase = self._choose(plan)
         predicted = plan.at(nodes, arm) if plan is not None else (math.nan, math.nan, math.nan)
+        model = plan.model_at(nodes, arm) if plan is not None else None
         out: list[TokenTree | None] = [None] * run.batch
         t0 = self.clock()
         if nodes > 0:
@@ -307,7 +324,7 @@ class AutoTune:
             out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
         offered = any(t is not None for t in out)
-        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted)
+        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted, model)
         return out
 
     def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
@@ -326,7 +343,7 @@ class AutoTune:
             self.arms[pending.arm].observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
-        self.evidence.observe(shape, tokens, call_s, pending.propose_s)
+        self.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
 
     def _record(
         self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float
@@ -395,16 +412,20 @@ class AutoTune:
         c1 = calls.seconds(1)
         if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0))]
+        rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0), 1.0, c1)]
         for i, arm in enumerate(self.arms):
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
+            gain, dearer = self.evidence.arm_factors(i)  # what the arm's rounds gave over its model
             for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
                 call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
-                rows.append((i, n, *self.evidence.blend((i, n), e, call, _known(arm.propose_costs, n))))
-        arms, nodes, tokens, call_s, propose_s = (np.asarray(col) for col in zip(*rows, strict=True))
-        plan = Plan(nodes, tokens, call_s, propose_s, arms)
+                fixed = (1.0 + gain * (e - 1.0), dearer * call, _known(arm.propose_costs, n))
+                rows.append((i, n, *self.evidence.blend((i, n), *fixed), e, call))
+        arms, nodes, tokens, call_s, propose_s, model_tokens, model_call = (
+            np.asarray(col) for col in zip(*rows, strict=True)
+        )
+        plan = Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call)
         if not (np.all(np.isfinite(plan.call_s + plan.propose_s)) and np.all(plan.call_s > 0)):
             return None
         return plan

@@ -23,6 +23,7 @@ from accel.spd.merge import Merge
 from accel.spd.proposers import FirstOf, NgramLookup, Proposer, RowOutcome
 
 __all__ = [
+    "ARM_FACTOR_RANGE",
     "EVIDENCE_DECAY",
     "EVIDENCE_WEIGHT",
     "MAX_WIDTH",
@@ -43,6 +44,7 @@ EVIDENCE_WEIGHT = 4.0  # rounds' worth of weight the model's prediction keeps ag
 #: disappointed is not re-chosen as soon as its evidence fades back to the model's more hopeful prediction
 EVIDENCE_DECAY = 0.99
 MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
+ARM_FACTOR_RANGE = (0.25, 4.0)  # the per-arm correction of the model (ShapeEvidence.arm_factors) stays within this
 
 
 class Arm:
@@ -132,21 +134,51 @@ class ShapeEvidence:
     rows asked), call seconds and proposal seconds. ``blend`` moves the model's prediction for a shape towards its
     own observed means, the prediction weighing ``EVIDENCE_WEIGHT`` rounds: where the acceptance model or the cost
     curves are off for a shape (deep chain nodes priced at the pooled rate, a tree arm's dearer calls), the shape's
-    own rounds correct it, and a shape not run lately drifts back to the model as its evidence decays."""
+    own rounds correct it, and a shape not run lately drifts back to the model as its evidence decays.
+
+    Per arm it also keeps the decayed sums of the model's own predictions beside what its rounds gave, over all its
+    budgets (``arm_factors``): an arm whose model is off by a steady factor (a merged tree's acceptance priced from
+    pooled ranks, its calls dearer than a chain's of the same width by the cache compaction) is corrected at every
+    budget, including those it has hardly run."""
 
     def __init__(self, decay: float) -> None:
         self.decay = decay
         self._sums: dict[tuple[int, int], np.ndarray] = {}
+        self._arms: dict[int, np.ndarray] = {}  # arm -> [rounds, observed gain, model gain, observed call, model call]
 
-    def observe(self, shape: tuple[int, int], tokens: float, call_s: float, propose_s: float) -> None:
-        """One round at ``shape``; every shape's old evidence decays by ``decay`` first. Non-finite values (a broken
-        clock) are not recorded."""
-        for sums in self._sums.values():
+    def observe(
+        self,
+        shape: tuple[int, int],
+        tokens: float,
+        call_s: float,
+        propose_s: float,
+        model: tuple[float, float] | None = None,
+    ) -> None:
+        """One round at ``shape``; every shape's and arm's old evidence decays by ``decay`` first. ``model``: the
+        arm model's own ``(tokens, call_s)`` for the shape, before any correction (``AutoTune.plan``). Non-finite
+        values (a broken clock) are not recorded."""
+        for sums in (*self._sums.values(), *self._arms.values()):
             sums *= self.decay
         if not all(np.isfinite([tokens, call_s, propose_s])) or call_s <= 0:
             return
         row = self._sums.setdefault(shape, np.zeros(4))
         row += [1.0, tokens, call_s, propose_s]
+        if model is not None and shape[0] != NO_ARM and all(np.isfinite(model)) and model[1] > 0:
+            arm = self._arms.setdefault(shape[0], np.zeros(5))
+            arm += [1.0, tokens - 1.0, model[0] - 1.0, call_s, model[1]]
+
+    def arm_factors(self, arm: int) -> tuple[float, float]:
+        """``(gain factor, call factor)`` of ``arm``: what its rounds gave over what its model predicted, for the
+        tokens beyond the first (``E - 1``) and for the call seconds, each with ``EVIDENCE_WEIGHT`` rounds of "as
+        predicted" added and clipped to ``ARM_FACTOR_RANGE``; ``(1, 1)`` before any round."""
+        sums = self._arms.get(arm)
+        if sums is None or sums[0] <= 0:
+            return 1.0, 1.0
+        w = EVIDENCE_WEIGHT / sums[0]  # the prior's rounds, as a share of the observed ones
+        lo, hi = ARM_FACTOR_RANGE
+        gain = (sums[1] + w * sums[2]) / (sums[2] * (1.0 + w)) if sums[2] > 0 else 1.0
+        call = (sums[3] + w * sums[4]) / (sums[4] * (1.0 + w))
+        return float(np.clip(gain, lo, hi)), float(np.clip(call, lo, hi))
 
     def rounds(self, shape: tuple[int, int]) -> float:
         """The decayed number of rounds observed at ``shape``."""

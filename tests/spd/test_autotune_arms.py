@@ -148,3 +148,44 @@ def test_a_shapes_own_rounds_correct_the_model(models):
     assert after.best_shape() == (1, 4)
     tuner.evidence.observe((1, 4), float("nan"), 10e-3, 0.4e-3)  # a broken round is not evidence
     assert tuner.evidence.rounds((1, 4)) == 0.0
+
+
+def test_an_arms_rounds_correct_its_other_budgets(models):
+    """Rounds of one arm that give half the tokens beyond the first its model predicted, at twice the call seconds,
+    scale that arm's prediction at every budget (``ShapeEvidence.arm_factors``: EVIDENCE_WEIGHT rounds of "as
+    predicted" added), including budgets it never ran; the other arm is untouched and wins; factors stay within
+    ARM_FACTOR_RANGE, and rounds without a model prediction or with a broken one are not arm evidence."""
+    from accel.spd.autotune_arm import ARM_FACTOR_RANGE, EVIDENCE_WEIGHT
+
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
+    for s in (1, 3, 5):
+        tuner.call_costs.observe(s, 10e-3)
+    for arm in tuner.arms:
+        for n in (1, 4):
+            arm.propose_costs.observe(n, 0.1e-3 * n)
+    before = tuner.plan()
+    assert before is not None and before.best_shape() == (0, 4)
+    tokens4, call4 = before.model_at(4, 0)
+    rounds = 8
+    for _ in range(rounds):
+        tuner.evidence.observe((0, 4), 1.0 + 0.5 * (tokens4 - 1.0), 2.0 * call4, 0.4e-3, model=(tokens4, call4))
+    w = EVIDENCE_WEIGHT / rounds
+    gain, dearer = (0.5 + w) / (1.0 + w), (2.0 + w) / (1.0 + w)
+    assert tuner.evidence.arm_factors(0) == pytest.approx((gain, dearer))
+    assert tuner.evidence.arm_factors(1) == (1.0, 1.0)
+    after = tuner.plan()
+    assert after is not None
+    model2 = before.model_at(2, 0)
+    assert after.model_at(2, 0) == pytest.approx(model2)  # the arm's own model is unchanged ...
+    assert after.at(2, 0)[0] == pytest.approx(1.0 + gain * (model2[0] - 1.0))  # ... its prediction is corrected
+    assert after.at(2, 0)[1] == pytest.approx(dearer * model2[1])
+    assert after.at(2, 1) == before.at(2, 1) and after.best_shape() == (1, 4)
+    for _ in range(50):  # 100x dearer calls: the factor stops at the range's end
+        tuner.evidence.observe((0, 3), 2.0, 100 * call4, 0.4e-3, model=(2.0, call4))
+    assert tuner.evidence.arm_factors(0)[1] == ARM_FACTOR_RANGE[1]
+    old = tuner.evidence.arm_factors(1)
+    tuner.evidence.observe((1, 4), 2.0, 10e-3, 0.4e-3)  # no model prediction (a probe round)
+    tuner.evidence.observe((1, 4), 2.0, 10e-3, 0.4e-3, model=(float("nan"), 10e-3))
+    assert tuner.evidence.arm_factors(1) == old
