@@ -40,18 +40,20 @@ as two totals instead of priced from a roofline: the simulator's expected tokens
 formula, its seconds come from the hardware model and these from the clock.
 
 Phases: the controller's first rounds (``probe``) try N_max, 0, 1 and N_max / 2 of the first arm, then N_max, 1 and
-N_max / 2 of each other arm, so every curve has points; every ``explore_every``-th round later (``explore``) tries a
-neighbour of the last choice (N + 1, then N - 1; with several arms every third exploration is instead the best
-budget of the next other arm, so the arms not chosen keep their statistics current), which keeps
-the curves near the optimum current as the machine's load changes and reaches deeper acceptance statistics. While the
-model's choice is no speculation (a target whose wide calls cost too much, e.g. accel's fused-kernel targets on a
-2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each arm's smallest budget: every exploration
-round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost the controller 6% against AR. The other
-rounds take the best N (``model``) of a plan recomputed every ``replan_every`` rounds (pricing every budget costs ~1.5
-ms of host time, 6-8% of a SmolLM2 round; the plan is a function of the past either way). When a curve has no valid
-sample (a clock returning zero, NaN or negative differences; every sample is refused, ``CostCurve``) the controller
-runs ``fallback`` nodes (default: the first arm's own ``max_nodes``, its fixed shape; on the first arm whose
-budgets hold it) and says so in
+N_max / 2 of each other arm, so every curve has points; a budget above an arm's smallest only where the prior model
+on the probed call curve says it could beat no speculation (``worth_probing``: on ``gguf-kernel`` SmolLM2, where a
+5-token call costs 2.4 steps, the 13 probe rounds of up to 17 tokens were ~4% of a 4-prompt cell); every
+``explore_every``-th round later (``explore``) tries a neighbour of the last choice (N + 1, then N - 1; with several
+arms every third exploration is instead the best budget of the next other arm, so the arms not chosen keep their
+statistics current), which keeps the curves near the optimum current as the machine's load changes and reaches
+deeper acceptance statistics. While the model's choice is no speculation (a target whose wide calls cost too much,
+e.g. accel's fused-kernel targets on a 2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each
+arm's smallest budget: every exploration round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost
+the controller 6% against AR. The other rounds take the best N (``model``) of a plan recomputed every
+``replan_every`` rounds (pricing every budget costs ~1.5 ms of host time, 6-8% of a SmolLM2 round; the plan is a
+function of the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
+differences; every sample is refused, ``CostCurve``) the controller runs ``fallback`` nodes (default: the first
+arm's own ``max_nodes``, its fixed shape; on the first arm whose budgets hold it) and says so in
 ``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
 persists across ``generate`` calls (``reset()`` forgets it).
 
@@ -279,6 +281,7 @@ class AutoTune:
         self._pending: _Pending | None = None
         self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
         self._schedule = probe_schedule(self.arms)
+        self._pruned = False  # the schedule is pruned once, at the first round (worth_probing)
 
     # ------------------------------------------------------------------ the Proposer protocol
 
@@ -444,8 +447,31 @@ class AutoTune:
         shape = f"{self.arms[arm].name}, " if len(self.arms) > 1 else ""
         return f"{shape}{n} nodes: {tokens:.2f} tokens/call, {cost:.2f}x call cost"
 
+    def worth_probing(self, schedule: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The shapes of ``schedule`` worth a probe round: no speculation and each arm's smallest budget always (every
+        arm needs a proposal cost and acceptance counts); a larger budget only where the prior model (acceptance at
+        ``prior_acceptance``, no proposal cost: optimistic) on the call curve known now (the probe's) prices it at
+        least at no speculation's rate. All of them while no call is timed."""
+        calls = self.call_curve()
+        c1 = calls.seconds(1)
+        if c1 is None:
+            return list(schedule)
+        keep = []
+        for arm, n in schedule:
+            a = self.arms[arm] if n > 0 else None
+            if a is None or n == a.budgets[0]:
+                keep.append((arm, n))
+                continue
+            tokens = float(a.expected_tokens(self.prior_acceptance)[a.budgets.index(n)])
+            seconds = calls.seconds(n + 1)
+            if seconds is not None and tokens / seconds >= 1.0 / c1:
+                keep.append((arm, n))
+        return keep
+
     def _choose(self, plan: Plan | None) -> tuple[int, int, Phase]:
         """This round's arm, budget and phase, from the past only (module docstring)."""
+        if not self._pruned and self.rounds == 0:
+            self._schedule, self._pruned = self.worth_probing(self._schedule), True
         if self.rounds < len(self._schedule):
             return (*self._schedule[self.rounds], "probe")
         if plan is None:

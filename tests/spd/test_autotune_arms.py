@@ -189,3 +189,31 @@ def test_an_arms_rounds_correct_its_other_budgets(models):
     tuner.evidence.observe((1, 4), 2.0, 10e-3, 0.4e-3)  # no model prediction (a probe round)
     tuner.evidence.observe((1, 4), 2.0, 10e-3, 0.4e-3, model=(float("nan"), 10e-3))
     assert tuner.evidence.arm_factors(1) == old
+
+
+def test_probe_rounds_skip_budgets_the_prior_model_prices_below_no_speculation(models):
+    """The probe schedule keeps no speculation and each arm's smallest budget; a larger budget only where the prior
+    model (no proposal cost) on the probed call curve beats no speculation: on a call curve that grows with every
+    token (each extra token a full step) none does, on a flat one all do, and with no curve every shape is kept.
+    The first round prunes the schedule once."""
+    from accel.spd.autotune_arm import NO_ARM, probe_schedule
+
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+
+    def tuner_with(curve):
+        t = AutoTune([DraftChain(db, k=4), DraftChain(db, k=6)], settings=TuneSettings(prior_acceptance=0.9))
+        for s in range(1, 8):
+            if curve is not None:
+                t.probe_costs.observe(s, curve(s))
+        return t
+
+    full = probe_schedule(tuner_with(None).arms)
+    assert full == [(0, 4), (NO_ARM, 0), (0, 1), (0, 2), (1, 6), (1, 1), (1, 3)]
+    assert tuner_with(None).worth_probing(full) == full
+    assert tuner_with(lambda s: 10e-3).worth_probing(full) == full
+    steep = tuner_with(lambda s: 10e-3 * s)
+    assert steep.worth_probing(full) == [(NO_ARM, 0), (0, 1), (1, 1)]
+    assert steep._choose(None) == (NO_ARM, 0, "probe") and steep._schedule == [(NO_ARM, 0), (0, 1), (1, 1)]
+    steep.rounds = 1
+    assert steep._choose(None) == (0, 1, "probe") and len(steep._schedule) == 3  # pruned once
