@@ -50,8 +50,9 @@ deeper acceptance statistics. While the model's choice is no speculation (a targ
 e.g. accel's fused-kernel targets on a 2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each
 arm's smallest budget: every exploration round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost
 the controller 6% against AR. The other rounds take the best N (``model``) of a plan recomputed every
-``replan_every`` rounds (pricing every budget costs ~1.5 ms of host time, 6-8% of a SmolLM2 round; the plan is a
-function of the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
+``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while it chooses no speculation (pricing every budget
+costs 2-3 ms of host time, 6-8% of an fp32 SmolLM2 round, 15-20% of a ``gguf-kernel`` step; the plan is a function of
+the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
 differences; every sample is refused, ``CostCurve``) the controller runs ``fallback`` nodes (default: the first
 arm's own ``max_nodes``, its fixed shape; on the first arm whose budgets hold it) and says so in
 ``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
@@ -308,8 +309,11 @@ class AutoTune:
             arm.proposer.start(run)
 
     def _cached_plan(self) -> Plan | None:
-        """``plan()``, recomputed every ``replan_every`` rounds (a function of the past rounds either way)."""
-        if self._plan is None or self.rounds - self._plan[0] >= self.replan_every or self._plan[1] is None:
+        """``plan()``, recomputed every ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the model
+        chooses no speculation (nothing it learns changes then but the timings of plain steps; a plan costs 2-3 ms of
+        host time, 15-20% of a ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way."""
+        every = self.replan_every * (QUIET_EXPLORE if self._quiet else 1)
+        if self._plan is None or self.rounds - self._plan[0] >= every or self._plan[1] is None:
             self._plan = (self.rounds, self.plan())
         return self._plan[1]
 

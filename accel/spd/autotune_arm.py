@@ -63,6 +63,8 @@ class Arm:
         self._available = np.zeros((depth, 1))
         self._accepted = np.zeros((depth, 1))
         self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
+        self._observed = 0  # rounds observed: expected_tokens is kept between them
+        self._expected: tuple[tuple[int, float], np.ndarray] | None = None
 
     @property
     def name(self) -> str:
@@ -78,6 +80,7 @@ class Arm:
         self.propose_costs.observe(nodes, propose_s)
         self._offered = self._offered * self.decay + [float(offered), 1.0]
         self._count(outcomes)
+        self._observed += 1
 
     def acceptance(self, prior_acceptance: float) -> np.ndarray:
         """The per-rank acceptance matrix ``P[depth, rank]`` (``accel.sim.tree`` convention): the decayed counts, each
@@ -91,7 +94,14 @@ class Arm:
 
     def expected_tokens(self, prior_acceptance: float) -> np.ndarray:
         """E[accepted + 1] per row at each of ``budgets`` (``accel.sim.tree``'s model: 1 + hit rate x the path
-        probabilities of the N most likely nodes)."""
+        probabilities of the N most likely nodes); kept until the arm observes a round (a tree search per arm costs
+        ~0.5 ms, most of a plan while no arm runs)."""
+        key = (self._observed, prior_acceptance)
+        if self._expected is None or self._expected[0] != key:
+            self._expected = (key, self._expected_tokens(prior_acceptance))
+        return self._expected[1]
+
+    def _expected_tokens(self, prior_acceptance: float) -> np.ndarray:
         p = self.acceptance(prior_acceptance)
         top = self.budgets[-1]
         tree = best_tree(p, top, width=p.shape[1], max_depth=max(1, self.proposer.info.max_depth))

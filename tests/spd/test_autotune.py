@@ -22,6 +22,9 @@ from accel.errors import SpdError
 from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
 from accel.spd.autotune import QUIET_EXPLORE, AutoTune, TuneSettings
+from accel.spd.autotune_arm import NO_ARM
+from accel.spd.proposers import RowOutcome
+from accel.spd.tree import TokenTree
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import (
     ALPHA,
@@ -300,6 +303,26 @@ def test_the_plan_is_reused_between_replans(models):
     assert first is not None and tuner._cached_plan() is first
     tuner.rounds += 1
     assert tuner._cached_plan() is not first
+    tuner._last = (NO_ARM, 0)  # the model chose no speculation: replans QUIET_EXPLORE times more rarely
+    quiet = tuner._cached_plan()
+    tuner.rounds += 4 * QUIET_EXPLORE - 1
+    assert tuner._cached_plan() is quiet
+    tuner.rounds += 1
+    assert tuner._cached_plan() is not quiet
+
+
+def test_expected_tokens_are_kept_until_the_arm_observes_a_round(models):
+    """An arm's E[accepted + 1] per budget is computed once and kept while it observes no round; a verified round
+    (here: every draft accepted) changes it."""
+    _, draft = models
+    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(prior_acceptance=0.3))
+    arm = tuner.arms[0]
+    first = arm.expected_tokens(0.3)
+    assert arm.expected_tokens(0.3) is first and arm.expected_tokens(0.5) is not first
+    chain = TokenTree.chain(1, [2, 3, 4, 5])
+    for _ in range(5):
+        arm.observe(4, 1e-3, True, [RowOutcome(3, chain, [0, 1, 2, 3, 4])])
+    assert np.all(arm.expected_tokens(0.3)[1:] > first[1:])
 
 
 def test_the_old_setting_keywords_still_work_and_warn(models):

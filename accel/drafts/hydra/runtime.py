@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from accel.backends.cpu import int8_warning
 from accel.backends.limits import MAX_BATCH_SIZE, MAX_CTX_LEN
+from accel.backends.ort_backend import bound_outputs
 from accel.backends.ort_graph import check_inplace_cache
 from accel.backends.weights import INT8_SCHEMES
 from accel.errors import AccelError, CpuWarning, DraftError
@@ -234,7 +235,7 @@ class HydraRuntime:
         io.bind_cpu_input("position_ids", pos)
         io.bind_output("base")
         self._prefix.run_with_iobinding(io)
-        return io.get_outputs()[0].numpy()
+        return bound_outputs(io, 1)[0]
 
     def level(self, index: int, base: np.ndarray, paths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Head ``index`` on ``paths [B, M, index]`` (token ids from the root on) below ``base [B, H]`` (or
