@@ -61,10 +61,7 @@ def files(tmp_path_factory):
         qtype = _mixed_type if kind == "mixed" else kind
         src = rc.write_random_checkpoint(CFG, d / f"{kind}.gguf", kind="gguf", seed=1 + len(out), std=0.3,
                                          gguf_type=qtype)  # fmt: skip
-        kw = {"ctx_len": CTX, "batch_size": 2, "progress": False}
-        kernel = export_onnx(src, d / f"{kind}-k.onnx", weights="gguf-kernel", **kw)
-        fp32 = export_onnx(src, d / f"{kind}-f.onnx", weights="fp32", ort_ops=True, **kw)
-        out[kind] = (src, kernel, fp32)
+        out[kind] = (src, *export_pair(src, d, kind))
     return out
 
 
@@ -133,14 +130,28 @@ def test_a_group_of_mixed_types_runs_one_mxlinear_a_weight(files):
     q41, q40, q80 = GGML_TYPES["Q4_1"].fast, GGML_TYPES["Q4_0"].fast, GGML_TYPES["Q8_0"].fast
     layers = CFG.num_layers
     assert fasts == {q41: 2 * layers + 1, q40: 2 * layers, q80: 3 * layers}  # (o, gate) + head; (q, up); (k, v, down)
+    kernel_matches_fp32(kernel, fp32, CFG.vocab_size, seed=6)
+
+
+def kernel_matches_fp32(kernel: Path, fp32: Path, vocab: int, seed: int) -> list[list[int]]:
+    """No MatMul of the kernel graph reads a weight, the graph passes the session's check, and its logits (prefill,
+    steps, a 4-token call, batch 2) equal the fp32 export's up to summation order; returns the scenario's prompts."""
     model = onnx.load(str(kernel), load_external_data=False)
     inits = {i.name for i in model.graph.initializer}
     assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & inits]
     check_mx_kernel_graph(kernel)
-    rows = make_tokens(CFG.vocab_size, PROMPTS, seed=6)
+    rows = make_tokens(vocab, PROMPTS, seed=seed)
     k = run_scenario(OrtBackend(kernel, threads=2), rows, PROMPTS)
     f = run_scenario(OrtBackend(fp32, threads=2), rows, PROMPTS)
     assert spread_err(k, f) < 1e-5, spread_err(k, f)
+    return [list(r[:n]) for r, n in zip(rows, PROMPTS, strict=True)]
+
+
+def export_pair(src: Path, d: Path, kind: str) -> tuple[Path, Path]:
+    """The gguf-kernel and the fp32 export (onnxruntime's fused RMSNorm/RoPE too) of ``src``, batch 2."""
+    kw = {"ctx_len": CTX, "batch_size": 2, "progress": False}
+    kernel = export_onnx(src, d / f"{kind}-k.onnx", weights="gguf-kernel", **kw)
+    return kernel, export_onnx(src, d / f"{kind}-f.onnx", weights="fp32", ort_ops=True, **kw)
 
 
 #: K-quant files (rows of 256): one type everywhere, and a llama.cpp-style mix (Q4_K_M on a model whose widths are
@@ -160,19 +171,15 @@ def k_files(tmp_path_factory):
         qtype = (lambda g: K_MIXED.get(g.split(".")[-2], "Q6_K")) if kind == "mixed" else kind
         src = rc.write_random_checkpoint(K_CFG, d / f"{kind}.gguf", kind="gguf", seed=11 + len(out), std=0.3,
                                          gguf_type=qtype)  # fmt: skip
-        kw = {"ctx_len": CTX, "batch_size": 2, "progress": False}
-        kernel = export_onnx(src, d / f"{kind}-k.onnx", weights="gguf-kernel", **kw)
-        fp32 = export_onnx(src, d / f"{kind}-f.onnx", weights="fp32", ort_ops=True, **kw)
-        out[kind] = (src, kernel, fp32)
+        out[kind] = (src, *export_pair(src, d, kind))
     return out
 
 
 @pytest.mark.parametrize("kind", [*K_TYPES, "mixed"])
 def test_k_quants_run_repacked_on_the_kernel(k_files, kind):
     """Q4_K (layout Q4_F32, fast 7), Q6_K (I8_F32, 8), Q5_0 (Q5S_F32, 9), Q5_1 and Q5_K (Q5_F32, 10) run as MXLinear
-    nodes, no MatMul
-    reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the fp32 export of the same file
-    up to summation order; greedy decoding gives the same tokens."""
+    nodes, no MatMul reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the fp32 export of
+    the same file up to summation order; greedy decoding gives the same tokens."""
     _, kernel, fp32 = k_files[kind]
     fasts = collections.Counter(a["fast"] for a in mxlinear_attrs(kernel))
     layout = {t: REPACKED[t].layout if t in REPACKED else t for t in (*K_TYPES, "Q8_0", "Q6_K")}
@@ -180,15 +187,7 @@ def test_k_quants_run_repacked_on_the_kernel(k_files, kind):
         assert set(fasts) == {GGML_TYPES[layout[t]].fast for t in K_MIXED.values()}
     else:
         assert fasts == {GGML_TYPES[layout[kind]].fast: 4 * K_CFG.num_layers + 1}
-    model = onnx.load(str(kernel), load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    assert not [n for n in model.graph.node if n.op_type == "MatMul" and set(n.input) & inits]
-    check_mx_kernel_graph(kernel)
-    rows = make_tokens(K_CFG.vocab_size, PROMPTS, seed=7)
-    k = run_scenario(OrtBackend(kernel, threads=2), rows, PROMPTS)
-    f = run_scenario(OrtBackend(fp32, threads=2), rows, PROMPTS)
-    assert spread_err(k, f) < 1e-5, spread_err(k, f)
-    prompts = [list(r[:n]) for r, n in zip(rows, PROMPTS, strict=True)]
+    prompts = kernel_matches_fp32(kernel, fp32, K_CFG.vocab_size, seed=7)
     ar_k = generate_ar(OrtBackend(kernel, threads=2), prompts, max_new_tokens=12, sampling=GREEDY).tokens
     ar_f = generate_ar(OrtBackend(fp32, threads=2), prompts, max_new_tokens=12, sampling=GREEDY).tokens
     assert ar_k == ar_f and all(len(t) == 12 for t in ar_k)

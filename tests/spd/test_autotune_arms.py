@@ -123,19 +123,25 @@ def test_arm_budgets_and_bad_arms(models):
     assert AutoTune([DraftChain(db, k=2), NgramLookup(2, 3)], fallback=3)._fallback_arm == 1
 
 
+def twin_chains(draft) -> AutoTune:
+    """Two identical 4-token chain arms (prior acceptance 0.9, no decay), calls of 10 ms at every width, proposals of
+    0.1 ms a node: the model's choice is arm 0 at 4 nodes until evidence says otherwise."""
+    db = backend(draft, 1, ctx_len=CTX)
+    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
+    for s in (1, 3, 5):
+        tuner.call_costs.observe(s, 10e-3)
+    for arm in tuner.arms:
+        for n in (1, 4):
+            arm.propose_costs.observe(n, 0.1e-3 * n)
+    return tuner
+
+
 def test_a_shapes_own_rounds_correct_the_model(models):
     """A shape's observed rounds pull its prediction towards what they gave (the model weighing EVIDENCE_WEIGHT
     rounds): a budget that keeps delivering fewer tokens than predicted loses the choice to one that delivers."""
     from accel.spd.autotune_arm import EVIDENCE_WEIGHT
 
-    _, draft = models
-    db = backend(draft, 1, ctx_len=CTX)
-    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
-    for s in (1, 5):
-        tuner.call_costs.observe(s, 10e-3)
-    for arm in tuner.arms:
-        for n in (1, 4):
-            arm.propose_costs.observe(n, 0.1e-3 * n)
+    tuner = twin_chains(models[1])
     before = tuner.plan()
     assert before is not None and before.best_shape() == (0, 4)
     model = before.at(4, 0)
@@ -157,14 +163,7 @@ def test_an_arms_rounds_correct_its_other_budgets(models):
     ARM_FACTOR_RANGE, and rounds without a model prediction or with a broken one are not arm evidence."""
     from accel.spd.autotune_arm import ARM_FACTOR_RANGE, EVIDENCE_WEIGHT
 
-    _, draft = models
-    db = backend(draft, 1, ctx_len=CTX)
-    tuner = AutoTune([DraftChain(db, k=4), DraftChain(db, k=4)], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
-    for s in (1, 3, 5):
-        tuner.call_costs.observe(s, 10e-3)
-    for arm in tuner.arms:
-        for n in (1, 4):
-            arm.propose_costs.observe(n, 0.1e-3 * n)
+    tuner = twin_chains(models[1])
     before = tuner.plan()
     assert before is not None and before.best_shape() == (0, 4)
     tokens4, call4 = before.model_at(4, 0)
