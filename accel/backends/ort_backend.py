@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["GraphContract", "OrtBackend", "SessionOptions", "check_inplace_cache", "inspect_graph"]
 
 
-
 def bound_outputs(io: ort.IOBinding, n: int) -> list[np.ndarray]:
     """The first ``n`` outputs of a run binding as numpy arrays. onnxruntime's ``IOBinding.get_outputs`` wraps every
     bound output in a Python ``OrtValue``, the cache outputs too (61 on SmolLM2: ~0.3 ms a call, 2% of a
@@ -55,6 +54,7 @@ def bound_outputs(io: ort.IOBinding, n: int) -> list[np.ndarray]:
     raw = getattr(io, "_iobinding", None)
     values = raw.get_outputs() if raw is not None and hasattr(raw, "get_outputs") else io.get_outputs()
     return [values[i].numpy() for i in range(n)]
+
 
 class OrtBackend(ScoringBackend):
     """Run an exported decoder on onnxruntime, keeping the KV cache in runtime buffers between calls.
