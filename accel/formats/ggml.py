@@ -42,8 +42,8 @@ BLOCK = 32
 @dataclass(frozen=True)
 class GGMLType:
     """One kernel layout of 32-weight blocks: its name (the GGUF type's, for the three read as stored), bytes a block
-    (code bytes + scale bytes; in the GGUF file for those three), the kernel's format code (``fast``) and code width
-    in bits."""
+    (code bytes + scale bytes; in the GGUF file for those three), the kernel's format code (``fast``), code width in
+    bits and what it subtracts from its unsigned codes (``code_offset``; mxkernel.h's ``code_offset``)."""
 
     name: str
     block_bytes: int
@@ -51,6 +51,7 @@ class GGMLType:
     scale_bytes: int
     fast: int
     bits: int
+    code_offset: int = 0
 
 
 #: the kernel's block layouts, by name: three GGUF types as stored, two repacked layouts (module docstring)
@@ -58,11 +59,11 @@ GGML_TYPES: dict[str, GGMLType] = {
     t.name: t
     for t in (
         GGMLType("Q8_0", 34, 32, 2, 4, 8),
-        GGMLType("Q4_0", 18, 16, 2, 5, 4),
+        GGMLType("Q4_0", 18, 16, 2, 5, 4, code_offset=8),
         GGMLType("Q4_1", 20, 16, 4, 6, 4),
         GGMLType("Q4_F32", 24, 16, 8, 7, 4),
         GGMLType("I8_F32", 48, 32, 16, 8, 8),
-        GGMLType("Q5S_F32", 28, 20, 8, 9, 5),
+        GGMLType("Q5S_F32", 28, 20, 8, 9, 5, code_offset=16),
         GGMLType("Q5_F32", 28, 20, 8, 10, 5),
     )
 }
@@ -144,15 +145,13 @@ class GGMLTensor:
     def _d_m(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The blocks' scales ``d`` and offsets ``m`` (None without), float32 ``[N, K / 32, 1]`` (``I8_F32``:
         ``[N, K / 32, 32]``, each weight's own)."""
-        if self.qtype.name in ("Q4_F32", "Q5S_F32", "Q5_F32"):
-            f = self.scales.view("<f4")
-            return f[..., 0:1], f[..., 1:2]
-        if self.qtype.name == "I8_F32":
-            f = self.scales.view("<f4")
-            return np.repeat(f[..., 0::2], 16, axis=-1), np.repeat(f[..., 1::2], 16, axis=-1)
-        halves = self.scales.view(np.dtype("<f2")).astype(np.float32)
-        m = halves[..., 1:2] if self.qtype.scale_bytes == 4 else None
-        return halves[..., 0:1], m
+        if self.qtype.scale_bytes <= 4:  # float16 d (and Q4_1's m)
+            halves = self.scales.view(np.dtype("<f2")).astype(np.float32)
+            return halves[..., 0:1], halves[..., 1:2] if self.qtype.scale_bytes == 4 else None
+        f = self.scales.view("<f4")  # float32 (d, m) pairs: one a block, or (I8_F32) one per 16 weights
+        d, m = f[..., 0::2], f[..., 1::2]
+        per = BLOCK // d.shape[-1]
+        return (np.repeat(d, per, axis=-1), np.repeat(m, per, axis=-1)) if per > 1 else (d, m)
 
     def integer_codes(self) -> np.ndarray:
         """Every weight's integer code, int16 ``[N, K / 32, 32]``: ``Q8_0``, ``I8_F32`` in [-128, 127], ``Q4_0``
@@ -165,7 +164,7 @@ class GGMLTensor:
         if self.qtype.bits == 5:  # bytes 16..19: bit i is code i's fifth bit
             fifth = np.unpackbits(self.codes[..., 16:20], axis=-1, bitorder="little").astype(np.int16)
             q |= fifth << 4
-        return q - {"Q4_0": 8, "Q5S_F32": 16}.get(self.qtype.name, 0)
+        return q - self.qtype.code_offset
 
     def dequantize(self, dtype: type = np.float32) -> np.ndarray:
         """Every weight ``[N, K]`` in float32 (module docstring: exact, llama.cpp's values), then cast to ``dtype``."""

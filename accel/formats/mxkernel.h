@@ -99,7 +99,9 @@ static inline int block_code_bytes(int fast) {
 }
 /* the float scale values of a GGUF block: d (Q8_0, Q4_0), d and m (Q4_1, Q4_F32, Q5S_F32, Q5_F32), d0 m0 d1 m1
  * (I8_F32: one pair for weights 0..15, one for 16..31) */
-static inline int block_floats(int fast) { return fast == FAST_I8_F32 ? 4 : fast == FAST_Q4_1 || fast >= 7 ? 2 : 1; }
+static inline int block_floats(int fast) {
+    return fast == FAST_I8_F32 ? 4 : fast == FAST_Q4_1 || f32_scales(fast) ? 2 : 1;
+}
 static inline int block_scale_bytes(int fast) {
     return !is_gguf(fast) ? 1 : block_floats(fast) * (f32_scales(fast) ? 4 : 2);
 }

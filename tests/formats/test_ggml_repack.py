@@ -21,8 +21,8 @@ from accel.formats.ggml_kernel import GGMLKernel
 from accel.formats.ggml_repack import REPACKED
 from accel.formats.mxkernel_build import load_kernel
 from tests.formats.test_ggml_kernel import (  # noqa: F401  (path: the kernel-path fixture)
+    _check_decode,
     _check_matmul,
-    _check_path,
     _halves,
     _run_node,
     _same,
@@ -79,12 +79,7 @@ def test_dequantize_equals_gguf_package(name, special, rng):
 @pytest.mark.parametrize("name", TYPES)
 def test_decode_bit_exact_on_every_path(path, name, rng):  # noqa: F811
     for n, k in _shapes(name):
-        t = GGMLTensor.from_blocks(_raw(rng, name, n, k, special=True), name, (n, k))
-        g = GGMLKernel(t)
-        _check_path(g, path)
-        ref = t.dequantize()
-        assert _same(g.decode(), ref), (n, k)
-        assert _same(g.decode(threads=3), ref), (n, k)
+        _check_decode(GGMLTensor.from_blocks(_raw(rng, name, n, k, special=True), name, (n, k)), path)
 
 
 @pytest.mark.parametrize("name", TYPES)
