@@ -153,6 +153,29 @@ def published_table() -> dict:
     }
 
 
+def spd_table() -> dict:
+    """Print the published SpD points as bands over the acceptance range (accel/sim/published_spd.py)."""
+    from accel.sim.published_spd import QUANTILES, SPD_PRIOR, validate_spd
+
+    rows = validate_spd()
+    lo, hi = SPD_PRIOR
+    print(
+        f"\npublished SpD points: MXFP6 + SpD over FP16 AR, priced at per-token acceptance uniform on [{lo}, {hi}] "
+        f"(band: p{round(QUANTILES[0] * 100)} / p50 / p{round(QUANTILES[-1] * 100)})"
+    )
+    print(f"{'run':<68}{'published':>12}{'band':>22}{'p50 error':>11}{'in band':>9}{'implied alpha':>16}")
+    for r in rows:
+        pub = f"{r.measured[0]:.2f}x" if r.measured[0] == r.measured[1] else f"{r.measured[0]:.2f}-{r.measured[1]:.2f}x"
+        band = " / ".join(f"{v:.2f}" for v in r.band)
+        alpha = "-".join("none" if a is None else f"{a:.2f}" for a in dict.fromkeys(r.implied_acceptance))
+        mark = "yes" if r.inside else "no"
+        print(f"{r.label:<68}{pub:>12}{band:>22}{r.median_error * 100:>10.1f}%{mark:>9}{alpha:>16}")
+    mean = float(np.mean([abs(r.median_error) for r in rows]))
+    inside = sum(r.inside for r in rows)
+    print(f"SpD points: {inside}/{len(rows)} inside the band; mean |error| of the band's median {mean * 100:.1f}%")
+    return {"acceptance_range": list(SPD_PRIOR), "rows": [r.model_dump() for r in rows], "median_mean_abs_error": mean}
+
+
 def gpu_table() -> dict:
     """Print the simulator's error on accel's own GPU calls (``accel.sim.measured``): stock, and calibrated on the
     float16 curves with the other dtypes held out; return both."""
@@ -302,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = sweep_rate()
     print(f"sweep: {rate:,.0f} configurations/s (goal >= 100,000)")
     published = published_table()
+    published["spd_points"] = spd_table()
     published["gpu_calls"] = gpu_table()
     if args.published_only:
         path = save_results(args.results_dir / "sim_validation_published.json", published, __file__, argv)

@@ -150,8 +150,11 @@ def test_sim_validation_published_out(tmp_path):
     data = json.loads((tmp_path / "sim_validation_published.json").read_text())
     assert set(data) == {
         *("run", "one_point", "stock", "rows", "stock_rows", "gpu_calls", "leave_one_source_out"),
-        *("first_set", "points", "device_types", "multi_device_points"),
+        *("first_set", "points", "device_types", "multi_device_points", "spd_points"),
     }
+    spd = data["spd_points"]  # the SpD blog's points, priced as a band over acceptance
+    assert len(spd["rows"]) == 5 and spd["acceptance_range"] == [0.5, 0.9]
+    assert all(len(r["band"]) == 3 and r["band"][0] <= r["band"][2] for r in spd["rows"])
     assert data["points"] == len(data["stock_rows"]) >= 60 and data["device_types"] >= 6
     gpu = data["gpu_calls"]  # accel's own H200 calls: stock and calibrated on the fp16 curves
     assert len(gpu["stock"]) == len(gpu["calibrated_on_fp16"]) == 35

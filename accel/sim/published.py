@@ -19,9 +19,10 @@ In every protocol a stack's all-reduce library (``STACK_ALLREDUCE``: NCCL for lm
 on its multi-GPU points (``at_stack``: NCCL's extra latency over the GPU family's default, ``catalog.py``).
 
 The sets: ``FIRST_SET`` (the points of issue 20, whose goals ``tests/sim/test_published.py`` holds; some catalog
-defaults were read off them), ``GPT_FAST_MOE`` (gpt-fast's Mixtral table, same repository and machine as GPT_FAST)
-and ``ADDED`` (``published_added.py``: lmdeploy, IBM's torch.compile blog, TensorRT-LLM's H100-vs-A100 blog,
-PyTorch/XLA on TPU v4, AMD's and Oracle's MI300X runs; held out). ``PUBLISHED`` is all of them.
+defaults were read off them), ``GPT_FAST_MOE`` and ``GPT_FAST_LLAMA31`` (gpt-fast's Mixtral table and its Llama 3.1
+rows, same repository and machine as GPT_FAST, held out) and ``ADDED`` (``published_added.py``: lmdeploy, IBM's
+torch.compile blog, TensorRT-LLM's H100-vs-A100 blog, PyTorch/XLA on TPU v4, AMD's and Oracle's MI300X runs; held
+out). ``PUBLISHED`` is all of them. Speculative points are apart, in ``published_spd.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from accel.sim._base import SimModel, SimWarning
 from accel.sim.calibration import calibrate
 from accel.sim.catalog import NCCL_ALLREDUCE_EXTRA_S
 from accel.sim.hardware import Hardware, hardware
+from accel.sim.models import ModelSpec
 from accel.sim.observations import RunObservation
 from accel.sim.presets import preset
 from accel.sim.published_added import (
     ADDED,
     AMD_PERF,
     IBM_COMPILE,
+    LLAMA_31_405B,
     LMDEPLOY,
     ORACLE_405B,
     TRTLLM_BLOG,
@@ -63,7 +66,7 @@ AMBER_BLOG = (
 )
 GPT_FAST = (
     "pytorch-labs/gpt-fast README, Benchmarks (8x A100-80GB power-limited to 330 W), "
-    "https://github.com/pytorch-labs/gpt-fast , 2023-12"
+    "https://github.com/pytorch-labs/gpt-fast , 2023-12 (Llama 2 rows; the README as of 32971d3, 2024-09-15)"
 )
 TORCHAO = (
     "pytorch/ao torchao/quantization/README.md, Benchmarks (CUDA backend, A100-80GB and H100), "
@@ -97,9 +100,12 @@ def _qc(
     return PublishedPoint(device=device, run=run, where=where, source=source)
 
 
-def _gf(device: str, model: str, fmt: str, tps: float, where: str, source: str, devices: int = 1) -> PublishedPoint:
+def _gf(
+    device: str, model: str | ModelSpec, fmt: str, tps: float, where: str, source: str, devices: int = 1
+) -> PublishedPoint:
+    spec = preset(model) if isinstance(model, str) else model
     run = RunObservation(
-        model=preset(model),
+        model=spec,
         weight_format=fmt,
         prompt_len=5,
         gen_len=200,
@@ -107,7 +113,7 @@ def _gf(device: str, model: str, fmt: str, tps: float, where: str, source: str, 
         compress_lm_head=fmt != "bf16",
         tokens_per_s=tps,
         rate="end_to_end",
-        label=f"{model} {fmt}" + (f" TP{devices}" if devices > 1 else ""),
+        label=f"{spec.name} {fmt}" + (f" TP{devices}" if devices > 1 else ""),
     )
     return PublishedPoint(device=device, run=run, where=where, source=source)
 
@@ -115,6 +121,7 @@ def _gf(device: str, model: str, fmt: str, tps: float, where: str, source: str, 
 STD, ULTRA, A100, H100 = "cloud-ai-100-standard", "cloud-ai-100-ultra", "a100-80gb", "h100-sxm"
 T1, T2 = "Table 1 (Standard; BS 1, PL 1024, GL 1024, CL 2048)", "Table 2 (Ultra; BS 1, PL 1024, GL 1024, CL 2048)"
 GF, GF_TP = "Benchmarks table (batch 1, prompt 5)", "Tensor Parallelism table"
+GF_TQ = "Tensor Parallelism + Quantization table"
 TA, TH = "CUDA backend, NVIDIA-A100-80GB table", "CUDA backend, NVIDIA-H100 table"
 FIRST_SET: list[PublishedPoint] = [
     # Cloud AI 100 Standard: the first point of each device is its calibration point
@@ -178,8 +185,8 @@ FIRST_SET: list[PublishedPoint] = [
     _gf(A100, "llama-2-70b", "bf16", 21.32, GF_TP, GPT_FAST, devices=2),
     _gf(A100, "llama-2-70b", "bf16", 38.01, GF_TP, GPT_FAST, devices=4),
     _gf(A100, "llama-2-70b", "bf16", 62.50, GF_TP, GPT_FAST, devices=8),
-    _gf(A100, "llama-2-70b", "int8", 80.44, "Tensor Parallelism + Quantization table", GPT_FAST, devices=8),
-    _gf(A100, "llama-2-70b", "int4-g32", 90.77, "Tensor Parallelism + Quantization table", GPT_FAST, devices=8),
+    _gf(A100, "llama-2-70b", "int8", 80.44, GF_TQ, GPT_FAST, devices=8),
+    _gf(A100, "llama-2-70b", "int4-g32", 90.77, GF_TQ, GPT_FAST, devices=8),
     _gf(A100, "llama-2-7b", "bf16", 107.38, TA, TORCHAO),
     _gf(A100, "llama-2-7b", "int8", 170.83, TA, TORCHAO),
     _gf(A100, "llama-2-7b", "int4-g64", 201.14, TA, TORCHAO),
@@ -192,17 +199,36 @@ FIRST_SET: list[PublishedPoint] = [
     _gf(H100, "llama-3.1-8b", "int4-g64", 241.39, TH, TORCHAO),
     _gf(H100, "llama-3.1-8b", "fp8", 178.46, TH, TORCHAO),
 ]
-MOE = "mixtral-moe/README.md, Benchmarks table (batch 1, prompt 5; same 8x A100-80GB 330 W box)"
+MOE = (
+    "mixtral-moe/README.md, Benchmarks table as of 48328fb, 2024-03-08 (batch 1, prompt 5; same 8x A100-80GB 330 W box)"
+)
+# The table's first figures (89b2502, 2024-02-25: bf16 78.75 / 118.23 / 203.69, int8 56.04 / 99.91 / 149.53 / 218.48)
+# measured a w2 stored with its reduction dimension outermost; the authors transposed it ("transposed w2 to have
+# reduction dim be innermost dim", 48328fb) and replaced the table with these. The set holds the current table.
 GPT_FAST_MOE: list[PublishedPoint] = [  # added for issue 35 (the same repository and machine as GPT_FAST)
-    _gf(A100, "mixtral-8x7b", "bf16", 78.75, MOE, GPT_FAST, devices=2),
-    _gf(A100, "mixtral-8x7b", "bf16", 118.23, MOE, GPT_FAST, devices=4),
-    _gf(A100, "mixtral-8x7b", "bf16", 203.69, MOE, GPT_FAST, devices=8),
-    _gf(A100, "mixtral-8x7b", "int8", 56.04, MOE, GPT_FAST),
-    _gf(A100, "mixtral-8x7b", "int8", 99.91, MOE, GPT_FAST, devices=2),
-    _gf(A100, "mixtral-8x7b", "int8", 149.53, MOE, GPT_FAST, devices=4),
-    _gf(A100, "mixtral-8x7b", "int8", 218.48, MOE, GPT_FAST, devices=8),
+    _gf(A100, "mixtral-8x7b", "bf16", 96.67, MOE, GPT_FAST, devices=2),
+    _gf(A100, "mixtral-8x7b", "bf16", 155.35, MOE, GPT_FAST, devices=4),
+    _gf(A100, "mixtral-8x7b", "bf16", 227.82, MOE, GPT_FAST, devices=8),
+    _gf(A100, "mixtral-8x7b", "int8", 97.92, MOE, GPT_FAST),
+    _gf(A100, "mixtral-8x7b", "int8", 155.03, MOE, GPT_FAST, devices=2),
+    _gf(A100, "mixtral-8x7b", "int8", 216.87, MOE, GPT_FAST, devices=4),
+    _gf(A100, "mixtral-8x7b", "int8", 279.35, MOE, GPT_FAST, devices=8),
 ]
-PUBLISHED: list[PublishedPoint] = FIRST_SET + GPT_FAST_MOE + ADDED
+# The README's Llama 3.1 rows (c9f683e, 2024-09-13; 405B: 8354eba, 2024-09-04), the same box and tables as GPT_FAST's
+GPT_FAST_LLAMA31: list[PublishedPoint] = [  # added for issue 35, held out: nothing was read off them
+    _gf(A100, "llama-3.1-8b", "bf16", 93.89, GF, GPT_FAST),
+    _gf(A100, "llama-3.1-8b", "int8", 137.64, GF, GPT_FAST),
+    _gf(A100, "llama-3.1-70b", "int8", 18.04, GF, GPT_FAST),
+    _gf(A100, "llama-3.1-8b", "bf16", 149.10, GF_TP, GPT_FAST, devices=2),
+    _gf(A100, "llama-3.1-8b", "bf16", 217.21, GF_TP, GPT_FAST, devices=4),
+    _gf(A100, "llama-3.1-8b", "bf16", 276.01, GF_TP, GPT_FAST, devices=8),
+    _gf(A100, "llama-3.1-70b", "bf16", 16.03, GF_TP, GPT_FAST, devices=2),
+    _gf(A100, "llama-3.1-70b", "bf16", 37.45, GF_TP, GPT_FAST, devices=4),
+    _gf(A100, "llama-3.1-70b", "bf16", 58.78, GF_TP, GPT_FAST, devices=8),
+    _gf(A100, "llama-3.1-70b", "int8", 75.58, GF_TQ, GPT_FAST, devices=8),
+    _gf(A100, LLAMA_31_405B, "int8", 15.60, GF_TQ, GPT_FAST, devices=8),
+]
+PUBLISHED: list[PublishedPoint] = FIRST_SET + GPT_FAST_MOE + GPT_FAST_LLAMA31 + ADDED
 
 
 class ValidationRow(SimModel):

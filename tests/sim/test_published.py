@@ -1,7 +1,7 @@
 """The simulator against published decode measurements (accel/sim/published.py): the one-point protocol's goals.
 
 Two sets: ``FIRST_SET`` (issue 20; some catalog defaults were read off it) holds issue 20's goals; ``PUBLISHED``
-(``FIRST_SET`` + gpt-fast's Mixtral table + ``published_added.ADDED``, held out) holds issue 35's."""
+(``FIRST_SET`` + gpt-fast's Mixtral table and Llama 3.1 rows + ``published_added.ADDED``, held out) holds issue 35's."""
 
 import re
 
@@ -13,6 +13,7 @@ from accel.sim.catalog import NCCL_ALLREDUCE_EXTRA_S
 from accel.sim.published import (
     ADDED,
     FIRST_SET,
+    GPT_FAST_LLAMA31,
     GPT_FAST_MOE,
     PUBLISHED,
     STACK_OF,
@@ -43,7 +44,7 @@ def test_every_point_cites_its_source():
         assert p.where.strip(), p.run.label
         hardware(p.device)  # a catalog device
         assert np.isfinite(p.run.tokens_per_s) and p.run.tokens_per_s > 0
-    assert PUBLISHED == FIRST_SET + GPT_FAST_MOE + ADDED
+    assert PUBLISHED == FIRST_SET + GPT_FAST_MOE + GPT_FAST_LLAMA31 + ADDED
 
 
 def test_published_set_size_issue_35():
@@ -54,7 +55,8 @@ def test_published_set_size_issue_35():
     multi = [p for p in PUBLISHED if (p.run.devices or 1) > 1]
     assert len(multi) >= 20 and len({p.device for p in multi}) >= 3  # tensor parallel over GPUs and TPU chips
     assert len({p.source for p in ADDED} - {p.source for p in FIRST_SET}) >= 5
-    assert all(p.source in {q.source for q in FIRST_SET} for p in GPT_FAST_MOE)  # grouped with gpt-fast
+    gpt_fast = GPT_FAST_MOE + GPT_FAST_LLAMA31
+    assert all(p.source in {q.source for q in FIRST_SET} for p in gpt_fast)  # grouped with gpt-fast
 
 
 def test_within_ten_percent_after_one_point_per_device(calibrated):
@@ -136,15 +138,9 @@ def test_leave_one_source_out_no_device_above_fifteen_percent_issue_35():
     assert all(s[d] <= 0.15 for d in devices)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 35 goal not met on the held-out points (13.2 %): gpt-fast's Mixtral (+26 to +72 %), stack-specific "
-    "70B multi-GPU rates on A100 beyond NCCL's all-reduce (IBM's torch.compile +72 %, lmdeploy TP4 +7 to +16 %), the "
-    "Cloud AI 100 pages that disagree with each other (docs/sim.md §8)",
-)
 def test_leave_one_source_out_goal_issue_35():
-    """Issue 35's goal on the whole set: leave-one-source-out mean |error| <= 10 %, no device above 15 %. Strict:
-    when the simulator meets it, this test fails until the marker is removed."""
+    """Issue 35's goal on the whole set: leave-one-source-out mean |error| <= 10 %, no device above 15 % (13.2 %
+    while the set held gpt-fast's first Mixtral table, which its authors replaced after a w2 layout fix)."""
     s = summary(validate_leave_one_source_out(PUBLISHED))
     devices = [d for d in s if d not in ("mean_abs_error", "points")]
     assert s["mean_abs_error"] <= 0.10
