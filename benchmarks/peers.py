@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import numpy as np
 from bench_support import cpu_model, json_out, package_version, save_results
 from peers_support import (
+    LLAMA_DEFAULT,
     LLAMA_FTYPES,
     Decoded,
     genai_model_dir,
@@ -233,7 +234,9 @@ def parse_args() -> argparse.Namespace:
         "autotuned (exact: no training; '' skips)",
     )
     ap.add_argument("--genai", default=",".join(GENAI_PRECISIONS), help="onnxruntime-genai precisions ('' skips)")
-    ap.add_argument("--llama", default=",".join(LLAMA_FTYPES), help="llama.cpp GGUF types ('' skips)")
+    ap.add_argument(
+        "--llama", default=",".join(LLAMA_DEFAULT), help=f"llama.cpp GGUF types, of {','.join(LLAMA_FTYPES)} ('' skips)"
+    )
     ap.add_argument("--no-quality", action="store_true", help="skip the teacher-forced KL measurement")
     ap.add_argument("--out", type=json_out, default=Path("results/peers.json"))
     ap.add_argument("--plot", type=Path, default=Path("results/peers.png"), help="the speed-vs-KL PNG")

@@ -35,8 +35,11 @@ import numpy as np
 
 #: llama.cpp rows -> the ``llama_ftype`` libllama quantizes the shipped file to (None: the shipped Q4_1 as it is)
 LLAMA_FTYPES: dict[str, int | None] = {
-    "F32": 0, "Q8_0": 7, "Q4_1": None, "Q4_0": 2, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18
+    "F32": 0, "Q8_0": 7, "Q4_1": None, "Q4_0": 2, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q3_K_M": 12, "Q2_K": 10,
+    "IQ4_XS": 30,
 }  # fmt: skip
+#: the llama.cpp rows of a run without ``--llama`` (the main table); the K-quant and IQ4 files are asked for by name
+LLAMA_DEFAULT = ("F32", "Q8_0", "Q4_1", "Q4_0")
 #: the issue's goal: a peer row is beaten when accel has a row of KL <= the peer's at >= this times its tokens/s
 PARETO_SPEEDUP = 1.5
 

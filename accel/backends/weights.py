@@ -18,7 +18,7 @@
   of 32 (llama.cpp's Q8_0 scheme) and integer dot products per block (``accel.formats.mxkernel_q8``): exact weights,
   approximate activations; bit-identical results on every x86 path (portable, AVX2, AVX-512 VNNI).
 - ``gguf-kernel``: a ``.gguf`` file's Linear weights (and head) as the file stores them: its ``Q8_0``, ``Q4_0`` and
-  ``Q4_1`` blocks (and ``Q4_K``, ``Q5_K``, ``Q6_K``, ``Q5_0``, ``Q5_1`` repacked exactly) run by the same fused kernel
+  ``Q4_1`` blocks (and ``Q2_K`` to ``Q6_K``, ``Q5_0``, ``Q5_1`` repacked exactly) run by the same fused kernel
   (``accel.formats.ggml``: llama.cpp's exact values, float32 activations); tensors of other types dequantized to
   float32. Exports from a ``.gguf`` path only.
 

@@ -1,5 +1,6 @@
 """llama.cpp's block-quantized weights kept as stored (GGUF ``Q8_0``, ``Q4_0``, ``Q4_1``) or repacked exactly (K-quants
-``Q4_K``, ``Q5_K``, ``Q6_K`` and ``Q5_0``, ``Q5_1``: ``accel.formats.ggml_repack``), for the fused kernel.
+``Q2_K`` to ``Q6_K``, ``IQ4_XS``, ``IQ4_NL`` and ``Q5_0``, ``Q5_1``: ``accel.formats.ggml_repack``), for the fused
+kernel.
 
 A ``GGMLTensor`` is a 2-D weight ``[N, K]`` (``N`` outputs, ``K`` inputs, blocks of 32 along ``K``) in one of seven
 kernel layouts (``GGML_TYPES``), split into two planes the kernel reads with aligned loads
@@ -109,7 +110,7 @@ class GGMLTensor:
     @classmethod
     def from_blocks(cls, raw: np.ndarray, qtype: str | GGMLType, shape: Sequence[int]) -> GGMLTensor:
         """The weight ``shape`` ``[N, K]`` from its GGUF bytes ``raw`` (uint8, the file's blocks row after row):
-        ``Q8_0``, ``Q4_0``, ``Q4_1`` kept as stored, ``Q4_K``, ``Q5_K``, ``Q6_K``, ``Q5_0``, ``Q5_1`` repacked
+        ``Q8_0``, ``Q4_0``, ``Q4_1`` kept as stored, ``Q2_K`` to ``Q6_K``, ``Q5_0``, ``Q5_1`` repacked
         exactly (``accel.formats.ggml_repack``; ``GGUF_KERNEL_TYPES``)."""
         name = qtype.name if isinstance(qtype, GGMLType) else str(qtype).upper()
         n, k = (int(d) for d in shape)

@@ -29,7 +29,7 @@
  * number of threads (4 partial sums of 8 lanes, summed at the end), so a token's logits do not depend on how many
  * tokens are scored with it. Repacked GGUF blocks (fast 7 Q4_F32: Q4 nibble codes, float32 d and m a block; fast 8
  * I8_F32: int8 codes, float32 d and m per 16 weights; fast 9 Q5S_F32 and 10 Q5_F32: Q4 nibbles plus a 32-bit plane of
- * fifth bits, float32 d and m a block, 9 subtracting 16 from the codes) hold K-quants (Q4_K, Q5_K, Q6_K) and Q5_0 /
+ * fifth bits, float32 d and m a block, 9 subtracting 16 from the codes) hold K-quants (Q2_K to Q6_K) and Q5_0 /
  * Q5_1 exactly: each
  * weight is fma(q, d, m), where d * q is exact (d = the super-block's float16 scale times an integer sub-scale of at
  * most 8 bits, q at most 6 bits: <= 24 significant bits), so the one rounding is the offset's, as in the gguf

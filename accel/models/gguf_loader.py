@@ -163,7 +163,7 @@ def open_gguf(path: str | Path, blocks: bool = False) -> tuple[ModelConfig, Any]
     GGUF file: each tensor is read and dequantized when looked up, so memory holds one tensor at a time.
 
     ``blocks``: the 2-D tensors stored as ``Q8_0``, ``Q4_0`` or ``Q4_1`` (their blocks as the file stores them) or
-    ``Q4_K``, ``Q5_K``, ``Q6_K``, ``Q5_0``, ``Q5_1`` (repacked exactly, ``accel.formats.ggml_repack``;
+    ``Q2_K`` to ``Q6_K``, ``Q5_0``, ``Q5_1`` (repacked exactly, ``accel.formats.ggml_repack``;
     ``accel.formats.ggml.GGUF_KERNEL_TYPES``) are looked up as ``GGMLTensor`` instead (what ``weights="gguf-kernel"``
     exports); every other tensor is float32 as without it."""
     path = Path(path)

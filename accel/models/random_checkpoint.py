@@ -92,8 +92,8 @@ def write_random_checkpoint(
 
     ``kind``: ``"safetensors"`` (``out`` is a directory; BF16 tensors) or ``"gguf"`` (``out`` is the file; its
     matrices quantized by the ``gguf`` package as ``gguf_type``: a block type of 32 (``Q8_0``, ``Q4_0``, ``Q4_1``,
-    ...) or a function of the GGUF tensor name giving one; the rest F32; ``Q4_K``, ``Q5_K``, ``Q6_K``, which the
-    package does not quantize, as random super-blocks of 256 (their weights are what those decode to)).
+    ...) or a function of the GGUF tensor name giving one; the rest F32; ``Q2_K`` .. ``Q6_K``, ``IQ4_XS`` and
+    ``IQ4_NL``, which the package does not quantize, as random blocks (their weights are what those decode to)).
     ``tokenizer``: GGUF only, tokenizer metadata
     by ``gguf.GGUFWriter`` method suffix (``tokenizer_model``, ``tokenizer_pre``, ``token_list``, ``token_merges``,
     ``token_types``, ``bos_token_id``, ...).
@@ -221,6 +221,10 @@ _RANDOM_BLOCK_SCALES: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_K": ((0, 2), 1 / 300),
     "Q5_K": ((0, 2), 1 / 600),
     "Q6_K": ((208,), 1 / 1400),
+    "Q3_K": ((108,), 1 / 40),
+    "Q2_K": ((80, 82), 1 / 15),
+    "IQ4_XS": ((0,), 1 / 1300),
+    "IQ4_NL": ((0,), 1 / 40),
 }
 
 

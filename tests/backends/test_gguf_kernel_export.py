@@ -1,5 +1,5 @@
 """``weights="gguf-kernel"``: a ``.gguf`` file's Q8_0 / Q4_0 / Q4_1 Linear weights (and head) exported as the file
-stores them, and its Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1 ones repacked exactly, run by accel's fused kernel
+stores them, and its Q2_K .. Q6_K / IQ4_XS / IQ4_NL / Q5_0 / Q5_1 ones repacked exactly, run by accel's fused kernel
 (``ai.accel::MXLinear``, ``fast`` 4 to 8) in real onnxruntime sessions.
 
 What is exact and what is not: the weights are llama.cpp's values bit for bit and the activations stay float32, so
@@ -157,7 +157,7 @@ def export_pair(src: Path, d: Path, kind: str) -> tuple[Path, Path]:
 #: K-quant files (rows of 256): one type everywhere, and a llama.cpp-style mix (Q4_K_M on a model whose widths are
 #: not all multiples of 256 falls back to Q5_0 / Q8_0 for some tensors, and puts Q6_K on some)
 K_CFG = ModelConfig(vocab_size=96, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "Q5_0", "Q5_1")
 K_MIXED = {"attn_q": "Q5_0", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_1", "ffn_gate": "Q5_K",
            "ffn_up": "Q4_K", "ffn_down": "Q6_K", "output": "Q8_0"}  # fmt: skip
 
@@ -177,9 +177,10 @@ def k_files(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", [*K_TYPES, "mixed"])
 def test_k_quants_run_repacked_on_the_kernel(k_files, kind):
-    """Q4_K (layout Q4_F32, fast 7), Q6_K (I8_F32, 8), Q5_0 (Q5S_F32, 9), Q5_1 and Q5_K (Q5_F32, 10) run as MXLinear
-    nodes, no MatMul reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the fp32 export of
-    the same file up to summation order; greedy decoding gives the same tokens."""
+    """Q4_K (layout Q4_F32, fast 7), Q6_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL (I8_F32, 8), Q5_0 (Q5S_F32, 9), Q5_1 and Q5_K
+    (Q5_F32, 10)
+    run as MXLinear nodes, no MatMul reads a weight, and the logits (prefill, steps, a 4-token call, batch 2) equal the
+    fp32 export of the same file up to summation order; greedy decoding gives the same tokens."""
     _, kernel, fp32 = k_files[kind]
     fasts = collections.Counter(a["fast"] for a in mxlinear_attrs(kernel))
     layout = {t: REPACKED[t].layout if t in REPACKED else t for t in (*K_TYPES, "Q8_0", "Q6_K")}

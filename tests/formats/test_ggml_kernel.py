@@ -172,7 +172,7 @@ def test_from_blocks_and_constructor_errors(rng):
     with pytest.raises(FormatError, match="K a multiple of 32"):
         GGMLTensor.from_blocks(raw[:0], "Q4_1", (0, 64))
     with pytest.raises(FormatError, match="not run by accel's kernel; supported: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K"):
-        GGMLTensor.from_blocks(raw, "Q2_K", (2, 64))
+        GGMLTensor.from_blocks(raw, "IQ2_XS", (2, 64))
     t = GGMLTensor.from_blocks(raw, "q4_1", (2, 64))  # type names in any case
     assert t.qtype.name == "Q4_1"
     with pytest.raises(FormatError, match=r"scales must be uint8 \(2, 2, 4\), got uint8 \(2, 2, 2\)"):

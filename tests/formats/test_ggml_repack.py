@@ -1,6 +1,6 @@
-"""GGUF K-quants (``Q4_K``, ``Q5_K``, ``Q6_K``) and ``Q5_0`` / ``Q5_1`` repacked exactly for the fused kernel
-(``accel.formats.ggml_repack``; layouts ``Q4_F32``, ``I8_F32``, ``Q5S_F32`` and ``Q5_F32``, format codes 7 to 10 of
-``accel/formats/mxkernel*.c``).
+"""GGUF K-quants (``Q2_K`` .. ``Q6_K``), ``IQ4_XS``, ``IQ4_NL`` and ``Q5_0`` / ``Q5_1`` repacked exactly for
+the fused kernel (``accel.formats.ggml_repack``; layouts ``Q4_F32``, ``I8_F32``, ``Q5S_F32`` and ``Q5_F32``, format
+codes 7 to 10 of ``accel/formats/mxkernel*.c``).
 
 The reference is the ``gguf`` package's own dequantization of the file's bytes: ``GGMLTensor.dequantize`` and the
 kernel's ``decode`` on each of its paths equal it bit for bit (NaN where it is NaN) on random super-blocks whose float16
@@ -34,7 +34,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 TYPES = list(REPACKED)
 #: per type: byte offsets of its float16 fields in a file block
-HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}
+HALVES = {
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "IQ4_XS": (0,),
+    "IQ4_NL": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+}
 #: (N, K) shapes: K-quants need K a multiple of 256
 SHAPES = {256: [(1, 256), (3, 512), (9, 768)], 32: [(1, 32), (5, 96), (13, 544)]}
 
@@ -153,6 +163,24 @@ def test_sub_scale_high_bits_matter(rng):
     np.testing.assert_array_equal(_ref(block, "Q4_K", 1).reshape(8, 32), w)
 
 
+def test_q3_k_hand_built_block():
+    """A hand-built ``Q3_K`` super-block decodes as the format says: scale i's high bits from byte 8 + i % 4, the
+    offset 4 applied where the weight's hmask bit is clear (and the gguf package agrees)."""
+    block = np.zeros(110, np.uint8)
+    block[108:110] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    scales = np.arange(16) * 4 + 2  # 2, 6, .., 62: every scale uses its high bits from 16 on
+    for i, v in enumerate(scales):
+        lo, hi = v & 0x0F, v >> 4
+        block[96 + i % 8] |= lo << (4 * (i // 8))
+        block[104 + i % 4] |= hi << (2 * (i // 4))
+    block[32:96] = 0b11100100  # codes 0, 1, 2, 3 at shifts 0, 2, 4, 6 (weights 32j + l take code j)
+    block[0:32] = 0b10101010  # hmask: bits 1, 3, 5, 7 set (weights of j odd in each half: no offset)
+    w = GGMLTensor.from_blocks(block, "Q3_K", (1, 256)).dequantize().reshape(16, 16)
+    want = np.array([0.5 * (scales[g] - 32) * ((g // 2) % 4 - (0 if (g // 2) % 2 else 4)) for g in range(16)])
+    np.testing.assert_array_equal(w, np.repeat(want.astype(np.float32)[:, None], 16, axis=1))
+    np.testing.assert_array_equal(_ref(block, "Q3_K", 1).reshape(16, 16), w)
+
+
 def test_refusals(rng):
     raw = _raw(rng, "Q4_K", 2, 256)
     with pytest.raises(FormatError, match=r"Q4_K weight \(2, 256\): need 288 bytes of blocks, got uint8 x 287"):
@@ -161,8 +189,10 @@ def test_refusals(rng):
         GGMLTensor.from_blocks(raw, "Q4_K", (2, 288))
     with pytest.raises(FormatError, match=r"Q5_0 weight \(1, 40\): K must be a multiple of 32"):
         GGMLTensor.from_blocks(np.zeros(22, np.uint8), "Q5_0", (1, 40))
-    with pytest.raises(FormatError, match="supported: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1"):
-        GGMLTensor.from_blocks(raw, "Q3_K", (2, 256))
+    with pytest.raises(
+        FormatError, match="supported: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS, IQ4_NL, Q5_0"
+    ):
+        GGMLTensor.from_blocks(raw, "IQ2_XS", (2, 256))
     assert GGUF_KERNEL_TYPES == ("Q8_0", "Q4_0", "Q4_1", *TYPES)
     t = GGMLTensor.from_blocks(raw, "q4_k", (2, 256))  # type names in any case
     assert t.source == "Q4_K"
