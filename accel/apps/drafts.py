@@ -1,4 +1,5 @@
-"""``accel distill``, ``accel distill-hydra`` (``accel.apps.hydra``) and ``accel eval-draft``."""
+"""``accel distill``, ``accel distill-hydra`` (``accel.apps.hydra``), ``accel distill-eagle3`` (``accel.apps.eagle3``),
+``accel eval-draft`` and ``accel export-draft``."""
 
 from __future__ import annotations
 
@@ -49,9 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="DIR", help="warm start from a draft with this architecture")
     p.set_defaults(func=_distill)
 
+    from accel.apps.eagle3 import register as register_eagle3
     from accel.apps.hydra import register as register_hydra
 
     register_hydra(subparsers)
+    register_eagle3(subparsers)
 
     e = subparsers.add_parser(
         "eval-draft",

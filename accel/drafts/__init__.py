@@ -7,6 +7,8 @@
   acceptance for K up to 8, and alpha = E[sum_x min(p, q)] at a temperature (what ``accel.sim`` needs).
 - Feature drafts (EAGLE-style, ``accel.drafts.feature``): ``build_feature_draft``, ``train_feature_draft``
   (``FeatureTrainConfig``), ``greedy_acceptance`` -- a one-layer draft that reads the target's hidden states.
+- EAGLE-3 heads (``accel.drafts.eagle3``): ``distill_eagle3`` (``Eagle3TrainConfig``) -- the speculators format's
+  architecture, written by ``accel.serving.speculators_write.write_speculators``.
 
 Needs torch (the ``[torch]`` extra); submodules are imported lazily so ``import accel.drafts`` alone is cheap.
 """
@@ -28,6 +30,8 @@ _LAZY = {
     "FeatureTrainConfig": "accel.drafts.feature",
     "FeatureLoss": "accel.drafts.feature",
     "greedy_acceptance": "accel.drafts.feature",
+    "distill_eagle3": "accel.drafts.eagle3",
+    "Eagle3TrainConfig": "accel.drafts.eagle3",
 }
 
 
@@ -39,6 +43,7 @@ __all__ = [
     "DistillConfig",
     "DistillReport",
     "DraftEval",
+    "Eagle3TrainConfig",
     "FeatureLoss",
     "FeatureTrainConfig",
     "HistoryPoint",
@@ -46,6 +51,7 @@ __all__ = [
     "build_feature_draft",
     "chat_prompt",
     "distill",
+    "distill_eagle3",
     "evaluate_draft",
     "greedy_acceptance",
     "restrict_head",

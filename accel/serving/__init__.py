@@ -3,7 +3,8 @@ and transformers load), read back bit-exactly. docs/serving.md says which engine
 
 EAGLE-3 draft heads in the ``speculators`` format (vLLM's draft library) run in accel on onnxruntime:
 ``accel.serving.speculators_format`` (``read_speculators``), ``accel.serving.eagle3_graph`` (the draft graph) and
-``accel.serving.aux_target`` (the target graph with the head's aux hidden states).
+``accel.serving.aux_target`` (the target graph with the head's aux hidden states); ``accel.serving.speculators_write``
+writes a head accel trained (``accel.drafts.eagle3``) in that format.
 
 ``import accel.serving`` needs no torch; ``load_mx_checkpoint`` imports it when called.
 """
@@ -21,6 +22,7 @@ _LAZY = {
     "Eagle3Head": "accel.serving.speculators_format",
     "read_speculators": "accel.serving.speculators_format",
     "vllm_speculative_config": "accel.serving.speculators_format",
+    "write_speculators": "accel.serving.speculators_write",
     "export_eagle3_draft": "accel.serving.eagle3_graph",
     "export_eagle3_target": "accel.serving.aux_target",
 }
@@ -38,4 +40,5 @@ __all__ = [
     "read_mx_checkpoint",
     "read_speculators",
     "vllm_speculative_config",
+    "write_speculators",
 ]

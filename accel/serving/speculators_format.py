@@ -58,7 +58,8 @@ SPECULATORS_EXPORT_REFUSALS: dict[str, str] = {
     "heads, and accel's draft computes something else (it reads the target's final-norm state, joins it with the "
     "token embedding in one fc before a plain first layer, and feeds its final-norm state back through that fc; "
     "EAGLE-3 reads pre-norm states of several layers, normalises token and state apart in a 2H-wide first layer and "
-    "feeds its pre-norm state back past fc), so no weight mapping keeps its logits (docs/serving.md)",
+    "feeds its pre-norm state back past fc), so no weight mapping keeps its logits; accel distill-eagle3 trains an "
+    "EAGLE-3 head in that format (docs/serving.md)",
     "hydra": "Hydra heads have no speculators form: speculators 0.9.0 defines eagle3, peagle, dflash, dflash2, dspark, "
     "mtp and xpress; the closest, mtp, is one recurrent decoder layer over the target's state and the last token, "
     "where Hydra has one MLP head per depth reading the target's state and the embeddings of all earlier drafts "
