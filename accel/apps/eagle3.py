@@ -15,8 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train an EAGLE-3 head for a target; write it in the speculators format (vLLM's eagle3)",
         description="Let the target continue the prompts greedily, then train an EAGLE-3 head (one decoder layer over "
         "the target's residual streams at three layers, the target's vocabulary) on its next-token distributions, "
-        "teacher-forced (EAGLE-3's first step; its training-time-test steps are not trained). The output folder is a "
-        "speculators 0.9.0 checkpoint: accel generate --eagle3 runs it, and so do the speculators package and "
+        "teacher-forced with speculators' training-time test (--ttt-steps drafting steps a row). The output folder is "
+        "a speculators 0.9.0 checkpoint: accel generate --eagle3 runs it, and so do the speculators package and "
         "vLLM's speculative_config method eagle3 (docs/serving.md).",
     )
     p.add_argument("target", help="target checkpoint directory (config.json + weights + tokenizer.json) or .gguf file")
@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--frozen-head", action="store_true", help="keep the target's LM head as it is (default: train it)")
+    p.add_argument("--ttt-steps", type=int, default=3, help="drafting steps trained per row (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative-tokens", type=int, default=3, help="drafts per round the config proposes")
     p.set_defaults(func=_distill_eagle3)
@@ -70,7 +71,7 @@ def _distill_eagle3(args: argparse.Namespace) -> int:
     if args.gen_tokens < 1:
         raise DraftError(f"--gen-tokens must be >= 1, got {args.gen_tokens}")
     cfg = Eagle3TrainConfig(layer_ids=_layer_ids(args.layer_ids), steps=args.steps, lr=args.lr, batch=args.batch,
-                            seed=args.seed, train_head=not args.frozen_head)  # fmt: skip
+                            seed=args.seed, train_head=not args.frozen_head, ttt_steps=args.ttt_steps)  # fmt: skip
     src = checkpoint_dir(args.target, say=print)
     target = load_checkpoint(src).eval()
     cfg.resolved_layers(target.config.num_layers)  # refuse bad options before the target generates

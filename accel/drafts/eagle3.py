@@ -8,16 +8,18 @@ position ``p + 1``, the target's residual streams ``a_p`` entering the layers ``
 distribution of ``x_{p+2}``. Attention is causal over the positions 1 .. p + 1 (never slot 0: EAGLE-3 reads no
 ``x_0``). The embedding is the target's, frozen; ``lm_head`` starts from the target's head and is trained.
 
-Training (``distill_eagle3``): teacher-forced on token sequences, the loss is the cross-entropy of the draft's
-distribution against the target's next-token distribution at every row (KL up to a constant). Only EAGLE-3's first
-step is trained: its training-time-test steps (the head drafting from its own state, speculators' ``ttt_steps``) are
-not, so drafts after the first come from a state the head was not trained on and are accepted less often than a
-TTT-trained head's. Exactness of SpD does not depend on it (every proposer's drafts are verified).
+Training (``distill_eagle3``): teacher-forced on token sequences, as speculators trains (its training-time test,
+``ttt_steps``): step 0 reads the target's states; step t >= 1 reads, at every row, the head's own output of step
+t - 1 in place of ``fc(a)`` and the next ground-truth token one position later, attending to step 0's rows up to its
+own and to its own row of each later step (``Eagle3Draft.steps``: what drafting t tokens from that row computes).
+The loss is the mean over steps of the cross-entropy against the target's next-token distribution (KL up to a
+constant). Exactness of SpD does not depend on the training (every proposer's drafts are verified).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +31,7 @@ from tqdm.auto import tqdm
 
 from accel.errors import DraftError
 from accel.models.config import ModelConfig
-from accel.models.decoder import MLP, Attention, Decoder, RMSNorm, new_cache
+from accel.models.decoder import MLP, Attention, Decoder, RMSNorm, new_cache, rotate_half
 
 __all__ = ["Eagle3Draft", "Eagle3TrainConfig", "default_layer_ids", "distill_eagle3", "target_aux_states"]
 
@@ -52,6 +54,8 @@ class Eagle3TrainConfig:
         seed: initialisation seed of the head's new weights.
         std: their initial standard deviation.
         train_head: train the LM head (it starts as the target's; False keeps it frozen, as EAGLE-1's).
+        ttt_steps: drafting steps trained per row (speculators' training-time test: step t >= 1 drafts from the
+            head's own previous state; 1 = the first step only).
     """
 
     layer_ids: tuple[int, ...] | None = None
@@ -61,13 +65,14 @@ class Eagle3TrainConfig:
     seed: int = 0
     std: float = 0.02
     train_head: bool = True
+    ttt_steps: int = 3
 
     def resolved_layers(self, num_layers: int) -> tuple[int, ...]:
         """The layer ids to read; DraftError for ids outside ``0 .. num_layers``, repeated ids or no ids."""
         ids = default_layer_ids(num_layers) if self.layer_ids is None else tuple(int(i) for i in self.layer_ids)
         if not ids or len(set(ids)) != len(ids) or not all(0 <= i <= num_layers for i in ids):
             raise DraftError(f"EAGLE-3 layer_ids must be distinct layers in 0..{num_layers}; got {self.layer_ids!r}")
-        for name in ("steps", "batch"):
+        for name in ("steps", "batch", "ttt_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DraftError(f"EAGLE-3 training {name} must be an int >= 1; got {value!r}")
@@ -117,7 +122,7 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[B, S, vocab]`` of tokens ``input_ids [B, S]`` at ``position_ids`` (>= 1, increasing) with
-        the target states ``aux [B, S, n H]`` of the positions before them."""
+        the target states ``aux [B, S, n H]`` of the positions before them (the first step of ``steps``)."""
         bsz = input_ids.shape[0]
         g = self.fc(aux)
         x = torch.cat([self.input_layernorm(self.embed_tokens(input_ids)), self.hidden_norm(g)], dim=-1)
@@ -133,6 +138,54 @@ class Eagle3Draft(nn.Module):
         h = h + self.mlp(self.post_attention_layernorm(h))
         return self.lm_head(self.norm(h))
 
+    def steps(self, aux: torch.Tensor, tokens: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """Logits ``[B, T, vocab]`` of ``n`` drafting steps, teacher-forced as speculators' training-time test: row q
+        of step t reads token ``tokens[:, q + t]`` (0 past the end) at position ``q + 1 + t`` with, at step 0, the
+        target states ``aux[:, q]`` and later the head's own previous output (pre-norm) in place of ``fc(aux)``;
+        it attends to step 0's rows 0..q and to its own row of every later step (what drafting from row q sees)."""
+        bsz, length = tokens.shape
+        g = self.fc(aux)
+        past: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out = []
+        for t in range(n):
+            ids = torch.cat([tokens[:, t:], tokens.new_zeros(bsz, t)], dim=1)
+            pos = torch.arange(1 + t, 1 + t + length, device=tokens.device).expand(bsz, length)
+            x = torch.cat([self.input_layernorm(self.embed_tokens(ids)), self.hidden_norm(g)], dim=-1)
+            attn, kv = self._ttt_attention(x, pos, past)
+            past.append(kv)
+            h = g + attn
+            g = h + self.mlp(self.post_attention_layernorm(h))
+            out.append(self.lm_head(self.norm(g)))
+        return out
+
+    def _ttt_attention(
+        self, x: torch.Tensor, pos: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One step's attention: causal over step 0's rows, plus the diagonal of every later step (``steps``)."""
+        a, c = self.self_attn, self.config
+        bsz, length, _ = x.shape
+        groups = c.num_heads // c.num_kv_heads
+        q = a.q_proj(x).view(bsz, length, c.num_heads, c.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(bsz, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(bsz, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        freqs = pos.float()[:, :, None] * self.inv_freq[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        cos, sin = emb.cos(), emb.sin()
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        k0, v0 = past[0] if past else (k, v)
+        scale = 1.0 / math.sqrt(c.head_dim)
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        scores = [torch.where(causal, torch.matmul(q, k0.transpose(-1, -2)) * scale, torch.finfo(q.dtype).min)]
+        later = [*past[1:], (k, v)] if past else []
+        scores += [(q * ks).sum(-1, keepdim=True) * scale for ks, _ in later]
+        probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+        o = torch.matmul(probs[..., :length], v0)
+        for i, (_, vs) in enumerate(later):
+            o = o + probs[..., length + i : length + i + 1] * vs
+        o = o.transpose(1, 2).reshape(bsz, length, c.num_heads * c.head_dim)
+        return a.o_proj(o), (k, v)
+
     def speculators_tensors(self) -> dict[str, np.ndarray]:
         """Float32 weights under speculators 0.9.0's EAGLE-3 names (one decoder layer, ``layers.0.*``)."""
         out = {"embed_tokens.weight": self.embed_tokens.weight, "fc.weight": self.fc.weight,
@@ -144,6 +197,19 @@ class Eagle3Draft(nn.Module):
         for name in ("gate_proj", "up_proj", "down_proj"):
             out[f"layers.0.mlp.{name}.weight"] = getattr(self.mlp, name).weight
         return {k: v.detach().float().cpu().numpy().copy() for k, v in out.items()}
+
+
+def _ttt_loss(step_logits: list[torch.Tensor], probs: torch.Tensor) -> torch.Tensor:
+    """Mean over the drafting steps of the cross-entropy against the target: row q of step t predicts the target's
+    distribution ``probs[q + t]``; the last t rows of step t have none."""
+    losses = []
+    for t, logits in enumerate(step_logits):
+        rows = probs.shape[0] - t
+        if rows <= 0:
+            break
+        logp = F.log_softmax(logits[0, :rows].float(), dim=-1)
+        losses.append(-(probs[t:] * logp).sum(-1).mean())
+    return torch.stack(losses).mean()
 
 
 def target_aux_states(target: Decoder, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
@@ -199,9 +265,7 @@ def distill_eagle3(
         total = 0.0
         for j in range(cfg.batch):
             aux, ids, probs = data[(step * cfg.batch + j) % len(data)]
-            pos = torch.arange(1, ids.shape[1] + 1)[None]
-            logp = F.log_softmax(head(aux, ids, pos)[0].float(), dim=-1)
-            loss = -(probs * logp).sum(-1).mean() / cfg.batch
+            loss = _ttt_loss(head.steps(aux, ids, cfg.ttt_steps), probs) / cfg.batch
             loss.backward()
             total += float(loss.detach())
         opt.step()

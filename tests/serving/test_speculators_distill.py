@@ -95,6 +95,20 @@ def test_the_package_loads_the_folder_and_computes_accels_logits(distilled):
     assert h.layer_ids == tuple(LAYER_IDS) and h.config.num_layers == 1 and h.speculative_tokens == 3
 
 
+def test_every_drafting_step_equals_the_package_forward(distilled):
+    """The training-time-test steps the head is trained on (``Eagle3Draft.steps``: step t drafts from its own state)
+    are the package's own TTT forward of the saved folder, step by step."""
+    target, sequences, head, _, out = distilled
+    model = load_eagle3(out)
+    seq = torch.tensor(sequences[0])
+    aux = target_aux_states(target, seq[None], LAYER_IDS)[0, :-1]
+    package = package_steps(model, aux, seq[1:], 3)
+    with torch.no_grad():
+        mine = head.steps(aux[None], seq[None, 1:], 3)
+    for t in range(3):
+        np.testing.assert_allclose(package[t].numpy(), mine[t][0].numpy(), atol=ATOL, rtol=0)
+
+
 def test_training_moves_the_head_towards_the_target(distilled):
     target, sequences, head, losses, _ = distilled
     assert len(losses) == STEPS and np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
