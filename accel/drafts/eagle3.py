@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from accel.errors import DraftError
 from accel.models.config import ModelConfig
-from accel.models.decoder import MLP, Attention, Decoder, RMSNorm, new_cache, rotate_half
+from accel.models.decoder import MLP, Attention, Decoder, RMSNorm, new_cache, rope_inv_freq, rotate_half
 
 __all__ = ["Eagle3Draft", "Eagle3TrainConfig", "default_layer_ids", "distill_eagle3", "target_aux_states"]
 
@@ -103,9 +103,8 @@ class Eagle3Draft(nn.Module):
         self.mlp = MLP(c)
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, c.vocab_size, bias=False)
-        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)  # the target's, scaling included
 
     @classmethod
     def for_target(cls, target: Decoder, layer_ids: Sequence[int], *, seed: int = 0, std: float = 0.02) -> Eagle3Draft:
@@ -120,23 +119,10 @@ class Eagle3Draft(nn.Module):
             head.lm_head.weight.copy_(target.lm_head.weight.float())
         return head
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``[B, S, vocab]`` of tokens ``input_ids [B, S]`` at ``position_ids`` (>= 1, increasing) with
-        the target states ``aux [B, S, n H]`` of the positions before them (the first step of ``steps``)."""
-        bsz = input_ids.shape[0]
-        g = self.fc(aux)
-        x = torch.cat([self.input_layernorm(self.embed_tokens(input_ids)), self.hidden_norm(g)], dim=-1)
-        freqs = position_ids.float()[:, :, None] * self.inv_freq[None, None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        ctx = int(position_ids.max()) + 1
-        keys, values = new_cache(self.config, bsz, ctx, dtype=x.dtype)
-        slots = torch.arange(ctx, device=x.device)
-        visible = (slots[None, None, :] <= position_ids[:, :, None]) & (slots >= 1)
-        attn, _, _ = self.self_attn(x, (emb.cos(), emb.sin()), position_ids, keys[0], values[0],
-                                    visible[:, None, None], False)  # fmt: skip
-        h = g + attn
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h))
+    def forward(self, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[B, T, vocab]`` of the first drafting step: row q reads ``tokens[:, q]`` at position
+        ``q + 1`` with the target states ``aux[:, q]`` of position q (``steps(aux, tokens, 1)[0]``)."""
+        return self.steps(aux, tokens, 1)[0]
 
     def steps(self, aux: torch.Tensor, tokens: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Logits ``[B, T, vocab]`` of ``n`` drafting steps, teacher-forced as speculators' training-time test: row q

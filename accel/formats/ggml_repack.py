@@ -120,8 +120,9 @@ def _two_bit_codes(qs: np.ndarray) -> np.ndarray:
 
 
 def _per_16(d: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Float32 ``d`` and ``m`` per 16 weights ``[..., 16]`` -> ``I8_F32``'s scale values ``[..., 8, 4]``."""
-    return np.stack([d, m], axis=-1).reshape(*d.shape[:-1], 8, 4)
+    """Float32 ``d`` and ``m`` per 16 weights ``[..., 2 k]`` -> ``I8_F32``'s scale values ``[..., k, 4]`` (``d``,
+    ``m`` of each half of a 32-weight block)."""
+    return np.stack([d, m], axis=-1).reshape(*d.shape[:-1], -1, 4)
 
 
 def _q2_k(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +166,7 @@ def _iq4_nl(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``IQ4_NL`` (d, 16 bytes of 4-bit indices; blocks of 32): weight ``d * IQ4_VALUES[q]``."""
     d = np.repeat(_f16(raw[..., 0:2])[..., None], 2, axis=-1)  # [..., 2]: both halves of the block
     codes = _iq4_codes(raw[..., 2:18])
-    return _flat(codes.view(np.uint8)), _flat(np.stack([d, np.full_like(d, -0.0)], axis=-1))
+    return _flat(codes.view(np.uint8)), _flat(_per_16(d, np.full_like(d, -0.0)))
 
 
 def _iq4_xs(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,8 +178,8 @@ def _iq4_xs(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low = np.concatenate([raw[..., 4:8, None] & 0x0F, raw[..., 4:8, None] >> 4], axis=-1).reshape(*lead, 8)
     d = _f16(raw[..., 0:2])[..., None] * ((low | (high.astype(np.uint8) << 4)).astype(_F32) - 32.0)  # [..., 8]
     codes = _iq4_codes(raw[..., 8:136].reshape(*lead, 8, 16))
-    d2 = np.repeat(d[..., None], 2, axis=-1)  # [..., 8, 2]: per 16 weights
-    return _flat(codes.view(np.uint8)), _flat(np.stack([d2, np.full_like(d2, -0.0)], axis=-1))
+    d2 = np.repeat(d, 2, axis=-1)  # [..., 16]: per 16 weights
+    return _flat(codes.view(np.uint8)), _flat(_per_16(d2, np.full_like(d2, -0.0)))
 
 
 def _q5_legacy(raw: np.ndarray, offset: bool) -> tuple[np.ndarray, np.ndarray]:

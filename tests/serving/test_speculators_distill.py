@@ -70,7 +70,7 @@ def _top1(target, head: Eagle3Draft, sequences) -> float:
         seq = torch.tensor(s)
         aux = target_aux_states(target, seq[None], head.layer_ids)[:, :-1]
         with torch.no_grad():
-            mine = head(aux, seq[None, 1:], torch.arange(1, len(s))[None])[0].argmax(-1)
+            mine = head(aux, seq[None, 1:])[0].argmax(-1)
             want = target.causal_forward(seq[None])[0, 1:].argmax(-1)
         hits, total = hits + int((mine == want).sum()), total + len(s) - 1
     return hits / total
@@ -89,7 +89,7 @@ def test_the_package_loads_the_folder_and_computes_accels_logits(distilled):
         aux = target_aux_states(target, seq[None], LAYER_IDS)[0, :-1]
         package = package_steps(model, aux, seq[1:], 1)[0]
         with torch.no_grad():
-            mine = head(aux[None], seq[None, 1:], torch.arange(1, len(s))[None])[0]
+            mine = head(aux[None], seq[None, 1:])[0]
         np.testing.assert_allclose(package.numpy(), mine.numpy(), atol=ATOL, rtol=0)
     h = read_speculators(out)
     assert h.layer_ids == tuple(LAYER_IDS) and h.config.num_layers == 1 and h.speculative_tokens == 3
