@@ -70,6 +70,7 @@ def _distill_eagle3(args: argparse.Namespace) -> int:
         raise DraftError(f"{out} exists: give a new output directory")
     if args.gen_tokens < 1:
         raise DraftError(f"--gen-tokens must be >= 1, got {args.gen_tokens}")
+    vllm_speculative_config(out, args.speculative_tokens)  # refuses a bad --speculative-tokens before any work
     cfg = Eagle3TrainConfig(layer_ids=_layer_ids(args.layer_ids), steps=args.steps, lr=args.lr, batch=args.batch,
                             seed=args.seed, train_head=not args.frozen_head, ttt_steps=args.ttt_steps)  # fmt: skip
     src = checkpoint_dir(args.target, say=print)

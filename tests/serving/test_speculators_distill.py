@@ -197,3 +197,5 @@ def test_cli_distills_a_head_the_package_loads(tmp_path, capsys):
     assert "--layer-ids takes" in capsys.readouterr().err
     assert main([*args[:3], str(tmp_path / "e3c"), *args[4:], "--layer-ids", "0,99"]) == 2
     assert "distinct layers" in capsys.readouterr().err and not (tmp_path / "e3c").exists()
+    assert main([*args[:3], str(tmp_path / "e3d"), *args[4:], "--speculative-tokens", "0"]) == 2
+    assert "num_speculative_tokens must be >= 1" in capsys.readouterr().err and not (tmp_path / "e3d").exists()
