@@ -223,7 +223,8 @@ def parse_args() -> argparse.Namespace:
         "--accel",
         default="fp32,gguf-kernel,mxfp6-kernel,mxfp6-kernel-q8,mxfp4-kernel-q8",
         help="accel target weights (comma-separated; fp32 first; gguf-kernel: the shipped Q4_1 GGUF's own blocks; "
-        "gguf-kernel:KIND: the llama.cpp row KIND's file, e.g. Q4_K_M, on accel's kernel)",
+        "gguf-kernel:KIND: the llama.cpp row KIND's file, e.g. Q4_K_M, on accel's kernel; gguf-kernel-q8 and "
+        "gguf-kernel-q8:KIND: the same blocks with int8 activations, as llama.cpp multiplies them)",
     )
     ap.add_argument("--spd-nodes", type=int, default=8, help="feature-draft tree nodes of the SpD rows (0: no SpD)")
     ap.add_argument("--no-autotune", action="store_true", help="leave out the autotune SpD rows")
@@ -244,9 +245,11 @@ def parse_args() -> argparse.Namespace:
     args.accel, args.genai, args.llama = ([w for w in v.split(",") if w] for v in (args.accel, args.genai, args.llama))
     if not args.accel or args.accel[0] != "fp32":
         ap.error("--accel must start with fp32: accel fp32 AR is the reference of every row")
-    files = {w.split(":", 1)[1] for w in args.accel if w.startswith("gguf-kernel:")}
+    files = {w.split(":", 1)[1] for w in args.accel if w.startswith(("gguf-kernel:", "gguf-kernel-q8:"))}
     if files - set(LLAMA_FTYPES):
-        ap.error(f"--accel gguf-kernel:KIND: unknown {sorted(files - set(LLAMA_FTYPES))}; choose from {LLAMA_FTYPES}")
+        ap.error(
+            f"--accel gguf-kernel(-q8):KIND: unknown {sorted(files - set(LLAMA_FTYPES))}; choose from {LLAMA_FTYPES}"
+        )
     for flag, got, known in (("--genai", args.genai, GENAI_PRECISIONS), ("--llama", args.llama, tuple(LLAMA_FTYPES))):
         if set(got) - set(known):
             ap.error(f"{flag}: unknown {sorted(set(got) - set(known))}; choose from {', '.join(known)}")
@@ -294,14 +297,12 @@ def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row
 
     rows = []
     for entry in tqdm(args.accel, desc="accel setups", leave=False):
-        w, label, path = "gguf-kernel", entry, ckpt
-        if entry == "gguf-kernel":
+        w, label, path = entry.split(":", 1)[0], entry, ckpt
+        if entry in ("gguf-kernel", "gguf-kernel-q8"):
             path = smollm2_gguf_path()  # the shipped Q4_1 file's own blocks, exact
-        elif entry.startswith("gguf-kernel:"):  # a file libllama quantized (the llama.cpp row's own), run by accel
+        elif ":" in entry:  # a file libllama quantized (the llama.cpp row's own), run by accel
             kind = entry.split(":", 1)[1]
-            path, label = llama_gguf(kind, args.threads), f"gguf-kernel {kind}"
-        else:
-            w = label = entry
+            path, label = llama_gguf(kind, args.threads), f"{w} {kind}"
         target = {"path": path, "weights": w, "ctx_len": args.ctx_len, "threads": args.threads}
         base = {"target": target, "sampling": {"greedy": True}, "eos_token_id": [], "max_new_tokens": 1}
         ar = f"accel {label} AR"

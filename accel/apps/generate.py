@@ -213,7 +213,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "e.g. mxint8-nbits / mxfp6-nbits / mxfp4-nbits (exact MX weights run by onnxruntime's "
         "8-bit MatMulNBits with int8 activations per block: about half the step time on CPU) or mxfp6-kernel / "
         "mxfp4-kernel / mxint8-kernel (the same weights packed, on accel's fused kernel with float32 activations; "
-        "needs a C compiler); see docs/backends.md",
+        "needs a C compiler), gguf-kernel-q8 (a .gguf file's blocks with int8 activations, as llama.cpp); see "
+        "docs/backends.md",
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json, directory or .gguf (default: the target's)")
     add_ppd_arguments(p)

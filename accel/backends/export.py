@@ -80,7 +80,7 @@ def _resolve(
         return ExportLayout.of_model(model), None
     if blocks:
         if not (Path(model).is_file() and Path(model).suffix == ".gguf"):
-            raise BackendError(f"weights='gguf-kernel' runs a .gguf file's own blocks; {model} is not a .gguf file")
+            raise BackendError(f"weights gguf-kernel(-q8) runs a .gguf file's own blocks; {model} is not a .gguf file")
         config, tensors = open_gguf(Path(model), blocks=True)
     else:
         config, tensors = open_checkpoint(model)

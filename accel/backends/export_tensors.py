@@ -155,9 +155,9 @@ def model_tensors(
         convert["lm_head_token_ids"] = lambda t: np.asarray(t).astype(np.int64)
     mx_modules = layout.mx
     names += [n for n in mx_modules if n not in base]  # a compressed Linear's weight is no parameter
-    if fmt == WeightFormat.GGUF_KERNEL:  # a .gguf file's blocks as they are (accel.formats.ggml), nothing converted
+    if fmt.is_gguf:  # a .gguf file's blocks as they are (accel.formats.ggml), nothing converted
         if source is None:
-            raise BackendError("weights='gguf-kernel' runs a .gguf file's own blocks: export its path, not a model")
+            raise BackendError(f"weights='{fmt.value}' runs a .gguf file's own blocks: export its path, not a model")
         return ExportTensors(base, names, convert, alias), "gguf"
     if fmt in (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8):  # int8: quantized in the graph writer
         for name, mx in mx_modules.items():

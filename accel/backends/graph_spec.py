@@ -71,7 +71,7 @@ _RUNTIME_ELEMENTS = {"float": ("fp32", "fp16"), "dynamic": ("int8",), "rounded":
                      "nbits": _CODES, "kernel": (*_CODES, "gguf")}  # fmt: skip
 _RUNTIME_ACTIVATIONS = {"float": ("float32",), "dynamic": ("int8",), "rounded": ("float32",), "packed": ("float32",),
                         "nbits": ("int8", "float32"), "kernel": ("float32", "int8")}  # fmt: skip
-_Q8_ELEMENTS = ("mxfp6", "mxfp4")  # the int8-activation kernel's formats (accel.formats.mxkernel_q8)
+_Q8_ELEMENTS = ("mxfp6", "mxfp4", "gguf")  # the int8-activation kernel's formats (accel.formats.mxkernel_q8)
 _ORT_ONLY = ("dynamic", "nbits", "kernel")  # contrib, custom or dynamic-quantization operators: onnxruntime only
 _WEIGHT_FIELDS = ("element", "runtime", "activations", "float_storage", "int8_scheme")
 

@@ -121,7 +121,8 @@ class GraphWeights:
         if self.kernel and len(ts) > 1 and all(isinstance(t, GGMLTensor) for t in ts):
             # a group of llama.cpp blocks of several types (a GGUF's Q5_0 q/k beside a Q8_0 v): one MXLinear a
             # weight, outputs joined (each column the same dot product as in the weight's own node)
-            parts = [mx_linear(self.g, xin, [n], [t], None) for n, t in zip(names, ts, strict=True)]
+            bits = 8 if self.kernel == 8 else 32
+            parts = [mx_linear(self.g, xin, [n], [t], None, act_bits=bits) for n, t in zip(names, ts, strict=True)]
             return self.g.op("Concat", *parts, axis=-1, name=out)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once
             return self.g.op("MatMul", xin, self.matmul_t(names[0], ts[0]), name=out)

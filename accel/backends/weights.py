@@ -21,6 +21,9 @@
   ``Q4_1`` blocks (and ``Q2_K`` to ``Q6_K``, ``Q5_0``, ``Q5_1`` repacked exactly) run by the same fused kernel
   (``accel.formats.ggml``: llama.cpp's exact values, float32 activations); tensors of other types dequantized to
   float32. Exports from a ``.gguf`` path only.
+- ``gguf-kernel-q8``: the same blocks with the activations quantized to int8 per block of 32 and integer dot products
+  per block, as llama.cpp multiplies them (``GGMLKernel.matmul_q8``): ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_K`` (as
+  ``Q4_F32``) blocks; the file's other block types keep float32 activations. Exports from a ``.gguf`` path only.
 
 docs/backends.md describes each in full.
 """
@@ -53,6 +56,7 @@ class WeightFormat(str, Enum):
     MXFP6_KERNEL_Q8 = "mxfp6-kernel-q8"
     MXFP4_KERNEL_Q8 = "mxfp4-kernel-q8"
     GGUF_KERNEL = "gguf-kernel"
+    GGUF_KERNEL_Q8 = "gguf-kernel-q8"
 
     @property
     def uses_mx_format(self) -> bool:
@@ -77,6 +81,11 @@ class WeightFormat(str, Enum):
         return self.is_nbits or self.value.endswith("-q8")
 
     @property
+    def is_gguf(self) -> bool:
+        """Whether the graph runs a ``.gguf`` file's own blocks (``gguf-kernel``, ``gguf-kernel-q8``)."""
+        return self.value.startswith("gguf-")
+
+    @property
     def kernel_act_bits(self) -> int:
         """The fused kernel's activations: 0 (not a ``*-kernel`` format), 32 (float32) or 8 (``*-kernel-q8``: int8
         per block of 32, integer dot products; ``accel.formats.mxkernel_q8``)."""
@@ -91,7 +100,7 @@ class WeightFormat(str, Enum):
     def element_format(self) -> str | None:
         """The MX element format a ``*-nbits`` or ``*-kernel`` format fixes (``mxint8``, ``mxfp6_e2m3``,
         ``mxfp4_e2m1``); None for the others (``gguf-kernel``: the file's own block types)."""
-        if not self.runs_codes or self == WeightFormat.GGUF_KERNEL:
+        if not self.runs_codes or self.is_gguf:
             return None
         return {"mxint8": "mxint8", "mxfp6": "mxfp6_e2m3", "mxfp4": "mxfp4_e2m1"}[self.value.split("-")[0]]
 

@@ -124,10 +124,10 @@ class TargetSpec(Part):
                 "torch_only",
                 f"{given} applies to --backend torch (onnxruntime here runs on the CPU in the export's dtype)",
             )
-        if self.weights is WeightFormat.GGUF_KERNEL and self.path.suffix != ".gguf":
+        if self.weights is not None and self.weights.is_gguf and self.path.suffix != ".gguf":
             raise refuse(
                 "target_weights",
-                f"weights gguf-kernel runs a .gguf file's own blocks; {self.path} is not a .gguf file",
+                f"weights {self.weights.value} runs a .gguf file's own blocks; {self.path} is not a .gguf file",
             )
         if self.weights is not WeightFormat.FP32 and (self.backend != "ort" or self.path.suffix == ".onnx"):
             raise refuse(

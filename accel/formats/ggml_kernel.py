@@ -114,3 +114,35 @@ class GGMLKernel(KernelWeight):
         if rc != 0:
             raise FormatError(f"the kernel refused {q.name} blocks of shape {self.tensor.shape} (code {rc})")
         return y.reshape(*lead, self.out_features)
+
+    def matmul_q8(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """``x @ W.T`` with ``x`` quantized per block of 32 to int8 and integer dot products per block, as llama.cpp
+        multiplies its quantized types (``accel.formats.mxkernel_q8``): float32 ``[..., K]`` -> float32 ``[..., N]``,
+        equal bit for bit to ``reference_q8_ggml`` (the numpy reference itself where the kernel is not built).
+        ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_F32`` blocks; FormatError for the others."""
+        from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, reference_q8_ggml
+
+        q = self.tensor.qtype
+        if q.name not in GGUF_Q8_TYPES:
+            raise FormatError(f"no int8-activation path for {q.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")
+        x, lead, rows = self._activations(x)
+        if self._lib is None:
+            return reference_q8_ggml(self.tensor, x.reshape(rows, self.in_features)).reshape(*lead, self.out_features)
+        x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
+        y = np.empty((rows, self.out_features), np.float32)
+        rc = self._lib.mxk_linear_q8(
+            *self._ptrs,
+            q.fast,
+            self.out_features,
+            self.tensor.nblocks,
+            x2.ctypes.data,
+            rows,
+            self.in_features,
+            y.ctypes.data,
+            self._threads(threads),
+        )
+        if rc == -2:
+            raise MemoryError("matmul_q8: the kernel could not allocate the quantized activations")
+        if rc != 0:
+            raise FormatError(f"the kernel refused {q.name} blocks of shape {self.tensor.shape} (code {rc})")
+        return y.reshape(*lead, self.out_features)

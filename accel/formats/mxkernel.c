@@ -45,6 +45,8 @@ static void *run_part(void *arg) {
         p->job->fn(p->job->fn_ctx, p->n0, p->n1);
     else if (p->decode_out)
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
+    else if (p->job->xq && is_gguf(p->job->fast))
+        linear_gq8(p->job, p->n0, p->n1, p->job->q8_path);
     else if (p->job->xq)
         linear_q8(p->job, p->n0, p->n1, p->job->q8_path);
     else if (use_fast(p->job) == 2 && is_gguf(p->job->fast))
@@ -247,7 +249,7 @@ int mxk_fast_path(int fast, int block) {
 int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int64_t n,
                int64_t nblocks, float *out, int threads) {
     job_t j = {codes, scales, lut,  NULL, NULL, n,    nblocks * block, nblocks, 0,
-               0,     bits,   block, FAST_NONE, NULL, NULL, 0,         NULL,    NULL};
+               0,     bits,   block, FAST_NONE, NULL, NULL, 0,         NULL,    NULL, NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -257,7 +259,7 @@ int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64
                     int threads) {
     if (!is_gguf(fast)) return -1;
     job_t j = {codes, scales, NULL, NULL, NULL, n, nblocks * 32, nblocks, 0, 0, gguf_bits(fast), 32, fast, NULL, NULL,
-               0, NULL, NULL};
+               0, NULL, NULL, NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -270,7 +272,7 @@ int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, in
                int threads) {
     if (fast < FAST_NONE || fast > FAST_MAX) return -1;
     if (is_gguf(fast) && (bits != gguf_bits(fast) || block != 32 || k != nblocks * 32)) return -1;
-    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0, NULL, NULL};
+    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0, NULL, NULL, NULL};
     return run_parts(&j, threads, NULL);
 }
 
@@ -290,25 +292,31 @@ int mxk_q8_path(void) {
     return max_isa >= 1 && have_avx2() ? 1 : 0;
 }
 
-/* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, the
- * activations quantized per block to int8 first (mxkernel_q8.c: integer dot products per block); -1 for another
- * format or block size, -2 when out of memory */
+/* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, or GGUF
+ * blocks Q8_0, Q4_0, Q4_1, Q4_F32 (fast 4..7; codes and scales as mxk_linear's), the activations quantized per block
+ * to int8 first (mxkernel_q8.c, mxkernel_gq8.c: integer dot products per block); -1 for another format, -2 when out
+ * of memory */
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads) {
-    if (fast != FAST_E2M3 && fast != FAST_E2M1) return -1;
-    int8_t *q = (int8_t *)malloc((size_t)(s * nblocks * 32 > 0 ? s * nblocks * 32 : 1));
-    float *d = (float *)malloc(sizeof(float) * (size_t)(s * nblocks > 0 ? s * nblocks : 1));
-    if (!q || !d) {
+    if (fast != FAST_E2M3 && fast != FAST_E2M1 && !gguf_q8(fast)) return -1;
+    const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
+    int8_t *q = (int8_t *)malloc((size_t)(32 * rb));
+    float *d = (float *)malloc(sizeof(float) * (size_t)rb);
+    float *u = has_offset(fast) ? (float *)malloc(sizeof(float) * (size_t)rb) : NULL;
+    if (!q || !d || (has_offset(fast) && !u)) {
         free(q);
         free(d);
+        free(u);
         return -2;
     }
     mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-    int bits = fast == FAST_E2M3 ? 6 : 4;
+    if (u) mxk_q8_block_sums(q, d, s, nblocks, u);
+    int bits = fast == FAST_E2M3 ? 6 : is_gguf(fast) ? gguf_bits(fast) : 4;
     job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
-               NULL,  NULL};
+               NULL,  NULL, u};
     int rc = run_parts(&j, threads, NULL);
     free(q);
     free(d);
+    free(u);
     return rc;
 }

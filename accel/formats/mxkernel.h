@@ -39,8 +39,9 @@
  * Files (compiled together into one library by mxkernel_build.py): this header (the job, the scale table, what the
  * files share), mxkernel.c (the API, the path dispatch, the thread pool), mxkernel_portable.c, mxkernel_avx2.c,
  * mxkernel_avx512.c (GGUF blocks) and mxkernel_vbmi.c (one per path; the x86 ones are stubs elsewhere; the
- * unpacking helpers the paths share are static inline functions at the end of this header), mxkernel_q8.c (int8
- * activations: integer dot products per block, its own header comment), mxkernel_attn.c (attention over the KV
+ * unpacking helpers the paths share are static inline functions at the end of this header), mxkernel_q8.c and
+ * mxkernel_gq8.c (int8 activations: integer dot products per block, MX and GGUF blocks, each with its own header
+ * comment), mxkernel_attn.c (attention over the KV
  * cache, its own header comment) and mxkernel_ort.c (the onnxruntime operators).
  */
 #ifndef MXKERNEL_H
@@ -57,7 +58,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 6
+#define MXK_VERSION 7
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -127,6 +128,7 @@ typedef struct {
     /* a job of another kind (mxkernel_attn.c): run_parts splits [0, n) and calls fn(fn_ctx, i0, i1) per part */
     void (*fn)(const void *fn_ctx, int64_t i0, int64_t i1);
     const void *fn_ctx;
+    const float *xu; /* GGUF blocks with an offset (mxkernel_gq8.c): xd * the sum of each block's int8 codes [S, nblocks] */
 } job_t;
 
 /* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
@@ -181,6 +183,11 @@ MXK_INTERNAL void linear_avx2(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1); /* GGUF blocks, AVX-512F */
 MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
+MXK_INTERNAL void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path); /* GGUF blocks (mxkernel_gq8.c) */
+/* u[r, b] = d[r, b] * (float)sum(q[r, b, :]) (mxkernel_gq8.c) */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, float *u);
+/* 1 for the GGUF block types with an int8-activation path: Q8_0, Q4_0, Q4_1, Q4_F32 */
+static inline int gguf_q8(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_Q4_F32; }
 /* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
 void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d);
 /* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */

@@ -13,6 +13,11 @@ computes the same float32 result bit for bit: the integer sums of 4 products per
 accumulators and 8 lanes (``reference_q8``, the numpy statement of it, is what the tests compare with). A row's result
 does not depend on the rows per call or the threads. Blocks of 32 along the input features only (the MX default); other
 formats and block sizes are refused.
+
+llama.cpp's blocks (``GGUF_Q8_TYPES``: ``Q8_0``, ``Q4_0``, ``Q4_1`` as stored, ``Q4_F32``) take the same activations
+(``GGMLKernel.matmul_q8``, C file mxkernel_gq8.c), as llama.cpp itself multiplies them: the block's integers (codes,
+nibble - 8, nibble) dotted with the int8 activations, times ``d * dx``, plus ``m * dx * sum(q)`` for the types with
+an offset ``m``; ``reference_q8_ggml`` states the order of the float32 operations.
 """
 
 from __future__ import annotations
@@ -21,14 +26,25 @@ import numpy as np
 
 from accel.errors import FormatError
 from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3
+from accel.formats.ggml import GGMLTensor
 from accel.formats.mx_tensor import MXTensor
 from accel.formats.mxkernel import PackedMX
 from accel.formats.packing import unpack_codes
 
-__all__ = ["Q8_FORMATS", "matmul_q8", "q8_kernel_path", "quantize_q8", "reference_q8"]
+__all__ = [
+    "GGUF_Q8_TYPES",
+    "Q8_FORMATS",
+    "matmul_q8",
+    "q8_kernel_path",
+    "quantize_q8",
+    "reference_q8",
+    "reference_q8_ggml",
+]
 
 #: formats with an int8-activation path, and the shift of their integer weights (value * 2^shift is an integer)
 Q8_FORMATS = {MXFP6_E2M3.name: 3, MXFP4_E2M1.name: 1}
+#: GGUF block layouts with an int8-activation path (``GGMLKernel.matmul_q8``; kernel file mxkernel_gq8.c)
+GGUF_Q8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_F32")
 _F32 = np.float32
 
 
@@ -88,6 +104,43 @@ def reference_q8(w: MXTensor, x: np.ndarray) -> np.ndarray:
         lo = (t[..., 0] + t[..., 4]).astype(_F32) + (t[..., 2] + t[..., 6]).astype(_F32)
         hi = (t[..., 1] + t[..., 5]).astype(_F32) + (t[..., 3] + t[..., 7]).astype(_F32)
         return (lo.astype(_F32) + hi.astype(_F32)).astype(_F32)
+
+
+def _lanes(v: np.ndarray) -> np.ndarray:
+    """H(v) of mxkernel_gq8.c over the last axis (8 lanes): ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))."""
+    lo = (v[..., 0] + v[..., 4]).astype(_F32) + (v[..., 2] + v[..., 6]).astype(_F32)
+    hi = (v[..., 1] + v[..., 5]).astype(_F32) + (v[..., 3] + v[..., 7]).astype(_F32)
+    return (lo.astype(_F32) + hi.astype(_F32)).astype(_F32)
+
+
+def reference_q8_ggml(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
+    """``quantize_q8(x) @ W.T`` for a GGUF-block weight (``GGUF_Q8_TYPES``) in numpy, in the kernel's exact order of
+    float32 operations (accel/formats/mxkernel_gq8.c: ``c_b = d_b * dx_b``, ``acc[b % 4] += float(p_b) * c_b`` per
+    lane, offsets ``off[b % 8] += m_b * (dx_b * sum(q_b))``): float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (tests)."""
+    if t.qtype.name not in GGUF_Q8_TYPES:
+        raise FormatError(f"no int8-activation path for {t.qtype.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")
+    x = np.asarray(x, _F32).reshape(-1, t.shape[1])
+    nb = t.nblocks
+    q, dx = quantize_q8(x, nb)
+    wi = t.integer_codes().astype(np.int64)  # [N, B, 32]
+    d, m = t._d_m()  # float32 [N, B, 1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        parts = np.einsum("sble,nble->snbl", q.reshape(-1, nb, 8, 4).astype(np.int64), wi.reshape(-1, nb, 8, 4))
+        c = (d[None, :, :, 0] * dx[:, None, :]).astype(_F32)  # [S, N, B]
+        prod = (parts.astype(_F32) * c[..., None]).astype(_F32)  # |parts| < 2^24: exact as float32
+        acc = np.zeros((4, *prod.shape[:2], 8), _F32)
+        for b in range(nb):
+            acc[b % 4] = (acc[b % 4] + prod[:, :, b]).astype(_F32)
+        tsum = ((acc[0] + acc[1]).astype(_F32) + (acc[2] + acc[3]).astype(_F32)).astype(_F32)
+        y = _lanes(tsum)
+        if m is None:
+            return y
+        u = (dx * q.astype(np.int64).sum(axis=2).astype(_F32)).astype(_F32)  # [S, B]
+        o = (m[None, :, :, 0] * u[:, None, :]).astype(_F32)  # [S, N, B]
+        off = np.zeros((*o.shape[:2], 8), _F32)
+        for b in range(nb):
+            off[..., b % 8] = (off[..., b % 8] + o[..., b]).astype(_F32)
+        return (y + _lanes(off)).astype(_F32)
 
 
 def q8_kernel_path(packed: PackedMX) -> str:

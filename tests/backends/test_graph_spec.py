@@ -40,6 +40,7 @@ LEGACY = {
     "mxfp6-kernel-q8": ("mxfp6", "kernel", "int8"),
     "mxfp4-kernel-q8": ("mxfp4", "kernel", "int8"),
     "gguf-kernel": ("gguf", "kernel", "float32"),
+    "gguf-kernel-q8": ("gguf", "kernel", "int8"),
 }
 
 #: specs exported and read back (kernel runtimes need the compiled custom operator: their metadata is checked alone)
@@ -276,7 +277,6 @@ def test_unknown_keywords_are_refused_by_name(tmp_path):
         ({"element": "mxint8", "runtime": "kernel", "activations": "int8"}, "int8 activations runs mxfp6, mxfp4"),
         ({"activations": "int8"}, "runtime float takes activations float32; not 'int8'"),
         ({"element": "gguf", "runtime": "nbits"}, "runtime nbits runs the elements mxint8, mxfp6, mxfp4; not gguf"),
-        ({"element": "gguf", "activations": "int8"}, "kernel with int8 activations runs mxfp6, mxfp4; not gguf"),
         ({"element": "mxfp6", "runtime": "packed", "activations": "bf16"}, "takes activations float32; not 'bf16'"),
         ({"element": "mxfp6", "runtime": "nbits", "float_storage": "fp16"}, "float_storage applies to runtimes"),
         ({"element": "mxfp6", "runtime": "packed", "float_storage": "bf16"}, "float_storage='bf16' is not supported"),

@@ -303,7 +303,8 @@ def test_bad_input(path, rng):
 
 def test_kernel_refuses_gguf_arguments_that_do_not_fit(rng):
     """``mxk_linear`` with fast 4, 5, 6 checks bits, block and K (-1: nothing written); unknown format codes too;
-    ``mxk_linear_q8`` (int8 activations) does not take GGUF blocks; ``mxk_decode_ggml`` takes only them."""
+    ``mxk_linear_q8`` (int8 activations) takes only the GGUF layouts with that path (fast 4..7: not I8_F32 and the
+    5-bit ones); ``mxk_decode_ggml`` takes only GGUF blocks."""
     lib = load_kernel()
     if lib is None:
         pytest.skip("the fused kernel cannot be built here")
@@ -317,8 +318,9 @@ def test_kernel_refuses_gguf_arguments_that_do_not_fit(rng):
     assert lib.mxk_linear(c, s, None, 4, 32, 6, 2, 63, 2, *args[3:]) == -1  # K != nblocks * 32
     assert lib.mxk_linear(c, s, None, 4, 32, 11, *args) == -1  # no format 11
     assert np.array_equal(y, np.full((1, 2), 7.0, np.float32))
-    for fast in (4, 5, 6):
+    for fast in (8, 9, 10, 11):
         assert lib.mxk_linear_q8(c, s, fast, 2, 2, x.ctypes.data, 1, 64, y.ctypes.data, 1) == -1
+    assert np.array_equal(y, np.full((1, 2), 7.0, np.float32))
     out = np.empty((2, 64), np.float32)
     assert lib.mxk_decode_ggml(c, s, 2, 2, 2, out.ctypes.data, 1) == -1
     assert lib.mxk_linear(c, s, None, 4, 32, 6, *args) == 0
@@ -395,13 +397,14 @@ def test_ort_node_equals_matmul_bit_for_bit(name, rng):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_ort_node_refuses_graphs_accel_does_not_write(name, rng):
-    """int8 activations, bits that do not match the type, another block size, a format code past 10: NaN outputs."""
+    """activations of another width than 8 or 32 bits, bits that do not match the type, another block size, a format
+    code past 10: NaN outputs (int8 activations: test_ggml_kernel_q8.py)."""
     if load_kernel() is None:
         pytest.skip("the fused kernel cannot be built here")
     t = GGMLTensor.from_blocks(_raw_blocks(rng, name, 5, 64, small=True), name, (5, 64))
     x = np.ones((2, 64), np.float32)
     wrong_bits = 4 if t.qtype.bits == 8 else 8
-    for attrs in ({"act_bits": 8}, {"bits": wrong_bits}, {"block": 16}, {"fast": 11}):
+    for attrs in ({"act_bits": 16}, {"bits": wrong_bits}, {"block": 16}, {"fast": 11}):
         assert np.isnan(_run_node(t, x, **attrs)).all(), attrs
     if name == "Q4_1":  # Q4_1's scales read as Q4_0's: the scales plane is twice the size expected
         assert np.isnan(_run_node(t, x, fast=5)).all()

@@ -1,0 +1,240 @@
+/* GGUF blocks times int8 activations: integer dot products per block, as llama.cpp computes its quantized types.
+ *
+ * Weights (fast 4 Q8_0, 5 Q4_0, 6 Q4_1, 7 Q4_F32; mxkernel.h): a block's 32 integers w (Q8_0: the int8 codes;
+ * Q4_0: nibble - 8; Q4_1, Q4_F32: the nibble), its scale d and (Q4_1, Q4_F32) offset m, each weight d * w (+ m).
+ * Activations: quantized per block of 32 to int8 by mxk_quantize_q8 (mxkernel_q8.c: q, scale dx), and for the types
+ * with an offset u = dx * (float)sum(q) (float32 product; the sum is an exact integer). Then per W row and x row:
+ *
+ *   p_{b,l} = sum_{e = 4l .. 4l+3} q[e] w[e]                  (int32, exact; l = 0..7, the 8 lanes of a block)
+ *   c_b = d_b * dx_b                                           (float32 product)
+ *   acc[b % 4][l] = acc[b % 4][l] + (float)p_{b,l} * c_b       (a product, then a sum; no FMA)
+ *   off[b % 8] = off[b % 8] + m_b * u_b                        (offset types only)
+ *   t = (acc[0] + acc[1]) + (acc[2] + acc[3]);  y = H(t)  (+ H(off) for the offset types)
+ *   H(l) = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+ *
+ * since sum_e x_e (d w_e + m) = d dx sum(q w) + m dx sum(q) for the quantized x. Every path computes exactly this
+ * sequence (no floating-point contraction in this file), so the portable loop and AVX2 (vpmaddubsw on |w| and
+ * sign(w) * q: pair sums <= 2 * 128 * 127, within int16) agree bit
+ * for bit with each other and with accel.formats.mxkernel_q8.reference_q8_ggml, whatever the rows per call and the
+ * threads. The AVX2 path decodes each block once for up to 4 x rows (a verify call's rows), reads 8 blocks' scales as
+ * one vector (F16C converts float16 halves exactly) and keeps a tile's accumulators in registers; CPUs with AVX-512
+ * run it too (an AVX-512 VNNI path, two blocks a register, is not written yet: no such CPU was at hand to test it).
+ */
+#pragma GCC optimize("fp-contract=off")
+#include <string.h>
+
+#include "mxkernel.h"
+
+/* 1 for the block types whose integers may be negative (the dot products then move the sign onto q) */
+static inline int signed_ints(int fast) { return fast == FAST_Q8_0 || fast == FAST_Q4_0; }
+
+/* block b's scale d and offset m (0 where the type has none), exactly */
+static inline void gq8_scales(int fast, const uint8_t *sc, int64_t b, float *d, float *m) {
+    if (f32_scales(fast)) {
+        memcpy(d, sc + 8 * b, 4);
+        memcpy(m, sc + 8 * b + 4, 4);
+    } else if (fast == FAST_Q4_1) {
+        *d = half_at(sc + 4 * b);
+        *m = half_at(sc + 4 * b + 2);
+    } else {
+        *d = half_at(sc + 2 * b);
+        *m = 0.0f;
+    }
+}
+
+/* u[r, b] = d[r, b] * (float)sum(q[r, b, :]) for S rows of nblocks blocks */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, float *u) {
+    for (int64_t i = 0; i < rows * nblocks; i++) {
+        int32_t sum = 0;
+        for (int e = 0; e < 32; e++) sum += q[32 * i + e];
+        u[i] = d[i] * (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------- portable */
+
+static void gq8_ints(int fast, const uint8_t *blk, int32_t w[32]) {
+    for (int e = 0; e < 32; e++) {
+        if (fast == FAST_Q8_0)
+            w[e] = (int8_t)blk[e];
+        else
+            w[e] = (e < 16 ? blk[e] & 15 : blk[e - 16] >> 4) - (fast == FAST_Q4_0 ? 8 : 0);
+    }
+}
+
+static float lanes8(const float l[8]) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+
+static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
+    const int fast = j->fast, bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast);
+    const int64_t nb = j->nblocks;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
+        for (int64_t s = 0; s < j->s; s++) {
+            float acc[4][8] = {{0}}, off[8] = {0}, t[8];
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t w[32];
+                float d, m;
+                gq8_ints(fast, row + bytes * b, w);
+                gq8_scales(fast, sc, b, &d, &m);
+                const int8_t *q = j->xq + (s * nb + b) * 32;
+                float c = d * j->xd[s * nb + b];
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = 0;
+                    for (int e = 4 * l; e < 4 * l + 4; e++) p += (int32_t)q[e] * w[e];
+                    float prod = (float)p * c;
+                    acc[b % 4][l] = acc[b % 4][l] + prod;
+                }
+                if (has_offset(fast)) {
+                    float o = m * j->xu[s * nb + b];
+                    off[b % 8] = off[b % 8] + o;
+                }
+            }
+            for (int l = 0; l < 8; l++) t[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+            float y = lanes8(t);
+            if (has_offset(fast)) y = y + lanes8(off);
+            j->y[s * j->n + n] = y;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------- x86 */
+
+#if MXK_X86
+#define GQ8_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GQ8_TILE 4 /* x rows a decoded block is multiplied into */
+
+/* the scales of blocks b .. b + cnt - 1 (cnt <= 8) -> d[8], m[8] (zeros past cnt), exactly */
+GQ8_AVX2 static inline void group_scales(const int fast, const uint8_t *sc, int64_t b, int cnt, float d[8],
+                                         float m[8]) {
+    if (cnt == 8 && !f32_scales(fast)) {
+        if (fast == FAST_Q4_1) { /* 8 (d, m) pairs of halves: gather the d's, then the m's, 4 per 128-bit lane */
+            const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8,
+                                                  9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+            __m256i h = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(sc + 4 * b)), pick);
+            h = _mm256_permute4x64_epi64(h, 0xD8); /* d0..3 d4..7 | m0..3 m4..7 */
+            _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+            _mm256_storeu_ps(m, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+        } else {
+            _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * b))));
+            memset(m, 0, 8 * sizeof(float));
+        }
+        return;
+    }
+    for (int i = 0; i < 8; i++) {
+        d[i] = m[i] = 0.0f;
+        if (i < cnt) gq8_scales(fast, sc, b + i, &d[i], &m[i]);
+    }
+}
+
+/* the 8 floats at v, zeros past cnt (a masked load: nothing past cnt is read) */
+GQ8_AVX2 static inline __m256 load8(const float *v, int cnt) {
+    if (cnt == 8) return _mm256_loadu_ps(v);
+    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(v, mask);
+}
+
+GQ8_AVX2 static inline float hsum8(__m256 l) { /* H(l) */
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* block b's 32 integers as int8, in weight order */
+GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
+    if (fast == FAST_Q8_0) return _mm256_loadu_si256((const __m256i *)p);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+    __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    return fast == FAST_Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
+}
+
+/* block g + k + I into acc[r][I] of each of the R rows (gq8_rows_avx2's locals) */
+#define GQ8_BLOCK256(I)                                                                                              \
+    do {                                                                                                             \
+        const int64_t b = g + k + (I);                                                                               \
+        __m256i w = block_ints256(fast, row + bytes * b);                                                            \
+        __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;                                                               \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + ((s0 + r) * nb + b) * 32));                    \
+            __m256i sx = sgn ? _mm256_sign_epi8(x, w) : x;                                                           \
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));                       \
+            __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(c[r][k + (I)]));                       \
+            acc[r][I] = _mm256_add_ps(acc[r][I], prod);                                                              \
+        }                                                                                                            \
+    } while (0)
+
+/* AVX2: W row n against x rows s0 .. s0 + R - 1; blocks one at a time, each decoded once for the R rows */
+GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const job_t *j, int64_t n, int64_t s0,
+                                                                         const int fast, const int R) {
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), sgn = signed_ints(fast);
+    const int64_t nb = j->nblocks;
+    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
+    __m256 acc[GQ8_TILE][4], off[GQ8_TILE];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        off[r] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
+    }
+    for (int64_t g = 0; g < nb; g += 8) {
+        const int cnt = nb - g < 8 ? (int)(nb - g) : 8;
+        float d[8], m[8], c[GQ8_TILE][8];
+        group_scales(fast, sc, g, cnt, d, m);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const int64_t at = (s0 + r) * nb + g;
+            _mm256_storeu_ps(c[r], _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt)));
+            if (has_offset(fast))
+                off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
+        }
+        for (int k = 0; k < cnt; k += 4) { /* block g + k + i updates acc[.][i]: g is a multiple of 8 */
+            _mm_prefetch((const char *)(row + bytes * (g + k)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+            GQ8_BLOCK256(0);
+            if (k + 1 < cnt) GQ8_BLOCK256(1);
+            if (k + 2 < cnt) GQ8_BLOCK256(2);
+            if (k + 3 < cnt) GQ8_BLOCK256(3);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+        float y = hsum8(t);
+        if (has_offset(fast)) y = y + hsum8(off[r]);
+        j->y[(s0 + r) * j->n + n] = y;
+    }
+}
+
+/* every output of W rows [n0, n1): x rows in tiles of up to GQ8_TILE, `fast` and the tile size constants at each
+ * inlined call */
+#define GQ8_TILES(ROWS, n, s0, R)                                                                                    \
+    do {                                                                                                             \
+        switch (j->fast) {                                                                                           \
+        case FAST_Q8_0: ROWS(j, n, s0, FAST_Q8_0, R); break;                                                         \
+        case FAST_Q4_0: ROWS(j, n, s0, FAST_Q4_0, R); break;                                                         \
+        case FAST_Q4_1: ROWS(j, n, s0, FAST_Q4_1, R); break;                                                         \
+        default: ROWS(j, n, s0, FAST_Q4_F32, R); break;                                                              \
+        }                                                                                                            \
+    } while (0)
+
+#define GQ8_PATH(TARGET, NAME, ROWS)                                                                                 \
+    TARGET static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                               \
+        for (int64_t n = n0; n < n1; n++) {                                                                          \
+            int64_t s = 0;                                                                                           \
+            for (; s + GQ8_TILE <= j->s; s += GQ8_TILE) GQ8_TILES(ROWS, n, s, GQ8_TILE);                             \
+            switch (j->s - s) {                                                                                      \
+            case 3: GQ8_TILES(ROWS, n, s, 3); break;                                                                 \
+            case 2: GQ8_TILES(ROWS, n, s, 2); break;                                                                 \
+            case 1: GQ8_TILES(ROWS, n, s, 1); break;                                                                 \
+            default: break;                                                                                          \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+GQ8_PATH(GQ8_AVX2, gq8_avx2, gq8_rows_avx2)
+#else
+static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
+#endif
+
+/* the int8-activation path of GGUF blocks: AVX2 where mxk_q8_path allows any SIMD path (1, 2, 3: AVX-512 CPUs run
+ * the AVX2 code too), else portable */
+void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path) {
+    if (path >= 1)
+        gq8_avx2(j, n0, n1);
+    else
+        gq8_portable(j, n0, n1);
+}
