@@ -27,7 +27,6 @@ from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
 from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.formats.mxkernel import code_table, default_threads, fast_code
 from accel.formats.mxkernel_build import kernel_status, load_kernel
-from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES
 
 __all__ = [
     "DOMAIN",
@@ -61,15 +60,13 @@ def mx_linear(
 ) -> str:
     """``xin @ W^T`` for the MX weights ``ts`` (named ``names``) joined along their outputs, as one ``MXLinear``
     node; returns its output name. ``act_bits`` 8: the activations quantized to int8 per block of 32 (attribute
-    ``act_bits``; MXFP6 E2M3 and MXFP4 E2M1, BackendError for other MX formats; GGUF blocks of ``GGUF_Q8_TYPES``,
-    other GGUF layouts keep float32 activations; ``accel.formats.mxkernel_q8``); 32: float32 (no attribute)."""
+    ``act_bits``; MXFP6 E2M3, MXFP4 E2M1 and every GGUF layout, BackendError for other MX formats;
+    ``accel.formats.mxkernel_q8``); 32: float32 (no attribute)."""
     kinds = {t.qtype.name if isinstance(t, GGMLTensor) else t.fmt.name for t in ts}
     if len({t.shape[1] for t in ts}) != 1 or len(kinds) != 1:
         raise BackendError(f"weights {tuple(names)} differ in input features or format; they cannot share an MXLinear")
     if isinstance(ts[0], GGMLTensor):
         joined = GGMLTensor.concat(ts)
-        if joined.qtype.name not in GGUF_Q8_TYPES:  # no int8-activation path: this node keeps float32 activations
-            act_bits = 32
         codes, scales = [joined.codes.reshape(-1)], [joined.scales.reshape(joined.shape[0], -1)]
         bits, fast, table = joined.qtype.bits, joined.qtype.fast, np.zeros(256, np.float32)
     else:
@@ -132,11 +129,11 @@ def check_mx_kernel_graph(path: str | Path) -> None:
 
     Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..10 = GGUF Q8_0/Q4_0/Q4_1/
     Q4_F32/I8_F32/Q5S_F32/Q5_F32 with ``bits`` 8/4/4/4/8/5/5; ``block`` 32, ``K`` a multiple of 32, ``act_bits``
-    absent, 32 or 8 with E2M3/E2M1), the codes and scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32``
-    elements, GGUF: times the block's 2 to 16 scale bytes) and the value table (the format's ``code_table`` bit for
-    bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a multiple of
-    ``num_kv_heads``. The kernel itself computes NaN for sizes it does not expect, but a ``fast`` code that
-    disagrees with ``bits`` or a foreign value table gives other numbers without a word (fast 2 on MXFP6 codes:
+    absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts), the codes and scales initializers (uint8, ``N*K*bits/8``
+    and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale bytes) and the value table (the format's
+    ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a
+    multiple of ``num_kv_heads``. The kernel itself computes NaN for sizes it does not expect, but a ``fast`` code
+    that disagrees with ``bits`` or a foreign value table gives other numbers without a word (fast 2 on MXFP6 codes:
     logits off by ~8 on a test decoder)."""
     import onnx
 
@@ -181,7 +178,6 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
     if (
         (fmt is None and ggml is None)
         or a["bits"] != (fmt.bits if fmt is not None else ggml.bits)  # type: ignore[union-attr]
-        or (ggml is not None and act_bits != 32 and ggml.name not in GGUF_Q8_TYPES)
         or a["block"] != 32
         or a["N"] < 1
         or a["K"] < 32
@@ -192,7 +188,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
             "4..10 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32/Q5S_F32/Q5_F32 with bits 8/4/4/4/8/5/5, block 32, K a multiple "
-            "of 32, act_bits 8 only with E2M3/E2M1/Q8_0/Q4_0/Q4_1/Q4_F32)"
+            "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts)"
         )
     scale_bytes = ggml.scale_bytes if ggml is not None else 1
     want = {

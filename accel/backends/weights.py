@@ -22,8 +22,8 @@
   (``accel.formats.ggml``: llama.cpp's exact values, float32 activations); tensors of other types dequantized to
   float32. Exports from a ``.gguf`` path only.
 - ``gguf-kernel-q8``: the same blocks with the activations quantized to int8 per block of 32 and integer dot products
-  per block, as llama.cpp multiplies them (``GGMLKernel.matmul_q8``): ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_K`` (as
-  ``Q4_F32``) blocks; the file's other block types keep float32 activations. Exports from a ``.gguf`` path only.
+  per block, as llama.cpp multiplies them (``GGMLKernel.matmul_q8``), every block type ``gguf-kernel`` runs. Exports
+  from a ``.gguf`` path only.
 
 docs/backends.md describes each in full.
 """

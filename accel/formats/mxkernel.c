@@ -293,24 +293,25 @@ int mxk_q8_path(void) {
 }
 
 /* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, or GGUF
- * blocks Q8_0, Q4_0, Q4_1, Q4_F32 (fast 4..7; codes and scales as mxk_linear's), the activations quantized per block
+ * blocks (fast 4..10; codes and scales as mxk_linear's), the activations quantized per block
  * to int8 first (mxkernel_q8.c, mxkernel_gq8.c: integer dot products per block); -1 for another format, -2 when out
  * of memory */
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads) {
-    if (fast != FAST_E2M3 && fast != FAST_E2M1 && !gguf_q8(fast)) return -1;
+    if (fast != FAST_E2M3 && fast != FAST_E2M1 && !is_gguf(fast)) return -1;
     const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
+    const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: an offset per 16 weights */
     int8_t *q = (int8_t *)malloc((size_t)(32 * rb));
     float *d = (float *)malloc(sizeof(float) * (size_t)rb);
-    float *u = has_offset(fast) ? (float *)malloc(sizeof(float) * (size_t)rb) : NULL;
-    if (!q || !d || (has_offset(fast) && !u)) {
+    float *u = is_gguf(fast) && has_offset(fast) ? (float *)malloc(sizeof(float) * (size_t)(halves * rb)) : NULL;
+    if (!q || !d || (is_gguf(fast) && has_offset(fast) && !u)) {
         free(q);
         free(d);
         free(u);
         return -2;
     }
     mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-    if (u) mxk_q8_block_sums(q, d, s, nblocks, u);
+    if (u) mxk_q8_block_sums(q, d, s, nblocks, halves, u);
     int bits = fast == FAST_E2M3 ? 6 : is_gguf(fast) ? gguf_bits(fast) : 4;
     job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
                NULL,  NULL, u};

@@ -50,6 +50,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -184,10 +185,8 @@ MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1); /* GGUF blocks, AVX-512F */
 MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
 MXK_INTERNAL void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path); /* GGUF blocks (mxkernel_gq8.c) */
-/* u[r, b] = d[r, b] * (float)sum(q[r, b, :]) (mxkernel_gq8.c) */
-void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, float *u);
-/* 1 for the GGUF block types with an int8-activation path: Q8_0, Q4_0, Q4_1, Q4_F32 */
-static inline int gguf_q8(int fast) { return fast >= FAST_Q8_0 && fast <= FAST_Q4_F32; }
+/* u[r, b, h] = d[r, b] * (float)sum of block b's codes (halves 1) or of each half's (halves 2) (mxkernel_gq8.c) */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u);
 /* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
 void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d);
 /* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */
@@ -231,6 +230,18 @@ MXK_AVX2 static inline __m256i unpack_fp6(const uint8_t *p) {
     c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 2), _mm256_set1_epi32(0x3F00)));
     c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 4), _mm256_set1_epi32(0x3F0000)));
     return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 6), _mm256_set1_epi32(0x3F000000)));
+}
+
+/* the 32 fifth bits at p (4 bytes, bit i: code i) as bytes 16 or 0, in code order: each byte of the broadcast mask
+ * copied to the 8 result bytes it covers, then tested against that byte's own bit */
+MXK_AVX2 static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t m;
+    memcpy(&m, p, 4);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
 }
 
 /* E2M3 codes (bytes 0..63) -> value * 8 as int8: magnitude s.ee.mmm: e = 0, 1 give the low 4 bits themselves;

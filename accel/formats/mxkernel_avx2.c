@@ -27,18 +27,6 @@ AVX2 static inline __m256i gguf_nibbles(const uint8_t *p) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-/* the 32 fifth bits at p (4 bytes, bit i: code i) as bytes 16 or 0, in code order: each byte of the broadcast mask
- * copied to the 8 result bytes it covers, then tested against that byte's own bit */
-AVX2 static inline __m256i fifth_bits(const uint8_t *p) {
-    uint32_t m;
-    memcpy(&m, p, 4);
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                          3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
-}
-
 /* MX block b's 32 exact float32 weights; s: its E8M0 scale code, read via scale_tab (GGUF blocks: row_dot_gguf) */
 AVX2 static inline __attribute__((always_inline)) void block_weights(const int fast, const uint8_t *row,
                                                                      const float *scale_tab, int64_t b,

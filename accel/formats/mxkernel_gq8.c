@@ -26,11 +26,14 @@
 #include "mxkernel.h"
 
 /* 1 for the block types whose integers may be negative (the dot products then move the sign onto q) */
-static inline int signed_ints(int fast) { return fast == FAST_Q8_0 || fast == FAST_Q4_0; }
+static inline int signed_ints(int fast) { return fast != FAST_Q4_1 && fast != FAST_Q4_F32 && fast != FAST_Q5_F32; }
 
-/* block b's scale d and offset m (0 where the type has none), exactly */
+/* block b's scale d and offset m (0 where the type has none), exactly (I8_F32: those of weights 0..15) */
 static inline void gq8_scales(int fast, const uint8_t *sc, int64_t b, float *d, float *m) {
-    if (f32_scales(fast)) {
+    if (fast == FAST_I8_F32) {
+        memcpy(d, sc + 16 * b, 4);
+        memcpy(m, sc + 16 * b + 4, 4);
+    } else if (f32_scales(fast)) {
         memcpy(d, sc + 8 * b, 4);
         memcpy(m, sc + 8 * b + 4, 4);
     } else if (fast == FAST_Q4_1) {
@@ -42,23 +45,29 @@ static inline void gq8_scales(int fast, const uint8_t *sc, int64_t b, float *d, 
     }
 }
 
-/* u[r, b] = d[r, b] * (float)sum(q[r, b, :]) for S rows of nblocks blocks */
-void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, float *u) {
-    for (int64_t i = 0; i < rows * nblocks; i++) {
-        int32_t sum = 0;
-        for (int e = 0; e < 32; e++) sum += q[32 * i + e];
-        u[i] = d[i] * (float)sum;
-    }
+/* u[r, b, h] = d[r, b] * (float)sum(q[r, b, 32 / halves * h ..]) for S rows of nblocks blocks: halves 1 (the
+ * block's sum) or 2 (the sums of codes 0..15 and 16..31, for I8_F32's two offsets) */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u) {
+    const int len = 32 / halves;
+    for (int64_t i = 0; i < rows * nblocks; i++)
+        for (int h = 0; h < halves; h++) {
+            int32_t sum = 0;
+            for (int e = 0; e < len; e++) sum += q[32 * i + len * h + e];
+            u[halves * i + h] = d[i] * (float)sum;
+        }
 }
 
 /* ------------------------------------------------------------------------------------------------- portable */
 
 static void gq8_ints(int fast, const uint8_t *blk, int32_t w[32]) {
     for (int e = 0; e < 32; e++) {
-        if (fast == FAST_Q8_0)
+        if (!nibble_codes(fast)) { /* Q8_0, I8_F32 */
             w[e] = (int8_t)blk[e];
-        else
-            w[e] = (e < 16 ? blk[e] & 15 : blk[e - 16] >> 4) - (fast == FAST_Q4_0 ? 8 : 0);
+            continue;
+        }
+        w[e] = e < 16 ? blk[e] & 15 : blk[e - 16] >> 4;
+        if (q5_codes(fast)) w[e] |= ((blk[16 + e / 8] >> (e % 8)) & 1) << 4;
+        w[e] -= code_offset(fast);
     }
 }
 
@@ -73,18 +82,26 @@ static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
             float acc[4][8] = {{0}}, off[8] = {0}, t[8];
             for (int64_t b = 0; b < nb; b++) {
                 int32_t w[32];
-                float d, m;
+                float d, m, d1 = 0.0f, m1 = 0.0f;
                 gq8_ints(fast, row + bytes * b, w);
                 gq8_scales(fast, sc, b, &d, &m);
+                if (fast == FAST_I8_F32) { /* weights 16..31: their own d and m */
+                    memcpy(&d1, sc + 16 * b + 8, 4);
+                    memcpy(&m1, sc + 16 * b + 12, 4);
+                }
                 const int8_t *q = j->xq + (s * nb + b) * 32;
-                float c = d * j->xd[s * nb + b];
+                const float dx = j->xd[s * nb + b], c0 = d * dx, c1 = fast == FAST_I8_F32 ? d1 * dx : c0;
                 for (int l = 0; l < 8; l++) {
                     int32_t p = 0;
                     for (int e = 4 * l; e < 4 * l + 4; e++) p += (int32_t)q[e] * w[e];
-                    float prod = (float)p * c;
+                    float prod = (float)p * (l < 4 ? c0 : c1);
                     acc[b % 4][l] = acc[b % 4][l] + prod;
                 }
-                if (has_offset(fast)) {
+                if (fast == FAST_I8_F32) {
+                    const float *u = j->xu + 2 * (s * nb + b);
+                    float o0 = m * u[0], o1 = m1 * u[1];
+                    off[b % 8] = off[b % 8] + (o0 + o1);
+                } else if (has_offset(fast)) {
                     float o = m * j->xu[s * nb + b];
                     off[b % 8] = off[b % 8] + o;
                 }
@@ -106,7 +123,14 @@ static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
 /* the scales of blocks b .. b + cnt - 1 (cnt <= 8) -> d[8], m[8] (zeros past cnt), exactly */
 GQ8_AVX2 static inline void group_scales(const int fast, const uint8_t *sc, int64_t b, int cnt, float d[8],
                                          float m[8]) {
-    if (cnt == 8 && !f32_scales(fast)) {
+    if (cnt == 8 && f32_scales(fast)) { /* 8 float32 (d, m) pairs: even floats, then odd ones */
+        __m256 a = _mm256_loadu_ps((const float *)(sc + 8 * b)), c = _mm256_loadu_ps((const float *)(sc + 8 * b + 32));
+        __m256 dd = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0)), mm = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+        _mm256_storeu_ps(d, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(dd), 0xD8)));
+        _mm256_storeu_ps(m, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mm), 0xD8)));
+        return;
+    }
+    if (cnt == 8) {
         if (fast == FAST_Q4_1) { /* 8 (d, m) pairs of halves: gather the d's, then the m's, 4 per 128-bit lane */
             const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8,
                                                   9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
@@ -141,11 +165,12 @@ GQ8_AVX2 static inline float hsum8(__m256 l) { /* H(l) */
 
 /* block b's 32 integers as int8, in weight order */
 GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
-    if (fast == FAST_Q8_0) return _mm256_loadu_si256((const __m256i *)p);
+    if (!nibble_codes(fast)) return _mm256_loadu_si256((const __m256i *)p); /* Q8_0, I8_F32 */
     __m128i v = _mm_loadu_si128((const __m128i *)p);
     __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
     __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    return fast == FAST_Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
+    if (q5_codes(fast)) w = _mm256_or_si256(w, fifth_bits(p + 16));
+    return code_offset(fast) ? _mm256_sub_epi8(w, _mm256_set1_epi8((char)code_offset(fast))) : w;
 }
 
 /* block g + k + I into acc[r][I] of each of the R rows (gq8_rows_avx2's locals) */
@@ -154,12 +179,27 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
         const int64_t b = g + k + (I);                                                                               \
         __m256i w = block_ints256(fast, row + bytes * b);                                                            \
         __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;                                                               \
+        __m256 dv = _mm256_setzero_ps(); /* I8_F32: d0 in lanes 0..3, d1 in lanes 4..7 */                            \
+        float m0 = 0.0f, m1 = 0.0f;                                                                                  \
+        if (fast == FAST_I8_F32) {                                                                                   \
+            const float *dm = (const float *)(sc + 16 * b);                                                          \
+            dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(dm)),                                  \
+                                          _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));                                \
+            memcpy(&m0, dm + 1, 4);                                                                                  \
+            memcpy(&m1, dm + 3, 4);                                                                                  \
+        }                                                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
-            __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + ((s0 + r) * nb + b) * 32));                    \
+            const int64_t at = (s0 + r) * nb + b;                                                                    \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + at * 32));                                     \
             __m256i sx = sgn ? _mm256_sign_epi8(x, w) : x;                                                           \
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));                       \
-            __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(c[r][k + (I)]));                       \
-            acc[r][I] = _mm256_add_ps(acc[r][I], prod);                                                              \
+            __m256 cv = fast == FAST_I8_F32 ? _mm256_mul_ps(dv, _mm256_set1_ps(j->xd[at]))                           \
+                                            : _mm256_set1_ps(c[r][k + (I)]);                                         \
+            acc[r][I] = _mm256_add_ps(acc[r][I], _mm256_mul_ps(_mm256_cvtepi32_ps(p), cv));                          \
+            if (fast == FAST_I8_F32) {                                                                               \
+                float o0 = m0 * j->xu[2 * at], o1 = m1 * j->xu[2 * at + 1];                                          \
+                offs[r][k + (I)] = offs[r][k + (I)] + (o0 + o1);                                                     \
+            }                                                                                                        \
         }                                                                                                            \
     } while (0)
 
@@ -170,6 +210,7 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
     const int64_t nb = j->nblocks;
     const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
     __m256 acc[GQ8_TILE][4], off[GQ8_TILE];
+    float offs[GQ8_TILE][8] = {{0}}; /* I8_F32's offsets, lane b % 8 (the others': off, 8 blocks at a time) */
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         off[r] = _mm256_setzero_ps();
         _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
@@ -177,12 +218,14 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
     for (int64_t g = 0; g < nb; g += 8) {
         const int cnt = nb - g < 8 ? (int)(nb - g) : 8;
         float d[8], m[8], c[GQ8_TILE][8];
-        group_scales(fast, sc, g, cnt, d, m);
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const int64_t at = (s0 + r) * nb + g;
-            _mm256_storeu_ps(c[r], _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt)));
-            if (has_offset(fast))
-                off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
+        if (fast != FAST_I8_F32) {
+            group_scales(fast, sc, g, cnt, d, m);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const int64_t at = (s0 + r) * nb + g;
+                _mm256_storeu_ps(c[r], _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt)));
+                if (has_offset(fast))
+                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
+            }
         }
         for (int k = 0; k < cnt; k += 4) { /* block g + k + i updates acc[.][i]: g is a multiple of 8 */
             _mm_prefetch((const char *)(row + bytes * (g + k)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
@@ -195,7 +238,10 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
         float y = hsum8(t);
-        if (has_offset(fast)) y = y + hsum8(off[r]);
+        if (fast == FAST_I8_F32)
+            y = y + hsum8(_mm256_loadu_ps(offs[r]));
+        else if (has_offset(fast))
+            y = y + hsum8(off[r]);
         j->y[(s0 + r) * j->n + n] = y;
     }
 }
@@ -208,7 +254,10 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
         case FAST_Q8_0: ROWS(j, n, s0, FAST_Q8_0, R); break;                                                         \
         case FAST_Q4_0: ROWS(j, n, s0, FAST_Q4_0, R); break;                                                         \
         case FAST_Q4_1: ROWS(j, n, s0, FAST_Q4_1, R); break;                                                         \
-        default: ROWS(j, n, s0, FAST_Q4_F32, R); break;                                                              \
+        case FAST_Q4_F32: ROWS(j, n, s0, FAST_Q4_F32, R); break;                                                     \
+        case FAST_I8_F32: ROWS(j, n, s0, FAST_I8_F32, R); break;                                                     \
+        case FAST_Q5S_F32: ROWS(j, n, s0, FAST_Q5S_F32, R); break;                                                   \
+        default: ROWS(j, n, s0, FAST_Q5_F32, R); break;                                                              \
         }                                                                                                            \
     } while (0)
 

@@ -9,7 +9,7 @@
  * the blocks' scales (N * K / 32 * block_scale_bytes: float16 d, Q4_1 d then m; float32 d then m for Q4_F32 and the
  * 5-bit types, d0 m0 d1 m1 for I8_F32), lut
  * still a float32 [256] input that is not read. Attribute act_bits 8 (optional; default 32, float32 activations):
- * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and the GGUF types Q8_0, Q4_0, Q4_1, Q4_F32.
+ * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and every GGUF type (fast 4..10).
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
  * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already
  * builds and loads for PackedMX (mxkernel_build.py).
@@ -148,7 +148,7 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
     }
     if (failed(api, get(info, "act_bits", &m->act_bits))) m->act_bits = 32; /* absent: float32 activations */
     if (m->act_bits != 32 &&
-        !(m->act_bits == 8 && m->block == 32 && (m->fast == FAST_E2M3 || m->fast == FAST_E2M1 || gguf_q8((int)m->fast))))
+        !(m->act_bits == 8 && m->block == 32 && (m->fast == FAST_E2M3 || m->fast == FAST_E2M1 || is_gguf((int)m->fast))))
         m->n = -1;
     return m;
 }

@@ -43,8 +43,8 @@ __all__ = [
 
 #: formats with an int8-activation path, and the shift of their integer weights (value * 2^shift is an integer)
 Q8_FORMATS = {MXFP6_E2M3.name: 3, MXFP4_E2M1.name: 1}
-#: GGUF block layouts with an int8-activation path (``GGMLKernel.matmul_q8``; kernel file mxkernel_gq8.c)
-GGUF_Q8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_F32")
+#: GGUF block layouts with an int8-activation path (``GGMLKernel.matmul_q8``; kernel file mxkernel_gq8.c): all of them
+GGUF_Q8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_F32", "I8_F32", "Q5S_F32", "Q5_F32")
 _F32 = np.float32
 
 
@@ -116,18 +116,21 @@ def _lanes(v: np.ndarray) -> np.ndarray:
 def reference_q8_ggml(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
     """``quantize_q8(x) @ W.T`` for a GGUF-block weight (``GGUF_Q8_TYPES``) in numpy, in the kernel's exact order of
     float32 operations (accel/formats/mxkernel_gq8.c: ``c_b = d_b * dx_b``, ``acc[b % 4] += float(p_b) * c_b`` per
-    lane, offsets ``off[b % 8] += m_b * (dx_b * sum(q_b))``): float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (tests)."""
+    lane, offsets ``off[b % 8] += m_b * (dx_b * sum(q_b))``; ``I8_F32``: a d per 16 weights, and the offset term
+    ``m_b0 * u_b0 + m_b1 * u_b1`` over the two halves' sums): float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (tests)."""
     if t.qtype.name not in GGUF_Q8_TYPES:
         raise FormatError(f"no int8-activation path for {t.qtype.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")
     x = np.asarray(x, _F32).reshape(-1, t.shape[1])
     nb = t.nblocks
     q, dx = quantize_q8(x, nb)
     wi = t.integer_codes().astype(np.int64)  # [N, B, 32]
-    d, m = t._d_m()  # float32 [N, B, 1]
+    d, m = t._d_m()  # float32 [N, B, 1], or (I8_F32) [N, B, 32]: each weight's own
+    halves = 2 if t.qtype.name == "I8_F32" else 1
+    d_lane = np.repeat(d[..., :: 32 // halves], 8 // halves, axis=-1)  # [N, B, 8]: the d of each lane's weights
     with np.errstate(over="ignore", invalid="ignore"):
         parts = np.einsum("sble,nble->snbl", q.reshape(-1, nb, 8, 4).astype(np.int64), wi.reshape(-1, nb, 8, 4))
-        c = (d[None, :, :, 0] * dx[:, None, :]).astype(_F32)  # [S, N, B]
-        prod = (parts.astype(_F32) * c[..., None]).astype(_F32)  # |parts| < 2^24: exact as float32
+        c = (d_lane[None] * dx[:, None, :, None]).astype(_F32)  # [S, N, B, 8]
+        prod = (parts.astype(_F32) * c).astype(_F32)  # |parts| < 2^24: exact as float32
         acc = np.zeros((4, *prod.shape[:2], 8), _F32)
         for b in range(nb):
             acc[b % 4] = (acc[b % 4] + prod[:, :, b]).astype(_F32)
@@ -135,8 +138,11 @@ def reference_q8_ggml(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
         y = _lanes(tsum)
         if m is None:
             return y
-        u = (dx * q.astype(np.int64).sum(axis=2).astype(_F32)).astype(_F32)  # [S, B]
-        o = (m[None, :, :, 0] * u[:, None, :]).astype(_F32)  # [S, N, B]
+        sums = q.astype(np.int64).reshape(*q.shape[:2], halves, 32 // halves).sum(axis=3)  # [S, B, halves]
+        u = (dx[..., None] * sums.astype(_F32)).astype(_F32)
+        m_half = m[..., :: 32 // halves]  # [N, B, halves]
+        terms = (m_half[None] * u[:, None]).astype(_F32)  # [S, N, B, halves]
+        o = terms[..., 0] if halves == 1 else (terms[..., 0] + terms[..., 1]).astype(_F32)
         off = np.zeros((*o.shape[:2], 8), _F32)
         for b in range(nb):
             off[..., b % 8] = (off[..., b % 8] + o[..., b]).astype(_F32)

@@ -1,10 +1,10 @@
 """``weights="gguf-kernel-q8"``: a ``.gguf`` file's own blocks with int8 activations (``GGMLKernel.matmul_q8``) in
 real onnxruntime sessions.
 
-The graph is the ``gguf-kernel`` graph with ``act_bits=8`` on every ``MXLinear`` whose blocks have an int8-activation
-path (``Q8_0``, ``Q4_0``, ``Q4_1``, and ``Q4_K`` repacked as ``Q4_F32``); the others (``Q6_K`` as ``I8_F32``) keep
-float32 activations. Its logits are close to (not equal to) the float-activation graph's, a 4-token call's rows equal
-the same tokens scored one by one bit for bit, greedy SpD on it is its own greedy AR, and token trees are refused.
+The graph is the ``gguf-kernel`` graph with ``act_bits=8`` on every ``MXLinear`` (``Q8_0``, ``Q4_0``, ``Q4_1`` as
+stored, ``Q4_K`` repacked as ``Q4_F32``, ``Q6_K`` as ``I8_F32``, ``Q5_0`` as ``Q5S_F32``). Its logits are close to
+(not equal to) the float-activation graph's, a 4-token call's rows equal the same tokens scored one by one bit for
+bit, greedy SpD on it is its own greedy AR, and token trees are refused.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(mxkernel_build.load_kernel() is None, reason="the fused MX kernel cannot be built")
 
 CFG = ModelConfig(vocab_size=96, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
-#: per GGUF tensor name suffix, its block type: every layout with an int8-activation path, and Q6_K (I8_F32) without
-TYPES = {"attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_1", "ffn_gate": "Q4_K",
+#: per GGUF tensor name suffix, its block type (six of the kernel's seven layouts)
+TYPES = {"attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_1", "ffn_gate": "Q4_K",
          "ffn_up": "Q4_K", "ffn_down": "Q6_K", "output": "Q4_1"}  # fmt: skip
-Q8_FAST = {GGML_TYPES[n].fast for n in ("Q8_0", "Q4_0", "Q4_1", "Q4_F32")}
+LAYOUTS = {GGML_TYPES[n].fast for n in ("Q8_0", "Q4_0", "Q5S_F32", "Q4_1", "Q4_F32", "I8_F32")}
 
 
 def _type(gname: str) -> str:
@@ -51,12 +51,12 @@ def graphs(tmp_path_factory):
     return src, q8, f32, draft
 
 
-def test_int8_activations_where_the_blocks_have_the_path(graphs):
+def test_int8_activations_on_every_linear(graphs):
     _, q8, f32, _ = graphs
     model = onnx.load(str(q8), load_external_data=False)
     nodes = [{a.name: int(a.i) for a in n.attribute} for n in model.graph.node if n.op_type == "MXLinear"]
-    assert nodes and all((a.get("act_bits") == 8) == (a["fast"] in Q8_FAST) for a in nodes)
-    assert {a["fast"] for a in nodes if "act_bits" not in a} == {GGML_TYPES["I8_F32"].fast}  # Q6_K down_proj
+    assert nodes and all(a.get("act_bits") == 8 for a in nodes)
+    assert {a["fast"] for a in nodes} == LAYOUTS
     assert {p.key: p.value for p in model.metadata_props}["accel.weights"] == "gguf-kernel-q8"
     check_mx_kernel_graph(q8)
     float_nodes = onnx.load(str(f32), load_external_data=False).graph.node

@@ -1,9 +1,10 @@
 """llama.cpp's blocks times int8 activations (``GGMLKernel.matmul_q8``, accel/formats/mxkernel_gq8.c).
 
-Every kernel path (portable C, AVX2; ``set_isa`` levels 0 to 3, AVX-512 CPUs running the AVX2 code) equals the numpy statement of the
-arithmetic (``reference_q8_ggml``) bit for bit for ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_F32`` blocks: row counts
-across the 4-row tiles, block counts across the 8-block scale groups and the 2-block registers, special float16
-scales (subnormal, zero, infinite, NaN), a code of -128, an all-zero activation block, 1 and 3 threads. The reference
+Every kernel path (portable C, AVX2; ``set_isa`` levels 0 to 3, AVX-512 CPUs running the AVX2 code) equals the numpy
+statement of the arithmetic (``reference_q8_ggml``) bit for bit for every block layout (``Q8_0``, ``Q4_0``, ``Q4_1``
+as stored; ``Q4_F32``, ``I8_F32``, ``Q5S_F32``, ``Q5_F32`` holding the repacked K-quant and Q5 types): row counts
+across the 4-row tiles, block counts across the 8-block scale groups and the 2-block registers, special scales
+(subnormal, zero, infinite, NaN), a code of -128, an all-zero activation block, 1 and 3 threads. The reference
 itself is checked against a mutated one (offset dropped, nibbles swapped) and the activation rounding against its
 bound; the onnxruntime node with ``act_bits=8`` runs the same numbers.
 """
@@ -36,12 +37,20 @@ def _best_isa():
 
 
 def _tensor(rng: np.random.Generator, name: str, n: int, k: int, special: bool = False) -> GGMLTensor:
-    """Random blocks of a stored type, or ``Q4_F32``: ``Q4_1``'s codes with float32 scales and offsets."""
+    """Random blocks of a stored type (``_raw_blocks``: random codes, random float16 scales), or of a repacked layout:
+    random code bytes and float32 scales (``special``: some zero, subnormal, infinite and NaN)."""
     if name in STORED:
         return GGMLTensor.from_blocks(_raw_blocks(rng, name, n, k, special=special, small=not special), name, (n, k))
-    q41 = _tensor(rng, "Q4_1", n, k, special)
-    f = q41.scales.view("<f2").astype(np.float32) * np.float32(1.0 + 2.0**-12)  # float32 values no half holds
-    return GGMLTensor(GGML_TYPES["Q4_F32"], (n, k), q41.codes, f.view(np.uint8))
+    t = GGML_TYPES[name]
+    codes = rng.integers(0, 256, (n, k // 32, t.code_bytes)).astype(np.uint8)
+    f = (rng.standard_normal((n, k // 32, t.scale_bytes // 4)) * 2.0 ** rng.integers(-8, 2, (n, 1, 1))).astype(
+        np.float32
+    )
+    if special:
+        flat = f.reshape(-1)
+        pick = rng.choice(flat.size, 5, replace=False)
+        flat[pick] = [0.0, -0.0, 1e-40, np.inf, np.nan]
+    return GGMLTensor(t, (n, k), codes, f.view(np.uint8))
 
 
 @pytest.mark.parametrize("name", GGUF_Q8_TYPES)
@@ -83,6 +92,17 @@ def test_the_reference_sees_the_offset_and_the_nibble_order(rng):
     q80 = _tensor(rng, "Q8_0", 8, 128)
     unsigned = GGMLTensor(q80.qtype, q80.shape, q80.codes ^ np.uint8(0x80), q80.scales)  # code + 128 (mod 256)
     assert not _same(GGMLKernel(q80).matmul_q8(x), reference_q8_ggml(unsigned, x))
+    i8 = _tensor(rng, "I8_F32", 8, 128)  # the two halves' (d, m) swapped
+    halves = i8.scales.view("<f4").reshape(8, 4, 2, 2)[:, :, ::-1].copy().view(np.uint8).reshape(i8.scales.shape)
+    assert not _same(
+        GGMLKernel(i8).matmul_q8(x), reference_q8_ggml(GGMLTensor(i8.qtype, i8.shape, i8.codes, halves), x)
+    )
+    q5 = _tensor(rng, "Q5S_F32", 8, 128)  # the fifth bits dropped
+    no_fifth = q5.codes.copy()
+    no_fifth[..., 16:] = 0
+    assert not _same(
+        GGMLKernel(q5).matmul_q8(x), reference_q8_ggml(GGMLTensor(q5.qtype, q5.shape, no_fifth, q5.scales), x)
+    )
 
 
 def _with_zero_m(t: GGMLTensor) -> np.ndarray:
@@ -110,17 +130,14 @@ def test_activation_rounding_stays_within_its_bound(name, rng):
 
 
 def test_bad_input_is_refused(rng):
-    t = GGMLTensor.from_blocks(rng.integers(0, 256, 4 * 2 * 210).astype(np.uint8), "Q6_K", (4, 512))
-    with pytest.raises(FormatError, match="no int8-activation path for I8_F32 blocks; supported: Q8_0"):
-        GGMLKernel(t).matmul_q8(np.zeros((1, 512), np.float32))
-    with pytest.raises(FormatError, match="no int8-activation path for I8_F32"):
-        reference_q8_ggml(t, np.zeros((1, 512), np.float32))
     g = GGMLKernel(_tensor(rng, "Q4_1", 4, 64))
     with pytest.raises(FormatError, match="float32 activations"):
         g.matmul_q8(np.zeros((1, 63), np.float32))
+    with pytest.raises(FormatError, match="float32 activations"):
+        g.matmul_q8(np.zeros((1, 64), np.float64))
 
 
-@pytest.mark.parametrize("name", STORED)
+@pytest.mark.parametrize("name", GGUF_Q8_TYPES)
 def test_the_onnxruntime_node_runs_the_same_numbers(name, rng):
     for n, k in ((5, 64), (700, 544)):  # 700 * 544 weights: two kernel threads
         t = _tensor(rng, name, n, k, special=n == 5)
