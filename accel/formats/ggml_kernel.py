@@ -23,6 +23,7 @@ from accel.errors import FormatError
 from accel.formats.ggml import BLOCK, GGMLTensor
 from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, KernelWeight, default_threads
 from accel.formats.mxkernel_build import load_kernel
+from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, reference_q8_ggml
 
 __all__ = ["GGMLKernel"]
 
@@ -120,8 +121,6 @@ class GGMLKernel(KernelWeight):
         multiplies its quantized types (``accel.formats.mxkernel_q8``): float32 ``[..., K]`` -> float32 ``[..., N]``,
         equal bit for bit to ``reference_q8_ggml`` (the numpy reference itself where the kernel is not built).
         ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_F32`` blocks; FormatError for the others."""
-        from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, reference_q8_ggml
-
         q = self.tensor.qtype
         if q.name not in GGUF_Q8_TYPES:
             raise FormatError(f"no int8-activation path for {q.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")

@@ -19,7 +19,9 @@ from tests.helpers.decoders import oracle_feature_draft, random_model
 from tests.serving.helpers import tiny_llama
 
 transformers = pytest.importorskip("transformers")
-ATOL = 2e-5
+#: float32 summation order differs between accel's torch ops and transformers' by the CPU's BLAS kernels: on an
+#: AVX2-only AMD EPYC the largest difference was 2.03e-5 at logits of 3.5 to 9 (relative 2e-6 to 6e-6)
+ATOL, RTOL = 2e-5, 1e-5
 SHIPPED = Path(__file__).resolve().parents[2] / "accel" / "demo_data" / "smollm2-draft"
 KEEP = np.array([90, 0, 3, 7, 8, 15, 31, 32, 33, 50, 64, 77, 95, 12, 40, 41])
 
@@ -36,7 +38,7 @@ def _both(draft, out: Path, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def test_plain_draft_loads_in_transformers_with_accel_logits(tmp_path, tied):
     tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
     ours, theirs = _both(tiny_llama(tied=tied), tmp_path / "hf", tokens)
-    torch.testing.assert_close(theirs, ours, atol=ATOL, rtol=0)
+    torch.testing.assert_close(theirs, ours, atol=ATOL, rtol=RTOL)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and not any(k.startswith("accel") for k in config)
 
@@ -50,7 +52,7 @@ def test_restricted_head_is_widened_with_zero_rows(tmp_path):
     ours, theirs = _both(src, tmp_path / "hf", tokens)
     keep = np.sort(KEEP)
     others = np.setdiff1d(np.arange(96), keep)
-    torch.testing.assert_close(theirs[..., keep], ours[..., keep], atol=ATOL, rtol=0)
+    torch.testing.assert_close(theirs[..., keep], ours[..., keep], atol=ATOL, rtol=RTOL)
     assert torch.all(ours[..., others] == MASKED_LOGIT) and torch.all(theirs[..., others] == 0)
     assert (tmp_path / "hf" / "tokenizer_config.json").is_file()
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -63,7 +65,7 @@ def test_shipped_mx_draft_loads_in_transformers(tmp_path):
     tokens = torch.randint(0, 49152, (2, 24), generator=torch.Generator().manual_seed(2))
     ours, theirs = _both(SHIPPED, tmp_path / "hf", tokens)
     ids = load_checkpoint(SHIPPED).lm_head_token_ids
-    torch.testing.assert_close(theirs[..., ids], ours[..., ids], atol=ATOL, rtol=0)
+    torch.testing.assert_close(theirs[..., ids], ours[..., ids], atol=ATOL, rtol=RTOL)
     top2 = ours[..., ids].topk(2).values
     clear = (top2[..., 0] > 0) & (top2[..., 0] - top2[..., 1] > 1e-3)  # no zero row and no near tie can flip it
     assert clear.sum() > 0
@@ -89,7 +91,7 @@ def test_export_draft_cli(tmp_path, capsys):
     tokens = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(2))
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
-        torch.testing.assert_close(hf(tokens).logits, load_checkpoint(src).causal_forward(tokens), atol=ATOL, rtol=0)
+        torch.testing.assert_close(hf(tokens).logits, load_checkpoint(src).causal_forward(tokens), atol=ATOL, rtol=RTOL)
     capsys.readouterr()  # transformers' loading bar
     heads = Path(__file__).resolve().parents[2] / "accel" / "demo_data" / "smollm2-hydra"
     for argv, named in (
