@@ -23,7 +23,7 @@ from accel.errors import FormatError
 from accel.formats.ggml import BLOCK, GGMLTensor
 from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, KernelWeight, default_threads
 from accel.formats.mxkernel_build import load_kernel
-from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, reference_q8_ggml
+from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, linear_q8_call, reference_q8_ggml
 
 __all__ = ["GGMLKernel"]
 
@@ -128,20 +128,7 @@ class GGMLKernel(KernelWeight):
         if self._lib is None:
             return reference_q8_ggml(self.tensor, x.reshape(rows, self.in_features)).reshape(*lead, self.out_features)
         x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
-        y = np.empty((rows, self.out_features), np.float32)
-        rc = self._lib.mxk_linear_q8(
-            *self._ptrs,
-            q.fast,
-            self.out_features,
-            self.tensor.nblocks,
-            x2.ctypes.data,
-            rows,
-            self.in_features,
-            y.ctypes.data,
-            self._threads(threads),
+        y = linear_q8_call(
+            self._lib, self._ptrs, q.fast, self.out_features, self.tensor.nblocks, x2, self._threads(threads)
         )
-        if rc == -2:
-            raise MemoryError("matmul_q8: the kernel could not allocate the quantized activations")
-        if rc != 0:
-            raise FormatError(f"the kernel refused {q.name} blocks of shape {self.tensor.shape} (code {rc})")
         return y.reshape(*lead, self.out_features)

@@ -22,6 +22,8 @@ an offset ``m``; ``reference_q8_ggml`` states the order of the float32 operation
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from accel.errors import FormatError
@@ -34,6 +36,7 @@ from accel.formats.packing import unpack_codes
 __all__ = [
     "GGUF_Q8_TYPES",
     "Q8_FORMATS",
+    "linear_q8_call",
     "matmul_q8",
     "q8_kernel_path",
     "quantize_q8",
@@ -175,21 +178,22 @@ def matmul_q8(packed: PackedMX, x: np.ndarray, threads: int | None = None) -> np
         padded = np.zeros((x2.shape[0], width), _F32)
         padded[:, : packed.in_features] = x2
         x2 = padded
-    y = np.empty((x2.shape[0], packed.out_features), _F32)
-    rc = packed._lib.mxk_linear_q8(
-        w.codes.ctypes.data,
-        w.scales.ctypes.data,
-        1 if w.fmt.name == MXFP6_E2M3.name else 2,
-        packed.out_features,
-        w.nblocks,
-        x2.ctypes.data,
-        x2.shape[0],
-        width,
-        y.ctypes.data,
-        packed._threads(threads),
-    )
+    fast = 1 if w.fmt.name == MXFP6_E2M3.name else 2
+    planes = (w.codes.ctypes.data, w.scales.ctypes.data)
+    y = linear_q8_call(packed._lib, planes, fast, packed.out_features, w.nblocks, x2, packed._threads(threads))
+    return y.reshape(*lead, packed.out_features)
+
+
+def linear_q8_call(
+    lib: Any, planes: tuple[int, int], fast: int, n: int, nblocks: int, x: np.ndarray, threads: int
+) -> np.ndarray:
+    """``mxk_linear_q8`` of the weight whose code and scale planes are at ``planes`` (pointers), format code ``fast``,
+    ``n`` outputs of ``nblocks`` blocks, on C-contiguous float32 activations ``x`` ``[S, >= 32 * nblocks]``: float32
+    ``[S, n]``. MemoryError when the kernel cannot allocate the quantized activations, FormatError when it refuses."""
+    y = np.empty((x.shape[0], n), _F32)
+    rc = lib.mxk_linear_q8(*planes, fast, n, nblocks, x.ctypes.data, x.shape[0], x.shape[1], y.ctypes.data, threads)
     if rc == -2:
         raise MemoryError("matmul_q8: the kernel could not allocate the quantized activations")
     if rc != 0:
-        raise FormatError(f"matmul_q8: the kernel refused the call (code {rc})")
-    return y.reshape(*lead, packed.out_features)
+        raise FormatError(f"matmul_q8: the kernel refused format {fast} ({n} x {32 * nblocks}; code {rc})")
+    return y
