@@ -116,12 +116,12 @@ class GraphWeights:
         ts = [None if (n == "lm_head.weight" and self.tied) else self._get(n) for n in names]
         if self.nbits and all(hasattr(t, "codes") for t in ts):
             return self._matmul_nbits(xin, names, ts, out)
+        bits = 8 if self.kernel == 8 else 32  # the kernel's activations
         if self.kernel and kernel_runs(ts):
-            return mx_linear(self.g, xin, names, ts, out, act_bits=8 if self.kernel == 8 else 32)
+            return mx_linear(self.g, xin, names, ts, out, act_bits=bits)
         if self.kernel and len(ts) > 1 and all(isinstance(t, GGMLTensor) for t in ts):
             # a group of llama.cpp blocks of several types (a GGUF's Q5_0 q/k beside a Q8_0 v): one MXLinear a
             # weight, outputs joined (each column the same dot product as in the weight's own node)
-            bits = 8 if self.kernel == 8 else 32
             parts = [mx_linear(self.g, xin, [n], [t], None, act_bits=bits) for n, t in zip(names, ts, strict=True)]
             return self.g.op("Concat", *parts, axis=-1, name=out)
         if len(names) == 1:  # the loaded tensor is passed on: each weight is read (and converted) once

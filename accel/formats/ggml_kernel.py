@@ -23,7 +23,7 @@ from accel.errors import FormatError
 from accel.formats.ggml import BLOCK, GGMLTensor
 from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, KernelWeight, default_threads
 from accel.formats.mxkernel_build import load_kernel
-from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, linear_q8_call, reference_q8_ggml
+from accel.formats.mxkernel_q8 import linear_q8_call, reference_q8_ggml
 
 __all__ = ["GGMLKernel"]
 
@@ -119,11 +119,9 @@ class GGMLKernel(KernelWeight):
     def matmul_q8(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
         """``x @ W.T`` with ``x`` quantized per block of 32 to int8 and integer dot products per block, as llama.cpp
         multiplies its quantized types (``accel.formats.mxkernel_q8``): float32 ``[..., K]`` -> float32 ``[..., N]``,
-        equal bit for bit to ``reference_q8_ggml`` (the numpy reference itself where the kernel is not built).
-        ``Q8_0``, ``Q4_0``, ``Q4_1`` and ``Q4_F32`` blocks; FormatError for the others."""
+        equal bit for bit to ``reference_q8_ggml`` (the numpy reference itself where the kernel is not built), for
+        every block layout."""
         q = self.tensor.qtype
-        if q.name not in GGUF_Q8_TYPES:
-            raise FormatError(f"no int8-activation path for {q.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")
         x, lead, rows = self._activations(x)
         if self._lib is None:
             return reference_q8_ggml(self.tensor, x.reshape(rows, self.in_features)).reshape(*lead, self.out_features)

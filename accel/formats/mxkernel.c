@@ -303,8 +303,9 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: an offset per 16 weights */
     int8_t *q = (int8_t *)malloc((size_t)(32 * rb));
     float *d = (float *)malloc(sizeof(float) * (size_t)rb);
-    float *u = is_gguf(fast) && has_offset(fast) ? (float *)malloc(sizeof(float) * (size_t)(halves * rb)) : NULL;
-    if (!q || !d || (is_gguf(fast) && has_offset(fast) && !u)) {
+    const int offsets = is_gguf(fast) && has_offset(fast); /* the m * dx * sum(q) terms need the block sums */
+    float *u = offsets ? (float *)malloc(sizeof(float) * (size_t)(halves * rb)) : NULL;
+    if (!q || !d || (offsets && !u)) {
         free(q);
         free(d);
         free(u);

@@ -1,7 +1,8 @@
 /* GGUF blocks times int8 activations: integer dot products per block, as llama.cpp computes its quantized types.
  *
- * Weights (fast 4 Q8_0, 5 Q4_0, 6 Q4_1, 7 Q4_F32; mxkernel.h): a block's 32 integers w (Q8_0: the int8 codes;
- * Q4_0: nibble - 8; Q4_1, Q4_F32: the nibble), its scale d and (Q4_1, Q4_F32) offset m, each weight d * w (+ m).
+ * Weights (every GGUF layout, fast 4..10; mxkernel.h): a block's 32 integers w (Q8_0, I8_F32: the int8 codes; Q4_0:
+ * nibble - 8; Q4_1, Q4_F32: the nibble; Q5S_F32, Q5_F32: nibble + 16 * fifth bit, minus 16 for Q5S_F32), its scale d
+ * and (Q4_1 and the float32-scale layouts) offset m, each weight d * w (+ m).
  * Activations: quantized per block of 32 to int8 by mxk_quantize_q8 (mxkernel_q8.c: q, scale dx), and for the types
  * with an offset u = dx * (float)sum(q) (float32 product; the sum is an exact integer). Then per W row and x row:
  *
@@ -11,6 +12,9 @@
  *   off[b % 8] = off[b % 8] + m_b * u_b                        (offset types only)
  *   t = (acc[0] + acc[1]) + (acc[2] + acc[3]);  y = H(t)  (+ H(off) for the offset types)
  *   H(l) = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+ *
+ * I8_F32 holds a d and an m per 16 weights: lanes 0..3 use c = d_0 * dx, lanes 4..7 c = d_1 * dx, and the offset term
+ * is m_0 * u_0 + m_1 * u_1 (products, then the sum) over the two halves' sums u_h = dx * (float)sum(q of half h).
  *
  * since sum_e x_e (d w_e + m) = d dx sum(q w) + m dx sum(q) for the quantized x. Every path computes exactly this
  * sequence (no floating-point contraction in this file), so the portable loop and AVX2 (vpmaddubsw on |w| and

@@ -14,10 +14,11 @@ accumulators and 8 lanes (``reference_q8``, the numpy statement of it, is what t
 does not depend on the rows per call or the threads. Blocks of 32 along the input features only (the MX default); other
 formats and block sizes are refused.
 
-llama.cpp's blocks (``GGUF_Q8_TYPES``: ``Q8_0``, ``Q4_0``, ``Q4_1`` as stored, ``Q4_F32``) take the same activations
-(``GGMLKernel.matmul_q8``, C file mxkernel_gq8.c), as llama.cpp itself multiplies them: the block's integers (codes,
-nibble - 8, nibble) dotted with the int8 activations, times ``d * dx``, plus ``m * dx * sum(q)`` for the types with
-an offset ``m``; ``reference_q8_ggml`` states the order of the float32 operations.
+llama.cpp's blocks (every ``GGMLTensor`` layout: ``Q8_0``, ``Q4_0``, ``Q4_1`` as stored, and the repacked ``Q4_F32``,
+``I8_F32``, ``Q5S_F32``, ``Q5_F32``) take the same activations (``GGMLKernel.matmul_q8``, C file mxkernel_gq8.c), as
+llama.cpp itself multiplies them: the block's integers (codes, nibble - 8, nibble, 5-bit codes) dotted with the int8
+activations, times ``d * dx``, plus ``m * dx * sum(q)`` for the types with an offset ``m`` (``I8_F32``: a ``d`` and an
+``m`` per 16 weights); ``reference_q8_ggml`` states the order of the float32 operations.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from accel.formats.mxkernel import PackedMX
 from accel.formats.packing import unpack_codes
 
 __all__ = [
-    "GGUF_Q8_TYPES",
     "Q8_FORMATS",
     "linear_q8_call",
     "matmul_q8",
@@ -46,8 +46,6 @@ __all__ = [
 
 #: formats with an int8-activation path, and the shift of their integer weights (value * 2^shift is an integer)
 Q8_FORMATS = {MXFP6_E2M3.name: 3, MXFP4_E2M1.name: 1}
-#: GGUF block layouts with an int8-activation path (``GGMLKernel.matmul_q8``; kernel file mxkernel_gq8.c): all of them
-GGUF_Q8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_F32", "I8_F32", "Q5S_F32", "Q5_F32")
 _F32 = np.float32
 
 
@@ -117,12 +115,10 @@ def _lanes(v: np.ndarray) -> np.ndarray:
 
 
 def reference_q8_ggml(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
-    """``quantize_q8(x) @ W.T`` for a GGUF-block weight (``GGUF_Q8_TYPES``) in numpy, in the kernel's exact order of
+    """``quantize_q8(x) @ W.T`` for a GGUF-block weight (any layout) in numpy, in the kernel's exact order of
     float32 operations (accel/formats/mxkernel_gq8.c: ``c_b = d_b * dx_b``, ``acc[b % 4] += float(p_b) * c_b`` per
     lane, offsets ``off[b % 8] += m_b * (dx_b * sum(q_b))``; ``I8_F32``: a d per 16 weights, and the offset term
     ``m_b0 * u_b0 + m_b1 * u_b1`` over the two halves' sums): float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (tests)."""
-    if t.qtype.name not in GGUF_Q8_TYPES:
-        raise FormatError(f"no int8-activation path for {t.qtype.name} blocks; supported: {', '.join(GGUF_Q8_TYPES)}")
     x = np.asarray(x, _F32).reshape(-1, t.shape[1])
     nb = t.nblocks
     q, dx = quantize_q8(x, nb)

@@ -19,7 +19,7 @@ from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.formats.ggml_kernel import GGMLKernel
 from accel.formats.mxkernel import set_isa
 from accel.formats.mxkernel_build import load_kernel
-from accel.formats.mxkernel_q8 import GGUF_Q8_TYPES, quantize_q8, reference_q8_ggml
+from accel.formats.mxkernel_q8 import quantize_q8, reference_q8_ggml
 from tests.formats.test_ggml_kernel import _raw_blocks, _run_node, _same
 
 pytestmark = [
@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
 ]
 STORED = ("Q8_0", "Q4_0", "Q4_1")
+LAYOUTS = tuple(GGML_TYPES)  # every block layout the kernel runs
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +54,7 @@ def _tensor(rng: np.random.Generator, name: str, n: int, k: int, special: bool =
     return GGMLTensor(t, (n, k), codes, f.view(np.uint8))
 
 
-@pytest.mark.parametrize("name", GGUF_Q8_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize(("n", "k", "rows"), [(37, 576, 1), (5, 96, 3), (16, 1536, 2), (3, 32, 4), (9, 288, 6)])
 def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     t = _tensor(rng, name, n, k, special=n == 5)
@@ -68,7 +69,7 @@ def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     assert np.isfinite(ref).any()
 
 
-@pytest.mark.parametrize("name", GGUF_Q8_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_a_row_does_not_depend_on_the_rows_beside_it(name, rng):
     t = _tensor(rng, name, 24, 352, special=False)  # 11 blocks: a group of 8, a pair, a single block
     x = rng.standard_normal((9, 352)).astype(np.float32)
@@ -111,7 +112,7 @@ def _with_zero_m(t: GGMLTensor) -> np.ndarray:
     return np.concatenate([scales, t.codes], axis=-1).reshape(-1)
 
 
-@pytest.mark.parametrize("name", GGUF_Q8_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_activation_rounding_stays_within_its_bound(name, rng):
     """|q8 - exact| <= sum over blocks of (dx_b / 2) * sum |d w| + the offset's share, plus float32 slack; and it is
     an approximation (not equal to the float-activation path)."""
@@ -137,7 +138,7 @@ def test_bad_input_is_refused(rng):
         g.matmul_q8(np.zeros((1, 64), np.float64))
 
 
-@pytest.mark.parametrize("name", GGUF_Q8_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_the_onnxruntime_node_runs_the_same_numbers(name, rng):
     for n, k in ((5, 64), (700, 544)):  # 700 * 544 weights: two kernel threads
         t = _tensor(rng, name, n, k, special=n == 5)
