@@ -246,13 +246,18 @@ MXK_AVX2 static inline __m256i fifth_bits(const uint8_t *p) {
 
 /* E2M3 codes (bytes 0..63) -> value * 8 as int8: magnitude s.ee.mmm: e = 0, 1 give the low 4 bits themselves;
  * e = 2, 3 a table; then the sign (bit 5) */
-MXK_AVX2 static inline __m256i e2m3_ints(__m256i c) {
+MXK_AVX2 static inline __m256i e2m3_magnitudes(__m256i c) { /* |value| * 8: e2m3_ints without the sign */
     const __m256i high = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20,
                                           22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
     __m256i lo4 = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
     __m256i e1 = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x10)), _mm256_set1_epi8(0x10));
-    __m256i mag = _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
-    return _mm256_sign_epi8(mag, _mm256_slli_epi16(c, 2)); /* bit 5 -> bit 7: negative; c == 0 gives mag 0 anyway */
+    return _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
+}
+/* the codes' sign bits (bit 5) moved to bit 7: a byte negative exactly where the code is (codes are 6-bit, so
+ * nothing crosses into the next byte) */
+MXK_AVX2 static inline __m256i e2m3_signs(__m256i c) { return _mm256_slli_epi16(c, 2); }
+MXK_AVX2 static inline __m256i e2m3_ints(__m256i c) {
+    return _mm256_sign_epi8(e2m3_magnitudes(c), e2m3_signs(c)); /* c == 0 gives magnitude 0 anyway */
 }
 
 /* the 32 codes of an FP4 block (16 bytes) -> value * 2 as int8, in code order */

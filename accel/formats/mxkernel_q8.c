@@ -12,7 +12,8 @@
  *
  * ws_b * d_b is exact (ws_b is a power of two) unless it leaves float32's normal range. Every path computes exactly
  * this sequence (the file is compiled without floating-point contraction), so the portable loop, AVX2 (vpmaddubsw on
- * |q| and sign(q) * w: pair sums <= 2 * 127 * 60, far from int16 saturation), AVX-512 VNNI (vpdpbusd) and VNNI with
+ * |w| and sign(w) * q: pair sums <= 2 * 127 * 60, far from int16 saturation; each block decoded once for up to 4 x
+ * rows, the same int32 lanes per row), AVX-512 VNNI (vpdpbusd) and VNNI with
  * VBMI's byte-permute unpacking (block_ints_vbmi, mxkernel.h) agree bit for
  * bit with each other and with accel.formats.mxkernel_q8.reference_q8, whatever the rows per call and the threads.
  */
@@ -139,14 +140,87 @@ Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l
     if (b + 2 < j->nblocks) Q8_BLOCK(a2, b + 2);                                                                     \
     j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 
-#define WEIGHTS q8_weights
-#define DOT _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1))
-Q8_AVX2 static inline __attribute__((always_inline)) void q8_row_avx2(const job_t *j, int64_t n, int64_t s,
-                                                                      const int fast) {
-    Q8_ROW_BODY
-}
-#undef DOT
+#define Q8_TILE 4 /* x rows a decoded block is multiplied into (AVX2) */
 
+/* block b's weights for the AVX2 tile: their magnitudes |w| (vpmaddubsw's unsigned operand) and a byte whose sign is
+ * w's (zero only where w is), to move the sign onto each x row's codes */
+Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, int64_t b, __m256i *aw, __m256i *sg) {
+    if (fast == FAST_E2M3) {
+        const __m256i c = unpack_fp6(row + 24 * b);
+        *aw = e2m3_magnitudes(c);
+        *sg = e2m3_signs(c); /* zero only where the code is 0, whose magnitude is 0 */
+    } else {
+        const __m256i w = e2m1_ints(row + 16 * b);
+        *aw = _mm256_sign_epi8(w, w);
+        *sg = w;
+    }
+}
+
+/* block B (B % 4 == I) into acc[r][I] of each of the R rows: q . w = |w| . (sign(w) q), the same int32 lanes */
+#define Q8_TILE_BLOCK(I, B)                                                                                          \
+    do {                                                                                                             \
+        __m256i aw, sg;                                                                                              \
+        q8_weights_abs(fast, row, (B), &aw, &sg);                                                                    \
+        const float ws = tab[sc[(B)]];                                                                               \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            const int64_t at = (s0 + r) * nb + (B);                                                                  \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + 32 * at));                                     \
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sg)), _mm256_set1_epi16(1));  \
+            acc[r][I] = _mm256_add_ps(acc[r][I], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ws * j->xd[at]))); \
+        }                                                                                                            \
+    } while (0)
+
+/* AVX2: W row n against x rows s0 .. s0 + R - 1, each block decoded once for the R rows (a verify call's rows) */
+Q8_AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(const job_t *j, int64_t n, int64_t s0,
+                                                                       const int fast, const int R) {
+    const int bytes = fast == FAST_E2M3 ? 24 : 16;
+    const int64_t nb = j->nblocks;
+    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb;
+    const float *tab = SCALES[fast];
+    __m256 acc[Q8_TILE][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
+    }
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        Q8_TILE_BLOCK(0, b);
+        Q8_TILE_BLOCK(1, b + 1);
+        Q8_TILE_BLOCK(2, b + 2);
+        Q8_TILE_BLOCK(3, b + 3);
+    }
+    if (b < nb) Q8_TILE_BLOCK(0, b);
+    if (b + 1 < nb) Q8_TILE_BLOCK(1, b + 1);
+    if (b + 2 < nb) Q8_TILE_BLOCK(2, b + 2);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+        j->y[(s0 + r) * j->n + n] = q8_hsum(t);
+    }
+}
+
+/* the AVX2 path over W rows [n0, n1): x rows in tiles of up to Q8_TILE, `fast` and the tile size constants at each
+ * inlined call */
+#define Q8_AVX2_TILE(n, s0, R)                                                                                       \
+    do {                                                                                                             \
+        if (j->fast == FAST_E2M3)                                                                                    \
+            q8_rows_avx2(j, n, s0, FAST_E2M3, R);                                                                    \
+        else                                                                                                         \
+            q8_rows_avx2(j, n, s0, FAST_E2M1, R);                                                                    \
+    } while (0)
+Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t s = 0;
+        for (; s + Q8_TILE <= j->s; s += Q8_TILE) Q8_AVX2_TILE(n, s, Q8_TILE);
+        switch (j->s - s) {
+        case 3: Q8_AVX2_TILE(n, s, 3); break;
+        case 2: Q8_AVX2_TILE(n, s, 2); break;
+        case 1: Q8_AVX2_TILE(n, s, 1); break;
+        default: break;
+        }
+    }
+}
+
+#define WEIGHTS q8_weights
 #define DOT _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw)
 Q8_VNNI static inline __attribute__((always_inline)) void q8_row_vnni(const job_t *j, int64_t n, int64_t s,
                                                                       const int fast) {
@@ -215,7 +289,6 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
                     ROW(j, n, s, FAST_E2M1);                                                                         \
             }                                                                                                        \
     }
-Q8_ROWS(Q8_AVX2, q8_avx2, q8_row_avx2)
 Q8_ROWS(Q8_VNNI, q8_vnni, q8_row_vnni)
 Q8_ROWS(Q8_VBMI, q8_vbmi, q8_row_vbmi)
 

@@ -43,7 +43,9 @@ def _weight(fmt: str, n: int, k: int, seed: int = 0, nan_block: bool = False):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("n", "k", "rows"), [(37, 576, 1), (5, 100, 3), (16, 1536, 2), (3, 32, 4)])
+@pytest.mark.parametrize(
+    ("n", "k", "rows"), [(37, 576, 1), (5, 100, 3), (16, 1536, 2), (3, 32, 4), (7, 96, 7), (9, 160, 9)]
+)
 def test_every_path_equals_the_reference_bit_for_bit(fmt, n, k, rows):
     w = _weight(fmt, n, k, seed=n + k, nan_block=n > 3)
     x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
