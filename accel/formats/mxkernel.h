@@ -223,13 +223,14 @@ MXK_AVX2 static inline __m256i unpack_fp6(const uint8_t *p) {
     __m128i lo = _mm_loadu_si128((const __m128i *)p);       /* bytes 0..15: groups 0..3 at 0..11 */
     __m128i hi = _mm_loadu_si128((const __m128i *)(p + 8)); /* bytes 8..23: groups 4..7 at 4..15 */
     __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    const __m256i spread = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, /* lane 0 */
-                                            4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1);
-    v = _mm256_shuffle_epi8(v, spread); /* each dword: one 3-byte group = 4 codes of 6 bits */
-    __m256i c = _mm256_and_si256(v, _mm256_set1_epi32(0x3F));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 2), _mm256_set1_epi32(0x3F00)));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 4), _mm256_set1_epi32(0x3F0000)));
-    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(v, 6), _mm256_set1_epi32(0x3F000000)));
+    /* each dword from one 3-byte group g0 g1 g2 (codes c0..c3 at bits 0, 6, 12, 18): the words g0 | g1 << 8 (c0 at
+     * bit 0, c1 at 6) and g1 | g2 << 8 (c2 at 4, c3 at 10); the first word times 16 (bits past 15 drop) puts both
+     * words' codes at bits 4 and 10, and two shifts take them to bytes 0 and 1 of each word */
+    const __m256i spread = _mm256_setr_epi8(0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 7, 8, 9, 10, 10, 11, /* lane 0 */
+                                            4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11, 12, 13, 14, 14, 15);
+    v = _mm256_mullo_epi16(_mm256_shuffle_epi8(v, spread), _mm256_set1_epi32(0x00010010));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi16(0x003F)),
+                           _mm256_and_si256(_mm256_srli_epi16(v, 2), _mm256_set1_epi16(0x3F00)));
 }
 
 /* the 32 fifth bits at p (4 bytes, bit i: code i) as bytes 16 or 0, in code order: each byte of the broadcast mask
