@@ -64,6 +64,20 @@
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
 #define MXK_PREFETCH_BYTES 2048
+/* a job's x rows in tiles of MXK_X_TILE (a decoded weight block is multiplied into every row of a tile), then one
+ * tile of the 1..3 rows left: CALL(n, s0, R) for W row n, R a constant at each call */
+#define MXK_X_TILE 4
+#define MXK_X_TILES(CALL, j, n)                                                                                      \
+    do {                                                                                                             \
+        int64_t s0_ = 0;                                                                                             \
+        for (; s0_ + MXK_X_TILE <= (j)->s; s0_ += MXK_X_TILE) CALL(n, s0_, MXK_X_TILE);                              \
+        switch ((j)->s - s0_) {                                                                                      \
+        case 3: CALL(n, s0_, 3); break;                                                                              \
+        case 2: CALL(n, s0_, 2); break;                                                                              \
+        case 1: CALL(n, s0_, 1); break;                                                                              \
+        default: break;                                                                                              \
+        }                                                                                                            \
+    } while (0)
 /* shared between the library's files, not exported from it */
 #define MXK_INTERNAL __attribute__((visibility("hidden")))
 

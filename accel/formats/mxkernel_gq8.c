@@ -122,7 +122,6 @@ static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
 
 #if MXK_X86
 #define GQ8_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define GQ8_TILE 4 /* x rows a decoded block is multiplied into */
 
 /* the scales of blocks b .. b + cnt - 1 (cnt <= 8) -> d[8], m[8] (zeros past cnt), exactly */
 GQ8_AVX2 static inline void group_scales(const int fast, const uint8_t *sc, int64_t b, int cnt, float d[8],
@@ -213,15 +212,15 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
     const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), sgn = signed_ints(fast);
     const int64_t nb = j->nblocks;
     const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
-    __m256 acc[GQ8_TILE][4], off[GQ8_TILE];
-    float offs[GQ8_TILE][8] = {{0}}; /* I8_F32's offsets, lane b % 8 (the others': off, 8 blocks at a time) */
+    __m256 acc[MXK_X_TILE][4], off[MXK_X_TILE];
+    float offs[MXK_X_TILE][8] = {{0}}; /* I8_F32's offsets, lane b % 8 (the others': off, 8 blocks at a time) */
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         off[r] = _mm256_setzero_ps();
         _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
     }
     for (int64_t g = 0; g < nb; g += 8) {
         const int cnt = nb - g < 8 ? (int)(nb - g) : 8;
-        float d[8], m[8], c[GQ8_TILE][8];
+        float d[8], m[8], c[MXK_X_TILE][8];
         if (fast != FAST_I8_F32) {
             group_scales(fast, sc, g, cnt, d, m);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
@@ -250,35 +249,23 @@ GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const j
     }
 }
 
-/* every output of W rows [n0, n1): x rows in tiles of up to GQ8_TILE, `fast` and the tile size constants at each
+/* every output of W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
  * inlined call */
-#define GQ8_TILES(ROWS, n, s0, R)                                                                                    \
+#define GQ8_TILE_CALL(n, s0, R)                                                                                      \
     do {                                                                                                             \
         switch (j->fast) {                                                                                           \
-        case FAST_Q8_0: ROWS(j, n, s0, FAST_Q8_0, R); break;                                                         \
-        case FAST_Q4_0: ROWS(j, n, s0, FAST_Q4_0, R); break;                                                         \
-        case FAST_Q4_1: ROWS(j, n, s0, FAST_Q4_1, R); break;                                                         \
-        case FAST_Q4_F32: ROWS(j, n, s0, FAST_Q4_F32, R); break;                                                     \
-        case FAST_I8_F32: ROWS(j, n, s0, FAST_I8_F32, R); break;                                                     \
-        case FAST_Q5S_F32: ROWS(j, n, s0, FAST_Q5S_F32, R); break;                                                   \
-        default: ROWS(j, n, s0, FAST_Q5_F32, R); break;                                                              \
+        case FAST_Q8_0: gq8_rows_avx2(j, n, s0, FAST_Q8_0, R); break;                                                \
+        case FAST_Q4_0: gq8_rows_avx2(j, n, s0, FAST_Q4_0, R); break;                                                \
+        case FAST_Q4_1: gq8_rows_avx2(j, n, s0, FAST_Q4_1, R); break;                                                \
+        case FAST_Q4_F32: gq8_rows_avx2(j, n, s0, FAST_Q4_F32, R); break;                                            \
+        case FAST_I8_F32: gq8_rows_avx2(j, n, s0, FAST_I8_F32, R); break;                                            \
+        case FAST_Q5S_F32: gq8_rows_avx2(j, n, s0, FAST_Q5S_F32, R); break;                                          \
+        default: gq8_rows_avx2(j, n, s0, FAST_Q5_F32, R); break;                                                     \
         }                                                                                                            \
     } while (0)
-
-#define GQ8_PATH(TARGET, NAME, ROWS)                                                                                 \
-    TARGET static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                               \
-        for (int64_t n = n0; n < n1; n++) {                                                                          \
-            int64_t s = 0;                                                                                           \
-            for (; s + GQ8_TILE <= j->s; s += GQ8_TILE) GQ8_TILES(ROWS, n, s, GQ8_TILE);                             \
-            switch (j->s - s) {                                                                                      \
-            case 3: GQ8_TILES(ROWS, n, s, 3); break;                                                                 \
-            case 2: GQ8_TILES(ROWS, n, s, 2); break;                                                                 \
-            case 1: GQ8_TILES(ROWS, n, s, 1); break;                                                                 \
-            default: break;                                                                                          \
-            }                                                                                                        \
-        }                                                                                                            \
-    }
-GQ8_PATH(GQ8_AVX2, gq8_avx2, gq8_rows_avx2)
+GQ8_AVX2 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_TILE_CALL, j, n);
+}
 #else
 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
 #endif

@@ -140,8 +140,6 @@ Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l
     if (b + 2 < j->nblocks) Q8_BLOCK(a2, b + 2);                                                                     \
     j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 
-#define Q8_TILE 4 /* x rows a decoded block is multiplied into (AVX2) */
-
 /* block b's weights for the AVX2 tile: their magnitudes |w| (vpmaddubsw's unsigned operand) and a byte whose sign is
  * w's (zero only where w is), to move the sign onto each x row's codes */
 Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, int64_t b, __m256i *aw, __m256i *sg) {
@@ -177,7 +175,7 @@ Q8_AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(const job
     const int64_t nb = j->nblocks;
     const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb;
     const float *tab = SCALES[fast];
-    __m256 acc[Q8_TILE][4];
+    __m256 acc[MXK_X_TILE][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
     }
@@ -198,7 +196,7 @@ Q8_AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(const job
     }
 }
 
-/* the AVX2 path over W rows [n0, n1): x rows in tiles of up to Q8_TILE, `fast` and the tile size constants at each
+/* the AVX2 path over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
  * inlined call */
 #define Q8_AVX2_TILE(n, s0, R)                                                                                       \
     do {                                                                                                             \
@@ -208,16 +206,7 @@ Q8_AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(const job
             q8_rows_avx2(j, n, s0, FAST_E2M1, R);                                                                    \
     } while (0)
 Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++) {
-        int64_t s = 0;
-        for (; s + Q8_TILE <= j->s; s += Q8_TILE) Q8_AVX2_TILE(n, s, Q8_TILE);
-        switch (j->s - s) {
-        case 3: Q8_AVX2_TILE(n, s, 3); break;
-        case 2: Q8_AVX2_TILE(n, s, 2); break;
-        case 1: Q8_AVX2_TILE(n, s, 1); break;
-        default: break;
-        }
-    }
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_AVX2_TILE, j, n);
 }
 
 #define WEIGHTS q8_weights
