@@ -232,19 +232,20 @@ MXK_INTERNAL int have_vnni(void);
 
 #if MXK_X86
 #define MXK_AVX2 __attribute__((target("avx2,fma")))
-/* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in byte i */
+/* the 32 codes of an FP6 block (24 bytes) as 32 bytes, code i in bits 2..7 of byte i (bits 0..1 are left over from
+ * the neighbouring code: the users below shift or mask them away, and a byte is zero only where its code is) */
 MXK_AVX2 static inline __m256i unpack_fp6(const uint8_t *p) {
     __m128i lo = _mm_loadu_si128((const __m128i *)p);       /* bytes 0..15: groups 0..3 at 0..11 */
     __m128i hi = _mm_loadu_si128((const __m128i *)(p + 8)); /* bytes 8..23: groups 4..7 at 4..15 */
     __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
     /* each dword from one 3-byte group g0 g1 g2 (codes c0..c3 at bits 0, 6, 12, 18): the words g0 | g1 << 8 (c0 at
      * bit 0, c1 at 6) and g1 | g2 << 8 (c2 at 4, c3 at 10); the first word times 16 (bits past 15 drop) puts both
-     * words' codes at bits 4 and 10, and two shifts take them to bytes 0 and 1 of each word */
+     * words' codes at bits 4 and 10 (below bit 4: zeros or c1's high bits). The high byte of each word then holds
+     * its code at bits 2..7 already; the low byte takes the word shifted right by 2. */
     const __m256i spread = _mm256_setr_epi8(0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 7, 8, 9, 10, 10, 11, /* lane 0 */
                                             4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11, 12, 13, 14, 14, 15);
     v = _mm256_mullo_epi16(_mm256_shuffle_epi8(v, spread), _mm256_set1_epi32(0x00010010));
-    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi16(0x003F)),
-                           _mm256_and_si256(_mm256_srli_epi16(v, 2), _mm256_set1_epi16(0x3F00)));
+    return _mm256_blendv_epi8(_mm256_srli_epi16(v, 2), v, _mm256_set1_epi16((short)0x8000));
 }
 
 /* the 32 fifth bits at p (4 bytes, bit i: code i) as bytes 16 or 0, in code order: each byte of the broadcast mask
@@ -259,20 +260,20 @@ MXK_AVX2 static inline __m256i fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
 }
 
-/* E2M3 codes (bytes 0..63) -> value * 8 as int8: magnitude s.ee.mmm: e = 0, 1 give the low 4 bits themselves;
- * e = 2, 3 a table; then the sign (bit 5) */
-MXK_AVX2 static inline __m256i e2m3_magnitudes(__m256i c) { /* |value| * 8: e2m3_ints without the sign */
+/* E2M3 codes (unpack_fp6's bytes: code << 2) -> value * 8 as int8: magnitude s.ee.mmm: e = 0, 1 give the low 4
+ * bits themselves; e = 2, 3 a table; then the sign (bit 5) */
+MXK_AVX2 static inline __m256i e2m3_magnitudes(__m256i c) { /* |value| * 8 of unpack_fp6's bytes c */
     const __m256i high = _mm256_setr_epi8(16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 16, 18, 20,
                                           22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60);
-    __m256i lo4 = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
-    __m256i e1 = _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x10)), _mm256_set1_epi8(0x10));
-    return _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), e1);
+    __m256i lo4 = _mm256_and_si256(_mm256_srli_epi16(c, 2), _mm256_set1_epi8(0x0F)); /* the code's bits 0..3 */
+    /* vpblendvb reads bit 7 of each mask byte: the code's bit 4, one place up (what crosses into the next byte of
+     * the word lands in its bit 0) */
+    return _mm256_blendv_epi8(lo4, _mm256_shuffle_epi8(high, lo4), _mm256_slli_epi16(c, 1));
 }
-/* the codes' sign bits (bit 5) moved to bit 7: a byte negative exactly where the code is (codes are 6-bit, so
- * nothing crosses into the next byte) */
-MXK_AVX2 static inline __m256i e2m3_signs(__m256i c) { return _mm256_slli_epi16(c, 2); }
+/* a byte negative exactly where the code is (its sign, bit 5, is the byte's bit 7), zero only where the code is 0 */
+MXK_AVX2 static inline __m256i e2m3_signs(__m256i c) { return c; }
 MXK_AVX2 static inline __m256i e2m3_ints(__m256i c) {
-    return _mm256_sign_epi8(e2m3_magnitudes(c), e2m3_signs(c)); /* c == 0 gives magnitude 0 anyway */
+    return _mm256_sign_epi8(e2m3_magnitudes(c), e2m3_signs(c)); /* a zero byte has magnitude 0 anyway */
 }
 
 /* the 32 codes of an FP4 block (16 bytes) -> value * 2 as int8, in code order */
