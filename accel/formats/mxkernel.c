@@ -60,29 +60,29 @@ static void *run_part(void *arg) {
     return NULL;
 }
 
-/* A small pool of worker threads, started on first need and kept: worker w runs part w + 1 of each call while the
- * caller runs part 0; after part 0 the caller runs every part no worker has claimed yet (a worker the OS has not
- * scheduled, on a busy machine, then delays nothing), so each part runs once, on one thread. A worker that finished a part, and a caller waiting for its workers, first spin for up to
- * SPIN_NS (decode steps call the kernel every few tens of microseconds, and a condition-variable wake-up costs about
- * as much as a small layer's product), then sleep on a condition variable: an idle pool never spins for long. Calls
- * are serialised (ctypes releases the GIL, so two Python threads may call at once). After fork() the child starts
- * over. */
+/* A small pool of worker threads, started on first need and kept. A call splits its rows into chunks (a few per
+ * thread: a thread that starts late or runs slower takes fewer) and publishes them in one atomic word, pool_next:
+ * the call's number (low 32 bits), its chunk count and the next unclaimed chunk. The caller and the workers claim
+ * chunks from it with compare-and-swap until none is left, so each chunk runs once, on one thread, and a worker the
+ * OS has not scheduled (a busy machine) delays nothing. Nothing on this path takes a lock: a worker that finished,
+ * and a caller waiting for the last chunk, spin for up to SPIN_NS (decode steps call the kernel every few tens of
+ * microseconds; a sleeping thread's wake-up costs about as much as a small layer's product, and a lock the other
+ * thread holds puts the waiter to sleep), then sleep on a condition variable, announced in a counter the other side
+ * reads after its own atomic store (no wake-up is lost): an idle pool never spins for long. A row's result depends
+ * only on the row, never on the chunk or the thread that computed it. Calls are serialised (ctypes releases the
+ * GIL, so two Python threads may call at once). After fork() the child starts over. */
 #define SPIN_NS 100000
+#define CHUNKS_PER_THREAD 4
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER, pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
-static part_t pool_parts[MXK_MAX_THREADS];
-static int pool_workers = 0, pool_nparts = 0, pool_pending = 0, atfork_done = 0;
-static long pool_generation = 0;
-static long pool_claim[MXK_MAX_THREADS]; /* the generation in which part t was last claimed */
+static int pool_workers = 0, atfork_done = 0;
+static const job_t *pool_job;  /* the current call's job and decode output: stable while it has unfinished chunks */
+static float *pool_decode_out;
+static uint64_t pool_next = 0; /* call number << 32 | chunk count << 16 | next chunk */
+static int pool_pending = 0;   /* the current call's unfinished chunks */
+static int pool_sleepers = 0, caller_sleeping = 0;
 
-/* claim part t of generation g for this thread: 1 if no thread has claimed it in g yet. A worker that read part t
- * of an older generation cannot claim it: that generation ended only after its part t was claimed. */
-static int claim_part(int t, long g) {
-    long c = __atomic_load_n(&pool_claim[t], __ATOMIC_ACQUIRE);
-    while (c < g)
-        if (__atomic_compare_exchange_n(&pool_claim[t], &c, g, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 1;
-    return 0;
-}
+static uint32_t call_of(uint64_t v) { return (uint32_t)(v >> 32); }
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -90,10 +90,10 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* spin while *v == value, for up to SPIN_NS; returns when it changed or the time is up */
-static void spin_while_long(const long *v, long value) {
+/* spin while call_of(pool_next) == call, for up to SPIN_NS; returns when it changed or the time is up */
+static void spin_while_call(uint32_t call) {
     int64_t end = now_ns() + SPIN_NS;
-    for (int i = 1; __atomic_load_n(v, __ATOMIC_ACQUIRE) == value; i++) {
+    for (int i = 1; call_of(__atomic_load_n(&pool_next, __ATOMIC_ACQUIRE)) == call; i++) {
 #if MXK_X86
         _mm_pause();
 #endif
@@ -112,32 +112,49 @@ static void spin_while_positive(const int *v) {
     }
 }
 
-/* arg: the worker's index (low 8 bits) and the generation current when it was created (the calls before it) */
-static void *worker_main(void *arg) {
-    int w = (int)((intptr_t)arg & 0xFF);
-    long seen = (long)((intptr_t)arg >> 8);
+/* run chunks of call `call` until none is left unclaimed (or another call has begun: then this one has none left) */
+static void run_chunks(uint32_t call) {
+    uint64_t v = __atomic_load_n(&pool_next, __ATOMIC_ACQUIRE);
     for (;;) {
-        spin_while_long(&pool_generation, seen);
-        pthread_mutex_lock(&pool_mu);
-        while (pool_generation == seen) pthread_cond_wait(&work_cv, &pool_mu);
-        seen = pool_generation;
-        int mine = w + 1 < pool_nparts;
-        part_t part = pool_parts[mine ? w + 1 : 0];
-        pthread_mutex_unlock(&pool_mu);
-        if (mine && claim_part(w + 1, seen)) {
-            run_part(&part);
+        int64_t idx = (int64_t)(v & 0xFFFF), count = (int64_t)((v >> 16) & 0xFFFF);
+        if (call_of(v) != call || idx >= count) return;
+        if (!__atomic_compare_exchange_n(&pool_next, &v, v + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+        /* a claimed chunk keeps its call unfinished, so the job cannot change under it */
+        const job_t *j = pool_job;
+        part_t part = {j, j->n * idx / count, j->n * (idx + 1) / count, pool_decode_out};
+        run_part(&part);
+        if (__atomic_sub_fetch(&pool_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&caller_sleeping, __ATOMIC_SEQ_CST)) {
             pthread_mutex_lock(&pool_mu);
-            if (__atomic_sub_fetch(&pool_pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&done_cv);
+            pthread_cond_signal(&done_cv);
             pthread_mutex_unlock(&pool_mu);
         }
+        v = __atomic_load_n(&pool_next, __ATOMIC_ACQUIRE);
+    }
+}
+
+/* arg: the call number current when the worker was created (the calls before it) */
+static void *worker_main(void *arg) {
+    uint32_t seen = (uint32_t)(uintptr_t)arg;
+    for (;;) {
+        spin_while_call(seen);
+        if (call_of(__atomic_load_n(&pool_next, __ATOMIC_ACQUIRE)) == seen) {
+            pthread_mutex_lock(&pool_mu);
+            __atomic_add_fetch(&pool_sleepers, 1, __ATOMIC_SEQ_CST);
+            while (call_of(__atomic_load_n(&pool_next, __ATOMIC_SEQ_CST)) == seen)
+                pthread_cond_wait(&work_cv, &pool_mu);
+            __atomic_sub_fetch(&pool_sleepers, 1, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&pool_mu);
+        }
+        seen = call_of(__atomic_load_n(&pool_next, __ATOMIC_ACQUIRE));
+        run_chunks(seen);
     }
     return NULL;
 }
 
 static void pool_after_fork(void) {
-    pool_workers = pool_nparts = pool_pending = 0;
-    pool_generation = 0;
-    memset(pool_claim, 0, sizeof pool_claim);
+    pool_workers = pool_pending = pool_sleepers = caller_sleeping = 0;
+    pool_next = 0;
     pthread_mutex_init(&call_mu, NULL);
     pthread_mutex_init(&pool_mu, NULL);
     pthread_cond_init(&work_cv, NULL);
@@ -149,14 +166,37 @@ static int pool_grow(int want) {
     if (!atfork_done) atfork_done = pthread_atfork(NULL, NULL, pool_after_fork) == 0;
     while (pool_workers < want) {
         pthread_t tid;
-        pthread_mutex_lock(&pool_mu); /* the generation changes only under call_mu, which the caller holds */
-        intptr_t arg = ((intptr_t)pool_generation << 8) | pool_workers;
-        pthread_mutex_unlock(&pool_mu);
+        uintptr_t arg = call_of(__atomic_load_n(&pool_next, __ATOMIC_ACQUIRE)); /* changes only under call_mu */
         if (pthread_create(&tid, NULL, worker_main, (void *)arg) != 0) break;
         pthread_detach(tid);
         pool_workers++;
     }
     return pool_workers;
+}
+
+/* rows [0, n) of job j on the caller and the pool's workers (threads - 1 of them), in chunks */
+static void run_pooled(const job_t *j, int threads, float *decode_out) {
+    int64_t count = (int64_t)threads * CHUNKS_PER_THREAD;
+    if (count > j->n) count = j->n;
+    pool_job = j;
+    pool_decode_out = decode_out;
+    __atomic_store_n(&pool_pending, (int)count, __ATOMIC_RELAXED);
+    uint32_t call = call_of(__atomic_load_n(&pool_next, __ATOMIC_ACQUIRE)) + 1;
+    __atomic_store_n(&pool_next, (uint64_t)call << 32 | (uint64_t)count << 16, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool_sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&pool_mu);
+        pthread_cond_broadcast(&work_cv);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    run_chunks(call);
+    spin_while_positive(&pool_pending);
+    if (__atomic_load_n(&pool_pending, __ATOMIC_ACQUIRE) > 0) {
+        pthread_mutex_lock(&pool_mu);
+        __atomic_store_n(&caller_sleeping, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&pool_pending, __ATOMIC_SEQ_CST) > 0) pthread_cond_wait(&done_cv, &pool_mu);
+        __atomic_store_n(&caller_sleeping, 0, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&pool_mu);
+    }
 }
 
 /* the runtime's parallel-for of this thread's calls (mxk_use_pfor), NULL: the pool above */
@@ -201,33 +241,18 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
     if (threads > MXK_MAX_THREADS) threads = MXK_MAX_THREADS;
     if (threads > j->n) threads = (int)(j->n > 0 ? j->n : 1);
     if (ext_pfor != NULL) return run_parts_ext(j, threads, decode_out);
-    pthread_mutex_lock(&call_mu);
-    if (threads > 1 && pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
-    split_parts(pool_parts, j, threads, decode_out);
-    long gen = pool_generation + 1;
-    if (threads > 1) {
-        pthread_mutex_lock(&pool_mu);
-        pool_nparts = threads;
-        pool_pending = threads - 1;
-        __atomic_store_n(&pool_generation, gen, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&work_cv);
-        pthread_mutex_unlock(&pool_mu);
+    if (threads == 1) {
+        part_t part = {j, 0, j->n, decode_out};
+        run_part(&part);
+        return 0;
     }
-    part_t first = pool_parts[0];
-    run_part(&first);
+    pthread_mutex_lock(&call_mu);
+    if (pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
     if (threads > 1) {
-        for (int t = 1; t < threads; t++) /* the parts no worker has started: run here */
-            if (claim_part(t, gen)) {
-                part_t part = pool_parts[t];
-                run_part(&part);
-                pthread_mutex_lock(&pool_mu);
-                __atomic_sub_fetch(&pool_pending, 1, __ATOMIC_ACQ_REL);
-                pthread_mutex_unlock(&pool_mu);
-            }
-        spin_while_positive(&pool_pending);
-        pthread_mutex_lock(&pool_mu);
-        while (pool_pending > 0) pthread_cond_wait(&done_cv, &pool_mu);
-        pthread_mutex_unlock(&pool_mu);
+        run_pooled(j, threads, decode_out);
+    } else {
+        part_t part = {j, 0, j->n, decode_out};
+        run_part(&part);
     }
     pthread_mutex_unlock(&call_mu);
     return 0;
@@ -292,6 +317,8 @@ int mxk_q8_path(void) {
     return max_isa >= 1 && have_avx2() ? 1 : 0;
 }
 
+#define Q8_STACK_BLOCKS 256 /* 8 KiB of int8 codes */
+
 /* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, or GGUF
  * blocks (fast 4..10; codes and scales as mxk_linear's), the activations quantized per block
  * to int8 first (mxkernel_q8.c, mxkernel_gq8.c: integer dot products per block); -1 for another format, -2 when out
@@ -301,14 +328,20 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     if (fast != FAST_E2M3 && fast != FAST_E2M1 && !is_gguf(fast)) return -1;
     const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
     const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: an offset per 16 weights */
-    int8_t *q = (int8_t *)malloc((size_t)(32 * rb));
-    float *d = (float *)malloc(sizeof(float) * (size_t)rb);
     const int offsets = is_gguf(fast) && has_offset(fast); /* the m * dx * sum(q) terms need the block sums */
-    float *u = offsets ? (float *)malloc(sizeof(float) * (size_t)(halves * rb)) : NULL;
+    /* a decode step's activations fit on the stack (no allocator call per operator); larger calls allocate */
+    int8_t q_small[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
+    float d_small[Q8_STACK_BLOCKS], u_small[2 * Q8_STACK_BLOCKS];
+    const int small = rb <= Q8_STACK_BLOCKS;
+    int8_t *q = small ? q_small : (int8_t *)malloc((size_t)(32 * rb));
+    float *d = small ? d_small : (float *)malloc(sizeof(float) * (size_t)rb);
+    float *u = !offsets ? NULL : small ? u_small : (float *)malloc(sizeof(float) * (size_t)(halves * rb));
     if (!q || !d || (offsets && !u)) {
-        free(q);
-        free(d);
-        free(u);
+        if (!small) {
+            free(q);
+            free(d);
+            free(u);
+        }
         return -2;
     }
     mxk_quantize_q8(x, s, xstride, nblocks, q, d);
@@ -317,8 +350,10 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
                NULL,  NULL, u};
     int rc = run_parts(&j, threads, NULL);
-    free(q);
-    free(d);
-    free(u);
+    if (!small) {
+        free(q);
+        free(d);
+        free(u);
+    }
     return rc;
 }
