@@ -3,7 +3,8 @@
  * The weights of a block are the integers value * 2^shift (E2M3: x8 in [-60, 60]; E2M1: x2 in [-12, 12]) times the
  * block's scale 2^(s - 127 - shift), exactly (mxkernel.h). The activations are quantized per block of 32 as
  * llama.cpp's Q8_0 does: d = amax / 127, q = rint(x * (127 / amax)) in [-127, 127] (float32 arithmetic, round half
- * to even; amax = 0 gives d = 0 and q = 0; a NaN or infinite amax gives d = NaN). Then per weight row and x row:
+ * to even; amax = 0 gives d = 0 and q = 0; a subnormal amax makes 127 / amax infinite: q = 0 where x = 0, else
+ * +-127; a NaN or infinite amax gives d = NaN; portable loop and AVX2 alike). Then per weight row and x row:
  *
  *   p_{b,l} = sum_{e = 4l .. 4l+3} q[e] w[e]                 (int32, exact; l = 0..7, the 8 lanes of a block)
  *   acc[b % 4][l] = acc[b % 4][l] + (float)p_{b,l} * (ws_b * d_b)   (float32: a product, then a sum; no FMA)
@@ -24,7 +25,7 @@
 
 /* ------------------------------------------------------------------------------------------------- activations */
 
-void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d) {
+static void quantize_portable(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d) {
     for (int64_t r = 0; r < s; r++)
         for (int64_t b = 0; b < nblocks; b++) {
             const float *xb = x + r * xstride + 32 * b;
@@ -43,9 +44,62 @@ void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             for (int e = 0; e < 32; e++) {
                 float v = rintf(xb[e] * inv);
-                qb[e] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
+                qb[e] = (int8_t)(v != v ? 0 : v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v); /* 0 * inf: 0 */
             }
         }
+}
+
+#if MXK_X86
+/* the same numbers 8 at a time: amax by vmaxps (any NaN or infinity is caught by a compare first), x * inv and
+ * vroundps to nearest even (rintf in the default rounding mode), clamped, packed to bytes */
+__attribute__((target("avx2,fma"))) static void quantize_avx2(const float *x, int64_t s, int64_t xstride,
+                                                              int64_t nblocks, int8_t *q, float *d) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(3.402823466e38f);
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int64_t r = 0; r < s; r++)
+        for (int64_t b = 0; b < nblocks; b++) {
+            const float *xb = x + r * xstride + 32 * b;
+            int8_t *qb = q + (r * nblocks + b) * 32;
+            __m256 v[4], m = _mm256_setzero_ps();
+            int bad = 0;
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                __m256 a = _mm256_and_ps(v[i], absmask);
+                bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* NaN or > FLT_MAX */
+                m = _mm256_max_ps(m, a);
+            }
+            if (bad) {
+                memset(qb, 0, 32);
+                d[r * nblocks + b] = NAN;
+                continue;
+            }
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+            d[r * nblocks + b] = amax / 127.0f;
+            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m256i c[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 t = _mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m256 clamped = _mm256_min_ps(_mm256_max_ps(t, lo), hi); /* a NaN t gives lo: zeroed next */
+                c[i] = _mm256_cvtps_epi32(_mm256_and_ps(clamped, _mm256_cmp_ps(t, t, _CMP_ORD_Q)));
+            }
+            /* packs work per 128-bit lane: dwords 0..3 of c0, c1, c2, c3 | 4..7 of each; the permute restores order */
+            __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+            w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)qb, w);
+        }
+}
+#endif
+
+void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d) {
+#if MXK_X86
+    if (mxk_isa_cap() >= 1 && have_avx2()) {
+        quantize_avx2(x, s, xstride, nblocks, q, d);
+        return;
+    }
+#endif
+    quantize_portable(x, s, xstride, nblocks, q, d);
 }
 
 /* ------------------------------------------------------------------------------------------------- portable */

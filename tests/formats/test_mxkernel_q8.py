@@ -63,6 +63,38 @@ def test_every_path_equals_the_reference_bit_for_bit(fmt, n, k, rows):
         assert np.isnan(ref[:, 1]).all() and not np.isnan(ref[:, 0]).any()
 
 
+def _kernel_quantize(x: np.ndarray, nblocks: int, xstride: int) -> tuple[np.ndarray, np.ndarray]:
+    """mxk_quantize_q8 on rows xstride floats apart (the kernel's own call, on the path set_isa allows)."""
+    xs = np.zeros((x.shape[0], xstride), np.float32)
+    xs[:, : x.shape[1]] = x
+    q = np.full((x.shape[0], nblocks, 32), 99, np.int8)
+    d = np.full((x.shape[0], nblocks), 99.0, np.float32)
+    lib = mxkernel_build.load_kernel()
+    lib.mxk_quantize_q8(xs.ctypes.data, x.shape[0], xstride, nblocks, q.ctypes.data, d.ctypes.data)
+    return q, d
+
+
+def test_every_activation_quantizer_path_equals_the_numpy_statement():
+    """Ties (x * 127 / amax exactly k + 1/2: to even), zero, NaN and infinite blocks, subnormals, float32's extremes."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 320)) * np.exp2(rng.integers(-20, 20, (3, 320)))).astype(np.float32)
+    x[0, :32] = 0.0
+    x[0, 32:64] = np.arange(-16, 16, dtype=np.float32) + 0.5  # amax 16.5: not ties; the next block is
+    x[0, 64:96] = np.concatenate([[127.0], np.arange(-15, 16, dtype=np.float32) + 0.5]).astype(np.float32)
+    x[1, 5], x[1, 40], x[1, 70] = np.nan, np.inf, -np.inf
+    x[1, 96:128] = np.float32(1e-45) * np.arange(32, dtype=np.float32)  # subnormal activations
+    x[2, 128:160] = np.float32(3.4e38) * np.linspace(-1, 1, 32, dtype=np.float32)
+    x[2, 300] = -np.float32(3.4028235e38)
+    ref_q, ref_d = quantize_q8(x, 10)
+    assert np.array_equal(ref_q[0, 2, 1:], np.rint(np.arange(-15, 16) + 0.5).astype(np.int8))  # ties to even
+    for isa in (0, 1):
+        set_isa(isa)
+        q, d = _kernel_quantize(x, 10, 328)
+        assert np.array_equal(q, ref_q), isa
+        assert _same(d, ref_d), isa
+    assert np.isnan(ref_d[1, :3]).all() and not np.isnan(ref_d[1, 3:]).any()
+
+
 def test_a_row_does_not_depend_on_the_other_rows():
     w = _weight("mxfp6_e2m3", 24, 192)
     x = np.random.default_rng(2).standard_normal((5, 192)).astype(np.float32)
