@@ -7,7 +7,9 @@ constant-folded into float32 weights at session start, so it runs as fp32); ``mx
 ``mxfp4-nbits`` (exact MX weights as onnxruntime's 8-bit MatMulNBits, int8 activations per block of 32,
 ``accuracy_level=4``) and ``mxfp6-nbits`` at ``accuracy_level=1`` (float32 activations); ``mxint8-kernel`` /
 ``mxfp6-kernel`` / ``mxfp4-kernel`` (the same exact weights packed, on accel's fused kernel as the onnxruntime
-operator ``ai.accel::MXLinear``, float32 activations; docs/backends.md "MX weights on accel's fused kernel").
+operator ``ai.accel::MXLinear``, float32 activations; docs/backends.md "MX weights on accel's fused kernel");
+``mxfp6-kernel-q8`` / ``mxfp4-kernel-q8`` (the same packed weights, activations quantized per block of 32 to int8 and
+integer dot products: docs/backends.md, "int8 activations").
 
 1. Step time: median ms of a decode call (S = 1) and a K+1 = 4 scoring call after a 128-token prefix, timed round
    robin over all exports in one run, in a new random order every round (machine-load drift and order effects hit
@@ -68,6 +70,8 @@ EXPORTS = {  # name: weights (every export with onnxruntime's fused operators, o
     "mxint8-kernel": ExportWeights("mxint8-kernel"),
     "mxfp6-kernel": ExportWeights("mxfp6-kernel"),
     "mxfp4-kernel": ExportWeights("mxfp4-kernel"),
+    "mxfp6-kernel-q8": ExportWeights("mxfp6-kernel-q8"),
+    "mxfp4-kernel-q8": ExportWeights("mxfp4-kernel-q8"),
 }
 PADDED = ("mxint8-nbits", "mxfp6-nbits", "mxfp4-nbits")  # also timed padded to 2 rows: OrtBackend(min_rows=2)
 SIM_FORMATS = {"fp32": "fp32", "mxint8-nbits": "mxint8", "mxfp6-nbits": "mxfp6", "mxfp4-nbits": "mxfp4"}
