@@ -12,11 +12,13 @@
  * out [B, S, H * D]: query head hq of KV head hq / (H / Hkv).
  *
  * Per query row: scores sc_t = dot(q, K_t) * (1 / sqrt(D)) over the visible slots t in increasing order; m = max;
- * e_t = expf(sc_t - m); sum = e_t added in slot order; out = (sum_t e_t * V_t, an FMA per slot in slot order) / sum.
+ * e_t = exp(sc_t - m) (exp_portable below: a polynomial within 3 ulp of expf; the AVX2 path 8 slots at a time, the
+ * same floats); sum = e_t added in slot order; out = (sum_t e_t * V_t, an FMA per slot in slot order) / sum.
  * The dot product is 8 lanes of FMAs (lane i takes elements i, i + 8, ...) summed as ((l0 + l4) + (l2 + l6)) +
  * ((l1 + l5) + (l3 + l7)), then the D % 8 tail by FMAs: the portable loop (fmaf) and the AVX2 path (D a multiple of
- * 8) compute exactly the same floats. A row's result depends only on its query and the cache slots it sees: not on
- * the other tokens of the call, the cache length or the threads. A row with a position or slot outside the cache is
+ * 8; the output sums of 64 columns kept in registers across the slots) compute exactly the same floats. A row's
+ * result depends only on its query and the cache slots it sees: not on the other tokens of the call, the cache
+ * length or the threads. A row with a position or slot outside the cache is
  * NaN (a graph or call accel does not make; OrtBackend checks positions). */
 #include <math.h>
 #include <stdlib.h>
@@ -58,6 +60,40 @@ static void axpy_portable(float e, const float *v, float *y, int64_t d) {
     for (int64_t i = 0; i < d; i++) y[i] = fmaf(e, v[i], y[i]);
 }
 
+/* exp(x) for the softmax (x = score - max <= 0; NaN stays NaN): x clamped to [-88, 88], n = rint(x / ln 2),
+ * r = x - n ln2_hi - n ln2_lo (FMAs), a degree-6 polynomial (Taylor terms; |r| <= ln 2 / 2), times 2^n made from
+ * its exponent bits (x below about -87.7, where 2^n <= 2^-127: 0). Within 3 ulp of expf (2.7 of exp) wherever the
+ * result is a normal float32: checked over every float32 in [-88, 0]. The AVX2 loop (exp8_avx2) performs the same
+ * operations 8 lanes at a time: the same floats. */
+#define EXP_C1 0.5f
+#define EXP_C2 0.16666667163372039794921875f    /* 1/6 */
+#define EXP_C3 0.041666667908430099487304688f   /* 1/24 */
+#define EXP_C4 0.008333333767950534820556641f   /* 1/120 */
+#define EXP_C5 0.001388888922519981861114502f   /* 1/720 */
+#define EXP_LN2_HI 0.693145751953125f
+#define EXP_LN2_LO 1.428606765330187045e-06f
+#define EXP_LOG2E 1.44269502162933349609375f
+static float exp_portable(float x) {
+    if (x != x) return x;
+    x = x < -88.0f ? -88.0f : x > 88.0f ? 88.0f : x;
+    float n = rintf(x * EXP_LOG2E);
+    float r = fmaf(-n, EXP_LN2_HI, x);
+    r = fmaf(-n, EXP_LN2_LO, r);
+    float p = fmaf(EXP_C5, r, EXP_C4);
+    p = fmaf(p, r, EXP_C3);
+    p = fmaf(p, r, EXP_C2);
+    p = fmaf(p, r, EXP_C1);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t e = (int32_t)n + 127;
+    union {
+        uint32_t u;
+        float f;
+    } two;
+    two.u = e > 0 ? (uint32_t)e << 23 : 0u;
+    return p * two.f;
+}
+
 #if MXK_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma")))
 ATTN_AVX2 static float dot_avx2(const float *a, const float *b, int64_t d) {
@@ -93,12 +129,84 @@ ATTN_AVX2 static void axpy_avx2(float e, const float *v, float *y, int64_t d) {
     for (int64_t i = 0; i < d; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + i), _mm256_loadu_ps(y + i)));
 }
+
+/* exp_portable of 8 lanes: the same operations (max and min keep a NaN x: it is their second operand) */
+ATTN_AVX2 static __m256 exp8_avx2(__m256 x) {
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-88.0f), x));
+    __m256 n = _mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E));
+    n = _mm256_round_ps(n, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C5), r, _mm256_set1_ps(EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    e = _mm256_and_si256(_mm256_slli_epi32(e, 23), _mm256_cmpgt_epi32(e, _mm256_setzero_si256()));
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_blendv_ps(y, x, nan); /* a NaN lane: x itself (the clamps kept it) */
+}
+
+/* out[0..d) = sum over the visible slots t in order of e[t] * V_t, 64 columns at a time in 8 registers (each
+ * column the FMAs of axpy_avx2, in slot order: the same floats); d % 8 == 0 */
+ATTN_AVX2 static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d,
+                              float *out) {
+    int64_t c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t t = 0; t <= last; t++) {
+            if (mask && !mask[t]) continue;
+            const float *v = vb + t * d + c;
+            __m256 ev = _mm256_set1_ps(e[t]);
+            a0 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 24), a3);
+            a4 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 32), a4);
+            a5 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 40), a5);
+            a6 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 48), a6);
+            a7 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + 56), a7);
+        }
+        _mm256_storeu_ps(out + c, a0);
+        _mm256_storeu_ps(out + c + 8, a1);
+        _mm256_storeu_ps(out + c + 16, a2);
+        _mm256_storeu_ps(out + c + 24, a3);
+        _mm256_storeu_ps(out + c + 32, a4);
+        _mm256_storeu_ps(out + c + 40, a5);
+        _mm256_storeu_ps(out + c + 48, a6);
+        _mm256_storeu_ps(out + c + 56, a7);
+    }
+    if (c < d) { /* the last d % 64 columns: through memory */
+        memset(out + c, 0, sizeof(float) * (size_t)(d - c));
+        for (int64_t t = 0; t <= last; t++)
+            if (!mask || mask[t]) axpy_avx2(e[t], vb + t * d + c, out + c, d - c);
+    }
+}
+
+/* e[t] = exp(sc[t] - m) for t in [0, last] (masked slots: anything; they are skipped), 8 at a time */
+ATTN_AVX2 static void exps_avx2(float *sc, int64_t last, float m) {
+    int64_t t = 0;
+    __m256 mv = _mm256_set1_ps(m);
+    for (; t + 8 <= last + 1; t += 8) _mm256_storeu_ps(sc + t, exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t), mv)));
+    for (; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
+}
 #else
 static float dot_avx2(const float *a, const float *b, int64_t d) { return dot_portable(a, b, d); }
 static void dot4_avx2(const float *q, const float *k0, int64_t d, float *out) {
     for (int r = 0; r < 4; r++) out[r] = dot_portable(q, k0 + r * d, d);
 }
 static void axpy_avx2(float e, const float *v, float *y, int64_t d) { axpy_portable(e, v, y, d); }
+static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d, float *out) {
+    memset(out, 0, sizeof(float) * (size_t)d);
+    for (int64_t t = 0; t <= last; t++)
+        if (!mask || mask[t]) axpy_portable(e[t], vb + t * d, out, d);
+}
+static void exps_avx2(float *sc, int64_t last, float m) {
+    for (int64_t t = 0; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
+}
 #endif
 
 /* query rows [r0, r1) of the B * S * H rows (b, s, hq) */
@@ -150,16 +258,23 @@ static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
             sc[t] = (a->simd ? dot_avx2(q, kb + t * d, d) : dot_portable(q, kb + t * d, d)) * scale;
             if (sc[t] > m) m = sc[t]; /* a NaN score is no maximum; its e_t makes the row NaN below */
         }
-        memset(acc, 0, sizeof(float) * (size_t)d);
+        if (mask) /* masked slots hold no score: give them one (their exp is skipped below) */
+            for (int64_t t = 0; t <= last; t++)
+                if (!mask[t]) sc[t] = m;
+        if (a->simd) {
+            exps_avx2(sc, last, m);
+        } else {
+            for (int64_t t = 0; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
+        }
         float sum = 0.0f;
-        for (int64_t t = 0; t <= last; t++) {
-            if (mask && !mask[t]) continue;
-            float e = expf(sc[t] - m);
-            sum += e;
-            if (a->simd)
-                axpy_avx2(e, vb + t * d, acc, d);
-            else
-                axpy_portable(e, vb + t * d, acc, d);
+        for (int64_t t = 0; t <= last; t++)
+            if (!mask || mask[t]) sum += sc[t];
+        if (a->simd) {
+            pv_avx2(sc, vb, mask, last, d, acc);
+        } else {
+            memset(acc, 0, sizeof(float) * (size_t)d);
+            for (int64_t t = 0; t <= last; t++)
+                if (!mask || mask[t]) axpy_portable(sc[t], vb + t * d, acc, d);
         }
         for (int64_t i = 0; i < d; i++) y[i] = acc[i] / sum; /* no visible slot: 0 / 0, NaN */
     }

@@ -3,7 +3,8 @@ write at each token's slot and the attention over the slots each token sees, in 
 
 Op level: a hand-built one-node graph against a float64 numpy reference of the documented semantics (the cache rows
 bit for bit: RoPE is plain float32 products and a difference or sum, which numpy computes the same way), padding,
-tree masks, no RoPE, head_dim 12 (the portable tail) and 16 (the AVX2 path, bitwise equal to the portable one), row
+tree masks, no RoPE, head_dim 12 (the portable tail), 16 (the AVX2 path, bitwise equal to the portable one), 64 and
+96 (the AVX2 path's 64 output columns in registers, and a 32-column rest), row
 independence, out-of-range and wrong-shaped inputs, and the in-place cache under IO binding. Model level: a tiny GQA
 decoder exported with and without ``accel_attention`` (chain, left padding, greedy decoding, tree calls). Tolerances:
 the operator sums in float32 in slot order, onnxruntime's graph in another order; both sit ~1e-7 of the reference,
@@ -169,7 +170,7 @@ def assert_bitwise(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-@pytest.mark.parametrize("d", [12, 16])
+@pytest.mark.parametrize("d", [12, 16, 64, 96])
 @pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_matches_the_reference(d, rope, tree):
@@ -216,7 +217,7 @@ def test_other_head_groupings(h, hkv):
     assert_bitwise(pv, wv)
 
 
-@pytest.mark.parametrize("d", [12, 16, 32])
+@pytest.mark.parametrize("d", [12, 16, 32, 64, 96, 128])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_portable_and_avx2_paths_are_bitwise_equal(d, tree):
     """set_isa(0) (the portable C loop) and set_isa(3) (AVX2 where D % 8 == 0) give the same bits: the same FMA per
