@@ -32,6 +32,7 @@ integer dot products: docs/backends.md, "int8 activations").
     python benchmarks/mx.py --quick                                 # fewer repeats, no accuracy
     python benchmarks/mx.py --quick --exports "fp32 portable,mxfp6-nbits"  # a subset
     python benchmarks/mx.py --sim-check                             # the simulated and kernel exports + accel.sim
+    python benchmarks/mx.py --quick --accel-attention --exports "mxfp6-kernel,mxfp6-kernel-q8"  # the decode graphs
 
 Prints tables and writes results/mx.json. Timings on a shared machine are noisy: compare ratios from one run.
 """
@@ -287,7 +288,7 @@ def report(r: dict) -> None:
     """Print the tables of a result ``r``."""
     print(
         f"\nSmolLM2-135M on onnxruntime, {r['threads']} threads (spinning {'on' if r.get('spin') else 'off'}), past "
-        f"{PAST}; median ms per call; ratio = fp32 / "
+        f"{PAST}{', accel attention' if r.get('accel_attention') else ''}; median ms per call; ratio = fp32 / "
         f"this (load average {r['load_start']:.1f} -> {r['load_end']:.1f})"
     )
     steps, fp32 = r["steps"], r["steps"]["fp32"]
@@ -385,6 +386,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts for the accuracy (default 4)")
     ap.add_argument("--new-tokens", type=int, default=48, help="fp32 greedy tokens per prompt (default 48)")
     ap.add_argument("--spin", action="store_true", help="idle threads spin (onnxruntime default; OrtBackend: off)")
+    ap.add_argument(
+        "--accel-attention",
+        action="store_true",
+        help="each layer's attention as accel's CacheAttention operator, as accel generate exports",
+    )
     ap.add_argument("--profile", type=int, default=0, help="profile this many S=1 calls per operator (default 0: no)")
     ap.add_argument("--sim-check", action="store_true", help="only the simulated exports' steps and accel.sim (~2 min)")
     ap.add_argument("--exports", help="comma-separated subset of: " + ", ".join(EXPORTS) + " (fp32 always)")
@@ -392,7 +398,7 @@ def main() -> None:
     args = ap.parse_args()
     repeats = args.repeats or (8 if args.quick else 30)
     r = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads}
-    r["spin"] = args.spin
+    r["spin"], r["accel_attention"] = args.spin, args.accel_attention
     r["load_start"] = os.getloadavg()[0]
     model = load_checkpoint(smollm2_checkpoint())
     with tempfile.TemporaryDirectory() as tmp:
@@ -400,7 +406,10 @@ def main() -> None:
         for name, w in tqdm(_chosen(args).items(), desc="export", unit="file"):
             path = Path(tmp) / f"{len(paths)}.onnx"
             ort_ops = name != "fp32 portable"
-            paths[name] = export_onnx(model, path, ctx_len=2 * PAST, weights=w, progress=False, ort_ops=ort_ops)
+            attn = args.accel_attention and ort_ops  # accel's CacheAttention needs the fused operators
+            paths[name] = export_onnx(
+                model, path, ctx_len=2 * PAST, weights=w, progress=False, ort_ops=ort_ops, accel_attention=attn
+            )
             backends[name] = OrtBackend(paths[name], threads=args.threads, spin=args.spin)
             if name in PADDED:  # the same graph, its one-token call padded to 2 rows (the same logits)
                 backends[f"{name}, padded"] = OrtBackend(paths[name], threads=args.threads, min_rows=2, spin=args.spin)
