@@ -93,6 +93,7 @@ def test_demo_quick(tmp_path, capsys):
     assert "MXFP6 weights alone, one decode step: measured here" in text and "predicted over fp16" in text
     # ... and on accel's fused kernel (mxfp6-kernel) where the kernel builds (it does wherever the tests run)
     assert 0 < r["mx_kernel_call_s"] and "on accel's fused kernel, float32 activations" in text
+    assert 0 < r["mx_kernel_q8_call_s"] and "with int8 activations" in text  # ... and its mxfp6-kernel-q8 graph
     # one spec file per mode under <out>/specs (the graphs are exported once into $ACCEL_CACHE/onnx, as by generate)
     assert sorted(p.name for p in (out / "specs").glob("*.json")) == sorted(
         p.rsplit("/", 1)[-1] for p in r["specs"].values()

@@ -82,7 +82,16 @@ def run_demo(
     predictions, plot_paths = predict(
         pair.target_dir, pair.draft_dir, dec["runs"], k, run.results, quick, run.say, pair.feat_dir
     )
-    run.say("\n" + mx_summary(dec["fp32_paired_call_s"], dec["mx_nbits_call_s"], predictions, dec["mx_kernel_call_s"]))
+    run.say(
+        "\n"
+        + mx_summary(
+            dec["fp32_paired_call_s"],
+            dec["mx_nbits_call_s"],
+            predictions,
+            dec["mx_kernel_call_s"],
+            dec["mx_kernel_q8_call_s"],
+        )
+    )
     result = DemoResult(
         out_dir=run.results,
         target=str(pair.target_dir),
@@ -251,18 +260,19 @@ def _mode_settings(pair: _Pair, run: _Run) -> ModeSettings:
     )
 
 
-def _timing_graphs(pair: _Pair, ctx_len: int) -> tuple[Path, Path | None]:
-    """The target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits) and ``mxfp6-kernel`` graph (the
-    same weights on accel's fused kernel; None where the kernel cannot be built), exported like the decoding target
-    (``accel.decode.opening.cached_graph``) to be timed beside it."""
+def _timing_graphs(pair: _Pair, ctx_len: int) -> tuple[Path, Path | None, Path | None]:
+    """The target's ``mxfp6-nbits`` graph (exact MXFP6 weights on 8-bit MatMulNBits) and ``mxfp6-kernel`` and
+    ``mxfp6-kernel-q8`` graphs (the same weights on accel's fused kernel, float32 and int8 activations; None where the
+    kernel cannot be built), exported like the decoding target (``accel.decode.opening.cached_graph``) to be timed
+    beside it."""
     from accel.formats.mxkernel_build import kernel_status
 
     wide = GraphNeeds(pair.f_model is not None, pair.f_model is not None)  # the decoding target's graph, but weights
     nbits = cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_NBITS, wide)
-    kernel = (
-        cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_KERNEL, wide) if kernel_status().available else None
-    )
-    return nbits, kernel
+    if not kernel_status().available:
+        return nbits, None, None
+    kernel = cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_KERNEL, wide)
+    return nbits, kernel, cached_graph(pair.target_dir, ctx_len, WeightFormat.MXFP6_KERNEL_Q8, wide)
 
 
 def _decoding_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
@@ -278,8 +288,10 @@ def _decoding_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
         f"one call on onnxruntime: target {t_call * 1e3:.1f} ms (S=1), {t_score * 1e3:.1f} ms (S={run.k + 1}); "
         f"draft {d_call * 1e3:.2f} ms (S=1) = {d_call / t_call:.1%} of a target call"
     )
-    mx_onnx, kernel_onnx = _timing_graphs(pair, settings.ctx_len)
-    mx = mx_step_times(tb, mx_onnx, run.threads, reps=3 if run.quick else 20, kernel_onnx=kernel_onnx)
+    mx_onnx, kernel_onnx, q8_onnx = _timing_graphs(pair, settings.ctx_len)
+    mx = mx_step_times(
+        tb, mx_onnx, run.threads, reps=3 if run.quick else 20, kernel_onnx=kernel_onnx, kernel_q8_onnx=q8_onnx
+    )
     fp32, padded, one = mx["fp32_paired_call_s"], mx["mx_nbits_call_s"], mx["mx_nbits_one_row_call_s"]
     run.say(
         f"exact MXFP6 weights on 8-bit MatMulNBits (int8 activations): {padded * 1e3:.1f} ms per step (S=1 as "
@@ -291,6 +303,12 @@ def _decoding_stage(pair: _Pair, run: _Run) -> dict[str, Any]:
         run.say(
             f"the same MXFP6 weights packed, on accel's fused kernel (float32 activations, mxfp6-kernel): "
             f"{kernel * 1e3:.1f} ms per step: {fp32 / kernel:.2f}x float32"
+        )
+    if mx["mx_kernel_q8_call_s"]:
+        q8 = mx["mx_kernel_q8_call_s"]
+        run.say(
+            f"... with int8 activations (rounded per block of 32, integer dot products, mxfp6-kernel-q8): "
+            f"{q8 * 1e3:.1f} ms per step: {fp32 / q8:.2f}x float32"
         )
     f_call = None
     if pair.f_model is not None:

@@ -126,13 +126,18 @@ def _predict_feature(
 
 
 def mx_summary(
-    fp32_s: float, mx_s: float, predictions: dict[str, dict[str, float]], kernel_s: float | None = None
+    fp32_s: float,
+    mx_s: float,
+    predictions: dict[str, dict[str, float]],
+    kernel_s: float | None = None,
+    kernel_q8_s: float | None = None,
 ) -> str:
     """One line: MXFP6 weights alone, the decode-step speedup measured here (seconds per step of the float32 and the
-    ``mxfp6-nbits`` target, and of the ``mxfp6-kernel`` one when given) next to the predicted ``mxfp6 AR`` speedup
-    over ``fp16 AR`` on each device."""
+    ``mxfp6-nbits`` target, and of the ``mxfp6-kernel`` / ``mxfp6-kernel-q8`` ones when given) next to the predicted
+    ``mxfp6 AR`` speedup over ``fp16 AR`` on each device."""
     predicted = ", ".join(f"{hw} {c['mxfp6 AR']:.2f}x" for hw, c in predictions.items() if "mxfp6 AR" in c)
     kernel = f"; {fp32_s / kernel_s:.2f}x on accel's fused kernel, float32 activations" if kernel_s else ""
+    kernel += f", {fp32_s / kernel_q8_s:.2f}x with int8 activations" if kernel_s and kernel_q8_s else ""
     return (
         f"MXFP6 weights alone, one decode step: measured here {fp32_s / mx_s:.2f}x float32 (CPU, onnxruntime, "
         f"exact MXFP6 on 8-bit MatMulNBits{kernel}); predicted over fp16: {predicted}"

@@ -61,6 +61,8 @@ class DemoResult(BaseModel):
     mx_nbits_one_row_call_s: float | None = None
     # the same weights packed, on accel's fused kernel in onnxruntime (weights="mxfp6-kernel"; None: no kernel here)
     mx_kernel_call_s: float | None = None
+    # ... with int8 activations (weights="mxfp6-kernel-q8": activations rounded per block of 32, integer dot products)
+    mx_kernel_q8_call_s: float | None = None
     fp32_paired_call_s: float | None = None
     runs: list[RunFigures]
     greedy_spd_matches_ar: bool

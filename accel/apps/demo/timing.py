@@ -60,21 +60,25 @@ def paired_step_times(backends: list, reps: int) -> list[float]:
     return [float(np.median(ts)) for ts in times]
 
 
-def mx_step_times(target, mx_onnx, threads: int | None, reps: int, kernel_onnx=None) -> dict[str, Any]:
+def mx_step_times(
+    target, mx_onnx, threads: int | None, reps: int, kernel_onnx=None, kernel_q8_onnx=None
+) -> dict[str, Any]:
     """One S = 1 step of the ``mxfp6-nbits`` graph ``mx_onnx`` (as ``OrtBackend`` runs it: one row for a GQA graph,
-    padded to 2 rows otherwise, docs/backends.md "One row or two"; and one row) and of the ``mxfp6-kernel`` graph
-    ``kernel_onnx`` (if any: the same weights on accel's fused kernel) timed round robin with the float32 ``target``
-    backend: ``DemoResult`` fields, seconds."""
+    padded to 2 rows otherwise, docs/backends.md "One row or two"; and one row), of the ``mxfp6-kernel`` graph
+    ``kernel_onnx`` and of the ``mxfp6-kernel-q8`` graph ``kernel_q8_onnx`` (if given: the same weights on accel's
+    fused kernel, float32 and int8 activations) timed round robin with the float32 ``target`` backend: ``DemoResult``
+    fields, seconds."""
     from accel.backends import OrtBackend
 
     padded, one_row = OrtBackend(mx_onnx, threads=threads), OrtBackend(mx_onnx, threads=threads, min_rows=1)
-    timed = [target, padded, one_row]
-    if kernel_onnx is not None:
-        timed.append(OrtBackend(kernel_onnx, threads=threads))
+    named = {name: path for name, path in (("kernel", kernel_onnx), ("q8", kernel_q8_onnx)) if path is not None}
+    timed = [target, padded, one_row, *(OrtBackend(path, threads=threads) for path in named.values())]
     t_fp32, t_mx, t_one, *t_kernel = paired_step_times(timed, reps)
+    at = dict(zip(named, t_kernel, strict=True))
     return {
         "mx_nbits_call_s": t_mx,
         "mx_nbits_one_row_call_s": t_one,
-        "mx_kernel_call_s": t_kernel[0] if t_kernel else None,
+        "mx_kernel_call_s": at.get("kernel"),
+        "mx_kernel_q8_call_s": at.get("q8"),
         "fp32_paired_call_s": t_fp32,
     }
