@@ -60,6 +60,12 @@ static void *run_part(void *arg) {
     return NULL;
 }
 
+/* part i of `count` equal parts of job j's rows [0, n) (the last ones a row larger) */
+static part_t part_of(const job_t *j, int64_t i, int64_t count, float *decode_out) {
+    part_t p = {j, j->n * i / count, j->n * (i + 1) / count, decode_out};
+    return p;
+}
+
 /* A small pool of worker threads, started on first need and kept. A call splits its rows into chunks (a few per
  * thread: a thread that starts late or runs slower takes fewer) and publishes them in one atomic word, pool_next:
  * the call's number (low 32 bits), its chunk count and the next unclaimed chunk. The caller and the workers claim
@@ -120,8 +126,7 @@ static void run_chunks(uint32_t call) {
         if (call_of(v) != call || idx >= count) return;
         if (!__atomic_compare_exchange_n(&pool_next, &v, v + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
         /* a claimed chunk keeps its call unfinished, so the job cannot change under it */
-        const job_t *j = pool_job;
-        part_t part = {j, j->n * idx / count, j->n * (idx + 1) / count, pool_decode_out};
+        part_t part = part_of(pool_job, idx, count, pool_decode_out);
         run_part(&part);
         if (__atomic_sub_fetch(&pool_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
             __atomic_load_n(&caller_sleeping, __ATOMIC_SEQ_CST)) {
@@ -211,14 +216,9 @@ void mxk_use_pfor(mxk_pfor_t pfor, void *pctx) {
 
 static void run_part_at(void *parts, size_t i) { run_part((part_t *)parts + i); }
 
-/* rows [0, n) of job j as `threads` parts of equal size (the last ones a row larger) */
-static void split_parts(part_t *parts, const job_t *j, int threads, float *decode_out) {
-    for (int t = 0; t < threads; t++) {
-        parts[t].job = j;
-        parts[t].n0 = j->n * t / threads;
-        parts[t].n1 = j->n * (t + 1) / threads;
-        parts[t].decode_out = decode_out;
-    }
+/* rows [0, n) of job j as `count` parts (part_of) */
+static void split_parts(part_t *parts, const job_t *j, int count, float *decode_out) {
+    for (int t = 0; t < count; t++) parts[t] = part_of(j, t, count, decode_out);
 }
 
 /* the parts of a call on the runtime's parallel-for: no shared state, so calls from several threads run at once */
@@ -241,20 +241,15 @@ static int run_parts(const job_t *j, int threads, float *decode_out) {
     if (threads > MXK_MAX_THREADS) threads = MXK_MAX_THREADS;
     if (threads > j->n) threads = (int)(j->n > 0 ? j->n : 1);
     if (ext_pfor != NULL) return run_parts_ext(j, threads, decode_out);
-    if (threads == 1) {
-        part_t part = {j, 0, j->n, decode_out};
-        run_part(&part);
-        return 0;
-    }
-    pthread_mutex_lock(&call_mu);
-    if (pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
     if (threads > 1) {
-        run_pooled(j, threads, decode_out);
-    } else {
-        part_t part = {j, 0, j->n, decode_out};
-        run_part(&part);
+        pthread_mutex_lock(&call_mu);
+        if (pool_grow(threads - 1) < threads - 1) threads = pool_workers + 1; /* the system refused */
+        if (threads > 1) run_pooled(j, threads, decode_out);
+        pthread_mutex_unlock(&call_mu);
+        if (threads > 1) return 0;
     }
-    pthread_mutex_unlock(&call_mu);
+    part_t whole = part_of(j, 0, 1, decode_out); /* one thread: no pool state touched */
+    run_part(&whole);
     return 0;
 }
 

@@ -94,6 +94,18 @@ static float exp_portable(float x) {
     return p * two.f;
 }
 
+/* e[t] = exp(sc[t] - m) for t in [0, last] (masked slots: anything; they are skipped) */
+static void exps_portable(float *sc, int64_t last, float m) {
+    for (int64_t t = 0; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
+}
+
+/* out[0..d) = sum over the visible slots t in order of e[t] * V_t: an FMA per element a slot */
+static void pv_portable(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d, float *out) {
+    memset(out, 0, sizeof(float) * (size_t)d);
+    for (int64_t t = 0; t <= last; t++)
+        if (!mask || mask[t]) axpy_portable(e[t], vb + t * d, out, d);
+}
+
 #if MXK_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma")))
 ATTN_AVX2 static float dot_avx2(const float *a, const float *b, int64_t d) {
@@ -200,13 +212,9 @@ static void dot4_avx2(const float *q, const float *k0, int64_t d, float *out) {
 }
 static void axpy_avx2(float e, const float *v, float *y, int64_t d) { axpy_portable(e, v, y, d); }
 static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d, float *out) {
-    memset(out, 0, sizeof(float) * (size_t)d);
-    for (int64_t t = 0; t <= last; t++)
-        if (!mask || mask[t]) axpy_portable(e[t], vb + t * d, out, d);
+    pv_portable(e, vb, mask, last, d, out);
 }
-static void exps_avx2(float *sc, int64_t last, float m) {
-    for (int64_t t = 0; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
-}
+static void exps_avx2(float *sc, int64_t last, float m) { exps_portable(sc, last, m); }
 #endif
 
 /* query rows [r0, r1) of the B * S * H rows (b, s, hq) */
@@ -261,21 +269,11 @@ static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
         if (mask) /* masked slots hold no score: give them one (their exp is skipped below) */
             for (int64_t t = 0; t <= last; t++)
                 if (!mask[t]) sc[t] = m;
-        if (a->simd) {
-            exps_avx2(sc, last, m);
-        } else {
-            for (int64_t t = 0; t <= last; t++) sc[t] = exp_portable(sc[t] - m);
-        }
+        (a->simd ? exps_avx2 : exps_portable)(sc, last, m);
         float sum = 0.0f;
         for (int64_t t = 0; t <= last; t++)
             if (!mask || mask[t]) sum += sc[t];
-        if (a->simd) {
-            pv_avx2(sc, vb, mask, last, d, acc);
-        } else {
-            memset(acc, 0, sizeof(float) * (size_t)d);
-            for (int64_t t = 0; t <= last; t++)
-                if (!mask || mask[t]) axpy_portable(sc[t], vb + t * d, acc, d);
-        }
+        (a->simd ? pv_avx2 : pv_portable)(sc, vb, mask, last, d, acc);
         for (int64_t i = 0; i < d; i++) y[i] = acc[i] / sum; /* no visible slot: 0 / 0, NaN */
     }
     if (sc != small) free(sc);
