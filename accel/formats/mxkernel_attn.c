@@ -210,7 +210,6 @@ static float dot_avx2(const float *a, const float *b, int64_t d) { return dot_po
 static void dot4_avx2(const float *q, const float *k0, int64_t d, float *out) {
     for (int r = 0; r < 4; r++) out[r] = dot_portable(q, k0 + r * d, d);
 }
-static void axpy_avx2(float e, const float *v, float *y, int64_t d) { axpy_portable(e, v, y, d); }
 static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d, float *out) {
     pv_portable(e, vb, mask, last, d, out);
 }

@@ -17,12 +17,12 @@
  * is m_0 * u_0 + m_1 * u_1 (products, then the sum) over the two halves' sums u_h = dx * (float)sum(q of half h).
  *
  * since sum_e x_e (d w_e + m) = d dx sum(q w) + m dx sum(q) for the quantized x. Every path computes exactly this
- * sequence (no floating-point contraction in this file), so the portable loop and AVX2 (vpmaddubsw on |w| and
- * sign(w) * q: pair sums <= 2 * 128 * 127, within int16) agree bit
+ * sequence (no floating-point contraction in this file), so the portable loop, AVX2 (vpmaddubsw on |w| and
+ * sign(w) * q: pair sums <= 2 * 128 * 127, within int16) and AVX-512 VNNI agree bit
  * for bit with each other and with accel.formats.mxkernel_q8.reference_q8_ggml, whatever the rows per call and the
  * threads. The AVX2 path decodes each block once for up to 4 x rows (a verify call's rows), reads 8 blocks' scales as
- * one vector (F16C converts float16 halves exactly) and keeps a tile's accumulators in registers; CPUs with AVX-512
- * run it too (an AVX-512 VNNI path, two blocks a register, is not written yet: no such CPU was at hand to test it).
+ * one vector (F16C converts float16 halves exactly) and keeps a tile's accumulators in registers; the AVX-512 VNNI
+ * path is the same code with vpdpbusd for vpmaddubsw + vpmaddwd (256-bit registers, one block each).
  */
 #pragma GCC optimize("fp-contract=off")
 #include <string.h>
@@ -122,6 +122,7 @@ static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
 
 #if MXK_X86
 #define GQ8_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GQ8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
 /* the scales of blocks b .. b + cnt - 1 (cnt <= 8) -> d[8], m[8] (zeros past cnt), exactly */
 GQ8_AVX2 static inline void group_scales(const int fast, const uint8_t *sc, int64_t b, int cnt, float d[8],
@@ -177,7 +178,7 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
 }
 
 /* block g + k + I into acc[r][I] of each of the R rows (gq8_rows_avx2's locals) */
-#define GQ8_BLOCK256(I)                                                                                              \
+#define GQ8_BLOCK256(I, DOT)                                                                                            \
     do {                                                                                                             \
         const int64_t b = g + k + (I);                                                                               \
         __m256i w = block_ints256(fast, row + bytes * b);                                                            \
@@ -195,7 +196,7 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
             const int64_t at = (s0 + r) * nb + b;                                                                    \
             __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + at * 32));                                     \
             __m256i sx = sgn ? _mm256_sign_epi8(x, w) : x;                                                           \
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));                       \
+            __m256i p = DOT(aw, sx);                                                                                 \
             __m256 cv = fast == FAST_I8_F32 ? _mm256_mul_ps(dv, _mm256_set1_ps(j->xd[at]))                           \
                                             : _mm256_set1_ps(c[r][k + (I)]);                                         \
             acc[r][I] = _mm256_add_ps(acc[r][I], _mm256_mul_ps(_mm256_cvtepi32_ps(p), cv));                          \
@@ -206,74 +207,94 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
         }                                                                                                            \
     } while (0)
 
-/* AVX2: W row n against x rows s0 .. s0 + R - 1; blocks one at a time, each decoded once for the R rows */
-GQ8_AVX2 static inline __attribute__((always_inline)) void gq8_rows_avx2(const job_t *j, int64_t n, int64_t s0,
-                                                                         const int fast, const int R) {
-    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), sgn = signed_ints(fast);
-    const int64_t nb = j->nblocks;
-    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
-    __m256 acc[MXK_X_TILE][4], off[MXK_X_TILE];
-    float offs[MXK_X_TILE][8] = {{0}}; /* I8_F32's offsets, lane b % 8 (the others': off, 8 blocks at a time) */
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        off[r] = _mm256_setzero_ps();
-        _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
+/* NAME(j, n, s0, fast, R): W row n against x rows s0 .. s0 + R - 1; blocks one at a time, each decoded once for the
+ * R rows; defined for AVX2 and for VNNI, which differ only in DOT */
+#define GQ8_ROWS_FN(TARGET, NAME, DOT)                                                                               \
+    TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t n, int64_t s0,             \
+                                                                  const int fast, const int R) {                     \
+        const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), sgn = signed_ints(fast);         \
+        const int64_t nb = j->nblocks;                                                                               \
+        const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;                           \
+        __m256 acc[MXK_X_TILE][4], off[MXK_X_TILE];                                                                  \
+        float offs[MXK_X_TILE][8] = {{0}}; /* I8_F32's offsets, lane b % 8 (the others': off, 8 blocks at a time) */ \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                        \
+            off[r] = _mm256_setzero_ps();                                                                            \
+            _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();                     \
+        }                                                                                                            \
+        for (int64_t g = 0; g < nb; g += 8) {                                                                        \
+            const int cnt = nb - g < 8 ? (int)(nb - g) : 8;                                                          \
+            float d[8], m[8], c[MXK_X_TILE][8];                                                                      \
+            if (fast != FAST_I8_F32) {                                                                               \
+                group_scales(fast, sc, g, cnt, d, m);                                                                \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                \
+                    const int64_t at = (s0 + r) * nb + g;                                                            \
+                    _mm256_storeu_ps(c[r], _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt)));               \
+                    if (has_offset(fast))                                                                            \
+                        off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));   \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (int k = 0; k < cnt; k += 4) { /* block g + k + i updates acc[.][i]: g is a multiple of 8 */         \
+                _mm_prefetch((const char *)(row + bytes * (g + k)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);               \
+                GQ8_BLOCK256(0, DOT);                                                                                \
+                if (k + 1 < cnt) GQ8_BLOCK256(1, DOT);                                                               \
+                if (k + 2 < cnt) GQ8_BLOCK256(2, DOT);                                                               \
+                if (k + 3 < cnt) GQ8_BLOCK256(3, DOT);                                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                        \
+            __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));      \
+            float y = hsum8(t);                                                                                      \
+            if (fast == FAST_I8_F32)                                                                                 \
+                y = y + hsum8(_mm256_loadu_ps(offs[r]));                                                             \
+            else if (has_offset(fast))                                                                               \
+                y = y + hsum8(off[r]);                                                                               \
+            j->y[(s0 + r) * j->n + n] = y;                                                                           \
+        }                                                                                                            \
     }
-    for (int64_t g = 0; g < nb; g += 8) {
-        const int cnt = nb - g < 8 ? (int)(nb - g) : 8;
-        float d[8], m[8], c[MXK_X_TILE][8];
-        if (fast != FAST_I8_F32) {
-            group_scales(fast, sc, g, cnt, d, m);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                const int64_t at = (s0 + r) * nb + g;
-                _mm256_storeu_ps(c[r], _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt)));
-                if (has_offset(fast))
-                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
-            }
-        }
-        for (int k = 0; k < cnt; k += 4) { /* block g + k + i updates acc[.][i]: g is a multiple of 8 */
-            _mm_prefetch((const char *)(row + bytes * (g + k)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
-            GQ8_BLOCK256(0);
-            if (k + 1 < cnt) GQ8_BLOCK256(1);
-            if (k + 2 < cnt) GQ8_BLOCK256(2);
-            if (k + 3 < cnt) GQ8_BLOCK256(3);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
-        float y = hsum8(t);
-        if (fast == FAST_I8_F32)
-            y = y + hsum8(_mm256_loadu_ps(offs[r]));
-        else if (has_offset(fast))
-            y = y + hsum8(off[r]);
-        j->y[(s0 + r) * j->n + n] = y;
-    }
+
+/* the 8 int32 lanes of a block's products, 4 bytes a lane, aw unsigned and sx signed: vpmaddubsw then vpmaddwd
+ * (AVX2) or vpdpbusd (VNNI), equal here because no pair sum reaches int16's limit (<= 2 * 128 * 127) */
+GQ8_AVX2 static inline __m256i gq8_dot_avx2(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
 }
+GQ8_VNNI static inline __m256i gq8_dot_vnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+}
+GQ8_ROWS_FN(GQ8_AVX2, gq8_rows_avx2, gq8_dot_avx2)
+GQ8_ROWS_FN(GQ8_VNNI, gq8_rows_vnni, gq8_dot_vnni)
 
 /* every output of W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
- * inlined call */
-#define GQ8_TILE_CALL(n, s0, R)                                                                                      \
+ * inlined call of ROWS (the AVX2 or the VNNI tile) */
+#define GQ8_TILE_CALL(ROWS, n, s0, R)                                                                                \
     do {                                                                                                             \
         switch (j->fast) {                                                                                           \
-        case FAST_Q8_0: gq8_rows_avx2(j, n, s0, FAST_Q8_0, R); break;                                                \
-        case FAST_Q4_0: gq8_rows_avx2(j, n, s0, FAST_Q4_0, R); break;                                                \
-        case FAST_Q4_1: gq8_rows_avx2(j, n, s0, FAST_Q4_1, R); break;                                                \
-        case FAST_Q4_F32: gq8_rows_avx2(j, n, s0, FAST_Q4_F32, R); break;                                            \
-        case FAST_I8_F32: gq8_rows_avx2(j, n, s0, FAST_I8_F32, R); break;                                            \
-        case FAST_Q5S_F32: gq8_rows_avx2(j, n, s0, FAST_Q5S_F32, R); break;                                          \
-        default: gq8_rows_avx2(j, n, s0, FAST_Q5_F32, R); break;                                                     \
+        case FAST_Q8_0: ROWS(j, n, s0, FAST_Q8_0, R); break;                                                         \
+        case FAST_Q4_0: ROWS(j, n, s0, FAST_Q4_0, R); break;                                                         \
+        case FAST_Q4_1: ROWS(j, n, s0, FAST_Q4_1, R); break;                                                         \
+        case FAST_Q4_F32: ROWS(j, n, s0, FAST_Q4_F32, R); break;                                                     \
+        case FAST_I8_F32: ROWS(j, n, s0, FAST_I8_F32, R); break;                                                     \
+        case FAST_Q5S_F32: ROWS(j, n, s0, FAST_Q5S_F32, R); break;                                                   \
+        default: ROWS(j, n, s0, FAST_Q5_F32, R); break;                                                              \
         }                                                                                                            \
     } while (0)
+#define GQ8_AVX2_TILE(n, s0, R) GQ8_TILE_CALL(gq8_rows_avx2, n, s0, R)
+#define GQ8_VNNI_TILE(n, s0, R) GQ8_TILE_CALL(gq8_rows_vnni, n, s0, R)
 GQ8_AVX2 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_TILE_CALL, j, n);
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_AVX2_TILE, j, n);
+}
+GQ8_VNNI static void gq8_vnni(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_VNNI_TILE, j, n);
 }
 #else
 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
+static void gq8_vnni(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
 #endif
 
-/* the int8-activation path of GGUF blocks: AVX2 where mxk_q8_path allows any SIMD path (1, 2, 3: AVX-512 CPUs run
- * the AVX2 code too), else portable */
+/* the int8-activation path of GGUF blocks: VNNI where mxk_q8_path allows it (2, 3), AVX2 (1), else portable */
 void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path) {
-    if (path >= 1)
+    if (path >= 2)
+        gq8_vnni(j, n0, n1);
+    else if (path == 1)
         gq8_avx2(j, n0, n1);
     else
         gq8_portable(j, n0, n1);

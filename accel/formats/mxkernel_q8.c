@@ -155,44 +155,11 @@ static void q8_portable(const job_t *j, int64_t n0, int64_t n1) {
 #define Q8_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define Q8_VBMI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vbmi,avx512vnni")))
 
-Q8_AVX2 static inline __m256i q8_weights(const int fast, const uint8_t *row, int64_t b) {
-    return fast == FAST_E2M3 ? e2m3_ints(unpack_fp6(row + 24 * b)) : e2m1_ints(row + 16 * b);
-}
-
 Q8_AVX2 static inline float q8_hsum(__m256 l) { /* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
     u = _mm_add_ps(u, _mm_movehl_ps(u, u));
     return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
 }
-
-/* one output: W row n against x row s; DOT is the block's 8-lane integer dot product of ax = |q| and sw = sign(q) w */
-#define Q8_BLOCK(ACC, B)                                                                                             \
-    do {                                                                                                             \
-        __m256i w = WEIGHTS(fast, row, (B));                                                                         \
-        __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * (B)));                                            \
-        __m256i ax = _mm256_sign_epi8(x, x), sw = _mm256_sign_epi8(w, x);                                            \
-        __m256 f = _mm256_cvtepi32_ps(DOT);                                                                          \
-        ACC = _mm256_add_ps(ACC, _mm256_mul_ps(f, _mm256_set1_ps(tab[sc[(B)]] * xd[(B)])));                          \
-    } while (0)
-
-#define Q8_ROW_BODY                                                                                                  \
-    const int bytes = fast == FAST_E2M3 ? 24 : 16;                                                                   \
-    const uint8_t *row = j->codes + n * j->nblocks * bytes, *sc = j->scales + n * j->nblocks;                        \
-    const int8_t *q = j->xq + s * j->nblocks * 32;                                                                   \
-    const float *xd = j->xd + s * j->nblocks, *tab = SCALES[fast];                                                   \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                                      \
-    int64_t b = 0;                                                                                                   \
-    for (; b + 4 <= j->nblocks; b += 4) {                                                                            \
-        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);                             \
-        Q8_BLOCK(a0, b);                                                                                             \
-        Q8_BLOCK(a1, b + 1);                                                                                         \
-        Q8_BLOCK(a2, b + 2);                                                                                         \
-        Q8_BLOCK(a3, b + 3);                                                                                         \
-    }                                                                                                                \
-    if (b < j->nblocks) Q8_BLOCK(a0, b);                                                                             \
-    if (b + 1 < j->nblocks) Q8_BLOCK(a1, b + 1);                                                                     \
-    if (b + 2 < j->nblocks) Q8_BLOCK(a2, b + 2);                                                                     \
-    j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 
 /* block b's weights for the AVX2 tile: their magnitudes |w| (vpmaddubsw's unsigned operand) and a byte whose sign is
  * w's (zero only where w is), to move the sign onto each x row's codes */
@@ -208,8 +175,17 @@ Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, in
     }
 }
 
+/* the 8 int32 lanes of a block's products, 4 bytes a lane, aw unsigned and sx signed: vpmaddubsw then vpmaddwd
+ * (AVX2) or vpdpbusd (VNNI), equal here because no pair sum reaches int16's limit (<= 2 * 127 * 60) */
+Q8_AVX2 static inline __m256i dot_avx2(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+Q8_VNNI static inline __m256i dot_vnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+}
+
 /* block B (B % 4 == I) into acc[r][I] of each of the R rows: q . w = |w| . (sign(w) q), the same int32 lanes */
-#define Q8_TILE_BLOCK(I, B)                                                                                          \
+#define Q8_TILE_BLOCK(I, B, DOT)                                                                                     \
     do {                                                                                                             \
         __m256i aw, sg;                                                                                              \
         q8_weights_abs(fast, row, (B), &aw, &sg);                                                                    \
@@ -217,58 +193,61 @@ Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, in
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
             const int64_t at = (s0 + r) * nb + (B);                                                                  \
             __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + 32 * at));                                     \
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sg)), _mm256_set1_epi16(1));  \
+            __m256i p = DOT(aw, _mm256_sign_epi8(x, sg));                                                            \
             acc[r][I] = _mm256_add_ps(acc[r][I], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ws * j->xd[at]))); \
         }                                                                                                            \
     } while (0)
 
-/* AVX2: W row n against x rows s0 .. s0 + R - 1, each block decoded once for the R rows (a verify call's rows) */
-Q8_AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(const job_t *j, int64_t n, int64_t s0,
-                                                                       const int fast, const int R) {
-    const int bytes = fast == FAST_E2M3 ? 24 : 16;
-    const int64_t nb = j->nblocks;
-    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb;
-    const float *tab = SCALES[fast];
-    __m256 acc[MXK_X_TILE][4];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();
+/* NAME(j, n, s0, fast, R): W row n against x rows s0 .. s0 + R - 1, each block decoded once for the R rows (a verify
+ * call's rows); defined for AVX2 and for VNNI, which differ only in DOT */
+#define Q8_ROWS_FN(TARGET, NAME, DOT)                                                                                \
+    TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t n, int64_t s0,             \
+                                                                  const int fast, const int R) {                     \
+        const int bytes = fast == FAST_E2M3 ? 24 : 16;                                                               \
+        const int64_t nb = j->nblocks;                                                                               \
+        const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb;                                    \
+        const float *tab = SCALES[fast];                                                                             \
+        __m256 acc[MXK_X_TILE][4];                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) acc[r][a] = _mm256_setzero_ps();                   \
+        }                                                                                                            \
+        int64_t b = 0;                                                                                               \
+        for (; b + 4 <= nb; b += 4) {                                                                                \
+            _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);                         \
+            Q8_TILE_BLOCK(0, b, DOT);                                                                                \
+            Q8_TILE_BLOCK(1, b + 1, DOT);                                                                            \
+            Q8_TILE_BLOCK(2, b + 2, DOT);                                                                            \
+            Q8_TILE_BLOCK(3, b + 3, DOT);                                                                            \
+        }                                                                                                            \
+        if (b < nb) Q8_TILE_BLOCK(0, b, DOT);                                                                        \
+        if (b + 1 < nb) Q8_TILE_BLOCK(1, b + 1, DOT);                                                                \
+        if (b + 2 < nb) Q8_TILE_BLOCK(2, b + 2, DOT);                                                                \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));      \
+            j->y[(s0 + r) * j->n + n] = q8_hsum(t);                                                                  \
+        }                                                                                                            \
     }
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
-        Q8_TILE_BLOCK(0, b);
-        Q8_TILE_BLOCK(1, b + 1);
-        Q8_TILE_BLOCK(2, b + 2);
-        Q8_TILE_BLOCK(3, b + 3);
-    }
-    if (b < nb) Q8_TILE_BLOCK(0, b);
-    if (b + 1 < nb) Q8_TILE_BLOCK(1, b + 1);
-    if (b + 2 < nb) Q8_TILE_BLOCK(2, b + 2);
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
-        j->y[(s0 + r) * j->n + n] = q8_hsum(t);
-    }
-}
+Q8_ROWS_FN(Q8_AVX2, q8_rows_avx2, dot_avx2)
+Q8_ROWS_FN(Q8_VNNI, q8_rows_vnni, dot_vnni)
 
-/* the AVX2 path over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
- * inlined call */
-#define Q8_AVX2_TILE(n, s0, R)                                                                                       \
+/* the AVX2 and VNNI paths over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at
+ * each inlined call */
+#define Q8_TILE_CALL(ROWS, n, s0, R)                                                                                 \
     do {                                                                                                             \
         if (j->fast == FAST_E2M3)                                                                                    \
-            q8_rows_avx2(j, n, s0, FAST_E2M3, R);                                                                    \
+            ROWS(j, n, s0, FAST_E2M3, R);                                                                            \
         else                                                                                                         \
-            q8_rows_avx2(j, n, s0, FAST_E2M1, R);                                                                    \
+            ROWS(j, n, s0, FAST_E2M1, R);                                                                            \
     } while (0)
+#define Q8_AVX2_TILE(n, s0, R) Q8_TILE_CALL(q8_rows_avx2, n, s0, R)
+#define Q8_VNNI_TILE(n, s0, R) Q8_TILE_CALL(q8_rows_vnni, n, s0, R)
 Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_AVX2_TILE, j, n);
 }
-
-#define WEIGHTS q8_weights
-#define DOT _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw)
-Q8_VNNI static inline __attribute__((always_inline)) void q8_row_vnni(const job_t *j, int64_t n, int64_t s,
-                                                                      const int fast) {
-    Q8_ROW_BODY
+Q8_VNNI static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_VNNI_TILE, j, n);
 }
+
 /* VNNI with VBMI's unpacking, two blocks per 512-bit register: blocks b, b + 1 (b % 4 == 0) update acc0 | acc1 and
  * b + 2, b + 3 update acc2 | acc3, the same per-block arithmetic as the other paths. AVX-512 has no byte sign
  * instruction: sign(q) * w is w negated where q < 0 (where q == 0 the product is 0 either way). */
@@ -318,22 +297,21 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
     __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
     j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
 }
-#undef DOT
-#undef WEIGHTS
 
-/* every output of W rows [n0, n1): one loop per path, `fast` a constant in each (row functions are inlined) */
-#define Q8_ROWS(TARGET, NAME, ROW)                                                                                   \
-    TARGET static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                               \
-        for (int64_t n = n0; n < n1; n++)                                                                            \
-            for (int64_t s = 0; s < j->s; s++) {                                                                     \
-                if (j->fast == FAST_E2M3)                                                                            \
-                    ROW(j, n, s, FAST_E2M3);                                                                         \
-                else                                                                                                 \
-                    ROW(j, n, s, FAST_E2M1);                                                                         \
-            }                                                                                                        \
+/* VBMI: one x row (a decode step) by the 512-bit row loop, more (a verify call) by the VNNI tile, whose AVX2 unpack
+ * of each block is shared by the tile's rows */
+Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
+    if (j->s > 1) {
+        q8_vnni(j, n0, n1);
+        return;
     }
-Q8_ROWS(Q8_VNNI, q8_vnni, q8_row_vnni)
-Q8_ROWS(Q8_VBMI, q8_vbmi, q8_row_vbmi)
+    for (int64_t n = n0; n < n1; n++) {
+        if (j->fast == FAST_E2M3)
+            q8_row_vbmi(j, n, 0, FAST_E2M3);
+        else
+            q8_row_vbmi(j, n, 0, FAST_E2M1);
+    }
+}
 
 int have_vnni(void) {
     static int cached = -1;
@@ -345,16 +323,6 @@ int have_vnni(void) {
     return cached;
 }
 #else
-Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t s = 0; s < j->s; s++) {
-            if (j->fast == FAST_E2M3)
-                q8_row_vbmi(j, n, s, FAST_E2M3);
-            else
-                q8_row_vbmi(j, n, s, FAST_E2M1);
-        }
-}
-
 int have_vnni(void) { return 0; }
 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
