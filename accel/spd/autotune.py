@@ -328,6 +328,7 @@ class AutoTune:
             view = copy.copy(run)  # the same run, tighter limits for this round (the run's arrays are not written)
             view.max_nodes = np.minimum(run.max_nodes, nodes)
             view.max_depth = np.minimum(run.max_depth, nodes)
+            view.loop_limits = run.loop_limits or (run.max_nodes, run.max_depth)
             out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
         offered = any(t is not None for t in out)
@@ -513,7 +514,7 @@ class AutoTune:
 
 def _median(curve: CostCurve, size: int) -> float:
     """The median of ``curve``'s kept samples at ``size`` (a size it has samples of)."""
-    return float(np.median(curve.samples(size)))
+    return curve.median(size)
 
 
 def _known(curve: CostCurve, size: int) -> float:

@@ -9,18 +9,20 @@ a call scores, so the controller keeps one call curve for every arm.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
 
-from accel.backends.base import Backend
+from accel.backends.base import Backend, BackendInfo
 from accel.errors import SpdError
 from accel.sim.tree import best_tree, path_probabilities, rank_acceptance_from_counts
 from accel.spd.costs import CostCurve
 from accel.spd.draft_chain import DraftChain
 from accel.spd.draft_tree import DraftTree
 from accel.spd.merge import Merge
-from accel.spd.proposers import FirstOf, NgramLookup, Proposer, RowOutcome
+from accel.spd.proposers import FirstOf, NgramLookup, Proposer, ProposerInfo, RowOutcome, RunState, proposals
+from accel.spd.tree import TokenTree
 
 __all__ = [
     "ARM_FACTOR_RANGE",
@@ -30,7 +32,9 @@ __all__ = [
     "NO_ARM",
     "PRIOR_WEIGHT",
     "Arm",
+    "SelfSized",
     "ShapeEvidence",
+    "Unbudgeted",
     "arm_budgets",
     "as_arms",
     "draft_arms",
@@ -206,6 +210,50 @@ class ShapeEvidence:
         return tuple(float(x) for x in (w * model + sums[1:]) / (w + sums[0]))
 
 
+class _Wrapped:
+    """A proposer that delegates everything to ``proposer`` (the base of the arm markers below)."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+
+    @property
+    def info(self) -> ProposerInfo:
+        return self.proposer.info
+
+    def check(self, target: BackendInfo) -> None:
+        self.proposer.check(target)
+
+    def start(self, run: RunState) -> None:
+        self.proposer.start(run)
+
+    def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
+        return proposals(self.proposer, run, rows)
+
+    def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
+        self.proposer.update(run, outcomes)
+
+
+class Unbudgeted(_Wrapped):
+    """``proposer`` inside an arm, free of the controller's budget: it proposes within the loop's own limits
+    (``RunState.loop_limits``: room in the context, the row's end), as it would alone. For n-gram lookup first in an
+    arm (``draft_arms``): a lookup proposal costs no draft call, and the fastest fixed settings measured keep the
+    lookup's own length beside a short draft chain ("chain K = 1 + lookup"), a shape that one budget binding both
+    could not express. The limits are the loop's, a function of the past: exactness is the wrapped proposer's."""
+
+    def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
+        limits = run.loop_limits
+        if limits is not None:
+            run = copy.copy(run)  # the same run with the loop's limits (the run's arrays are not written)
+            run.max_nodes, run.max_depth = limits
+        return proposals(self.proposer, run, rows)
+
+
+class SelfSized(_Wrapped):
+    """An arm whose proposer sizes its own proposals (a dynamic chain stops where the draft's probability falls below
+    its threshold): the controller runs it at its largest budget or not at all (``arm_budgets``) instead of capping
+    the size it chooses, and its own rounds price it (``ShapeEvidence``)."""
+
+
 def draft_arms(
     draft: Backend,
     *,
@@ -215,14 +263,16 @@ def draft_arms(
     dynamic: tuple[int, float] | None = None,
 ) -> list[Proposer]:
     """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
-    ``k`` tokens, the draft chain alone, (with ``dynamic = (k_max, p)``) lookup first then a dynamic chain of up to
-    ``k_max`` tokens that stops where the draft's probability falls below ``p`` (``DraftChain(min_draft_prob=p)``),
-    and (where the draft takes tree inputs) a draft tree of up to ``nodes`` nodes merged with lookup. ``lookup``: the
-    n-gram order and its longest proposal (``NgramLookup(n, k)``)."""
+    ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), the draft chain alone,
+    (with ``dynamic = (k_max, p)``) lookup first then a dynamic chain of up to ``k_max`` tokens that stops where the
+    draft's probability falls below ``p`` (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (where the
+    draft takes tree inputs) a draft tree of up to ``nodes`` nodes merged with lookup. ``lookup``: the n-gram order
+    and its longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K + lookup" and "dynamic chain +
+    lookup" is thus exactly one of the controller's shapes."""
     n, lk = lookup
-    arms: list[Proposer] = [FirstOf(NgramLookup(n, lk), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
     if dynamic is not None:
-        arms.append(FirstOf(NgramLookup(n, lk), DraftChain(draft, dynamic[0], dynamic[1])))
+        arms.append(SelfSized(FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, dynamic[0], dynamic[1]))))
     if "tree" in draft.info.capabilities:
         arms.append(Merge(NgramLookup(n, lk), DraftTree(draft, nodes=nodes)))
     return arms
@@ -241,16 +291,19 @@ def as_arms(proposer: Proposer | Sequence[Proposer]) -> list[Proposer]:
 
 def arm_budgets(arms: list[Proposer], budgets: Sequence[int] | None) -> list[tuple[Proposer, list[int]]]:
     """Each arm with its budgets: 1 .. its ``max_nodes``, or the given ones up to it (every given budget must fit
-    some arm, every arm must keep one)."""
+    some arm, every arm must keep one); a ``SelfSized`` arm only the largest of those."""
     tops = [p.info.max_nodes for p in arms]
     if budgets is None:
-        return [(p, list(range(1, top + 1))) for p, top in zip(arms, tops, strict=True)]
-    given = sorted({int(b) for b in budgets})
-    if not given or given[0] < 1 or given[-1] > max(tops) or any(given[0] > top for top in tops):
-        raise SpdError(
-            f"AutoTune budgets must be node counts in 1 .. {max(tops)} (the proposers' max_nodes {tops}); got {budgets}"
-        )
-    return [(p, [b for b in given if b <= top]) for p, top in zip(arms, tops, strict=True)]
+        out = [(p, list(range(1, top + 1))) for p, top in zip(arms, tops, strict=True)]
+    else:
+        given = sorted({int(b) for b in budgets})
+        if not given or given[0] < 1 or given[-1] > max(tops) or any(given[0] > top for top in tops):
+            raise SpdError(
+                f"AutoTune budgets must be node counts in 1 .. {max(tops)} (the proposers' max_nodes {tops}); "
+                f"got {budgets}"
+            )
+        out = [(p, [b for b in given if b <= top]) for p, top in zip(arms, tops, strict=True)]
+    return [(p, b[-1:] if isinstance(p, SelfSized) else b) for p, b in out]
 
 
 def probe_schedule(arms: list[Arm]) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ None): its user decides what to do then (``accel.spd.autotune.AutoTune`` runs it
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
@@ -65,7 +66,7 @@ class CostCurve:
         self.name, self.window = name, window
         self._samples: dict[int, deque[float]] = {}
         self.rejected = 0  # samples refused: not a finite number of seconds > 0
-        self._fit: tuple[np.ndarray, np.ndarray] | None = None
+        self._fit: tuple[list[int], list[float]] | None = None
 
     def observe(self, size: int, seconds: float) -> bool:
         """Add one sample (``seconds`` at ``size`` >= 0); False (and counted in ``rejected``) if it is not a finite
@@ -88,25 +89,47 @@ class CostCurve:
         """The kept samples at ``size`` (oldest first)."""
         return list(self._samples.get(int(size), ()))
 
+    def median(self, size: int) -> float:
+        """The median of the kept samples at ``size`` (a size with samples; numpy's median, without its overhead:
+        the controller reads these for every size several times a plan)."""
+        return _median(self._samples[int(size)])
+
     def fitted(self) -> tuple[np.ndarray, np.ndarray]:
         """``(sizes, seconds)`` of the monotone fit of the per-size medians (empty arrays without samples)."""
+        sizes, secs = self._fitted()
+        return np.asarray(sizes, dtype=np.int64), np.asarray(secs, dtype=np.float64)
+
+    def _fitted(self) -> tuple[list[int], list[float]]:
         if self._fit is None:
-            sizes = np.asarray(self.sizes, dtype=np.int64)
-            med = np.asarray([float(np.median(self._samples[s])) for s in self.sizes], dtype=np.float64)
-            weights = np.asarray([len(self._samples[s]) for s in self.sizes], dtype=np.float64)
-            self._fit = (sizes, monotone_fit(med, weights) if sizes.size else med)
+            sizes = self.sizes
+            med = np.asarray([self.median(s) for s in sizes], dtype=np.float64)
+            weights = np.asarray([len(self._samples[s]) for s in sizes], dtype=np.float64)
+            self._fit = (sizes, (monotone_fit(med, weights) if sizes else med).tolist())
         return self._fit
 
     def seconds(self, size: float) -> float | None:
         """The fitted seconds at ``size`` (interpolated between measured sizes, the last slope beyond them, flat
         below); None when the curve has no valid sample."""
-        sizes, secs = self.fitted()
-        if sizes.size == 0:
+        sizes, secs = self._fitted()
+        if not sizes:
             return None
-        if size >= sizes[-1] and sizes.size >= 2:
+        if size >= sizes[-1] and len(sizes) >= 2:
             slope = (secs[-1] - secs[-2]) / float(sizes[-1] - sizes[-2])
             return float(secs[-1] + slope * (size - sizes[-1]))
-        return float(np.interp(size, sizes, secs))
+        i = bisect.bisect_right(sizes, size) - 1  # np.interp's segment and arithmetic, in Python floats
+        if i < 0:
+            return float(secs[0])
+        if i >= len(sizes) - 1:
+            return float(secs[-1])
+        slope = (secs[i + 1] - secs[i]) / (sizes[i + 1] - sizes[i])
+        return float(slope * (size - sizes[i]) + secs[i])
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median of a few floats as numpy computes it (the mean of the middle two for an even count)."""
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
 
 
 def probe_target(

@@ -78,6 +78,9 @@ class RunState:
         active: bool ``[B]``, rows still generating.
         max_nodes, max_depth: int64 ``[B]``, this round's limits for each row's tree (room in the context, the
             length limit and the target's ``max_seq_len``); trees beyond them are ``SpdError``s.
+        loop_limits: the loop's own ``(max_nodes, max_depth)`` where a controller (``AutoTune``) lowered the two
+            above to this round's budget for the proposer it wraps; None otherwise (``accel.spd.autotune_arm.
+            Unbudgeted`` proposes within these).
         hidden: float32 ``[B, capacity, H]``, the target's final-norm hidden state at each position below
             ``n - 1`` (when some proposer ``needs_hidden``), else None.
     """
@@ -99,6 +102,7 @@ class RunState:
         self.batch = int(n.shape[0])
         self.max_nodes = np.zeros(self.batch, dtype=np.int64)
         self.max_depth = np.zeros(self.batch, dtype=np.int64)
+        self.loop_limits: tuple[np.ndarray, np.ndarray] | None = None
         self._stats = stats
 
     def call(

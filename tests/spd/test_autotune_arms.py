@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd import GREEDY, DraftChain, DraftTree, NgramLookup, generate, generate_ar
+from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, NgramLookup, generate, generate_ar
 from accel.spd.autotune import AutoTune, TuneSettings
+from accel.spd.autotune_arm import SelfSized, Unbudgeted
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
 from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
@@ -48,8 +49,38 @@ def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
     assert {r.shape for r in records if r.nodes > 0} == names  # every arm proposed in some round
     assert all(r.shape == "none" for r in records if r.nodes == 0)
     assert {"probe", "model", "explore"} <= {r.phase for r in records}
-    for r in records:  # the budget was honoured (a chain arm scores at most its k + 1 tokens)
-        assert r.call_tokens <= r.nodes + 1
+    for r in records:  # the budget binds the draft; the lookup first in an arm keeps its own length (4 tokens)
+        limit = max(r.nodes, 4) if r.shape.startswith("lookup(n=3, k=4) |") else r.nodes
+        assert r.call_tokens <= limit + 1
+
+
+def test_lookup_first_keeps_its_length_at_a_small_budget(models):
+    """At budget 1 the lookup-first arm (``Unbudgeted`` lookup) proposes the lookup's whole match where the text
+    repeats, within the loop's limits (the last rounds of a row), while the draft chain keeps to 1 token; greedy
+    still equals AR."""
+    target, draft = models
+    prompt = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]]
+    tb, db = backend(target, 1, ctx_len=CTX), backend(draft, 1, ctx_len=CTX)
+    ar = generate_ar(tb, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
+    arm = FirstOf(Unbudgeted(NgramLookup(2, 4)), DraftChain(db, k=3))
+    tuner = AutoTune([arm], budgets=[1], fallback=1, settings=TuneSettings(explore_every=0))
+    res = generate(tb, tuner, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    assert res.tokens == ar
+    rounds = [r for r in res.stats.tuned_rounds if r.nodes == 1]
+    assert rounds and max(r.call_tokens for r in rounds) == 5  # a 4-token lookup at budget 1
+    # without the wrapper the budget binds the lookup too
+    bound = AutoTune([FirstOf(NgramLookup(2, 4), DraftChain(db, k=3))], budgets=[1], fallback=1)
+    res = generate(tb, bound, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    assert res.tokens == ar and max(r.call_tokens for r in res.stats.tuned_rounds) == 2
+
+
+def test_a_self_sized_arm_runs_at_its_largest_budget_only(models):
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    dyn = SelfSized(DraftChain(db, 4, 0.3))
+    tuner = AutoTune([DraftChain(db, k=2), dyn])
+    assert [a.budgets for a in tuner.arms] == [[1, 2], [4]] and tuner.arms[1].name == dyn.proposer.info.name
+    assert [a.budgets for a in AutoTune([DraftChain(db, k=2), dyn], budgets=[1, 2, 3]).arms] == [[1, 2], [3]]
 
 
 @pytest.fixture(scope="module")
