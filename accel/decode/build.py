@@ -63,7 +63,7 @@ from accel.spd import (
     check_compatible,
     generate,
 )
-from accel.spd.autotune import AutoTune
+from accel.spd.autotune import AutoTune, draft_arms
 from accel.superposed import NgramStore, SuperposedConfig
 from accel.superposed.proposer import SuperposedProposer
 from accel.superposed.scoring import TUNED
@@ -177,9 +177,9 @@ def _proposer(spec: DecodeSpec, drafts: _Drafts) -> Proposer | None:
 
 
 def _autotune_arms(spec: DecodeSpec, drafts: _Drafts) -> list[Proposer] | None:
-    """The shapes the controller chooses between for a draft model (``accel.spd.autotune``): n-gram lookup first then
-    a draft chain, the chain alone, and a draft tree merged with lookup (where the target's and the draft's graphs
-    take tree inputs and the target's activations are not int8), all over one draft backend. The spec's lookup,
+    """The shapes the controller chooses between for a draft model (``accel.spd.autotune.draft_arms``): n-gram lookup
+    first then a draft chain, and a draft tree merged with lookup (where the target's and the draft's graphs take
+    tree inputs and the target's activations are not int8), over one draft backend. The spec's lookup,
     chain length ``k`` and tree settings size them (defaults: lookup n=3 k=4, chains of up to 4, trees of up to
     ``AUTOTUNE_TREE_NODES``). None for a proposer without a draft model (lookup alone, Hydra heads): the controller
     then sizes that one proposer."""
@@ -193,15 +193,14 @@ def _autotune_arms(spec: DecodeSpec, drafts: _Drafts) -> list[Proposer] | None:
     draft = _open_draft(part, t, GraphNeeds(tree=trees), drafts)
     trees = trees and "tree" in draft.info.capabilities  # an .onnx draft is used as it was exported
     k = part.k if isinstance(part, ChainSpec) else min(part.nodes, 4)
-    arms: list[Proposer] = [FirstOf(NgramLookup(look.n, look.k), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    tree = None
     if trees:
         tree = (
             DraftTree(draft, part.nodes, part.top_k, part.depth, part.min_prob, part.expand_prob)
             if isinstance(part, TreeSpec)
             else DraftTree(draft, nodes=AUTOTUNE_TREE_NODES)
         )
-        arms.append(Merge(NgramLookup(look.n, look.k), tree))
-    return arms
+    return draft_arms(draft, k=k, lookup=(look.n, look.k), tree=tree, trees=trees)
 
 
 def _model_proposer(p: ModelPartSpec, target: TargetSpec, drafts: _Drafts) -> Proposer:

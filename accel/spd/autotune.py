@@ -89,6 +89,7 @@ from accel.spd.autotune_arm import (
     as_arms,
     draft_arms,
     probe_schedule,
+    share_draft_models,
 )
 from accel.spd.costs import DEFAULT_WINDOW, CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
@@ -238,7 +239,9 @@ class AutoTune:
         st.check()
         prior_acceptance, decay, explore_every = st.prior_acceptance, st.decay, st.explore_every
         replan_every, window = st.replan_every, st.window
-        self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(as_arms(proposer), budgets)]
+        proposers = as_arms(proposer)
+        share_draft_models(proposers)  # one arm proposes a round: the arms may share a draft's bookkeeping
+        self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(proposers, budgets)]
         self.fallback = self.arms[0].budgets[-1] if fallback is None else int(fallback)
         self._fallback_arm = next((i for i, a in enumerate(self.arms) if self.fallback in a.budgets), NO_ARM)
         if self.fallback != 0 and self._fallback_arm == NO_ARM:

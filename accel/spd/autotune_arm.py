@@ -19,6 +19,7 @@ from accel.errors import SpdError
 from accel.sim.tree import best_tree, path_probabilities, rank_acceptance_from_counts
 from accel.spd.costs import CostCurve
 from accel.spd.draft_chain import DraftChain
+from accel.spd.draft_model import DraftModel
 from accel.spd.draft_tree import DraftTree
 from accel.spd.merge import Merge
 from accel.spd.proposers import FirstOf, NgramLookup, Proposer, ProposerInfo, RowOutcome, RunState, proposals
@@ -39,6 +40,7 @@ __all__ = [
     "as_arms",
     "draft_arms",
     "probe_schedule",
+    "share_draft_models",
 ]
 
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a depth's acceptance towards the pooled rate (and that towards the prior)
@@ -261,21 +263,52 @@ def draft_arms(
     nodes: int = 8,
     lookup: tuple[int, int] = (3, 4),
     dynamic: tuple[int, float] | None = None,
+    tree: DraftTree | None = None,
+    trees: bool = True,
 ) -> list[Proposer]:
     """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
-    ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), the draft chain alone,
-    (with ``dynamic = (k_max, p)``) lookup first then a dynamic chain of up to ``k_max`` tokens that stops where the
-    draft's probability falls below ``p`` (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (where the
-    draft takes tree inputs) a draft tree of up to ``nodes`` nodes merged with lookup. ``lookup``: the n-gram order
-    and its longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K + lookup" and "dynamic chain +
-    lookup" is thus exactly one of the controller's shapes."""
+    ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), (with ``dynamic =
+    (k_max, p)``) lookup first then a dynamic chain of up to ``k_max`` tokens that stops where the draft's
+    probability falls below ``p`` (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (``trees``, where
+    the draft takes tree inputs) a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes.
+    ``lookup``: the n-gram order and its longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K +
+    lookup" and "dynamic chain + lookup" is thus exactly one of the controller's shapes. No arm drafts a chain without
+    lookup first: where lookup finds no match the first arm proposes that chain, and in every run of the fixed grid
+    (benchmarks/autotune.py) the chain after lookup was as fast or faster than the same chain alone, while a bare
+    chain arm, chosen after a few lucky probe rounds, held the controller at 0.81-0.87x the best setting."""
     n, lk = lookup
-    arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
+    arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k))]
     if dynamic is not None:
         arms.append(SelfSized(FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, dynamic[0], dynamic[1]))))
-    if "tree" in draft.info.capabilities:
-        arms.append(Merge(NgramLookup(n, lk), DraftTree(draft, nodes=nodes)))
+    if trees and "tree" in draft.info.capabilities:
+        arms.append(Merge(NgramLookup(n, lk), tree if tree is not None else DraftTree(draft, nodes=nodes)))
     return arms
+
+
+def _draft_users(proposer: object) -> list:
+    """The proposers inside ``proposer`` (itself, ``FirstOf`` / ``Merge`` parts, wrapped ones) that keep a draft's
+    bookkeeping (a ``DraftModel`` as ``.model``: ``DraftChain``, ``DraftTree``)."""
+    if isinstance(getattr(proposer, "model", None), DraftModel):
+        return [proposer]
+    inner = [getattr(proposer, "proposer", None), *getattr(proposer, "proposers", ())]
+    return [u for p in inner if p is not None for u in _draft_users(p)]
+
+
+def share_draft_models(arms: Sequence[Proposer]) -> None:
+    """Point the draft proposers of the arms that use one draft backend at one ``DraftModel`` (the positions the
+    draft has consumed). The controller calls one arm a round, so an arm chosen after others catches up only on the
+    tokens since the draft's last call by any arm, not since its own (a 20-40-token catch-up call after an exploration
+    round, 17-34 ms on the fp32 SmolLM2 feature draft, where the arms' draft cache already held those tokens), and the
+    draft's prompt is prefilled once per run instead of once per arm. An arm that calls one draft twice in a round (a
+    ``Merge`` of two proposers on one backend) keeps its own models."""
+    shared: dict[int, DraftModel] = {}
+    for arm in arms:
+        users = _draft_users(arm)
+        backends = [id(u.model.backend) for u in users]
+        if len(set(backends)) != len(backends):
+            continue
+        for u in users:
+            u.model = shared.setdefault(id(u.model.backend), u.model)
 
 
 def as_arms(proposer: Proposer | Sequence[Proposer]) -> list[Proposer]:

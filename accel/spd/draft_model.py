@@ -50,6 +50,7 @@ class DraftModel:
         # a draft whose hidden states live in the feature space feeds them back while drafting (EAGLE)
         self.estimates = self.feature and info.hidden_size == info.feature_size
         self.fed = np.zeros(0, dtype=np.int64)
+        self._run: RunState | None = None  # the run started last (proposers sharing this model start it once)
 
     @property
     def info(self) -> BackendInfo:
@@ -112,7 +113,11 @@ class DraftModel:
             return self.backend.forward(ids, pos, num_logits=num_logits), None
 
     def start(self, run: RunState) -> None:
-        """Reset the cache and prefill every prompt but its last token (chunks of ``max_seq_len``)."""
+        """Reset the cache and prefill every prompt but its last token (chunks of ``max_seq_len``); once per run
+        (proposers sharing this model, ``accel.spd.autotune_arm.share_draft_models``, each start it)."""
+        if self._run is run:
+            return
+        self._run = run
         self.backend.reset()
         self.fed = run.n - 1
         stops = run.n - 1

@@ -1,5 +1,5 @@
 """The controller over several shapes (``AutoTune`` of a list of arms, ``draft_arms``): exact while it switches
-between a lookup-first chain, a bare chain and a merged tree over one shared draft backend, and it picks the arm the
+between a lookup-first chain, a chain and a merged tree over one shared draft backend, and it picks the arm the
 stated formula picks.
 
 - greedy: SpD == greedy AR token for token (batch 1 and ragged batch 3) over several runs of one controller, with
@@ -17,7 +17,7 @@ import pytest
 from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, NgramLookup, generate, generate_ar
 from accel.spd.autotune import AutoTune, TuneSettings
-from accel.spd.autotune_arm import SelfSized, Unbudgeted
+from accel.spd.autotune_arm import SelfSized, Unbudgeted, _draft_users
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
 from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
@@ -39,11 +39,15 @@ def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
     tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
     ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
     tuner = AutoTune.for_draft(db, k=3, nodes=5, settings=TuneSettings(explore_every=3))
-    assert len(tuner.arms) == 3  # lookup | chain, chain, lookup + tree (the torch draft takes tree inputs)
+    assert len(tuner.arms) == 2  # lookup | chain, lookup + tree (the torch draft takes tree inputs)
+    models = {id(u.model) for a in tuner.arms for u in _draft_users(a.proposer)}
+    assert len(models) == 1  # the arms share the draft's bookkeeping (share_draft_models)
     records = []
     for _ in range(4):
         res = generate(tb, tuner, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY)
         assert res.tokens == ar
+        st = res.stats  # the draft's prompt is prefilled once, not once per arm
+        assert st.draft_calls - round(st.draft_calls_per_loop * st.rounds) == 1
         records += res.stats.tuned_rounds
     names = {a.name for a in tuner.arms}
     assert {r.shape for r in records if r.nodes > 0} == names  # every arm proposed in some round
