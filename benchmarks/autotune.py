@@ -17,11 +17,11 @@ Settings of a cell: AR; for ``feature`` the chains K = ``--chain-ks`` (default 1
 ``hydra`` the trees of ``--hydra-nodes`` (4, 12) nodes (``TreeShape.for_decoding``); each also with n-gram lookup
 (``NgramLookup(--ngram 3, --ngram-k 4)``: ``FirstOf`` before a chain, ``Merge`` into a tree); and the controller,
 ``AutoTune`` over the drafter's shapes (feature: ``draft_arms``, lookup then a chain of up to max(--chain-ks) (the
-lookup at its own length), lookup then the dynamic chain (on or off), the largest tree merged with lookup; Hydra: the
-largest tree merged with lookup and after lookup), probed (``.probe(target)``) before the pass, one instance per cell
-kept across the prompts (it learns). Per prompt (the first ``--prompts`` of ``HELD_OUT_PROMPTS``), every target,
-sampling and setting runs once, ``--max-new-tokens`` tokens (EOS ignored, so every run makes the same tokens); AR
-runs once per (target, sampling) and serves both drafters' cells.
+lookup at its own length), the chain alone, lookup then the dynamic chain (on or off), the largest tree merged with
+lookup; Hydra: the largest tree merged with lookup and after lookup), probed (``.probe(target)``) before the pass, one
+instance per cell kept across the prompts (it learns). Per prompt (the first ``--prompts`` of ``HELD_OUT_PROMPTS``),
+every target, sampling and setting runs once, ``--max-new-tokens`` tokens (EOS ignored, so every run makes the same
+tokens); AR runs once per (target, sampling) and serves both drafters' cells.
 
 tok/s = a setting's new tokens over all prompts / its decode seconds (``wall_s - prefill_s`` of each run); the
 median over prompts of the per-prompt tok/s is printed beside it and saved. Per cell: every setting's tok/s, the best
@@ -226,7 +226,7 @@ def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace) -> dict
 
 def controller(drafter: str, bench: Bench, args: argparse.Namespace, target: Any) -> AutoTune:
     """``AutoTune`` over the drafter's shapes, probed on ``target``: for the feature draft ``draft_arms`` (lookup
-    first then a chain of up to max(--chain-ks), lookup first then the dynamic chain (--dyn-k,
+    first then a chain of up to max(--chain-ks), the chain alone, lookup first then the dynamic chain (--dyn-k,
     --min-draft-prob), the largest tree merged with lookup); for Hydra
     heads the largest tree merged with lookup and after lookup (``FirstOf``)."""
     if drafter == "feature":

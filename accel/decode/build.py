@@ -178,11 +178,11 @@ def _proposer(spec: DecodeSpec, drafts: _Drafts) -> Proposer | None:
 
 def _autotune_arms(spec: DecodeSpec, drafts: _Drafts) -> list[Proposer] | None:
     """The shapes the controller chooses between for a draft model (``accel.spd.autotune.draft_arms``): n-gram lookup
-    first then a draft chain, and a draft tree merged with lookup (where the target's and the draft's graphs take
-    tree inputs and the target's activations are not int8), over one draft backend. The spec's lookup,
-    chain length ``k`` and tree settings size them (defaults: lookup n=3 k=4, chains of up to 4, trees of up to
-    ``AUTOTUNE_TREE_NODES``). None for a proposer without a draft model (lookup alone, Hydra heads): the controller
-    then sizes that one proposer."""
+    first then a draft chain, the chain alone, and a draft tree merged with lookup (where the target's and the draft's
+    graphs take tree inputs and the target's activations are not int8), over one draft backend. The spec's lookup, chain
+    length ``k`` and tree settings size them (defaults: lookup n=3 k=4, chains of up to 4, trees of up to
+    ``AUTOTUNE_TREE_NODES``). None for a proposer without a draft model (lookup alone, Hydra heads): the controller then
+    sizes that one proposer."""
     parts = spec.model_parts()
     if not parts or not isinstance(parts[0], ChainSpec | TreeSpec):
         return None

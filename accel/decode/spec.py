@@ -173,8 +173,8 @@ class DecodeSpec(Part):
         tokenizer: a ``tokenizer.json``, its directory or a ``.gguf`` (None: the target's own).
         autotune: wrap the proposer in ``accel.spd.autotune.AutoTune``: each round's node budget (0: no speculation)
             chosen from the run's measured costs and acceptance; the proposer's own size is the largest budget. For
-            a draft model the controller also chooses the shape: lookup then a chain (the lookup at its own
-            length), or a tree merged with lookup (``accel.decode.build``; trees where the target's graph and
+            a draft model the controller also chooses the shape: lookup then a chain (the lookup at its own length),
+            the chain alone, or a tree merged with lookup (``accel.decode.build``; trees where the target's graph and
             activations allow them).
             None (the default) is resolved at validation: on when there is a proposer and none of its size fields
             (``SHAPE_FIELDS``: ``k``, ``nodes``, ``depth``, ``min_draft_prob``) was given, off otherwise (an explicit

@@ -267,17 +267,16 @@ def draft_arms(
     trees: bool = True,
 ) -> list[Proposer]:
     """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
-    ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), (with ``dynamic =
-    (k_max, p)``) lookup first then a dynamic chain of up to ``k_max`` tokens that stops where the draft's
-    probability falls below ``p`` (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (``trees``, where
-    the draft takes tree inputs) a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes.
-    ``lookup``: the n-gram order and its longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K +
-    lookup" and "dynamic chain + lookup" is thus exactly one of the controller's shapes. No arm drafts a chain without
-    lookup first: where lookup finds no match the first arm proposes that chain, and in every run of the fixed grid
-    (benchmarks/autotune.py) the chain after lookup was as fast or faster than the same chain alone, while a bare
-    chain arm, chosen after a few lucky probe rounds, held the controller at 0.81-0.87x the best setting."""
+    ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), the draft chain alone
+    (where a lookup's wide call costs more than it gains: on the compute-bound ``gguf-kernel`` SmolLM2 target chain
+    K = 1 ran 1.07x AR and K = 1 after lookup 0.98x), (with ``dynamic = (k_max, p)``) lookup first then a dynamic
+    chain of up to ``k_max`` tokens that stops where the draft's probability falls below ``p``
+    (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (``trees``, where the draft takes tree inputs)
+    a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes. ``lookup``: the n-gram order and its
+    longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K", "chain K + lookup" and "dynamic chain +
+    lookup" is thus exactly one of the controller's shapes."""
     n, lk = lookup
-    arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k))]
+    arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
     if dynamic is not None:
         arms.append(SelfSized(FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, dynamic[0], dynamic[1]))))
     if trees and "tree" in draft.info.capabilities:

@@ -39,7 +39,7 @@ def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
     tb, db = backend(target, len(prompts), ctx_len=CTX), backend(draft, len(prompts), ctx_len=CTX)
     ar = generate_ar(tb, prompts, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
     tuner = AutoTune.for_draft(db, k=3, nodes=5, settings=TuneSettings(explore_every=3))
-    assert len(tuner.arms) == 2  # lookup | chain, lookup + tree (the torch draft takes tree inputs)
+    assert len(tuner.arms) == 3  # lookup | chain, chain, lookup + tree (the torch draft takes tree inputs)
     models = {id(u.model) for a in tuner.arms for u in _draft_users(a.proposer)}
     assert len(models) == 1  # the arms share the draft's bookkeeping (share_draft_models)
     records = []

@@ -75,7 +75,7 @@ def demo_modes(s: ModeSettings) -> list[tuple[str, DecodeSpec]]:
             (f"feature SpD T={s.temperature:g}", feat, sampled, False),
             (LOOKUP_MODE, FirstOfSpec(lookup=lookup, then=feat), greedy, False),
             (TREE_MODE, TreeSpec(draft=s.feature_draft, nodes=TREE_NODES), greedy, False),
-            # the controller over lookup then the chain, and a tree merged with lookup (build's arms)
+            # the controller over lookup then the chain, the chain, and a tree merged with lookup (build's arms)
             (AUTOTUNE_MODE, FirstOfSpec(lookup=lookup, then=feat), greedy, True),
         ]
         if s.hydra:  # the heads read the target's hidden states, as the feature draft does
