@@ -287,6 +287,17 @@ MXK_AVX2 static inline __m256i e2m1_ints(const uint8_t *p) {
                                    _mm_shuffle_epi8(table, second), 1);
 }
 
+/* the 8 int32 lanes of a block's int8 products, 4 bytes a lane, aw unsigned and sx signed (the int8-activation
+ * paths): vpmaddubsw then vpmaddwd (AVX2) or vpdpbusd (VNNI), equal wherever no pair sum reaches int16's limit (MX
+ * weights: <= 2 * 127 * 60; GGUF blocks: <= 2 * 128 * 127) */
+MXK_AVX2 static inline __m256i dot_u8s8_avx2(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+#define MXK_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+MXK_VNNI static inline __m256i dot_u8s8_vnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+}
+
 #define MXK_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")))
 /* the 32 codes of a block -> value * 2^shift as int8 (256-bit VBMI ops): a masked load of the block's bytes, vpermb
  * puts the bytes of 8 codes in each qword, vpmultishiftqb moves code j of a qword to its byte j, and a byte table

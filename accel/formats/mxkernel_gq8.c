@@ -252,16 +252,8 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
         }                                                                                                            \
     }
 
-/* the 8 int32 lanes of a block's products, 4 bytes a lane, aw unsigned and sx signed: vpmaddubsw then vpmaddwd
- * (AVX2) or vpdpbusd (VNNI), equal here because no pair sum reaches int16's limit (<= 2 * 128 * 127) */
-GQ8_AVX2 static inline __m256i gq8_dot_avx2(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-}
-GQ8_VNNI static inline __m256i gq8_dot_vnni(__m256i aw, __m256i sx) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-}
-GQ8_ROWS_FN(GQ8_AVX2, gq8_rows_avx2, gq8_dot_avx2)
-GQ8_ROWS_FN(GQ8_VNNI, gq8_rows_vnni, gq8_dot_vnni)
+GQ8_ROWS_FN(GQ8_AVX2, gq8_rows_avx2, dot_u8s8_avx2) /* mxkernel.h */
+GQ8_ROWS_FN(GQ8_VNNI, gq8_rows_vnni, dot_u8s8_vnni)
 
 /* every output of W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
  * inlined call of ROWS (the AVX2 or the VNNI tile) */

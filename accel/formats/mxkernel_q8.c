@@ -175,15 +175,6 @@ Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, in
     }
 }
 
-/* the 8 int32 lanes of a block's products, 4 bytes a lane, aw unsigned and sx signed: vpmaddubsw then vpmaddwd
- * (AVX2) or vpdpbusd (VNNI), equal here because no pair sum reaches int16's limit (<= 2 * 127 * 60) */
-Q8_AVX2 static inline __m256i dot_avx2(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-}
-Q8_VNNI static inline __m256i dot_vnni(__m256i aw, __m256i sx) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-}
-
 /* block B (B % 4 == I) into acc[r][I] of each of the R rows: q . w = |w| . (sign(w) q), the same int32 lanes */
 #define Q8_TILE_BLOCK(I, B, DOT)                                                                                     \
     do {                                                                                                             \
@@ -227,8 +218,8 @@ Q8_VNNI static inline __m256i dot_vnni(__m256i aw, __m256i sx) {
             j->y[(s0 + r) * j->n + n] = q8_hsum(t);                                                                  \
         }                                                                                                            \
     }
-Q8_ROWS_FN(Q8_AVX2, q8_rows_avx2, dot_avx2)
-Q8_ROWS_FN(Q8_VNNI, q8_rows_vnni, dot_vnni)
+Q8_ROWS_FN(Q8_AVX2, q8_rows_avx2, dot_u8s8_avx2) /* mxkernel.h */
+Q8_ROWS_FN(Q8_VNNI, q8_rows_vnni, dot_u8s8_vnni)
 
 /* the AVX2 and VNNI paths over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at
  * each inlined call */

@@ -406,10 +406,10 @@ class AutoTune:
         if not bare.sizes:
             return real
         both = [s for s in real.sizes if s in bare.sizes]
-        ratio = float(np.median([_median(real, s) / _median(bare, s) for s in both])) if both else 1.0
+        ratio = float(np.median([real.median(s) / bare.median(s) for s in both])) if both else 1.0
         merged = CostCurve("target call", 1)
         for size in sorted(set(real.sizes) | set(bare.sizes)):
-            merged.observe(size, _median(real, size) if size in real.sizes else ratio * _median(bare, size))
+            merged.observe(size, real.median(size) if size in real.sizes else ratio * bare.median(size))
         return merged
 
     def acceptance(self, arm: int = 0) -> np.ndarray:
@@ -513,11 +513,6 @@ class AutoTune:
         i = options.index(nodes) if nodes in options else 0
         j = min(i + 1, len(options) - 1) if self._explored % 2 == 1 or i == 0 else i - 1
         return (arm if options[j] > 0 else NO_ARM), options[j]
-
-
-def _median(curve: CostCurve, size: int) -> float:
-    """The median of ``curve``'s kept samples at ``size`` (a size it has samples of)."""
-    return curve.median(size)
 
 
 def _known(curve: CostCurve, size: int) -> float:
