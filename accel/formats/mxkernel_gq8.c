@@ -124,34 +124,47 @@ static void gq8_portable(const job_t *j, int64_t n0, int64_t n1) {
 #define GQ8_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define GQ8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
-/* the scales of blocks b .. b + cnt - 1 (cnt <= 8) -> d[8], m[8] (zeros past cnt), exactly */
+/* the 32-bit words [0, words) at p (words <= 8; zeros past them): a masked load, nothing past them is read */
+GQ8_AVX2 static inline __m256i load_words(const uint8_t *p, int words) {
+    if (words >= 8) return _mm256_loadu_si256((const __m256i *)p);
+    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(words), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_epi32((const int *)p, mask);
+}
+
+/* the scales of blocks b .. b + cnt - 1 (1 <= cnt <= 8; not I8_F32, whose scales the tiles read per block) ->
+ * d[8], m[8] (zeros past cnt), exactly: masked loads of the scale bytes (zero bytes past cnt's blocks, which convert
+ * to zeros), then the same conversions for every cnt */
 GQ8_AVX2 static inline void group_scales(const int fast, const uint8_t *sc, int64_t b, int cnt, float d[8],
                                          float m[8]) {
-    if (cnt == 8 && f32_scales(fast)) { /* 8 float32 (d, m) pairs: even floats, then odd ones */
-        __m256 a = _mm256_loadu_ps((const float *)(sc + 8 * b)), c = _mm256_loadu_ps((const float *)(sc + 8 * b + 32));
+    if (f32_scales(fast)) { /* 8 float32 (d, m) pairs: even floats, then odd ones */
+        const uint8_t *p = sc + 8 * b;
+        __m256 a = _mm256_castsi256_ps(load_words(p, 2 * cnt));
+        __m256 c = _mm256_castsi256_ps(load_words(p + 32, 2 * cnt - 8));
         __m256 dd = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0)), mm = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
         _mm256_storeu_ps(d, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(dd), 0xD8)));
         _mm256_storeu_ps(m, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mm), 0xD8)));
         return;
     }
-    if (cnt == 8) {
-        if (fast == FAST_Q4_1) { /* 8 (d, m) pairs of halves: gather the d's, then the m's, 4 per 128-bit lane */
-            const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8,
-                                                  9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-            __m256i h = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(sc + 4 * b)), pick);
-            h = _mm256_permute4x64_epi64(h, 0xD8); /* d0..3 d4..7 | m0..3 m4..7 */
-            _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
-            _mm256_storeu_ps(m, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
-        } else {
-            _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 2 * b))));
-            memset(m, 0, 8 * sizeof(float));
-        }
+    if (fast == FAST_Q4_1) { /* 8 (d, m) pairs of halves: gather the d's, then the m's, 4 per 128-bit lane */
+        const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8,
+                                              9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        __m256i h = _mm256_shuffle_epi8(load_words(sc + 4 * b, cnt), pick);
+        h = _mm256_permute4x64_epi64(h, 0xD8); /* d0..3 d4..7 | m0..3 m4..7 */
+        _mm256_storeu_ps(d, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+        _mm256_storeu_ps(m, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
         return;
     }
-    for (int i = 0; i < 8; i++) {
-        d[i] = m[i] = 0.0f;
-        if (i < cnt) gq8_scales(fast, sc, b + i, &d[i], &m[i]);
+    /* one half per block: the whole words, then an odd count's last half on its own (nothing past it is read) */
+    const uint8_t *p = sc + 2 * b;
+    __m128i h = _mm256_castsi256_si128(load_words(p, cnt / 2));
+    if (cnt & 1) {
+        uint16_t last;
+        memcpy(&last, p + 2 * (cnt - 1), 2);
+        __m128i at = _mm_cmpeq_epi16(_mm_set1_epi16((short)(cnt - 1)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        h = _mm_or_si128(h, _mm_and_si128(at, _mm_set1_epi16((short)last)));
     }
+    _mm256_storeu_ps(d, _mm256_cvtph_ps(h));
+    memset(m, 0, 8 * sizeof(float));
 }
 
 /* the 8 floats at v, zeros past cnt (a masked load: nothing past cnt is read) */
