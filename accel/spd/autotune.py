@@ -118,6 +118,7 @@ class Plan:
     arms: np.ndarray
     model_tokens: np.ndarray | None = None
     model_call_s: np.ndarray | None = None
+    margin: float = 0.0
 
     @property
     def tokens_per_s(self) -> np.ndarray:
@@ -126,9 +127,14 @@ class Plan:
 
     def best_shape(self, arm: int | None = None) -> tuple[int, int]:
         """``(arm, nodes)`` of the highest rate (the first on ties: no speculation, then smaller budgets and earlier
-        arms); ``arm``: the best of that arm only."""
-        rate = self.tokens_per_s if arm is None else np.where(self.arms == arm, self.tokens_per_s, -np.inf)
-        i = int(np.argmax(rate))
+        arms), no speculation's rate counted ``1 + margin`` times (``TuneSettings.margin``); ``arm``: the best of
+        that arm only."""
+        if arm is not None:
+            i = int(np.argmax(np.where(self.arms == arm, self.tokens_per_s, -np.inf)))
+        else:
+            rate = self.tokens_per_s.copy()
+            rate[self.nodes == 0] *= 1.0 + self.margin
+            i = int(np.argmax(rate))
         return int(self.arms[i]), int(self.nodes[i])
 
     def best(self) -> int:
@@ -183,6 +189,10 @@ class TuneSettings:
         replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
             every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
         window: timing samples kept per size (``CostCurve``).
+        margin: speculation is chosen only where its predicted rate is at least ``1 + margin`` times no
+            speculation's, in [0, 1) (default 0). The shape chosen is the one whose noisy estimate is highest, so its
+            prediction runs high (3-21% more tokens per call than its rounds gave, SmolLM2 targets on a 2-core VM);
+            a margin keeps marginal speculation off, at the price of also refusing some that wins (docs/spd.md).
     """
 
     prior_acceptance: float = 0.5
@@ -190,6 +200,7 @@ class TuneSettings:
     explore_every: int = 16
     replan_every: int = 8
     window: int = DEFAULT_WINDOW
+    margin: float = 0.0
 
     def check(self) -> None:
         """``SpdError`` naming the first setting out of its range."""
@@ -202,10 +213,13 @@ class TuneSettings:
             raise SpdError(f"AutoTune explore_every must be an int >= 0; got {explore!r}")
         if isinstance(replan, bool) or not isinstance(replan, int) or replan < 1:
             raise SpdError(f"AutoTune replan_every must be an int >= 1; got {replan!r}")
+        margin = self.margin
+        if isinstance(margin, bool) or not (isinstance(margin, (int, float)) and 0.0 <= margin < 1.0):
+            raise SpdError(f"AutoTune margin must be in [0, 1); got {margin!r}")
 
 
 #: ``AutoTune``'s keywords before ``TuneSettings`` (deprecated; removed in accel 0.2.0)
-_SETTINGS = Replaced("settings", TuneSettings, {f.name: f.name for f in fields(TuneSettings)})
+_SETTINGS = Replaced("settings", TuneSettings, {f.name: f.name for f in fields(TuneSettings) if f.name != "margin"})
 
 
 class AutoTune:
@@ -436,7 +450,7 @@ class AutoTune:
         arms, nodes, tokens, call_s, propose_s, model_tokens, model_call = (
             np.asarray(col) for col in zip(*rows, strict=True)
         )
-        plan = Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call)
+        plan = Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call, self.settings.margin)
         if not (np.all(np.isfinite(plan.call_s + plan.propose_s)) and np.all(plan.call_s > 0)):
             return None
         return plan

@@ -13,6 +13,7 @@ to round, it decides by the stated formula, and bad timings give its documented 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 from accel.errors import SpdError
 from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
-from accel.spd.autotune import QUIET_EXPLORE, AutoTune, TuneSettings
+from accel.spd.autotune import QUIET_EXPLORE, AutoTune, Plan, TuneSettings
 from accel.spd.autotune_arm import NO_ARM
 from accel.spd.proposers import RowOutcome
 from accel.spd.tree import TokenTree
@@ -169,9 +170,27 @@ def test_arguments_are_checked(models):
         AutoTune(chain, budgets=[2, 5])
     with pytest.raises(SpdError, match="fallback"):
         AutoTune(chain, budgets=[1, 2], fallback=3)
-    for kw in (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0)):
+    bad = (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0), dict(margin=1.0))
+    for kw in (*bad, dict(margin=-0.1), dict(margin=float("nan"))):
         with pytest.raises(SpdError, match=next(iter(kw))):
             AutoTune(chain, settings=TuneSettings(**kw))
+
+
+def test_speculation_must_beat_no_speculation_by_the_margin(models):
+    """A chain priced 4% ahead of AR is chosen without a margin (the default), not with a 5% one; 6% ahead it is.
+    The controller's plans carry its settings' margin."""
+    _, draft = models
+    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(margin=0.07))
+    tuner.propose_costs.observe(1, 1e-3)
+    tuner.call_costs.observe(1, 10e-3)
+    assert tuner.plan().margin == 0.07
+    for ahead, margin, chosen in ((1.04, 0.0, 1), (1.04, 0.05, 0), (1.06, 0.05, 1)):
+        rates = [1.0, ahead * 1.25]  # tokens per call at budgets 0 and 1; the 2-token call costs 1.25x
+        plan = Plan(np.array([0, 1]), np.array(rates), np.array([1.0, 1.25]), np.zeros(2), np.array([NO_ARM, 0]))
+        plan = dataclasses.replace(plan, margin=margin)
+        assert plan.best_shape()[1] == chosen, (ahead, margin)
+        assert TuneSettings().margin == 0.0
+        assert plan.best_shape(0) == (0, 1)  # within an arm the margin plays no part
 
 
 # ---------------------------------------------------------------------- distribution exactness
