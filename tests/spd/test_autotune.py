@@ -13,7 +13,6 @@ to round, it decides by the stated formula, and bad timings give its documented 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -183,13 +182,11 @@ def test_speculation_must_beat_no_speculation_by_the_margin(models):
     tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(margin=0.07))
     tuner.propose_costs.observe(1, 1e-3)
     tuner.call_costs.observe(1, 10e-3)
-    assert tuner.plan().margin == 0.07
+    assert tuner.plan().margin == 0.07 and TuneSettings().margin == 0.0
     for ahead, margin, chosen in ((1.04, 0.0, 1), (1.04, 0.05, 0), (1.06, 0.05, 1)):
-        rates = [1.0, ahead * 1.25]  # tokens per call at budgets 0 and 1; the 2-token call costs 1.25x
-        plan = Plan(np.array([0, 1]), np.array(rates), np.array([1.0, 1.25]), np.zeros(2), np.array([NO_ARM, 0]))
-        plan = dataclasses.replace(plan, margin=margin)
+        tokens = np.array([1.0, ahead * 1.25])  # per call at budgets 0 and 1; the 2-token call costs 1.25x
+        plan = Plan(np.array([0, 1]), tokens, np.array([1.0, 1.25]), np.zeros(2), np.array([NO_ARM, 0]), margin=margin)
         assert plan.best_shape()[1] == chosen, (ahead, margin)
-        assert TuneSettings().margin == 0.0
         assert plan.best_shape(0) == (0, 1)  # within an arm the margin plays no part
 
 
