@@ -22,7 +22,9 @@ The model (docs/spd.md, "Cost-aware speculation"):
   from arm A's verified trees (``rank_acceptance_from_counts``: tried and accepted counts per depth and sibling
   rank, the ``GenerationStats.rank_available``/``rank_accepted`` convention), each depth's rates shrunk towards the
   rate pooled over depths (``PRIOR_WEIGHT`` pseudo-counts; the pooled rate towards ``prior_acceptance``), counts
-  decayed by ``decay`` per round so the estimate follows the text. A chain proposer is priced with rank 1 only.
+  decayed by ``decay`` per round so the estimate follows the text (also over the rounds an arm sits out, applied at
+  each plan: an arm left idle after a run of rejections drifts back to the prior and is tried again). A chain
+  proposer is priced with rank 1 only.
   ``h`` is the (decayed) fraction of rounds in which the proposer offered a tree at all (lookup misses).
 - **T_call(N)** = ``h * C(N + 1) + (1 - h) * C(1)``, ``C(S)`` the measured seconds from the end of ``propose`` to
   ``update`` in rounds whose widest tree scored S tokens: the target call, verification, compaction and host time
@@ -296,6 +298,7 @@ class AutoTune:
         self.rounds = 0
         self._last = (0, self.arms[0].budgets[-1])
         self._explored = 0
+        self._counted = [0] * len(self.arms)  # per arm: the round up to which its counts are decayed (Arm.idle)
         self._pending: _Pending | None = None
         self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
         self._schedule = probe_schedule(self.arms)
@@ -365,7 +368,10 @@ class AutoTune:
         call_s = t - pending.t_end
         self.call_costs.observe(width, call_s)
         if pending.nodes > 0:
-            self.arms[pending.arm].observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
+            proposed = self.arms[pending.arm]
+            proposed.idle(self.rounds - 1 - self._counted[pending.arm])  # the rounds it sat out before this one
+            proposed.observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
+            self._counted[pending.arm] = self.rounds
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
         self.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
@@ -439,6 +445,8 @@ class AutoTune:
             return None
         rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0), 1.0, c1)]
         for i, arm in enumerate(self.arms):
+            arm.idle(self.rounds - self._counted[i])  # the rounds it sat out since its counts were last decayed
+            self._counted[i] = self.rounds
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate

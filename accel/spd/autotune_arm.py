@@ -69,7 +69,7 @@ class Arm:
         self._available = np.zeros((depth, 1))
         self._accepted = np.zeros((depth, 1))
         self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
-        self._observed = 0  # rounds observed: expected_tokens is kept between them
+        self._changes = 0  # count changes (rounds observed, idle decays): expected_tokens is kept between them
         self._expected: tuple[tuple[int, float], np.ndarray] | None = None
 
     @property
@@ -86,7 +86,18 @@ class Arm:
         self.propose_costs.observe(nodes, propose_s)
         self._offered = self._offered * self.decay + [float(offered), 1.0]
         self._count(outcomes)
-        self._observed += 1
+        self._changes += 1
+
+    def idle(self, rounds: int) -> None:
+        """Decay the acceptance counts over ``rounds`` rounds this arm did not propose in, as its own rounds decay
+        them: an arm left idle after a run of rejections drifts back to the prior and is tried again, instead of
+        keeping that verdict while nothing tests it (the hit rate, a ratio, is kept)."""
+        if rounds <= 0:
+            return
+        factor = self.decay**rounds
+        self._available *= factor
+        self._accepted *= factor
+        self._changes += 1
 
     def acceptance(self, prior_acceptance: float) -> np.ndarray:
         """The per-rank acceptance matrix ``P[depth, rank]`` (``accel.sim.tree`` convention): the decayed counts, each
@@ -102,7 +113,7 @@ class Arm:
         """E[accepted + 1] per row at each of ``budgets`` (``accel.sim.tree``'s model: 1 + hit rate x the path
         probabilities of the N most likely nodes); kept until the arm observes a round (a tree search per arm costs
         ~0.5 ms, most of a plan while no arm runs)."""
-        key = (self._observed, prior_acceptance)
+        key = (self._changes, prior_acceptance)
         if self._expected is None or self._expected[0] != key:
             self._expected = (key, self._expected_tokens(prior_acceptance))
         return self._expected[1]

@@ -341,6 +341,32 @@ def test_expected_tokens_are_kept_until_the_arm_observes_a_round(models):
     assert np.all(arm.expected_tokens(0.3)[1:] > first[1:])
 
 
+def test_an_idle_arm_drifts_back_to_its_prior(models):
+    """Rounds an arm sits out decay its counts as its own rounds do (applied at each plan): after a run of rejections
+    the controller chooses no speculation, and once the arm has sat out enough rounds the plan prices it near the
+    prior again and speculates; without the idle decay it would keep the old verdict."""
+    _, draft = models
+    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(decay=0.9))
+    arm = tuner.arms[0]
+    tuner.propose_costs.observe(1, 1e-4)
+    for size in range(1, 6):
+        tuner.call_costs.observe(size, 10e-3 * (1 + 0.1 * (size - 1)))  # each extra token +10% of a step
+    prior = arm.expected_tokens(tuner.prior_acceptance).copy()
+    rejected = RowOutcome(3, TokenTree.chain(1, [2, 3, 4, 5]), [0])
+    for _ in range(20):
+        tuner.rounds += 1
+        arm.observe(4, 1e-4, True, [rejected])
+        tuner._counted[0] = tuner.rounds
+    assert tuner.plan().best_shape() == (NO_ARM, 0)  # the rejections price speculation below a plain step
+    stuck = arm.expected_tokens(tuner.prior_acceptance).copy()
+    tuner.rounds += 60  # rounds without speculation: the arm sits them out
+    plan = tuner.plan()
+    after = arm.expected_tokens(tuner.prior_acceptance)
+    assert np.all(after[1:] > stuck[1:]) and np.allclose(after, prior, rtol=0.05)
+    assert plan.best_shape()[1] > 0
+    assert tuner.plan().at(1) == plan.at(1)  # applied once: a second plan in the same round changes nothing
+
+
 def test_the_old_setting_keywords_still_work_and_warn(models):
     """``AutoTune``'s learning keywords before ``TuneSettings`` build the same settings, with a DeprecationWarning
     naming the replacement; unknown keywords and both forms together are refused by name."""
