@@ -111,8 +111,8 @@ class Arm:
 
     def expected_tokens(self, prior_acceptance: float) -> np.ndarray:
         """E[accepted + 1] per row at each of ``budgets`` (``accel.sim.tree``'s model: 1 + hit rate x the path
-        probabilities of the N most likely nodes); kept until the arm observes a round (a tree search per arm costs
-        ~0.5 ms, most of a plan while no arm runs)."""
+        probabilities of the N most likely nodes); kept until the counts change (a round observed, an idle decay at a
+        plan: a tree search per arm costs ~0.5 ms, most of a plan while no arm runs)."""
         key = (self._changes, prior_acceptance)
         if self._expected is None or self._expected[0] != key:
             self._expected = (key, self._expected_tokens(prior_acceptance))
