@@ -298,7 +298,6 @@ class AutoTune:
         self.rounds = 0
         self._last = (0, self.arms[0].budgets[-1])
         self._explored = 0
-        self._counted = [0] * len(self.arms)  # per arm: the round up to which its counts are decayed (Arm.idle)
         self._pending: _Pending | None = None
         self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
         self._schedule = probe_schedule(self.arms)
@@ -369,9 +368,8 @@ class AutoTune:
         self.call_costs.observe(width, call_s)
         if pending.nodes > 0:
             proposed = self.arms[pending.arm]
-            proposed.idle(self.rounds - 1 - self._counted[pending.arm])  # the rounds it sat out before this one
+            proposed.idle_until(self.rounds - 1)  # the rounds it sat out before this one
             proposed.observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
-            self._counted[pending.arm] = self.rounds
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
         self.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
@@ -445,8 +443,7 @@ class AutoTune:
             return None
         rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0), 1.0, c1)]
         for i, arm in enumerate(self.arms):
-            arm.idle(self.rounds - self._counted[i])  # the rounds it sat out since its counts were last decayed
-            self._counted[i] = self.rounds
+            arm.idle_until(self.rounds)  # the rounds it sat out since its counts were last decayed
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate

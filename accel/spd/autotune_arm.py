@@ -70,6 +70,7 @@ class Arm:
         self._accepted = np.zeros((depth, 1))
         self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
         self._changes = 0  # count changes (rounds observed, idle decays): expected_tokens is kept between them
+        self._counted = 0  # the controller's round up to which the counts are decayed (observe, idle_until)
         self._expected: tuple[tuple[int, float], np.ndarray] | None = None
 
     @property
@@ -87,11 +88,14 @@ class Arm:
         self._offered = self._offered * self.decay + [float(offered), 1.0]
         self._count(outcomes)
         self._changes += 1
+        self._counted += 1
 
-    def idle(self, rounds: int) -> None:
-        """Decay the acceptance counts over ``rounds`` rounds this arm did not propose in, as its own rounds decay
-        them: an arm left idle after a run of rejections drifts back to the prior and is tried again, instead of
-        keeping that verdict while nothing tests it (the hit rate, a ratio, is kept)."""
+    def idle_until(self, round_: int) -> None:
+        """Decay the acceptance counts over the controller's rounds after the last counted one up to ``round_``, which
+        this arm sat out, as its own rounds decay them: an arm left idle after a run of rejections drifts back to the
+        prior and is tried again, instead of keeping that verdict while nothing tests it (the hit rate, a ratio, is
+        kept)."""
+        rounds, self._counted = round_ - self._counted, max(self._counted, round_)
         if rounds <= 0:
             return
         factor = self.decay**rounds

@@ -356,7 +356,6 @@ def test_an_idle_arm_drifts_back_to_its_prior(models):
     for _ in range(20):
         tuner.rounds += 1
         arm.observe(4, 1e-4, True, [rejected])
-        tuner._counted[0] = tuner.rounds
     assert tuner.plan().best_shape() == (NO_ARM, 0)  # the rejections price speculation below a plain step
     stuck = arm.expected_tokens(tuner.prior_acceptance).copy()
     tuner.rounds += 60  # rounds without speculation: the arm sits them out
