@@ -38,6 +38,7 @@ from accel.backends.torch_graphs import resolve_device, resolve_dtype
 from accel.backends.torch_mx_device import DeviceMXLinear
 from accel.errors import AccelError
 from accel.spd import DraftChain, DraftTree, Sampling, generate, generate_ar
+from benchmarks.gpu_gemv import attention_sweep, gemv_sweep, print_gemv
 from benchmarks.gpu_layers import layer_sweep, print_layer
 from benchmarks.gpu_support import (
     SHAPES,
@@ -45,6 +46,7 @@ from benchmarks.gpu_support import (
     copy_bandwidth,
     make_mx_exact,
     mx_bytes,
+    profile_step,
     random_model,
     sim_call,
     sim_hardware,
@@ -55,6 +57,13 @@ from benchmarks.gpu_support import (
 )
 
 CURVE_POINTS = (1, 2, 4, 8, 16, 32, 64)  # the columns of the printed T(S)/T(1) table
+#: --kernels: the TorchBackend settings of each kernel set
+KERNEL_SETS = {
+    "none": {},
+    "gemv": {"gemv": True},
+    "attention": {"decode_attention": True},
+    "gemv+attention": {"gemv": True, "decode_attention": True},
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,6 +92,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default="", help="comma-separated batch sizes > 1: the AR step at each (float rows)")
     p.add_argument("--layer", action="store_true", help="time each 7B projection alone: float, the MX kernel (a "
                    "sweep of launch configs; the best then serves the model rows) and MX decode + matmul")  # fmt: skip
+    p.add_argument(
+        "--kernels",
+        default="none",
+        help="comma-separated kernel sets, each a row per float16/bfloat16 "
+        "shape: none (cuBLAS and the torch attention), gemv, attention, gemv+attention (accel's Triton "
+        "kernels: TorchBackend(gemv=True, decode_attention=True))",
+    )
+    p.add_argument(
+        "--gemv-layer",
+        action="store_true",
+        help="first sweep the GEMV kernel's launch configs on each 7B "
+        "projection alone against F.linear (benchmarks/gpu_gemv.py); the model rows then use the best",
+    )
+    p.add_argument(
+        "--attention-layer",
+        action="store_true",
+        help="first time one layer's decode attention alone: the torch path and the Triton kernel at several splits "
+        "(benchmarks/gpu_gemv.py); the model rows then use the best",
+    )
+    p.add_argument("--profile", action="store_true", help="print each row's kernels by device time in its AR step")
     p.add_argument("--tiny", action="store_true", help="the 2-layer smoke-test shape, float32, S up to 8")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -92,6 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--batches {args.batches!r}: comma-separated integers")
     if any(b < 2 for b in args.batches):
         p.error("--batches: sizes above 1 (batch 1 is every row's AR step)")
+    args.kernels = [k for k in args.kernels.split(",") if k]
+    if not args.kernels or any(k not in KERNEL_SETS for k in args.kernels):
+        p.error(f"--kernels {','.join(args.kernels)!r}: comma-separated, of {', '.join(KERNEL_SETS)}")
     if args.mx:
         from accel.formats.elements import get_format
 
@@ -164,7 +196,13 @@ def spd_check(model, backend: TorchBackend, args, dtype: torch.dtype, mx: str = 
     return out
 
 
-def build(shape: str, dtype: torch.dtype, args, mx: str, batch: int = 1, model=None):
+def read_slots(backend: TorchBackend, seq: int, args) -> int:
+    """Cache slots a call of ``seq`` tokens reads: the visible ones (``context + seq``) where the decode attention
+    kernel serves it (one token), else the whole static cache."""
+    return args.context + seq if backend.attention_kernels and seq == 1 else args.ctx_len + 1
+
+
+def build(shape: str, dtype: torch.dtype, args, mx: str, batch: int = 1, model=None, kernels: str = "none"):
     """(model, backend) of one row: a random model of ``shape`` on the device; with ``mx`` its block weights rounded
     to that format (made in bfloat16, which holds MXFP6/MXFP4 values exactly) and kept packed by the backend."""
     dev = resolve_device(args.device)
@@ -173,7 +211,7 @@ def build(shape: str, dtype: torch.dtype, args, mx: str, batch: int = 1, model=N
         model = random_model(shape, dev, make, seed=0, head_std=0.2)
         if mx:
             make_mx_exact(model, mx)
-    runtime: dict = {"mx": mx} if mx else {}
+    runtime: dict = ({"mx": mx} if mx else {}) | KERNEL_SETS[kernels]
     backend = TorchBackend(
         model,
         ctx_len=args.ctx_len,
@@ -191,12 +229,16 @@ def build(shape: str, dtype: torch.dtype, args, mx: str, batch: int = 1, model=N
     return model, backend
 
 
-def measure(shape: str, dtype_name: str, args, hw: str | None, say, mx: str = "") -> dict:
+def measure(shape: str, dtype_name: str, args, hw: str | None, say, mx: str = "", kernels: str = "none") -> dict:
     """One (shape, dtype[, mx]) row: AR step, the T(S) curve, the simulator's times, the SpD check and (float rows)
     the AR step at each of ``args.batches``."""
     dev, dtype = resolve_device(args.device), resolve_dtype(dtype_name, torch.float32)
     torch._dynamo.reset()  # each row compiles afresh (dynamo's recompile limit counts across rows otherwise)
-    model, backend = build(shape, dtype, args, mx)
+    model, backend = build(shape, dtype, args, mx, kernels=kernels)
+    label = f"{dtype_name}{'+' + mx if mx else ''}{'' if kernels == 'none' else '+' + kernels}"
+    if backend.gemv_report is not None or backend.attention_kernels:
+        gemv = backend.gemv_report.line() if backend.gemv_report else "no gemv kernel"
+        say(f"  {gemv}; attention kernel in {backend.attention_kernels} layers")
     if mx:
         say(f"  {backend.mx_report.line() if backend.mx_report else 'no packed layers'}")
     prompt = np.random.default_rng(0).integers(0, backend.info.vocab_size, (1, args.context))
@@ -206,23 +248,29 @@ def measure(shape: str, dtype_name: str, args, hw: str | None, say, mx: str = ""
     for s in sizes:
         call = time_calls(backend, s, args.context, args.reps)
         devt = time_replay(backend, s, args.reps)
-        sim = sim_call(shape, hw, dtype, s, args.context, args.ctx_len + 1, weight_format=mx or None)
+        slots = read_slots(backend, s, args)
+        sim = sim_call(shape, hw, dtype, s, args.context, slots, weight_format=mx or None)
         curve.append({"S": s, "call_s": call, "dev_s": devt, "sim_s": sim.seconds, "sim_bound": sim.bound})
         if s in CURVE_POINTS:
-            label = f"{shape} {dtype_name}{'+' + mx if mx else ''}"
-            say(f"  {label} S={s}: call {call * 1e3:.3f} ms, dev {devt * 1e3:.3f} ms")
+            say(f"  {shape} {label} S={s}: call {call * 1e3:.3f} ms, dev {devt * 1e3:.3f} ms")
     packed, floats = mx_bytes(backend.model)
-    nbytes = packed + floats + cache_bytes(backend)
+    cache_read = cache_bytes(backend) * read_slots(backend, 1, args) // (args.ctx_len + 1)
+    nbytes = packed + floats + cache_read
     row = {
         "shape": shape,
-        "dtype": dtype_name + (f"+{mx}" if mx else ""),
+        "dtype": label,
         "weight_bytes": packed + floats,
         "cache_bytes": cache_bytes(backend),
+        "cache_read_bytes": cache_read,
         "bytes_per_step": nbytes,
         "curve": curve,
         "spd": spd_check(model, backend, args, dtype, mx),
     }
-    if not mx and args.batches:
+    if args.profile:
+        row["profile"] = profile_step(backend, 1)
+        for name, us, share in row["profile"]:
+            say(f"    {us:8.1f} us {100 * share:5.1f}%  {name[:110]}")
+    if not mx and kernels == "none" and args.batches:
         del backend
         row["batches"] = batch_steps(shape, model, dtype, args, hw, say)
     else:
@@ -338,11 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"gpu": gpu, "sim_hardware": hw, "torch": torch.__version__, "copy_Bps": copy, "peak_Bps": peak}
     if args.layer:
         meta["layer"] = layer_sweep(args, say)
-    runs = [(shape, dt, mx) for shape in args.shapes.split(",") for dt in args.dtypes.split(",")
-            for mx in ("", args.mx) if not (args.mx_only and args.mx and not mx)]  # fmt: skip
-    for shape, dt, mx in dict.fromkeys(runs):
+    if args.gemv_layer:
+        meta["gemv_layer"] = gemv_sweep(args, say)
+    if args.attention_layer:
+        meta["attention_layer"] = attention_sweep(args, say)
+    runs = [(shape, dt, mx, k) for shape in args.shapes.split(",") for dt in args.dtypes.split(",")
+            for mx in ("", args.mx) if not (args.mx_only and args.mx and not mx)
+            for k in args.kernels if k == "none" or not mx]  # fmt: skip
+    for shape, dt, mx, k in dict.fromkeys(runs):
         try:
-            row = measure(shape, dt, args, hw, say, mx)
+            row = measure(shape, dt, args, hw, say, mx, k)
         except (RuntimeError, AccelError) as exc:  # one failing row (e.g. out of memory) leaves the others
             say(f"{shape} {dt} {mx} FAILED: {type(exc).__name__}: {exc}")
             traceback.print_exc()
@@ -359,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     print_batches(rows, peak)
     if args.layer:
         print_layer(meta["layer"])
+    if args.gemv_layer:
+        print_gemv(meta["gemv_layer"])
     if args.out:
         write_json(args, meta, rows)
     return 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from accel.backends import TorchBackend
 from accel.backends.torch_graphs import CallKey
@@ -149,6 +150,31 @@ def time_replay(backend: TorchBackend, seq: int, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return float(np.median(times))
+
+
+def profile_step(backend: TorchBackend, seq: int, reps: int = 5, top: int = 14) -> list[tuple[str, float, float]]:
+    """The kernels of the captured call of ``seq`` tokens by device time (torch.profiler over ``reps`` replays):
+    (kernel name, microseconds per call, share of the call's kernel time), the ``top`` most costly first, then one
+    line for the rest. Empty off CUDA or where the profiler sees no kernels."""
+    calls = backend.static_calls
+    if calls is None or backend.device.type != "cuda":
+        return []
+    graph = calls.graph(CallKey(seq, seq, False, False))
+    if graph is None:
+        return []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize(backend.device)
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
+    whole = sum(totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    rest = sum(t for _, t in ranked[top:])
+    lines = [(name, t, t / whole) for name, t in ranked[:top]]
+    return lines + ([(f"({len(ranked) - top} other kernels)", rest, rest / whole)] if rest else [])
 
 
 def time_calls(backend: TorchBackend, seq: int, context: int, reps: int) -> float:

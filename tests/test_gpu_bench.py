@@ -55,9 +55,26 @@ def test_tiny_run_with_mx_rows_batches_and_the_layer_sweep(tmp_path):
     assert [r["S"] for r in layer] == [1, 2] and all(r["float"] > 0 and r["decode_mm"] > 0 for r in layer)
 
 
+def test_tiny_run_with_kernel_rows_and_the_kernel_sweeps(tmp_path):
+    out = tmp_path / "gpu.json"
+    argv = ["--kernels", "none,gemv+attention", "--gemv-layer", "--attention-layer", "--profile", "--out", str(out)]
+    assert main(["--device", "cpu", "--tiny", *argv]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["dtype"] for r in doc["rows"]] == ["float32", "float32+gemv+attention"]
+    assert all(r["spd"]["chain_self_k4"]["equal"] for r in doc["rows"])
+    assert [r["S"] for r in doc["meta"]["gemv_layer"]["rows"]] == [1, 2]
+    assert [r["shape"] for r in doc["meta"]["attention_layer"]["rows"]] == ["tiny"]
+    assert doc["meta"]["attention_layer"]["rows"][0]["torch"] > 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--batches", "1"], "sizes above 1"), (["--batches", "x"], "integers"), (["--mx", "fp5"], "--mx")],
+    [
+        (["--batches", "1"], "sizes above 1"),
+        (["--batches", "x"], "integers"),
+        (["--mx", "fp5"], "--mx"),
+        (["--kernels", "gemv,cutlass"], "--kernels"),
+    ],
 )
 def test_bad_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 import torch
 
+from accel.backends.attention_triton import use_decode_attention
 from accel.backends.base import (
     BackendInfo,
     ScoringBackend,
@@ -26,6 +27,7 @@ from accel.backends.base import (
     check_step_inputs,
     check_tree_inputs,
 )
+from accel.backends.gemv_triton import use_gemv
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in
 from accel.backends.torch_graphs import CallKey, StaticCalls, resolve_device, resolve_dtype
@@ -41,7 +43,7 @@ __all__ = ["TorchBackend", "TorchRuntime"]
 
 class TorchRuntime(TypedDict, total=False):
     """``TorchBackend``'s runtime settings, given as its keywords (see its docstring): ``dtype``, ``threads``,
-    ``device``, ``graphs``, ``compile``, ``fuse``, ``mx``."""
+    ``device``, ``graphs``, ``compile``, ``fuse``, ``mx``, ``gemv``, ``decode_attention``."""
 
     dtype: torch.dtype | str | None
     threads: int | None
@@ -50,6 +52,8 @@ class TorchRuntime(TypedDict, total=False):
     compile: bool
     fuse: bool | None
     mx: str | Sequence[str] | None
+    gemv: bool | None
+    decode_attention: bool | None
 
 
 class TorchBackend(ScoringBackend):
@@ -81,6 +85,12 @@ class TorchBackend(ScoringBackend):
             (block 32) keeps it packed on the device and decodes it inside each call
             (``accel.backends.torch_mx_device``; with ``compile`` a decode step fuses decode and matmul into one
             kernel). Checked before the cast to ``dtype``; other layers are cast as usual. Default: none.
+        gemv: run the float16/bfloat16 linear layers' calls of at most 8 rows (decode and short verify calls) through
+            accel's Triton matrix-vector kernel (``accel.backends.gemv_triton``) instead of cuBLAS, where triton
+            runs (a CUDA device). Default: off.
+        decode_attention: run one-token calls' attention through accel's Triton kernel
+            (``accel.backends.attention_triton``), which reads only the cache slots each query sees, where triton
+            runs. Default: off.
     """
 
     def __init__(
@@ -143,6 +153,8 @@ class TorchBackend(ScoringBackend):
         if formats:
             report = pack_device_mx(self.model, [formats] if isinstance(formats, str) else list(formats))
         _cast(self.model, self.dtype)
+        self.gemv_report = use_gemv(self.model) if runtime.get("gemv") else None
+        self.attention_kernels = use_decode_attention(self.model, self.device) if runtime.get("decode_attention") else 0
         return report
 
     def _prepare(self, runtime: TorchRuntime, batch_size: int, slots: int) -> StaticCalls | None:

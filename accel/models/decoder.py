@@ -17,6 +17,7 @@ state dict maps 1:1 after dropping the ``model.`` prefix; GPT-2 weights are rena
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -115,6 +116,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        # the attention math (``attend``); a backend may swap in a kernel with the same contract
+        self.attend: Callable[..., torch.Tensor] = attend
 
     def forward(
         self,
@@ -143,22 +146,30 @@ class Attention(nn.Module):
             k = k * cos + rotate_half(k) * sin
         k_cache = write_cache(k_cache, k, slots, inplace)
         v_cache = write_cache(v_cache, v, slots, inplace)
-        groups = self.num_heads // self.num_kv_heads
-        # the G query heads of a KV head are stacked along the sequence axis:
-        # [B, Hkv, G*S, D] x [B, Hkv, D, ctx] -> [B, Hkv, G*S, ctx]; no copy or repeat of the cache (a broadcast
-        # matmul against an unsqueezed cache would materialise it G times per call)
-        ctx = k_cache.shape[2]
-        qg = q.reshape(bsz, self.num_kv_heads, groups * seq, self.head_dim)
-        kc = k_cache.to(q.dtype)
-        vc = v_cache.to(q.dtype)
-        scores = torch.matmul(qg, kc.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
-        scores = scores.view(bsz, self.num_kv_heads, groups, seq, ctx)
-        scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        probs = probs.view(bsz, self.num_kv_heads, groups * seq, ctx)
-        out = torch.matmul(probs, vc).reshape(bsz, self.num_heads, seq, self.head_dim)
+        out = self.attend(q, k_cache, v_cache, visible)
         out = out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim)
         return self.o_proj(out), k_cache, v_cache
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Attention of queries ``q [B, HQ, S, D]`` over the cache ``[B, HKV, ctx, D]`` (HQ a multiple of HKV) where
+    ``visible [B, 1, 1, S, ctx]`` holds: scaled dot products in q's dtype, masked, a float32 softmax, then the
+    weighted values; returns ``[B, HQ, S, D]``. (``Attention.attend``: a backend may set a kernel in its place.)"""
+    bsz, num_heads, seq, head_dim = q.shape
+    num_kv_heads, ctx = k_cache.shape[1], k_cache.shape[2]
+    groups = num_heads // num_kv_heads
+    # the G query heads of a KV head are stacked along the sequence axis:
+    # [B, Hkv, G*S, D] x [B, Hkv, D, ctx] -> [B, Hkv, G*S, ctx]; no copy or repeat of the cache (a broadcast
+    # matmul against an unsqueezed cache would materialise it G times per call)
+    qg = q.reshape(bsz, num_kv_heads, groups * seq, head_dim)
+    kc = k_cache.to(q.dtype)
+    vc = v_cache.to(q.dtype)
+    scores = torch.matmul(qg, kc.transpose(-1, -2)) * (1.0 / math.sqrt(head_dim))
+    scores = scores.view(bsz, num_kv_heads, groups, seq, ctx)
+    scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    probs = probs.view(bsz, num_kv_heads, groups * seq, ctx)
+    return torch.matmul(probs, vc).reshape(bsz, num_heads, seq, head_dim)
 
 
 def fuse_linears(names: tuple[str, ...], module: nn.Module, fused: str) -> None:
