@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from accel.backends.gemv_triton import available
+from accel.backends.triton_support import pow2
 from accel.models.decoder import Attention
 from accel.models.decoder import attend as attend_torch
 
@@ -45,14 +46,10 @@ def launch_config(heads: int, slots: int, group: int) -> tuple[int, int]:
     """(BLOCK_J, splits) for ``heads`` row x KV-head programs over ``slots`` cache slots with ``group`` query heads
     per KV head: 64 slots a block (fewer for wide groups: registers), and ``TUNED_SPLITS`` or enough splits to
     reach ``TARGET_PROGRAMS``."""
-    block = max(8, 64 // _pow2(group))
+    block = max(8, 64 // pow2(group))
     blocks = -(-slots // block)
     splits = TUNED_SPLITS.get((heads, slots)) or -(-TARGET_PROGRAMS // heads)
     return block, max(1, min(splits, blocks))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def decode_attention(
@@ -86,10 +83,10 @@ def decode_attention(
         q, k_cache, v_cache, vis, out, part, hkv, ctx, q.stride(0), q.stride(1), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), vis.stride(0),
         1.0 / math.sqrt(dim),
-        ITERS=iters, G=group, GP=_pow2(group), D=dim, BLOCK_J=block, SPLITS=split_count,
+        ITERS=iters, G=group, GP=pow2(group), D=dim, BLOCK_J=block, SPLITS=split_count,
     )  # fmt: skip
     if split_count > 1:
-        kern.combine_kernel[(bsz * hq,)](part, out, SPLITS=split_count, SP=_pow2(split_count), D=dim)
+        kern.combine_kernel[(bsz * hq,)](part, out, SPLITS=split_count, SP=pow2(split_count), D=dim)
     return out
 
 

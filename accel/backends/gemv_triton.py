@@ -17,9 +17,7 @@ triton; or, with ``CPU_INTERPRETER``, the CPU under ``TRITON_INTERPRET=1``, whic
 
 from __future__ import annotations
 
-import functools
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accel.backends.triton_support import can_run, pow2
 from accel.errors import BackendError
 
 __all__ = ["MAX_ROWS", "GemvLinear", "GemvReport", "available", "launch_config", "matmul", "use_gemv"]
@@ -46,33 +45,17 @@ CPU_INTERPRETER = False
 TUNED: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}
 
 
-@functools.cache
-def _triton() -> Any:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton
-
-
 def available(device: torch.device) -> bool:
     """Whether the kernel can run on ``device``: triton importable and a CUDA device (or, with ``CPU_INTERPRETER``
     and ``TRITON_INTERPRET=1``, the CPU)."""
-    if _triton() is None:
-        return False
-    return device.type == "cuda" or (CPU_INTERPRETER and os.environ.get("TRITON_INTERPRET", "") == "1")
-
-
-def padded_rows(rows: int) -> int:
-    """``rows`` rounded up to a power of two (the kernel's accumulator height)."""
-    return 1 << max(0, (rows - 1).bit_length())
+    return can_run(device, CPU_INTERPRETER)
 
 
 def launch_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, target programs) of a product of ``rows`` activation rows with an ``[n, k]``
     weight: ``TUNED`` where it has the shape, else 4096 accumulator lanes a program (2048 x 2 for one row, as
     measured best on an H200) and no split of in_features."""
-    mp = padded_rows(rows)
+    mp = pow2(rows)
     if (mp, n, k) in TUNED:
         return TUNED[(mp, n, k)]
     if mp == 1:  # the best configs of one row on an H200 (benchmarks/RESULTS.md, "GPU decode")
@@ -100,7 +83,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] |
                       device=x.device)  # fmt: skip
     _kernels().gemv_kernel[(blocks, splits)](
         x, w, out, n, k, x.stride(0), w.stride(0), m,
-        PER_SPLIT=per_split, MP=padded_rows(m), BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, num_warps=warps,
+        PER_SPLIT=per_split, MP=pow2(m), BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, num_warps=warps,
     )  # fmt: skip
     return out if splits == 1 else out.sum(0).to(x.dtype)
 

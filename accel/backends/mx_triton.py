@@ -16,33 +16,18 @@ per call, whatever the number of rows (up to ``MAX_ROWS``); accumulation is floa
 
 from __future__ import annotations
 
-import functools
 import importlib
-import os
 from typing import Any
 
 import torch
 
+from accel.backends.triton_support import can_run, pow2
 from accel.formats.elements import ElementFormat
 
 __all__ = ["MAX_ROWS", "available", "decode", "launch_config", "matmul"]
 
 #: most activation rows one matmul call takes (its accumulators are [rows, BLOCK_N] per program)
 MAX_ROWS = 16
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
-@functools.cache
-def _triton() -> Any:
-    """The triton module, or None where it cannot be imported."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton
 
 
 #: run the kernels on CPU tensors too, under Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported):
@@ -53,9 +38,7 @@ CPU_INTERPRETER = False
 def available(device: torch.device) -> bool:
     """Whether the kernels can run on ``device``: triton importable and a CUDA device (or, with ``CPU_INTERPRETER``
     and the interpreter on, the CPU)."""
-    if _triton() is None:
-        return False
-    return device.type == "cuda" or (CPU_INTERPRETER and _interpreting())
+    return can_run(device, CPU_INTERPRETER)
 
 
 def _kernels() -> Any:
@@ -73,7 +56,7 @@ TUNED: dict[int, tuple[int, int, int]] = {}
 
 def padded_rows(rows: int) -> int:
     """``rows`` rounded up to a power of two (the kernel's accumulator height)."""
-    return 1 << max(0, (rows - 1).bit_length())
+    return pow2(rows)
 
 
 def launch_config(rows: int, n: int) -> tuple[int, int, int]:
