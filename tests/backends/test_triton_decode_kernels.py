@@ -53,7 +53,7 @@ def attention_module():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize(
     "config", [(4, 64, 4, 0), (8, 32, 4, 64), (2, 128, 4, 0)]
 )  # even; in_features split over programs; K not a multiple of BLOCK_K (masked)
@@ -130,7 +130,7 @@ def cache_case(dev, dtype, batch: int, hq: int, hkv: int, slots: int, dim: int, 
 @pytest.mark.parametrize(
     "shape", [(1, 4, 4, 70, 16), (2, 8, 2, 45, 32), (3, 4, 1, 130, 16)]
 )  # (rows, query heads, KV heads, slots, head size): MHA, grouped, multi-query
-@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("splits", [1, 3])
 def test_decode_attention_equals_float64_math(dev, dtype, shape, splits):
     attention = attention_module()
     dt = getattr(torch, dtype)
