@@ -54,13 +54,15 @@ def available(device: torch.device) -> bool:
 def launch_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, target programs) of a product of ``rows`` activation rows with an ``[n, k]``
     weight: ``TUNED`` where it has the shape, else 4096 accumulator lanes a program (2048 x 2 for one row, as
-    measured best on an H200) and no split of in_features."""
+    measured best on an H200; no wider than in_features) and no split of in_features."""
     mp = pow2(rows)
     if (mp, n, k) in TUNED:
         return TUNED[(mp, n, k)]
     if mp == 1:  # the best configs of one row on an H200 (benchmarks/RESULTS.md, "GPU decode")
-        return (2, 2048, 4, 0) if k % 2048 == 0 else (4, 512, 4, 0)
-    return 4, max(64, 1024 // mp), 4, 0
+        block_n, block_k = (2, 2048) if k % 2048 == 0 else (4, 512)
+    else:
+        block_n, block_k = 4, max(64, 1024 // mp)
+    return block_n, min(block_k, max(16, pow2(k))), 4, 0  # no wider than the rows
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
