@@ -35,6 +35,7 @@ from accel.sim.term_search import EXACT_RMS, SetFit, search_terms
 
 SCALAR_TERMS = (
     "bandwidth_efficiency",
+    "kv_bandwidth_efficiency",
     "compute_efficiency",
     "call_overhead_s",
     "layer_overhead_s",
@@ -46,6 +47,8 @@ SCALAR_TERMS = (
     "link_bandwidth_bytes_per_s",
 )
 FITTABLE = (*SCALAR_TERMS, "decompress_elements_per_s:<format>")
+#: terms that are fractions in (0, 1]: fitted through a logistic
+EFFICIENCIES = ("bandwidth_efficiency", "kv_bandwidth_efficiency", "compute_efficiency")
 PRIORITY = (
     "bandwidth_efficiency",
     "decompress",  # one term per compressed format observed
@@ -74,6 +77,8 @@ def _sigmoid(v: float) -> float:
 def _get(hw: Hardware, name: str) -> float:
     if name.startswith("decompress_elements_per_s:"):
         return hw.decompress_elements_per_s.get(name.split(":", 1)[1], 1e12)
+    if name == "kv_bandwidth_efficiency" and hw.kv_bandwidth_efficiency is None:
+        return hw.bandwidth_efficiency  # the weights' rate until the cache has its own
     return float(getattr(hw, name))
 
 
@@ -81,7 +86,7 @@ def _to_hw(hw: Hardware, names: Sequence[str], x: np.ndarray) -> Hardware:
     vals: dict[str, Any] = {}
     rates = dict(hw.decompress_elements_per_s)
     for name, v in zip(names, x, strict=True):
-        if name in ("bandwidth_efficiency", "compute_efficiency"):
+        if name in EFFICIENCIES:
             vals[name] = _sigmoid(v)
         elif name == "multi_token_exponent":
             vals[name] = 2.0 * _sigmoid(v)
@@ -99,7 +104,7 @@ def _from_hw(hw: Hardware, names: Sequence[str]) -> np.ndarray:
     out = []
     for name in names:
         v = _get(hw, name)
-        if name in ("bandwidth_efficiency", "compute_efficiency"):
+        if name in EFFICIENCIES:
             v = min(max(v, 1e-4), 1 - 1e-4)
             out.append(np.log(v / (1 - v)))
         elif name == "multi_token_exponent":
@@ -240,7 +245,7 @@ def _at_bound(hw: Hardware, problem: _Problem, fit: list[str], x: np.ndarray) ->
     out = {}
     for i, (name, v) in enumerate(zip(fit, x, strict=True)):
         val = _get(fitted, name)
-        if name in ("bandwidth_efficiency", "compute_efficiency"):
+        if name in EFFICIENCIES:
             hit = "upper" if val >= 0.999 else "lower" if val <= 1e-3 else ""
         elif name == "multi_token_exponent":
             hit = "upper" if val >= 1.998 else "lower" if val <= 2e-3 else ""

@@ -258,25 +258,28 @@ for _name, _tf in FP32_TFLOPS.items():
 
 # The H200 entry is calibrated on accel's own H200 measurements (accel/sim/measured.py; docs/sim.md §6 and §8), not
 # assumed from H100 reports: the weights stream at the card's measured device-to-device copy rate (4.19-4.24 TB/s of
-# 4.8, benchmarks/RESULTS.md "GPU decode"), and the fixed costs and the multi-token terms are a least-squares fit to
-# the two float16 curves (Llama-2-7B and TinyLlama-1.1B shapes, S = 1..64; bfloat16 and float32 held out). Published
-# points have no H200 row, so this changes no published-point validation.
+# 4.8, benchmarks/RESULTS.md "GPU decode"), and the fixed costs, the multi-token terms and the KV cache's read rate are
+# a least-squares fit to the two float16 curves (Llama-2-7B and TinyLlama-1.1B shapes, S = 1..64) and the Llama-2-7B
+# batched AR steps (B = 4, 16, 64); bfloat16, float32, the Llama-2-13B curve and its batched steps are held out.
+# Published points have no H200 row, so this changes no published-point validation.
 H200_MEASURED: dict[str, Any] = dict(
     bandwidth_efficiency=0.875,  # 4.2 / 4.8 TB/s: the measured copy rate
-    call_overhead_s=400e-6,  # per CUDA-graph replay: embedding, rotary tables, mask, final norm, logits out
-    layer_overhead_s=35e-6,  # per layer (gpt-fast's A100 rates gave the family's ~35 us too)
-    row_overhead_s=0.41e-6,  # per layer per row beyond the first: the layer's small kernels at S rows
-    multi_token_penalty=0.073,  # GEMV (one row) -> GEMM (2+ rows): the weights stream 7 % (2 rows) to 18 % (64) slower
-    multi_token_exponent=0.22,
+    kv_bandwidth_efficiency=0.55,  # attention reads the cache at ~2.6 TB/s (batched matrix-vector products per head)
+    call_overhead_s=550e-6,  # per CUDA-graph replay: embedding, rotary tables, mask, final norm, logits out
+    layer_overhead_s=27.5e-6,  # per layer: its small kernels' fixed time and the gaps between them
+    row_overhead_s=0.42e-6,  # per layer per row beyond the first: the layer's small kernels at S rows
+    multi_token_penalty=0.080,  # GEMV (one row) -> GEMM (2+ rows): the weights stream 8 % (2 rows) to 17 % (64) slower
+    multi_token_exponent=0.18,
 )
 #: the H200 as the datasheet and the GPU family's assumed terms describe it (the entry before accel measured one)
 H200_DATASHEET = CATALOG["h200"]
 CATALOG["h200"] = H200_DATASHEET.with_(
     **H200_MEASURED,
     notes=CATALOG["h200"].notes.split("; ")[0] + "; calibrated on accel's own H200 measurements "
-    "(accel/sim/measured.py, the float16 curves; H200_MEASURED in accel/sim/catalog.py): bandwidth 0.875 (the "
-    "measured copy rate), 400 us per call, 35 us per layer, 0.41 us per layer per extra row, multi-token "
-    "0.073 (r-1)^0.22; compute efficiency 0.6, dequantization rates and link latency assumed as for the other GPUs.",
+    "(accel/sim/measured.py, the float16 curves and 7B batched steps; H200_MEASURED in accel/sim/catalog.py): "
+    "bandwidth 0.875 (the measured copy rate), KV-cache reads 0.55, 550 us per call, 27.5 us per layer, 0.42 us per "
+    "layer per extra row, multi-token 0.080 (r-1)^0.18; compute efficiency 0.6, dequantization rates and link "
+    "latency assumed as for the other GPUs.",
 )
 ALIASES: dict[str, str] = {
     "ai100-standard": "cloud-ai-100-standard",

@@ -6,6 +6,9 @@ says how many one card or node has (the Ultra: 4 SoCs). A deployment may use few
 What the roofline does not know are explicit, documented, fittable terms (defaults and their sources:
 ``catalog.py``; fitting: ``calibration.py``):
 - ``bandwidth_efficiency``: achieved fraction of the spec memory bandwidth when streaming weights at one row.
+- ``kv_bandwidth_efficiency``: achieved fraction of the spec memory bandwidth when attention reads the KV cache
+  (``None``: ``bandwidth_efficiency``). On accel's H200 the cache streams slower than the weights (attention's
+  batched matrix-vector products over strided heads; docs/sim.md §6).
 - ``compute_efficiency``: achieved fraction of peak FLOP/s in matrix products.
 - ``call_overhead_s``: fixed seconds per model call (launch, host round trip, synchronisation).
 - ``layer_overhead_s``: fixed seconds per decoder layer per call (kernel launches and their tails, per-layer
@@ -80,6 +83,9 @@ class Hardware(SimModel):
     link_latency_s: float = Field(default=2e-6, ge=0, description="per log2 step of an all-reduce, seconds")
     allreduce_latency_s: float = Field(default=5e-6, ge=0, description="fixed seconds per all-reduce")
     bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1.0)
+    kv_bandwidth_efficiency: float | None = Field(
+        default=None, gt=0, le=1.0, description="reading the KV cache; None: bandwidth_efficiency"
+    )
     compute_efficiency: float = Field(default=0.6, gt=0, le=1.0)
     call_overhead_s: float = Field(default=20e-6, ge=0)
     layer_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per decoder layer per call")

@@ -22,7 +22,17 @@ from accel.sim.hardware import Hardware, hardware
 from accel.sim.observations import Observation
 from accel.sim.presets import preset
 
-__all__ = ["GPU_SOURCE", "GPU_TOKENS", "HELD_OUT_SOURCE", "gpu_errors", "gpu_points", "held_out_points"]
+__all__ = [
+    "FIT_BATCH_MODEL",
+    "GPU_SOURCE",
+    "GPU_TOKENS",
+    "HELD_OUT_SOURCE",
+    "batch_points",
+    "fit_points",
+    "gpu_errors",
+    "gpu_points",
+    "held_out_points",
+]
 
 GPU_SOURCE = "accel benchmarks/gpu.py --compile, NVIDIA H200, torch 2.11.0+cu130, 2026-11-28"
 
@@ -42,9 +52,10 @@ _H200_MS: dict[tuple[str, Dtype], tuple[float, ...]] = {
 
 CONTEXT, SLOTS = 256, 1025  # cached tokens before each call; static cache slots read per call
 
-#: Held out from the ``h200`` entry's fit (measured later the same day, same card and script, ``--compile
-#: --shapes llama-2-7b,llama-2-13b --dtypes float16 --batches 4,16,64``): the Llama-2-13B float16 curve at
-#: GPU_TOKENS, and AR steps (one token per sequence) at batch B of both shapes, milliseconds per call.
+#: Measured later the same day (same card and script, ``--compile --shapes llama-2-7b,llama-2-13b --dtypes float16
+#: --batches 4,16,64``): the Llama-2-13B float16 curve at GPU_TOKENS, and AR steps (one token per sequence) at batch B
+#: of both shapes, milliseconds per call. The 7B batched steps are in the ``h200`` entry's fit (they see the KV
+#: cache's read rate: ``fit_points``); the 13B curve and batched steps are held out (``held_out_points``).
 HELD_OUT_SOURCE = "accel benchmarks/gpu.py --compile --batches 4,16,64, NVIDIA H200, torch 2.11.0+cu130, 2026-11-28"
 _H200_HELD_OUT_MS: dict[tuple[str, Dtype], tuple[float, ...]] = {
     ("llama-2-13b", "fp16"): (8.308, 8.923, 8.960, 9.131, 9.285, 9.641, 11.106),
@@ -67,17 +78,34 @@ def gpu_points(dtype: Dtype | None = None) -> list[tuple[str, Observation]]:
     return out
 
 
+#: the model whose batched steps the ``h200`` entry is fitted on (the other's are held out)
+FIT_BATCH_MODEL = "llama-2-7b"
+
+
+def batch_points(model: str | None = None) -> list[tuple[str, Observation]]:
+    """``(device, observation)`` of the batched AR steps (``_H200_BATCH_MS``) of ``model`` or of every model; labels
+    read ``"<model> <dtype> B=<batch>"``."""
+    out: list[tuple[str, Observation]] = []
+    for (name, dt), by_batch in _H200_BATCH_MS.items():
+        if model is None or name == model:
+            out.extend(("h200", _call(name, dt, t, batch=b, label=f"{name} {dt} B={b}")) for b, t in by_batch.items())
+    return out
+
+
+def fit_points() -> list[tuple[str, Observation]]:
+    """The calls the ``h200`` entry is fitted on (``accel.sim.catalog.H200_MEASURED``): the float16 curves and the
+    ``FIT_BATCH_MODEL`` batched steps."""
+    return gpu_points("fp16") + batch_points(FIT_BATCH_MODEL)
+
+
 def held_out_points() -> list[tuple[str, Observation]]:
-    """``(device, observation)`` of the calls held out from the ``h200`` entry's fit (``_H200_HELD_OUT_MS``,
-    ``_H200_BATCH_MS``); labels read ``"<model> <dtype> S=<tokens>"`` or ``"<model> <dtype> B=<batch>"``."""
+    """``(device, observation)`` of the later calls held out from the ``h200`` entry's fit: the Llama-2-13B float16
+    curve (labels ``"<model> <dtype> S=<tokens>"``) and its batched steps (``"... B=<batch>"``)."""
     out = []
     for (model, dt), ms in _H200_HELD_OUT_MS.items():
         for s, t in zip(GPU_TOKENS, ms, strict=True):
             out.append(("h200", _call(model, dt, t, new_tokens=s, label=f"{model} {dt} S={s}")))
-    for (model, dt), by_batch in _H200_BATCH_MS.items():
-        for b, t in by_batch.items():
-            out.append(("h200", _call(model, dt, t, batch=b, label=f"{model} {dt} B={b}")))
-    return out
+    return out + [p for p in batch_points() if not p[1].label.startswith(FIT_BATCH_MODEL + " ")]
 
 
 def _call(model: str, dt: Dtype, ms: float, *, new_tokens: int = 1, batch: int = 1, label: str) -> Observation:

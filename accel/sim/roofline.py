@@ -164,7 +164,8 @@ def _op_time(hw: Hardware, mem: Any, comp: Any, dec: Any) -> tuple[Any, Any]:
 def _resource_times(
     hw: Hardware, lay: dict, head: dict, rows_l: Any, rows_h: Any, bw: float, fl: Any, dec_rate: Any
 ) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """(mem_l, mem_h, comp_l, comp_h, dec_l, dec_h): a layer's and the head's seconds of each resource."""
+    """(mem_l, mem_h, comp_l, comp_h, dec_l, dec_h): a layer's and the head's seconds of each resource; the KV cache
+    is read at ``kv_bandwidth_efficiency`` where the device has one (``bw`` is the weights' rate)."""
 
     def g(rows: np.ndarray, beta: float = hw.multi_token_penalty, gamma: float = hw.multi_token_exponent) -> np.ndarray:
         return 1.0 + beta * np.maximum(rows - 1.0, 0.0) ** gamma  # multi-token factor (hardware.py)
@@ -174,7 +175,8 @@ def _resource_times(
     beta_dec = hw.multi_token_penalty if beta_dec is None else beta_dec
     gamma_dec = hw.multi_token_exponent if gamma_dec is None else gamma_dec
 
-    mem_l = (lay["weights"] * g(rows_l) + lay["kv_read"] + lay["kv_write"] + lay["act"]) / bw
+    kv_bw = bw if hw.kv_bandwidth_efficiency is None else bw * hw.kv_bandwidth_efficiency / hw.bandwidth_efficiency
+    mem_l = (lay["weights"] * g(rows_l) + lay["kv_write"] + lay["act"]) / bw + lay["kv_read"] / kv_bw
     mem_h = (head["weights"] * g(rows_h) + head["act"]) / bw
     comp_l, comp_h = lay["flops"] / fl, head["flops"] / fl
     # a multi-row call slows the weight-streaming kernel (GEMV -> GEMM), whichever bound it: memory or decompression

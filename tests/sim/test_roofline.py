@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from accel.errors import SimError
-from accel.sim import ModelSpec, hardware, preset, step_time
+from accel.sim import ModelSpec, hardware, load_hardware, preset, step_time
 from accel.sim.roofline import CallShape
 
 
@@ -240,3 +240,19 @@ def test_fp32_products_run_at_the_cuda_core_peak():
         assert hw.peak_flops("fp32") == tflops * 1e12 < hw.peak_flops("fp16")
         st = step_time(preset("tinyllama-1.1b"), hw, CallShape(new_tokens=512, num_logits=1), weight_format="fp32")
         assert st.compute_s == pytest.approx(st.flops / (tflops * 1e12 * hw.compute_efficiency), rel=1e-9)
+
+
+def test_the_kv_cache_reads_at_its_own_efficiency():
+    """``kv_bandwidth_efficiency`` prices the cache reads alone: unset (or equal to the weights' efficiency) it changes
+    nothing; at half the weights' rate a batched step's memory time grows by exactly the cache bytes at that rate."""
+    hw = hardware("a100-80gb")
+    assert hw.kv_bandwidth_efficiency is None
+    call = CallShape(batch_size=16, context_len=1000)
+    base = step_time(preset("llama-2-7b"), hw, call)
+    same = step_time(preset("llama-2-7b"), hw.with_(kv_bandwidth_efficiency=hw.bandwidth_efficiency), call)
+    assert same.time_s == pytest.approx(base.time_s, rel=1e-12)
+    slow = step_time(preset("llama-2-7b"), hw.with_(kv_bandwidth_efficiency=hw.bandwidth_efficiency / 2), call)
+    extra = base.kv_read_bytes / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency)
+    assert base.kv_read_bytes > 0 and slow.memory_s - base.memory_s == pytest.approx(extra, rel=1e-9)
+    with pytest.raises(SimError, match="kv_bandwidth_efficiency"):
+        load_hardware({"base": "a100-80gb", "kv_bandwidth_efficiency": 1.5})
