@@ -85,9 +85,9 @@ class TorchBackend(ScoringBackend):
             (block 32) keeps it packed on the device and decodes it inside each call
             (``accel.backends.torch_mx_device``; with ``compile`` a decode step fuses decode and matmul into one
             kernel). Checked before the cast to ``dtype``; other layers are cast as usual. Default: none.
-        gemv: run the float16/bfloat16 linear layers' calls of at most 8 rows (decode and short verify calls) through
-            accel's Triton matrix-vector kernel (``accel.backends.gemv_triton``) instead of cuBLAS, where triton
-            runs (a CUDA device). Default: off.
+        gemv: run the float16/bfloat16 linear layers' one-row calls (decode steps at batch 1) through accel's Triton
+            matrix-vector kernel (``accel.backends.gemv_triton``) instead of cuBLAS, where triton runs (a CUDA
+            device); wider calls keep cuBLAS, which served 2-8 rows faster on an H200. Default: off.
         decode_attention: run one-token calls' attention through accel's Triton kernel
             (``accel.backends.attention_triton``), which reads only the cache slots each query sees, where triton
             runs. Default: off.

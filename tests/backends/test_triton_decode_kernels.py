@@ -238,3 +238,20 @@ def test_kernel_settings_change_nothing_where_triton_cannot_run(monkeypatch):
     assert swapped and not any(m.kernel for m in swapped)
     for ids, pos in ((np.array([PROMPT]), np.arange(len(PROMPT))[None]), (np.array([[3]]), np.array([[8]]))):
         np.testing.assert_array_equal(backend.forward(ids, pos), plain.forward(ids, pos))
+
+
+def test_compiled_blocks_keep_the_kernels(dev, monkeypatch):
+    """``compile=True`` (what a GPU runs): the kernels are custom ops inside the compiled blocks (their fake
+    implementations give dynamo the shapes); a decode step's logits equal the eager torch path's within float32."""
+    attention = attention_module()
+    calls = []
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = TorchBackend(random_model(seed=1), ctx_len=64, graphs=True, fuse=True)
+    compiled = kernel_backend(random_model(seed=1), device=dev, compile=True)
+    assert compiled.attention_kernels == len(compiled.model.blocks)
+    ids, pos = np.array([PROMPT]), np.arange(len(PROMPT))[None]
+    np.testing.assert_allclose(compiled.forward(ids, pos), plain.forward(ids, pos), rtol=1e-5, atol=1e-5)
+    one = (np.array([[3]]), np.array([[len(PROMPT)]]))
+    np.testing.assert_allclose(compiled.forward(*one), plain.forward(*one), rtol=1e-5, atol=1e-5)
+    assert calls  # the compiled one-token call ran the kernel
