@@ -187,16 +187,16 @@ def test_greedy_spd_equals_ar_through_the_kernels(dev, kind, monkeypatch):
     target = random_model(seed=1).to(dev)
     draft = perturbed(random_model(seed=1), seed=3, rel=0.05).to(dev)
     greedy = Sampling(greedy=True)
-    ar = generate_ar(TorchBackend(random_model(seed=1), ctx_len=64), [PROMPT], max_new_tokens=16, sampling=greedy)
+    ar = generate_ar(TorchBackend(random_model(seed=1), ctx_len=64), [PROMPT], max_new_tokens=10, sampling=greedy)
     tb = kernel_backend(target, device=dev)
     assert tb.attention_kernels == len(target.blocks)
     db = TorchBackend(draft, ctx_len=64, device=dev)
     proposer = DraftChain(db, k=3) if kind == "chain" else DraftTree(db, nodes=5, top_k=2)
-    res = generate(tb, proposer, [PROMPT], max_new_tokens=16, sampling=greedy)
+    res = generate(tb, proposer, [PROMPT], max_new_tokens=10, sampling=greedy)
     assert res.tokens == ar.tokens
     assert res.stats.tokens_per_target_call > 1.5  # verify calls (the torch path) were checked against the kernel's
     tb.reset()
-    assert generate_ar(tb, [PROMPT], max_new_tokens=16, sampling=greedy).tokens == ar.tokens
+    assert generate_ar(tb, [PROMPT], max_new_tokens=10, sampling=greedy).tokens == ar.tokens
     assert calls  # the one-token calls went through the kernel
 
 
