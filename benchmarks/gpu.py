@@ -3,7 +3,10 @@ T(S) for S = 1..64, and greedy speculative decoding == AR, for Llama-2-7B-, Llam
 random models in float16 and bfloat16 (weights generated on the device; nothing is downloaded or read). Options:
 ``--batches`` adds the AR step at larger batches; ``--mx mxfp6`` adds each shape with its block weights kept packed on
 the device (``TorchBackend(mx=...)``); ``--layer`` first times each 7B projection alone (float, the MX kernel over
-a sweep of launch configs, MX decode + matmul: ``benchmarks/gpu_layers.py``).
+a sweep of launch configs, MX decode + matmul: ``benchmarks/gpu_layers.py``); ``--kernels`` adds rows with accel's
+Triton decode kernels (``gemv``, ``attention``, ``gemv+attention``), ``--gemv-layer`` / ``--attention-layer`` first
+sweep those kernels' launch configs on single layers (``benchmarks/gpu_gemv.py``), and ``--profile`` prints each row's
+AR step by kernel (torch.profiler).
 
 Each call runs through ``TorchBackend(device="cuda")``: weights and the KV cache on the GPU, every call signature
 captured once as a CUDA graph. Two times per call: ``dev`` is the graph replay alone (CUDA events), ``call`` is
