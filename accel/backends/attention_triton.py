@@ -42,14 +42,15 @@ def _kernels() -> Any:
     return importlib.import_module("accel.backends.attention_triton_kernels")
 
 
-def launch_config(heads: int, slots: int, group: int) -> tuple[int, int]:
+def launch_config(heads: int, slots: int, group: int, splits: int | None = None) -> tuple[int, int]:
     """(BLOCK_J, splits) for ``heads`` row x KV-head programs over ``slots`` cache slots with ``group`` query heads
-    per KV head: 64 slots a block (fewer for wide groups: registers), and ``TUNED_SPLITS`` or enough splits to
-    reach ``TARGET_PROGRAMS``."""
+    per KV head: 64 slots a block (fewer for wide groups: registers), and ``splits`` where given, else
+    ``TUNED_SPLITS`` or enough splits to reach ``TARGET_PROGRAMS``; at most one split a block."""
     block = max(8, 64 // pow2(group))
     blocks = -(-slots // block)
-    splits = TUNED_SPLITS.get((heads, slots)) or -(-TARGET_PROGRAMS // heads)
-    return block, max(1, min(splits, blocks))
+    if splits is None:
+        splits = TUNED_SPLITS.get((heads, slots)) or -(-TARGET_PROGRAMS // heads)
+    return block, max(1, min(int(splits), blocks))
 
 
 def decode_attention(
@@ -68,11 +69,9 @@ def decode_attention(
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(3) != 1:
         raise ValueError("decode attention: the head dimension must be contiguous")
     group = hq // hkv
-    block, split_count = launch_config(bsz * hkv, ctx, group)
-    if splits is not None:
-        split_count = max(1, min(int(splits), -(-ctx // block)))  # at most one block each
+    block, split_count = launch_config(bsz * hkv, ctx, group, splits)
     blocks = -(-ctx // block)
-    iters = -(-blocks // split_count)
+    iters = -(-blocks // split_count)  # blocks per split
     vis = visible.reshape(bsz, ctx)
     vis = vis.view(torch.uint8) if vis.dtype == torch.bool else (vis != 0).view(torch.uint8)  # no copy of a bool mask
     out = torch.empty((bsz, hq, 1, dim), dtype=q.dtype, device=q.device)

@@ -105,7 +105,8 @@ def held_out_points() -> list[tuple[str, Observation]]:
     for (model, dt), ms in _H200_HELD_OUT_MS.items():
         for s, t in zip(GPU_TOKENS, ms, strict=True):
             out.append(("h200", _call(model, dt, t, new_tokens=s, label=f"{model} {dt} S={s}")))
-    return out + [p for p in batch_points() if not p[1].label.startswith(FIT_BATCH_MODEL + " ")]
+    held = sorted({model for model, _ in _H200_BATCH_MS} - {FIT_BATCH_MODEL})
+    return out + [p for model in held for p in batch_points(model)]
 
 
 def _call(model: str, dt: Dtype, ms: float, *, new_tokens: int = 1, batch: int = 1, label: str) -> Observation:
