@@ -53,8 +53,8 @@ e.g. accel's fused-kernel targets on a 2-core CPU) exploration is ``QUIET_EXPLOR
 arm's smallest budget: every exploration round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost
 the controller 6% against AR. The other rounds take the best N (``model``) of a plan recomputed every
 ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while it chooses no speculation (pricing every budget
-costs 2-3 ms of host time, 6-8% of an fp32 SmolLM2 round, 15-20% of a ``gguf-kernel`` step; the plan is a function of
-the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
+costs ~0.4 ms of host time with four arms, ~1% of an fp32 SmolLM2 round, 2-3% of a ``gguf-kernel`` step; the plan is
+a function of the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
 differences; every sample is refused, ``CostCurve``) the controller runs ``fallback`` nodes (default: the first
 arm's own ``max_nodes``, its fixed shape; on the first arm whose budgets hold it) and says so in
 ``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
@@ -165,6 +165,19 @@ class Plan:
         return int(hits[0]) if hits.size else None
 
 
+@dataclass(frozen=True)
+class _ArmModels:
+    """Each candidate shape ``(arms[i], nodes[i])`` as its arm's model alone prices it (the first: no speculation):
+    tokens per row and call, call seconds, proposal seconds; before any arm's or shape's rounds correct it
+    (``AutoTune._price``)."""
+
+    arms: np.ndarray
+    nodes: np.ndarray
+    tokens: np.ndarray
+    call_s: np.ndarray
+    propose_s: np.ndarray
+
+
 @dataclass
 class _Pending:
     """What ``propose`` decided, for ``update`` to compare with what happened."""
@@ -189,7 +202,7 @@ class TuneSettings:
         decay: per-round weight of the old acceptance counts, in (0, 1] (1 = never forget).
         explore_every: every this many rounds a neighbour of the chosen shape is re-measured (0 = never).
         replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
-            every budget costs about 1.5 ms of host time, 6-8% of a 20-25 ms round on SmolLM2 targets.
+            every budget costs ~0.4 ms of host time with four arms (a tree search per arm).
         window: timing samples kept per size (``CostCurve``).
         margin: speculation is chosen only where its predicted rate is at least ``1 + margin`` times no
             speculation's, in [0, 1) (default 0). The shape chosen is the one whose noisy estimate is highest, so its
@@ -329,8 +342,9 @@ class AutoTune:
 
     def _cached_plan(self) -> Plan | None:
         """``plan()``, recomputed every ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the model
-        chooses no speculation (nothing it learns changes then but the timings of plain steps; a plan costs 2-3 ms of
-        host time, 15-20% of a ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way."""
+        chooses no speculation (nothing it learns changes then but the timings of plain steps; a plan costs ~0.4 ms of
+        host time with four arms, 2-3% of a ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way.
+        Not every round: re-pricing from every round's evidence churned between shapes (docs/spd.md, "Phases")."""
         every = self.replan_every * (QUIET_EXPLORE if self._quiet else 1)
         if self._plan is None or self.rounds - self._plan[0] >= every or self._plan[1] is None:
             self._plan = (self.rounds, self.plan())
@@ -436,29 +450,45 @@ class AutoTune:
         return self.arms[arm].acceptance(self.prior_acceptance)
 
     def plan(self) -> Plan | None:
-        """The predictions for budget 0 and every arm's budgets; None while a cost curve has no valid sample."""
+        """The predictions for budget 0 and every arm's budgets: the arm models, corrected by the rounds run at each
+        arm and shape (``ShapeEvidence``); None while a cost curve has no valid sample."""
+        return self._price(self._arm_models())
+
+    def _arm_models(self) -> _ArmModels | None:
+        """Every shape's prediction by its arm's model alone (module docstring); None while a cost curve has no valid
+        sample or a price is not a finite number of seconds > 0."""
         calls = self.call_curve()
         c1 = calls.seconds(1)
         if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        rows = [(NO_ARM, 0, *self.evidence.blend((NO_ARM, 0), 1.0, c1, 0.0), 1.0, c1)]
+        rows = [(NO_ARM, 0, 1.0, c1, 0.0)]
         for i, arm in enumerate(self.arms):
             arm.idle_until(self.rounds)  # the rounds it sat out since its counts were last decayed
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
-            gain, dearer = self.evidence.arm_factors(i)  # what the arm's rounds gave over its model
             for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
                 call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
-                fixed = (1.0 + gain * (e - 1.0), dearer * call, _known(arm.propose_costs, n))
-                rows.append((i, n, *self.evidence.blend((i, n), *fixed), e, call))
-        arms, nodes, tokens, call_s, propose_s, model_tokens, model_call = (
-            np.asarray(col) for col in zip(*rows, strict=True)
-        )
-        plan = Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call, self.settings.margin)
-        if not (np.all(np.isfinite(plan.call_s + plan.propose_s)) and np.all(plan.call_s > 0)):
+                rows.append((i, n, e, call, _known(arm.propose_costs, n)))
+        arms, nodes, tokens, call_s, propose_s = (np.asarray(col) for col in zip(*rows, strict=True))
+        if not (np.all(np.isfinite(call_s + propose_s)) and np.all(call_s > 0)):
             return None
-        return plan
+        return _ArmModels(arms.astype(int), nodes.astype(int), tokens.astype(float), call_s, propose_s)
+
+    def _price(self, models: _ArmModels | None) -> Plan | None:
+        """The plan from the arm models: each arm's scaled by what its rounds gave over what it predicted
+        (``ShapeEvidence.arm_factors``), then each shape's moved towards its own rounds (``blend_all``)."""
+        if models is None:
+            return None
+        gain, dearer = np.ones(len(models.nodes)), np.ones(len(models.nodes))
+        for i in range(len(self.arms)):
+            on = models.arms == i
+            if on.any():
+                gain[on], dearer[on] = self.evidence.arm_factors(i)
+        fixed = np.stack([1.0 + gain * (models.tokens - 1.0), dearer * models.call_s, models.propose_s], axis=1)
+        tokens, call_s, propose_s = self.evidence.blend_all(models.arms, models.nodes, fixed).T
+        margin = self.settings.margin
+        return Plan(models.nodes, tokens, call_s, propose_s, models.arms, models.tokens, models.call_s, margin)
 
     def describe(self) -> str:
         """One line on the current choice, e.g. ``"4 nodes: 2.31 tokens/call, 1.21x call cost"`` (with several arms

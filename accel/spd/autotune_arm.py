@@ -174,8 +174,10 @@ class ShapeEvidence:
 
     def __init__(self, decay: float) -> None:
         self.decay = decay
-        self._sums: dict[tuple[int, int], np.ndarray] = {}
-        self._arms: dict[int, np.ndarray] = {}  # arm -> [rounds, observed gain, model gain, observed call, model call]
+        self._rows: dict[tuple[int, int], int] = {}  # shape -> its row of _sums
+        self._sums = np.zeros((0, 4))  # per shape: [rounds, tokens, call seconds, proposal seconds], decayed
+        self._arm_rows: dict[int, int] = {}  # arm -> its row of _arm_sums
+        self._arm_sums = np.zeros((0, 5))  # per arm: [rounds, observed gain, model gain, observed call, model call]
 
     def observe(
         self,
@@ -188,43 +190,60 @@ class ShapeEvidence:
         """One round at ``shape``; every shape's and arm's old evidence decays by ``decay`` first. ``model``: the
         arm model's own ``(tokens, call_s)`` for the shape, before any correction (``AutoTune.plan``). Non-finite
         values (a broken clock) are not recorded."""
-        for sums in (*self._sums.values(), *self._arms.values()):
-            sums *= self.decay
+        self._sums *= self.decay
+        self._arm_sums *= self.decay
         if not all(np.isfinite([tokens, call_s, propose_s])) or call_s <= 0:
             return
-        row = self._sums.setdefault(shape, np.zeros(4))
-        row += [1.0, tokens, call_s, propose_s]
+        self._sums, row = _row(self._sums, self._rows, shape)
+        self._sums[row] += [1.0, tokens, call_s, propose_s]
         if model is not None and shape[0] != NO_ARM and all(np.isfinite(model)) and model[1] > 0:
-            arm = self._arms.setdefault(shape[0], np.zeros(5))
-            arm += [1.0, tokens - 1.0, model[0] - 1.0, call_s, model[1]]
+            self._arm_sums, row = _row(self._arm_sums, self._arm_rows, shape[0])
+            self._arm_sums[row] += [1.0, tokens - 1.0, model[0] - 1.0, call_s, model[1]]
 
     def arm_factors(self, arm: int) -> tuple[float, float]:
         """``(gain factor, call factor)`` of ``arm``: what its rounds gave over what its model predicted, for the
         tokens beyond the first (``E - 1``) and for the call seconds, each with ``EVIDENCE_WEIGHT`` rounds of "as
         predicted" added and clipped to ``ARM_FACTOR_RANGE``; ``(1, 1)`` before any round."""
-        sums = self._arms.get(arm)
-        if sums is None or sums[0] <= 0:
+        row = self._arm_rows.get(arm)
+        if row is None or self._arm_sums[row, 0] <= 0:
             return 1.0, 1.0
-        w = EVIDENCE_WEIGHT / sums[0]  # the prior's rounds, as a share of the observed ones
+        rounds, gain_obs, gain_model, call_obs, call_model = self._arm_sums[row].tolist()
+        w = EVIDENCE_WEIGHT / rounds  # the prior's rounds, as a share of the observed ones
         lo, hi = ARM_FACTOR_RANGE
-        gain = (sums[1] + w * sums[2]) / (sums[2] * (1.0 + w)) if sums[2] > 0 else 1.0
-        call = (sums[3] + w * sums[4]) / (sums[4] * (1.0 + w))
-        return float(np.clip(gain, lo, hi)), float(np.clip(call, lo, hi))
+        gain = (gain_obs + w * gain_model) / (gain_model * (1.0 + w)) if gain_model > 0 else 1.0
+        call = (call_obs + w * call_model) / (call_model * (1.0 + w))
+        return min(max(gain, lo), hi), min(max(call, lo), hi)
 
     def rounds(self, shape: tuple[int, int]) -> float:
         """The decayed number of rounds observed at ``shape``."""
-        sums = self._sums.get(shape)
-        return 0.0 if sums is None else float(sums[0])
+        row = self._rows.get(shape)
+        return 0.0 if row is None else float(self._sums[row, 0])
 
     def blend(self, shape: tuple[int, int], tokens: float, call_s: float, propose_s: float) -> tuple[float, ...]:
         """``(tokens, call_s, propose_s)``: the model's prediction for ``shape`` and its observed means, weighted
         ``EVIDENCE_WEIGHT`` to the decayed rounds observed."""
-        sums = self._sums.get(shape)
-        if sums is None:
-            return tokens, call_s, propose_s
-        w = EVIDENCE_WEIGHT
-        model = np.asarray([tokens, call_s, propose_s])
-        return tuple(float(x) for x in (w * model + sums[1:]) / (w + sums[0]))
+        out = self.blend_all(np.array([shape[0]]), np.array([shape[1]]), np.array([[tokens, call_s, propose_s]]))
+        return tuple(float(x) for x in out[0])
+
+    def blend_all(self, arms: np.ndarray, nodes: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``blend`` of every shape ``(arms[i], nodes[i])`` at once (one array operation: it runs every round):
+        ``values[i]`` = the model's ``(tokens, call_s, propose_s)`` for it; returns a new array of that shape."""
+        out = np.array(values, dtype=float)
+        rows = np.array([self._rows.get(s, -1) for s in zip(arms.tolist(), nodes.tolist(), strict=True)], dtype=int)
+        seen = rows >= 0
+        if seen.any():
+            sums = self._sums[rows[seen]]
+            out[seen] = (EVIDENCE_WEIGHT * out[seen] + sums[:, 1:]) / (EVIDENCE_WEIGHT + sums[:, :1])
+        return out
+
+
+def _row(table: np.ndarray, rows: dict, key: object) -> tuple[np.ndarray, int]:
+    """``table`` (grown by a zero row where ``key`` is new) and ``key``'s row in it."""
+    row = rows.get(key)
+    if row is None:
+        row = rows[key] = table.shape[0]
+        table = np.vstack([table, np.zeros((1, table.shape[1]))])
+    return table, row
 
 
 class _Wrapped:

@@ -17,7 +17,7 @@ import pytest
 from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, NgramLookup, generate, generate_ar
 from accel.spd.autotune import AutoTune, TuneSettings
-from accel.spd.autotune_arm import SelfSized, Unbudgeted, _draft_users
+from accel.spd.autotune_arm import EVIDENCE_WEIGHT, NO_ARM, SelfSized, ShapeEvidence, Unbudgeted, _draft_users
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
 from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
@@ -189,6 +189,25 @@ def test_a_shapes_own_rounds_correct_the_model(models):
     assert after.best_shape() == (1, 4)
     tuner.evidence.observe((1, 4), float("nan"), 10e-3, 0.4e-3)  # a broken round is not evidence
     assert tuner.evidence.rounds((1, 4)) == 0.0
+
+
+def test_blend_all_is_blend_of_each_shape():
+    """``ShapeEvidence.blend_all`` (one array operation per plan) equals ``blend`` shape by shape, for shapes with
+    rounds (their decayed sums) and without (the model's values unchanged), and leaves its input as it was."""
+    evidence = ShapeEvidence(decay=0.9)
+    for shape, tokens in (((0, 2), 3.0), ((NO_ARM, 0), 1.0), ((1, 4), 2.0), ((0, 2), 1.0)):
+        evidence.observe(shape, tokens, 12e-3, 1e-3)
+    arms, nodes = np.array([NO_ARM, 0, 0, 1, 1]), np.array([0, 1, 2, 4, 5])
+    values = np.arange(15, dtype=float).reshape(5, 3) + 1.0
+    before = values.copy()
+    out = evidence.blend_all(arms, nodes, values)
+    for i in range(5):
+        assert out[i].tolist() == pytest.approx(evidence.blend((int(arms[i]), int(nodes[i])), *values[i].tolist()))
+    np.testing.assert_array_equal(values, before)
+    np.testing.assert_array_equal(out[[1, 4]], values[[1, 4]])  # no rounds at (0, 1), (1, 5)
+    n = 0.9**3 + 1.0  # (0, 2): a round decayed by the three after it, and the last
+    assert evidence.rounds((0, 2)) == pytest.approx(n)
+    assert out[2, 0] == pytest.approx((EVIDENCE_WEIGHT * values[2, 0] + 3.0 * 0.9**3 + 1.0) / (EVIDENCE_WEIGHT + n))
 
 
 def test_an_arms_rounds_correct_its_other_budgets(models):
