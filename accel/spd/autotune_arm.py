@@ -226,7 +226,7 @@ class ShapeEvidence:
         return tuple(float(x) for x in out[0])
 
     def blend_all(self, arms: np.ndarray, nodes: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``blend`` of every shape ``(arms[i], nodes[i])`` at once (one array operation: it runs every round):
+        """``blend`` of every shape ``(arms[i], nodes[i])`` at once (one array operation per plan):
         ``values[i]`` = the model's ``(tokens, call_s, propose_s)`` for it; returns a new array of that shape."""
         out = np.array(values, dtype=float)
         rows = np.array([self._rows.get(s, -1) for s in zip(arms.tolist(), nodes.tolist(), strict=True)], dtype=int)
