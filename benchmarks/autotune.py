@@ -26,8 +26,10 @@ tokens); AR runs once per (target, sampling) and serves both drafters' cells.
 tok/s = a setting's new tokens over all prompts / its decode seconds (``wall_s - prefill_s`` of each run); the
 median over prompts of the per-prompt tok/s is printed beside it and saved. Per cell: every setting's tok/s, the best
 fixed setting (AR included), the controller's tok/s, controller / best fixed and controller / AR with the goals
-(>= 0.95x and >= 1.0x: PASS/FAIL), and its choices (``GenerationStats.tuned_rounds``: histogram of node budgets,
-share of rounds with 0 nodes, mean predicted vs observed tokens per call and call ms over the rounds it predicted).
+(>= 0.95x and >= 1.0x: PASS/FAIL), controller / best fixed's 5-95% range over resampled prompts (the runs paired by
+prompt: ``autotune_support.prompt_interval``; with 4 prompts about +-7-10% on the fp32 cells), and its choices
+(``GenerationStats.tuned_rounds``: histogram of node budgets, share of rounds with 0 nodes, mean predicted vs observed
+tokens per call and call ms over the rounds it predicted).
 Greedy cells check every speculative output against AR token for token and print a mismatch loudly.
 
 ``--load`` (the default; ``--no-load`` skips it) runs the whole grid a second time, with new controllers, while a

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 #: the row name of autoregressive decoding and of the controller in every cell
 AR = "AR"
 CONTROLLER = "controller (AutoTune)"
@@ -64,6 +66,28 @@ def rates(records: Sequence[RunRecord]) -> dict[str, float]:
     return {"total": total, "median": statistics.median(per) if per else math.nan}
 
 
+def prompt_interval(
+    records: Sequence[RunRecord], reference: Sequence[RunRecord], draws: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """How far the total tok/s ratio ``records / reference`` (``rates``' ``total`` of each) moves with the prompts:
+    its 5th and 95th percentiles over ``draws`` resamplings of the prompts both ran, with replacement, the two
+    settings' runs paired by prompt (fixed ``seed``: the same bounds for the same records). A cell's prompts differ
+    more than runs of one prompt do (acceptance follows the text), so this is the spread a cell's ratio would show
+    over other prompts of the same kind; it does not include the machine's drift between passes. ``(nan, nan)``
+    without a common prompt of finite positive seconds."""
+    ours = {r.prompt: r for r in records if r.decode_s > 0 and math.isfinite(r.decode_s)}
+    theirs = {r.prompt: r for r in reference if r.decode_s > 0 and math.isfinite(r.decode_s)}
+    common = sorted(ours.keys() & theirs.keys())
+    if not common:
+        return math.nan, math.nan
+    cols = [[getattr(d[p], f) for p in common] for d in (ours, theirs) for f in ("new_tokens", "decode_s")]
+    n_a, s_a, n_b, s_b = (np.asarray(c, dtype=float) for c in cols)
+    pick = np.random.default_rng(seed).integers(0, len(common), size=(draws, len(common)))
+    ratio = (n_a[pick].sum(1) / s_a[pick].sum(1)) / (n_b[pick].sum(1) / s_b[pick].sum(1))
+    lo, hi = np.percentile(ratio, [5.0, 95.0])
+    return float(lo), float(hi)
+
+
 def _finite_mean(values: Iterable[float]) -> float:
     got = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return sum(got) / len(got) if got else math.nan
@@ -98,7 +122,8 @@ def mismatches(reference: Sequence[RunRecord], records: Sequence[RunRecord]) -> 
 def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) -> dict[str, Any]:
     """A cell's summary: tok/s of every setting (``rates``), the best fixed setting (AR included), the controller's
     tok/s and its ratios to the best fixed and to AR with the goals' PASS/FAIL, its choices, and for greedy cells
-    the settings whose output differs from AR (``mismatch``: name -> prompts)."""
+    the settings whose output differs from AR (``mismatch``: name -> prompts); ``controller_vs_best_interval``: the
+    ratio's 5-95% range over resampled prompts (``prompt_interval``)."""
     tps = {name: rates(recs) for name, recs in settings.items()}
     fixed = {n: v["total"] for n, v in tps.items() if n != CONTROLLER and math.isfinite(v["total"])}
     best = max(fixed, key=fixed.__getitem__) if fixed else None
@@ -113,12 +138,14 @@ def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) ->
             if wrong:
                 bad[name] = wrong
     rounds = [t for r in settings.get(CONTROLLER, ()) for t in r.tuned]
+    spread = prompt_interval(settings[CONTROLLER], settings[best]) if best and CONTROLLER in settings else None
     return {
         "tokens_per_s": tps,
         "best_fixed": best,
         "best_fixed_tokens_per_s": fixed[best] if best else math.nan,
         "controller_tokens_per_s": ctrl,
         "controller_vs_best": vs_best,
+        "controller_vs_best_interval": spread or (math.nan, math.nan),
         "controller_vs_ar": vs_ar,
         "goal_vs_best": verdict(vs_best, GOAL_VS_BEST),
         "goal_vs_ar": verdict(vs_ar, GOAL_VS_AR),
@@ -156,10 +183,11 @@ def cell_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
         mark = "  <- best fixed" if setting == summary["best_fixed"] else ""
         out.append(f"  {setting:<34} {v['total']:7.1f} tok/s (median {v['median']:7.1f}){mark}")
     c = summary["choices"]
+    lo, hi = summary.get("controller_vs_best_interval", (math.nan, math.nan))
     out.append(
         f"  controller / best fixed {summary['controller_vs_best']:.2f}x [{summary['goal_vs_best']}: >= "
-        f"{GOAL_VS_BEST}]  controller / AR {summary['controller_vs_ar']:.2f}x [{summary['goal_vs_ar']}: >= "
-        f"{GOAL_VS_AR}]"
+        f"{GOAL_VS_BEST}; {lo:.2f}-{hi:.2f}x over resampled prompts]  controller / AR "
+        f"{summary['controller_vs_ar']:.2f}x [{summary['goal_vs_ar']}: >= {GOAL_VS_AR}]"
     )
     out.append(
         f"  choices over {c['rounds']} rounds: shapes {histogram_text(c.get('shape_rounds', {}))}; nodes "
@@ -177,15 +205,17 @@ def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per cell (benchmarks/RESULTS.md): AR, best fixed setting, controller, the ratios with the goals, the
     share of rounds without speculation and the shapes (arms) chosen."""
     lines = [
-        "| cell | AR tok/s | best fixed | tok/s | controller tok/s | ctrl / best | ctrl / AR | 0 nodes | "
-        "shapes chosen (arm:rounds) | tok/call pred / obs |",
+        "| cell | AR tok/s | best fixed | tok/s | controller tok/s | ctrl / best (5-95% over prompts) | ctrl / AR | "
+        "0 nodes | shapes chosen (arm:rounds) | tok/call pred / obs |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summaries.items():
         c, ar = s["choices"], s["tokens_per_s"].get(AR, {}).get("total", math.nan)
+        lo, hi = s.get("controller_vs_best_interval", (math.nan, math.nan))
         lines.append(
             f"| {name} | {ar:.1f} | {s['best_fixed']} | {s['best_fixed_tokens_per_s']:.1f} | "
-            f"{s['controller_tokens_per_s']:.1f} | {s['controller_vs_best']:.2f}x {s['goal_vs_best']} | "
+            f"{s['controller_tokens_per_s']:.1f} | {s['controller_vs_best']:.2f}x {s['goal_vs_best']} "
+            f"({lo:.2f}-{hi:.2f}) | "
             f"{s['controller_vs_ar']:.2f}x {s['goal_vs_ar']} | {c['zero_fraction']:.0%} | "
             f"{histogram_text(c.get('shape_rounds', {})).replace('|', chr(92) + '|')} | "
             f"{c['predicted_tokens_per_call']:.2f} / "

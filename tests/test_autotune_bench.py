@@ -87,6 +87,26 @@ def test_summarise_cell_best_fixed_ratios_and_goals(ctrl_s, vs_best, vs_ar):
     assert s["mismatch"] == {}
 
 
+def test_prompt_interval_spans_the_ratio_over_resampled_prompts():
+    """Every prompt at the same ratio: the interval is that ratio. Eight prompts at 0.8x and 1.2x (equal tokens and
+    reference seconds): the interval lies strictly inside their range, around the pooled ratio, and
+    the same for the same records; runs pair by prompt, unmatched or timeless ones are left out."""
+    toks = [1] * 10
+    same = [rec(p, toks, 1.25) for p in range(4)], [rec(p, toks, 1.0) for p in range(4)]
+    assert sup.prompt_interval(*same) == pytest.approx((0.8, 0.8))
+    ctrl = [rec(p, toks, 1 / (0.8 if p % 2 else 1.2)) for p in range(8)]
+    best = [rec(p, toks, 1.0) for p in range(8)] + [rec(9, toks, 1.0)]
+    lo, hi = sup.prompt_interval([*ctrl, rec(10, toks, 0.0)], best)
+    pooled = sup.rates(ctrl)["total"] / sup.rates(best[:8])["total"]
+    assert 0.8 < lo < pooled < hi < 1.2
+    assert sup.prompt_interval(ctrl, best) == (lo, hi)
+    assert all(math.isnan(v) for v in sup.prompt_interval(ctrl, [rec(42, toks, 1.0)]))
+    cell = {sup.AR: best[:8], "chain K=1": [rec(p, toks, 0.9) for p in range(8)], sup.CONTROLLER: ctrl}
+    s = sup.summarise_cell(cell, greedy=False)
+    assert s["controller_vs_best_interval"] == sup.prompt_interval(ctrl, cell["chain K=1"])
+    assert f"{s['controller_vs_best_interval'][0]:.2f}-" in sup.markdown_table({"c": s})
+
+
 def test_summarise_cell_ar_can_be_the_best_fixed_and_mismatches_are_found_in_greedy_cells_only():
     cell = {
         sup.AR: [rec(0, [1, 2, 3], 1.0), rec(1, [4, 5, 6], 1.0)],
