@@ -165,19 +165,6 @@ class Plan:
         return int(hits[0]) if hits.size else None
 
 
-@dataclass(frozen=True)
-class _ArmModels:
-    """Each candidate shape ``(arms[i], nodes[i])`` as its arm's model alone prices it (the first: no speculation):
-    tokens per row and call, call seconds, proposal seconds; before any arm's or shape's rounds correct it
-    (``AutoTune._price``)."""
-
-    arms: np.ndarray
-    nodes: np.ndarray
-    tokens: np.ndarray
-    call_s: np.ndarray
-    propose_s: np.ndarray
-
-
 @dataclass
 class _Pending:
     """What ``propose`` decided, for ``update`` to compare with what happened."""
@@ -450,45 +437,31 @@ class AutoTune:
         return self.arms[arm].acceptance(self.prior_acceptance)
 
     def plan(self) -> Plan | None:
-        """The predictions for budget 0 and every arm's budgets: the arm models, corrected by the rounds run at each
-        arm and shape (``ShapeEvidence``); None while a cost curve has no valid sample."""
-        return self._price(self._arm_models())
-
-    def _arm_models(self) -> _ArmModels | None:
-        """Every shape's prediction by its arm's model alone (module docstring); None while a cost curve has no valid
-        sample or a price is not a finite number of seconds > 0."""
+        """The predictions for budget 0 and every arm's budgets: each arm's model (module docstring), scaled by what
+        its rounds gave over what it predicted (``ShapeEvidence.arm_factors``), then each shape's moved towards its
+        own rounds (``ShapeEvidence.blend``); None while a cost curve has no valid sample."""
         calls = self.call_curve()
         c1 = calls.seconds(1)
         if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        rows = [(NO_ARM, 0, 1.0, c1, 0.0)]
+        rows = [(NO_ARM, 0, 1.0, c1, 0.0, 1.0, 1.0)]
         for i, arm in enumerate(self.arms):
             arm.idle_until(self.rounds)  # the rounds it sat out since its counts were last decayed
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
+            factors = self.evidence.arm_factors(i)  # (gain, call) factors: what the arm's rounds gave over its model
             for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
                 call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
-                rows.append((i, n, e, call, _known(arm.propose_costs, n)))
-        arms, nodes, tokens, call_s, propose_s = (np.asarray(col) for col in zip(*rows, strict=True))
-        if not (np.all(np.isfinite(call_s + propose_s)) and np.all(call_s > 0)):
+                rows.append((i, n, e, call, _known(arm.propose_costs, n), *factors))
+        arms, nodes, model_tokens, model_call, propose_s, gain, dearer = (
+            np.asarray(col) for col in zip(*rows, strict=True)
+        )
+        if not (np.all(np.isfinite(model_call + propose_s)) and np.all(model_call > 0)):
             return None
-        return _ArmModels(arms.astype(int), nodes.astype(int), tokens.astype(float), call_s, propose_s)
-
-    def _price(self, models: _ArmModels | None) -> Plan | None:
-        """The plan from the arm models: each arm's scaled by what its rounds gave over what it predicted
-        (``ShapeEvidence.arm_factors``), then each shape's moved towards its own rounds (``blend_all``)."""
-        if models is None:
-            return None
-        gain, dearer = np.ones(len(models.nodes)), np.ones(len(models.nodes))
-        for i in range(len(self.arms)):
-            on = models.arms == i
-            if on.any():
-                gain[on], dearer[on] = self.evidence.arm_factors(i)
-        fixed = np.stack([1.0 + gain * (models.tokens - 1.0), dearer * models.call_s, models.propose_s], axis=1)
-        tokens, call_s, propose_s = self.evidence.blend_all(models.arms, models.nodes, fixed).T
-        margin = self.settings.margin
-        return Plan(models.nodes, tokens, call_s, propose_s, models.arms, models.tokens, models.call_s, margin)
+        fixed = np.stack([1.0 + gain * (model_tokens - 1.0), dearer * model_call, propose_s], axis=1)
+        tokens, call_s, propose_s = self.evidence.blend(arms, nodes, fixed).T
+        return Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call, self.settings.margin)
 
     def describe(self) -> str:
         """One line on the current choice, e.g. ``"4 nodes: 2.31 tokens/call, 1.21x call cost"`` (with several arms

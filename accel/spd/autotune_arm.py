@@ -219,15 +219,10 @@ class ShapeEvidence:
         row = self._rows.get(shape)
         return 0.0 if row is None else float(self._sums[row, 0])
 
-    def blend(self, shape: tuple[int, int], tokens: float, call_s: float, propose_s: float) -> tuple[float, ...]:
-        """``(tokens, call_s, propose_s)``: the model's prediction for ``shape`` and its observed means, weighted
-        ``EVIDENCE_WEIGHT`` to the decayed rounds observed."""
-        out = self.blend_all(np.array([shape[0]]), np.array([shape[1]]), np.array([[tokens, call_s, propose_s]]))
-        return tuple(float(x) for x in out[0])
-
-    def blend_all(self, arms: np.ndarray, nodes: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``blend`` of every shape ``(arms[i], nodes[i])`` at once (one array operation per plan):
-        ``values[i]`` = the model's ``(tokens, call_s, propose_s)`` for it; returns a new array of that shape."""
+    def blend(self, arms: np.ndarray, nodes: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Each shape ``(arms[i], nodes[i])``'s ``values[i]`` (the model's ``(tokens, call_s, propose_s)`` for it)
+        and its observed means, weighted ``EVIDENCE_WEIGHT`` to the decayed rounds observed there (one array operation
+        for a plan's shapes); returns a new array of ``values``' shape."""
         out = np.array(values, dtype=float)
         rows = np.array([self._rows.get(s, -1) for s in zip(arms.tolist(), nodes.tolist(), strict=True)], dtype=int)
         seen = rows >= 0

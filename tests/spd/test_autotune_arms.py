@@ -191,23 +191,25 @@ def test_a_shapes_own_rounds_correct_the_model(models):
     assert tuner.evidence.rounds((1, 4)) == 0.0
 
 
-def test_blend_all_is_blend_of_each_shape():
-    """``ShapeEvidence.blend_all`` (one array operation per plan) equals ``blend`` shape by shape, for shapes with
-    rounds (their decayed sums) and without (the model's values unchanged), and leaves its input as it was."""
+def test_blend_moves_each_shape_towards_its_own_rounds():
+    """``ShapeEvidence.blend`` (one array operation for a plan's shapes): each shape with rounds gets ``(W x model +
+    decayed sums) / (W + decayed rounds)`` of its own rounds, W = EVIDENCE_WEIGHT, every older round decayed once per
+    later one; a shape without rounds keeps the model's values; the input is left as it was."""
     evidence = ShapeEvidence(decay=0.9)
     for shape, tokens in (((0, 2), 3.0), ((NO_ARM, 0), 1.0), ((1, 4), 2.0), ((0, 2), 1.0)):
         evidence.observe(shape, tokens, 12e-3, 1e-3)
     arms, nodes = np.array([NO_ARM, 0, 0, 1, 1]), np.array([0, 1, 2, 4, 5])
     values = np.arange(15, dtype=float).reshape(5, 3) + 1.0
     before = values.copy()
-    out = evidence.blend_all(arms, nodes, values)
-    for i in range(5):
-        assert out[i].tolist() == pytest.approx(evidence.blend((int(arms[i]), int(nodes[i])), *values[i].tolist()))
+    out = evidence.blend(arms, nodes, values)
     np.testing.assert_array_equal(values, before)
-    np.testing.assert_array_equal(out[[1, 4]], values[[1, 4]])  # no rounds at (0, 1), (1, 5)
-    n = 0.9**3 + 1.0  # (0, 2): a round decayed by the three after it, and the last
-    assert evidence.rounds((0, 2)) == pytest.approx(n)
-    assert out[2, 0] == pytest.approx((EVIDENCE_WEIGHT * values[2, 0] + 3.0 * 0.9**3 + 1.0) / (EVIDENCE_WEIGHT + n))
+    w = EVIDENCE_WEIGHT
+    # row: (decayed rounds, decayed token sum) of its shape's rounds; (0, 1) and (1, 5) have none
+    for row, (n, tokens) in {0: (0.81, 0.81), 2: (0.9**3 + 1.0, 3.0 * 0.9**3 + 1.0), 3: (0.9, 1.8)}.items():
+        sums = np.array([tokens, 12e-3 * n, 1e-3 * n])
+        np.testing.assert_allclose(out[row], (w * values[row] + sums) / (w + n), rtol=1e-12)
+        assert evidence.rounds((int(arms[row]), int(nodes[row]))) == pytest.approx(n)
+    np.testing.assert_array_equal(out[[1, 4]], values[[1, 4]])
 
 
 def test_an_arms_rounds_correct_its_other_budgets(models):
