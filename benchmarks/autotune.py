@@ -43,6 +43,12 @@ same setting's tok/s moves 5-15% between runs). After the unloaded grid pass eve
 learned nothing yet), on the same prompts, interleaved prompt by prompt with the order rotated from prompt to prompt.
 Its best fixed setting is measured independently of its selection; both passes are reported.
 
+``--controller-b FIELD=VALUE,...`` (e.g. ``lookup_contexts=false``): every cell also runs a second controller, with
+those ``TuneSettings`` fields changed, as one more setting interleaved with the rest (in the confirmation pass too,
+fresh), never counted as a fixed setting; each cell then prints B / the controller and that ratio's 5-95% range over
+resampled prompts: an A/B comparison of two controllers on one machine state, which separate runs (whose cells move
++-7-10% between runs) cannot give.
+
 ``--quick``: 2 prompts, 32 tokens, no load pass, no confirmation. Prints the CPU and its ISA flags, an estimate of
 the run time (from the probed call time; exports not included), a markdown table for benchmarks/RESULTS.md, and
 writes ``results/autotune.json`` (``--out``).
@@ -61,7 +67,7 @@ import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -69,6 +75,7 @@ from typing import Any
 from autotune_support import (
     AR,
     CONTROLLER,
+    CONTROLLER_B,
     TUNED_FIELDS,
     BusyCore,
     RunRecord,
@@ -81,8 +88,9 @@ from autotune_support import (
 from bench_support import cpu_model, json_out, save_results
 from tqdm.auto import tqdm
 
+from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Proposer, Sampling, generate
-from accel.spd.autotune import AutoTune, draft_arms
+from accel.spd.autotune import AutoTune, TuneSettings, draft_arms
 
 DEMO = Path(__file__).resolve().parents[1] / "accel" / "demo_data"
 SAMPLINGS = {"greedy": GREEDY, "t0.8": Sampling(temperature=0.8)}
@@ -136,6 +144,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ngram", type=int, default=3, help="n-gram lookup: longest suffix looked up")
     ap.add_argument("--ngram-k", type=int, default=4, help="n-gram lookup: tokens proposed from a match")
     ap.add_argument("--ctx-len", type=int, default=256, help="context of the exports (tokens)")
+    ap.add_argument(
+        "--controller-b",
+        type=tune_settings,
+        default=None,
+        metavar="FIELD=VALUE,...",
+        help="also run a second controller with these TuneSettings fields changed (an A/B pair in every cell), "
+        "e.g. lookup_contexts=false",
+    )
     ap.add_argument("--out", type=json_out, default="results/autotune.json")
     args = ap.parse_args(argv)
     if args.quick:
@@ -226,11 +242,14 @@ def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace) -> dict
     return out
 
 
-def controller(drafter: str, bench: Bench, args: argparse.Namespace, target: Any) -> AutoTune:
+def controller(
+    drafter: str, bench: Bench, args: argparse.Namespace, target: Any, settings: TuneSettings | None = None
+) -> AutoTune:
     """``AutoTune`` over the drafter's shapes, probed on ``target``: for the feature draft ``draft_arms`` (lookup
     first then a chain of up to max(--chain-ks), the chain alone, lookup first then the dynamic chain (--dyn-k,
     --min-draft-prob), the largest tree merged with lookup); for Hydra
-    heads the largest tree merged with lookup and after lookup (``FirstOf``)."""
+    heads the largest tree merged with lookup and after lookup (``FirstOf``). ``settings``: the controller's
+    (default ``TuneSettings()``)."""
     if drafter == "feature":
         lookup = (args.ngram, args.ngram_k)
         top, dynamic = max(args.tree_nodes), (args.dyn_k, args.min_draft_prob)
@@ -238,7 +257,7 @@ def controller(drafter: str, bench: Bench, args: argparse.Namespace, target: Any
     else:
         top = max(args.hydra_nodes)
         arms = [Merge(_lookup(args), _hydra_tree(bench, top)), FirstOf(_lookup(args), _hydra_tree(bench, top))]
-    tuner = AutoTune(arms)
+    tuner = AutoTune(arms, settings=settings)
     tuner.probe(target)
     return tuner
 
@@ -268,8 +287,11 @@ def run_pass(bench: Bench, args: argparse.Namespace, load: bool, busy: BusyCore,
         for d in args.drafters:
             for s in args.samplings:
                 bar.set_postfix_str(f"probing {t} for {d}")
-                tuners[cell_name(t, d, s, load)] = controller(d, bench, args, bench.targets[t])
-    records: Records = {c: {} for c in tuners}
+                name = cell_name(t, d, s, load)
+                tuners[name] = controller(d, bench, args, bench.targets[t])
+                if args.controller_b is not None:
+                    tuners[name + B] = controller(d, bench, args, bench.targets[t], args.controller_b)
+    records: Records = {c: {} for c in tuners if not c.endswith(B)}
     for i, ids in enumerate(bench.prompts):
         if load and i == len(bench.prompts) // 2:
             busy.start()
@@ -281,7 +303,7 @@ def run_pass(bench: Bench, args: argparse.Namespace, load: bool, busy: BusyCore,
                 bar.update()
                 for d in args.drafters:
                     name = cell_name(t, d, s, load)
-                    makers: dict[str, Maker] = {**settings[d], CONTROLLER: partial(_same, tuners[name])}
+                    makers: dict[str, Maker] = {**settings[d], **controllers(tuners, name)}
                     records[name].setdefault(AR, []).append(ar)
                     reference = ar.tokens if s == "greedy" else None
                     run_settings(records[name], makers, run, bar, f"prompt {i} {t} {d} {s}", reference)
@@ -312,8 +334,10 @@ def confirm_pass(bench: Bench, args: argparse.Namespace, grid: Records, bar: tqd
                 top = fastest_settings(grid[cell], known, args.confirm)
                 bar.set_postfix_str(f"probing {t} for {d} (confirmation)")
                 tuners[cell + CONFIRM] = controller(d, bench, args, bench.targets[t])
+                if args.controller_b is not None:
+                    tuners[cell + CONFIRM + B] = controller(d, bench, args, bench.targets[t], args.controller_b)
                 makers[cell + CONFIRM] = {n: known[n] for n in top}
-    records: Records = {c: {} for c in tuners}
+    records: Records = {c: {} for c in tuners if not c.endswith(B)}
     for i, ids in enumerate(bench.prompts):
         for t in args.targets:
             for s in args.samplings:
@@ -323,11 +347,51 @@ def confirm_pass(bench: Bench, args: argparse.Namespace, grid: Records, bar: tqd
                 for d in args.drafters:
                     name = cell_name(t, d, s, False) + CONFIRM
                     records[name].setdefault(AR, []).append(ar)
-                    order = [*makers[name].items(), (CONTROLLER, partial(_same, tuners[name]))]
+                    order = [*makers[name].items(), *controllers(tuners, name).items()]
                     order = order[i % len(order) :] + order[: i % len(order)]  # no setting always runs first
                     reference = ar.tokens if s == "greedy" else None
                     run_settings(records[name], dict(order), run, bar, f"confirm {i} {t} {d} {s}", reference)
     return records, tuners
+
+
+B = " B"  # the key suffix of a cell's second controller (--controller-b) among a pass's controllers
+
+
+def controllers(tuners: dict[str, AutoTune], cell: str) -> dict[str, Maker]:
+    """The cell's controller as a setting (``CONTROLLER``), and its second one (``CONTROLLER_B``) where there is one."""
+    out: dict[str, Maker] = {CONTROLLER: partial(_same, tuners[cell])}
+    if cell + B in tuners:
+        out[CONTROLLER_B] = partial(_same, tuners[cell + B])
+    return out
+
+
+def tune_settings(text: str) -> TuneSettings:
+    """An argparse type: ``FIELD=VALUE,...`` of ``TuneSettings`` (true/false, ints, floats), checked."""
+    names = sorted(f.name for f in fields(TuneSettings))
+    values: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, raw = item.partition("=")
+        if key not in names or not raw:
+            raise argparse.ArgumentTypeError(f"{item!r}: give FIELD=VALUE with FIELD one of {names}")
+        try:
+            values[key] = _setting_value(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: the value is not true/false or a number") from None
+    settings = TuneSettings(**values)
+    try:
+        settings.check()
+    except SpdError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return settings
+
+
+def _setting_value(raw: str) -> bool | int | float:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    try:
+        return int(raw)
+    except ValueError:
+        return float(raw)
 
 
 def _same(tuner: AutoTune) -> AutoTune:
@@ -356,7 +420,8 @@ def run_settings(
 
 def runs_per_prompt(bench: Bench, args: argparse.Namespace) -> int:
     """``generate`` runs per prompt and target in one pass: per sampling, AR and every drafter's settings + 1."""
-    per = sum(len(fixed_settings(d, bench, args)) + 1 for d in args.drafters)
+    ctrl = 1 if args.controller_b is None else 2
+    per = sum(len(fixed_settings(d, bench, args)) + ctrl for d in args.drafters)
     return len(args.samplings) * (1 + per)
 
 
@@ -402,8 +467,13 @@ def report(all_records: Records, tuners: dict, args: argparse.Namespace) -> dict
         for c, x in all_records.items()
     }
     rounds = {c: [t for r in x.get(CONTROLLER, []) for t in r.tuned] for c, x in all_records.items()}
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    return {"config": config, "cells": summaries, "runs": runs, "controller_rounds": rounds, "mismatches": bad}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "controller_b")}
+    out = {"config": config, "cells": summaries, "runs": runs, "controller_rounds": rounds, "mismatches": bad}
+    if args.controller_b is not None:
+        config["controller_b"] = asdict(args.controller_b)
+        b_rounds = {c: [t for r in x.get(CONTROLLER_B, []) for t in r.tuned] for c, x in all_records.items()}
+        out["controller_b_rounds"] = b_rounds
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         print_estimate(bench, args)
         passes = [False, True] if args.load else [False]
         total = len(passes) * args.prompts * len(args.targets) * runs_per_prompt(bench, args)
-        confirm = len(args.samplings) * (1 + len(args.drafters) * (args.confirm + 1)) if args.confirm else 0
+        ctrl = 1 if args.controller_b is None else 2
+        confirm = len(args.samplings) * (1 + len(args.drafters) * (args.confirm + ctrl)) if args.confirm else 0
         total += args.prompts * len(args.targets) * confirm
         records: Records = {}
         tuners: dict = {}

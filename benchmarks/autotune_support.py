@@ -22,6 +22,7 @@ import numpy as np
 #: the row name of autoregressive decoding and of the controller in every cell
 AR = "AR"
 CONTROLLER = "controller (AutoTune)"
+CONTROLLER_B = "controller B (AutoTune, --controller-b)"  # a second controller, for an A/B pair in one run
 #: the goals of the issue: controller tok/s >= this x the best fixed setting's, and >= this x AR's
 GOAL_VS_BEST = 0.95
 GOAL_VS_AR = 1.0
@@ -37,6 +38,7 @@ TUNED_FIELDS = (
     "call_s",
     "predicted_propose_s",
     "propose_s",
+    "lookup_hit",
 )
 
 
@@ -95,16 +97,21 @@ def _finite_mean(values: Iterable[float]) -> float:
 
 def controller_choices(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the controller chose over its rounds (``TUNED_FIELDS`` dicts): the histogram of node budgets, the
-    fraction of rounds with 0 nodes (no speculation), the rounds per phase, and the mean predicted vs observed tokens
-    per call and call seconds over the rounds that had a prediction (the model's rounds and explorations)."""
+    fraction of rounds with 0 nodes (no speculation), the fraction priced on a lookup match (``lookup_hit``; NaN
+    without a lookup) and the 0-node fraction among those, the rounds per phase, and the mean predicted vs observed
+    tokens per call and call seconds over the rounds that had a prediction (the model's rounds and explorations)."""
     hist = Counter(int(r["nodes"]) for r in rounds)
     shapes = Counter(shape_label(str(r.get("shape", ""))) for r in rounds if int(r["nodes"]) > 0)
     predicted = [r for r in rounds if math.isfinite(r["predicted_tokens_per_call"])]
+    known = [r for r in rounds if r.get("lookup_hit") is not None]
+    hits = [r for r in known if r["lookup_hit"]]
     return {
         "rounds": len(rounds),
         "nodes_histogram": {str(n): hist[n] for n in sorted(hist)},
         "shape_rounds": dict(shapes.most_common()),
         "zero_fraction": hist[0] / len(rounds) if rounds else math.nan,
+        "hit_fraction": len(hits) / len(known) if known else math.nan,
+        "hit_zero_fraction": sum(int(r["nodes"]) == 0 for r in hits) / len(hits) if hits else math.nan,
         "phases": dict(Counter(str(r["phase"]) for r in rounds)),
         "predicted_tokens_per_call": _finite_mean(r["predicted_tokens_per_call"] for r in predicted),
         "observed_tokens_per_call": _finite_mean(r["tokens_per_call"] for r in predicted),
@@ -125,7 +132,7 @@ def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) ->
     the settings whose output differs from AR (``mismatch``: name -> prompts); ``controller_vs_best_interval``: the
     ratio's 5-95% range over resampled prompts (``prompt_interval``)."""
     tps = {name: rates(recs) for name, recs in settings.items()}
-    fixed = {n: v["total"] for n, v in tps.items() if n != CONTROLLER and math.isfinite(v["total"])}
+    fixed = {n: v["total"] for n, v in tps.items() if n not in (CONTROLLER, CONTROLLER_B) and math.isfinite(v["total"])}
     best = max(fixed, key=fixed.__getitem__) if fixed else None
     ctrl = tps.get(CONTROLLER, {}).get("total", math.nan)
     ar = tps.get(AR, {}).get("total", math.nan)
@@ -140,6 +147,7 @@ def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) ->
     rounds = [t for r in settings.get(CONTROLLER, ()) for t in r.tuned]
     spread = prompt_interval(settings[CONTROLLER], settings[best]) if best and CONTROLLER in settings else None
     return {
+        **_second_controller(settings, tps, ctrl),
         "tokens_per_s": tps,
         "best_fixed": best,
         "best_fixed_tokens_per_s": fixed[best] if best else math.nan,
@@ -151,6 +159,20 @@ def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) ->
         "goal_vs_ar": verdict(vs_ar, GOAL_VS_AR),
         "choices": controller_choices(rounds),
         "mismatch": bad,
+    }
+
+
+def _second_controller(settings: Mapping[str, Sequence[RunRecord]], tps: Mapping, ctrl: float) -> dict[str, Any]:
+    """With a ``CONTROLLER_B`` among the settings: its tok/s, B / A (the controller) and that ratio's 5-95% range over
+    resampled prompts, and its choices; nothing otherwise."""
+    if CONTROLLER_B not in settings or CONTROLLER not in settings:
+        return {}
+    b = tps[CONTROLLER_B]["total"]
+    return {
+        "controller_b_tokens_per_s": b,
+        "controller_b_vs_a": b / ctrl if ctrl > 0 else math.nan,
+        "controller_b_vs_a_interval": prompt_interval(settings[CONTROLLER_B], settings[CONTROLLER]),
+        "choices_b": controller_choices([t for r in settings[CONTROLLER_B] for t in r.tuned]),
     }
 
 
@@ -192,10 +214,19 @@ def cell_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
     out.append(
         f"  choices over {c['rounds']} rounds: shapes {histogram_text(c.get('shape_rounds', {}))}; nodes "
         f"{histogram_text(c['nodes_histogram'])}; 0 nodes "
-        f"{c['zero_fraction']:.0%}; phases {c['phases']}; tokens/call predicted {c['predicted_tokens_per_call']:.2f} "
+        f"{c['zero_fraction']:.0%}; on a lookup match {c.get('hit_fraction', math.nan):.0%} (0 nodes there "
+        f"{c.get('hit_zero_fraction', math.nan):.0%}); phases {c['phases']}; tokens/call predicted "
+        f"{c['predicted_tokens_per_call']:.2f} "
         f"observed {c['observed_tokens_per_call']:.2f}; call ms predicted {c['predicted_call_ms']:.1f} observed "
         f"{c['observed_call_ms']:.1f}"
     )
+    if "controller_b_vs_a" in summary:
+        lo, hi = summary["controller_b_vs_a_interval"]
+        cb = summary["choices_b"]
+        out.append(
+            f"  controller B / controller {summary['controller_b_vs_a']:.2f}x [{lo:.2f}-{hi:.2f}x over resampled "
+            f"prompts]; B's shapes {histogram_text(cb.get('shape_rounds', {}))}, 0 nodes {cb['zero_fraction']:.0%}"
+        )
     for setting, prompts in summary["mismatch"].items():
         out.append(f"  !!! MISMATCH: greedy {setting} differs from AR on prompts {prompts}: the engine is broken !!!")
     return out

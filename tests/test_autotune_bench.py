@@ -65,6 +65,10 @@ def test_controller_choices_histogram_zero_share_and_predictions_of_predicted_ro
     assert c["observed_tokens_per_call"] == pytest.approx(1.5)  # the probe rounds' 3.0 and 1.0 are left out
     empty = sup.controller_choices([])
     assert empty["rounds"] == 0 and math.isnan(empty["zero_fraction"])
+    assert math.isnan(c["hit_fraction"])  # no lookup among the arms: no context recorded
+    contexts = [dict(r, lookup_hit=hit) for r, hit in zip(rounds, [True, True, False, True, False], strict=True)]
+    c = sup.controller_choices(contexts)
+    assert c["hit_fraction"] == pytest.approx(3 / 5) and c["hit_zero_fraction"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize(
@@ -189,6 +193,30 @@ def test_options_defaults_quick_and_bad_values(bench):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
     assert bench.cell_name("fp32", "hydra", "t0.8", True) == "fp32 / hydra / t0.8 / load"
+    assert a.controller_b is None
+    b = bench.parse_args(["--controller-b", "lookup_contexts=false,margin=0.05,explore_every=8"]).controller_b
+    assert (b.lookup_contexts, b.margin, b.explore_every, b.decay) == (False, 0.05, 8, 0.97)
+    for bad in ("lookup_context=false", "margin=", "margin=lots", "margin=1.5", "decay=0"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--controller-b", bad])
+
+
+def test_a_second_controller_is_compared_with_the_first_not_taken_for_a_fixed_setting():
+    toks = [5] * 40
+    cell = {
+        sup.AR: [rec(p, toks, 4.0) for p in range(4)],
+        "chain K=1": [rec(p, toks, 2.0) for p in range(4)],
+        sup.CONTROLLER: [rec(p, toks, 2.5, [tuned(4)]) for p in range(4)],
+        sup.CONTROLLER_B: [rec(p, toks, 1.0 + 0.5 * (p % 2), [tuned(0)]) for p in range(4)],  # the fastest run
+    }
+    s = sup.summarise_cell(cell, greedy=True)
+    assert s["best_fixed"] == "chain K=1" and s["controller_vs_best"] == pytest.approx(0.8)
+    assert s["controller_b_vs_a"] == pytest.approx((160 / 5.0) / (160 / 10.0))
+    lo, hi = s["controller_b_vs_a_interval"]
+    assert 2.5 / 1.5 <= lo < hi <= 2.5 and s["choices_b"]["zero_fraction"] == 1.0
+    assert any("controller B / controller 2.00x" in line for line in sup.cell_lines("c", s))
+    del cell[sup.CONTROLLER_B]
+    assert "controller_b_vs_a" not in sup.summarise_cell(cell, greedy=True)
 
 
 def test_the_confirmation_pass_reruns_the_fastest_fixed_settings(bench):

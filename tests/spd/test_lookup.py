@@ -39,6 +39,26 @@ def test_ngram_proposal(tokens, n, k, want):
     assert got.tolist() == want and got.dtype == np.int64
 
 
+def windows_reference(tokens: np.ndarray, n_max: int, k: int, n_min: int) -> list[int]:
+    """The definition, by brute force: every window of every length from the longest down, the latest match."""
+    size = len(tokens)
+    for n in range(min(n_max, size - 1), max(n_min, 1) - 1, -1):
+        starts = [s for s in range(size - n) if tokens[s : s + n].tolist() == tokens[size - n :].tolist()]
+        if starts:
+            return tokens[starts[-1] + n : starts[-1] + n + k].tolist()
+    return []
+
+
+def test_ngram_proposal_equals_the_window_search():
+    """Random short rows over small vocabularies (many repeats, overlaps, matches at the very start): the search
+    from the last token's occurrences returns what comparing every window returns."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        tokens = rng.integers(0, int(rng.integers(1, 6)), size=int(rng.integers(0, 30)))
+        n, k, n_min = (int(v) for v in rng.integers(1, 6, size=3))
+        assert ngram_proposal(tokens, n, k, n_min=n_min).tolist() == windows_reference(tokens, n, k, n_min)
+
+
 @pytest.fixture(scope="module")
 def target():
     return random_model(seed=1, vocab_size=VOCAB, std=0.5)
