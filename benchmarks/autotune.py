@@ -43,11 +43,11 @@ same setting's tok/s moves 5-15% between runs). After the unloaded grid pass eve
 learned nothing yet), on the same prompts, interleaved prompt by prompt with the order rotated from prompt to prompt.
 Its best fixed setting is measured independently of its selection; both passes are reported.
 
-``--controller-b FIELD=VALUE,...`` (e.g. ``lookup_contexts=false``): every cell also runs a second controller, with
-those ``TuneSettings`` fields changed, as one more setting interleaved with the rest (in the confirmation pass too,
-fresh), never counted as a fixed setting; each cell then prints B / the controller and that ratio's 5-95% range over
-resampled prompts: an A/B comparison of two controllers on one machine state, which separate runs (whose cells move
-+-7-10% between runs) cannot give.
+``--controller-b FIELD=VALUE,...`` (e.g. ``margin=0.05,explore_every=8``): every cell also runs a second
+controller, with those ``TuneSettings`` fields changed, as one more setting interleaved with the rest (in the
+confirmation pass too, fresh), never counted as a fixed setting; each cell then prints B / the controller and that
+ratio's 5-95% range over resampled prompts: an A/B comparison of two controllers on one machine state, which separate
+runs (whose cells move +-7-10% between runs) cannot give.
 
 ``--quick``: 2 prompts, 32 tokens, no load pass, no confirmation. Prints the CPU and its ISA flags, an estimate of
 the run time (from the probed call time; exports not included), a markdown table for benchmarks/RESULTS.md, and
@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="FIELD=VALUE,...",
         help="also run a second controller with these TuneSettings fields changed (an A/B pair in every cell), "
-        "e.g. lookup_contexts=false",
+        "e.g. margin=0.05",
     )
     ap.add_argument("--out", type=json_out, default="results/autotune.json")
     args = ap.parse_args(argv)

@@ -38,7 +38,6 @@ TUNED_FIELDS = (
     "call_s",
     "predicted_propose_s",
     "propose_s",
-    "lookup_hit",
 )
 
 
@@ -97,21 +96,16 @@ def _finite_mean(values: Iterable[float]) -> float:
 
 def controller_choices(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the controller chose over its rounds (``TUNED_FIELDS`` dicts): the histogram of node budgets, the
-    fraction of rounds with 0 nodes (no speculation), the fraction priced on a lookup match (``lookup_hit``; NaN
-    without a lookup) and the 0-node fraction among those, the rounds per phase, and the mean predicted vs observed
-    tokens per call and call seconds over the rounds that had a prediction (the model's rounds and explorations)."""
+    fraction of rounds with 0 nodes (no speculation), the rounds per phase, and the mean predicted vs observed tokens
+    per call and call seconds over the rounds that had a prediction (the model's rounds and explorations)."""
     hist = Counter(int(r["nodes"]) for r in rounds)
     shapes = Counter(shape_label(str(r.get("shape", ""))) for r in rounds if int(r["nodes"]) > 0)
     predicted = [r for r in rounds if math.isfinite(r["predicted_tokens_per_call"])]
-    known = [r for r in rounds if r.get("lookup_hit") is not None]
-    hits = [r for r in known if r["lookup_hit"]]
     return {
         "rounds": len(rounds),
         "nodes_histogram": {str(n): hist[n] for n in sorted(hist)},
         "shape_rounds": dict(shapes.most_common()),
         "zero_fraction": hist[0] / len(rounds) if rounds else math.nan,
-        "hit_fraction": len(hits) / len(known) if known else math.nan,
-        "hit_zero_fraction": sum(int(r["nodes"]) == 0 for r in hits) / len(hits) if hits else math.nan,
         "phases": dict(Counter(str(r["phase"]) for r in rounds)),
         "predicted_tokens_per_call": _finite_mean(r["predicted_tokens_per_call"] for r in predicted),
         "observed_tokens_per_call": _finite_mean(r["tokens_per_call"] for r in predicted),
@@ -214,9 +208,7 @@ def cell_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
     out.append(
         f"  choices over {c['rounds']} rounds: shapes {histogram_text(c.get('shape_rounds', {}))}; nodes "
         f"{histogram_text(c['nodes_histogram'])}; 0 nodes "
-        f"{c['zero_fraction']:.0%}; on a lookup match {c.get('hit_fraction', math.nan):.0%} (0 nodes there "
-        f"{c.get('hit_zero_fraction', math.nan):.0%}); phases {c['phases']}; tokens/call predicted "
-        f"{c['predicted_tokens_per_call']:.2f} "
+        f"{c['zero_fraction']:.0%}; phases {c['phases']}; tokens/call predicted {c['predicted_tokens_per_call']:.2f} "
         f"observed {c['observed_tokens_per_call']:.2f}; call ms predicted {c['predicted_call_ms']:.1f} observed "
         f"{c['observed_call_ms']:.1f}"
     )

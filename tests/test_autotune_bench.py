@@ -65,10 +65,6 @@ def test_controller_choices_histogram_zero_share_and_predictions_of_predicted_ro
     assert c["observed_tokens_per_call"] == pytest.approx(1.5)  # the probe rounds' 3.0 and 1.0 are left out
     empty = sup.controller_choices([])
     assert empty["rounds"] == 0 and math.isnan(empty["zero_fraction"])
-    assert math.isnan(c["hit_fraction"])  # no lookup among the arms: no context recorded
-    contexts = [dict(r, lookup_hit=hit) for r, hit in zip(rounds, [True, True, False, True, False], strict=True)]
-    c = sup.controller_choices(contexts)
-    assert c["hit_fraction"] == pytest.approx(3 / 5) and c["hit_zero_fraction"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize(
@@ -194,9 +190,9 @@ def test_options_defaults_quick_and_bad_values(bench):
             bench.parse_args(bad)
     assert bench.cell_name("fp32", "hydra", "t0.8", True) == "fp32 / hydra / t0.8 / load"
     assert a.controller_b is None
-    b = bench.parse_args(["--controller-b", "lookup_contexts=false,margin=0.05,explore_every=8"]).controller_b
-    assert (b.lookup_contexts, b.margin, b.explore_every, b.decay) == (False, 0.05, 8, 0.97)
-    for bad in ("lookup_context=false", "margin=", "margin=lots", "margin=1.5", "decay=0"):
+    b = bench.parse_args(["--controller-b", "margin=0.05,explore_every=8"]).controller_b
+    assert (b.margin, b.explore_every, b.decay) == (0.05, 8, 0.97)
+    for bad in ("margins=0.05", "margin=", "margin=lots", "margin=1.5", "decay=0", "explore_every=true"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--controller-b", bad])
 

@@ -36,10 +36,6 @@ The model (docs/spd.md, "Cost-aware speculation"):
   by 9-21% measured on SmolLM2 targets; unscaled, the sizes the controller never picks would look cheap).
 - **T_propose(A, N)**: the measured seconds of arm A's ``propose`` at budget N (its draft calls and
   catch-up), a second ``CostCurve``; 0 at N = 0.
-- **Contexts** (``accel.spd.autotune_context``): with an n-gram lookup among the arms, the rounds in which it
-  matches every row asked and the others are priced and counted apart (``contexts``: each with its own acceptance
-  counts, shape evidence, plan and last choice; the draft's proposal seconds shared), the context of a round being
-  decided from the committed tokens before the choice.
 
 These are the terms of ``accel.sim.rounds``' round (draft calls + catch-up + the scoring call + host), measured here
 as two totals instead of priced from a roofline: the simulator's expected tokens and this controller's are one
@@ -97,7 +93,6 @@ from accel.spd.autotune_arm import (
     probe_schedule,
     share_draft_models,
 )
-from accel.spd.autotune_context import HIT, MISS, TuneContext, context_lookup, hit_arms, lookup_hit
 from accel.spd.costs import DEFAULT_WINDOW, CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
 from accel.spd.stats import TunedRound
@@ -177,7 +172,6 @@ class _Pending:
     arm: int
     nodes: int
     phase: Phase
-    context: int
     rows: np.ndarray
     propose_s: float
     t_end: float
@@ -201,8 +195,6 @@ class TuneSettings:
             speculation's, in [0, 1) (default 0). The shape chosen is the one whose noisy estimate is highest, so its
             prediction runs high (3-21% more tokens per call than its rounds gave, SmolLM2 targets on a 2-core VM);
             a margin keeps marginal speculation off, at the price of also refusing some that wins (docs/spd.md).
-        lookup_contexts: with an n-gram lookup among the arms, price and count the rounds in which it matches every
-            row apart from the others (``accel.spd.autotune_context``; default True); False: one context.
     """
 
     prior_acceptance: float = 0.5
@@ -211,7 +203,6 @@ class TuneSettings:
     replan_every: int = 8
     window: int = DEFAULT_WINDOW
     margin: float = 0.0
-    lookup_contexts: bool = True
 
     def check(self) -> None:
         """``SpdError`` naming the first setting out of its range."""
@@ -227,13 +218,10 @@ class TuneSettings:
         margin = self.margin
         if isinstance(margin, bool) or not (isinstance(margin, (int, float)) and 0.0 <= margin < 1.0):
             raise SpdError(f"AutoTune margin must be in [0, 1); got {margin!r}")
-        if not isinstance(self.lookup_contexts, bool):
-            raise SpdError(f"AutoTune lookup_contexts must be True or False; got {self.lookup_contexts!r}")
 
 
 #: ``AutoTune``'s keywords before ``TuneSettings`` (deprecated; removed in accel 0.2.0)
-_NEW = ("margin", "lookup_contexts")  # settings that never were keywords
-_SETTINGS = Replaced("settings", TuneSettings, {f.name: f.name for f in fields(TuneSettings) if f.name not in _NEW})
+_SETTINGS = Replaced("settings", TuneSettings, {f.name: f.name for f in fields(TuneSettings) if f.name != "margin"})
 
 
 class AutoTune:
@@ -270,7 +258,6 @@ class AutoTune:
         proposers = as_arms(proposer)
         share_draft_models(proposers)  # one arm proposes a round: the arms may share a draft's bookkeeping
         self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(proposers, budgets)]
-        self._lookup = context_lookup(proposers) if st.lookup_contexts else None  # its match picks the context
         self.fallback = self.arms[0].budgets[-1] if fallback is None else int(fallback)
         self._fallback_arm = next((i for i, a in enumerate(self.arms) if self.fallback in a.budgets), NO_ARM)
         if self.fallback != 0 and self._fallback_arm == NO_ARM:
@@ -297,11 +284,6 @@ class AutoTune:
         return self.arms[0].propose_costs
 
     @property
-    def evidence(self) -> ShapeEvidence:
-        """The shapes' own rounds in the miss context (the only context without a lookup among the arms)."""
-        return self.contexts[MISS].evidence
-
-    @property
     def budgets(self) -> list[int]:
         """Every budget some arm may take, sorted."""
         return sorted({b for a in self.arms for b in a.budgets})
@@ -312,13 +294,12 @@ class AutoTune:
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
         for arm in self.arms:
             arm.reset()
-        decay, first = max(self.decay, EVIDENCE_DECAY), (0, self.arms[0].budgets[-1])
-        self.contexts = [TuneContext(self.arms, ShapeEvidence(decay), first)]  # MISS (the only one without lookup)
-        if self._lookup is not None:
-            self.contexts.append(TuneContext(hit_arms(self.arms, self._lookup), ShapeEvidence(decay), first))
-        self._context = MISS  # this round's
+        self.evidence = ShapeEvidence(max(self.decay, EVIDENCE_DECAY))  # per shape: its own rounds' tokens, seconds
         self.rounds = 0
+        self._last = (0, self.arms[0].budgets[-1])
+        self._explored = 0
         self._pending: _Pending | None = None
+        self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
         self._schedule = probe_schedule(self.arms)
         self._pruned = False  # the schedule is pruned once, at the first round (worth_probing)
 
@@ -347,23 +328,18 @@ class AutoTune:
             arm.proposer.start(run)
 
     def _cached_plan(self) -> Plan | None:
-        """``plan()`` of this round's context, recomputed every ``replan_every`` rounds of that context,
-        ``QUIET_EXPLORE`` times more rarely while the model chooses no speculation there (nothing it learns changes
-        then but the timings of plain steps; a plan costs ~0.4 ms of host time with four arms, 2-3% of a
-        ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way. Not every round: re-pricing from
-        every round's evidence churned between shapes (docs/spd.md, "Phases")."""
-        c = self.contexts[self._context]
-        every = self.replan_every * (QUIET_EXPLORE if c.quiet else 1)
-        if c.plan is None or c.rounds - c.plan[0] >= every or c.plan[1] is None:
-            c.plan = (c.rounds, self.plan(self._context))
-        return c.plan[1]
+        """``plan()``, recomputed every ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the model
+        chooses no speculation (nothing it learns changes then but the timings of plain steps; a plan costs ~0.4 ms of
+        host time with four arms, 2-3% of a ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way.
+        Not every round: re-pricing from every round's evidence churned between shapes (docs/spd.md, "Phases")."""
+        every = self.replan_every * (QUIET_EXPLORE if self._quiet else 1)
+        if self._plan is None or self.rounds - self._plan[0] >= every or self._plan[1] is None:
+            self._plan = (self.rounds, self.plan())
+        return self._plan[1]
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
-        hit = self._lookup is not None and lookup_hit(self._lookup, run, rows)
-        self._context = HIT if hit else MISS
         plan = self._cached_plan()
         arm, nodes, phase = self._choose(plan)
-        nodes = self.contexts[self._context].nodes_for(arm, nodes)
         predicted = plan.at(nodes, arm) if plan is not None else (math.nan, math.nan, math.nan)
         model = plan.model_at(nodes, arm) if plan is not None else None
         out: list[TokenTree | None] = [None] * run.batch
@@ -376,9 +352,7 @@ class AutoTune:
             out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
         offered = any(t is not None for t in out)
-        self._pending = _Pending(
-            arm, nodes, phase, self._context, rows.copy(), t_end - t0, t_end, offered, predicted, model
-        )
+        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted, model)
         return out
 
     def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
@@ -393,15 +367,13 @@ class AutoTune:
         width = max([o.tree.size for o in outcomes if o is not None], default=1)
         call_s = t - pending.t_end
         self.call_costs.observe(width, call_s)
-        context = self.contexts[pending.context]
-        context.rounds += 1
         if pending.nodes > 0:
-            proposed = context.arms[pending.arm]
+            proposed = self.arms[pending.arm]
             proposed.idle_until(self.rounds - 1)  # the rounds it sat out before this one
             proposed.observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
-        context.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
+        self.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
 
     def _record(
         self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float
@@ -422,7 +394,6 @@ class AutoTune:
             call_s=call_s,
             predicted_propose_s=pending.predicted[2],
             propose_s=pending.propose_s,
-            lookup_hit=None if self._lookup is None else pending.context == HIT,
         )
         stats = getattr(run, "_stats", None)  # the run's StatsAccumulator: the record ends up in GenerationStats
         if stats is not None and hasattr(stats, "tuned"):
@@ -460,50 +431,42 @@ class AutoTune:
             merged.observe(size, real.median(size) if size in real.sizes else ratio * bare.median(size))
         return merged
 
-    def acceptance(self, arm: int = 0, context: int = MISS) -> np.ndarray:
-        """The per-rank acceptance matrix ``P[depth, rank]`` the model uses for ``arm`` in ``context``
-        (``accel.sim.tree`` convention): its decayed counts, each depth shrunk towards the pooled rate, that towards
-        the prior."""
-        return self.contexts[context].arms[arm].acceptance(self.prior_acceptance)
+    def acceptance(self, arm: int = 0) -> np.ndarray:
+        """The per-rank acceptance matrix ``P[depth, rank]`` the model uses for ``arm`` (``accel.sim.tree``
+        convention): its decayed counts, each depth shrunk towards the pooled rate, that towards the prior."""
+        return self.arms[arm].acceptance(self.prior_acceptance)
 
-    def plan(self, context: int = MISS) -> Plan | None:
-        """The predictions for budget 0 and every arm's budgets in ``context`` (``MISS``, or ``HIT``: lookup matches
-        every row; ``autotune_context``): each arm's model (module docstring), scaled by what its rounds gave over
-        what it predicted (``ShapeEvidence.arm_factors``), then each shape's moved towards its own rounds
-        (``ShapeEvidence.blend``); None while a cost curve has no valid sample."""
-        c = self.contexts[context]
+    def plan(self) -> Plan | None:
+        """The predictions for budget 0 and every arm's budgets: each arm's model (module docstring), scaled by what
+        its rounds gave over what it predicted (``ShapeEvidence.arm_factors``), then each shape's moved towards its
+        own rounds (``ShapeEvidence.blend``); None while a cost curve has no valid sample."""
         calls = self.call_curve()
         c1 = calls.seconds(1)
-        if c1 is None or not any(a.priced for a in c.arms):
+        if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
         rows = [(NO_ARM, 0, 1.0, c1, 0.0, 1.0, 1.0)]
-        for i, arm in enumerate(c.arms):
+        for i, arm in enumerate(self.arms):
             arm.idle_until(self.rounds)  # the rounds it sat out since its counts were last decayed
-            if not arm.priced:
+            if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
-            factors = c.evidence.arm_factors(i)  # (gain, call) factors: what the arm's rounds gave over its model
+            factors = self.evidence.arm_factors(i)  # (gain, call) factors: what the arm's rounds gave over its model
             for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
                 call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
-                rows.append((i, n, e, call, arm.propose_s(n), *factors))
+                rows.append((i, n, e, call, _known(arm.propose_costs, n), *factors))
         arms, nodes, model_tokens, model_call, propose_s, gain, dearer = (
             np.asarray(col) for col in zip(*rows, strict=True)
         )
         if not (np.all(np.isfinite(model_call + propose_s)) and np.all(model_call > 0)):
             return None
         fixed = np.stack([1.0 + gain * (model_tokens - 1.0), dearer * model_call, propose_s], axis=1)
-        tokens, call_s, propose_s = c.evidence.blend(arms, nodes, fixed).T
+        tokens, call_s, propose_s = self.evidence.blend(arms, nodes, fixed).T
         return Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call, self.settings.margin)
 
     def describe(self) -> str:
         """One line on the current choice, e.g. ``"4 nodes: 2.31 tokens/call, 1.21x call cost"`` (with several arms
-        the arm's name first), or why none; with a lookup among the arms, the choice where it matches after it."""
-        line = self._describe(self.plan(MISS))
-        if len(self.contexts) > 1:
-            line += f"; where lookup matches: {self._describe(self.plan(HIT))}"
-        return line
-
-    def _describe(self, plan: Plan | None) -> str:
+        the arm's name first), or why none."""
+        plan = self.plan()
         if plan is None:
             return f"{self.fallback} nodes (fallback: no valid timings yet)"
         arm, n = plan.best_shape()
@@ -543,30 +506,34 @@ class AutoTune:
             return (*self._schedule[self.rounds], "probe")
         if plan is None:
             return self._fallback_arm, self.fallback, "fallback"
-        c = self.contexts[self._context]
-        every = self.explore_every * (QUIET_EXPLORE if c.quiet else 1)  # speculation loses: explore rarely
+        every = self.explore_every * (QUIET_EXPLORE if self._quiet else 1)  # speculation loses: explore rarely
         if self.explore_every and self.rounds % every == 0:
-            c.explored += 1
-            return (*self._neighbour(plan, c), "explore")
-        c.last = plan.best_shape()
-        return (*c.last, "model")
+            self._explored += 1
+            return (*self._neighbour(plan), "explore")
+        self._last = plan.best_shape()
+        return (*self._last, "model")
 
-    def _neighbour(self, plan: Plan, c: TuneContext) -> tuple[int, int]:
-        """The shape an exploration round re-measures in context ``c``: the last choice's budget + 1, then - 1, within
-        its arm (from no speculation: the first budget of the first arm); with several arms every third time the best
-        budget of the next other arm instead (its smallest while the last choice was no speculation)."""
-        arm, nodes = c.last
-        quiet = c.quiet
+    @property
+    def _quiet(self) -> bool:
+        """Whether the model's last choice was no speculation (exploration is then rarer and cheaper)."""
+        return self._last[1] == 0
+
+    def _neighbour(self, plan: Plan) -> tuple[int, int]:
+        """The shape an exploration round re-measures: the last choice's budget + 1, then - 1, within its arm (from no
+        speculation: the first budget of the first arm); with several arms every third time the best budget of the next
+        other arm instead (its smallest while the last choice was no speculation)."""
+        arm, nodes = self._last
+        quiet = self._quiet
         if quiet:
             arm, nodes = 0, 0
-        if len(c.arms) > 1 and c.explored % 3 == 0:
-            other = (arm + c.explored // 3) % len(c.arms)
-            other = other if other != arm else (other + 1) % len(c.arms)
+        if len(self.arms) > 1 and self._explored % 3 == 0:
+            other = (arm + self._explored // 3) % len(self.arms)
+            other = other if other != arm else (other + 1) % len(self.arms)
             best = plan.best_shape(other)
-            return best if best[1] > 0 and not quiet else (other, c.arms[other].budgets[0])
-        options = [0, *c.arms[arm].budgets]
+            return best if best[1] > 0 and not quiet else (other, self.arms[other].budgets[0])
+        options = [0, *self.arms[arm].budgets]
         i = options.index(nodes) if nodes in options else 0
-        j = min(i + 1, len(options) - 1) if c.explored % 2 == 1 or i == 0 else i - 1
+        j = min(i + 1, len(options) - 1) if self._explored % 2 == 1 or i == 0 else i - 1
         return (arm if options[j] > 0 else NO_ARM), options[j]
 
 

@@ -60,8 +60,6 @@ class Arm:
     def __init__(self, proposer: Proposer, budgets: Sequence[int], *, decay: float, window: int) -> None:
         self.proposer, self.budgets = proposer, list(budgets)
         self.decay, self.window = decay, window
-        #: proposal seconds priced while ``propose_costs`` has no sample (None: the arm is not priced until measured)
-        self.unmeasured_propose_s: float | None = None
         self._name: str | None = None
         self.reset()
 
@@ -82,17 +80,6 @@ class Arm:
         if self._name is None:
             self._name = self.proposer.info.name
         return self._name
-
-    @property
-    def priced(self) -> bool:
-        """Whether a plan can price this arm: its proposal seconds measured, or a price for them set."""
-        return bool(self.propose_costs.sizes) or self.unmeasured_propose_s is not None
-
-    def propose_s(self, nodes: int) -> float:
-        """The proposal seconds at budget ``nodes`` (``propose_costs``, else ``unmeasured_propose_s``; NaN if
-        neither)."""
-        value = self.propose_costs.seconds(nodes) if self.propose_costs.sizes else self.unmeasured_propose_s
-        return float("nan") if value is None else float(value)
 
     @property
     def hit_rate(self) -> float:

@@ -194,16 +194,12 @@ class NgramLookup:
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
         out: list[TokenTree | None] = [None] * run.batch
-        for b in np.flatnonzero(rows).tolist():
-            prop = self.tokens(run, b)
+        for b in np.flatnonzero(rows):
+            limit = int(min(self.k, run.max_depth[b], run.max_nodes[b]))
+            prop = ngram_proposal(run.tokens[b, : run.n[b]], self.n, limit, n_min=min(2, self.n))
             if prop.size:
                 out[b] = TokenTree.chain(int(run.tokens[b, run.n[b] - 1]), prop, source="lookup")
         return out
-
-    def tokens(self, run: RunState, row: int) -> np.ndarray:
-        """The tokens this lookup proposes for ``row`` of ``run`` within its limits (empty: no match)."""
-        limit = int(min(self.k, run.max_depth[row], run.max_nodes[row]))
-        return ngram_proposal(run.tokens[row, : run.n[row]], self.n, limit, n_min=min(2, self.n))
 
     def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
         pass

@@ -65,11 +65,6 @@ class TunedRound(BaseModel):
     call_s: float
     predicted_propose_s: float
     propose_s: float
-    lookup_hit: bool | None = Field(
-        None,
-        description="whether the arms' n-gram lookup matched every row asked (the context the round was priced in); "
-        "None where no arm has a lookup",
-    )
 
 
 class GenerationStats(BaseModel):

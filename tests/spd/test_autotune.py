@@ -23,7 +23,6 @@ from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
 from accel.spd.autotune import QUIET_EXPLORE, AutoTune, Plan, TuneSettings
 from accel.spd.autotune_arm import NO_ARM
-from accel.spd.autotune_context import MISS
 from accel.spd.proposers import RowOutcome
 from accel.spd.tree import TokenTree
 from tests.helpers.decoders import backend, perturbed, random_model
@@ -171,7 +170,7 @@ def test_arguments_are_checked(models):
     with pytest.raises(SpdError, match="fallback"):
         AutoTune(chain, budgets=[1, 2], fallback=3)
     bad = (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0), dict(margin=1.0))
-    for kw in (*bad, dict(margin=-0.1), dict(margin=float("nan")), dict(lookup_contexts=1)):
+    for kw in (*bad, dict(margin=-0.1), dict(margin=float("nan"))):
         with pytest.raises(SpdError, match=next(iter(kw))):
             AutoTune(chain, settings=TuneSettings(**kw))
 
@@ -310,23 +309,21 @@ def test_probe_only_sizes_are_scaled_by_the_real_to_probe_ratio(models):
 
 
 def test_the_plan_is_reused_between_replans(models):
-    """The model's plan is recomputed every ``replan_every`` rounds of its context and reused in between (host time
-    per round)."""
+    """The model's plan is recomputed every ``replan_every`` rounds and reused in between (host time per round)."""
     _, draft = models
     tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(replan_every=4))
     tuner.propose_costs.observe(1, 1e-3)
     tuner.call_costs.observe(1, 10e-3)
-    context = tuner.contexts[MISS]
     first = tuner._cached_plan()
-    context.rounds += 3
+    tuner.rounds += 3
     assert first is not None and tuner._cached_plan() is first
-    context.rounds += 1
+    tuner.rounds += 1
     assert tuner._cached_plan() is not first
-    context.last = (NO_ARM, 0)  # the model chose no speculation: replans QUIET_EXPLORE times more rarely
+    tuner._last = (NO_ARM, 0)  # the model chose no speculation: replans QUIET_EXPLORE times more rarely
     quiet = tuner._cached_plan()
-    context.rounds += 4 * QUIET_EXPLORE - 1
+    tuner.rounds += 4 * QUIET_EXPLORE - 1
     assert tuner._cached_plan() is quiet
-    context.rounds += 1
+    tuner.rounds += 1
     assert tuner._cached_plan() is not quiet
 
 

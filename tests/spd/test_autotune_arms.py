@@ -60,8 +60,8 @@ def test_greedy_equals_ar_while_the_shape_changes(models, prompts):
 
 def test_lookup_first_keeps_its_length_at_a_small_budget(models):
     """At budget 1 the lookup-first arm (``Unbudgeted`` lookup) proposes the lookup's whole match where the text
-    repeats, within the loop's limits (the last rounds of a row; those rounds are the hit context's, at the lookup's
-    length), while the draft chain keeps to 1 token; greedy still equals AR."""
+    repeats, within the loop's limits (the last rounds of a row), while the draft chain keeps to 1 token; greedy
+    still equals AR."""
     target, draft = models
     prompt = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]]
     tb, db = backend(target, 1, ctx_len=CTX), backend(draft, 1, ctx_len=CTX)
@@ -70,10 +70,8 @@ def test_lookup_first_keeps_its_length_at_a_small_budget(models):
     tuner = AutoTune([arm], budgets=[1], fallback=1, settings=TuneSettings(explore_every=0))
     res = generate(tb, tuner, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY)
     assert res.tokens == ar
-    spec = [r for r in res.stats.tuned_rounds if r.nodes > 0]
-    hits = [r for r in spec if r.lookup_hit]  # priced and recorded at the lookup's length: the budget binds the chain
-    assert hits and {r.nodes for r in hits} == {4} and max(r.call_tokens for r in hits) == 5
-    assert all(r.nodes == 1 and r.call_tokens <= 2 for r in spec if not r.lookup_hit)  # the chain keeps to 1 token
+    rounds = [r for r in res.stats.tuned_rounds if r.nodes == 1]
+    assert rounds and max(r.call_tokens for r in rounds) == 5  # a 4-token lookup at budget 1
     # without the wrapper the budget binds the lookup too
     bound = AutoTune([FirstOf(NgramLookup(2, 4), DraftChain(db, k=3))], budgets=[1], fallback=1)
     res = generate(tb, bound, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY)
