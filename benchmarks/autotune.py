@@ -47,7 +47,8 @@ Its best fixed setting is measured independently of its selection; both passes a
 controller, with those ``TuneSettings`` fields changed, as one more setting interleaved with the rest (in the
 confirmation pass too, fresh), never counted as a fixed setting; each cell then prints B / the controller and that
 ratio's 5-95% range over resampled prompts: an A/B comparison of two controllers on one machine state, which separate
-runs (whose cells move +-7-10% between runs) cannot give.
+runs (whose cells move +-7-10% between runs) cannot give. ``--controller-b ''`` runs two default controllers: an A/A
+pair, the spread of the comparison itself.
 
 ``--quick``: 2 prompts, 32 tokens, no load pass, no confirmation. Prints the CPU and its ISA flags, an estimate of
 the run time (from the probed call time; exports not included), a markdown table for benchmarks/RESULTS.md, and
@@ -419,7 +420,8 @@ def run_settings(
 
 
 def runs_per_prompt(bench: Bench, args: argparse.Namespace) -> int:
-    """``generate`` runs per prompt and target in one pass: per sampling, AR and every drafter's settings + 1."""
+    """``generate`` runs per prompt and target in one pass: per sampling, AR and every drafter's settings and its
+    controller(s)."""
     ctrl = 1 if args.controller_b is None else 2
     per = sum(len(fixed_settings(d, bench, args)) + ctrl for d in args.drafters)
     return len(args.samplings) * (1 + per)
