@@ -54,8 +54,8 @@ def ngram_proposal(tokens: np.ndarray, n_max: int, k: int, n_min: int = 2) -> np
         alive &= at >= 0
         alive[alive] = tokens[at[alive]] == tokens[size - 1 - j]
         length += alive
-    for n in range(top, low - 1, -1):
-        hits = ends[length >= n]
-        if hits.size:
-            return tokens[hits[-1] + 1 : hits[-1] + 1 + k].copy()
-    return tokens[:0].copy()
+    longest = int(length.max()) if ends.size else 0  # at most top
+    if longest < low:
+        return tokens[:0].copy()
+    last = int(ends[length == longest][-1])  # the latest occurrence of the longest suffix that occurred
+    return tokens[last + 1 : last + 1 + k].copy()
