@@ -85,6 +85,7 @@ from autotune_support import (
     markdown_table,
     rates,
     summarise_cell,
+    tuned_rounds,
 )
 from bench_support import cpu_model, json_out, save_results
 from tqdm.auto import tqdm
@@ -468,13 +469,12 @@ def report(all_records: Records, tuners: dict, args: argparse.Namespace) -> dict
         }
         for c, x in all_records.items()
     }
-    rounds = {c: [t for r in x.get(CONTROLLER, []) for t in r.tuned] for c, x in all_records.items()}
+    rounds = {c: tuned_rounds(x, CONTROLLER) for c, x in all_records.items()}
     config = {k: v for k, v in vars(args).items() if k not in ("out", "controller_b")}
     out = {"config": config, "cells": summaries, "runs": runs, "controller_rounds": rounds, "mismatches": bad}
     if args.controller_b is not None:
         config["controller_b"] = asdict(args.controller_b)
-        b_rounds = {c: [t for r in x.get(CONTROLLER_B, []) for t in r.tuned] for c, x in all_records.items()}
-        out["controller_b_rounds"] = b_rounds
+        out["controller_b_rounds"] = {c: tuned_rounds(x, CONTROLLER_B) for c, x in all_records.items()}
     return out
 
 

@@ -89,6 +89,11 @@ def prompt_interval(
     return float(lo), float(hi)
 
 
+def tuned_rounds(cell: Mapping[str, Sequence[RunRecord]], setting: str) -> list[dict[str, Any]]:
+    """Every round a controller ``setting`` of ``cell`` recorded (``TUNED_FIELDS`` dicts), over its runs in order."""
+    return [t for r in cell.get(setting, ()) for t in r.tuned]
+
+
 def _finite_mean(values: Iterable[float]) -> float:
     got = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return sum(got) / len(got) if got else math.nan
@@ -138,7 +143,7 @@ def summarise_cell(settings: Mapping[str, Sequence[RunRecord]], greedy: bool) ->
             wrong = mismatches(settings[AR], recs)
             if wrong:
                 bad[name] = wrong
-    rounds = [t for r in settings.get(CONTROLLER, ()) for t in r.tuned]
+    rounds = tuned_rounds(settings, CONTROLLER)
     spread = prompt_interval(settings[CONTROLLER], settings[best]) if best and CONTROLLER in settings else None
     return {
         **_second_controller(settings, tps, ctrl),
@@ -166,7 +171,7 @@ def _second_controller(settings: Mapping[str, Sequence[RunRecord]], tps: Mapping
         "controller_b_tokens_per_s": b,
         "controller_b_vs_a": b / ctrl if ctrl > 0 else math.nan,
         "controller_b_vs_a_interval": prompt_interval(settings[CONTROLLER_B], settings[CONTROLLER]),
-        "choices_b": controller_choices([t for r in settings[CONTROLLER_B] for t in r.tuned]),
+        "choices_b": controller_choices(tuned_rounds(settings, CONTROLLER_B)),
     }
 
 
