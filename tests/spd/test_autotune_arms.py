@@ -17,7 +17,16 @@ import pytest
 from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, NgramLookup, generate, generate_ar
 from accel.spd.autotune import AutoTune, TuneSettings
-from accel.spd.autotune_arm import EVIDENCE_WEIGHT, NO_ARM, SelfSized, ShapeEvidence, Unbudgeted, _draft_users
+from accel.spd.autotune_arm import (
+    ARM_FACTOR_RANGE,
+    EVIDENCE_WEIGHT,
+    NO_ARM,
+    SelfSized,
+    ShapeEvidence,
+    Unbudgeted,
+    _draft_users,
+    probe_schedule,
+)
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import ALPHA, MAX_NEW, PROMPTS_1, PROMPTS_3, SETTINGS, VOCAB, K, chi_square, exact_law
 from tests.spd.test_autotune import Peeking, SeededClock, tuned_counts
@@ -174,8 +183,6 @@ def twin_chains(draft) -> AutoTune:
 def test_a_shapes_own_rounds_correct_the_model(models):
     """A shape's observed rounds pull its prediction towards what they gave (the model weighing EVIDENCE_WEIGHT
     rounds): a budget that keeps delivering fewer tokens than predicted loses the choice to one that delivers."""
-    from accel.spd.autotune_arm import EVIDENCE_WEIGHT
-
     tuner = twin_chains(models[1])
     before = tuner.plan()
     assert before is not None and before.best_shape() == (0, 4)
@@ -217,8 +224,6 @@ def test_an_arms_rounds_correct_its_other_budgets(models):
     scale that arm's prediction at every budget (``ShapeEvidence.arm_factors``: EVIDENCE_WEIGHT rounds of "as
     predicted" added), including budgets it never ran; the other arm is untouched and wins; factors stay within
     ARM_FACTOR_RANGE, and rounds without a model prediction or with a broken one are not arm evidence."""
-    from accel.spd.autotune_arm import ARM_FACTOR_RANGE, EVIDENCE_WEIGHT
-
     tuner = twin_chains(models[1])
     before = tuner.plan()
     assert before is not None and before.best_shape() == (0, 4)
@@ -251,8 +256,6 @@ def test_probe_rounds_skip_budgets_the_prior_model_prices_below_no_speculation(m
     model (no proposal cost) on the probed call curve beats no speculation: on a call curve that grows with every
     token (each extra token a full step) none does, on a flat one all do, and with no curve every shape is kept.
     The first round prunes the schedule once."""
-    from accel.spd.autotune_arm import NO_ARM, probe_schedule
-
     _, draft = models
     db = backend(draft, 1, ctx_len=CTX)
 
