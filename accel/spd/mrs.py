@@ -74,6 +74,9 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.where(mass > 0, r / np.where(mass > 0, mass, 1.0), q)
 
 
+_CDF_BLOCK = 256  # entries per block of the two-level inverse CDF (_inverse_cdf)
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One token per row from ``probs [..., V]`` by inverse CDF (one uniform draw per row).
 
@@ -88,16 +91,39 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def _inverse_cdf(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Per row of ``probs [..., V]``: the first index whose cumulative sum reaches ``u * total`` (``u`` in (0, 1]).
 
-    A cumulative sum of non-negative floats never decreases, so a binary search per row (``searchsorted``, left)
-    gives the same index as counting the entries below the threshold, without a second pass over the vocabulary.
+    In two levels: the cumulative sum of the sums of ``_CDF_BLOCK`` entries finds the block the threshold falls in,
+    then that block's own cumulative sum the index (one running sum over a 49,152-token vocabulary is a sequential
+    pass of ~0.22 ms on a 2-core VM; in two levels ~0.06 ms). A cumulative sum of non-negative floats never decreases,
+    so a binary search (``searchsorted``, left) gives the first index reaching the threshold. The sums are added in
+    another order than one running sum, so the index can differ from that of a single pass only where the threshold
+    lies within rounding (~1e-16 of the total) of an entry's boundary; either way it is an index of positive
+    probability (unless the whole row is zero: index 0, as the single pass).
     """
     vocab = probs.shape[-1]
-    cdf = np.cumsum(probs.reshape(-1, vocab), axis=-1)
-    thresholds = np.ravel(u) * cdf[:, -1]
-    idx = np.array(
-        [np.searchsorted(row, t, side="left") for row, t in zip(cdf, thresholds, strict=True)], dtype=np.int64
-    )
-    return np.minimum(idx, vocab - 1).reshape(probs.shape[:-1])
+    flat = probs.reshape(-1, vocab)
+    thresholds = np.ravel(u)
+    if vocab <= 4 * _CDF_BLOCK:  # small vocabularies: one running sum per row
+        cdf = np.cumsum(flat, axis=-1)
+        idx = [np.searchsorted(row, t * row[-1], side="left") for row, t in zip(cdf, thresholds, strict=True)]
+        return np.minimum(np.array(idx, dtype=np.int64), vocab - 1).reshape(probs.shape[:-1])
+    full = vocab // _CDF_BLOCK * _CDF_BLOCK
+    sums = flat[:, :full].reshape(flat.shape[0], -1, _CDF_BLOCK).sum(axis=-1)
+    if full < vocab:
+        sums = np.concatenate([sums, flat[:, full:].sum(axis=-1, keepdims=True)], axis=1)
+    cum = np.cumsum(sums, axis=-1)
+    out = np.empty(flat.shape[0], dtype=np.int64)
+    for r, (row, c) in enumerate(zip(flat, cum, strict=True)):
+        t = thresholds[r] * c[-1]
+        j = min(int(np.searchsorted(c, t, side="left")), c.size - 1)
+        block = row[j * _CDF_BLOCK : (j + 1) * _CDF_BLOCK]
+        local = np.cumsum(block)
+        if j:
+            local += c[j - 1]
+        i = int(np.searchsorted(local, t, side="left"))
+        if i >= block.size:  # its running sum ends a rounding error below the block's sum (> 0: c[j] > c[j - 1])
+            i = int(np.flatnonzero(block > 0)[-1])
+        out[r] = j * _CDF_BLOCK + i
+    return out.reshape(probs.shape[:-1])
 
 
 def _check(draft_tokens: np.ndarray, p: np.ndarray | None, q: np.ndarray, num_drafts: np.ndarray | None):
