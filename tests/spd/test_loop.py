@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd import GREEDY, DraftChain, Sampling, generate, generate_ar
+from accel.spd import GREEDY, DraftChain, Sampling, generate, generate_ar, sample
+from accel.spd import loop as spd_loop
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
@@ -330,3 +331,29 @@ def test_dynamic_draft_length_rejects_bad_threshold(target):
     for bad in (-0.1, 1.5, float("nan"), "0.5", True):
         with pytest.raises(SpdError, match="min_draft_prob"):
             generate(tb, DraftChain(db, k=2, min_draft_prob=bad), PROMPTS_1, max_new_tokens=4)
+
+
+def _plain_steps(model, prompt: list[int], n: int, sampling: Sampling, seed: int) -> list[int]:
+    """Autoregressive decoding by hand: one target call per token, each drawn by ``accel.spd.sample`` from the
+    target's warped distribution with one seeded generator (what the loop's walk of a root-only tree draws)."""
+    be = backend(model, 1)
+    be.reset()
+    ids, rng = list(prompt), np.random.default_rng(seed)
+    be.forward(np.array([ids[:-1]]), np.arange(len(ids) - 1)[None], num_logits=1)
+    for _ in range(n):
+        logits = be.forward(np.array([[ids[-1]]]), np.array([[len(ids) - 1]]), num_logits=1)[0, -1]
+        ids.append(int(np.argmax(logits)) if sampling.greedy else int(sample(sampling.probs(logits)[None], rng)[0]))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_plain_steps_draw_what_the_walk_of_a_root_draws(target, monkeypatch, batched):
+    """A round whose tree is the root alone takes the target's next token directly; sampled and greedy, it is the
+    token a hand-written AR loop draws from the same seed, step for step, both where the loop warps every column at
+    once (a small vocabulary) and where it warps node by node (``_BATCH_VOCAB`` = 0)."""
+    if not batched:
+        monkeypatch.setattr(spd_loop, "_BATCH_VOCAB", 0)
+    prompt = list(PROMPTS_1[0])
+    for sampling in (Sampling(temperature=0.8), GREEDY):
+        got = generate_ar(backend(target, 1), [prompt], max_new_tokens=MAX_NEW, sampling=sampling, seed=7)
+        assert got.tokens[0] == _plain_steps(target, prompt, MAX_NEW, sampling, 7)
