@@ -9,7 +9,7 @@ holds them at slots ``0 .. n-2``); the last token (position ``n-1``) is fed at t
 2. **verify**: one target call scores every row's tree (``accel.spd.tree.TreeCall``: trees right-aligned, node i at
    slot ``n - 1 + i`` and position ``n - 1 + depth``; a chain call when all trees are chains), then greedy or
    recursive rejection sampling (``accel.spd.verify``) walks each tree (a root alone, a plain step, takes the
-   target's next token directly: what the walk gives, with the same random draws, ~0.1 ms sooner a step);
+   target's next token directly: what the walk gives, with the same random draws, ~0.15 ms sooner a step);
 3. **accept**: each row emits its accepted path and one target token (stopping at EOS or ``max_new_tokens``);
 4. **compact**: accepted nodes off the first-child chain are moved to the slots of their positions
    (``move_cache``), so the committed cache is contiguous again; stale slots beyond it stay masked;
@@ -171,7 +171,7 @@ class _Loop:
             def node(i: int, b: int = b, cols: np.ndarray = cols) -> Any:
                 return pre[b, cols[i]] if batched else self._node(logits[b, cols[i]])
 
-            if tree.size == 1:  # the root alone (a plain step; checked in _trees): what verify_* returns for it
+            if tree.size == 1:  # the root alone (a plain step): what verify_* returns for it, without the walk
                 q = node(0)
                 token = int(q) if self.sampling.greedy else int(sample(q[None], self.rng)[0])
                 outcomes[b] = TreeOutcome([0], token)
