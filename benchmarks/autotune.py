@@ -420,11 +420,15 @@ def run_settings(
         bar.update()
 
 
+def controllers_per_cell(args: argparse.Namespace) -> int:
+    """Controllers run in every cell of a pass: the controller, and the second one of ``--controller-b``."""
+    return 1 if args.controller_b is None else 2
+
+
 def runs_per_prompt(bench: Bench, args: argparse.Namespace) -> int:
     """``generate`` runs per prompt and target in one pass: per sampling, AR and every drafter's settings and its
     controller(s)."""
-    ctrl = 1 if args.controller_b is None else 2
-    per = sum(len(fixed_settings(d, bench, args)) + ctrl for d in args.drafters)
+    per = sum(len(fixed_settings(d, bench, args)) + controllers_per_cell(args) for d in args.drafters)
     return len(args.samplings) * (1 + per)
 
 
@@ -491,8 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         print_estimate(bench, args)
         passes = [False, True] if args.load else [False]
         total = len(passes) * args.prompts * len(args.targets) * runs_per_prompt(bench, args)
-        ctrl = 1 if args.controller_b is None else 2
-        confirm = len(args.samplings) * (1 + len(args.drafters) * (args.confirm + ctrl)) if args.confirm else 0
+        per_cell = args.confirm + controllers_per_cell(args)
+        confirm = len(args.samplings) * (1 + len(args.drafters) * per_cell) if args.confirm else 0
         total += args.prompts * len(args.targets) * confirm
         records: Records = {}
         tuners: dict = {}
