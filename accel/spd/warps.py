@@ -7,6 +7,9 @@ that were sampled from; that is what makes speculative sampling exact (Chen et a
 
 Everything is computed in float64. Masked logits are ``-inf`` internally; raw logits with NaN or ``±inf`` are rejected
 with ``SpdError`` (a model that produced them is broken, and a silent sample from them would be a wrong answer).
+The exponentials of a softmax skip the entries far enough below the row's maximum that they are exactly 0 in float64
+(:func:`exp_shifted`): the same numbers, bit for bit, several times sooner for a restricted draft head's masked
+logits, top-k and top-p.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ __all__ = [
     "Sampling",
     "apply_temperature",
     "check_logits",
+    "exp_shifted",
     "greedy_probs",
     "softmax",
     "top_k_mask",
@@ -41,11 +45,34 @@ def check_logits(logits: np.ndarray, what: str = "logits") -> np.ndarray:
     return x
 
 
+#: below this, ``exp`` of a float64 is exactly 0 (the smallest subnormal, 4.9e-324, is ``exp(-744.4)``; results
+#: below half of it round to 0 from ``exp(-745.13)`` down)
+EXP_FLOOR = -746.0
+
+
+def exp_shifted(x: np.ndarray) -> np.ndarray:
+    """``np.exp(x, out=x)`` for a float64 array whose rows were shifted by their maximum (entries <= 0, ``-inf``
+    allowed), returned. Where most entries lie below ``EXP_FLOOR`` (a restricted head's masked logits at -1e9, top-k,
+    top-p) only the others are exponentiated and the rest set to 0: the same numbers bit for bit, since ``exp`` of
+    those is exactly 0, without the slow underflow path of ``exp`` (~0.7 ms for a 49,152-token row with 41k masked
+    entries on a 2-core AVX2 VM, against ~0.1 ms)."""
+    if not x.flags.c_contiguous:
+        return np.exp(x, out=x)
+    flat = x.reshape(-1)  # a view of x
+    live = flat >= EXP_FLOOR
+    if np.count_nonzero(live) * 2 > flat.size:
+        return np.exp(x, out=x)
+    idx = np.flatnonzero(live)
+    values = np.exp(flat[idx])
+    flat.fill(0.0)
+    flat[idx] = values
+    return x
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Numerically stable softmax over the last axis in float64; ``-inf`` entries get probability exactly 0."""
     x = np.asarray(logits, dtype=np.float64)
-    m = np.max(x, axis=-1, keepdims=True)
-    e = np.exp(x - m)
+    e = exp_shifted(x - np.max(x, axis=-1, keepdims=True))
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
@@ -151,7 +178,7 @@ def warp(
         x = top_p_mask(x, top_p)
     # softmax in place (same arithmetic as softmax())
     x -= np.max(x, axis=-1, keepdims=True)
-    np.exp(x, out=x)
+    exp_shifted(x)
     x /= np.sum(x, axis=-1, keepdims=True)
     return x
 

@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
+from accel.models.config import MASKED_LOGIT
+from accel.spd import warps
 from accel.spd.warps import (
+    EXP_FLOOR,
     Sampling,
     apply_temperature,
+    exp_shifted,
     greedy_probs,
     softmax,
     top_k_mask,
@@ -22,6 +26,50 @@ def test_softmax_masks_and_normalises():
     out = softmax(x)
     np.testing.assert_allclose(out, [[0.25, 0.75, 0.0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-15)
     assert out.dtype == np.float64
+
+
+def _shifted_rows(rng: np.random.Generator, live: int) -> np.ndarray:
+    """Rows shifted by their maximum: ``live`` entries near the underflow boundary (subnormal results included) and in
+    the usual range, the rest masked (-1e9, -inf, just below ``EXP_FLOOR``)."""
+    rows = np.empty((3, 4096))
+    for row in rows:
+        row[:] = rng.choice([MASKED_LOGIT, -np.inf, EXP_FLOOR - 1e-9, -800.0], size=row.size)
+        where = rng.choice(row.size, live, replace=False)
+        row[where] = np.concatenate([rng.uniform(-746.0, -700.0, live // 2), rng.uniform(-40.0, 0.0, live - live // 2)])
+        row[where[0]] = 0.0
+    return rows
+
+
+@pytest.mark.parametrize("live", [8, 512, 3000])  # mostly masked (the sparse path) and mostly live (np.exp itself)
+def test_exp_shifted_equals_exp_bit_for_bit(live):
+    x = _shifted_rows(np.random.default_rng(live), live)
+    expected = np.exp(x)
+    assert np.any((expected > 0) & (expected < np.finfo(np.float64).tiny))  # subnormal results are in the test
+    out = exp_shifted(x.copy())
+    np.testing.assert_array_equal(out, expected)
+    strided = np.asfortranarray(x)  # not C-contiguous: exponentiated in place all the same
+    np.testing.assert_array_equal(exp_shifted(strided), expected)
+
+
+def test_exp_shifted_with_a_higher_floor_fails(monkeypatch):
+    """The test above can fail: a floor where exp is not yet 0 (it drops the subnormal results) is caught."""
+    x = _shifted_rows(np.random.default_rng(8), 8)
+    monkeypatch.setattr(warps, "EXP_FLOOR", -700.0)
+    assert not np.array_equal(warps.exp_shifted(x.copy()), np.exp(x))
+
+
+def test_warp_of_a_restricted_head_equals_the_dense_computation():
+    """A draft head scoring 8192 of 49,152 tokens (the rest at MASKED_LOGIT): the same float64 numbers as the plain
+    softmax arithmetic (every entry exponentiated)."""
+    rng = np.random.default_rng(0)
+    logits = np.full((2, 49152), MASKED_LOGIT, dtype=np.float32)
+    head = np.sort(rng.choice(49152, 8192, replace=False))
+    logits[:, head] = rng.normal(size=(2, 8192)) * 3
+    x = logits.astype(np.float64) / 0.8
+    x -= x.max(axis=-1, keepdims=True)
+    dense = np.exp(x)
+    dense /= dense.sum(axis=-1, keepdims=True)
+    np.testing.assert_array_equal(warp(logits, 0.8), dense)
 
 
 def test_temperature_scales_logits():
