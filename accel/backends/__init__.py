@@ -16,10 +16,10 @@ from accel.backends.base import (
     MixInputs,
     TreeBackend,
     TreeInputs,
-    check_step_inputs,
     prefill,
     require,
 )
+from accel.backends.call_checks import check_step_inputs
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 

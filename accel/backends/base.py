@@ -59,12 +59,6 @@ __all__ = [
     "ScoringBackend",
     "TreeBackend",
     "TreeInputs",
-    "chain_tree_inputs",
-    "check_extensions",
-    "check_mix",
-    "check_moves",
-    "check_step_inputs",
-    "check_tree_inputs",
     "legacy_forward",
     "prefill",
     "require",
@@ -374,120 +368,6 @@ def _translated(legacy: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_step_inputs(
-    info: BackendInfo, input_ids: np.ndarray, position_ids: np.ndarray, num_logits: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validate one ``forward`` call against ``info`` and return the inputs as contiguous int64 arrays.
-
-    Raises ``BackendError`` naming the problem: wrong rank/shape, batch size mismatch, a sequence longer than the
-    compiled length, token ids outside ``[0, vocab_size)``, positions ``>= ctx_len`` or below -1, or a bad
-    ``num_logits``.
-    """
-    ids = np.asarray(input_ids)
-    pos = np.asarray(position_ids)
-    if ids.ndim != 2 or pos.ndim != 2:
-        raise BackendError(
-            f"input_ids and position_ids must be 2-D [batch, seq]; got shapes {ids.shape} and {pos.shape}"
-        )
-    if ids.shape != pos.shape:
-        raise BackendError(f"input_ids shape {ids.shape} differs from position_ids shape {pos.shape}")
-    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(pos.dtype, np.integer)):
-        raise BackendError(f"input_ids/position_ids must be integer arrays; got {ids.dtype} and {pos.dtype}")
-    batch, seq = ids.shape
-    if batch != info.batch_size:
-        raise BackendError(f"batch size {batch} does not match the backend's batch size {info.batch_size}")
-    if seq < 1 or seq > info.max_seq_len:
-        raise BackendError(f"sequence length {seq} is outside 1..{info.max_seq_len} (the backend's max_seq_len)")
-    valid = pos >= 0
-    if np.any(pos < -1):
-        raise BackendError(f"position_ids below -1 (the padding marker): min {int(pos.min())}")
-    if np.any(pos[valid] >= info.ctx_len):
-        raise BackendError(
-            f"position {int(pos[valid].max())} is beyond the KV cache: ctx_len is {info.ctx_len} "
-            f"(valid positions 0..{info.ctx_len - 1})"
-        )
-    bad = valid & ((ids < 0) | (ids >= info.vocab_size))
-    if np.any(bad):
-        raise BackendError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
-    if num_logits is not None and not (1 <= num_logits <= seq):
-        raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
-    # padding slots may hold any id; give the runtime a harmless one
-    ids = np.where(valid, ids, 0).astype(np.int64, copy=False)
-    # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
-    return (
-        np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
-        np.require(pos, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),
-    )
-
-
-def check_extensions(
-    info: BackendInfo, ids: np.ndarray, features: np.ndarray | None, hidden: bool
-) -> np.ndarray | None:
-    """Validate the ``features`` of one call (``hidden``: a ``forward_hidden`` call); returns them as C-contiguous
-    float32.
-
-    ``BackendError`` when hidden states are asked of a backend without ``"hidden_states"``, when a feature draft gets
-    no ``features`` (or another model gets some), or when their shape is not ``[B, S, info.feature_size]`` or they
-    hold NaN/inf.
-    """
-    if hidden and "hidden_states" not in info.capabilities:
-        raise BackendError(
-            f"this {info.name} backend does not output hidden states (forward_hidden); export the model with "
-            "hidden_output=True"
-        )
-    if not info.feature_size:
-        if features is not None:
-            raise BackendError("features given to a backend that is not a feature draft (no 'features' input)")
-        return None
-    if features is None:
-        raise BackendError(f"this backend is a feature draft: forward needs features [B, S, {info.feature_size}]")
-    f = np.asarray(features)
-    want = (*ids.shape, info.feature_size)
-    if f.shape != want:
-        raise BackendError(f"features have shape {f.shape}; expected {want} ([batch, seq, feature_size])")
-    if not np.issubdtype(f.dtype, np.floating) or not np.all(np.isfinite(f)):
-        raise BackendError("features must be finite floating-point values")
-    return np.require(f, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
-
-
-def check_mix(
-    info: BackendInfo, ids: np.ndarray, pos: np.ndarray, mix: MixInputs | None
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Validate the ``mix`` of one ``forward`` call (``ids``/``pos`` already checked); returns C-contiguous
-    ``(int64 ids, float32 weights)`` with padding columns zeroed, or None for an ordinary call (``mix`` None).
-
-    ``BackendError`` when the backend has no ``"mix"`` capability, the shapes are not one ``[B, S, M]`` with
-    ``M >= 1``, an id of a real column is outside the vocabulary, or a weight is NaN/inf.
-    """
-    if mix is None:
-        return None
-    if not isinstance(mix, MixInputs):
-        raise BackendError(f"mix must be an accel.backends.MixInputs(ids, weights); got {type(mix).__name__}")
-    if "mix" not in info.capabilities:
-        raise BackendError(
-            f"this {info.name} backend takes no mixed inputs (mix ids and weights): export the model with "
-            "mix_inputs=True"
-        )
-    m_ids, m_w = np.asarray(mix.ids), np.asarray(mix.weights)
-    if m_ids.ndim != 3 or m_ids.shape[:2] != ids.shape or m_ids.shape[2] < 1 or m_w.shape != m_ids.shape:
-        raise BackendError(
-            f"mix ids {m_ids.shape} and weights {m_w.shape} must both be [batch, seq, M] = "
-            f"[{ids.shape[0]}, {ids.shape[1]}, M >= 1]"
-        )
-    if not np.issubdtype(m_ids.dtype, np.integer):
-        raise BackendError(f"mix ids must be integers; got {m_ids.dtype}")
-    if not np.issubdtype(m_w.dtype, np.floating) or not np.all(np.isfinite(m_w)):
-        raise BackendError("mix weights must be finite floating-point values")
-    real = (pos >= 0)[:, :, None]
-    bad = real & ((m_ids < 0) | (m_ids >= info.vocab_size))
-    if np.any(bad):
-        raise BackendError(f"mix id {int(m_ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
-    return (
-        np.ascontiguousarray(np.where(real, m_ids, 0), dtype=np.int64),
-        np.ascontiguousarray(np.where(real, m_w, 0.0), dtype=np.float32),
-    )
-
-
 def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:
     """Run a prompt through ``backend`` in chunks of at most ``info.max_seq_len`` tokens.
 
@@ -519,91 +399,17 @@ def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | 
     return logits[:, -1, :]
 
 
-def chain_tree_inputs(position_ids: np.ndarray, ctx_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(slot_ids, tree_mask)`` of a chain call: each token at the slot of its position, seeing slots
-    ``0 .. position`` (padding sees nothing). A graph with tree inputs computes the chain contract from these."""
-    pos = np.asarray(position_ids, dtype=np.int64)
-    slots = np.where(pos >= 0, pos, 0)
-    mask = np.arange(ctx_len, dtype=np.int64)[None, None, :] <= pos[:, :, None]
-    return np.ascontiguousarray(slots), mask
+#: validation functions that moved to ``accel.backends.call_checks``; still importable from here
+_MOVED = frozenset(
+    {"chain_tree_inputs", "check_extensions", "check_mix", "check_moves", "check_step_inputs", "check_tree_inputs"}
+)
 
 
-def check_tree_inputs(
-    info: BackendInfo, position_ids: np.ndarray, tree: TreeInputs | None
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Validate the ``tree`` of one ``forward`` call (``position_ids`` already checked); returns it as C-contiguous
-    ``(int64 slot_ids, bool tree_mask)``, or None for a chain call (``tree`` None).
+def __getattr__(name: str) -> Any:
+    """The functions that moved to ``accel.backends.call_checks`` (imported on first use: that module imports this
+    one)."""
+    if name in _MOVED:
+        from accel.backends import call_checks
 
-    ``BackendError`` naming the problem when the backend has no ``"tree"`` capability, a shape is
-    not ``[B, S]`` / ``[B, S, ctx_len]``, the mask is not boolean, a token's slot is outside the cache or shared with
-    another token of its row, a token does not see its own slot, or a token sees the slot of another token of the
-    call that is not at an earlier position (a sibling, a descendant, or a cycle: in-call ancestors come first).
-    Padding columns (position -1) write nothing; their slots and mask rows are ignored.
-    """
-    if tree is None:
-        return None
-    if not isinstance(tree, TreeInputs):
-        raise BackendError(f"tree must be an accel.backends.TreeInputs(slot_ids, tree_mask); got {type(tree).__name__}")
-    if "tree" not in info.capabilities:
-        raise BackendError(
-            f"this {info.name} backend has no tree inputs (slot_ids, tree_mask): export the model with tree=True"
-        )
-    pos = np.asarray(position_ids)
-    slots, mask = np.asarray(tree.slot_ids), np.asarray(tree.tree_mask)
-    if slots.shape != pos.shape or not np.issubdtype(slots.dtype, np.integer):
-        raise BackendError(f"slot_ids must be an integer array of shape {pos.shape}; got {slots.dtype} {slots.shape}")
-    want = (*pos.shape, info.ctx_len)
-    if mask.shape != want:
-        raise BackendError(f"tree_mask has shape {mask.shape}; expected {want} ([batch, seq, ctx_len])")
-    if mask.dtype != np.bool_:
-        raise BackendError(f"tree_mask must be a boolean array; got {mask.dtype}")
-    valid = pos >= 0
-    bad = valid & ((slots < 0) | (slots >= info.ctx_len))
-    if bad.any():
-        raise BackendError(f"slot {int(slots[bad][0])} is outside the KV cache (slots 0..{info.ctx_len - 1})")
-    slots = np.where(valid, slots, 0).astype(np.int64)
-    for b in np.flatnonzero(valid.any(axis=1)):
-        row = slots[b, valid[b]]
-        if np.unique(row).size != row.size:
-            dup = int(np.flatnonzero(np.bincount(row) > 1)[0])
-            raise BackendError(f"row {b}: slot {dup} is written by two tokens of one call (slots must be unique)")
-    # sees[b, s, t]: token s sees the slot token t writes
-    sees = np.take_along_axis(mask, np.broadcast_to(slots[:, None, :], mask.shape[:2] + slots.shape[1:]), axis=2)
-    pair = valid[:, :, None] & valid[:, None, :]
-    own = np.diagonal(sees, axis1=1, axis2=2)
-    if np.any(valid & ~own):
-        b, s = np.argwhere(valid & ~own)[0]
-        raise BackendError(f"row {b}, column {s}: tree_mask hides the token's own slot {int(slots[b, s])}")
-    later = sees & pair & ~np.eye(pos.shape[1], dtype=bool)[None] & (pos[:, None, :] >= pos[:, :, None])
-    if later.any():
-        b, s, t = np.argwhere(later)[0]
-        raise BackendError(
-            f"row {b}: column {s} (position {int(pos[b, s])}) sees column {t} (position {int(pos[b, t])}), which "
-            "is not an ancestor: a token may see only tokens of the call at earlier positions (no siblings, "
-            "descendants or cycles)"
-        )
-    return slots, np.ascontiguousarray(mask)
-
-
-def check_moves(info: BackendInfo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a ``move_cache`` request: int arrays ``[B, M]`` of equal shape, -1 marking no move (in both), slots
-    otherwise in ``0 .. ctx_len - 1``, destinations unique per row. Returns them as int64 (BackendError otherwise)."""
-    s, d = np.asarray(src), np.asarray(dst)
-    if s.shape != d.shape or s.ndim != 2 or s.shape[0] != info.batch_size:
-        raise BackendError(
-            f"move_cache needs src and dst of one shape [batch={info.batch_size}, M]; got {s.shape}, {d.shape}"
-        )
-    if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(d.dtype, np.integer)):
-        raise BackendError("move_cache slots must be integers")
-    if np.any((s < 0) != (d < 0)):
-        raise BackendError("move_cache: -1 (no move) must appear in src and dst at the same places")
-    for name, a in (("src", s), ("dst", d)):
-        if np.any(a < -1) or np.any(a >= info.ctx_len):
-            raise BackendError(
-                f"move_cache {name} slots must be in 0..{info.ctx_len - 1} (or -1); got {a.min()}..{a.max()}"
-            )
-    for b in range(d.shape[0]):
-        row = d[b][d[b] >= 0]
-        if np.unique(row).size != row.size:
-            raise BackendError(f"move_cache: row {b} writes one destination slot twice")
-    return s.astype(np.int64), d.astype(np.int64)
+        return getattr(call_checks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from accel.backends.base import (
-    BackendInfo,
-    ScoringBackend,
+from accel.backends.base import BackendInfo, ScoringBackend
+from accel.backends.call_checks import (
     chain_tree_inputs,
     check_extensions,
     check_mix,

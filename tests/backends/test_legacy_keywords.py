@@ -18,9 +18,11 @@ from accel.backends import (
     TorchBackend,
     TreeBackend,
     TreeInputs,
+    base,
+    call_checks,
     require,
 )
-from accel.backends.base import chain_tree_inputs
+from accel.backends.call_checks import chain_tree_inputs
 from accel.backends.stages import Pipeline, split_layers
 from accel.errors import BackendError
 from tests.helpers.decoders import random_model
@@ -148,3 +150,12 @@ def test_require_narrows_to_the_capability_protocol(model):
 
     with pytest.raises(BackendError, match="Listed lists the 'tree' capability but is no TreeBackend"):
         require(Listed(), "tree")
+
+
+def test_call_checks_still_import_from_base():
+    """The validation functions moved to ``accel.backends.call_checks``; the old module path still gives them, and
+    only them."""
+    for name in call_checks.__all__:
+        assert getattr(base, name) is getattr(call_checks, name)
+    with pytest.raises(AttributeError, match="no attribute 'check_everything'"):
+        base.check_everything  # noqa: B018
