@@ -12,7 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from accel.backends.base import TreeInputs
-from accel.backends.call_checks import chain_tree_inputs
+from accel.backends.calls import chain_tree_inputs
 
 __all__ = ["aggregate", "call_latency_s", "full_head_copy", "hf_assisted", "layer_skip_draft", "plot", "target_quality"]
 

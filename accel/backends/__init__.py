@@ -19,7 +19,7 @@ from accel.backends.base import (
     prefill,
     require,
 )
-from accel.backends.call_checks import check_step_inputs
+from accel.backends.calls import check_step_inputs
 from accel.backends.weights import WEIGHT_MODES, ExportWeights, WeightFormat
 from accel.errors import BackendError
 

@@ -41,11 +41,21 @@ with a ``DeprecationWarning``; every backend hands them to :func:`legacy_forward
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast, overload, runtime_checkable
 
 import numpy as np
 
+from accel.backends.calls import (
+    BackendInfo,
+    MixInputs,
+    TreeInputs,
+    chain_tree_inputs,
+    check_extensions,
+    check_mix,
+    check_moves,
+    check_step_inputs,
+    check_tree_inputs,
+)
 from accel.errors import BackendError
 
 __all__ = [
@@ -59,58 +69,16 @@ __all__ = [
     "ScoringBackend",
     "TreeBackend",
     "TreeInputs",
+    "chain_tree_inputs",
+    "check_extensions",
+    "check_mix",
+    "check_moves",
+    "check_step_inputs",
+    "check_tree_inputs",
     "legacy_forward",
     "prefill",
     "require",
 ]
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    """Static facts about a backend instance.
-
-    Attributes:
-        name: human-readable runtime name, e.g. ``"onnxruntime"``, ``"torch"``, ``"qaic"``.
-        vocab_size: number of logits per position (tokens).
-        ctx_len: KV-cache length in tokens; valid positions are ``0 .. ctx_len - 1``.
-        batch_size: rows per call (fixed, as a compiled accelerator graph requires).
-        max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
-            prefilled in chunks by :func:`prefill`.
-        num_layers: transformer layers (for statistics and the simulator).
-        capabilities: what this backend can do beyond a plain call (``"hidden_states"``, ``"features"``, ``"tree"``,
-            ``"mix"``; module docstring).
-        hidden_size: width of the ``hidden_states`` output (0 when unknown).
-        feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
-    """
-
-    name: str
-    vocab_size: int
-    ctx_len: int
-    batch_size: int
-    max_seq_len: int
-    num_layers: int = 0
-    capabilities: frozenset[str] = field(default_factory=frozenset)
-    hidden_size: int = 0
-    feature_size: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class TreeInputs:
-    """The inputs of a token-tree call (``"tree"``; module docstring): ``slot_ids`` int ``[B, S]``, the cache slot
-    each token writes, and ``tree_mask`` bool ``[B, S, ctx_len]``, the slots each token sees. Checked by the backend
-    (:func:`check_tree_inputs`)."""
-
-    slot_ids: np.ndarray
-    tree_mask: np.ndarray
-
-
-@dataclass(frozen=True, eq=False)
-class MixInputs:
-    """Superposed inputs of one call (``"mix"``; module docstring): token ``ids`` int ``[B, S, M]`` and their
-    ``weights`` float ``[B, S, M]``. Checked by the backend (:func:`check_mix`)."""
-
-    ids: np.ndarray
-    weights: np.ndarray
 
 
 @runtime_checkable
@@ -397,19 +365,3 @@ def prefill(backend: Backend, input_ids: np.ndarray, position_ids: np.ndarray | 
         logits = backend.forward(chunk_ids, chunk_pos, num_logits=1)
     assert logits is not None
     return logits[:, -1, :]
-
-
-#: validation functions that moved to ``accel.backends.call_checks``; still importable from here
-_MOVED = frozenset(
-    {"chain_tree_inputs", "check_extensions", "check_mix", "check_moves", "check_step_inputs", "check_tree_inputs"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    """The functions that moved to ``accel.backends.call_checks`` (imported on first use: that module imports this
-    one)."""
-    if name in _MOVED:
-        from accel.backends import call_checks
-
-        return getattr(call_checks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

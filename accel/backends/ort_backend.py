@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from accel.backends.base import BackendInfo, ScoringBackend
-from accel.backends.call_checks import (
+from accel.backends.calls import (
     chain_tree_inputs,
     check_extensions,
     check_mix,

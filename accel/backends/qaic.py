@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from accel._io import check_output_path, output_file
 from accel._legacy import Replaced, legacy_keywords
 from accel.backends.base import BackendInfo, legacy_forward
-from accel.backends.call_checks import check_step_inputs
+from accel.backends.calls import check_step_inputs
 from accel.errors import BackendError
 
 __all__ = ["NO_TREE_REASON", "QAIC_EXEC", "QaicBackend", "QaicCompileSpec", "QaicOptions", "write_qaic_files"]

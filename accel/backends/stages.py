@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from accel.backends.base import BackendInfo, legacy_forward
-from accel.backends.call_checks import check_step_inputs
+from accel.backends.calls import check_step_inputs
 from accel.errors import BackendError
 
 __all__ = [

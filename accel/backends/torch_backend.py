@@ -19,7 +19,7 @@ import torch
 
 from accel.backends.attention_triton import use_decode_attention
 from accel.backends.base import BackendInfo, ScoringBackend
-from accel.backends.call_checks import check_extensions, check_mix, check_moves, check_step_inputs, check_tree_inputs
+from accel.backends.calls import check_extensions, check_mix, check_moves, check_step_inputs, check_tree_inputs
 from accel.backends.gemv_triton import use_gemv
 from accel.backends.limits import check_sizes
 from accel.backends.stages import StageOutput, StageSpec, check_hidden_in

@@ -19,10 +19,10 @@ from accel.backends import (
     TreeBackend,
     TreeInputs,
     base,
-    call_checks,
+    calls,
     require,
 )
-from accel.backends.call_checks import chain_tree_inputs
+from accel.backends.calls import chain_tree_inputs
 from accel.backends.stages import Pipeline, split_layers
 from accel.errors import BackendError
 from tests.helpers.decoders import random_model
@@ -152,10 +152,10 @@ def test_require_narrows_to_the_capability_protocol(model):
         require(Listed(), "tree")
 
 
-def test_call_checks_still_import_from_base():
-    """The validation functions moved to ``accel.backends.call_checks``; the old module path still gives them, and
-    only them."""
-    for name in call_checks.__all__:
-        assert getattr(base, name) is getattr(call_checks, name)
+def test_call_inputs_still_import_from_base():
+    """``BackendInfo``, the call inputs and their checks moved to ``accel.backends.calls``; ``accel.backends.base``
+    still gives the very same objects."""
+    for name in calls.__all__:
+        assert getattr(base, name) is getattr(calls, name)
     with pytest.raises(AttributeError, match="no attribute 'check_everything'"):
         base.check_everything  # noqa: B018

@@ -1,16 +1,22 @@
-"""Validation of one backend call's inputs, shared by every backend: ``check_step_inputs`` (ids and positions),
-``check_extensions`` (features, hidden states), ``check_mix`` (superposed inputs), ``check_tree_inputs`` (slot ids and
-the tree mask; ``chain_tree_inputs`` builds a chain call's) and ``check_moves`` (``move_cache``). Each returns the
-arrays in the dtype and layout a runtime takes, or raises ``BackendError`` naming the problem (docs/backends.md)."""
+"""What one backend call takes and its validation, shared by every backend (re-exported by ``accel.backends.base``,
+whose protocols use them): ``BackendInfo`` (the facts a call is checked against), the inputs of a tree call
+(``TreeInputs``) and of a superposed one (``MixInputs``), and the checks ``check_step_inputs`` (ids and positions),
+``check_extensions`` (features, hidden states), ``check_mix``, ``check_tree_inputs`` (``chain_tree_inputs`` builds a
+chain call's) and ``check_moves`` (``move_cache``). Each check returns the arrays in the dtype and layout a runtime
+takes, or raises ``BackendError`` naming the problem (docs/backends.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from accel.backends.base import BackendInfo, MixInputs, TreeInputs
 from accel.errors import BackendError
 
 __all__ = [
+    "BackendInfo",
+    "MixInputs",
+    "TreeInputs",
     "chain_tree_inputs",
     "check_extensions",
     "check_mix",
@@ -18,6 +24,54 @@ __all__ = [
     "check_step_inputs",
     "check_tree_inputs",
 ]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """Static facts about a backend instance.
+
+    Attributes:
+        name: human-readable runtime name, e.g. ``"onnxruntime"``, ``"torch"``, ``"qaic"``.
+        vocab_size: number of logits per position (tokens).
+        ctx_len: KV-cache length in tokens; valid positions are ``0 .. ctx_len - 1``.
+        batch_size: rows per call (fixed, as a compiled accelerator graph requires).
+        max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
+            prefilled in chunks by :func:`prefill`.
+        num_layers: transformer layers (for statistics and the simulator).
+        capabilities: what this backend can do beyond a plain call (``"hidden_states"``, ``"features"``, ``"tree"``,
+            ``"mix"``; module docstring).
+        hidden_size: width of the ``hidden_states`` output (0 when unknown).
+        feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
+    """
+
+    name: str
+    vocab_size: int
+    ctx_len: int
+    batch_size: int
+    max_seq_len: int
+    num_layers: int = 0
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    hidden_size: int = 0
+    feature_size: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class TreeInputs:
+    """The inputs of a token-tree call (``"tree"``; module docstring): ``slot_ids`` int ``[B, S]``, the cache slot
+    each token writes, and ``tree_mask`` bool ``[B, S, ctx_len]``, the slots each token sees. Checked by the backend
+    (:func:`check_tree_inputs`)."""
+
+    slot_ids: np.ndarray
+    tree_mask: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class MixInputs:
+    """Superposed inputs of one call (``"mix"``; module docstring): token ``ids`` int ``[B, S, M]`` and their
+    ``weights`` float ``[B, S, M]``. Checked by the backend (:func:`check_mix`)."""
+
+    ids: np.ndarray
+    weights: np.ndarray
 
 
 def check_step_inputs(
