@@ -36,10 +36,10 @@ class BackendInfo:
         ctx_len: KV-cache length in tokens; valid positions are ``0 .. ctx_len - 1``.
         batch_size: rows per call (fixed, as a compiled accelerator graph requires).
         max_seq_len: most tokens ``S`` per call (the compiled prompt-chunk length); prompts longer than this are
-            prefilled in chunks by :func:`prefill`.
+            prefilled in chunks by ``accel.backends.base.prefill``.
         num_layers: transformer layers (for statistics and the simulator).
         capabilities: what this backend can do beyond a plain call (``"hidden_states"``, ``"features"``, ``"tree"``,
-            ``"mix"``; module docstring).
+            ``"mix"``; ``accel.backends.base``).
         hidden_size: width of the ``hidden_states`` output (0 when unknown).
         feature_size: width of the ``features`` input of a feature draft (0: not a feature draft).
     """
@@ -57,9 +57,9 @@ class BackendInfo:
 
 @dataclass(frozen=True, eq=False)
 class TreeInputs:
-    """The inputs of a token-tree call (``"tree"``; module docstring): ``slot_ids`` int ``[B, S]``, the cache slot
-    each token writes, and ``tree_mask`` bool ``[B, S, ctx_len]``, the slots each token sees. Checked by the backend
-    (:func:`check_tree_inputs`)."""
+    """The inputs of a token-tree call (``"tree"``; ``accel.backends.base``): ``slot_ids`` int ``[B, S]``, the cache
+    slot each token writes, and ``tree_mask`` bool ``[B, S, ctx_len]``, the slots each token sees. Checked by the
+    backend (:func:`check_tree_inputs`)."""
 
     slot_ids: np.ndarray
     tree_mask: np.ndarray
@@ -67,7 +67,7 @@ class TreeInputs:
 
 @dataclass(frozen=True, eq=False)
 class MixInputs:
-    """Superposed inputs of one call (``"mix"``; module docstring): token ``ids`` int ``[B, S, M]`` and their
+    """Superposed inputs of one call (``"mix"``; ``accel.backends.base``): token ``ids`` int ``[B, S, M]`` and their
     ``weights`` float ``[B, S, M]``. Checked by the backend (:func:`check_mix`)."""
 
     ids: np.ndarray

@@ -9,7 +9,7 @@ Everything is computed in float64. Masked logits are ``-inf`` internally; raw lo
 with ``SpdError`` (a model that produced them is broken, and a silent sample from them would be a wrong answer).
 The exponentials of a softmax skip the entries far enough below the row's maximum that they are exactly 0 in float64
 (:func:`exp_shifted`): the same numbers, bit for bit, several times sooner for a restricted draft head's masked
-logits, top-k and top-p.
+logits (-1e9, which take ``exp``'s slow underflow path).
 """
 
 from __future__ import annotations
