@@ -191,7 +191,7 @@ def test_options_defaults_quick_and_bad_values(bench):
     assert bench.cell_name("fp32", "hydra", "t0.8", True) == "fp32 / hydra / t0.8 / load"
     assert a.controller_b is None
     b = bench.parse_args(["--controller-b", "margin=0.05,explore_every=8"]).controller_b
-    assert (b.margin, b.explore_every, b.decay) == (0.05, 8, 0.97)
+    assert (b.margin, b.explore_every, b.decay) == (0.05, 8, bench.TuneSettings().decay)  # the rest: the defaults
     assert bench.parse_args(["--controller-b", ""]).controller_b == bench.TuneSettings()  # an A/A pair
     for bad in ("margins=0.05", "margin=", "margin=lots", "margin=1.5", "decay=0", "explore_every=true"):
         with pytest.raises(SystemExit):
