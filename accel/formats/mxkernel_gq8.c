@@ -21,8 +21,9 @@
  * sign(w) * q: pair sums <= 2 * 128 * 127, within int16) and AVX-512 VNNI agree bit
  * for bit with each other and with accel.formats.mxkernel_q8.reference_q8_ggml, whatever the rows per call and the
  * threads. The AVX2 path decodes each block once for up to 4 x rows (a verify call's rows), reads 8 blocks' scales as
- * one vector (F16C converts float16 halves exactly) and keeps a tile's accumulators in registers; the AVX-512 VNNI
- * path is the same code with vpdpbusd for vpmaddubsw + vpmaddwd (256-bit registers, one block each).
+ * one vector (F16C converts float16 halves exactly) and keeps a tile's accumulators in registers. The AVX-512 VNNI
+ * path puts two blocks in a 512-bit register (vpdpbusd on |w| and sign(w) * q; acc0 | acc1 and acc2 | acc3 share a
+ * register, the same lanes); I8_F32, with two scales a block, runs the AVX2 tile with vpdpbusd there.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <string.h>
@@ -290,15 +291,119 @@ GQ8_AVX2 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) {
 GQ8_VNNI static void gq8_vnni(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_VNNI_TILE, j, n);
 }
+
+/* ------------------------------------------------------------------------------------------------- AVX-512 VNNI */
+
+#define GQ8_V512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+/* blocks b and b + 1's 64 integers as int8 (block b in bytes 0..31, weight order; not I8_F32): the two blocks'
+ * nibble bytes in 128-bit lanes 0, 1 and 2, 3 (broadcast loads), the high nibbles in lanes 1 and 3, the fifth bits
+ * of the 5-bit types added as 16 where set (one mask bit per byte), the code offset subtracted */
+GQ8_V512 static inline __m512i pair_ints512(const int fast, const uint8_t *p, const int bytes) {
+    if (!nibble_codes(fast)) return _mm512_loadu_si512((const void *)p); /* Q8_0: 64 contiguous code bytes */
+    __m512i t = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), 0xFF00,
+                                            _mm_loadu_si128((const __m128i *)(p + bytes)));
+    t = _mm512_and_si512(_mm512_mask_srli_epi16(t, 0xFF00FF00u, t, 4), _mm512_set1_epi8(0x0F));
+    if (q5_codes(fast)) {
+        uint32_t h0, h1;
+        memcpy(&h0, p + 16, 4);
+        memcpy(&h1, p + bytes + 16, 4);
+        t = _mm512_mask_add_epi8(t, (__mmask64)h0 | (__mmask64)h1 << 32, t, _mm512_set1_epi8(16));
+    }
+    return code_offset(fast) ? _mm512_sub_epi8(t, _mm512_set1_epi8((char)code_offset(fast))) : t;
+}
+
+/* blocks g + K, g + K + 1 (K even) into acc[r][A] of each of the R rows (A = K % 4 / 2: acc0 | acc1 or acc2 |
+ * acc3), the per-block arithmetic of the 256-bit tile: q . w = |w| . (sign(w) q) (x negated where w < 0), times
+ * c_b = d_b * dx_b taken from the group's vector of c */
+#define GQ8_PAIR512(A, K)                                                                                            \
+    do {                                                                                                             \
+        const int64_t b = g + (K);                                                                                   \
+        const __m512i w = pair_ints512(fast, row + bytes * b, bytes), aw = sgn ? _mm512_abs_epi8(w) : w;             \
+        const __mmask64 neg = sgn ? _mm512_movepi8_mask(w) : 0;                                                      \
+        const __m512i idx = _mm512_set_epi32((K) + 1, (K) + 1, (K) + 1, (K) + 1, (K) + 1, (K) + 1, (K) + 1, (K) + 1, \
+                                             (K), (K), (K), (K), (K), (K), (K), (K));                                \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            const __m512i x = _mm512_loadu_si512((const void *)(j->xq + 32 * ((s0 + r) * nb + b)));                \
+            const __m512i sx = sgn ? _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x) : x;                   \
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx));               \
+            const __m512 cv = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(cvec[r]));                          \
+            acc[r][A] = _mm512_add_ps(acc[r][A], _mm512_mul_ps(f, cv));                                             \
+        }                                                                                                            \
+    } while (0)
+
+/* block g + K alone (a row's last, K even) into the low half of acc[r][A] (the high half untouched) */
+#define GQ8_SINGLE512(A, K)                                                                                          \
+    do {                                                                                                             \
+        const int64_t b = g + (K);                                                                                   \
+        const __m256i w = block_ints256(fast, row + bytes * b), aw = sgn ? _mm256_sign_epi8(w, w) : w;               \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + 32 * ((s0 + r) * nb + b)));             \
+            const __m256i sx = sgn ? _mm256_sign_epi8(x, w) : x;                                                     \
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx));               \
+            const __m256 prod = _mm256_mul_ps(f, _mm256_permutevar8x32_ps(cvec[r], _mm256_set1_epi32(K)));           \
+            acc[r][A] = _mm512_mask_add_ps(acc[r][A], 0x00FF, acc[r][A], _mm512_castps256_ps512(prod));             \
+        }                                                                                                            \
+    } while (0)
+
+/* W row n against x rows s0 .. s0 + R - 1, two blocks a register (every type but I8_F32, whose two scales a block
+ * the 256-bit tile keeps): the numbers of gq8_rows_avx2 bit for bit */
+GQ8_V512 static inline __attribute__((always_inline)) void gq8_tile512(const job_t *j, int64_t n, int64_t s0,
+                                                                       const int fast, const int R) {
+    const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), sgn = signed_ints(fast);
+    const int64_t nb = j->nblocks;
+    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb * sbytes;
+    __m512 acc[MXK_X_TILE][2];
+    __m256 off[MXK_X_TILE], cvec[MXK_X_TILE];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        off[r] = _mm256_setzero_ps();
+    }
+    for (int64_t g = 0; g < nb; g += 8) {
+        const int cnt = nb - g < 8 ? (int)(nb - g) : 8;
+        float d[8], m[8];
+        group_scales(fast, sc, g, cnt, d, m);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const int64_t at = (s0 + r) * nb + g;
+            cvec[r] = _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt));
+            if (has_offset(fast)) off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
+        }
+        _mm_prefetch((const char *)(row + bytes * g) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(row + bytes * (g + 4)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        if (cnt > 1) GQ8_PAIR512(0, 0); else GQ8_SINGLE512(0, 0);
+        if (cnt > 3) GQ8_PAIR512(1, 2); else if (cnt > 2) GQ8_SINGLE512(1, 2);
+        if (cnt > 5) GQ8_PAIR512(0, 4); else if (cnt > 4) GQ8_SINGLE512(0, 4);
+        if (cnt > 7) GQ8_PAIR512(1, 6); else if (cnt > 6) GQ8_SINGLE512(1, 6);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        const __m512 a01 = acc[r][0], a23 = acc[r][1];
+        const __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
+        const __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
+        float y = hsum8(_mm256_add_ps(t01, t23));
+        if (has_offset(fast)) y = y + hsum8(off[r]);
+        j->y[(s0 + r) * j->n + n] = y;
+    }
+}
+#define GQ8_V512_TILE(n, s0, R) GQ8_TILE_CALL(gq8_tile512, n, s0, R)
+GQ8_V512 static void gq8_v512(const job_t *j, int64_t n0, int64_t n1) {
+    if (j->fast == FAST_I8_F32) {
+        gq8_vnni(j, n0, n1);
+        return;
+    }
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_V512_TILE, j, n);
+}
 #else
 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
-static void gq8_vnni(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
+static void gq8_v512(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
 #endif
 
-/* the int8-activation path of GGUF blocks: VNNI where mxk_q8_path allows it (2, 3), AVX2 (1), else portable */
+/* the int8-activation path of GGUF blocks: AVX-512 VNNI where mxk_q8_path allows it (2, 3), AVX2 (1), else
+ * portable */
 void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path) {
     if (path >= 2)
-        gq8_vnni(j, n0, n1);
+        gq8_v512(j, n0, n1);
     else if (path == 1)
         gq8_avx2(j, n0, n1);
     else

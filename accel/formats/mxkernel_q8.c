@@ -14,9 +14,10 @@
  * ws_b * d_b is exact (ws_b is a power of two) unless it leaves float32's normal range. Every path computes exactly
  * this sequence (the file is compiled without floating-point contraction), so the portable loop, AVX2 (vpmaddubsw on
  * |w| and sign(w) * q: pair sums <= 2 * 127 * 60, far from int16 saturation; each block decoded once for up to 4 x
- * rows, the same int32 lanes per row), AVX-512 VNNI (vpdpbusd) and VNNI with
- * VBMI's byte-permute unpacking (block_ints_vbmi, mxkernel.h) agree bit for
- * bit with each other and with accel.formats.mxkernel_q8.reference_q8, whatever the rows per call and the threads.
+ * rows, the same int32 lanes per row), AVX-512 VNNI (vpdpbusd) and VNNI with VBMI's byte-permute unpacking
+ * (pair_ints_vbmi, mxkernel.h: two blocks a 512-bit register, for one x row and, decoded once, for a tile of up to 4)
+ * agree bit for bit with each other and with accel.formats.mxkernel_q8.reference_q8, whatever the rows per call and
+ * the threads.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <string.h>
@@ -289,11 +290,77 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
     j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
 }
 
-/* VBMI: one x row (a decode step) by the 512-bit row loop, more (a verify call) by the VNNI tile, whose AVX2 unpack
- * of each block is shared by the tile's rows */
+/* The x rows of a verify call, in tiles of R (MXK_X_TILES): blocks B, B + 1 decoded and their signs taken once for the
+ * tile, then per row q . w = |w| . (sign(w) q) (x negated where w < 0; where w == 0, |w| is 0), two blocks per
+ * 512-bit register as in Q8_PAIR, the scales ws_b * d_b formed lane by lane (the same products as the scalar ones) */
+#define Q8_TILE_PAIR(A, B)                                                                                           \
+    do {                                                                                                             \
+        const __m512i w = pair_ints_vbmi(fast, row + bytes * (B)), aw = _mm512_abs_epi8(w);                          \
+        const __mmask64 neg = _mm512_movepi8_mask(w);                                                                \
+        const __m512 wsv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(tab[sc[(B)]])),      \
+                                                               _mm256_castps_pd(_mm256_set1_ps(tab[sc[(B) + 1]])), 1)); \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            const int64_t at = (s0 + r) * nb + (B);                                                                  \
+            const __m512i x = _mm512_loadu_si512((const void *)(j->xq + 32 * at));                                  \
+            const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);                             \
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx));               \
+            const __m512 xdv = _mm512_permutexvar_ps(                                                                \
+                pair_idx, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(j->xd + at)))));        \
+            acc[r][A] = _mm512_add_ps(acc[r][A], _mm512_mul_ps(f, _mm512_mul_ps(wsv, xdv)));                        \
+        }                                                                                                            \
+    } while (0)
+
+/* one block B into the low half of accumulator A of each row (the high half untouched) */
+#define Q8_TILE_SINGLE(A, B)                                                                                         \
+    do {                                                                                                             \
+        const __m256i w = block_ints_vbmi(fast, row + bytes * (B)), aw = _mm256_abs_epi8(w);                         \
+        const float ws = tab[sc[(B)]];                                                                               \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
+            const int64_t at = (s0 + r) * nb + (B);                                                                  \
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + 32 * at));                               \
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w))); \
+            const __m256 prod = _mm256_mul_ps(f, _mm256_set1_ps(ws * j->xd[at]));                                    \
+            acc[r][A] = _mm512_mask_add_ps(acc[r][A], 0x00FF, acc[r][A], _mm512_castps256_ps512(prod));             \
+        }                                                                                                            \
+    } while (0)
+
+/* W row n against x rows s0 .. s0 + R - 1: acc[r][0] holds acc0 | acc1, acc[r][1] acc2 | acc3 (blocks b % 4) */
+Q8_VBMI static inline __attribute__((always_inline)) void q8_tile_vbmi(const job_t *j, int64_t n, int64_t s0,
+                                                                       const int fast, const int R) {
+    const int bytes = fast == FAST_E2M3 ? 24 : 16;
+    const int64_t nb = j->nblocks;
+    const uint8_t *row = j->codes + n * nb * bytes, *sc = j->scales + n * nb;
+    const float *tab = SCALES[fast];
+    const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[MXK_X_TILE][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
+        Q8_TILE_PAIR(0, b);
+        Q8_TILE_PAIR(1, b + 2);
+    }
+    if (b + 2 <= nb) {
+        Q8_TILE_PAIR(0, b);
+        if (b + 2 < nb) Q8_TILE_SINGLE(1, b + 2);
+    } else if (b < nb) {
+        Q8_TILE_SINGLE(0, b);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        const __m512 a01 = acc[r][0], a23 = acc[r][1];
+        const __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
+        const __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
+        j->y[(s0 + r) * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
+    }
+}
+#define Q8_VBMI_TILE(n, s0, R) Q8_TILE_CALL(q8_tile_vbmi, n, s0, R)
+
+/* VBMI: one x row (a decode step) by the 512-bit row loop, more (a verify call) by the 512-bit tile */
 Q8_VBMI static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) {
     if (j->s > 1) {
-        q8_vnni(j, n0, n1);
+        for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_VBMI_TILE, j, n);
         return;
     }
     for (int64_t n = n0; n < n1; n++) {
