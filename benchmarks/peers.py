@@ -24,7 +24,7 @@ Quality is teacher-forced on the held-out prompts followed by accel fp32's greed
 || row) in nats, its 95th percentile and top-1 agreement, plus the mean KL against llama.cpp running the shipped Q4_1
 file. accel's "fp32" SmolLM2 is the shipped Q4_1 GGUF dequantized (``accel.models.smollm2``). Speculative rows share
 their autoregressive row's quality (they are exact). A Pareto summary says, for each peer row, whether accel has a
-row with KL <= the peer's at >= 1.5x its speed.
+row with KL <= the peer's at >= 1.5x its speed (KLs under 1e-9 nats, float32 summation order, count as equal).
 
 The peers live in their own environment (never a dependency of ``make test``)::
 

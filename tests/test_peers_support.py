@@ -139,6 +139,25 @@ def test_pareto_finds_the_fastest_accel_row_at_no_worse_kl():
     assert got["genai int4"]["goal_met"]
 
 
+def test_pareto_counts_kls_of_float_summation_order_as_equal():
+    rows = [
+        _row("accel fp32", "accel", 40.0, 0.0),
+        _row("accel gguf-kernel", "accel", 90.0, 7.2e-12),
+        _row("accel q8", "accel", 120.0, 0.0027),
+        _row("genai fp32", "onnxruntime-genai", 36.0, 6.9e-12),
+        _row("llama Q4_1", "llama.cpp", 83.0, 0.0031),
+    ]
+    got = {s["peer"]: s for s in ps.pareto(rows)}
+    assert got["genai fp32"]["best_accel"] == "accel gguf-kernel"  # 7.2e-12 > 6.9e-12: the same model
+    assert got["llama Q4_1"]["best_accel"] == "accel q8"
+    assert (
+        ps.pareto([_row("accel q8", "accel", 120.0, 0.0027), _row("genai fp32", "onnxruntime-genai", 36.0, 7e-12)])[0][
+            "best_accel"
+        ]
+        is None
+    )  # a quantization step is not noise
+
+
 def test_pareto_without_an_accel_row_at_that_quality():
     rows = [_row("accel mx", "accel", 40.0, 0.04), _row("llama F32", "llama.cpp", 20.0, 1e-6)]
     (s,) = ps.pareto(rows)
