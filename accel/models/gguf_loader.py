@@ -8,6 +8,7 @@ llama.cpp's converter permutes the rows of Q and K for its rotary layout (``conv
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,13 @@ _LAYER_NAMES = {
 _TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
-def _reader(path: str | Path):
-    """The ``gguf.GGUFReader`` of ``path``, shared by every caller in this process while the file is unchanged.
+def _reader(path: str | Path) -> _Parsed:
+    """The parsed ``gguf.GGUFReader`` of ``path`` (its fields' values and its tensors), shared by every caller in
+    this process while the file is unchanged.
 
     Parsing is slow for large vocabularies (the reader builds every metadata field eagerly: seconds for 49 K tokens,
     tens of seconds for 150 K tokens and merges), and one ``accel generate`` reads a GGUF three times (its config,
-    its tokenizer, its weights): the reader is kept, keyed by the resolved path, size and modification time."""
+    its tokenizer, its weights): what it read is kept, keyed by the resolved path, size and modification time."""
     p = Path(path)
     try:
         st = p.stat()
@@ -51,14 +53,47 @@ def _reader(path: str | Path):
     return _cached_reader(str(p.resolve()), st.st_size, st.st_mtime_ns)
 
 
+@dataclass(frozen=True)
+class _Field:
+    """A metadata field's value as ``gguf.ReaderField.contents()`` gives it: what this package reads of a field."""
+
+    value: Any
+
+    def contents(self) -> Any:
+        return self.value
+
+    @property
+    def data(self) -> list:
+        """One entry per element (``ReaderField.data``'s length): the list itself, or the one value."""
+        return self.value if isinstance(self.value, list) else [self.value]
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What is kept of a ``gguf.GGUFReader``: the fields' values and the tensors (names, types, shapes, their bytes
+    mapped from the file). The reader itself holds a numpy memmap and a dict per element of every array field
+    (~500 K objects for a 49 K-token vocabulary with its merges): kept for the process, they made every full
+    garbage collection during decoding walk them."""
+
+    fields: dict[str, Any]
+    tensors: list
+
+
 @lru_cache(maxsize=2)
-def _cached_reader(path: str, size: int, mtime_ns: int):
+def _cached_reader(path: str, size: int, mtime_ns: int) -> _Parsed:
     try:
         import gguf
     except ImportError as exc:
         raise ModelError("reading .gguf files needs the gguf package: pip install 'accel[gguf]'") from exc
     try:
-        return gguf.GGUFReader(path)
+        reader = gguf.GGUFReader(path)
+        fields: dict[str, Any] = {}
+        for key, field in reader.fields.items():
+            try:
+                fields[key] = _Field(field.contents())
+            except Exception:  # a field type this gguf version cannot give a value of: kept as read, never needed
+                fields[key] = field
+        return _Parsed(fields, list(reader.tensors))
     except Exception as exc:
         raise ModelError(f"{path} is not a readable GGUF file: {exc}") from exc
 

@@ -6,6 +6,8 @@ Tolerance: SmolLM2's logits reach ~30; fp32 operation order (30 layers) moves th
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ except ModelError as exc:  # pragma: no cover - the dev extra installs it
     pytest.skip(f"SmolLM2 is not installed: {exc}", allow_module_level=True)
 
 from accel.models import load_tokenizer, smollm2_checkpoint
+from accel.models.gguf_loader import _cached_reader, _reader
 from tests.helpers.scenario import hf_reference, make_tokens, run_scenario, smollm2_model
 
 PROMPTS = (3, 5)
@@ -79,3 +82,18 @@ def test_smollm2_checkpoint_is_cached(ours, gguf_tok):
     assert (directory / "model.safetensors").stat().st_mtime_ns == stamp  # not rewritten
     for text in TEXTS:
         assert load_tokenizer(directory).encode(text).ids == gguf_tok.encode(text).ids
+
+
+def test_the_kept_gguf_metadata_holds_few_python_objects():
+    """The parsed file stays cached for the process; gguf's reader keeps a memmap and a dict per token and merge
+    (~500 K objects for SmolLM2), which every full garbage collection during a decode walked. What is kept now is
+    the fields' values: a few lists, whatever the vocabulary."""
+    _cached_reader.cache_clear()
+    gc.collect()
+    before = len(gc.get_objects())
+    parsed = _reader(GGUF)
+    gc.collect()
+    added = len(gc.get_objects()) - before
+    assert len(parsed.fields["tokenizer.ggml.tokens"].data) == 49152
+    assert parsed.fields["tokenizer.ggml.tokens"].contents()[0] == "<|endoftext|>"
+    assert added < 20_000, added
