@@ -318,7 +318,12 @@ class DecoderGraph:
     def mlp(self, h: str, p: str) -> str:
         """The MLP with weights ``{p}.gate_proj/up_proj/down_proj`` on normed input ``h``."""
         g, c = self.g, self.c
-        if c.mlp == "gated" and (self.w.nbits or self.w.kernel):  # one MatMulNBits / MXLinear for gate and up
+        fused = None
+        if c.mlp == "gated" and c.activation == "silu" and not c.mlp_bias:  # one node: product, SiLU and gating
+            fused = self.w.gated(h, f"{p}.gate_proj.weight", f"{p}.up_proj.weight")
+        if fused is not None:
+            m = fused
+        elif c.mlp == "gated" and (self.w.nbits or self.w.kernel):  # one MatMulNBits / MXLinear for gate and up
             gate, up = g.ops("Split", [self.linear(h, f"{p}.gate_proj", c.mlp_bias, f"{p}.up_proj")], 2, axis=-1,
                              num_outputs=2)  # fmt: skip
             m = g.op("Mul", self.act(gate), up)

@@ -56,15 +56,24 @@ def _packed(name: str, t: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mx_linear(
-    g: GraphBuilder, xin: str, names: Sequence[str], ts: Sequence[Any], out: str | None, act_bits: int = 32
+    g: GraphBuilder,
+    xin: str,
+    names: Sequence[str],
+    ts: Sequence[Any],
+    out: str | None,
+    act_bits: int = 32,
+    glu: bool = False,
 ) -> str:
     """``xin @ W^T`` for the MX weights ``ts`` (named ``names``) joined along their outputs, as one ``MXLinear``
     node; returns its output name. ``act_bits`` 8: the activations quantized to int8 per block of 32 (attribute
     ``act_bits``; MXFP6 E2M3, MXFP4 E2M1 and every GGUF layout, BackendError for other MX formats;
-    ``accel.formats.mxkernel_q8``); 32: float32 (no attribute)."""
+    ``accel.formats.mxkernel_q8``); 32: float32 (no attribute). ``glu``: ``ts`` are a gate and an up projection of
+    the same shape, and the node outputs ``silu(x @ gate^T) * (x @ up^T)`` (attribute ``glu`` 1)."""
     kinds = {t.qtype.name if isinstance(t, GGMLTensor) else t.fmt.name for t in ts}
     if len({t.shape[1] for t in ts}) != 1 or len(kinds) != 1:
         raise BackendError(f"weights {tuple(names)} differ in input features or format; they cannot share an MXLinear")
+    if glu and (len(ts) != 2 or ts[0].shape != ts[1].shape):
+        raise BackendError(f"a gated MXLinear needs a gate and an up weight of one shape; got {tuple(names)}")
     if isinstance(ts[0], GGMLTensor):
         joined = GGMLTensor.concat(ts)
         codes, scales = [joined.codes.reshape(-1)], [joined.scales.reshape(joined.shape[0], -1)]
@@ -95,6 +104,7 @@ def mx_linear(
         block=32,
         fast=int(fast),
         **({"act_bits": 8} if act_bits == 8 else {}),
+        **({"glu": 1} if glu else {}),
     )
 
 
@@ -129,8 +139,9 @@ def check_mx_kernel_graph(path: str | Path) -> None:
 
     Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..10 = GGUF Q8_0/Q4_0/Q4_1/
     Q4_F32/I8_F32/Q5S_F32/Q5_F32 with ``bits`` 8/4/4/4/8/5/5; ``block`` 32, ``K`` a multiple of 32, ``act_bits``
-    absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts), the codes and scales initializers (uint8, ``N*K*bits/8``
-    and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale bytes) and the value table (the format's
+    absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts, ``glu`` absent, 0 or 1 with ``N`` even), the codes and
+    scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale
+    bytes) and the value table (the format's
     ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a
     multiple of ``num_kv_heads``. The kernel itself computes NaN for sizes it does not expect, but a ``fast`` code
     that disagrees with ``bits`` or a foreign value table gives other numbers without a word (fast 2 on MXFP6 codes:
@@ -167,7 +178,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
             f"{where}: accel's kernel domain has two operators, MXLinear (4 inputs, 1 output) and CacheAttention "
             "(8 inputs, 3 outputs)"
         )
-    if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits"} or any(
+    if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits", "glu"} or any(
         a.type != AttributeProto.INT for a in attrs.values()
     ):
         raise BackendError(f"{where}: attributes {sorted(attrs)}; MXLinear has the ints {sorted(_REQUIRED_ATTRS)}")
@@ -184,11 +195,13 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
         or a["K"] % 32
         or act_bits not in (8, 32)
         or (act_bits == 8 and a["fast"] == 3)
+        or a.get("glu", 0) not in (0, 1)
+        or (a.get("glu", 0) == 1 and a["N"] % 2)
     ):
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
             "4..10 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32/Q5S_F32/Q5_F32 with bits 8/4/4/4/8/5/5, block 32, K a multiple "
-            "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts)"
+            "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts, glu 0 or 1 with N even)"
         )
     scale_bytes = ggml.scale_bytes if ggml is not None else 1
     want = {

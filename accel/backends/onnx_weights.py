@@ -104,6 +104,17 @@ class GraphWeights:
         self._done: dict[str, str] = {}
         self._quantized_inputs: dict[str, list[str]] = {}
 
+    def gated(self, xin: str, gate: str, up: str) -> str | None:
+        """``silu(xin @ gate^T) * (xin @ up^T)`` as one gated ``ai.accel::MXLinear`` (``mx_linear``'s ``glu``) where
+        both weights run on the kernel in one node (``mx_kernel``, one layout, one shape); None otherwise (the caller
+        writes the MatMuls, the activation and the product)."""
+        if not self.kernel or self.nbits or self.int8 is not None:
+            return None
+        ts = [self._get(gate), self._get(up)]
+        if not kernel_runs(ts) or ts[0].shape != ts[1].shape:
+            return None
+        return mx_linear(self.g, xin, [gate, up], ts, None, act_bits=8 if self.kernel == 8 else 32, glu=True)
+
     def linear(self, xin: str, *names: str, out: str | None = None) -> str:
         """``xin @ W^T`` for the Linear weight ``names[0]``, or for several weights with the same input features
         concatenated along their outputs (one MatMul for q/k/v; each output column is the same dot product as in

@@ -212,6 +212,8 @@ int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64
 int mxk_cache_attention(const float *qkv, float *kc, float *vc, const int64_t *pos, const int64_t *slots,
                         const float *cos_t, const float *sin_t, const uint8_t *tree_mask, int64_t b, int64_t s,
                         int64_t h, int64_t hkv, int64_t d, int64_t ctx, float *out, int threads);
+/* out[r, i] = silu(y[r, i]) * y[r, half + i] for y [rows, 2 half] (mxkernel_attn.c: MXLinear's glu attribute) */
+void mxk_silu_mul(const float *y, int64_t rows, int64_t half, float *out);
 /* split [0, n) over up to `threads` parts of the pool, fn(ctx, i0, i1) each (mxkernel.c) */
 MXK_INTERNAL int mxk_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t n, int threads);
 /* A parallel-for the caller's runtime provides (onnxruntime's intra-op pool, mxkernel_ort.c): runs fn(usr, i) once for

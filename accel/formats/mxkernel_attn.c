@@ -216,6 +216,46 @@ static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_
 static void exps_avx2(float *sc, int64_t last, float m) { exps_portable(sc, last, m); }
 #endif
 
+/* The gated SiLU of a joined gate/up projection (ai.accel::MXLinear with glu = 1, mxkernel_ort.c): y [rows, 2 half]
+ * holds each row's gate then up outputs; out[r, i] = (g / (1 + exp(-g))) * u, g = y[r, i], u = y[r, half + i], with
+ * this file's exp (exp_portable; exp8_avx2 the same floats): float32 operations in that order (no product feeds a
+ * sum, so nothing contracts into an FMA), and the portable loop and the AVX2 loop agree bit for bit. silu(g) * u
+ * within a few ulp (the exp's 3 ulp; below g = -88 the exp's clamp leaves results under 1e-36 in magnitude), as
+ * onnxruntime's QuickGelu is (its own logistic approximation: the two differ in the last bits). */
+static void silu_mul_portable(const float *g, const float *u, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        float den = 1.0f + exp_portable(-g[i]);
+        float a = g[i] / den;
+        out[i] = a * u[i];
+    }
+}
+
+#if MXK_X86
+ATTN_AVX2 static void silu_mul_avx2(const float *g, const float *u, int64_t n, float *out) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 den = _mm256_add_ps(one, exp8_avx2(_mm256_xor_ps(gv, sign)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    }
+    silu_mul_portable(g + i, u + i, n - i, out + i);
+}
+#endif
+
+void mxk_silu_mul(const float *y, int64_t rows, int64_t half, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = y + r * 2 * half;
+#if MXK_X86
+        if (mxk_isa_cap() >= 1 && have_avx2()) {
+            silu_mul_avx2(g, g + half, half, out + r * half);
+            continue;
+        }
+#endif
+        silu_mul_portable(g, g + half, half, out + r * half);
+    }
+}
+
 /* query rows [r0, r1) of the B * S * H rows (b, s, hq) */
 static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
     const attn_t *a = arg;

@@ -133,6 +133,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_q8_block_sums.argtypes = [_p, _p, _i64, _i64, _int, _p]
     lib.mxk_q8_path.restype = _int
     lib.mxk_q8_path.argtypes = []
+    lib.mxk_silu_mul.restype = None
+    lib.mxk_silu_mul.argtypes = [_p, _i64, _i64, _p]
     lib.mxk_set_ort_threads.restype = None
     lib.mxk_set_ort_threads.argtypes = [_int]
     lib.mxk_pfor_calls.restype = ctypes.c_long

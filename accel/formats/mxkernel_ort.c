@@ -9,7 +9,9 @@
  * the blocks' scales (N * K / 32 * block_scale_bytes: float16 d, Q4_1 d then m; float32 d then m for Q4_F32 and the
  * 5-bit types, d0 m0 d1 m1 for I8_F32), lut
  * still a float32 [256] input that is not read. Attribute act_bits 8 (optional; default 32, float32 activations):
- * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and every GGUF type (fast 4..10).
+ * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and every GGUF type (fast 4..10). Attribute glu 1
+ * (optional; default 0): W's rows are a gate projection then an up projection (N even) and the output is
+ * [..., N / 2], silu(gate) * up (mxk_silu_mul, mxkernel_attn.c), the MLP's Split, activation and product in the node.
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
  * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already
  * builds and loads for PackedMX (mxkernel_build.py).
@@ -98,6 +100,7 @@ typedef struct {
     const ort_fn *api;
     int64_t n, k, bits, block, fast;
     int64_t act_bits; /* optional attribute: 8 = int8 activations per block (mxk_linear_q8), else float32 */
+    int64_t glu;      /* optional attribute: 1 = output silu(first N / 2 outputs) * last N / 2 */
     int sizes_ok; /* the codes and scales inputs were checked against N, K, bits and block (they are initializers) */
     int ort_pool; /* accel_op.ort_pool of the operator it was created from */
 } mxl_kernel;
@@ -150,6 +153,8 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
     if (m->act_bits != 32 &&
         !(m->act_bits == 8 && m->block == 32 && (m->fast == FAST_E2M3 || m->fast == FAST_E2M1 || is_gguf((int)m->fast))))
         m->n = -1;
+    if (failed(api, get(info, "glu", &m->glu))) m->glu = 0; /* absent: the product itself */
+    if (m->glu != 0 && (m->glu != 1 || m->n % 2 != 0)) m->n = -1;
     return m;
 }
 
@@ -190,15 +195,21 @@ static void mxl_compute(void *kernel, void *context) {
     int ok = m->n >= 0 && elem == ORT_FLOAT && dims[nd - 1] == m->k;
     int64_t rows = 1;
     for (int d = 0; d < nd - 1; d++) rows *= dims[d];
-    dims[nd - 1] = m->n > 0 ? m->n : 0;
+    const int64_t n_out = m->n > 0 ? (m->glu ? m->n / 2 : m->n) : 0;
+    dims[nd - 1] = n_out;
     void *out = NULL;
     if (failed(api, CALL(api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(context, 0, dims, (size_t)nd, &out)))
         return;
-    float *y = data_of(api, out);
+    float *const dst = data_of(api, out), *y = dst;
     const float *x = data_of(api, in[0]);
     const uint8_t *codes = data_of(api, in[1]), *scales = data_of(api, in[2]);
     const float *lut = data_of(api, in[3]);
-    if (y == NULL) return;
+    if (dst == NULL) return;
+    if (ok && m->glu) { /* the full product first, then its gated half into the output */
+        y = malloc(sizeof(float) * (size_t)(rows * m->n > 0 ? rows * m->n : 1));
+        ok = y != NULL;
+        if (y == NULL) y = dst;
+    }
     if (ok && !m->sizes_ok) { /* once per node: codes [N * K * bits / 8] bytes, scales [N * K / block] (GGUF: times
                                 * block_scale_bytes), lut [256] */
         int64_t cd[MXL_MAX_DIMS], sd[MXL_MAX_DIMS], ld[MXL_MAX_DIMS], count[3] = {1, 1, 1};
@@ -213,7 +224,8 @@ static void mxl_compute(void *kernel, void *context) {
         m->sizes_ok = ok;
     }
     if (!ok || x == NULL || codes == NULL || scales == NULL || lut == NULL) { /* not accel's graph: loud NaNs */
-        for (int64_t i = 0; i < rows * dims[nd - 1]; i++) y[i] = NAN;
+        for (int64_t i = 0; i < rows * n_out; i++) dst[i] = NAN;
+        if (y != dst) free(y);
         return;
     }
     int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
@@ -227,6 +239,10 @@ static void mxl_compute(void *kernel, void *context) {
                    rows, m->k, y, threads < 1 ? 1 : threads);
     }
     pool_off();
+    if (y != dst) {
+        mxk_silu_mul(y, rows, m->n / 2, dst);
+        free(y);
+    }
 }
 
 static void mxl_destroy(void *kernel) { free(kernel); }

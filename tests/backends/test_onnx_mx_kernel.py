@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from accel.backends import ExportWeights, OrtBackend, export_onnx
 from accel.backends.onnx_builder import GraphBuilder
-from accel.backends.onnx_mxlinear import DOMAIN, mx_linear, register_mx_kernel
+from accel.backends.onnx_mxlinear import DOMAIN, check_mx_kernel_graph, mx_linear, register_mx_kernel
 from accel.errors import BackendError
 from accel.formats import MXTensor, mxkernel_build, quantize
 from accel.formats.mxkernel import PackedMX
@@ -39,13 +39,13 @@ def _model(tied: bool = True, inter: int = 96, seed: int = 0) -> Decoder:
     return _tiny_model(tied=tied, inter=inter, seed=seed)
 
 
-def _node_session(mxs: list[MXTensor], act_bits: int = 32, spin: str | None = None, ndim: int = 2):
+def _node_session(mxs: list[MXTensor], act_bits: int = 32, spin: str | None = None, ndim: int = 2, glu: bool = False):
     """An onnxruntime session of one real MXLinear node computing ``x @ W^T`` for ``x`` of ``ndim`` dimensions (the
     weights joined along their outputs; ``act_bits`` 8: int8 activations per block; ``spin``: the session's
-    allow_spinning entry, None: the default)."""
+    allow_spinning entry, None: the default; ``glu``: silu of the first weight's outputs times the second's)."""
     g = GraphBuilder()
-    y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y", act_bits=act_bits)
-    k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs)
+    y = mx_linear(g, "x", [f"w{i}" for i in range(len(mxs))], mxs, "y", act_bits=act_bits, glu=glu)
+    k, n = mxs[0].shape[1], sum(m.shape[0] for m in mxs) // (2 if glu else 1)
     lead = [f"d{i}" for i in range(ndim - 1)]
     graph = helper.make_graph(
         g.nodes,
@@ -135,12 +135,16 @@ def test_logits_against_the_float_graph_of_the_same_weights(weights, element, tm
 
 
 def test_graph_runs_every_weight_on_the_kernel(tmp_path):
-    """A tied model: the head gets its own MXFP6 copy; every Linear is an MXLinear (q+k+v and gate+up joined), no
-    MatMul reads a weight, and the embedding stays float32 for its Gather."""
+    """A tied model: the head gets its own MXFP6 copy; every Linear is an MXLinear (q+k+v joined; gate+up joined with
+    the SiLU and the product in the node), no MatMul reads a weight, and the embedding stays float32 for its Gather."""
     path = export_onnx(_model(tied=True), tmp_path / "m.onnx", ctx_len=CTX, weights="mxfp6-kernel", progress=False)
     graph = onnx.load(str(path)).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("MXLinear") == 2 * 4 + 1
+    gated = [
+        n for n in graph.node if n.op_type == "MXLinear" and any(a.name == "glu" and a.i == 1 for a in n.attribute)
+    ]
+    assert len(gated) == 2 and "Sigmoid" not in ops
     inits = {t.name for t in graph.initializer}
     assert not [n for n in graph.node if n.op_type == "MatMul" and set(n.input) & inits]
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
@@ -206,3 +210,75 @@ def test_the_node_runs_on_onnxruntimes_pool_when_it_spins():
         assert lib.mxk_pfor_calls() == before + calls
     for y in outs:
         np.testing.assert_array_equal(y, PackedMX(mx).matmul(x))
+
+
+def _silu_mul_kernel(y: np.ndarray) -> np.ndarray:
+    """``mxk_silu_mul`` on rows ``y [R, 2 H]`` (gate, then up), on the path ``set_isa`` allows."""
+    y = np.ascontiguousarray(y, np.float32)
+    out = np.full((y.shape[0], y.shape[1] // 2), 7.0, np.float32)
+    mxkernel_build.load_kernel().mxk_silu_mul(y.ctypes.data, y.shape[0], y.shape[1] // 2, out.ctypes.data)
+    return out
+
+
+def test_gated_silu_is_the_same_on_every_path_and_within_a_few_ulp():
+    """The AVX2 loop (8 lanes, a tail of 3) and the portable loop give the same floats; against float64 silu(g) * u
+    within 8 ulp of the result (the exp's 3 ulp, a division and a product; below g = -88 the exp's argument is
+    clamped, and results under 1e-36 in magnitude are off by up to that), NaN and infinities as silu gives them."""
+    from accel.formats.mxkernel import set_isa
+
+    rng = np.random.default_rng(3)
+    g = (rng.standard_normal((3, 35)) * 4).astype(np.float32)
+    g[0, :8] = [0.0, -0.0, 90.0, -90.0, 1e-30, -1e-30, 20.0, -20.0]
+    u = rng.standard_normal((3, 35)).astype(np.float32)
+    u[1, 0] = np.inf
+    g[2, 1] = np.nan
+    y = np.concatenate([g, u], axis=1)
+    try:
+        set_isa(0)
+        portable = _silu_mul_kernel(y)
+        set_isa(3)
+        best = _silu_mul_kernel(y)
+    finally:
+        set_isa(3)
+    np.testing.assert_array_equal(portable.view(np.int32), best.view(np.int32))
+    g64 = g.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = g64 / (1 + np.exp(-g64)) * u
+    ok = np.isfinite(ref)
+    assert np.all(np.abs(best[ok] - ref[ok]) <= 8 * np.spacing(np.abs(ref[ok]).astype(np.float32)) + 1e-36)
+    assert np.abs(best[0, 3]) < 1e-36 and best[0, 2] == pytest.approx(90.0 * u[0, 2], rel=1e-6)
+    assert np.isnan(best[2, 1]) and np.isinf(best[1, 0])
+
+
+@pytest.mark.parametrize("act_bits", [32, 8])
+def test_the_gated_node_is_silu_of_the_gate_times_up(act_bits):
+    """One MXLinear with glu = 1 on [gate; up] equals the plain node's two halves through mxk_silu_mul bit for bit
+    (the same products), for 1 and 5 rows; an odd number of outputs is refused by the graph check."""
+    rng = np.random.default_rng(act_bits)
+    gate, up = (quantize(rng.standard_normal((24, 64)).astype(np.float32), "mxfp6_e2m3") for _ in range(2))
+    for rows in (1, 5):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        full = _run_node([gate, up], x, act_bits)
+        got = _node_session([gate, up], act_bits, glu=True).run(None, {"x": x})[0]
+        assert got.shape == (rows, 24)
+        np.testing.assert_array_equal(got.view(np.int32), _silu_mul_kernel(full).view(np.int32))
+    with pytest.raises(BackendError, match="gate and an up weight"):
+        mx_linear(GraphBuilder(), "x", ["g", "u", "v"], [gate, up, up], None, glu=True)
+
+
+@pytest.mark.parametrize("glu", [2, 1])
+def test_the_graph_check_refuses_a_gated_node_accel_does_not_write(tmp_path, glu):
+    """glu must be 0 or 1, and 1 needs an even number of outputs (the head's 96 + 1 rows: odd)."""
+    path = export_onnx(_model(tied=True), tmp_path / "m.onnx", ctx_len=CTX, weights="mxfp6-kernel", progress=False)
+    model = onnx.load(str(path))
+    check_mx_kernel_graph(path)
+    node = next(n for n in model.graph.node if n.op_type == "MXLinear" and any(a.name == "glu" for a in n.attribute))
+    if glu == 2:
+        next(a for a in node.attribute if a.name == "glu").i = 2
+    else:  # the head node, gated, with its N made odd (its sizes then disagree too: the attributes are read first)
+        node = next(n for n in model.graph.node if n.op_type == "MXLinear" and n.output[0] != node.output[0])
+        node.attribute.append(helper.make_attribute("glu", 1))
+        next(a for a in node.attribute if a.name == "N").i = 97
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(BackendError, match="glu 0 or 1 with N even"):
+        check_mx_kernel_graph(tmp_path / "bad.onnx")
