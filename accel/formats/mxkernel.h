@@ -299,6 +299,13 @@ MXK_AVX2 static inline __m256i dot_u8s8_avx2(__m256i aw, __m256i sx) {
 MXK_VNNI static inline __m256i dot_u8s8_vnni(__m256i aw, __m256i sx) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
 }
+/* (acc0 + acc1) + (acc2 + acc3) lane by lane, from the 512-bit accumulators a01 = acc0 | acc1 and a23 = acc2 | acc3
+ * of the int8-activation paths' two-blocks-a-register loops (their 256-bit halves) */
+MXK_VNNI static inline __m256 pair_acc_sum(__m512 a01, __m512 a23) {
+    const __m256 hi01 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1));
+    const __m256 hi23 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1));
+    return _mm256_add_ps(_mm256_add_ps(_mm512_castps512_ps256(a01), hi01), _mm256_add_ps(_mm512_castps512_ps256(a23), hi23));
+}
 
 #define MXK_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")))
 /* the 32 codes of a block -> value * 2^shift as int8 (256-bit VBMI ops): a masked load of the block's bytes, vpermb

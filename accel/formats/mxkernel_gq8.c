@@ -366,7 +366,8 @@ GQ8_V512 static inline __attribute__((always_inline)) void gq8_tile512(const job
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const int64_t at = (s0 + r) * nb + g;
             cvec[r] = _mm256_mul_ps(_mm256_loadu_ps(d), load8(j->xd + at, cnt));
-            if (has_offset(fast)) off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
+            if (has_offset(fast))
+                off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(_mm256_loadu_ps(m), load8(j->xu + at, cnt)));
         }
         _mm_prefetch((const char *)(row + bytes * g) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)(row + bytes * (g + 4)) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
@@ -376,12 +377,7 @@ GQ8_V512 static inline __attribute__((always_inline)) void gq8_tile512(const job
         if (cnt > 7) GQ8_PAIR512(1, 6); else if (cnt > 6) GQ8_SINGLE512(1, 6);
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const __m512 a01 = acc[r][0], a23 = acc[r][1];
-        const __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
-                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
-        const __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
-                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
-        float y = hsum8(_mm256_add_ps(t01, t23));
+        float y = hsum8(pair_acc_sum(acc[r][0], acc[r][1]));
         if (has_offset(fast)) y = y + hsum8(off[r]);
         j->y[(s0 + r) * j->n + n] = y;
     }

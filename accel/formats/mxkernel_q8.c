@@ -285,9 +285,7 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
     } else if (b < j->nblocks) {
         Q8_SINGLE(a01, b);
     }
-    __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
-    __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
-    j->y[s * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
+    j->y[s * j->n + n] = q8_hsum(pair_acc_sum(a01, a23));
 }
 
 /* The x rows of a verify call, in tiles of R (MXK_X_TILES): blocks B, B + 1 decoded and their signs taken once for the
@@ -297,8 +295,9 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
     do {                                                                                                             \
         const __m512i w = pair_ints_vbmi(fast, row + bytes * (B)), aw = _mm512_abs_epi8(w);                          \
         const __mmask64 neg = _mm512_movepi8_mask(w);                                                                \
-        const __m512 wsv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(tab[sc[(B)]])),      \
-                                                               _mm256_castps_pd(_mm256_set1_ps(tab[sc[(B) + 1]])), 1)); \
+        const __m512d ws0 = _mm512_castps_pd(_mm512_set1_ps(tab[sc[(B)]]));                                        \
+        const __m256d ws1 = _mm256_castps_pd(_mm256_set1_ps(tab[sc[(B) + 1]]));                                    \
+        const __m512 wsv = _mm512_castpd_ps(_mm512_insertf64x4(ws0, ws1, 1));                                        \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
             const int64_t at = (s0 + r) * nb + (B);                                                                  \
             const __m512i x = _mm512_loadu_si512((const void *)(j->xq + 32 * at));                                  \
@@ -318,7 +317,8 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_row_vbmi(const job_
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                      \
             const int64_t at = (s0 + r) * nb + (B);                                                                  \
             const __m256i x = _mm256_loadu_si256((const __m256i *)(j->xq + 32 * at));                               \
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w))); \
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));             \
+            const __m256 f = _mm256_cvtepi32_ps(p);                                                                  \
             const __m256 prod = _mm256_mul_ps(f, _mm256_set1_ps(ws * j->xd[at]));                                    \
             acc[r][A] = _mm512_mask_add_ps(acc[r][A], 0x00FF, acc[r][A], _mm512_castps256_ps512(prod));             \
         }                                                                                                            \
@@ -347,12 +347,7 @@ Q8_VBMI static inline __attribute__((always_inline)) void q8_tile_vbmi(const job
         Q8_TILE_SINGLE(0, b);
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const __m512 a01 = acc[r][0], a23 = acc[r][1];
-        const __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(a01),
-                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a01), 1)));
-        const __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(a23),
-                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a23), 1)));
-        j->y[(s0 + r) * j->n + n] = q8_hsum(_mm256_add_ps(t01, t23));
+        j->y[(s0 + r) * j->n + n] = q8_hsum(pair_acc_sum(acc[r][0], acc[r][1]));
     }
 }
 #define Q8_VBMI_TILE(n, s0, R) Q8_TILE_CALL(q8_tile_vbmi, n, s0, R)
