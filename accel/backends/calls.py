@@ -1,13 +1,15 @@
 """What one backend call takes and its validation, shared by every backend (re-exported by ``accel.backends.base``,
 whose protocols use them): ``BackendInfo`` (the facts a call is checked against), the inputs of a tree call
 (``TreeInputs``) and of a superposed one (``MixInputs``), and the checks ``check_step_inputs`` (ids and positions),
-``check_extensions`` (features, hidden states), ``check_mix``, ``check_tree_inputs`` (``chain_tree_inputs`` builds a
-chain call's) and ``check_moves`` (``move_cache``). Each check returns the arrays in the dtype and layout a runtime
-takes, or raises ``BackendError`` naming the problem (docs/backends.md)."""
+``check_extensions`` (features, hidden states; ``check_float_rows`` for any per-token float input), ``check_mix``,
+``check_tree_inputs`` (``chain_tree_inputs`` builds a chain call's) and ``check_moves`` (``move_cache``). Each check
+returns the arrays in the dtype and layout a runtime takes, or raises ``BackendError`` naming the problem
+(docs/backends.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +21,7 @@ __all__ = [
     "TreeInputs",
     "chain_tree_inputs",
     "check_extensions",
+    "check_float_rows",
     "check_mix",
     "check_moves",
     "check_step_inputs",
@@ -141,12 +144,18 @@ def check_extensions(
         return None
     if features is None:
         raise BackendError(f"this backend is a feature draft: forward needs features [B, S, {info.feature_size}]")
-    f = np.asarray(features)
-    want = (*ids.shape, info.feature_size)
+    return check_float_rows(features, (*ids.shape, info.feature_size), "features", "[batch, seq, feature_size]")
+
+
+def check_float_rows(value: Any, want: tuple[int, ...], name: str, layout: str) -> np.ndarray:
+    """``value`` (a call's per-token float input: features, a stage's ``hidden_in``) as C-contiguous, writeable
+    float32 of shape ``want``; ``BackendError`` naming ``name`` and its ``layout`` when the shape differs, and when
+    the values are not floating point or hold NaN/inf."""
+    f = np.asarray(value)
     if f.shape != want:
-        raise BackendError(f"features have shape {f.shape}; expected {want} ([batch, seq, feature_size])")
+        raise BackendError(f"{name} has shape {f.shape}; expected {want} ({layout})")
     if not np.issubdtype(f.dtype, np.floating) or not np.all(np.isfinite(f)):
-        raise BackendError("features must be finite floating-point values")
+        raise BackendError(f"{name} must hold finite floating-point values")
     return np.require(f, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
 
 

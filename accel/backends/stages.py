@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from accel.backends.base import BackendInfo, legacy_forward
-from accel.backends.calls import check_step_inputs
+from accel.backends.calls import check_float_rows, check_step_inputs
 from accel.errors import BackendError
 
 __all__ = [
@@ -187,12 +187,7 @@ def check_hidden_in(info: BackendInfo, stage: StageSpec, position_ids: np.ndarra
         return np.asarray(input_ids)
     if input_ids is not None or hidden_in is None:
         raise BackendError(f"stage [{stage.start}, {stage.stop}) reads hidden_in [B, S, hidden], not input_ids")
-    h = np.asarray(hidden_in)
-    want = (*pos.shape, info.hidden_size)
-    if h.shape != want:
-        raise BackendError(f"hidden_in has shape {h.shape}; expected {want} ([batch, seq, hidden])")
-    if not np.issubdtype(h.dtype, np.floating) or not np.all(np.isfinite(h)):
-        raise BackendError("hidden_in must hold finite floating-point values")
+    check_float_rows(hidden_in, (*pos.shape, info.hidden_size), "hidden_in", "[batch, seq, hidden]")
     return np.zeros(pos.shape, np.int64)
 
 
