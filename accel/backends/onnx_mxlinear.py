@@ -25,6 +25,7 @@ from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
 from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
 from accel.formats.ggml import GGML_TYPES, GGMLTensor
+from accel.formats.ggml_x16 import GROUP, X16_TYPES, interleave16, x16_runs
 from accel.formats.mxkernel import code_table, default_threads, fast_code
 from accel.formats.mxkernel_build import kernel_status, load_kernel
 
@@ -74,9 +75,14 @@ def mx_linear(
         raise BackendError(f"weights {tuple(names)} differ in input features or format; they cannot share an MXLinear")
     if glu and (len(ts) != 2 or ts[0].shape != ts[1].shape):
         raise BackendError(f"a gated MXLinear needs a gate and an up weight of one shape; got {tuple(names)}")
+    interleave = 0
     if isinstance(ts[0], GGMLTensor):
         joined = GGMLTensor.concat(ts)
-        codes, scales = [joined.codes.reshape(-1)], [joined.scales.reshape(joined.shape[0], -1)]
+        if act_bits == 8 and x16_runs(joined):  # Q8_0, Q4_0, Q4_1: 16 rows interleaved (accel.formats.ggml_x16)
+            c16, s16 = interleave16(joined)
+            codes, scales, interleave = [c16], [s16], GROUP
+        else:
+            codes, scales = [joined.codes.reshape(-1)], [joined.scales.reshape(joined.shape[0], -1)]
         bits, fast, table = joined.qtype.bits, joined.qtype.fast, np.zeros(256, np.float32)
     else:
         codes, scales = zip(*(_packed(n, t) for n, t in zip(names, ts, strict=True)), strict=True)
@@ -105,6 +111,7 @@ def mx_linear(
         fast=int(fast),
         **({"act_bits": 8} if act_bits == 8 else {}),
         **({"glu": 1} if glu else {}),
+        **({"interleave": interleave} if interleave else {}),
     )
 
 
@@ -139,9 +146,10 @@ def check_mx_kernel_graph(path: str | Path) -> None:
 
     Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..10 = GGUF Q8_0/Q4_0/Q4_1/
     Q4_F32/I8_F32/Q5S_F32/Q5_F32 with ``bits`` 8/4/4/4/8/5/5; ``block`` 32, ``K`` a multiple of 32, ``act_bits``
-    absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts, ``glu`` absent, 0 or 1 with ``N`` even), the codes and
-    scales initializers (uint8, ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale
-    bytes) and the value table (the format's
+    absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts, ``glu`` absent, 0 or 1 with ``N`` even, ``interleave``
+    absent, 0 or 16 with ``act_bits`` 8 and Q8_0/Q4_0/Q4_1), the codes and scales initializers (uint8,
+    ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale bytes; interleaved: ``N`` rounded
+    up to a multiple of 16) and the value table (the format's
     ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a
     multiple of ``num_kv_heads``. The kernel itself computes NaN for sizes it does not expect, but a ``fast`` code
     that disagrees with ``bits`` or a foreign value table gives other numbers without a word (fast 2 on MXFP6 codes:
@@ -178,7 +186,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
             f"{where}: accel's kernel domain has two operators, MXLinear (4 inputs, 1 output) and CacheAttention "
             "(8 inputs, 3 outputs)"
         )
-    if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits", "glu"} or any(
+    if not _REQUIRED_ATTRS <= set(attrs) <= {*_REQUIRED_ATTRS, "act_bits", "glu", "interleave"} or any(
         a.type != AttributeProto.INT for a in attrs.values()
     ):
         raise BackendError(f"{where}: attributes {sorted(attrs)}; MXLinear has the ints {sorted(_REQUIRED_ATTRS)}")
@@ -197,16 +205,20 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
         or (act_bits == 8 and a["fast"] == 3)
         or a.get("glu", 0) not in (0, 1)
         or (a.get("glu", 0) == 1 and a["N"] % 2)
+        or a.get("interleave", 0) not in (0, GROUP)
+        or (a.get("interleave", 0) and (act_bits != 8 or ggml is None or ggml.name not in X16_TYPES))
     ):
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
             "4..10 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32/Q5S_F32/Q5_F32 with bits 8/4/4/4/8/5/5, block 32, K a multiple "
-            "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts, glu 0 or 1 with N even)"
+            "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts, glu 0 or 1 with N even, interleave 0, or 16 "
+            "with act_bits 8 and Q8_0/Q4_0/Q4_1)"
         )
     scale_bytes = ggml.scale_bytes if ggml is not None else 1
+    rows = -(-a["N"] // GROUP) * GROUP if a.get("interleave", 0) else a["N"]  # interleaved: whole groups of 16
     want = {
-        node.input[1]: (TensorProto.UINT8, a["N"] * a["K"] * a["bits"] // 8, "codes"),
-        node.input[2]: (TensorProto.UINT8, a["N"] * a["K"] // 32 * scale_bytes, "scales"),
+        node.input[1]: (TensorProto.UINT8, rows * a["K"] * a["bits"] // 8, "codes"),
+        node.input[2]: (TensorProto.UINT8, rows * a["K"] // 32 * scale_bytes, "scales"),
         node.input[3]: (TensorProto.FLOAT, 256, "value table"),
     }
     for name, (dtype, count, what) in want.items():

@@ -21,6 +21,7 @@ import numpy as np
 
 from accel.errors import FormatError
 from accel.formats.ggml import BLOCK, GGMLTensor
+from accel.formats.ggml_x16 import interleave16, reference_q8_x16
 from accel.formats.mxkernel import MIN_WEIGHTS_PER_THREAD, KernelWeight, default_threads
 from accel.formats.mxkernel_build import load_kernel
 from accel.formats.mxkernel_q8 import linear_q8_call, reference_q8_ggml
@@ -46,6 +47,7 @@ class GGMLKernel(KernelWeight):
         self._scales = np.ascontiguousarray(t.scales)
         self._lib = load_kernel() if use_kernel else None
         self._dense: np.ndarray | None = None
+        self._x16: tuple[np.ndarray, np.ndarray] | None = None  # the interleaved planes, made on first use
         # the weight's pointers, taken once (numpy's .ctypes attribute costs microseconds a call)
         self._ptrs = (self._codes.ctypes.data, self._scales.ctypes.data)
         self._auto_threads = max(
@@ -129,4 +131,35 @@ class GGMLKernel(KernelWeight):
         y = linear_q8_call(
             self._lib, self._ptrs, q.fast, self.out_features, self.tensor.nblocks, x2, self._threads(threads)
         )
+        return y.reshape(*lead, self.out_features)
+
+    def matmul_q8_x16(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """``matmul_q8`` on the weight's blocks interleaved 16 rows at a time (``accel.formats.ggml_x16``; ``Q8_0``,
+        ``Q4_0``, ``Q4_1``, FormatError for another type): float32 ``[..., K]`` -> float32 ``[..., N]``, equal bit for
+        bit to ``reference_q8_x16`` (the numpy reference itself where the kernel is not built). The interleaved
+        planes (the blocks' own bytes, rearranged) are made on the first call and kept."""
+        x, lead, rows = self._activations(x)
+        x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
+        if self._lib is None:
+            return reference_q8_x16(self.tensor, x2).reshape(*lead, self.out_features)
+        if self._x16 is None:
+            self._x16 = interleave16(self.tensor)
+        codes, scales = self._x16
+        y = np.empty((rows, self.out_features), np.float32)
+        rc = self._lib.mxk_linear_x16(
+            codes.ctypes.data,
+            scales.ctypes.data,
+            self.tensor.qtype.fast,
+            self.out_features,
+            self.tensor.nblocks,
+            x2.ctypes.data,
+            rows,
+            self.in_features,
+            y.ctypes.data,
+            self._threads(threads),
+        )
+        if rc == -2:
+            raise MemoryError("matmul_q8_x16: the kernel could not allocate the quantized activations")
+        if rc != 0:
+            raise FormatError(f"matmul_q8_x16: the kernel refused {self.tensor.qtype.name} blocks (code {rc})")
         return y.reshape(*lead, self.out_features)

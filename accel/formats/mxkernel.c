@@ -45,6 +45,8 @@ static void *run_part(void *arg) {
         p->job->fn(p->job->fn_ctx, p->n0, p->n1);
     else if (p->decode_out)
         decode_rows_portable(p->job, p->n0, p->n1, p->decode_out);
+    else if (p->job->x16)
+        linear_gx16(p->job, p->n0, p->n1, p->job->q8_path);
     else if (p->job->xq && is_gguf(p->job->fast))
         linear_gq8(p->job, p->n0, p->n1, p->job->q8_path);
     else if (p->job->xq)
@@ -269,7 +271,7 @@ int mxk_fast_path(int fast, int block) {
 int mxk_decode(const uint8_t *codes, const uint8_t *scales, const float *lut, int bits, int block, int64_t n,
                int64_t nblocks, float *out, int threads) {
     job_t j = {codes, scales, lut,  NULL, NULL, n,    nblocks * block, nblocks, 0,
-               0,     bits,   block, FAST_NONE, NULL, NULL, 0,         NULL,    NULL, NULL};
+               0,     bits,   block, FAST_NONE, NULL, NULL, 0,         NULL,    NULL, NULL, 0, 0, NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -279,7 +281,7 @@ int mxk_decode_ggml(const uint8_t *codes, const uint8_t *scales, int fast, int64
                     int threads) {
     if (!is_gguf(fast)) return -1;
     job_t j = {codes, scales, NULL, NULL, NULL, n, nblocks * 32, nblocks, 0, 0, gguf_bits(fast), 32, fast, NULL, NULL,
-               0, NULL, NULL, NULL};
+               0, NULL, NULL, NULL, 0, 0, NULL};
     return run_parts(&j, threads, out);
 }
 
@@ -292,7 +294,8 @@ int mxk_linear(const uint8_t *codes, const uint8_t *scales, const float *lut, in
                int threads) {
     if (fast < FAST_NONE || fast > FAST_MAX) return -1;
     if (is_gguf(fast) && (bits != gguf_bits(fast) || block != 32 || k != nblocks * 32)) return -1;
-    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0, NULL, NULL, NULL};
+    job_t j = {codes, scales, lut, x, y, n, k, nblocks, s, xstride, bits, block, fast, NULL, NULL, 0, NULL, NULL, NULL,
+               0, 0, NULL};
     return run_parts(&j, threads, NULL);
 }
 
@@ -343,12 +346,66 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     if (u) mxk_q8_block_sums(q, d, s, nblocks, halves, u);
     int bits = fast == FAST_E2M3 ? 6 : is_gguf(fast) ? gguf_bits(fast) : 4;
     job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
-               NULL,  NULL, u};
+               NULL,  NULL, u, 0, 0, NULL};
     int rc = run_parts(&j, threads, NULL);
     if (!small) {
         free(q);
         free(d);
         free(u);
+    }
+    return rc;
+}
+
+/* y[S, N] = q8(x)[S, K] @ W^T for Q8_0, Q4_0 or Q4_1 blocks (fast 4, 5, 6) interleaved 16 rows at a time
+ * (mxkernel_gx16.c: ceil(N / 16) groups in the planes); -1 for another format, -2 when out of memory */
+int mxk_linear_x16(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
+                   int64_t s, int64_t xstride, float *y, int threads) {
+    if (fast != FAST_Q8_0 && fast != FAST_Q4_0 && fast != FAST_Q4_1) return -1;
+    const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
+    int8_t q_small[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
+    float d_small[Q8_STACK_BLOCKS], u_small[Q8_STACK_BLOCKS];
+    int32_t sq_small[Q8_STACK_BLOCKS];
+    const int small = rb <= Q8_STACK_BLOCKS;
+    int8_t *q = small ? q_small : (int8_t *)malloc((size_t)(32 * rb));
+    float *d = small ? d_small : (float *)malloc(sizeof(float) * (size_t)rb);
+    float *u = small ? u_small : (float *)malloc(sizeof(float) * (size_t)rb);
+    int32_t *sq = small ? sq_small : (int32_t *)malloc(sizeof(int32_t) * (size_t)rb);
+    int rc = -2;
+    if (q && d && u && sq) {
+        mxk_quantize_q8(x, s, xstride, nblocks, q, d);
+        for (int64_t i = 0; i < s * nblocks; i++) {
+            int32_t sum = 0;
+            for (int e = 0; e < 32; e++) sum += q[32 * i + e];
+            sq[i] = sum;
+            u[i] = d[i] * (float)sum;
+        }
+        job_t j;
+        memset(&j, 0, sizeof j);
+        j.codes = codes;
+        j.scales = scales;
+        j.y = y;
+        j.n = (n + 15) / 16;
+        j.width = n;
+        j.k = nblocks * 32;
+        j.nblocks = nblocks;
+        j.s = s;
+        j.xstride = xstride;
+        j.bits = gguf_bits(fast);
+        j.block = 32;
+        j.fast = fast;
+        j.xq = q;
+        j.xd = d;
+        j.xu = u;
+        j.xs = sq;
+        j.x16 = 1;
+        j.q8_path = mxk_q8_path();
+        rc = run_parts(&j, threads, NULL);
+    }
+    if (!small) {
+        free(q);
+        free(d);
+        free(u);
+        free(sq);
     }
     return rc;
 }

@@ -59,7 +59,7 @@
 #define MXK_X86 0
 #endif
 
-#define MXK_VERSION 7
+#define MXK_VERSION 8
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -144,6 +144,10 @@ typedef struct {
     void (*fn)(const void *fn_ctx, int64_t i0, int64_t i1);
     const void *fn_ctx;
     const float *xu; /* GGUF blocks with an offset (mxkernel_gq8.c): xd * the sum of each block's int8 codes [S, nblocks] */
+    /* an interleaved job (mxkernel_gx16.c): n counts groups of 16 W rows, width the outputs a y row holds */
+    int x16;
+    int64_t width;
+    const int32_t *xs; /* the sum of each block's int8 codes [S, nblocks] */
 } job_t;
 
 /* 2^(s - 127 - shift) of E8M0 code s; NaN for 0xFF */
@@ -199,6 +203,8 @@ MXK_INTERNAL void linear_vbmi(const job_t *j, int64_t n0, int64_t n1);
 MXK_INTERNAL void linear_gguf_avx512(const job_t *j, int64_t n0, int64_t n1); /* GGUF blocks, AVX-512F */
 MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
 MXK_INTERNAL void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path); /* GGUF blocks (mxkernel_gq8.c) */
+/* groups [g0, g1) of 16 W rows in the interleaved layout (mxkernel_gx16.c) */
+MXK_INTERNAL void linear_gx16(const job_t *j, int64_t g0, int64_t g1, int path);
 /* u[r, b, h] = d[r, b] * (float)sum of block b's codes (halves 1) or of each half's (halves 2) (mxkernel_gq8.c) */
 void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u);
 /* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
@@ -225,6 +231,8 @@ MXK_INTERNAL void mxk_use_pfor(mxk_pfor_t pfor, void *pctx);
 long mxk_pfor_calls(void); /* calls that ran on a runtime's parallel-for (mxk_use_pfor) */
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads);
+int mxk_linear_x16(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
+                   int64_t s, int64_t xstride, float *y, int threads);
 /* whether the CPU runs a path (0 where it was not compiled for x86-64) */
 MXK_INTERNAL int have_avx2(void);
 MXK_INTERNAL int have_vbmi(void);

@@ -2,7 +2,8 @@
 
 The C sources ship inside the package: ``mxkernel.h`` (what the files share) and ``mxkernel.c`` (the API, the path
 dispatch, the thread pool), ``mxkernel_portable.c``, ``mxkernel_avx2.c``, ``mxkernel_vbmi.c`` (one file per path),
-``mxkernel_q8.c`` and ``mxkernel_gq8.c`` (int8 activations, integer dot products: MX and GGUF blocks) and
+``mxkernel_q8.c``, ``mxkernel_gq8.c`` and ``mxkernel_gx16.c`` (int8 activations, integer dot products: MX blocks,
+GGUF blocks as stored and GGUF blocks interleaved 16 rows at a time) and
 ``mxkernel_ort.c`` (the onnxruntime operator ``ai.accel::MXLinear``, registered by ``accel.backends.onnx_mxlinear``),
 compiled together into one library. On the first call the library is compiled with ``$CC`` (else ``cc``, else
 ``gcc``) into ``$ACCEL_CACHE/mxkernel/`` (``ACCEL_CACHE`` defaults to ``~/.cache/accel``) under a name that hashes the
@@ -29,11 +30,11 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 #: the C files compiled together (the API file first) and the header they share
-_PARTS = ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_gq8", "_attn", "_ort")
+_PARTS = ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_gq8", "_gx16", "_attn", "_ort")
 SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in _PARTS)
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 7
+VERSION = 8
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -127,6 +128,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_linear.argtypes = [_p, _p, _p, _int, _int, _int, _i64, _i64, _i64, _p, _i64, _i64, _p, _int]
     lib.mxk_linear_q8.restype = _int
     lib.mxk_linear_q8.argtypes = [_p, _p, _int, _i64, _i64, _p, _i64, _i64, _p, _int]
+    lib.mxk_linear_x16.restype = _int
+    lib.mxk_linear_x16.argtypes = [_p, _p, _int, _i64, _i64, _p, _i64, _i64, _p, _int]
     lib.mxk_quantize_q8.restype = None
     lib.mxk_quantize_q8.argtypes = [_p, _i64, _i64, _i64, _p, _p]
     lib.mxk_q8_block_sums.restype = None

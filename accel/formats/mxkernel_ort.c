@@ -12,6 +12,9 @@
  * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and every GGUF type (fast 4..10). Attribute glu 1
  * (optional; default 0): W's rows are a gate projection then an up projection (N even) and the output is
  * [..., N / 2], silu(gate) * up (mxk_silu_mul, mxkernel_attn.c), the MLP's Split, activation and product in the node.
+ * Attribute interleave 16 (optional; default 0, the stored layout; only with act_bits 8 and Q8_0, Q4_0, Q4_1): the
+ * planes hold the blocks interleaved 16 rows at a time (mxkernel_gx16.c, ceil(N / 16) groups: the sizes of N rounded
+ * up to a multiple of 16) and mxk_linear_x16 runs them.
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
  * RegisterCustomOpsLibrary (Python: SessionOptions.register_custom_ops_library) on this library, which accel already
  * builds and loads for PackedMX (mxkernel_build.py).
@@ -101,6 +104,7 @@ typedef struct {
     int64_t n, k, bits, block, fast;
     int64_t act_bits; /* optional attribute: 8 = int8 activations per block (mxk_linear_q8), else float32 */
     int64_t glu;      /* optional attribute: 1 = output silu(first N / 2 outputs) * last N / 2 */
+    int64_t interleave; /* optional attribute: 16 = the interleaved layout of mxkernel_gx16.c, else 0 */
     int sizes_ok; /* the codes and scales inputs were checked against N, K, bits and block (they are initializers) */
     int ort_pool; /* accel_op.ort_pool of the operator it was created from */
 } mxl_kernel;
@@ -155,6 +159,10 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
         m->n = -1;
     if (failed(api, get(info, "glu", &m->glu))) m->glu = 0; /* absent: the product itself */
     if (m->glu != 0 && (m->glu != 1 || m->n % 2 != 0)) m->n = -1;
+    if (failed(api, get(info, "interleave", &m->interleave))) m->interleave = 0; /* absent: the stored layout */
+    if (m->interleave != 0 && !(m->interleave == 16 && m->act_bits == 8 &&
+                                (m->fast == FAST_Q8_0 || m->fast == FAST_Q4_0 || m->fast == FAST_Q4_1)))
+        m->n = -1;
     return m;
 }
 
@@ -218,9 +226,10 @@ static void mxl_compute(void *kernel, void *context) {
         for (int d = 0; d < cn; d++) count[0] *= cd[d];
         for (int d = 0; d < sn; d++) count[1] *= sd[d];
         for (int d = 0; d < ln; d++) count[2] *= ld[d];
+        const int64_t rows_w = m->interleave ? (m->n + 15) / 16 * 16 : m->n; /* interleaved: whole groups */
         ok = cn >= 0 && sn >= 0 && ln >= 0 && ce == ORT_UINT8 && se == ORT_UINT8 && le == ORT_FLOAT &&
-             count[0] == m->n * m->k * m->bits / 8 &&
-             count[1] == m->n * (m->k / m->block) * block_scale_bytes((int)m->fast) && count[2] == 256;
+             count[0] == rows_w * m->k * m->bits / 8 &&
+             count[1] == rows_w * (m->k / m->block) * block_scale_bytes((int)m->fast) && count[2] == 256;
         m->sizes_ok = ok;
     }
     if (!ok || x == NULL || codes == NULL || scales == NULL || lut == NULL) { /* not accel's graph: loud NaNs */
@@ -231,7 +240,10 @@ static void mxl_compute(void *kernel, void *context) {
     int64_t per_thread = (int64_t)1 << 16, weights = m->n * m->k;
     int threads = weights / per_thread < ort_threads ? (int)(weights / per_thread) : ort_threads;
     pool_on(context, m->ort_pool);
-    if (m->act_bits == 8) {
+    if (m->interleave) {
+        if (mxk_linear_x16(codes, scales, (int)m->fast, m->n, m->k / 32, x, rows, m->k, y, threads < 1 ? 1 : threads))
+            for (int64_t i = 0; i < rows * m->n; i++) y[i] = NAN; /* out of memory: loud NaNs */
+    } else if (m->act_bits == 8) {
         if (mxk_linear_q8(codes, scales, (int)m->fast, m->n, m->k / 32, x, rows, m->k, y, threads < 1 ? 1 : threads))
             for (int64_t i = 0; i < rows * m->n; i++) y[i] = NAN; /* out of memory: loud NaNs */
     } else {

@@ -13,8 +13,9 @@ installs Debian's ``qemu-user``) or the machine is not x86-64.
   by ~1% of their range, with the same error against fp32.
 - ``*-kernel`` (accel's fused MX kernel): the emulated CPU runs its AVX2 path, with the same results; with int8
   activations (``*-kernel-q8``) the kernel's results are the same bit for bit.
-- GGUF blocks on the kernel (``Q4_1`` as stored; ``Q4_K``, ``Q6_K``, ``Q5_0`` repacked): the AVX2 path's weights are
-  the ``gguf`` package's values bit for bit, its products this CPU's to float32 summation order.
+- GGUF blocks on the kernel (``Q8_0``, ``Q4_0``, ``Q4_1`` as stored; ``Q4_K``, ``Q6_K``, ``Q5_0`` repacked): the
+  AVX2 path's weights are the ``gguf`` package's values bit for bit, its products this CPU's to float32 summation
+  order; with int8 activations on the blocks interleaved 16 rows at a time, the same bits.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ GRAPHS = {
 
 
 #: GGUF block types run by the kernel's AVX2 path on the emulated CPU (as stored, and the two repacked layouts)
-GGUF_TYPES = ("Q4_1", "Q4_K", "Q6_K", "Q5_0")
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0")
 
 
 def _raw_blocks(rng: np.random.Generator, name: str, n: int, k: int, small: bool) -> np.ndarray:
@@ -145,3 +146,13 @@ def test_kernel_q8_path_equals_native_bit_for_bit(runs):
     (VNNI where it has it) give the same bits."""
     native, emu = runs
     assert np.array_equal(emu["mx_q8_y"].view(np.int32), native["mx_q8_y"].view(np.int32))
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_interleaved_gguf_q8_path_equals_native_bit_for_bit(runs, name):
+    """GGUF blocks interleaved 16 rows at a time, int8 activations: the AVX2 path (8 rows a register, vpmaddubsw)
+    and this CPU's best (VNNI where it has it) give the same bits."""
+    native, emu = runs
+    key = f"gguf_{name}_x16_y"
+    assert np.array_equal(emu[key].view(np.int32), native[key].view(np.int32))
+    assert np.isfinite(native[key]).all()

@@ -346,9 +346,12 @@ def test_numpy_fallback_when_forced(monkeypatch, rng):
 # ------------------------------------------------------------------------------------------------ onnxruntime
 
 
-def _run_node(t: GGMLTensor, x: np.ndarray, **attrs: int) -> np.ndarray:
-    """``x @ W^T`` by one ``ai.accel::MXLinear`` node (fast 4, 5, 6) in a real onnxruntime session; ``attrs``
-    override the node's attributes (a graph accel would not write)."""
+def _run_node(
+    t: GGMLTensor, x: np.ndarray, planes: tuple[np.ndarray, np.ndarray] | None = None, **attrs: int
+) -> np.ndarray:
+    """``x @ W^T`` by one ``ai.accel::MXLinear`` node (fast 4, 5, 6) in a real onnxruntime session; ``planes``: the
+    code and scale planes to give it (default: ``t``'s as stored); ``attrs`` override the node's attributes (a graph
+    accel would not write)."""
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
@@ -356,9 +359,10 @@ def _run_node(t: GGMLTensor, x: np.ndarray, **attrs: int) -> np.ndarray:
     from accel.backends.onnx_mxlinear import DOMAIN, register_mx_kernel
 
     n, k = t.shape
+    codes, scales = planes if planes is not None else (t.codes, t.scales)
     inits = [
-        numpy_helper.from_array(np.ascontiguousarray(t.codes).reshape(-1), "codes"),
-        numpy_helper.from_array(np.ascontiguousarray(t.scales).reshape(n, -1), "scales"),
+        numpy_helper.from_array(np.ascontiguousarray(codes).reshape(-1), "codes"),
+        numpy_helper.from_array(np.ascontiguousarray(scales).reshape(-1), "scales"),
         numpy_helper.from_array(np.zeros(256, np.float32), "lut"),
     ]
     node_attrs = {"N": n, "K": k, "bits": t.qtype.bits, "block": 32, "fast": t.qtype.fast, **attrs}
