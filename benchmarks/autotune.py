@@ -3,7 +3,8 @@
     python benchmarks/autotune.py [--targets fp32,mxfp6-kernel] [--drafters feature,hydra] [--samplings greedy,t0.8]
                                   [--prompts N] [--max-new-tokens N] [--threads T] [--load | --no-load] [--quick]
 
-Targets: SmolLM2-135M (``smollm2_checkpoint()``; ``gguf-kernel``: the shipped Q4_1 GGUF's own blocks) exported once
+Targets: SmolLM2-135M (``smollm2_checkpoint()``; ``gguf-kernel``: the shipped Q4_1 GGUF's own blocks;
+``gguf-kernel-q8``: the same blocks with int8 activations, which score chains only: no tree settings) exported once
 per ``--targets`` weight mode with its hidden states and tree inputs and the graph ``accel.decode`` runs
 (``export_cached(..., hidden_output=True, tree=True, ort_ops=True, accel_attention=kernel_builds())``), so one target
 graph serves AR, chains, trees and the controller. Drafters: ``feature`` (the shipped feature draft
@@ -98,7 +99,7 @@ from accel.spd.autotune import AutoTune, TuneSettings, draft_arms
 DEMO = Path(__file__).resolve().parents[1] / "accel" / "demo_data"
 SAMPLINGS = {"greedy": GREEDY, "t0.8": Sampling(temperature=0.8)}
 DRAFTERS = ("feature", "hydra")
-TARGETS = ("fp32", "mxfp6-kernel", "gguf-kernel")
+TARGETS = ("fp32", "mxfp6-kernel", "gguf-kernel", "gguf-kernel-q8")
 #: the run-time estimate (``estimate_s``), from the 2-core smoke runs: seconds per generated token over the grid's
 #: runs in one-token target calls (AR = 1, winning settings less, losing ones more: 1.0-1.35 measured on a busy VM,
 #: 0.65-0.9 expected where speculation wins), prefill and start per run, one controller's probe (21 sizes x 4
@@ -189,10 +190,13 @@ def open_bench(args: argparse.Namespace) -> Bench:
     targets = {}
     kernel = dict(ort_ops=True, accel_attention=kernel_builds())  # the graphs accel.decode runs
     for w in tqdm(args.targets, desc="targets (export once, cached)"):
-        src = smollm2_gguf_path() if w == "gguf-kernel" else target_dir  # the shipped Q4_1 file's own blocks
+        src = smollm2_gguf_path() if w.startswith("gguf-kernel") else target_dir  # the shipped Q4_1 file's blocks
         path = export_cached(src, cache, ctx_len=args.ctx_len, weights=w, hidden_output=True, tree=True, **kernel)
         packed = w.endswith("-kernel")  # keep the optimized graph of packed MX weights (as accel generate does)
         targets[w] = OrtBackend(path, threads=args.threads, optimized_dir=cache_root() / "ort" if packed else None)
+    no_trees = [w for w, b in targets.items() if not scores_trees(b)]
+    if "hydra" in args.drafters and no_trees:
+        raise SystemExit(f"--drafters hydra proposes trees only, which the {', '.join(no_trees)} target does not score")
     feature = hydra = None
     if "feature" in args.drafters:  # as accel.decode exports a draft (cached_graph): 1.4 ms a call, not 1.7
         path = export_cached(
@@ -227,23 +231,29 @@ def _hydra_tree(bench: Bench, nodes: int) -> Proposer:
     return HydraProposer(bench.hydra, TreeShape.for_decoding(bench.hydra.num_heads, nodes))
 
 
-def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace) -> dict[str, Maker]:
-    """name -> a factory of a fresh proposer, for every fixed setting of ``drafter`` (AR not included)."""
+def scores_trees(target: Any) -> bool:
+    """Whether ``target`` scores token trees (an int8-activation target, ``gguf-kernel-q8``, does not: chains only)."""
+    return "tree" in target.info.capabilities
+
+
+def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace, trees: bool = True) -> dict[str, Maker]:
+    """name -> a factory of a fresh proposer, for every fixed setting of ``drafter`` (AR not included; ``trees``
+    False: the chains only, for a target that scores no trees)."""
     chains: dict[str, Callable[[], Proposer]] = {}
-    trees: dict[str, Callable[[], Proposer]] = {}
+    tree_makers: dict[str, Callable[[], Proposer]] = {}
     if drafter == "feature":
         for k in args.chain_ks:
             chains[f"chain K={k}"] = partial(DraftChain, bench.feature, k=k)
         p = args.min_draft_prob
         chains[f"dyn chain K<={args.dyn_k} p={p:g}"] = partial(DraftChain, bench.feature, args.dyn_k, p)
-        for n in args.tree_nodes:
-            trees[f"tree {n}"] = partial(DraftTree, bench.feature, nodes=n)
+        for n in args.tree_nodes if trees else ():
+            tree_makers[f"tree {n}"] = partial(DraftTree, bench.feature, nodes=n)
     else:
         for n in args.hydra_nodes:
-            trees[f"hydra tree {n}"] = partial(_hydra_tree, bench, n)
-    out: dict[str, Maker] = {**chains, **trees}
+            tree_makers[f"hydra tree {n}"] = partial(_hydra_tree, bench, n)
+    out: dict[str, Maker] = {**chains, **tree_makers}
     out.update({f"{name} + lookup": _with_lookup(args, FirstOf, make) for name, make in chains.items()})
-    out.update({f"{name} + lookup": _with_lookup(args, Merge, make) for name, make in trees.items()})
+    out.update({f"{name} + lookup": _with_lookup(args, Merge, make) for name, make in tree_makers.items()})
     return out
 
 
@@ -258,7 +268,9 @@ def controller(
     if drafter == "feature":
         lookup = (args.ngram, args.ngram_k)
         top, dynamic = max(args.tree_nodes), (args.dyn_k, args.min_draft_prob)
-        arms = draft_arms(bench.feature, k=max(args.chain_ks), nodes=top, lookup=lookup, dynamic=dynamic)
+        arms = draft_arms(
+            bench.feature, k=max(args.chain_ks), nodes=top, lookup=lookup, dynamic=dynamic, trees=scores_trees(target)
+        )
     else:
         top = max(args.hydra_nodes)
         arms = [Merge(_lookup(args), _hydra_tree(bench, top)), FirstOf(_lookup(args), _hydra_tree(bench, top))]
@@ -286,7 +298,8 @@ Records = dict[str, dict[str, list[RunRecord]]]  # cell -> setting -> one record
 def run_pass(bench: Bench, args: argparse.Namespace, load: bool, busy: BusyCore, bar: tqdm) -> tuple[Records, dict]:
     """One pass over the grid, prompt-major; with ``load`` the busy core starts before the middle prompt (and stops
     at the end of the pass). Returns the records and the pass's controllers by cell."""
-    settings = {d: fixed_settings(d, bench, args) for d in args.drafters}
+    trees = {t: scores_trees(bench.targets[t]) for t in args.targets}
+    settings = {(t, d): fixed_settings(d, bench, args, trees[t]) for t in args.targets for d in args.drafters}
     tuners: dict[str, AutoTune] = {}
     for t in args.targets:
         for d in args.drafters:
@@ -308,7 +321,7 @@ def run_pass(bench: Bench, args: argparse.Namespace, load: bool, busy: BusyCore,
                 bar.update()
                 for d in args.drafters:
                     name = cell_name(t, d, s, load)
-                    makers: dict[str, Maker] = {**settings[d], **controllers(tuners, name)}
+                    makers: dict[str, Maker] = {**settings[t, d], **controllers(tuners, name)}
                     records[name].setdefault(AR, []).append(ar)
                     reference = ar.tokens if s == "greedy" else None
                     run_settings(records[name], makers, run, bar, f"prompt {i} {t} {d} {s}", reference)
@@ -333,7 +346,7 @@ def confirm_pass(bench: Bench, args: argparse.Namespace, grid: Records, bar: tqd
     tuners: dict[str, AutoTune] = {}
     for t in args.targets:
         for d in args.drafters:
-            known = fixed_settings(d, bench, args)
+            known = fixed_settings(d, bench, args, scores_trees(bench.targets[t]))
             for s in args.samplings:
                 cell = cell_name(t, d, s, False)
                 top = fastest_settings(grid[cell], known, args.confirm)

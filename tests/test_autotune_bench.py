@@ -261,3 +261,20 @@ def test_shape_labels_name_the_arms_of_the_controller():
         for n, s in ((2, first), (2, first), (0, "none"))
     ]
     assert sup.controller_choices(rounds)["shape_rounds"] == {"lookup|chain": 2}
+
+
+def test_a_target_without_trees_gets_the_chains_only(bench):
+    """``gguf-kernel-q8`` scores no trees: its cells' fixed settings are the chains (with and without lookup)."""
+    from tests.helpers.decoders import backend, random_model
+
+    draft = backend(random_model(seed=1), 1, ctx_len=32)
+    b = bench.Bench({}, draft, None, [])
+    args = bench.parse_args(["--targets", "gguf-kernel-q8", "--drafters", "feature"])
+    every, chains = bench.fixed_settings("feature", b, args), bench.fixed_settings("feature", b, args, trees=False)
+    assert {n for n in every if "tree" in n} == {
+        "tree 4",
+        "tree 8",
+        "tree 16",
+        *(f"tree {n} + lookup" for n in (4, 8, 16)),
+    }
+    assert set(chains) == {n for n in every if "tree" not in n} and chains
