@@ -10,7 +10,8 @@ on prompt 2, ...) for ``--rounds`` rounds; speeds are the median over rounds (``
   ``KIND``, e.g. ``Q4_K_M``, on accel's kernel: its K-quant and Q5 blocks repacked exactly), ``mxfp6-kernel``
   (float32 activations) and ``mxfp6-kernel-q8`` /
   ``mxfp4-kernel-q8`` (int8 activations, integer dot products) targets (``--accel``), autoregressive, speculative
-  (the shipped feature draft's tree of ``--spd-nodes`` nodes merged with n-gram lookup), and the same with
+  (the shipped feature draft's tree of ``--spd-nodes`` nodes merged with n-gram lookup; on int8-activation targets,
+  which score no trees, its chain of ``--spd-chain`` tokens after lookup), and the same with
   ``autotune``; and the
   MX precision ladder (``--ladder``): the fp32 target drafted by its own ``mxfp4-kernel`` copy (after lookup,
   autotuned), exact without any training;
@@ -227,6 +228,13 @@ def parse_args() -> argparse.Namespace:
         "gguf-kernel-q8:KIND: the same blocks with int8 activations, as llama.cpp multiplies them)",
     )
     ap.add_argument("--spd-nodes", type=int, default=8, help="feature-draft tree nodes of the SpD rows (0: no SpD)")
+    ap.add_argument(
+        "--spd-chain",
+        type=int,
+        default=1,
+        help="feature-draft chain length of the SpD rows of int8-activation targets (no trees; autotune.py's best "
+        "fixed setting on gguf-kernel-q8: K = 1 after lookup)",
+    )
     ap.add_argument("--no-autotune", action="store_true", help="leave out the autotune SpD rows")
     ap.add_argument(
         "--ladder",
@@ -277,13 +285,13 @@ def try_row(name: str, make: Callable[[], Row]) -> list[Row]:
         return []
 
 
-def _spd_spec(base: dict[str, Any], weights: str, nodes: int) -> tuple[dict[str, Any], str]:
+def _spd_spec(base: dict[str, Any], weights: str, nodes: int, chain_k: int) -> tuple[dict[str, Any], str]:
     """The SpD row of a target: the feature draft's tree of ``nodes`` merged with lookup, or on a target with int8
-    activations (where ``DecodeSpec`` refuses trees: docs/spd.md) its chain of up to ``nodes`` after lookup."""
+    activations (where ``DecodeSpec`` refuses trees: docs/spd.md) its chain of ``chain_k`` after lookup."""
     from accel.backends.weights import WeightFormat
 
     if WeightFormat(weights).int8_activations:
-        chain = {"kind": "chain", "draft": FEATURE_DRAFT, "k": min(nodes, 4)}
+        chain = {"kind": "chain", "draft": FEATURE_DRAFT, "k": chain_k}
         name = f"accel {weights} SpD (feature chain {chain['k']} after lookup)"
         return {**base, "proposer": {"kind": "first_of", "lookup": {"n": 3, "k": 4}, "then": chain}}, name
     tree = {"kind": "tree", "draft": FEATURE_DRAFT, "nodes": nodes}
@@ -309,7 +317,7 @@ def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row
         rows.append(Row(ar, "accel", label, AccelRunner(base, tokenizer), ar))
         if args.spd_nodes < 1:
             continue
-        spd, name = _spd_spec(base, w, args.spd_nodes)
+        spd, name = _spd_spec(base, w, args.spd_nodes, args.spd_chain)
         name = name.replace(f"accel {w} ", f"accel {label} ", 1)
         rows.append(Row(name, "accel", label, AccelRunner(spd, tokenizer), ar))
         if not args.no_autotune:
