@@ -78,7 +78,7 @@ def mx_linear(
     interleave = 0
     if isinstance(ts[0], GGMLTensor):
         joined = GGMLTensor.concat(ts)
-        if act_bits == 8 and x16_runs(joined):  # Q8_0, Q4_0, Q4_1: 16 rows interleaved (accel.formats.ggml_x16)
+        if act_bits == 8 and x16_runs(joined):  # int8 activations: 16 rows interleaved (accel.formats.ggml_x16)
             c16, s16 = interleave16(joined)
             codes, scales, interleave = [c16], [s16], GROUP
         else:
@@ -147,7 +147,7 @@ def check_mx_kernel_graph(path: str | Path) -> None:
     Checked for MXLinear: the attributes (``fast`` 1/2/3 with ``bits`` 6/4/8, or 4..10 = GGUF Q8_0/Q4_0/Q4_1/
     Q4_F32/I8_F32/Q5S_F32/Q5_F32 with ``bits`` 8/4/4/4/8/5/5; ``block`` 32, ``K`` a multiple of 32, ``act_bits``
     absent, 32 or 8 with E2M3/E2M1 and the GGUF layouts, ``glu`` absent, 0 or 1 with ``N`` even, ``interleave``
-    absent, 0 or 16 with ``act_bits`` 8 and Q8_0/Q4_0/Q4_1), the codes and scales initializers (uint8,
+    absent, 0 or 16 with ``act_bits`` 8 and a GGUF layout), the codes and scales initializers (uint8,
     ``N*K*bits/8`` and ``N*K/32`` elements, GGUF: times the block's 2 to 16 scale bytes; interleaved: ``N`` rounded
     up to a multiple of 16) and the value table (the format's
     ``code_table`` bit for bit; GGUF blocks: all zero). For CacheAttention: 8 inputs, 3 outputs, ``num_heads`` a
@@ -212,7 +212,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "
             "4..10 = GGUF Q8_0/Q4_0/Q4_1/Q4_F32/I8_F32/Q5S_F32/Q5_F32 with bits 8/4/4/4/8/5/5, block 32, K a multiple "
             "of 32, act_bits 8 only with E2M3/E2M1 and the GGUF layouts, glu 0 or 1 with N even, interleave 0, or 16 "
-            "with act_bits 8 and Q8_0/Q4_0/Q4_1)"
+            "with act_bits 8 and a GGUF layout)"
         )
     scale_bytes = ggml.scale_bytes if ggml is not None else 1
     rows = -(-a["N"] // GROUP) * GROUP if a.get("interleave", 0) else a["N"]  # interleaved: whole groups of 16

@@ -356,29 +356,32 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
     return rc;
 }
 
-/* y[S, N] = q8(x)[S, K] @ W^T for Q8_0, Q4_0 or Q4_1 blocks (fast 4, 5, 6) interleaved 16 rows at a time
- * (mxkernel_gx16.c: ceil(N / 16) groups in the planes); -1 for another format, -2 when out of memory */
+/* y[S, N] = q8(x)[S, K] @ W^T for GGUF blocks (fast 4..10) interleaved 16 rows at a time (mxkernel_gx16.c:
+ * ceil(N / 16) groups in the planes); -1 for another format, -2 when out of memory */
 int mxk_linear_x16(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                    int64_t s, int64_t xstride, float *y, int threads) {
-    if (fast != FAST_Q8_0 && fast != FAST_Q4_0 && fast != FAST_Q4_1) return -1;
+    if (!is_gguf(fast)) return -1;
+    const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: the sums of codes 0..15 and 16..31 */
     const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
     int8_t q_small[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
-    float d_small[Q8_STACK_BLOCKS], u_small[Q8_STACK_BLOCKS];
-    int32_t sq_small[Q8_STACK_BLOCKS];
+    float d_small[Q8_STACK_BLOCKS], u_small[2 * Q8_STACK_BLOCKS];
+    int32_t sq_small[2 * Q8_STACK_BLOCKS];
     const int small = rb <= Q8_STACK_BLOCKS;
     int8_t *q = small ? q_small : (int8_t *)malloc((size_t)(32 * rb));
     float *d = small ? d_small : (float *)malloc(sizeof(float) * (size_t)rb);
-    float *u = small ? u_small : (float *)malloc(sizeof(float) * (size_t)rb);
-    int32_t *sq = small ? sq_small : (int32_t *)malloc(sizeof(int32_t) * (size_t)rb);
+    float *u = small ? u_small : (float *)malloc(sizeof(float) * (size_t)(2 * rb));
+    int32_t *sq = small ? sq_small : (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * rb));
     int rc = -2;
     if (q && d && u && sq) {
         mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-        for (int64_t i = 0; i < s * nblocks; i++) {
-            int32_t sum = 0;
-            for (int e = 0; e < 32; e++) sum += q[32 * i + e];
-            sq[i] = sum;
-            u[i] = d[i] * (float)sum;
-        }
+        const int len = 32 / halves;
+        for (int64_t i = 0; i < s * nblocks; i++)
+            for (int h = 0; h < halves; h++) {
+                int32_t sum = 0;
+                for (int e = 0; e < len; e++) sum += q[32 * i + len * h + e];
+                sq[halves * i + h] = sum;
+                u[halves * i + h] = d[i] * (float)sum;
+            }
         job_t j;
         memset(&j, 0, sizeof j);
         j.codes = codes;

@@ -1,29 +1,34 @@
-/* GGUF Q8_0, Q4_0 and Q4_1 blocks interleaved 16 output rows at a time, times int8 activations: each block's dot
- * product summed in integers, then one float32 step per block, as llama.cpp's repacked CPU layouts do.
+/* GGUF blocks interleaved 16 output rows at a time, times int8 activations: each block's dot product summed in
+ * integers, then one float32 step per block, as llama.cpp's repacked CPU layouts do.
  *
- * Layout (accel/formats/ggml_x16.py writes it): the N weight rows in groups of 16 (the last group padded with zero
- * rows), each group's blocks in order. Block b of group g holds the 16 rows' block b:
- *   codes, Q8_0: 8 chunks of 64 bytes, chunk j byte 4i + e = code 4j + e of row i (int8 as stored);
- *          Q4_0, Q4_1: 4 chunks of 64 bytes, chunk j byte 4i + e = code 4j + e (low nibble) | code 16 + 4j + e
- *          (high nibble) of row i;
- *   scales: the 16 rows' float16 d (32 bytes), then for Q4_1 their float16 m (32 bytes).
- * The planes hold exactly the bytes of the stored blocks (codes and halves as they are, rearranged), so they are as
- * large as the stored planes for N a multiple of 16.
+ * Layout (accel/formats/ggml_x16.py writes it), every GGUF layout of the kernel (fast 4..10, mxkernel.h): the N
+ * weight rows in groups of 16 (the last group padded with zero rows), each group's blocks in order. Block b of group g
+ * holds the 16 rows' block b:
+ *   codes, Q8_0, I8_F32: 8 chunks of 64 bytes, chunk j byte 4i + e = code 4j + e of row i (int8 as stored);
+ *          the nibble types: 4 chunks of 64 bytes, chunk j byte 4i + e = code 4j + e (low nibble) | code 16 + 4j + e
+ *          (high nibble) of row i; the 5-bit types then 8 little-endian 64-bit masks, mask r bit 4i + e = the fifth
+ *          bit of code 4r + e of row i (the codes register r holds);
+ *   scales: the 16 rows' d, then their m (float16: Q8_0, Q4_0 without m, Q4_1; float32: the repacked types;
+ *          I8_F32: d0, m0, d1, m1 of codes 0..15 and 16..31, 16 floats each).
+ * The planes hold exactly the bytes of the stored blocks (codes, halves and floats as they are, rearranged), so they
+ * are as large as the stored planes for N a multiple of 16.
  *
- * Activations: int8 codes q and scales dx per block of 32 (mxk_quantize_q8), their integer sums sq[s, b] =
- * sum(q of block b) and u = dx * (float)sq. Per output row n and x row s:
+ * Activations: int8 codes q and scales dx per block of 32 (mxk_quantize_q8), their integer sums sq (I8_F32: of
+ * codes 0..15 and 16..31) and u = dx * (float)sq. Per output row n and x row s, over blocks b in order:
  *
- *   P_b = sum_{e < 32} q[e] w[e]                               (int32, exact: Q4_0 w = nibble - 8, Q8_0 w = code)
- *   acc = acc + (float)P_b * (d_b * dx_b)                      (float32: a product, a product, then the sum)
- *   off = off + m_b * u_b                                      (Q4_1 only)
- *   y = acc (Q8_0, Q4_0), acc + off (Q4_1)
+ *   P_b = sum_{e < 32} q[e] w[e]                     (int32, exact; w the block's integers, mxkernel.h)
+ *   acc = acc + (float)P_b * (d_b * dx_b)             (float32: a product, a product, then the sum)
+ *   off = off + m_b * u_b                             (the types with an offset)
+ *   I8_F32: P0, P1 the sums over codes 0..15 and 16..31,
+ *   acc = acc + ((float)P0 * (d0 * dx) + (float)P1 * (d1 * dx)),  off = off + (m0 * u0 + m1 * u1)
+ *   y = acc (Q8_0, Q4_0), acc + off (the others)
  *
- * over b = 0 .. nblocks - 1 in order (no floating-point contraction in this file). |P_b| <= 32 * 128 * 127 < 2^24,
- * so (float)P_b is exact, and the integer part may be computed in any order: AVX-512 VNNI (16 rows a register,
- * vpdpbusd on unsigned codes: Q4_0's nibbles with -8 * sq as the starting sum, Q8_0's codes + 128 with -128 * sq),
- * AVX2 (8 rows a register: vpmaddubsw on nibbles, or on |w| and sign(w) * q for Q8_0, pair sums within int16) and
- * the portable loop agree bit for bit with accel.formats.ggml_x16.reference_q8_x16, whatever the rows per call and
- * the threads. Each weight block is loaded once for up to 4 x rows (MXK_X_TILE).
+ * (no floating-point contraction in this file). |P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b is exact, and the
+ * integer part may be computed in any order: AVX-512 VNNI (16 rows a register, vpdpbusd on unsigned codes w + bias
+ * with -bias * sq as the starting sum: 128 for the int8 types, 8 for Q4_0, 16 for Q5S_F32), AVX2 (8 rows a
+ * register: vpmaddubsw on the unsigned codes, or on |w| and sign(w) * q for the int8 types, pair sums within int16)
+ * and the portable loop agree bit for bit with accel.formats.ggml_x16.reference_q8_x16, whatever the rows per call
+ * and the threads. Each weight block is decoded once for up to 4 x rows (MXK_X_TILE).
  */
 #pragma GCC optimize("fp-contract=off")
 #include <string.h>
@@ -33,19 +38,40 @@
 /* bytes of one block of a 16-row group: codes, scales */
 static inline int64_t x16_code_bytes(int fast) { return 16 * (int64_t)block_code_bytes(fast); }
 static inline int64_t x16_scale_bytes(int fast) { return 16 * (int64_t)block_scale_bytes(fast); }
+/* 1 for the int8 code types (signed codes: the sign moves onto q on AVX2, + 128 on VNNI) */
+static inline int x16_int8(int fast) { return fast == FAST_Q8_0 || fast == FAST_I8_F32; }
+/* what VNNI adds to a code to make it unsigned (and subtracts as bias * sum(q)) */
+static inline int x16_bias(int fast) { return x16_int8(fast) ? 128 : code_offset(fast); }
+/* the byte offset of scale row f (0: d, 1: m; I8_F32 2: d1, 3: m1) of a group's block, and a lane's size */
+static inline int x16_unit(int fast) { return f32_scales(fast) ? 4 : 2; }
+static inline int64_t x16_scale_row(int fast, int f) { return 16 * (int64_t)x16_unit(fast) * f; }
 
 /* ------------------------------------------------------------------------------------------------- portable */
 
-/* code e of row i in block chunk c (a group's block): the signed weight integer */
+/* scale row f of lane i at sc (a group's block), exactly */
+static inline float x16_scale(int fast, const uint8_t *sc, int f, int i) {
+    const uint8_t *p = sc + x16_scale_row(fast, f) + x16_unit(fast) * i;
+    if (!f32_scales(fast)) return half_at(p);
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* code e of row i in a group's block c: the signed weight integer */
 static inline int32_t x16_int(int fast, const uint8_t *c, int i, int e) {
-    if (fast == FAST_Q8_0) return (int8_t)c[64 * (e / 4) + 4 * i + e % 4];
-    const int hi = e >= 16, k = e % 16;
-    const int v = (c[64 * (k / 4) + 4 * i + k % 4] >> (4 * hi)) & 15;
-    return fast == FAST_Q4_0 ? v - 8 : v;
+    if (x16_int8(fast)) return (int8_t)c[64 * (e / 4) + 4 * i + e % 4];
+    const int k = e % 16;
+    int v = (c[64 * (k / 4) + 4 * i + k % 4] >> (4 * (e >= 16))) & 15;
+    if (q5_codes(fast)) {
+        uint64_t mask;
+        memcpy(&mask, c + 256 + 8 * (e / 4), 8);
+        v |= (int)((mask >> (4 * i + e % 4)) & 1) << 4;
+    }
+    return v - code_offset(fast);
 }
 
 static void x16_portable(const job_t *j, int64_t g0, int64_t g1) {
-    const int fast = j->fast;
+    const int fast = j->fast, halves = fast == FAST_I8_F32 ? 2 : 1;
     const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);
     for (int64_t g = g0; g < g1; g++) {
         const int live = j->width - 16 * g < 16 ? (int)(j->width - 16 * g) : 16;
@@ -55,16 +81,26 @@ static void x16_portable(const job_t *j, int64_t g0, int64_t g1) {
                 for (int64_t b = 0; b < nb; b++) {
                     const uint8_t *c = j->codes + (g * nb + b) * cb, *sc = j->scales + (g * nb + b) * sb;
                     const int8_t *q = j->xq + (s * nb + b) * 32;
-                    int32_t p = 0;
-                    for (int e = 0; e < 32; e++) p += (int32_t)q[e] * x16_int(fast, c, i, e);
-                    const float cd = half_at(sc + 2 * i) * j->xd[s * nb + b], prod = (float)p * cd;
+                    const float dx = j->xd[s * nb + b];
+                    int32_t p[2] = {0, 0};
+                    for (int e = 0; e < 32; e++) p[e * halves / 32] += (int32_t)q[e] * x16_int(fast, c, i, e);
+                    if (halves == 2) {
+                        const float d0 = x16_scale(fast, sc, 0, i) * dx, d1 = x16_scale(fast, sc, 2, i) * dx;
+                        const float prod0 = (float)p[0] * d0, prod1 = (float)p[1] * d1;
+                        acc = acc + (prod0 + prod1);
+                        const float *u = j->xu + 2 * (s * nb + b);
+                        const float o0 = x16_scale(fast, sc, 1, i) * u[0], o1 = x16_scale(fast, sc, 3, i) * u[1];
+                        off = off + (o0 + o1);
+                        continue;
+                    }
+                    const float cd = x16_scale(fast, sc, 0, i) * dx, prod = (float)p[0] * cd;
                     acc = acc + prod;
-                    if (fast == FAST_Q4_1) {
-                        const float o = half_at(sc + 32 + 2 * i) * j->xu[s * nb + b];
+                    if (has_offset(fast)) {
+                        const float o = x16_scale(fast, sc, 1, i) * j->xu[s * nb + b];
                         off = off + o;
                     }
                 }
-                j->y[s * j->width + 16 * g + i] = fast == FAST_Q4_1 ? acc + off : acc;
+                j->y[s * j->width + 16 * g + i] = has_offset(fast) ? acc + off : acc;
             }
     }
 }
@@ -75,22 +111,54 @@ static void x16_portable(const job_t *j, int64_t g0, int64_t g1) {
 #define X16_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define X16_V512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
-/* the blocks' code lines PF blocks ahead of block b (the prefetcher does not follow a group's stride alone) */
+/* blocks the codes are prefetched ahead of the one decoded (the prefetcher does not follow a group's stride alone) */
 #define X16_PREFETCH_BLOCKS 4
+
+/* 8 lanes of scale row f (lanes 8h .. 8h + 7) of a group's block at sc, as float32 */
+X16_AVX2 static inline __m256 x16_scales8(const int fast, const uint8_t *sc, int f, int h) {
+    const uint8_t *p = sc + x16_scale_row(fast, f) + 8 * x16_unit(fast) * h;
+    if (f32_scales(fast)) return _mm256_loadu_ps((const float *)p);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* the 16 lanes of scale row f of a group's block at sc, as float32 */
+X16_V512 static inline __m512 x16_scales16(const int fast, const uint8_t *sc, int f) {
+    const uint8_t *p = sc + x16_scale_row(fast, f);
+    if (f32_scales(fast)) return _mm512_loadu_ps((const float *)p);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* the integer dot products of one x row with a block's 8 registers (maddubs on AVX2): *p0 over registers 0..3 (codes
+ * 0..15), *p1 over 4..7; sgn: move the signs of w onto x (the int8 types) */
+X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
+                                            __m256i *p1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p0 = _mm256_setzero_si256();
+    *p1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        int32_t word;
+        memcpy(&word, q + 4 * k, 4);
+        __m256i x = _mm256_set1_epi32(word);
+        if (sgn) x = _mm256_sign_epi8(x, w[k]);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], x), ones);
+        if (k < 4) p0 = _mm256_add_epi32(p0, p); else *p1 = _mm256_add_epi32(*p1, p);
+    }
+    return p0;
+}
 
 /* x rows s0 .. s0 + R - 1 of group g, lanes 8h .. 8h + 7 (h = 0, 1): 8 rows a 256-bit register */
 X16_AVX2 static inline __attribute__((always_inline)) void x16_half_avx2(const job_t *j, int64_t g, int h, int64_t s0,
                                                                          const int fast, const int R) {
     const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);
     const uint8_t *codes = j->codes + g * nb * cb, *scales = j->scales + g * nb * sb;
-    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int sgn = x16_int8(fast), i8 = fast == FAST_I8_F32, bias = sgn ? 0 : code_offset(fast);
+    const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 acc[MXK_X_TILE], off[MXK_X_TILE];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *c = codes + b * cb + 32 * h;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * sb + 16 * h)));
+        const uint8_t *c = codes + b * cb + 32 * h, *sc = scales + b * sb;
         __m256i w[8], aw[8];
-        if (fast == FAST_Q8_0) {
+        if (sgn) {
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
                 w[k] = _mm256_loadu_si256((const __m256i *)(c + 64 * k));
                 aw[k] = _mm256_sign_epi8(w[k], w[k]);
@@ -101,25 +169,30 @@ X16_AVX2 static inline __attribute__((always_inline)) void x16_half_avx2(const j
                 aw[k] = _mm256_and_si256(t, nib);
                 aw[k + 4] = _mm256_and_si256(_mm256_srli_epi16(t, 4), nib);
             }
+            if (q5_codes(fast))
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                    aw[k] = _mm256_or_si256(aw[k], fifth_bits(codes + b * cb + 256 + 8 * k + 4 * h));
         }
+        const __m256 d = x16_scales8(fast, sc, 0, h);
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const int64_t at = (s0 + r) * nb + b;
-            const int8_t *q = j->xq + 32 * at;
-            __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-                int32_t word;
-                memcpy(&word, q + 4 * k, 4);
-                __m256i x = _mm256_set1_epi32(word);
-                if (fast == FAST_Q8_0) x = _mm256_sign_epi8(x, w[k]);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], x), ones);
-                if (k % 2) p1 = _mm256_add_epi32(p1, p); else p0 = _mm256_add_epi32(p0, p);
+            const __m256 dx = _mm256_set1_ps(j->xd[at]);
+            __m256i p1, p0 = x16_dot_avx2(aw, sgn ? w : aw, j->xq + 32 * at, sgn, &p1);
+            if (i8) {
+                const __m256 d1 = x16_scales8(fast, sc, 2, h);
+                const __m256 prod0 = _mm256_mul_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(d, dx));
+                const __m256 prod1 = _mm256_mul_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(d1, dx));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(prod0, prod1));
+                const __m256 o0 = _mm256_mul_ps(x16_scales8(fast, sc, 1, h), _mm256_set1_ps(j->xu[2 * at]));
+                const __m256 o1 = _mm256_mul_ps(x16_scales8(fast, sc, 3, h), _mm256_set1_ps(j->xu[2 * at + 1]));
+                off[r] = _mm256_add_ps(off[r], _mm256_add_ps(o0, o1));
+                continue;
             }
             __m256i p = _mm256_add_epi32(p0, p1);
-            if (fast == FAST_Q4_0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(8 * j->xs[at]));
-            const __m256 cd = _mm256_mul_ps(d, _mm256_set1_ps(j->xd[at]));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), cd));
-            if (fast == FAST_Q4_1) {
-                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * sb + 32 + 16 * h)));
+            if (bias) p = _mm256_sub_epi32(p, _mm256_set1_epi32(bias * j->xs[at]));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx)));
+            if (has_offset(fast)) {
+                const __m256 m = x16_scales8(fast, sc, 1, h);
                 off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(m, _mm256_set1_ps(j->xu[at])));
             }
         }
@@ -127,9 +200,28 @@ X16_AVX2 static inline __attribute__((always_inline)) void x16_half_avx2(const j
     const int live = (int)(j->width - 16 * g - 8 * h);
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const __m256 y = fast == FAST_Q4_1 ? _mm256_add_ps(acc[r], off[r]) : acc[r];
+        const __m256 y = has_offset(fast) ? _mm256_add_ps(acc[r], off[r]) : acc[r];
         _mm256_maskstore_ps(j->y + (s0 + r) * j->width + 16 * g + 8 * h, mask, y);
     }
+}
+
+/* the integer dot products of one x row with a block's 8 unsigned registers (vpdpbusd), started at start0 (codes
+ * 0..15) and start1 (codes 16..31); returns the first, *p1 the second */
+X16_V512 static inline __m512i x16_dot512(const __m512i w[8], const int8_t *q, __m512i start0, __m512i start1,
+                                          __m512i *p1) {
+    __m512i a = start0, c = _mm512_setzero_si512(), e = start1, f = _mm512_setzero_si512();
+    int32_t word[8];
+    memcpy(word, q, 32);
+    a = _mm512_dpbusd_epi32(a, w[0], _mm512_set1_epi32(word[0]));
+    c = _mm512_dpbusd_epi32(c, w[1], _mm512_set1_epi32(word[1]));
+    a = _mm512_dpbusd_epi32(a, w[2], _mm512_set1_epi32(word[2]));
+    c = _mm512_dpbusd_epi32(c, w[3], _mm512_set1_epi32(word[3]));
+    e = _mm512_dpbusd_epi32(e, w[4], _mm512_set1_epi32(word[4]));
+    f = _mm512_dpbusd_epi32(f, w[5], _mm512_set1_epi32(word[5]));
+    e = _mm512_dpbusd_epi32(e, w[6], _mm512_set1_epi32(word[6]));
+    f = _mm512_dpbusd_epi32(f, w[7], _mm512_set1_epi32(word[7]));
+    *p1 = _mm512_add_epi32(e, f);
+    return _mm512_add_epi32(a, c);
 }
 
 /* x rows s0 .. s0 + R - 1 of group g: 16 rows a 512-bit register, vpdpbusd */
@@ -137,17 +229,16 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
                                                                        const int fast, const int R) {
     const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);
     const uint8_t *codes = j->codes + g * nb * cb, *scales = j->scales + g * nb * sb;
-    const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    const int bias = fast == FAST_Q8_0 ? 128 : fast == FAST_Q4_0 ? 8 : 0; /* unsigned codes = w + bias */
+    const __m512i nib = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80), sixteen = _mm512_set1_epi8(16);
+    const int bias = x16_bias(fast), i8 = fast == FAST_I8_F32;
     __m512 acc[MXK_X_TILE], off[MXK_X_TILE];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *c = codes + b * cb;
+        const uint8_t *c = codes + b * cb, *sc = scales + b * sb;
         for (int64_t line = 0; line < cb; line += 64)
             _mm_prefetch((const char *)(c + X16_PREFETCH_BLOCKS * cb + line), _MM_HINT_T0);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + b * sb)));
         __m512i w[8];
-        if (fast == FAST_Q8_0) {
+        if (x16_int8(fast)) {
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
                 w[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * k)), flip);
         } else {
@@ -156,23 +247,36 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
                 w[k] = _mm512_and_si512(t, nib);
                 w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(t, 4), nib);
             }
+            if (q5_codes(fast))
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+                    uint64_t fifth;
+                    memcpy(&fifth, c + 256 + 8 * k, 8);
+                    w[k] = _mm512_mask_add_epi8(w[k], (__mmask64)fifth, w[k], sixteen);
+                }
         }
+        const __m512 d = x16_scales16(fast, sc, 0);
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const int64_t at = (s0 + r) * nb + b;
-            const int8_t *q = j->xq + 32 * at;
-            __m512i p0 = _mm512_set1_epi32(-bias * j->xs[at]), p1 = _mm512_setzero_si512();
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-                int32_t word;
-                memcpy(&word, q + 4 * k, 4);
-                if (k % 2)
-                    p1 = _mm512_dpbusd_epi32(p1, w[k], _mm512_set1_epi32(word));
-                else
-                    p0 = _mm512_dpbusd_epi32(p0, w[k], _mm512_set1_epi32(word));
+            const __m512 dx = _mm512_set1_ps(j->xd[at]);
+            __m512i p1;
+            if (i8) {
+                const __m512i p0 = x16_dot512(w, j->xq + 32 * at, _mm512_set1_epi32(-bias * j->xs[2 * at]),
+                                              _mm512_set1_epi32(-bias * j->xs[2 * at + 1]), &p1);
+                const __m512 prod0 = _mm512_mul_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(d, dx));
+                const __m512 d1 = x16_scales16(fast, sc, 2);
+                const __m512 prod1 = _mm512_mul_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(d1, dx));
+                acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(prod0, prod1));
+                const __m512 o0 = _mm512_mul_ps(x16_scales16(fast, sc, 1), _mm512_set1_ps(j->xu[2 * at]));
+                const __m512 o1 = _mm512_mul_ps(x16_scales16(fast, sc, 3), _mm512_set1_ps(j->xu[2 * at + 1]));
+                off[r] = _mm512_add_ps(off[r], _mm512_add_ps(o0, o1));
+                continue;
             }
-            const __m512 cd = _mm512_mul_ps(d, _mm512_set1_ps(j->xd[at]));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)), cd));
-            if (fast == FAST_Q4_1) {
-                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + b * sb + 32)));
+            const __m512i p0 =
+                x16_dot512(w, j->xq + 32 * at, _mm512_set1_epi32(-bias * j->xs[at]), _mm512_setzero_si512(), &p1);
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(f, _mm512_mul_ps(d, dx)));
+            if (has_offset(fast)) {
+                const __m512 m = x16_scales16(fast, sc, 1);
                 off[r] = _mm512_add_ps(off[r], _mm512_mul_ps(m, _mm512_set1_ps(j->xu[at])));
             }
         }
@@ -180,7 +284,7 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
     const int live = (int)(j->width - 16 * g);
     const __mmask16 mask = live >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const __m512 y = fast == FAST_Q4_1 ? _mm512_add_ps(acc[r], off[r]) : acc[r];
+        const __m512 y = has_offset(fast) ? _mm512_add_ps(acc[r], off[r]) : acc[r];
         _mm512_mask_storeu_ps(j->y + (s0 + r) * j->width + 16 * g, mask, y);
     }
 }
@@ -191,7 +295,11 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
         switch (j->fast) {                                                                                           \
         case FAST_Q8_0: TILE(g, s0, FAST_Q8_0, R); break;                                                            \
         case FAST_Q4_0: TILE(g, s0, FAST_Q4_0, R); break;                                                            \
-        default: TILE(g, s0, FAST_Q4_1, R); break;                                                                   \
+        case FAST_Q4_1: TILE(g, s0, FAST_Q4_1, R); break;                                                            \
+        case FAST_Q4_F32: TILE(g, s0, FAST_Q4_F32, R); break;                                                        \
+        case FAST_I8_F32: TILE(g, s0, FAST_I8_F32, R); break;                                                        \
+        case FAST_Q5S_F32: TILE(g, s0, FAST_Q5S_F32, R); break;                                                      \
+        default: TILE(g, s0, FAST_Q5_F32, R); break;                                                                 \
         }                                                                                                            \
     } while (0)
 #define X16_HALVES(g, s0, F, R)                                                                                      \

@@ -12,7 +12,7 @@
  * int8 activations per block (mxk_linear_q8) for E2M3, E2M1 and every GGUF type (fast 4..10). Attribute glu 1
  * (optional; default 0): W's rows are a gate projection then an up projection (N even) and the output is
  * [..., N / 2], silu(gate) * up (mxk_silu_mul, mxkernel_attn.c), the MLP's Split, activation and product in the node.
- * Attribute interleave 16 (optional; default 0, the stored layout; only with act_bits 8 and Q8_0, Q4_0, Q4_1): the
+ * Attribute interleave 16 (optional; default 0, the stored layout; only with act_bits 8 and a GGUF layout): the
  * planes hold the blocks interleaved 16 rows at a time (mxkernel_gx16.c, ceil(N / 16) groups: the sizes of N rounded
  * up to a multiple of 16) and mxk_linear_x16 runs them.
  * The domain's second operator, CacheAttention, is described where it is defined below. Registered by onnxruntime's
@@ -160,9 +160,7 @@ static void *mxl_create(const custom_op *op, const ort_fn *api, const void *info
     if (failed(api, get(info, "glu", &m->glu))) m->glu = 0; /* absent: the product itself */
     if (m->glu != 0 && (m->glu != 1 || m->n % 2 != 0)) m->n = -1;
     if (failed(api, get(info, "interleave", &m->interleave))) m->interleave = 0; /* absent: the stored layout */
-    if (m->interleave != 0 && !(m->interleave == 16 && m->act_bits == 8 &&
-                                (m->fast == FAST_Q8_0 || m->fast == FAST_Q4_0 || m->fast == FAST_Q4_1)))
-        m->n = -1;
+    if (m->interleave != 0 && !(m->interleave == 16 && m->act_bits == 8 && is_gguf((int)m->fast))) m->n = -1;
     return m;
 }
 

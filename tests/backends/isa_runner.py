@@ -7,8 +7,8 @@ VNNI), to compare the two.
 ``IN.npz`` holds ``ids`` / ``pos`` (int64 ``[1, S]``) for every graph, and ``mx_x`` / ``mx_w`` (float32) for the
 fused MX kernel; ``OUT.npz`` gets ``<graph stem>`` (the logits), ``mx_y`` and ``mx_path`` (the kernel path used),
 ``mx_q8_y`` / ``mx_q8_path`` (the kernel with int8 activations), ``gguf_<type>_y`` / ``_eye`` / ``_path`` for every
-``gguf_<type>`` input (a GGUF block type's bytes of a ``[48, K]`` weight, on the kernel; ``gguf_<type>_x16_y``
-for ``Q8_0``, ``Q4_0``, ``Q4_1``: int8 activations on the interleaved blocks), and ``u8s8`` (what
+``gguf_<type>`` input (a GGUF block type's bytes of a ``[48, K]`` weight, on the kernel; ``gguf_<type>_x16_y``: int8
+activations on the interleaved blocks), and ``u8s8`` (what
 onnxruntime's uint8 x int8 ``MatMulInteger`` gives for a pair of 255 * 127: 64,770 exact, 32,767 saturated). Needs no
 torch.
 """
@@ -50,8 +50,7 @@ def main(argv: list[str]) -> None:
             result[f"{key}_y"] = g.matmul(inputs["mx_x"])
             result[f"{key}_eye"] = g.matmul(np.eye(k, dtype=np.float32))  # every weight through the SIMD path
             result[f"{key}_path"] = np.array(g.kernel_path)
-            if key[5:] in ("Q8_0", "Q4_0", "Q4_1"):  # int8 activations on the interleaved blocks (ggml_x16)
-                result[f"{key}_x16_y"] = g.matmul_q8_x16(inputs["mx_x"])
+            result[f"{key}_x16_y"] = g.matmul_q8_x16(inputs["mx_x"])  # int8 activations, interleaved blocks
     np.savez(out, **result)
 
 

@@ -1,8 +1,9 @@
 """``weights="gguf-kernel-q8"``: a ``.gguf`` file's own blocks with int8 activations (``GGMLKernel.matmul_q8``,
 ``matmul_q8_x16``) in real onnxruntime sessions.
 
-The graph is the ``gguf-kernel`` graph with ``act_bits=8`` on every ``MXLinear`` (``Q8_0``, ``Q4_0``, ``Q4_1``
-interleaved 16 rows at a time, ``Q4_K`` repacked as ``Q4_F32``, ``Q6_K`` as ``I8_F32``, ``Q5_0`` as ``Q5S_F32``).
+The graph is the ``gguf-kernel`` graph with ``act_bits=8`` on every ``MXLinear`` (``Q8_0``, ``Q4_0``, ``Q4_1`` as
+stored, ``Q4_K`` repacked as ``Q4_F32``, ``Q6_K`` as ``I8_F32``, ``Q5_0`` as ``Q5S_F32``), every one interleaved 16
+rows at a time.
 Its logits are close to (not equal to) the float-activation graph's, a 4-token call's rows equal the same tokens
 scored one by one bit for bit, greedy SpD on it is its own greedy AR, and token trees are refused.
 """
@@ -57,8 +58,7 @@ def test_int8_activations_on_every_linear(graphs):
     nodes = [{a.name: int(a.i) for a in n.attribute} for n in model.graph.node if n.op_type == "MXLinear"]
     assert nodes and all(a.get("act_bits") == 8 for a in nodes)
     assert {a["fast"] for a in nodes} == LAYOUTS
-    stored = {GGML_TYPES[n].fast for n in ("Q8_0", "Q4_0", "Q4_1")}  # interleaved 16 rows at a time (ggml_x16)
-    assert all(a.get("interleave", 0) == (16 if a["fast"] in stored else 0) for a in nodes)
+    assert all(a.get("interleave") == 16 for a in nodes)  # every layout interleaved 16 rows at a time (ggml_x16)
     assert {p.key: p.value for p in model.metadata_props}["accel.weights"] == "gguf-kernel-q8"
     check_mx_kernel_graph(q8)
     float_nodes = onnx.load(str(f32), load_external_data=False).graph.node
@@ -104,19 +104,15 @@ def test_gguf_kernel_q8_needs_a_gguf_file(graphs, tmp_path):
     assert TargetSpec(path=src, weights="gguf-kernel-q8").weights is WeightFormat.GGUF_KERNEL_Q8
 
 
-@pytest.mark.parametrize(("fast", "interleave"), [(4, 8), (7, 16)])
-def test_the_graph_check_refuses_an_interleaved_node_accel_does_not_write(graphs, tmp_path, fast, interleave):
-    """interleave must be 16, and only on Q8_0, Q4_0, Q4_1 nodes with int8 activations."""
+@pytest.mark.parametrize(("fast", "attr", "value"), [(4, "interleave", 8), (7, "act_bits", 32)])
+def test_the_graph_check_refuses_an_interleaved_node_accel_does_not_write(graphs, tmp_path, fast, attr, value):
+    """interleave must be 16, and only with int8 activations."""
     _, q8, _, _ = graphs
     model = onnx.load(str(q8))
     node = next(n for n in model.graph.node if n.op_type == "MXLinear" and _attr(n, "fast") == fast)
-    have = [a for a in node.attribute if a.name == "interleave"]
-    if have:  # a Q8_0 node: interleaved already
-        have[0].i = interleave
-    else:
-        node.attribute.append(onnx.helper.make_attribute("interleave", interleave))
+    next(a for a in node.attribute if a.name == attr).i = value
     onnx.save(model, str(tmp_path / "bad.onnx"))
-    with pytest.raises(BackendError, match="interleave 0, or 16 with act_bits 8 and Q8_0/Q4_0/Q4_1"):
+    with pytest.raises(BackendError, match="interleave 0, or 16 with act_bits 8 and a GGUF layout"):
         check_mx_kernel_graph(tmp_path / "bad.onnx")
 
 

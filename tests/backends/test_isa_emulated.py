@@ -148,7 +148,7 @@ def test_kernel_q8_path_equals_native_bit_for_bit(runs):
     assert np.array_equal(emu["mx_q8_y"].view(np.int32), native["mx_q8_y"].view(np.int32))
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("name", GGUF_TYPES)
 def test_interleaved_gguf_q8_path_equals_native_bit_for_bit(runs, name):
     """GGUF blocks interleaved 16 rows at a time, int8 activations: the AVX2 path (8 rows a register, vpmaddubsw)
     and this CPU's best (VNNI where it has it) give the same bits."""
