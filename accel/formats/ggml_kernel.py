@@ -134,10 +134,11 @@ class GGMLKernel(KernelWeight):
         return y.reshape(*lead, self.out_features)
 
     def matmul_q8_x16(self, x: np.ndarray, threads: int | None = None) -> np.ndarray:
-        """``matmul_q8`` on the weight's blocks interleaved 16 rows at a time (``accel.formats.ggml_x16``; ``Q8_0``,
-        ``Q4_0``, ``Q4_1``, FormatError for another type): float32 ``[..., K]`` -> float32 ``[..., N]``, equal bit for
-        bit to ``reference_q8_x16`` (the numpy reference itself where the kernel is not built). The interleaved
-        planes (the blocks' own bytes, rearranged) are made on the first call and kept."""
+        """``matmul_q8`` on the weight's blocks interleaved 16 rows at a time (``accel.formats.ggml_x16``, every
+        layout; what ``gguf-kernel-q8`` graphs run): float32 ``[..., K]`` -> float32 ``[..., N]``, equal bit for bit
+        to ``reference_q8_x16`` (the numpy reference itself where the kernel is not built), and to ``matmul_q8`` to
+        float32 rounding. The interleaved planes (the blocks' own bytes, rearranged; as large as the stored ones) are
+        made on the first call and kept."""
         x, lead, rows = self._activations(x)
         x2 = np.ascontiguousarray(x.reshape(rows, self.in_features))
         if self._lib is None:
