@@ -13,6 +13,10 @@ Each output row is computed by the same operation sequence whatever the number o
 
 Where the kernel cannot be built (or ``ACCEL_MXKERNEL=numpy``) the numpy path gives the same weights
 (``t.dequantize()``) with a numpy float32 matmul (BLAS's summation order).
+
+With int8 activations (as llama.cpp multiplies its types): ``matmul_q8`` on the stored blocks
+(``accel.formats.mxkernel_q8.reference_q8_ggml``) and ``matmul_q8_x16`` on the blocks interleaved 16 rows at a time
+(``accel.formats.ggml_x16``; what ``gguf-kernel-q8`` graphs run), each bit for bit equal to its numpy reference.
 """
 
 from __future__ import annotations
