@@ -317,6 +317,49 @@ int mxk_q8_path(void) {
 
 #define Q8_STACK_BLOCKS 256 /* 8 KiB of int8 codes */
 
+/* a call's quantized activations: a decode step's fit in q8_stack_t on the caller's stack (no allocator call per
+ * operator); larger calls allocate (heap) */
+typedef struct {
+    int8_t q[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
+    float d[Q8_STACK_BLOCKS], u[2 * Q8_STACK_BLOCKS];
+    int32_t sq[2 * Q8_STACK_BLOCKS];
+} q8_stack_t;
+typedef struct {
+    int8_t *q;  /* codes [S, nblocks, 32] */
+    float *d;   /* scales [S, nblocks] */
+    float *u;   /* d * sum(q) [S, nblocks, halves]; NULL where not asked for */
+    int32_t *sq; /* sum(q) [S, nblocks, halves]; NULL where not asked for */
+    int heap;
+} q8_acts_t;
+
+static void q8_acts_free(q8_acts_t *a) {
+    if (a->heap) {
+        free(a->q);
+        free(a->d);
+        free(a->u);
+        free(a->sq);
+    }
+}
+
+/* quantize x [S, xstride] per block of 32 into a (mxk_quantize_q8), with the block sums (halves 1 or 2 a block:
+ * mxk_q8_block_sums) where `sums` is 1 (u) or 2 (u and sq); 0, or -2 when out of memory (nothing left allocated) */
+static int q8_acts(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int halves, int sums, q8_stack_t *st,
+                   q8_acts_t *a) {
+    const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
+    a->heap = rb > Q8_STACK_BLOCKS;
+    a->q = a->heap ? (int8_t *)malloc((size_t)(32 * rb)) : st->q;
+    a->d = a->heap ? (float *)malloc(sizeof(float) * (size_t)rb) : st->d;
+    a->u = sums < 1 ? NULL : a->heap ? (float *)malloc(sizeof(float) * (size_t)(halves * rb)) : st->u;
+    a->sq = sums < 2 ? NULL : a->heap ? (int32_t *)malloc(sizeof(int32_t) * (size_t)(halves * rb)) : st->sq;
+    if (!a->q || !a->d || (sums >= 1 && !a->u) || (sums >= 2 && !a->sq)) {
+        q8_acts_free(a);
+        return -2;
+    }
+    mxk_quantize_q8(x, s, xstride, nblocks, a->q, a->d);
+    if (a->u) mxk_q8_block_sums(a->q, a->d, s, nblocks, halves, a->u, a->sq);
+    return 0;
+}
+
 /* y[S, N] = q8(x)[S, K] @ W^T for MXFP6 E2M3 (fast 1) or MXFP4 E2M1 (fast 2) weights in blocks of 32, or GGUF
  * blocks (fast 4..10; codes and scales as mxk_linear's), the activations quantized per block
  * to int8 first (mxkernel_q8.c, mxkernel_gq8.c: integer dot products per block); -1 for another format, -2 when out
@@ -324,35 +367,16 @@ int mxk_q8_path(void) {
 int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                   int64_t s, int64_t xstride, float *y, int threads) {
     if (fast != FAST_E2M3 && fast != FAST_E2M1 && !is_gguf(fast)) return -1;
-    const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
     const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: an offset per 16 weights */
     const int offsets = is_gguf(fast) && has_offset(fast); /* the m * dx * sum(q) terms need the block sums */
-    /* a decode step's activations fit on the stack (no allocator call per operator); larger calls allocate */
-    int8_t q_small[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
-    float d_small[Q8_STACK_BLOCKS], u_small[2 * Q8_STACK_BLOCKS];
-    const int small = rb <= Q8_STACK_BLOCKS;
-    int8_t *q = small ? q_small : (int8_t *)malloc((size_t)(32 * rb));
-    float *d = small ? d_small : (float *)malloc(sizeof(float) * (size_t)rb);
-    float *u = !offsets ? NULL : small ? u_small : (float *)malloc(sizeof(float) * (size_t)(halves * rb));
-    if (!q || !d || (offsets && !u)) {
-        if (!small) {
-            free(q);
-            free(d);
-            free(u);
-        }
-        return -2;
-    }
-    mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-    if (u) mxk_q8_block_sums(q, d, s, nblocks, halves, u);
+    q8_stack_t st;
+    q8_acts_t a;
+    if (q8_acts(x, s, xstride, nblocks, halves, offsets, &st, &a)) return -2;
     int bits = fast == FAST_E2M3 ? 6 : is_gguf(fast) ? gguf_bits(fast) : 4;
-    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, q, d, mxk_q8_path(),
-               NULL,  NULL, u, 0, 0, NULL};
+    job_t j = {codes, scales, NULL, x, y, n, nblocks * 32, nblocks, s, xstride, bits, 32, fast, a.q, a.d, mxk_q8_path(),
+               NULL,  NULL, a.u, 0, 0, NULL};
     int rc = run_parts(&j, threads, NULL);
-    if (!small) {
-        free(q);
-        free(d);
-        free(u);
-    }
+    q8_acts_free(&a);
     return rc;
 }
 
@@ -361,54 +385,30 @@ int mxk_linear_q8(const uint8_t *codes, const uint8_t *scales, int fast, int64_t
 int mxk_linear_x16(const uint8_t *codes, const uint8_t *scales, int fast, int64_t n, int64_t nblocks, const float *x,
                    int64_t s, int64_t xstride, float *y, int threads) {
     if (!is_gguf(fast)) return -1;
-    const int halves = fast == FAST_I8_F32 ? 2 : 1; /* I8_F32: the sums of codes 0..15 and 16..31 */
-    const int64_t rb = s * nblocks > 0 ? s * nblocks : 1;
-    int8_t q_small[32 * Q8_STACK_BLOCKS] __attribute__((aligned(32)));
-    float d_small[Q8_STACK_BLOCKS], u_small[2 * Q8_STACK_BLOCKS];
-    int32_t sq_small[2 * Q8_STACK_BLOCKS];
-    const int small = rb <= Q8_STACK_BLOCKS;
-    int8_t *q = small ? q_small : (int8_t *)malloc((size_t)(32 * rb));
-    float *d = small ? d_small : (float *)malloc(sizeof(float) * (size_t)rb);
-    float *u = small ? u_small : (float *)malloc(sizeof(float) * (size_t)(2 * rb));
-    int32_t *sq = small ? sq_small : (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * rb));
-    int rc = -2;
-    if (q && d && u && sq) {
-        mxk_quantize_q8(x, s, xstride, nblocks, q, d);
-        const int len = 32 / halves;
-        for (int64_t i = 0; i < s * nblocks; i++)
-            for (int h = 0; h < halves; h++) {
-                int32_t sum = 0;
-                for (int e = 0; e < len; e++) sum += q[32 * i + len * h + e];
-                sq[halves * i + h] = sum;
-                u[halves * i + h] = d[i] * (float)sum;
-            }
-        job_t j;
-        memset(&j, 0, sizeof j);
-        j.codes = codes;
-        j.scales = scales;
-        j.y = y;
-        j.n = (n + 15) / 16;
-        j.width = n;
-        j.k = nblocks * 32;
-        j.nblocks = nblocks;
-        j.s = s;
-        j.xstride = xstride;
-        j.bits = gguf_bits(fast);
-        j.block = 32;
-        j.fast = fast;
-        j.xq = q;
-        j.xd = d;
-        j.xu = u;
-        j.xs = sq;
-        j.x16 = 1;
-        j.q8_path = mxk_q8_path();
-        rc = run_parts(&j, threads, NULL);
-    }
-    if (!small) {
-        free(q);
-        free(d);
-        free(u);
-        free(sq);
-    }
+    q8_stack_t st;
+    q8_acts_t a; /* the integer sums too (sq: the starting sums of the unsigned codes) */
+    if (q8_acts(x, s, xstride, nblocks, fast == FAST_I8_F32 ? 2 : 1, 2, &st, &a)) return -2;
+    job_t j;
+    memset(&j, 0, sizeof j);
+    j.codes = codes;
+    j.scales = scales;
+    j.y = y;
+    j.n = (n + 15) / 16;
+    j.width = n;
+    j.k = nblocks * 32;
+    j.nblocks = nblocks;
+    j.s = s;
+    j.xstride = xstride;
+    j.bits = gguf_bits(fast);
+    j.block = 32;
+    j.fast = fast;
+    j.xq = a.q;
+    j.xd = a.d;
+    j.xu = a.u;
+    j.xs = a.sq;
+    j.x16 = 1;
+    j.q8_path = mxk_q8_path();
+    int rc = run_parts(&j, threads, NULL);
+    q8_acts_free(&a);
     return rc;
 }

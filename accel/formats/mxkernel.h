@@ -205,8 +205,10 @@ MXK_INTERNAL void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path);
 MXK_INTERNAL void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path); /* GGUF blocks (mxkernel_gq8.c) */
 /* groups [g0, g1) of 16 W rows in the interleaved layout (mxkernel_gx16.c) */
 MXK_INTERNAL void linear_gx16(const job_t *j, int64_t g0, int64_t g1, int path);
-/* u[r, b, h] = d[r, b] * (float)sum of block b's codes (halves 1) or of each half's (halves 2) (mxkernel_gq8.c) */
-void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u);
+/* u[r, b, h] = d[r, b] * (float)sum of block b's codes (halves 1) or of each half's (halves 2), sq the sums (NULL: not
+ * wanted) (mxkernel_gq8.c) */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u,
+                       int32_t *sq);
 /* activations x [S, xstride] -> int8 codes q [S, nblocks, 32] and scales d [S, nblocks] (mxkernel_q8.c) */
 void mxk_quantize_q8(const float *x, int64_t s, int64_t xstride, int64_t nblocks, int8_t *q, float *d);
 /* the API's y[S, N] = x[S, K] @ W^T (mxkernel.c; the onnxruntime operator of mxkernel_ort.c calls it too) */

@@ -133,7 +133,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_quantize_q8.restype = None
     lib.mxk_quantize_q8.argtypes = [_p, _i64, _i64, _i64, _p, _p]
     lib.mxk_q8_block_sums.restype = None
-    lib.mxk_q8_block_sums.argtypes = [_p, _p, _i64, _i64, _int, _p]
+    lib.mxk_q8_block_sums.argtypes = [_p, _p, _i64, _i64, _int, _p, _p]
     lib.mxk_q8_path.restype = _int
     lib.mxk_q8_path.argtypes = []
     lib.mxk_silu_mul.restype = None

@@ -51,14 +51,17 @@ static inline void gq8_scales(int fast, const uint8_t *sc, int64_t b, float *d, 
 }
 
 /* u[r, b, h] = d[r, b] * (float)sum(q[r, b, 32 / halves * h ..]) for S rows of nblocks blocks: halves 1 (the
- * block's sum) or 2 (the sums of codes 0..15 and 16..31, for I8_F32's two offsets) */
-void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u) {
+ * block's sum) or 2 (the sums of codes 0..15 and 16..31, for I8_F32's two offsets); sq (NULL: not wanted) gets the
+ * integer sums themselves, in the same order (mxkernel_gx16.c) */
+void mxk_q8_block_sums(const int8_t *q, const float *d, int64_t rows, int64_t nblocks, int halves, float *u,
+                       int32_t *sq) {
     const int len = 32 / halves;
     for (int64_t i = 0; i < rows * nblocks; i++)
         for (int h = 0; h < halves; h++) {
             int32_t sum = 0;
             for (int e = 0; e < len; e++) sum += q[32 * i + len * h + e];
             u[halves * i + h] = d[i] * (float)sum;
+            if (sq) sq[halves * i + h] = sum;
         }
 }
 
