@@ -25,7 +25,7 @@ from accel.backends.onnx_builder import GraphBuilder
 from accel.errors import BackendError
 from accel.formats.elements import MXFP4_E2M1, MXFP6_E2M3, MXINT8
 from accel.formats.ggml import GGML_TYPES, GGMLTensor
-from accel.formats.ggml_x16 import GROUP, X16_TYPES, interleave16, x16_runs
+from accel.formats.ggml_x16 import GROUP, interleave16
 from accel.formats.mxkernel import code_table, default_threads, fast_code
 from accel.formats.mxkernel_build import kernel_status, load_kernel
 
@@ -78,7 +78,7 @@ def mx_linear(
     interleave = 0
     if isinstance(ts[0], GGMLTensor):
         joined = GGMLTensor.concat(ts)
-        if act_bits == 8 and x16_runs(joined):  # int8 activations: 16 rows interleaved (accel.formats.ggml_x16)
+        if act_bits == 8:  # int8 activations: 16 rows interleaved (accel.formats.ggml_x16)
             c16, s16 = interleave16(joined)
             codes, scales, interleave = [c16], [s16], GROUP
         else:
@@ -206,7 +206,7 @@ def _check_node(node: Any, initializers: dict[str, Any], path: Path) -> None:
         or a.get("glu", 0) not in (0, 1)
         or (a.get("glu", 0) == 1 and a["N"] % 2)
         or a.get("interleave", 0) not in (0, GROUP)
-        or (a.get("interleave", 0) and (act_bits != 8 or ggml is None or ggml.name not in X16_TYPES))
+        or (a.get("interleave", 0) and (act_bits != 8 or ggml is None))
     ):
         raise BackendError(
             f"{where}: attributes {a} are not an MXLinear accel writes (fast 1/2/3 = E2M3/E2M1/INT8 with bits 6/4/8, "

@@ -149,22 +149,8 @@ class GGMLKernel(KernelWeight):
             return reference_q8_x16(self.tensor, x2).reshape(*lead, self.out_features)
         if self._x16 is None:
             self._x16 = interleave16(self.tensor)
-        codes, scales = self._x16
-        y = np.empty((rows, self.out_features), np.float32)
-        rc = self._lib.mxk_linear_x16(
-            codes.ctypes.data,
-            scales.ctypes.data,
-            self.tensor.qtype.fast,
-            self.out_features,
-            self.tensor.nblocks,
-            x2.ctypes.data,
-            rows,
-            self.in_features,
-            y.ctypes.data,
-            self._threads(threads),
-        )
-        if rc == -2:
-            raise MemoryError("matmul_q8_x16: the kernel could not allocate the quantized activations")
-        if rc != 0:
-            raise FormatError(f"matmul_q8_x16: the kernel refused {self.tensor.qtype.name} blocks (code {rc})")
+        planes = (self._x16[0].ctypes.data, self._x16[1].ctypes.data)
+        fast, nblocks = self.tensor.qtype.fast, self.tensor.nblocks
+        threads_n = self._threads(threads)
+        y = linear_q8_call(self._lib, planes, fast, self.out_features, nblocks, x2, threads_n, interleaved=True)
         return y.reshape(*lead, self.out_features)

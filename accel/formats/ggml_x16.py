@@ -24,21 +24,20 @@ from __future__ import annotations
 import numpy as np
 
 from accel.errors import FormatError
-from accel.formats.ggml import BLOCK, GGML_TYPES, GGMLTensor
+from accel.formats.ggml import BLOCK, GGMLTensor
 from accel.formats.mxkernel_q8 import quantize_q8
 
-__all__ = ["GROUP", "X16_TYPES", "interleave16", "reference_q8_x16", "x16_plane_bytes", "x16_runs"]
+__all__ = ["GROUP", "interleave16", "reference_q8_x16", "x16_plane_bytes"]
 
 #: weight rows a group interleaves (one 512-bit register: 16 lanes of 4 codes)
 GROUP = 16
-#: the block types the interleaved kernel runs: every kernel layout
-X16_TYPES = tuple(GGML_TYPES)
 _F32 = np.float32
 
 
-def x16_runs(t: object) -> bool:
-    """Whether ``t`` is a weight the interleaved kernel runs (a ``GGMLTensor``: every layout, ``X16_TYPES``)."""
-    return isinstance(t, GGMLTensor) and t.qtype.name in X16_TYPES
+def _check(t: object) -> None:
+    """FormatError unless ``t`` is a ``GGMLTensor`` (every kernel layout runs interleaved)."""
+    if not isinstance(t, GGMLTensor):
+        raise FormatError(f"the interleaved layout holds GGUF block weights; got {type(t).__name__}")
 
 
 def _groups(a: np.ndarray) -> np.ndarray:
@@ -55,8 +54,7 @@ def interleave16(t: GGMLTensor) -> tuple[np.ndarray, np.ndarray]:
     types: 4 chunks of 64 bytes, each byte a code and the code 16 places later, as stored; the 5-bit types then 8
     64-bit masks of fifth bits, one per register of 4 codes a row), then the 16 rows' scales, one row of 16 per scale
     value (``d``, ``m``; ``I8_F32``: ``d0``, ``m0``, ``d1``, ``m1``). FormatError for a tensor of another kind."""
-    if not x16_runs(t):
-        raise FormatError(f"the interleaved layout holds GGUF block weights; got {type(t).__name__}")
+    _check(t)
     nb, q = t.nblocks, t.qtype
     nibbles = _groups(t.codes[..., :16] if q.bits < 8 else t.codes)  # [G, 16, nb, 16 or 32]
     g = nibbles.shape[0]
@@ -81,8 +79,7 @@ def x16_plane_bytes(t: GGMLTensor) -> tuple[int, int]:
 def reference_q8_x16(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
     """``quantize_q8(x) @ W.T`` in the interleaved kernel's exact order of float32 operations (module docstring):
     float32 ``[S, N]`` for ``x`` ``[S, K]``. Slow (tests)."""
-    if not x16_runs(t):
-        raise FormatError(f"the interleaved layout holds GGUF block weights; got {type(t).__name__}")
+    _check(t)
     x = np.asarray(x, _F32).reshape(-1, t.shape[1])
     nb = t.shape[1] // BLOCK
     halves = 2 if t.qtype.name == "I8_F32" else 1  # I8_F32: a d and an m per 16 codes

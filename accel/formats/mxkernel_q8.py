@@ -181,15 +181,24 @@ def matmul_q8(packed: PackedMX, x: np.ndarray, threads: int | None = None) -> np
 
 
 def linear_q8_call(
-    lib: Any, planes: tuple[int, int], fast: int, n: int, nblocks: int, x: np.ndarray, threads: int
+    lib: Any,
+    planes: tuple[int, int],
+    fast: int,
+    n: int,
+    nblocks: int,
+    x: np.ndarray,
+    threads: int,
+    interleaved: bool = False,
 ) -> np.ndarray:
     """``mxk_linear_q8`` of the weight whose code and scale planes are at ``planes`` (pointers), format code ``fast``,
     ``n`` outputs of ``nblocks`` blocks, on C-contiguous float32 activations ``x`` ``[S, >= 32 * nblocks]``: float32
-    ``[S, n]``. MemoryError when the kernel cannot allocate the quantized activations, FormatError when it refuses."""
+    ``[S, n]`` (``interleaved``: ``mxk_linear_x16``, GGUF planes in ``accel.formats.ggml_x16``'s layout). MemoryError
+    when the kernel cannot allocate the quantized activations, FormatError when it refuses."""
     y = np.empty((x.shape[0], n), _F32)
-    rc = lib.mxk_linear_q8(*planes, fast, n, nblocks, x.ctypes.data, x.shape[0], x.shape[1], y.ctypes.data, threads)
+    call, what = (lib.mxk_linear_x16, "matmul_q8_x16") if interleaved else (lib.mxk_linear_q8, "matmul_q8")
+    rc = call(*planes, fast, n, nblocks, x.ctypes.data, x.shape[0], x.shape[1], y.ctypes.data, threads)
     if rc == -2:
-        raise MemoryError("matmul_q8: the kernel could not allocate the quantized activations")
+        raise MemoryError(f"{what}: the kernel could not allocate the quantized activations")
     if rc != 0:
-        raise FormatError(f"matmul_q8: the kernel refused format {fast} ({n} x {32 * nblocks}; code {rc})")
+        raise FormatError(f"{what}: the kernel refused format {fast} ({n} x {32 * nblocks}; code {rc})")
     return y

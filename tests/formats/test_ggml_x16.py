@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from accel.errors import FormatError
-from accel.formats.ggml import GGMLTensor
+from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.formats.ggml_kernel import GGMLKernel
-from accel.formats.ggml_x16 import X16_TYPES, interleave16, reference_q8_x16, x16_plane_bytes
+from accel.formats.ggml_x16 import interleave16, reference_q8_x16, x16_plane_bytes
 from accel.formats.mxkernel import set_isa
 from accel.formats.mxkernel_build import load_kernel
 from accel.formats.mxkernel_q8 import quantize_q8
@@ -34,6 +34,7 @@ pytestmark = [
 
 # outputs 37 (two groups and 5), 5 (one AVX2 half, partly), 16, 3, 9 (a half and one), 24, 40; blocks 18, 3, 48, 1, 9,
 # 7, 2; x rows 1..9 (tiles of 4 and the rest)
+LAYOUTS = tuple(GGML_TYPES)  # every kernel layout runs interleaved
 SHAPES = [(37, 576, 1), (5, 96, 3), (16, 1536, 2), (3, 32, 4), (9, 288, 6), (24, 224, 5), (40, 64, 9)]
 
 
@@ -43,7 +44,7 @@ def _best_isa():
     set_isa(3)
 
 
-@pytest.mark.parametrize("name", X16_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize(("n", "k", "rows"), SHAPES)
 def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     t = _tensor(rng, name, n, k, special=n == 5)
@@ -58,7 +59,7 @@ def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     assert ref.shape == (rows, n) and np.isfinite(ref).any()
 
 
-@pytest.mark.parametrize("name", X16_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_a_row_does_not_depend_on_the_rows_beside_it(name, rng):
     t = _tensor(rng, name, 40, 352)
     x = rng.standard_normal((9, 352)).astype(np.float32)
@@ -68,7 +69,7 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(name, rng):
     assert _same(g.matmul_q8_x16(x.reshape(3, 3, 352)), together.reshape(3, 3, 40))
 
 
-@pytest.mark.parametrize("name", X16_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_the_planes_are_the_stored_bytes_rearranged(name, rng):
     """Codes: group g, block b, chunk j, row i, byte e = the stored code byte 4j + e of row 16g + i, block b (Q4: a
     code and the one 16 places later, as stored); the 5-bit types' masks: bit 4i + e of mask r = the fifth bit of code
@@ -133,7 +134,7 @@ def test_the_reference_sees_the_offset_the_nibbles_and_the_sign(rng):
     )
 
 
-@pytest.mark.parametrize("name", X16_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_activation_rounding_stays_within_its_bound(name, rng):
     """|x16 - exact| <= sum over blocks of (dx_b / 2) * sum |d w + m|, plus float32 slack; the stored layout's int8
     path computes the same quantized products in another float32 order (close, not equal in general)."""
@@ -150,7 +151,7 @@ def test_activation_rounding_stays_within_its_bound(name, rng):
     assert np.all(np.abs(got - stored) <= 2 * slack)
 
 
-@pytest.mark.parametrize("name", X16_TYPES)
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_the_onnxruntime_node_runs_the_same_numbers(name, rng):
     for n, k in ((5, 64), (700, 544)):  # 700 * 544 weights: two kernel threads
         t = _tensor(rng, name, n, k, special=n == 5)
