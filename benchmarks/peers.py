@@ -261,8 +261,8 @@ def parse_args() -> argparse.Namespace:
     for flag, got, known in (("--genai", args.genai, GENAI_PRECISIONS), ("--llama", args.llama, tuple(LLAMA_FTYPES))):
         if set(got) - set(known):
             ap.error(f"{flag}: unknown {sorted(set(got) - set(known))}; choose from {', '.join(known)}")
-    if min(args.prompts, args.max_new_tokens, args.rounds, args.threads, args.quality_tokens) < 1:
-        ap.error("--prompts, --max-new-tokens, --rounds, --threads and --quality-tokens must be >= 1")
+    if min(args.prompts, args.max_new_tokens, args.rounds, args.threads, args.quality_tokens, args.spd_chain) < 1:
+        ap.error("--prompts, --max-new-tokens, --rounds, --threads, --quality-tokens and --spd-chain must be >= 1")
     if args.threads > (os.cpu_count() or 1):
         print(f"warning: --threads {args.threads} > {os.cpu_count()} CPUs: timings will mostly measure contention")
     return args
