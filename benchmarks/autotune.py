@@ -17,10 +17,11 @@ every setting).
 Settings of a cell: AR; for ``feature`` the chains K = ``--chain-ks`` (default 1, 2, 4), the dynamic chain (cap
 ``--dyn-k`` 6, ``min_draft_prob`` ``--min-draft-prob`` 0.3) and the trees of ``--tree-nodes`` (4, 8, 16) nodes; for
 ``hydra`` the trees of ``--hydra-nodes`` (4, 12) nodes (``TreeShape.for_decoding``); each also with n-gram lookup
-(``NgramLookup(--ngram 3, --ngram-k 4)``: ``FirstOf`` before a chain, ``Merge`` into a tree); and the controller,
-``AutoTune`` over the drafter's shapes (feature: ``draft_arms``, lookup then a chain of up to max(--chain-ks) (the
-lookup at its own length), the chain alone, lookup then the dynamic chain (on or off), the largest tree merged with
-lookup; Hydra: the largest tree merged with lookup and after lookup), probed (``.probe(target)``) before the pass, one
+(``NgramLookup(--ngram 3, --ngram-k 4)``: ``FirstOf`` before a chain, ``Merge`` into a tree); the lookup alone; and
+the controller, ``AutoTune`` over the drafter's shapes (feature: ``draft_arms``, lookup then a chain of up to
+max(--chain-ks) (the lookup at its own length), the chain alone, lookup then the dynamic chain (on or off), the
+largest tree merged with lookup, the lookup alone; Hydra: the largest tree merged with lookup and after lookup, the
+lookup alone), probed (``.probe(target)``) before the pass, one
 instance per cell kept across the prompts (it learns). Per prompt (the first ``--prompts`` of ``HELD_OUT_PROMPTS``),
 every target, sampling and setting runs once, ``--max-new-tokens`` tokens (EOS ignored, so every run makes the same
 tokens); AR runs once per (target, sampling) and serves both drafters' cells.
@@ -57,7 +58,7 @@ the run time (from the probed call time; exports not included), a markdown table
 writes ``results/autotune.json`` (``--out``).
 
 Run time: the default grid is the issue's less chain K = 3 (``--chain-ks 1,2,3,4`` restores it): per prompt, target
-and pass 42 runs of 128 tokens, 1,344 runs in all with the load pass. On a quiet 2-core VM (one-token calls of about
+and pass 43 runs of 128 tokens, 1,376 runs in all with the load pass. On a quiet 2-core VM (one-token calls of about
 28 ms fp32 and 13 ms ``mxfp6-kernel``) the estimate is about 55 minutes with ``--load`` and 25 without: over the
 40 minutes aimed at; the full grid (K = 3 too) about 10% more. ``--chain-ks 1,2`` or ``--no-load`` shorten it.
 The estimate printed at the start uses this machine's probed call time.
@@ -254,6 +255,7 @@ def fixed_settings(drafter: str, bench: Bench, args: argparse.Namespace, trees: 
     out: dict[str, Maker] = {**chains, **tree_makers}
     out.update({f"{name} + lookup": _with_lookup(args, FirstOf, make) for name, make in chains.items()})
     out.update({f"{name} + lookup": _with_lookup(args, Merge, make) for name, make in tree_makers.items()})
+    out["lookup"] = partial(_lookup, args)  # n-gram lookup alone: no draft call at all
     return out
 
 
@@ -273,7 +275,11 @@ def controller(
         )
     else:
         top = max(args.hydra_nodes)
-        arms = [Merge(_lookup(args), _hydra_tree(bench, top)), FirstOf(_lookup(args), _hydra_tree(bench, top))]
+        arms = [
+            Merge(_lookup(args), _hydra_tree(bench, top)),
+            FirstOf(_lookup(args), _hydra_tree(bench, top)),
+            _lookup(args),
+        ]
     tuner = AutoTune(arms, settings=settings)
     tuner.probe(target)
     return tuner

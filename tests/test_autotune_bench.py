@@ -278,3 +278,4 @@ def test_a_target_without_trees_gets_the_chains_only(bench):
         *(f"tree {n} + lookup" for n in (4, 8, 16)),
     }
     assert set(chains) == {n for n in every if "tree" not in n} and chains
+    assert "lookup" in chains  # the lookup alone, with no draft call

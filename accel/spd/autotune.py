@@ -48,17 +48,21 @@ on the probed call curve says it could beat no speculation (``worth_probing``: o
 ``explore_every``-th round later (``explore``) tries a neighbour of the last choice (N + 1, then N - 1; with several
 arms every third exploration is instead the best budget of the next other arm, so the arms not chosen keep their
 statistics current), which keeps the curves near the optimum current as the machine's load changes and reaches
-deeper acceptance statistics. While the model's choice is no speculation (a target whose wide calls cost too much,
-e.g. accel's fused-kernel targets on a 2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each
-arm's smallest budget: every exploration round there is a round that loses, and on ``gguf-kernel`` SmolLM2 they cost
-the controller 6% against AR. The other rounds take the best N (``model``) of a plan recomputed every
-``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while it chooses no speculation (pricing every budget
-costs ~0.4 ms of host time with four arms, ~1% of an fp32 SmolLM2 round, 2-3% of a ``gguf-kernel`` step; the plan is
-a function of the past either way). When a curve has no valid sample (a clock returning zero, NaN or negative
-differences; every sample is refused, ``CostCurve``) the controller runs ``fallback`` nodes (default: the first
-arm's own ``max_nodes``, its fixed shape; on the first arm whose budgets hold it) and says so in
-``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a hang. Its learned state
-persists across ``generate`` calls (``reset()`` forgets it).
+deeper acceptance statistics. While the model's choice calls no draft (no speculation, or the lookup alone where
+other arms have a draft: ``_draftless``; a target whose wide calls cost too much, e.g. accel's fused-kernel targets
+on a 2-core CPU) exploration is ``QUIET_EXPLORE`` times rarer and tries only each arm's smallest budget: every such
+exploration pays the draft's catch-up over every token since its last call, and on ``gguf-kernel`` SmolLM2 they
+cost the controller 6% against AR; the interval doubles after each exploration that leaves the choice draftless, up
+to ``TuneSettings.quiet_backoff`` times. The other rounds take the best N (``model``) of a plan recomputed every
+``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the choice is draftless (pricing every budget costs
+0.4-2.5 ms of host time with four or five arms; the plan is a function of the past either way), where a draft that
+is far behind has its catch-up priced (``accel.spd.autotune_catchup``). When a curve has no valid sample (a clock
+returning zero, NaN or negative differences; every sample is refused, ``CostCurve``) the controller runs
+``fallback`` nodes (default: the first arm's own ``max_nodes``, its fixed shape; on the first arm whose budgets hold
+it) and says so in ``GenerationStats.tuned_rounds`` (``phase = "fallback"``): never a division by zero, never a
+hang. Its learned state persists across ``generate`` calls (``reset()`` forgets it). Each arm's proposer is started
+(``Proposer.start``: a draft's prompt prefill) at its first round in a run, so a run that never calls the draft
+never starts it.
 
 Exactness: the arm and budget are a function of the previous rounds only (their verified trees, their timings, which
 proposals were offered) and of the clock, never of the target's output for the current round: it is fixed before
@@ -93,6 +97,7 @@ from accel.spd.autotune_arm import (
     probe_schedule,
     share_draft_models,
 )
+from accel.spd.autotune_catchup import STEADY_TOKENS, CatchUp
 from accel.spd.autotune_plan import Plan, TuneSettings
 from accel.spd.costs import CostCurve, probe_target
 from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
@@ -120,6 +125,7 @@ class _Pending:
     offered: bool
     predicted: tuple[float, float, float]
     model: tuple[float, float] | None
+    behind: int  # tokens the arm's draft was behind before the round (its catch-up)
 
 
 #: ``AutoTune``'s keywords before ``TuneSettings`` (deprecated; removed in accel 0.2.0)
@@ -159,7 +165,11 @@ class AutoTune:
         replan_every, window = st.replan_every, st.window
         proposers = as_arms(proposer)
         share_draft_models(proposers)  # one arm proposes a round: the arms may share a draft's bookkeeping
-        self.arms = [Arm(p, b, decay=float(decay), window=window) for p, b in arm_budgets(proposers, budgets)]
+        long_run = float(st.long_run_decay)
+        self.arms = [
+            Arm(p, b, decay=float(decay), window=window, long_run_decay=long_run)
+            for p, b in arm_budgets(proposers, budgets)
+        ]
         self.fallback = self.arms[0].budgets[-1] if fallback is None else int(fallback)
         self._fallback_arm = next((i for i, a in enumerate(self.arms) if self.fallback in a.budgets), NO_ARM)
         if self.fallback != 0 and self._fallback_arm == NO_ARM:
@@ -196,12 +206,17 @@ class AutoTune:
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
         for arm in self.arms:
             arm.reset()
+        self.catch_up = CatchUp()
         self.evidence = ShapeEvidence(max(self.decay, EVIDENCE_DECAY))  # per shape: its own rounds' tokens, seconds
+        self.catch_up = CatchUp()  # seconds per token of the drafts' long catch-ups
         self.rounds = 0
         self._last = (0, self.arms[0].budgets[-1])
+        self._started = [False] * len(self.arms)  # per arm: started in this run (``start``)
         self._explored = 0
+        self._explored_at = 0  # the round of the last exploration
+        self._quiet_explores = 0  # explorations in a row while the model chose no speculation
         self._pending: _Pending | None = None
-        self._plan: tuple[int, Plan | None] | None = None  # (round it was computed at, plan)
+        self._plan: tuple[int, Plan | None, tuple[int, int] | None] | None = None  # (round computed, plan, its best)
         self._schedule = probe_schedule(self.arms)
         self._pruned = False  # the schedule is pruned once, at the first round (worth_probing)
 
@@ -225,27 +240,53 @@ class AutoTune:
             arm.proposer.check(target)
 
     def start(self, run: RunState) -> None:
+        """A new run. Each arm's proposer is started at its first round in the run (``_started``), not here: a draft
+        arm's start prefills the draft with the prompt, which a run that never speculates does not need."""
         self._pending = None
-        for arm in self.arms:
-            arm.proposer.start(run)
+        self._started = [False] * len(self.arms)
 
     def _cached_plan(self) -> Plan | None:
         """``plan()``, recomputed every ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the model
-        chooses no speculation (nothing it learns changes then but the timings of plain steps; a plan costs ~0.4 ms of
-        host time with four arms, 2-3% of a ``gguf-kernel`` SmolLM2 step); a function of the past rounds either way.
+        chooses no draft (``_draftless``: no speculation, or lookup alone; nothing it learns changes then but the
+        timings of plain steps and the lookup's counts; a plan costs 0.4-2.5 ms of host time with four or five arms,
+        5-35% of a ``gguf-kernel-q8`` SmolLM2 step); a function of the past rounds either way.
         Not every round: re-pricing from every round's evidence churned between shapes (docs/spd.md, "Phases")."""
-        every = self.replan_every * (QUIET_EXPLORE if self._quiet else 1)
+        every = self.replan_every * (QUIET_EXPLORE if self._draftless else 1)
         if self._plan is None or self.rounds - self._plan[0] >= every or self._plan[1] is None:
-            self._plan = (self.rounds, self.plan())
+            plan = self.plan()
+            self._plan = (self.rounds, plan, plan.best_shape() if plan is not None else None)
         return self._plan[1]
+
+    def _best(self, plan: Plan, run: RunState | None = None, rows: np.ndarray | None = None) -> tuple[int, int]:
+        """``plan.best_shape()`` (kept with the cached plan: host time per round), with the catch-up its arm's draft
+        would need now spread over ``replan_every`` rounds (``accel.spd.autotune_catchup``) and likewise every other
+        draft arm's: only where the plain best's draft is behind can that change the choice."""
+        cached = self._plan is not None and self._plan[1] is plan and self._plan[2] is not None
+        best = self._plan[2] if cached and self._plan is not None and self._plan[2] is not None else plan.best_shape()
+        if run is None or rows is None or best[1] == 0:
+            return best
+        drafts = self.arms[best[0]].drafts
+        if CatchUp.behind(drafts, run, rows) <= STEADY_TOKENS:
+            return best
+        extra = {
+            i: self.catch_up.seconds(a.drafts, CatchUp.behind(a.drafts, run, rows)) for i, a in enumerate(self.arms)
+        }
+        if not any(extra.values()):
+            return best
+        added = np.array([extra.get(int(a), 0.0) / self.replan_every for a in plan.arms.tolist()])
+        return plan.best_shape(extra_s=added)
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
         plan = self._cached_plan()
-        arm, nodes, phase = self._choose(plan)
+        arm, nodes, phase = self._choose(plan, run, rows)
         predicted = plan.at(nodes, arm) if plan is not None else (math.nan, math.nan, math.nan)
         model = plan.model_at(nodes, arm) if plan is not None else None
         out: list[TokenTree | None] = [None] * run.batch
+        behind = CatchUp.behind(self.arms[arm].drafts, run, rows) if nodes > 0 else 0
         t0 = self.clock()
+        if nodes > 0 and not self._started[arm]:  # the run's first round of this arm: its draft's prompt prefill
+            self.arms[arm].proposer.start(run)
+            self._started[arm] = True
         if nodes > 0:
             view = copy.copy(run)  # the same run, tighter limits for this round (the run's arrays are not written)
             view.max_nodes = np.minimum(run.max_nodes, nodes)
@@ -254,7 +295,7 @@ class AutoTune:
             out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
         offered = any(t is not None for t in out)
-        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted, model)
+        self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted, model, behind)
         return out
 
     def update(self, run: RunState, outcomes: Sequence[RowOutcome | None]) -> None:
@@ -262,30 +303,38 @@ class AutoTune:
         pending, self._pending = self._pending, None
         chosen = pending.arm if pending is not None else NO_ARM
         for i, arm in enumerate(self.arms):  # the arm that proposed is told how it fared; the others of no rows
-            arm.proposer.update(run, outcomes if i == chosen else [None] * len(outcomes))
+            if self._started[i]:
+                arm.proposer.update(run, outcomes if i == chosen else [None] * len(outcomes))
         if pending is None:  # the loop asked no row this round (every row at its end)
             return
         self.rounds += 1
         width = max([o.tree.size for o in outcomes if o is not None], default=1)
         call_s = t - pending.t_end
         self.call_costs.observe(width, call_s)
+        propose_s = pending.propose_s
         if pending.nodes > 0:
             proposed = self.arms[pending.arm]
             proposed.idle_until(self.rounds - 1)  # the rounds it sat out before this one
-            proposed.observe(pending.nodes, pending.propose_s, pending.offered, outcomes)
+            steady = pending.behind <= STEADY_TOKENS  # a long catch-up is priced apart (accel.spd.autotune_catchup)
+            if not steady:
+                usual = proposed.propose_costs.seconds(pending.nodes)
+                if usual is not None:
+                    self.catch_up.observe(proposed.drafts, pending.behind, propose_s - usual)
+                    propose_s = usual  # the shape's evidence: its steady cost
+            proposed.observe(pending.nodes, pending.propose_s if steady else None, pending.offered, outcomes)
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
-        self.evidence.observe(shape, tokens, call_s, pending.propose_s, model=pending.model)
+        self.evidence.observe(shape, tokens, call_s, propose_s, model=pending.model)
 
     def _record(
         self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float
     ) -> float:
         """The round's ``TunedRound``, into the run's statistics (``GenerationStats.tuned_rounds``); returns its
         tokens per call (the mean over the rows asked)."""
-        asked = np.flatnonzero(pending.rows)
-        tokens = [o.accepted + 1 if o is not None else 1 for o in (outcomes[b] for b in asked.tolist())]
-        mean = float(np.mean(tokens)) if tokens else math.nan
-        record = TunedRound(
+        asked = pending.rows.tolist()
+        tokens = [o.accepted + 1 if o is not None else 1 for o, a in zip(outcomes, asked, strict=True) if a]
+        mean = sum(tokens) / len(tokens) if tokens else math.nan
+        record = TunedRound.model_construct(  # every field computed here (validation: ~60 us a round)
             nodes=pending.nodes,
             shape=self.arms[pending.arm].name if pending.nodes > 0 else "none",
             phase=pending.phase,
@@ -400,32 +449,52 @@ class AutoTune:
                 keep.append((arm, n))
         return keep
 
-    def _choose(self, plan: Plan | None) -> tuple[int, int, Phase]:
-        """This round's arm, budget and phase, from the past only (module docstring)."""
+    def _choose(
+        self, plan: Plan | None, run: RunState | None = None, rows: np.ndarray | None = None
+    ) -> tuple[int, int, Phase]:
+        """This round's arm, budget and phase, from the past only (module docstring); ``run``/``rows``: where the
+        drafts stand (their catch-up is priced)."""
         if not self._pruned and self.rounds == 0:
             self._schedule, self._pruned = self.worth_probing(self._schedule), True
         if self.rounds < len(self._schedule):
             return (*self._schedule[self.rounds], "probe")
         if plan is None:
             return self._fallback_arm, self.fallback, "fallback"
-        every = self.explore_every * (QUIET_EXPLORE if self._quiet else 1)  # speculation loses: explore rarely
-        if self.explore_every and self.rounds % every == 0:
+        if self.explore_every and self.rounds - self._explored_at >= self._explore_interval():
             self._explored += 1
+            self._explored_at = self.rounds
+            self._quiet_explores += self._draftless
             return (*self._neighbour(plan), "explore")
-        self._last = plan.best_shape()
+        self._last = self._best(plan, run, rows)
+        if not self._draftless:
+            self._quiet_explores = 0
         return (*self._last, "model")
 
+    def _explore_interval(self) -> int:
+        """Rounds between explorations: ``explore_every``; while the model chooses no draft (no speculation, or lookup
+        alone, where some arm has a draft) ``QUIET_EXPLORE`` times that, doubled after each exploration in a row that
+        left the choice there (up to ``TuneSettings.quiet_backoff`` times): each one costs the draft's catch-up over
+        the tokens since its last call."""
+        if not self._draftless:
+            return self.explore_every
+        return self.explore_every * QUIET_EXPLORE * 2 ** min(self._quiet_explores, self.settings.quiet_backoff)
+
     @property
-    def _quiet(self) -> bool:
-        """Whether the model's last choice was no speculation (exploration is then rarer and cheaper)."""
-        return self._last[1] == 0
+    def _draftless(self) -> bool:
+        """Whether the model's last choice called no draft (no speculation, or an arm without a draft model such as
+        lookup alone) while some arm has one: what an exploration then tries costs a catch-up (``_explore_interval``);
+        without draft arms, whether it was no speculation."""
+        arm, nodes = self._last
+        if nodes == 0:
+            return True
+        return not self.arms[arm].drafts and any(a.drafts for a in self.arms)
 
     def _neighbour(self, plan: Plan) -> tuple[int, int]:
         """The shape an exploration round re-measures: the last choice's budget + 1, then - 1, within its arm (from no
-        speculation: the first budget of the first arm); with several arms every third time the best budget of the next
-        other arm instead (its smallest while the last choice was no speculation)."""
+        speculation or a draftless choice (``_draftless``): the first budget of the first arm); with several arms every
+        third time the best budget of the next other arm instead (its smallest from such a choice)."""
         arm, nodes = self._last
-        quiet = self._quiet
+        quiet = self._draftless
         if quiet:
             arm, nodes = 0, 0
         if len(self.arms) > 1 and self._explored % 3 == 0:

@@ -50,17 +50,26 @@ EVIDENCE_WEIGHT = 4.0  # rounds' worth of weight the model's prediction keeps ag
 #: disappointed is not re-chosen as soon as its evidence fades back to the model's more hopeful prediction
 EVIDENCE_DECAY = 0.99
 MAX_WIDTH = 64  # sibling ranks counted and priced per node (accel.sim.tree.MAX_BEST_TREE_WIDTH)
+#: tried counts (pseudo-counts: the prior weighs PRIOR_WEIGHT) the idle decays must remove before an idle arm is priced
+#: again (``Arm.idle_until``)
+IDLE_RECOMPUTE = 0.05
 ARM_FACTOR_RANGE = (0.25, 4.0)  # the per-arm correction of the model (ShapeEvidence.arm_factors) stays within this
 
 
 class Arm:
     """A proposer, the node budgets it may be given (sorted, in ``1 .. proposer.info.max_nodes``) and its
-    statistics. ``decay``: per-round weight of the old acceptance counts; ``window``: timing samples per budget."""
+    statistics. ``decay``: per-round weight of the old acceptance counts; ``window``: timing samples per budget;
+    ``long_run_decay``: per-round weight of the old long-run counts (0: none kept, ``acceptance`` falls back to the
+    prior)."""
 
-    def __init__(self, proposer: Proposer, budgets: Sequence[int], *, decay: float, window: int) -> None:
+    def __init__(
+        self, proposer: Proposer, budgets: Sequence[int], *, decay: float, window: int, long_run_decay: float = 0.0
+    ) -> None:
         self.proposer, self.budgets = proposer, list(budgets)
-        self.decay, self.window = decay, window
+        self.decay, self.window, self.long_run_decay = decay, window, long_run_decay
         self._name: str | None = None
+        models = {id(u.model): u.model for u in _draft_users(proposer)}
+        self.drafts: list[DraftModel] = list(models.values())  # the draft models its rounds call (catch-up pricing)
         self.reset()
 
     def reset(self) -> None:
@@ -69,10 +78,13 @@ class Arm:
         depth = max(1, self.proposer.info.max_depth)
         self._available = np.zeros((depth, 1))
         self._accepted = np.zeros((depth, 1))
+        self._long_available = np.zeros((depth, 1))  # the same counts decayed by long_run_decay, own rounds only
+        self._long_accepted = np.zeros((depth, 1))
         self._offered = np.array([1.0, 1.0])  # decayed (rounds with a tree offered, rounds asked); prior 1 of 1
         self._changes = 0  # count changes (rounds observed, idle decays): expected_tokens is kept between them
         self._counted = 0  # the controller's round up to which the counts are decayed (observe, idle_until)
         self._expected: tuple[tuple[int, float], np.ndarray] | None = None
+        self._idle_drift = 0.0  # tried counts idle decays removed since expected_tokens was last computed
 
     @property
     def name(self) -> str:
@@ -86,9 +98,13 @@ class Arm:
         """The (decayed) fraction of this arm's rounds in which it offered a tree at all (lookup misses lower it)."""
         return float(self._offered[0] / self._offered[1])
 
-    def observe(self, nodes: int, propose_s: float, offered: bool, outcomes: Sequence[RowOutcome | None]) -> None:
-        """Record a round this arm proposed in at budget ``nodes``: its proposal seconds and its verified trees."""
-        self.propose_costs.observe(nodes, propose_s)
+    def observe(
+        self, nodes: int, propose_s: float | None, offered: bool, outcomes: Sequence[RowOutcome | None]
+    ) -> None:
+        """Record a round this arm proposed in at budget ``nodes``: its proposal seconds (None: not a steady sample,
+        ``accel.spd.autotune_catchup``) and its verified trees."""
+        if propose_s is not None:
+            self.propose_costs.observe(nodes, propose_s)
         self._offered = self._offered * self.decay + [float(offered), 1.0]
         self._count(outcomes)
         self._changes += 1
@@ -96,25 +112,34 @@ class Arm:
 
     def idle_until(self, round_: int) -> None:
         """Decay the acceptance counts over the controller's rounds after the last counted one up to ``round_``, which
-        this arm sat out, as its own rounds decay them: an arm left idle after a run of rejections drifts back to the
-        prior and is tried again, instead of keeping that verdict while nothing tests it (the hit rate, a ratio, is
-        kept)."""
+        this arm sat out, as its own rounds decay them: an arm left idle after a run of rejections drifts back to its
+        long-run rate (``acceptance``) and is tried again where that rate pays, instead of keeping a short verdict
+        while nothing tests it (the long-run counts and the hit rate, a ratio, are kept). ``expected_tokens`` is
+        recomputed once the decays since its last computation removed ``IDLE_RECOMPUTE`` tried counts: an arm idle for
+        long holds almost none, and re-pricing it at every plan (a tree search per arm, ~0.5 ms) changed nothing."""
         rounds, self._counted = round_ - self._counted, max(self._counted, round_)
         if rounds <= 0:
             return
         factor = self.decay**rounds
+        self._idle_drift += float(self._available.sum()) * (1.0 - factor)
         self._available *= factor
         self._accepted *= factor
-        self._changes += 1
+        if self._idle_drift > IDLE_RECOMPUTE:
+            self._changes += 1
 
     def acceptance(self, prior_acceptance: float) -> np.ndarray:
         """The per-rank acceptance matrix ``P[depth, rank]`` (``accel.sim.tree`` convention): the decayed counts, each
-        depth shrunk towards the pooled rate, that towards the prior (rank 1: ``prior_acceptance``, others half)."""
+        depth shrunk towards the pooled rate, that towards the arm's long-run pooled rate (its own rounds' counts
+        decayed by ``long_run_decay``; none kept when 0), that towards the prior (rank 1: ``prior_acceptance``,
+        others half). So an arm idle for long is priced at what it gave over its last few hundred rounds, not at the
+        prior: on SmolLM2 at T = 0.8 the prior's 0.5 priced a 3-chain after lookup at 2.6 tokens a call (~1.3 came)."""
         width = self._available.shape[1] if self.proposer.info.branching else 1
         avail, acc = self._available[:, :width], self._accepted[:, :width]
         prior = np.full(width, prior_acceptance / 2.0)
         prior[0] = prior_acceptance
-        pooled = (acc.sum(axis=0) + PRIOR_WEIGHT * prior) / (avail.sum(axis=0) + PRIOR_WEIGHT)
+        long_avail, long_acc = self._long_available[:, :width].sum(axis=0), self._long_accepted[:, :width].sum(axis=0)
+        long_run = (long_acc + PRIOR_WEIGHT * prior) / (long_avail + PRIOR_WEIGHT)
+        pooled = (acc.sum(axis=0) + PRIOR_WEIGHT * long_run) / (avail.sum(axis=0) + PRIOR_WEIGHT)
         return rank_acceptance_from_counts(avail + PRIOR_WEIGHT, acc + PRIOR_WEIGHT * pooled)
 
     def expected_tokens(self, prior_acceptance: float) -> np.ndarray:
@@ -124,6 +149,7 @@ class Arm:
         key = (self._changes, prior_acceptance)
         if self._expected is None or self._expected[0] != key:
             self._expected = (key, self._expected_tokens(prior_acceptance))
+            self._idle_drift = 0.0
         return self._expected[1]
 
     def _expected_tokens(self, prior_acceptance: float) -> np.ndarray:
@@ -137,6 +163,9 @@ class Arm:
         """Add the verified trees' tried / accepted counts per (parent depth, sibling rank), after decaying the old."""
         self._available *= self.decay
         self._accepted *= self.decay
+        long_run = self.long_run_decay > 0
+        self._long_available *= self.long_run_decay
+        self._long_accepted *= self.long_run_decay
         for o in outcomes:
             if o is None:
                 continue
@@ -151,13 +180,15 @@ class Arm:
             for d, tried, rank in steps:
                 self._grow(d + 1, tried)
                 self._available[d, :tried] += 1.0
+                self._long_available[d, :tried] += long_run
                 if 0 <= rank < MAX_WIDTH:
                     self._accepted[d, rank] += 1.0
+                    self._long_accepted[d, rank] += long_run
 
     def _grow(self, depth: int, width: int) -> None:
         shape = (max(depth, self._available.shape[0]), min(MAX_WIDTH, max(width, self._available.shape[1])))
         if shape != self._available.shape:
-            for name in ("_available", "_accepted"):
+            for name in ("_available", "_accepted", "_long_available", "_long_accepted"):
                 old = getattr(self, name)
                 new = np.zeros(shape)
                 new[: old.shape[0], : old.shape[1]] = old[:, : shape[1]]
@@ -298,6 +329,7 @@ def draft_arms(
     dynamic: tuple[int, float] | None = None,
     tree: DraftTree | None = None,
     trees: bool = True,
+    lookup_alone: bool = True,
 ) -> list[Proposer]:
     """The shapes a controller chooses between for one draft backend: n-gram lookup first then a draft chain of up to
     ``k`` tokens (the budget binds the chain, the lookup keeps its own length: ``Unbudgeted``), the draft chain alone
@@ -305,15 +337,20 @@ def draft_arms(
     K = 1 ran 1.07x AR and K = 1 after lookup 0.98x), (with ``dynamic = (k_max, p)``) lookup first then a dynamic
     chain of up to ``k_max`` tokens that stops where the draft's probability falls below ``p``
     (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (``trees``, where the draft takes tree inputs)
-    a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes. ``lookup``: the n-gram order and its
-    longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K", "chain K + lookup" and "dynamic chain +
-    lookup" is thus exactly one of the controller's shapes."""
+    a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes, and (``lookup_alone``) the lookup
+    alone, which calls no draft: where the draft's rounds lose it still copies repeated text (on the `gguf-kernel-q8`
+    SmolLM2 target, 8 prompts: 1.19x AR greedy and 1.03x at T = 0.8, where a chain of 1 after lookup ran 1.19x and
+    0.87x) without the catch-up a draft pays after rounds without it. ``lookup``: the n-gram order and its longest
+    proposal (``NgramLookup(n, k)``). Each fixed setting "chain K", "chain K + lookup", "dynamic chain + lookup" and
+    "lookup" is thus exactly one of the controller's shapes."""
     n, lk = lookup
     arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
     if dynamic is not None:
         arms.append(SelfSized(FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, dynamic[0], dynamic[1]))))
     if trees and "tree" in draft.info.capabilities:
         arms.append(Merge(NgramLookup(n, lk), tree if tree is not None else DraftTree(draft, nodes=nodes)))
+    if lookup_alone:
+        arms.append(NgramLookup(n, lk))
     return arms
 
 

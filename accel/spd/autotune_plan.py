@@ -35,14 +35,16 @@ class Plan:
         """Predicted tokens per second per row of each shape."""
         return self.tokens / (self.call_s + self.propose_s)
 
-    def best_shape(self, arm: int | None = None) -> tuple[int, int]:
+    def best_shape(self, arm: int | None = None, extra_s: np.ndarray | None = None) -> tuple[int, int]:
         """``(arm, nodes)`` of the highest rate (the first on ties: no speculation, then smaller budgets and earlier
         arms), no speculation's rate counted ``1 + margin`` times (``TuneSettings.margin``); ``arm``: the best of
-        that arm only."""
+        that arm only; ``extra_s``: seconds added to each shape's round (a draft's catch-up)."""
         if arm is not None:
             i = int(np.argmax(np.where(self.arms == arm, self.tokens_per_s, -np.inf)))
         else:
-            rate = self.tokens_per_s.copy()
+            rate = (
+                self.tokens_per_s.copy() if extra_s is None else self.tokens / (self.call_s + self.propose_s + extra_s)
+            )
             rate[self.nodes == 0] *= 1.0 + self.margin
             i = int(np.argmax(rate))
         return int(self.arms[i]), int(self.nodes[i])
@@ -89,6 +91,10 @@ class TuneSettings:
             speculation's, in [0, 1) (default 0). The shape chosen is the one whose noisy estimate is highest, so its
             prediction runs high (3-21% more tokens per call than its rounds gave, SmolLM2 targets on a 2-core VM);
             a margin keeps marginal speculation off, at the price of also refusing some that wins (docs/spd.md).
+        quiet_backoff: while the model chooses no speculation, the exploration interval doubles after each exploration
+            that left it there, at most this many times (0 = a fixed interval).
+        long_run_decay: per-round decay, in [0, 1), of an arm's long-run acceptance counts (its own rounds only), the
+            rate its recent counts fall back to while it sits out rounds; 0 = fall back to ``prior_acceptance``.
     """
 
     prior_acceptance: float = 0.5
@@ -97,6 +103,8 @@ class TuneSettings:
     replan_every: int = 8
     window: int = DEFAULT_WINDOW
     margin: float = 0.0
+    quiet_backoff: int = 4
+    long_run_decay: float = 0.998
 
     def check(self) -> None:
         """``SpdError`` naming the first setting out of its range."""
@@ -112,3 +120,8 @@ class TuneSettings:
         margin = self.margin
         if isinstance(margin, bool) or not (isinstance(margin, (int, float)) and 0.0 <= margin < 1.0):
             raise SpdError(f"AutoTune margin must be in [0, 1); got {margin!r}")
+        backoff, long_run = self.quiet_backoff, self.long_run_decay
+        if isinstance(backoff, bool) or not isinstance(backoff, int) or not 0 <= backoff <= 16:
+            raise SpdError(f"AutoTune quiet_backoff must be an int in 0 .. 16; got {backoff!r}")
+        if isinstance(long_run, bool) or not (isinstance(long_run, (int, float)) and 0.0 <= long_run < 1.0):
+            raise SpdError(f"AutoTune long_run_decay must be in [0, 1); got {long_run!r}")

@@ -56,6 +56,14 @@ class DraftModel:
     def info(self) -> BackendInfo:
         return self.backend.info
 
+    def behind(self, run: RunState, rows: np.ndarray) -> int:
+        """Tokens the next catch-up of ``rows`` would feed (the most over the rows): ``n - fed``, or ``n`` when this
+        model has not started ``run`` yet."""
+        if not rows.any():
+            return 0
+        fed = self.fed if self._run is run and self.fed.shape == run.n.shape else np.zeros_like(run.n)
+        return int((run.n - fed)[rows].max())
+
     def check(self, target: BackendInfo, catch_up: int) -> None:
         """Vocabulary, batch and feature checks; ``catch_up``: the longest catch-up a round can need (tokens)."""
         check_compatible_info(target, self.info)
@@ -114,7 +122,9 @@ class DraftModel:
 
     def start(self, run: RunState) -> None:
         """Reset the cache and prefill every prompt but its last token (chunks of ``max_seq_len``); once per run
-        (proposers sharing this model, ``accel.spd.autotune_arm.share_draft_models``, each start it)."""
+        (proposers sharing this model, ``accel.spd.autotune_arm.share_draft_models``, each start it). Started later in
+        a run (``AutoTune`` starts an arm at its first round), it feeds every token but the last one so far, and those
+        calls count as decode work, not prefill (``GenerationStats``)."""
         if self._run is run:
             return
         self._run = run
@@ -125,10 +135,11 @@ class DraftModel:
             return
         ids, pos = left_padded(run.tokens, np.zeros_like(stops), stops, np.ones(run.batch, dtype=bool))
         step = self.info.max_seq_len
+        prefill = bool(np.array_equal(run.n, run.prompt_len))  # a start after decoding began (AutoTune) is decode work
         for s in range(0, ids.shape[1], step):
             chunk = pos[:, s : s + step]
             if np.any(chunk >= 0):
-                self.call(run, ids[:, s : s + step], chunk, prefill=True, features=self.features_at(run, chunk))
+                self.call(run, ids[:, s : s + step], chunk, prefill=prefill, features=self.features_at(run, chunk))
 
     def catch_up(self, run: RunState, rows: np.ndarray) -> tuple[np.ndarray, Any]:
         """The draft call(s) feeding each row's tail ``tokens[fed:n]``; returns the last column's ``(logits [B, V],

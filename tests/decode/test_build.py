@@ -113,8 +113,9 @@ def test_the_target_graph_is_what_the_proposer_needs(checkpoints, tmp_path):
     for proposer, needs, tuned in cases:
         setup = build(DecodeSpec.model_validate({**base, "proposer": proposer, "autotune": tuned}))
         assert isinstance(setup.proposer, AutoTune) == tuned
-        if tuned:  # lookup first + chain, the chain alone, lookup + tree, over one draft backend
-            assert [type(a.proposer).__name__ for a in setup.proposer.arms] == ["FirstOf", "DraftChain", "Merge"]
+        if tuned:  # lookup first + chain, the chain alone, lookup + tree, over one draft backend; the lookup alone
+            names = [type(a.proposer).__name__ for a in setup.proposer.arms]
+            assert names == ["FirstOf", "DraftChain", "Merge", "NgramLookup"]
         info = setup.proposer.info if setup.proposer is not None else None
         assert bool(info and info.branching) == ("tree" in needs)
         assert {"tree", "hidden_states"} & set(setup.target.info.capabilities) == needs, proposer

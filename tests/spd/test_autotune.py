@@ -22,8 +22,10 @@ from accel.errors import SpdError
 from accel.sim.spd import expected_tokens
 from accel.spd import GREEDY, DraftChain, DraftTree, FirstOf, Merge, NgramLookup, Sampling, generate, generate_ar
 from accel.spd.autotune import QUIET_EXPLORE, AutoTune, Plan, TuneSettings
-from accel.spd.autotune_arm import NO_ARM
-from accel.spd.proposers import RowOutcome
+from accel.spd.autotune_arm import NO_ARM, PRIOR_WEIGHT
+from accel.spd.autotune_catchup import STEADY_TOKENS, CatchUp
+from accel.spd.proposers import RowOutcome, RunState
+from accel.spd.stats import StatsAccumulator
 from accel.spd.tree import TokenTree
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import (
@@ -53,6 +55,8 @@ PROPOSERS = {
 }
 
 EXPLORE_3 = TuneSettings(explore_every=3)  # a neighbour re-measured every 3 rounds
+BACKOFF = TuneSettings().quiet_backoff
+LONG_RUN_DECAY = TuneSettings().long_run_decay
 
 
 @pytest.fixture(scope="module")
@@ -140,24 +144,112 @@ def test_speculation_is_switched_off_where_it_loses(models):
     assert steep.plan().best() == 0 and "no speculation" in steep.describe()
 
 
+def explorations(tuner: AutoTune, rounds: int) -> tuple[list[int], set[int], list[int]]:
+    """Run ``tuner``'s choice for ``rounds`` rounds (no generation): the rounds it explored at, the budgets its model
+    chose and the budgets it explored."""
+    at, model, explored = [], set(), []
+    for _ in range(rounds):
+        _, nodes, phase = tuner._choose(tuner._cached_plan())
+        if phase == "explore":
+            at.append(tuner.rounds)
+            explored.append(nodes)
+        else:
+            model.add(nodes)
+        tuner.rounds += 1
+    return at, model, explored
+
+
 def test_exploration_is_rare_and_cheap_where_speculation_loses(models):
     """Past the probe rounds, with the model choosing no speculation (a steep call curve), exploration rounds come
-    QUIET_EXPLORE times rarer than where speculation pays, and try only the smallest budget."""
+    QUIET_EXPLORE times rarer than where speculation pays, try only the smallest budget, and the interval doubles
+    after each such exploration up to 2**quiet_backoff times (``quiet_backoff=0``: a fixed interval); once the model
+    chooses speculation again, explorations come every ``explore_every`` rounds."""
     _, draft = models
-    explored = {}
+    gaps = {}
     for name, prior, per_token in (("flat", 0.9, 0.0), ("steep", 0.3, 5e-3)):
         tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=prior)
         for s in (1, 5):
             tuner.call_costs.observe(s, 10e-3 + per_token * (s - 1))
         tuner.rounds = len(tuner._schedule)  # the probe rounds are over
-        choices = []
-        for _ in range(16 * QUIET_EXPLORE * 4):
-            choices.append(tuner._choose(tuner.plan())[1:])
-            tuner.rounds += 1
-        assert {n for n, phase in choices if phase == "model"} == ({4} if name == "flat" else {0})
-        explored[name] = [n for n, phase in choices if phase == "explore"]
-    assert len(explored["flat"]) == 16
-    assert len(explored["steep"]) == 16 // QUIET_EXPLORE and set(explored["steep"]) == {1}
+        at, model, explored = explorations(tuner, 16 * QUIET_EXPLORE * 2 ** (BACKOFF + 2))
+        assert model == ({4} if name == "flat" else {0})
+        assert set(explored) == ({3, 4} if name == "flat" else {1})  # a neighbour; while quiet the smallest budget
+        gaps[name] = np.diff(at).tolist()
+        if name == "steep":  # the call curve flattens: speculation pays again, and exploration is frequent again
+            for _ in range(tuner.window):
+                for s in (1, 5):
+                    tuner.call_costs.observe(s, 10e-3)
+            tuner.settings = TuneSettings(prior_acceptance=0.9)
+            tuner.prior_acceptance = 0.9
+            tuner._plan = None
+            later, model, _ = explorations(tuner, 16 * QUIET_EXPLORE * 2)
+            assert 4 in model and np.diff(later).tolist()[-4:] == [16] * 4
+    assert gaps["flat"] and set(gaps["flat"]) == {16}
+    quiet = [16 * QUIET_EXPLORE * 2**i for i in range(1, BACKOFF + 1)]
+    assert gaps["steep"][: BACKOFF + 1] == [*quiet, quiet[-1]]
+    fixed = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(quiet_backoff=0))
+    fixed.propose_costs.observe(1, 1e-3)
+    for s in (1, 5):
+        fixed.call_costs.observe(s, 10e-3 + 5e-3 * (s - 1))
+    fixed.rounds = len(fixed._schedule)
+    at, model, _ = explorations(fixed, 16 * QUIET_EXPLORE * 8)
+    assert model == {0} and set(np.diff(at).tolist()) == {16 * QUIET_EXPLORE}
+
+
+def test_a_run_that_never_speculates_never_starts_the_draft(models):
+    """The arms' proposers start at their first round of a run: where the model chooses no speculation and no
+    exploration falls in the run, the draft is never called (not even to prefill the prompt), and the output is AR's;
+    the next run that speculates starts it (its prompt prefill, then its rounds)."""
+    target, draft = models
+    tb, db = backend(target, 1, ctx_len=CTX), backend(draft, 1, ctx_len=CTX)
+    ar = generate_ar(tb, PROMPTS_1, max_new_tokens=MAX_NEW, sampling=GREEDY).tokens
+    tuner = chain_tuner(db, prior=0.3)
+    for s in (1, 5):
+        tuner.call_costs.observe(s, 10e-3 + 5e-3 * (s - 1))  # steep: speculation loses
+    tuner.rounds = tuner._explored_at = len(tuner._schedule)  # the probe rounds are over, an exploration just ran
+    quiet = generate(tb, tuner, PROMPTS_1, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    assert quiet.tokens == ar and {r.nodes for r in quiet.stats.tuned_rounds} == {0}
+    assert quiet.stats.draft_calls == 0
+    busy = generate(tb, AutoTune(DraftChain(db, k=4)), PROMPTS_1, max_new_tokens=MAX_NEW, sampling=GREEDY)
+    assert busy.tokens == ar and busy.stats.draft_calls > busy.stats.draft_calls_per_loop * busy.stats.rounds
+
+
+def test_catch_up_is_priced_per_token_beyond_the_steady_gap():
+    """``CatchUp`` keeps the seconds per token of catch-ups longer than STEADY_TOKENS (their median prices the next),
+    per draft model; a steady gap costs nothing extra, and nothing is priced before a sample."""
+    a, b = object(), object()
+    up = CatchUp()
+    assert up.seconds([a], 100) == 0.0
+    up.observe([a], STEADY_TOKENS, 1.0)  # a steady round: no sample
+    assert up.seconds([a], 100) == 0.0
+    for tokens, extra in ((20, 0.02), (40, 0.12), (10, 0.02)):  # 1, 3 and 2 ms a token
+        up.observe([a], tokens, extra)
+    assert up.seconds([a], 50) == pytest.approx(0.1) and up.seconds([a], STEADY_TOKENS) == 0.0
+    assert up.seconds([b], 50) == 0.0 and up.seconds([a, b], 50) == pytest.approx(0.1)
+    up.observe([a], 30, -0.5)  # a round faster than the steady cost: 0 a token, not negative
+    assert up.seconds([a], 50) == pytest.approx(0.075)
+
+
+def test_a_draft_far_behind_is_chosen_only_where_its_catch_up_pays(models):
+    """The plan prices a chain above no speculation (1.75 tokens in 12 ms for 2 nodes); with the draft 40 tokens
+    behind at 2 ms a token, spread over ``replan_every`` rounds (10 ms a round), it no longer pays, and no speculation
+    is chosen; with the draft within STEADY_TOKENS it is chosen again, as it is with no catch-up sample yet."""
+    target, draft = models
+    tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.5)
+    tuner.call_costs.observe(1, 10e-3)
+    tuner.call_costs.observe(5, 10e-3)
+    plan = tuner.plan()
+    best = plan.best_shape()
+    assert best[1] > 0
+    info, rng, tokens = backend(target, 1, ctx_len=CTX).info, np.random.default_rng(0), np.zeros((1, CTX), np.int64)
+    run = RunState(info, GREEDY, rng, tokens, np.array([40]), np.ones(1, bool), None, StatsAccumulator("spd", 4, 1))
+    rows = np.ones(1, bool)
+    assert tuner.arms[0].drafts and CatchUp.behind(tuner.arms[0].drafts, run, rows) == 40  # not started: all of it
+    assert tuner._best(plan, run, rows) == best  # no catch-up sample yet
+    tuner.catch_up.observe(tuner.arms[0].drafts, 20, 20 * 2e-3)
+    assert tuner._best(plan, run, rows) == (NO_ARM, 0)
+    run.n[:] = STEADY_TOKENS
+    assert tuner._best(plan, run, rows) == best
 
 
 def test_arguments_are_checked(models):
@@ -170,7 +262,8 @@ def test_arguments_are_checked(models):
     with pytest.raises(SpdError, match="fallback"):
         AutoTune(chain, budgets=[1, 2], fallback=3)
     bad = (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0), dict(margin=1.0))
-    for kw in (*bad, dict(margin=-0.1), dict(margin=float("nan"))):
+    more = (dict(quiet_backoff=-1), dict(quiet_backoff=1.5), dict(long_run_decay=1.0), dict(long_run_decay=-0.1))
+    for kw in (*bad, *more, dict(margin=-0.1), dict(margin=float("nan"))):
         with pytest.raises(SpdError, match=next(iter(kw))):
             AutoTune(chain, settings=TuneSettings(**kw))
 
@@ -329,7 +422,7 @@ def test_the_plan_is_reused_between_replans(models):
 
 def test_expected_tokens_are_kept_until_the_arm_observes_a_round(models):
     """An arm's E[accepted + 1] per budget is computed once and kept while it observes no round; a verified round
-    (here: every draft accepted) changes it."""
+    (here: every draft accepted) changes it, and so do idle rounds until its recent counts have decayed away."""
     _, draft = models
     tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(prior_acceptance=0.3))
     arm = tuner.arms[0]
@@ -338,32 +431,53 @@ def test_expected_tokens_are_kept_until_the_arm_observes_a_round(models):
     chain = TokenTree.chain(1, [2, 3, 4, 5])
     for _ in range(5):
         arm.observe(4, 1e-3, True, [RowOutcome(3, chain, [0, 1, 2, 3, 4])])
-    assert np.all(arm.expected_tokens(0.3)[1:] > first[1:])
+    observed = arm.expected_tokens(0.3)
+    assert np.all(observed[1:] > first[1:])
+    arm.idle_until(arm._counted + 100)  # idle: its recent counts decay away, a change priced at the next plan
+    idle = arm.expected_tokens(0.3)
+    assert idle is not observed and np.all(idle[1:] < observed[1:])
+    arm.idle_until(arm._counted + 100)  # what is left to decay is below IDLE_RECOMPUTE tried counts: kept
+    assert arm.expected_tokens(0.3) is idle
 
 
-def test_an_idle_arm_drifts_back_to_its_prior(models):
-    """Rounds an arm sits out decay its counts as its own rounds do (applied at each plan): after a run of rejections
-    the controller chooses no speculation, and once the arm has sat out enough rounds the plan prices it near the
-    prior again and speculates; without the idle decay it would keep the old verdict."""
+@pytest.mark.parametrize("long_run", [LONG_RUN_DECAY, 0.0], ids=["long-run", "prior"])
+def test_an_idle_arm_drifts_back_to_its_long_run_rate(models, long_run):
+    """Rounds an arm sits out decay its recent counts as its own rounds do (applied at each plan), towards the rate of
+    its own last few hundred rounds (counts decayed by ``long_run_decay`` per round it ran), not towards the prior:
+    after a long good run and a short run of rejections the controller stops speculating, and once the arm has sat out
+    enough rounds it is priced at its long-run rate again and speculates; an arm that only ever had rejections stays
+    off. With ``long_run_decay=0`` both drift back to the prior (0.5: 1.94 tokens a call for a 4-chain) and
+    speculate."""
     _, draft = models
-    tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=TuneSettings(decay=0.9))
-    arm = tuner.arms[0]
-    tuner.propose_costs.observe(1, 1e-4)
-    for size in range(1, 6):
-        tuner.call_costs.observe(size, 10e-3 * (1 + 0.1 * (size - 1)))  # each extra token +10% of a step
-    prior = arm.expected_tokens(tuner.prior_acceptance).copy()
+    accepted = RowOutcome(3, TokenTree.chain(1, [2, 3, 4, 5]), [0, 1, 2, 3, 4])
     rejected = RowOutcome(3, TokenTree.chain(1, [2, 3, 4, 5]), [0])
-    for _ in range(20):
-        tuner.rounds += 1
-        arm.observe(4, 1e-4, True, [rejected])
-    assert tuner.plan().best_shape() == (NO_ARM, 0)  # the rejections price speculation below a plain step
-    stuck = arm.expected_tokens(tuner.prior_acceptance).copy()
-    tuner.rounds += 60  # rounds without speculation: the arm sits them out
-    plan = tuner.plan()
-    after = arm.expected_tokens(tuner.prior_acceptance)
-    assert np.all(after[1:] > stuck[1:]) and np.allclose(after, prior, rtol=0.05)
-    assert plan.best_shape()[1] > 0
-    assert tuner.plan().at(1) == plan.at(1)  # applied once: a second plan in the same round changes nothing
+    for good in (200, 0):
+        settings = TuneSettings(decay=0.9, long_run_decay=long_run)
+        tuner = AutoTune(DraftChain(backend(draft, 1, ctx_len=CTX), k=4), settings=settings)
+        arm = tuner.arms[0]
+        tuner.propose_costs.observe(1, 1e-4)
+        for size in range(1, 6):
+            tuner.call_costs.observe(size, 10e-3 * (1 + 0.1 * (size - 1)))  # each extra token +10% of a step
+        tried = hits = 0.0  # the long-run counts, pooled over depths, computed here from the rounds' outcomes
+        for outcome in [accepted] * good + [rejected] * 40:
+            tuner.rounds += 1
+            arm.observe(4, 1e-4, True, [outcome])
+            depth = len(outcome.path) - 1
+            tried, hits = long_run * tried + max(depth, 1), long_run * hits + depth
+        assert tuner.plan().best_shape() == (NO_ARM, 0)  # the recent rejections price speculation below a step
+        stuck = arm.expected_tokens(tuner.prior_acceptance).copy()
+        tuner.rounds += 60  # rounds without speculation: the arm sits them out
+        plan = tuner.plan()
+        after = arm.expected_tokens(tuner.prior_acceptance)
+        p = (hits + PRIOR_WEIGHT * tuner.prior_acceptance) / (tried + PRIOR_WEIGHT) if long_run else 0.5
+        np.testing.assert_allclose(after, expected_tokens(p, np.arange(1, 5)), rtol=0.03)  # budgets 1..4
+        assert tuner.plan().at(1) == plan.at(1)  # applied once: a second plan in the same round changes nothing
+        if good or not long_run:
+            assert np.all(after[1:] > stuck[1:]) and plan.best_shape()[1] > 0
+        if good and long_run:
+            assert p > 0.9
+        if not good and long_run:
+            assert p < 0.1 and plan.best_shape() == (NO_ARM, 0)
 
 
 def test_the_old_setting_keywords_still_work_and_warn(models):
