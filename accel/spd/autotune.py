@@ -206,7 +206,6 @@ class AutoTune:
         self.probe_costs = CostCurve("target probe", self.window)  # the bare target call before the run
         for arm in self.arms:
             arm.reset()
-        self.catch_up = CatchUp()
         self.evidence = ShapeEvidence(max(self.decay, EVIDENCE_DECAY))  # per shape: its own rounds' tokens, seconds
         self.catch_up = CatchUp()  # seconds per token of the drafts' long catch-ups
         self.rounds = 0
@@ -214,7 +213,7 @@ class AutoTune:
         self._started = [False] * len(self.arms)  # per arm: started in this run (``start``)
         self._explored = 0
         self._explored_at = 0  # the round of the last exploration
-        self._quiet_explores = 0  # explorations in a row while the model chose no speculation
+        self._quiet_explores = 0  # explorations in a row while the model's choice called no draft
         self._pending: _Pending | None = None
         self._plan: tuple[int, Plan | None, tuple[int, int] | None] | None = None  # (round computed, plan, its best)
         self._schedule = probe_schedule(self.arms)
@@ -261,8 +260,8 @@ class AutoTune:
         """``plan.best_shape()`` (kept with the cached plan: host time per round), with the catch-up its arm's draft
         would need now spread over ``replan_every`` rounds (``accel.spd.autotune_catchup``) and likewise every other
         draft arm's: only where the plain best's draft is behind can that change the choice."""
-        cached = self._plan is not None and self._plan[1] is plan and self._plan[2] is not None
-        best = self._plan[2] if cached and self._plan is not None and self._plan[2] is not None else plan.best_shape()
+        cached = self._plan[2] if self._plan is not None and self._plan[1] is plan else None
+        best = cached if cached is not None else plan.best_shape()
         if run is None or rows is None or best[1] == 0:
             return best
         drafts = self.arms[best[0]].drafts

@@ -85,7 +85,7 @@ class TuneSettings:
             rounds) followed the text better than 0.97 and 0.99 on SmolLM2 targets (docs/spd.md, "Phases").
         explore_every: every this many rounds a neighbour of the chosen shape is re-measured (0 = never).
         replan_every: the model's plan is recomputed every this many rounds (>= 1) and kept in between: pricing
-            every budget costs ~0.4 ms of host time with four arms (a tree search per arm).
+            every budget costs 0.4-1.4 ms of host time with four or five arms (a tree search per arm).
         window: timing samples kept per size (``CostCurve``).
         margin: speculation is chosen only where its predicted rate is at least ``1 + margin`` times no
             speculation's, in [0, 1) (default 0). The shape chosen is the one whose noisy estimate is highest, so its

@@ -38,7 +38,7 @@ TREE_NODES = 4  # node budget of the feature draft's dynamic tree (accel.spd.Dra
 TREE_MODE = f"feature SpD tree({TREE_NODES}) greedy"  # the feature draft's dynamic token tree, greedy
 AUTOTUNE_NODES = 8  # the largest budget the demo's controller may choose (accel.spd.autotune.AutoTune)
 # the controller over the feature draft's shapes (lookup then a chain, the chain, a tree of up to AUTOTUNE_NODES nodes
-# merged with lookup), its shape and size chosen every round
+# merged with lookup, the lookup alone), its shape and size chosen every round
 AUTOTUNE_MODE = f"feature SpD autotune(<={AUTOTUNE_NODES})"
 
 
