@@ -338,11 +338,11 @@ def draft_arms(
     chain of up to ``k_max`` tokens that stops where the draft's probability falls below ``p``
     (``DraftChain(min_draft_prob=p)``; on or off: ``SelfSized``), and (``trees``, where the draft takes tree inputs)
     a draft tree merged with lookup: ``tree``, or one of up to ``nodes`` nodes, and (``lookup_alone``) the lookup
-    alone, which calls no draft: where the draft's rounds lose it still copies repeated text (on the `gguf-kernel-q8`
-    SmolLM2 target, 8 prompts: 1.19x AR greedy and 1.03x at T = 0.8, where a chain of 1 after lookup ran 1.19x and
-    0.87x) without the catch-up a draft pays after rounds without it. ``lookup``: the n-gram order and its longest
-    proposal (``NgramLookup(n, k)``). Each fixed setting "chain K", "chain K + lookup", "dynamic chain + lookup" and
-    "lookup" is thus exactly one of the controller's shapes."""
+    alone, which calls no draft: where the draft's rounds lose it still copies repeated text (on the ``gguf-kernel-q8``
+    SmolLM2 target, 8 prompts: 1.17x AR greedy and 1.04x at T = 0.8, where a chain of 1 after lookup ran 0.83x;
+    benchmarks/RESULTS.md) without the catch-up a draft pays after rounds without it. ``lookup``: the n-gram order and
+    its longest proposal (``NgramLookup(n, k)``). Each fixed setting "chain K", "chain K + lookup", "dynamic chain +
+    lookup" and "lookup" is thus exactly one of the controller's shapes."""
     n, lk = lookup
     arms: list[Proposer] = [FirstOf(Unbudgeted(NgramLookup(n, lk)), DraftChain(draft, k=k)), DraftChain(draft, k=k)]
     if dynamic is not None:
