@@ -258,8 +258,8 @@ class AutoTune:
 
     def _best(self, plan: Plan, run: RunState | None = None, rows: np.ndarray | None = None) -> tuple[int, int]:
         """``plan.best_shape()`` (kept with the cached plan: host time per round), with the catch-up its arm's draft
-        would need now spread over ``replan_every`` rounds (``accel.spd.autotune_catchup``) and likewise every other
-        draft arm's: only where the plain best's draft is behind can that change the choice."""
+        would need now spread over ``TuneSettings.catch_up_rounds`` rounds (``accel.spd.autotune_catchup``) and likewise
+        every other draft arm's: only where the plain best's draft is behind can that change the choice."""
         cached = self._plan[2] if self._plan is not None and self._plan[1] is plan else None
         best = cached if cached is not None else plan.best_shape()
         if run is None or rows is None or best[1] == 0:
@@ -272,7 +272,8 @@ class AutoTune:
         }
         if not any(extra.values()):
             return best
-        added = np.array([extra.get(int(a), 0.0) / self.replan_every for a in plan.arms.tolist()])
+        spread = self.settings.catch_up_rounds or self.replan_every
+        added = np.array([extra.get(int(a), 0.0) / spread for a in plan.arms.tolist()])
         return plan.best_shape(extra_s=added)
 
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:

@@ -9,9 +9,10 @@ same shape in a run of them, and a median of proposal times (mostly from such ru
 
 ``CatchUp`` keeps, per draft model, the recent seconds per token of the catch-ups beyond ``STEADY_TOKENS`` (what a
 round's proposal took beyond its arm's steady cost, over the tokens fed), and prices the catch-up the next round of
-an arm would need: those seconds per token times the tokens the draft is behind, spread over ``rounds`` (the rounds a
-chosen shape is held: a plan is kept for ``replan_every`` rounds). Rounds after a longer gap give no sample to the
-arm's steady proposal curve. All of it is a function of the past rounds and their timings.
+an arm would need: those seconds per token times the tokens the draft is behind, spread over
+``TuneSettings.catch_up_rounds`` rounds (32: a chosen shape is held ``replan_every`` rounds at least, and a draft arm
+that pays runs far longer). Rounds after a longer gap give no sample to the arm's steady proposal curve. All of it is
+a function of the past rounds and their timings.
 """
 
 from __future__ import annotations

@@ -95,6 +95,10 @@ class TuneSettings:
             that left it there, at most this many times (0 = a fixed interval).
         long_run_decay: per-round decay, in [0, 1), of an arm's long-run acceptance counts (its own rounds only), the
             rate its recent counts fall back to while it sits out rounds; 0 = fall back to ``prior_acceptance``.
+        catch_up_rounds: the rounds a draft's catch-up is spread over when the plan weighs a draft arm whose draft is
+            far behind (``accel.spd.autotune_catchup``): a shape chosen is held ``replan_every`` rounds at least and
+            usually longer; 32 was 1.00-1.06x the controller with 8 in four A/B cells (benchmarks/RESULTS.md);
+            0 = ``replan_every``.
     """
 
     prior_acceptance: float = 0.5
@@ -105,6 +109,7 @@ class TuneSettings:
     margin: float = 0.0
     quiet_backoff: int = 4
     long_run_decay: float = 0.998
+    catch_up_rounds: int = 32
 
     def check(self) -> None:
         """``SpdError`` naming the first setting out of its range."""
@@ -125,3 +130,6 @@ class TuneSettings:
             raise SpdError(f"AutoTune quiet_backoff must be an int in 0 .. 16; got {backoff!r}")
         if isinstance(long_run, bool) or not (isinstance(long_run, (int, float)) and 0.0 <= long_run < 1.0):
             raise SpdError(f"AutoTune long_run_decay must be in [0, 1); got {long_run!r}")
+        spread = self.catch_up_rounds
+        if isinstance(spread, bool) or not isinstance(spread, int) or spread < 0:
+            raise SpdError(f"AutoTune catch_up_rounds must be an int >= 0; got {spread!r}")

@@ -232,10 +232,11 @@ def test_catch_up_is_priced_per_token_beyond_the_steady_gap():
 
 def test_a_draft_far_behind_is_chosen_only_where_its_catch_up_pays(models):
     """The plan prices a chain above no speculation (1.75 tokens in 12 ms for 2 nodes); with the draft 40 tokens
-    behind at 2 ms a token, spread over ``replan_every`` rounds (10 ms a round), it no longer pays, and no speculation
-    is chosen; with the draft within STEADY_TOKENS it is chosen again, as it is with no catch-up sample yet."""
+    behind at 2 ms a token, spread over 8 rounds (10 ms a round), it no longer pays, and no speculation is chosen;
+    spread over 80 it does; with the draft within STEADY_TOKENS it is chosen again, as with no catch-up sample yet."""
     target, draft = models
     tuner = chain_tuner(backend(draft, 1, ctx_len=CTX), prior=0.5)
+    tuner.settings = TuneSettings(prior_acceptance=0.5, catch_up_rounds=8)
     tuner.call_costs.observe(1, 10e-3)
     tuner.call_costs.observe(5, 10e-3)
     plan = tuner.plan()
@@ -248,6 +249,9 @@ def test_a_draft_far_behind_is_chosen_only_where_its_catch_up_pays(models):
     assert tuner._best(plan, run, rows) == best  # no catch-up sample yet
     tuner.catch_up.observe(tuner.arms[0].drafts, 20, 20 * 2e-3)
     assert tuner._best(plan, run, rows) == (NO_ARM, 0)
+    tuner.settings = TuneSettings(prior_acceptance=0.5, catch_up_rounds=80)  # spread over 80 rounds: 1 ms a round
+    assert tuner._best(plan, run, rows) == best
+    tuner.settings = TuneSettings(prior_acceptance=0.5, catch_up_rounds=8)
     run.n[:] = STEADY_TOKENS
     assert tuner._best(plan, run, rows) == best
 
@@ -263,6 +267,7 @@ def test_arguments_are_checked(models):
         AutoTune(chain, budgets=[1, 2], fallback=3)
     bad = (dict(prior_acceptance=1.0), dict(decay=0.0), dict(explore_every=-1), dict(replan_every=0), dict(margin=1.0))
     more = (dict(quiet_backoff=-1), dict(quiet_backoff=1.5), dict(long_run_decay=1.0), dict(long_run_decay=-0.1))
+    more += (dict(catch_up_rounds=-1), dict(catch_up_rounds=2.5))
     for kw in (*bad, *more, dict(margin=-0.1), dict(margin=float("nan"))):
         with pytest.raises(SpdError, match=next(iter(kw))):
             AutoTune(chain, settings=TuneSettings(**kw))
