@@ -68,18 +68,29 @@ SHAPES = [
 ]
 
 
+def _activations(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
+    """``[rows, k]`` float32 activations whose first block of row 0 is all zero (scale 0, codes 0)."""
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    return x
+
+
+def _every_path_equals(matmul, x: np.ndarray, ref: np.ndarray) -> None:
+    """``matmul(x, threads=...)`` equals ``ref`` bit for bit on every kernel path (``set_isa`` 0 to 3), 1 and 3
+    threads."""
+    for isa in (0, 1, 2, 3):
+        set_isa(isa)
+        for threads in (1, 3):
+            assert _same(matmul(x, threads=threads), ref), (isa, threads)
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize(("n", "k", "rows"), SHAPES)
 def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     t = _tensor(rng, name, n, k, special=n == 5)
-    x = rng.standard_normal((rows, k)).astype(np.float32)
-    x[0, :32] = 0.0  # an all-zero activation block: scale 0, codes 0
+    x = _activations(rng, rows, k)
     ref = reference_q8_ggml(t, x)
-    g = GGMLKernel(t)
-    for isa in (0, 1, 2, 3):
-        set_isa(isa)
-        for threads in (1, 3):
-            assert _same(g.matmul_q8(x, threads=threads), ref), (isa, threads)
+    _every_path_equals(GGMLKernel(t).matmul_q8, x, ref)
     assert np.isfinite(ref).any()
 
 

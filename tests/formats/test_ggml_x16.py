@@ -24,7 +24,7 @@ from accel.formats.mxkernel import set_isa
 from accel.formats.mxkernel_build import load_kernel
 from accel.formats.mxkernel_q8 import quantize_q8
 from tests.formats.test_ggml_kernel import _run_node, _same
-from tests.formats.test_ggml_kernel_q8 import _tensor
+from tests.formats.test_ggml_kernel_q8 import _activations, _every_path_equals, _tensor
 
 pytestmark = [
     pytest.mark.skipif(load_kernel() is None, reason="the fused kernel cannot be built"),
@@ -48,14 +48,9 @@ def _best_isa():
 @pytest.mark.parametrize(("n", "k", "rows"), SHAPES)
 def test_every_path_equals_the_reference_bit_for_bit(name, n, k, rows, rng):
     t = _tensor(rng, name, n, k, special=n == 5)
-    x = rng.standard_normal((rows, k)).astype(np.float32)
-    x[0, :32] = 0.0  # an all-zero activation block: scale 0, codes 0
+    x = _activations(rng, rows, k)
     ref = reference_q8_x16(t, x)
-    g = GGMLKernel(t)
-    for isa in (0, 1, 2, 3):
-        set_isa(isa)
-        for threads in (1, 3):
-            assert _same(g.matmul_q8_x16(x, threads=threads), ref), (isa, threads)
+    _every_path_equals(GGMLKernel(t).matmul_q8_x16, x, ref)
     assert ref.shape == (rows, n) and np.isfinite(ref).any()
 
 
