@@ -134,8 +134,7 @@ class DraftModel:
         if stops.max(initial=0) <= 0 or not run.active.any():
             return
         ids, pos = left_padded(run.tokens, np.zeros_like(stops), stops, np.ones(run.batch, dtype=bool))
-        step = self.info.max_seq_len
-        prefill = bool(np.array_equal(run.n, run.prompt_len))  # a start after decoding began (AutoTune) is decode work
+        step, prefill = self.info.max_seq_len, run.at_prompt
         for s in range(0, ids.shape[1], step):
             chunk = pos[:, s : s + step]
             if np.any(chunk >= 0):

@@ -105,6 +105,12 @@ class RunState:
         self.loop_limits: tuple[np.ndarray, np.ndarray] | None = None
         self._stats = stats
 
+    @property
+    def at_prompt(self) -> bool:
+        """Whether no row has generated a token yet: a proposer's ``start`` then feeds its models as prefill; started
+        later (``AutoTune`` starts an arm at its first round), the same calls are decode work."""
+        return bool(np.array_equal(self.n, self.prompt_len))
+
     def call(
         self, backend: Backend, ids: np.ndarray, pos: np.ndarray, *, num_logits: int = 1, prefill: bool = False
     ) -> np.ndarray:

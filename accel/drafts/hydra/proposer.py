@@ -95,8 +95,7 @@ class HydraProposer:
         self.base = np.zeros((run.batch, self.heads.hidden_size), dtype=np.float32)
         if self.heads.prefix:
             self.heads.reset()
-            # a start after the run's first round (AutoTune starts an arm at its first round) is decode work
-            self._feed(run, run.n >= 2, prefill=bool(np.array_equal(run.n, run.prompt_len)))
+            self._feed(run, run.n >= 2, prefill=run.at_prompt)
 
     def _feed(self, run: RunState, rows: np.ndarray, prefill: bool = False) -> None:
         """Feed the prefix layer the target states of ``rows`` it has not seen (positions ``fed .. n - 2``)."""
