@@ -5,11 +5,13 @@ lanes a block) against ``GGMLKernel.matmul_q8_x16`` (accel/formats/mxkernel_gx16
 summed in integers; what ``gguf-kernel-q8`` graphs run), on random blocks of every kernel layout (``Q8_0``, ``Q4_0``,
 ``Q4_1`` as stored; ``Q4_F32``, ``I8_F32``, ``Q5S_F32``, ``Q5_F32`` for the repacked K-quant and Q5 types) in SmolLM2's
 gate+up shape (3072 x 576), for S = 1, 2, 4, 8 activation rows (a decode step and verify calls), on the CPU's best
-int8 path and on its AVX2 path (``set_isa(1)``), one kernel thread (``--threads``). The two layouts are timed round
-robin, so load drift hits both alike; the time is the fastest of ``--repeats`` calls. Prints one table (microseconds,
-stored / interleaved, and each layout's T(S) / T(1)) and writes ``--out`` (default results/gguf_q8.json).
+int8 path, on its AVX2 path with AVX-VNNI where the CPU has it (``set_isa(1)``: what an Alder Lake-class CPU without
+AVX-512 runs) and on the AVX2 path without it (``set_isa(1, avx_vnni=False)``: an AVX2-only CPU's code), one kernel
+thread (``--threads``). Both layouts on every path are timed round robin, so load drift hits them alike; the time is
+the fastest of ``--repeats`` calls. Prints one table per path (microseconds, stored / interleaved, and each layout's
+T(S) / T(1)) and writes ``--out`` (default results/gguf_q8.json).
 
-    python benchmarks/gguf_q8.py                    # ~1 minute on 2 cores
+    python benchmarks/gguf_q8.py                    # ~5 seconds on 2 cores (--repeats 200: ~20)
     python benchmarks/gguf_q8.py --quick            # Q4_1 and Q8_0 only, fewer repeats
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 
 import numpy as np
 from bench_support import json_out, save_results
@@ -26,9 +27,11 @@ from accel.formats.ggml import GGML_TYPES, GGMLTensor
 from accel.formats.ggml_kernel import GGMLKernel
 from accel.formats.mxkernel import set_isa
 from accel.formats.mxkernel_build import load_kernel
+from accel.formats.mxkernel_q8 import q8_path
 
 ROWS = (1, 2, 4, 8)
-PATHS = ("portable", "avx2", "avx512-vnni", "avx512-vbmi-vnni")  # mxk_q8_path's values
+#: the int8 paths measured, as ``set_isa`` arguments: the best, AVX2 with AVX-VNNI, AVX2 (each once where they coincide)
+SETTINGS = ((3, True), (1, True), (1, False))
 SHAPE = (3072, 576)  # SmolLM2's gate+up, one node
 
 
@@ -43,7 +46,7 @@ def random_blocks(rng: np.random.Generator, name: str, n: int, k: int) -> GGMLTe
     return GGMLTensor(t, (n, k), codes, scales.reshape(n, k // 32, t.scale_bytes))
 
 
-def fastest(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def fastest(fns: dict, repeats: int) -> dict:
     """Seconds of each function's fastest call, the functions called in turn ``repeats`` times after a warm-up."""
     for fn in fns.values():
         fn()
@@ -56,27 +59,45 @@ def fastest(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, flo
     return {k: min(v) for k, v in times.items()}
 
 
-def bench(layouts: list[str], isa: int, threads: int, repeats: int) -> list[dict]:
-    """One row per (layout, S): both layouts' fastest call in seconds, on ``set_isa(isa)``."""
+def paths() -> dict[str, tuple[int, bool]]:
+    """The distinct int8 paths of ``SETTINGS`` on this CPU: name -> ``set_isa`` arguments."""
+    out: dict[str, tuple[int, bool]] = {}
+    try:
+        for isa, avx_vnni in SETTINGS:
+            set_isa(isa, avx_vnni=avx_vnni)
+            out.setdefault(q8_path(load_kernel()), (isa, avx_vnni))
+    finally:
+        set_isa(3)
+    return out
+
+
+def bench(layouts: list[str], settings: dict[str, tuple[int, bool]], threads: int, repeats: int) -> dict[str, list]:
+    """Per path of ``settings``, one row per (layout, S): both layouts' fastest call in seconds. Every (path, layout)
+    call of one (layout, S) is timed round robin (each call sets its path first: ~1 us of ctypes)."""
     rng = np.random.default_rng(0)
-    set_isa(isa)
-    rows = []
+    out: dict[str, list] = {path: [] for path in settings}
     try:
         for name in layouts:
             g = GGMLKernel(random_blocks(rng, name, *SHAPE))
             for s in ROWS:
                 x = rng.standard_normal((s, SHAPE[1])).astype(np.float32)
-                t = fastest(
-                    {
-                        "stored": lambda g=g, x=x: g.matmul_q8(x, threads=threads),
-                        "interleaved": lambda g=g, x=x: g.matmul_q8_x16(x, threads=threads),
-                    },
-                    repeats,
-                )
-                rows.append({"layout": name, "rows": s, "stored_s": t["stored"], "interleaved_s": t["interleaved"]})
+                fns = {}
+                for path, (isa, vnni) in settings.items():
+                    fns[path, "stored"] = lambda g=g, x=x, i=isa, v=vnni: (
+                        set_isa(i, avx_vnni=v),
+                        g.matmul_q8(x, threads=threads),
+                    )
+                    fns[path, "interleaved"] = lambda g=g, x=x, i=isa, v=vnni: (
+                        set_isa(i, avx_vnni=v),
+                        g.matmul_q8_x16(x, threads=threads),
+                    )
+                t = fastest(fns, repeats)
+                for path in settings:
+                    row = {"layout": name, "rows": s, "stored_s": t[path, "stored"]}
+                    out[path].append({**row, "interleaved_s": t[path, "interleaved"]})
     finally:
         set_isa(3)
-    return rows
+    return out
 
 
 def table(rows: list[dict], path: str) -> list[str]:
@@ -110,20 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the fused kernel cannot be built here: nothing to measure")
     layouts = ["Q4_1", "Q8_0"] if args.quick else list(GGML_TYPES)
     repeats = 10 if args.quick else args.repeats
-    results = {}
-    for isa in (3, 1):
-        set_isa(isa)
-        path = q8_path_name()
-        rows = bench(layouts, isa, args.threads, repeats)
+    results = bench(layouts, paths(), args.threads, repeats)
+    for path, rows in results.items():
         print("\n".join(table(rows, path)), end="\n\n")
-        results[path] = rows
     save_results(args.out, {"shape": list(SHAPE), "threads": args.threads, **results}, __file__, argv)
-
-
-def q8_path_name() -> str:
-    """The int8 path the kernel runs at the current ``set_isa`` level."""
-    lib = load_kernel()
-    return "numpy" if lib is None else PATHS[lib.mxk_q8_path()]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,28 @@ void mxk_set_isa(int level) { max_isa = level; }
 
 int mxk_isa_cap(void) { return max_isa; }
 
+static int allow_avxvnni = 1; /* mxk_set_avxvnni */
+
+/* whether the int8-activation AVX2 path may use AVX-VNNI where the CPU has it (1, the default) or keeps to
+ * vpmaddubsw (0: tests and benchmarks compare the two on a CPU that has both) */
+void mxk_set_avxvnni(int on) { allow_avxvnni = on; }
+
+int mxk_avxvnni(void) { return allow_avxvnni && max_isa >= 1 && have_avx2() && have_avxvnni(); }
+
+#if MXK_AVXVNNI
+#include <cpuid.h>
+int have_avxvnni(void) { /* CPUID leaf 7, sub-leaf 1: EAX bit 4 (the OS keeps YMM state: have_avx2) */
+    static int cached = -1;
+    if (cached < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        cached = have_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
+    }
+    return cached;
+}
+#else
+int have_avxvnni(void) { return 0; }
+#endif
+
 /* ------------------------------------------------------------------------------------------------- threads */
 
 typedef struct {

@@ -58,8 +58,16 @@
 #else
 #define MXK_X86 0
 #endif
+/* AVX-VNNI (vpdpbusd on 256-bit registers, VEX-encoded: Intel Alder Lake and later cores without AVX-512, Sierra
+ * Forest, AMD Zen 5): the int8-activation paths' AVX2 code uses it where the CPU has it (have_avxvnni) and the compiler
+ * knows the target (GCC 11, clang 12) */
+#if MXK_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define MXK_AVXVNNI 1
+#else
+#define MXK_AVXVNNI 0
+#endif
 
-#define MXK_VERSION 8
+#define MXK_VERSION 9
 #define MXK_MAX_THREADS 16
 /* the x86 paths prefetch the codes this many bytes ahead of the block they decode: without it one thread streamed
  * packed codes from DRAM at ~6 GB/s on an Intel Xeon (AVX-512 VBMI) VM, with it ~10 GB/s (benchmarks/mx_kernel.py) */
@@ -241,6 +249,8 @@ MXK_INTERNAL int have_vbmi(void);
 MXK_INTERNAL int have_avx512f(void);
 MXK_INTERNAL int mxk_isa_cap(void); /* mxk_set_isa's level */
 MXK_INTERNAL int have_vnni(void);
+MXK_INTERNAL int have_avxvnni(void);
+int mxk_avxvnni(void); /* whether the int8-activation AVX2 path (mxk_q8_path 1) uses AVX-VNNI now */
 
 #if MXK_X86
 #define MXK_AVX2 __attribute__((target("avx2,fma")))
@@ -309,6 +319,13 @@ MXK_AVX2 static inline __m256i dot_u8s8_avx2(__m256i aw, __m256i sx) {
 MXK_VNNI static inline __m256i dot_u8s8_vnni(__m256i aw, __m256i sx) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
 }
+#if MXK_AVXVNNI
+/* the AVX2 paths' functions with AVX-VNNI's vpdpbusd (VEX) in place of vpmaddubsw + vpmaddwd: the same int32 lanes */
+#define MXK_AVXVNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
+MXK_AVXVNNI_FN static inline __m256i dot_u8s8_avxvnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+}
+#endif
 /* (acc0 + acc1) + (acc2 + acc3) lane by lane, from the 512-bit accumulators a01 = acc0 | acc1 and a23 = acc2 | acc3
  * of the int8-activation paths' two-blocks-a-register loops (their 256-bit halves) */
 MXK_VNNI static inline __m256 pair_acc_sum(__m512 a01, __m512 a23) {

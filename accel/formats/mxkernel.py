@@ -49,13 +49,16 @@ def code_table(fmt: ElementFormat) -> np.ndarray:
 MIN_WEIGHTS_PER_THREAD = 1 << 18
 
 
-def set_isa(level: int) -> None:
+def set_isa(level: int, *, avx_vnni: bool = True) -> None:
     """The highest kernel path to use from now on (process-wide): 3 = the best the CPU has (default), 2 = AVX-512 but
     the int8-activation path (``accel.formats.mxkernel_q8``) without VBMI's unpacking, 1 = AVX2 at most, 0 = the
-    portable C loop only. Tests and benchmarks use it to check and compare the paths."""
+    portable C loop only. ``avx_vnni``: the int8-activation AVX2 code uses AVX-VNNI's ``vpdpbusd`` where the CPU has
+    it (the default), else ``vpmaddubsw`` + ``vpmaddwd`` (the same integers). Tests and benchmarks use it to check and
+    compare the paths."""
     lib = load_kernel()
     if lib is not None:
         lib.mxk_set_isa(int(level))
+        lib.mxk_set_avxvnni(int(bool(avx_vnni)))
 
 
 def call_threads(threads: int | None, auto: int) -> int:

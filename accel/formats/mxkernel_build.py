@@ -34,7 +34,7 @@ _PARTS = ("", "_portable", "_avx2", "_avx512", "_vbmi", "_q8", "_gq8", "_gx16", 
 SOURCES = tuple(_HERE / f"mxkernel{part}.c" for part in _PARTS)
 HEADER = _HERE / "mxkernel.h"
 #: the C library's ``mxk_version()``; bump both together
-VERSION = 8
+VERSION = 9
 #: seconds a compile may take before it is given up
 BUILD_TIMEOUT_S = 120
 _FLAGS = ("-O2", "-std=gnu99", "-shared", "-fPIC", "-pthread")
@@ -120,6 +120,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mxk_fast_path.argtypes = [_int, _int]
     lib.mxk_set_isa.restype = None
     lib.mxk_set_isa.argtypes = [_int]
+    lib.mxk_set_avxvnni.restype = None
+    lib.mxk_set_avxvnni.argtypes = [_int]
+    lib.mxk_avxvnni.restype = _int
+    lib.mxk_avxvnni.argtypes = []
     lib.mxk_decode.restype = _int
     lib.mxk_decode.argtypes = [_p, _p, _p, _int, _int, _i64, _i64, _p, _int]
     lib.mxk_decode_ggml.restype = _int

@@ -225,7 +225,7 @@ GQ8_AVX2 static inline __m256i block_ints256(const int fast, const uint8_t *p) {
     } while (0)
 
 /* NAME(j, n, s0, fast, R): W row n against x rows s0 .. s0 + R - 1; blocks one at a time, each decoded once for the
- * R rows; defined for AVX2 and for VNNI, which differ only in DOT */
+ * R rows; defined for AVX2, AVX-VNNI and AVX-512 VNNI (256-bit), which differ only in DOT */
 #define GQ8_ROWS_FN(TARGET, NAME, DOT)                                                                               \
     TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t n, int64_t s0,             \
                                                                   const int fast, const int R) {                     \
@@ -273,7 +273,7 @@ GQ8_ROWS_FN(GQ8_AVX2, gq8_rows_avx2, dot_u8s8_avx2) /* mxkernel.h */
 GQ8_ROWS_FN(GQ8_VNNI, gq8_rows_vnni, dot_u8s8_vnni)
 
 /* every output of W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at each
- * inlined call of ROWS (the AVX2 or the VNNI tile) */
+ * inlined call of ROWS (the AVX2, AVX-VNNI or VNNI tile) */
 #define GQ8_TILE_CALL(ROWS, n, s0, R)                                                                                \
     do {                                                                                                             \
         switch (j->fast) {                                                                                           \
@@ -294,6 +294,15 @@ GQ8_AVX2 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) {
 GQ8_VNNI static void gq8_vnni(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_VNNI_TILE, j, n);
 }
+#if MXK_AVXVNNI
+GQ8_ROWS_FN(MXK_AVXVNNI_FN, gq8_rows_avxvnni, dot_u8s8_avxvnni)
+#define GQ8_AVXVNNI_TILE(n, s0, R) GQ8_TILE_CALL(gq8_rows_avxvnni, n, s0, R)
+MXK_AVXVNNI_FN static void gq8_avxvnni(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(GQ8_AVXVNNI_TILE, j, n);
+}
+#else
+static void gq8_avxvnni(const job_t *j, int64_t n0, int64_t n1) { gq8_avx2(j, n0, n1); }
+#endif
 
 /* ------------------------------------------------------------------------------------------------- AVX-512 VNNI */
 
@@ -395,14 +404,17 @@ GQ8_V512 static void gq8_v512(const job_t *j, int64_t n0, int64_t n1) {
 }
 #else
 static void gq8_avx2(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
+static void gq8_avxvnni(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
 static void gq8_v512(const job_t *j, int64_t n0, int64_t n1) { gq8_portable(j, n0, n1); }
 #endif
 
-/* the int8-activation path of GGUF blocks: AVX-512 VNNI where mxk_q8_path allows it (2, 3), AVX2 (1), else
- * portable */
+/* the int8-activation path of GGUF blocks: AVX-512 VNNI where mxk_q8_path allows it (2, 3), AVX2 (1; with AVX-VNNI
+ * where mxk_avxvnni says so), else portable */
 void linear_gq8(const job_t *j, int64_t n0, int64_t n1, int path) {
     if (path >= 2)
         gq8_v512(j, n0, n1);
+    else if (path == 1 && mxk_avxvnni())
+        gq8_avxvnni(j, n0, n1);
     else if (path == 1)
         gq8_avx2(j, n0, n1);
     else

@@ -146,64 +146,85 @@ X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w
     return p0;
 }
 
-/* x rows s0 .. s0 + R - 1 of group g, lanes 8h .. 8h + 7 (h = 0, 1): 8 rows a 256-bit register */
-X16_AVX2 static inline __attribute__((always_inline)) void x16_half_avx2(const job_t *j, int64_t g, int h, int64_t s0,
-                                                                         const int fast, const int R) {
-    const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);
-    const uint8_t *codes = j->codes + g * nb * cb, *scales = j->scales + g * nb * sb;
-    const int sgn = x16_int8(fast), i8 = fast == FAST_I8_F32, bias = sgn ? 0 : code_offset(fast);
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256 acc[MXK_X_TILE], off[MXK_X_TILE];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *c = codes + b * cb + 32 * h, *sc = scales + b * sb;
-        __m256i w[8], aw[8];
-        if (sgn) {
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-                w[k] = _mm256_loadu_si256((const __m256i *)(c + 64 * k));
-                aw[k] = _mm256_sign_epi8(w[k], w[k]);
-            }
-        } else {
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const __m256i t = _mm256_loadu_si256((const __m256i *)(c + 64 * k));
-                aw[k] = _mm256_and_si256(t, nib);
-                aw[k + 4] = _mm256_and_si256(_mm256_srli_epi16(t, 4), nib);
-            }
-            if (q5_codes(fast))
-                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-                    aw[k] = _mm256_or_si256(aw[k], fifth_bits(codes + b * cb + 256 + 8 * k + 4 * h));
-        }
-        const __m256 d = x16_scales8(fast, sc, 0, h);
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const int64_t at = (s0 + r) * nb + b;
-            const __m256 dx = _mm256_set1_ps(j->xd[at]);
-            __m256i p1, p0 = x16_dot_avx2(aw, sgn ? w : aw, j->xq + 32 * at, sgn, &p1);
-            if (i8) {
-                const __m256 d1 = x16_scales8(fast, sc, 2, h);
-                const __m256 prod0 = _mm256_mul_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(d, dx));
-                const __m256 prod1 = _mm256_mul_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(d1, dx));
-                acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(prod0, prod1));
-                const __m256 o0 = _mm256_mul_ps(x16_scales8(fast, sc, 1, h), _mm256_set1_ps(j->xu[2 * at]));
-                const __m256 o1 = _mm256_mul_ps(x16_scales8(fast, sc, 3, h), _mm256_set1_ps(j->xu[2 * at + 1]));
-                off[r] = _mm256_add_ps(off[r], _mm256_add_ps(o0, o1));
-                continue;
-            }
-            __m256i p = _mm256_add_epi32(p0, p1);
-            if (bias) p = _mm256_sub_epi32(p, _mm256_set1_epi32(bias * j->xs[at]));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx)));
-            if (has_offset(fast)) {
-                const __m256 m = x16_scales8(fast, sc, 1, h);
-                off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(m, _mm256_set1_ps(j->xu[at])));
-            }
-        }
+/* NAME(j, g, h, s0, fast, R): x rows s0 .. s0 + R - 1 of group g, lanes 8h .. 8h + 7 (h = 0, 1): 8 rows a 256-bit
+ * register; defined for AVX2 and for AVX-VNNI, which differ only in DOT */
+#define X16_HALF_FN(TARGET, NAME, DOT)                                                                               \
+    TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t g, int h, int64_t s0,      \
+                                                            const int fast, const int R) {                           \
+        const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);                        \
+        const uint8_t *codes = j->codes + g * nb * cb, *scales = j->scales + g * nb * sb;                            \
+        const int sgn = x16_int8(fast), i8 = fast == FAST_I8_F32, bias = sgn ? 0 : code_offset(fast);                \
+        const __m256i nib = _mm256_set1_epi8(0x0F);                                                                  \
+        __m256 acc[MXK_X_TILE], off[MXK_X_TILE];                                                                     \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();                   \
+        for (int64_t b = 0; b < nb; b++) {                                                                           \
+            const uint8_t *c = codes + b * cb + 32 * h, *sc = scales + b * sb;                                       \
+            __m256i w[8], aw[8];                                                                                     \
+            if (sgn) {                                                                                               \
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {                                                \
+                    w[k] = _mm256_loadu_si256((const __m256i *)(c + 64 * k));                                        \
+                    aw[k] = _mm256_sign_epi8(w[k], w[k]);                                                            \
+                }                                                                                                    \
+            } else {                                                                                                 \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                                                \
+                    const __m256i t = _mm256_loadu_si256((const __m256i *)(c + 64 * k));                             \
+                    aw[k] = _mm256_and_si256(t, nib);                                                                \
+                    aw[k + 4] = _mm256_and_si256(_mm256_srli_epi16(t, 4), nib);                                      \
+                }                                                                                                    \
+                if (q5_codes(fast))                                                                                  \
+                    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                                              \
+                        aw[k] = _mm256_or_si256(aw[k], fifth_bits(codes + b * cb + 256 + 8 * k + 4 * h));            \
+            }                                                                                                        \
+            const __m256 d = x16_scales8(fast, sc, 0, h);                                                            \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                    \
+                const int64_t at = (s0 + r) * nb + b;                                                                \
+                const __m256 dx = _mm256_set1_ps(j->xd[at]);                                                         \
+                __m256i p1, p0 = DOT(aw, sgn ? w : aw, j->xq + 32 * at, sgn, &p1);                                   \
+                if (i8) {                                                                                            \
+                    const __m256 d1 = x16_scales8(fast, sc, 2, h);                                                   \
+                    const __m256 prod0 = _mm256_mul_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(d, dx));                \
+                    const __m256 prod1 = _mm256_mul_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(d1, dx));               \
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(prod0, prod1));                                     \
+                    const __m256 o0 = _mm256_mul_ps(x16_scales8(fast, sc, 1, h), _mm256_set1_ps(j->xu[2 * at]));     \
+                    const __m256 o1 = _mm256_mul_ps(x16_scales8(fast, sc, 3, h), _mm256_set1_ps(j->xu[2 * at + 1])); \
+                    off[r] = _mm256_add_ps(off[r], _mm256_add_ps(o0, o1));                                           \
+                    continue;                                                                                        \
+                }                                                                                                    \
+                __m256i p = _mm256_add_epi32(p0, p1);                                                                \
+                if (bias) p = _mm256_sub_epi32(p, _mm256_set1_epi32(bias * j->xs[at]));                              \
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx)));          \
+                if (has_offset(fast)) {                                                                              \
+                    const __m256 m = x16_scales8(fast, sc, 1, h);                                                    \
+                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(m, _mm256_set1_ps(j->xu[at])));                     \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+        const int live = (int)(j->width - 16 * g - 8 * h);                                                           \
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                        \
+            const __m256 y = has_offset(fast) ? _mm256_add_ps(acc[r], off[r]) : acc[r];                              \
+            _mm256_maskstore_ps(j->y + (s0 + r) * j->width + 16 * g + 8 * h, mask, y);                               \
+        }                                                                                                            \
     }
-    const int live = (int)(j->width - 16 * g - 8 * h);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const __m256 y = has_offset(fast) ? _mm256_add_ps(acc[r], off[r]) : acc[r];
-        _mm256_maskstore_ps(j->y + (s0 + r) * j->width + 16 * g + 8 * h, mask, y);
+X16_HALF_FN(X16_AVX2, x16_half_avx2, x16_dot_avx2)
+
+#if MXK_AVXVNNI
+/* x16_dot_avx2 with AVX-VNNI: vpdpbusd accumulates the same int32 lanes */
+MXK_AVXVNNI_FN static inline __m256i x16_dot_avxvnni(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
+                                                     __m256i *p1) {
+    __m256i p0 = _mm256_setzero_si256();
+    *p1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        int32_t word;
+        memcpy(&word, q + 4 * k, 4);
+        __m256i x = _mm256_set1_epi32(word);
+        if (sgn) x = _mm256_sign_epi8(x, w[k]);
+        if (k < 4) p0 = _mm256_dpbusd_avx_epi32(p0, aw[k], x); else *p1 = _mm256_dpbusd_avx_epi32(*p1, aw[k], x);
     }
+    return p0;
 }
+X16_HALF_FN(MXK_AVXVNNI_FN, x16_half_avxvnni, x16_dot_avxvnni)
+#endif
 
 /* the integer dot products of one x row with a block's 8 unsigned registers (vpdpbusd), started at start0 (codes
  * 0..15) and start1 (codes 16..31); returns the first, *p1 the second */
@@ -308,6 +329,12 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
         if (j->width - 16 * (g) > 8) x16_half_avx2(j, g, 1, s0, F, R);                                               \
     } while (0)
 #define X16_AVX2_TILE(g, s0, R) X16_CALL(X16_HALVES, g, s0, R)
+#define X16_VHALVES(g, s0, F, R)                                                                                     \
+    do {                                                                                                             \
+        x16_half_avxvnni(j, g, 0, s0, F, R);                                                                         \
+        if (j->width - 16 * (g) > 8) x16_half_avxvnni(j, g, 1, s0, F, R);                                            \
+    } while (0)
+#define X16_AVXVNNI_TILE(g, s0, R) X16_CALL(X16_VHALVES, g, s0, R)
 #define X16_512(g, s0, F, R) x16_tile512(j, g, s0, F, R)
 #define X16_V512_TILE(g, s0, R) X16_CALL(X16_512, g, s0, R)
 X16_AVX2 static void x16_avx2(const job_t *j, int64_t g0, int64_t g1) {
@@ -316,15 +343,26 @@ X16_AVX2 static void x16_avx2(const job_t *j, int64_t g0, int64_t g1) {
 X16_V512 static void x16_v512(const job_t *j, int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; g++) MXK_X_TILES(X16_V512_TILE, j, g);
 }
+#if MXK_AVXVNNI
+MXK_AVXVNNI_FN static void x16_avxvnni(const job_t *j, int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++) MXK_X_TILES(X16_AVXVNNI_TILE, j, g);
+}
+#else
+static void x16_avxvnni(const job_t *j, int64_t g0, int64_t g1) { x16_avx2(j, g0, g1); }
+#endif
 #else
 static void x16_avx2(const job_t *j, int64_t g0, int64_t g1) { x16_portable(j, g0, g1); }
+static void x16_avxvnni(const job_t *j, int64_t g0, int64_t g1) { x16_portable(j, g0, g1); }
 static void x16_v512(const job_t *j, int64_t g0, int64_t g1) { x16_portable(j, g0, g1); }
 #endif
 
-/* groups [g0, g1) of an interleaved job: AVX-512 VNNI where mxk_q8_path allows it (2, 3), AVX2 (1), else portable */
+/* groups [g0, g1) of an interleaved job: AVX-512 VNNI where mxk_q8_path allows it (2, 3), AVX2 (1; with AVX-VNNI
+ * where mxk_avxvnni says so), else portable */
 void linear_gx16(const job_t *j, int64_t g0, int64_t g1, int path) {
     if (path >= 2)
         x16_v512(j, g0, g1);
+    else if (path == 1 && mxk_avxvnni())
+        x16_avxvnni(j, g0, g1);
     else if (path == 1)
         x16_avx2(j, g0, g1);
     else

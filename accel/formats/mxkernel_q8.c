@@ -191,7 +191,7 @@ Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, in
     } while (0)
 
 /* NAME(j, n, s0, fast, R): W row n against x rows s0 .. s0 + R - 1, each block decoded once for the R rows (a verify
- * call's rows); defined for AVX2 and for VNNI, which differ only in DOT */
+ * call's rows); defined for AVX2, AVX-VNNI and AVX-512 VNNI, which differ only in DOT */
 #define Q8_ROWS_FN(TARGET, NAME, DOT)                                                                                \
     TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t n, int64_t s0,             \
                                                                   const int fast, const int R) {                     \
@@ -222,8 +222,8 @@ Q8_AVX2 static inline void q8_weights_abs(const int fast, const uint8_t *row, in
 Q8_ROWS_FN(Q8_AVX2, q8_rows_avx2, dot_u8s8_avx2) /* mxkernel.h */
 Q8_ROWS_FN(Q8_VNNI, q8_rows_vnni, dot_u8s8_vnni)
 
-/* the AVX2 and VNNI paths over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size constants at
- * each inlined call */
+/* the AVX2, AVX-VNNI and VNNI paths over W rows [n0, n1): x rows in tiles (MXK_X_TILES), `fast` and the tile size
+ * constants at each inlined call */
 #define Q8_TILE_CALL(ROWS, n, s0, R)                                                                                 \
     do {                                                                                                             \
         if (j->fast == FAST_E2M3)                                                                                    \
@@ -239,6 +239,15 @@ Q8_AVX2 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) {
 Q8_VNNI static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_VNNI_TILE, j, n);
 }
+#if MXK_AVXVNNI
+Q8_ROWS_FN(MXK_AVXVNNI_FN, q8_rows_avxvnni, dot_u8s8_avxvnni)
+#define Q8_AVXVNNI_TILE(n, s0, R) Q8_TILE_CALL(q8_rows_avxvnni, n, s0, R)
+MXK_AVXVNNI_FN static void q8_avxvnni(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) MXK_X_TILES(Q8_AVXVNNI_TILE, j, n);
+}
+#else
+static void q8_avxvnni(const job_t *j, int64_t n0, int64_t n1) { q8_avx2(j, n0, n1); }
+#endif
 
 /* VNNI with VBMI's unpacking, two blocks per 512-bit register: blocks b, b + 1 (b % 4 == 0) update acc0 | acc1 and
  * b + 2, b + 3 update acc2 | acc3, the same per-block arithmetic as the other paths. AVX-512 has no byte sign
@@ -378,6 +387,7 @@ int have_vnni(void) {
 #else
 int have_vnni(void) { return 0; }
 static void q8_avx2(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
+static void q8_avxvnni(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 static void q8_vnni(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 static void q8_vbmi(const job_t *j, int64_t n0, int64_t n1) { q8_portable(j, n0, n1); }
 #endif
@@ -387,6 +397,8 @@ void linear_q8(const job_t *j, int64_t n0, int64_t n1, int path) {
         q8_vbmi(j, n0, n1);
     else if (path == 2)
         q8_vnni(j, n0, n1);
+    else if (path == 1 && mxk_avxvnni())
+        q8_avxvnni(j, n0, n1);
     else if (path == 1)
         q8_avx2(j, n0, n1);
     else

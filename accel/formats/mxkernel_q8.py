@@ -23,6 +23,7 @@ activations, times ``d * dx``, plus ``m * dx * sum(q)`` for the types with an of
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "linear_q8_call",
     "matmul_q8",
     "q8_kernel_path",
+    "q8_path",
     "quantize_q8",
     "reference_q8",
     "reference_q8_ggml",
@@ -149,12 +151,20 @@ def reference_q8_ggml(t: GGMLTensor, x: np.ndarray) -> np.ndarray:
 
 
 def q8_kernel_path(packed: PackedMX) -> str:
-    """The code that runs ``matmul_q8``: ``"avx512-vbmi-vnni"``, ``"avx512-vnni"``, ``"avx2"``, ``"portable"`` (C) or
-    ``"numpy"``."""
-    lib = packed._lib
+    """The code that runs ``matmul_q8`` (``q8_path``)."""
+    return q8_path(packed._lib)
+
+
+def q8_path(lib: ctypes.CDLL | None) -> str:
+    """The int8-activation code the kernel ``lib`` runs now (``set_isa``): ``"avx512-vbmi-vnni"``,
+    ``"avx512-vnni"``, ``"avx-vnni"`` (the AVX2 code with AVX-VNNI's ``vpdpbusd``), ``"avx2"``, ``"portable"`` (C)
+    or ``"numpy"`` (no kernel)."""
     if lib is None:
         return "numpy"
-    return ("portable", "avx2", "avx512-vnni", "avx512-vbmi-vnni")[lib.mxk_q8_path()]
+    path = lib.mxk_q8_path()
+    if path == 1 and lib.mxk_avxvnni():
+        return "avx-vnni"
+    return ("portable", "avx2", "avx512-vnni", "avx512-vbmi-vnni")[path]
 
 
 def matmul_q8(packed: PackedMX, x: np.ndarray, threads: int | None = None) -> np.ndarray:

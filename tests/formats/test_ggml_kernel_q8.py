@@ -1,12 +1,12 @@
 """llama.cpp's blocks times int8 activations (``GGMLKernel.matmul_q8``, accel/formats/mxkernel_gq8.c).
 
-Every kernel path (portable C, AVX2; ``set_isa`` levels 0 to 3, AVX-512 CPUs running the AVX2 code) equals the numpy
-statement of the arithmetic (``reference_q8_ggml``) bit for bit for every block layout (``Q8_0``, ``Q4_0``, ``Q4_1``
-as stored; ``Q4_F32``, ``I8_F32``, ``Q5S_F32``, ``Q5_F32`` holding the repacked K-quant and Q5 types): row counts
-across the 4-row tiles, block counts across the 8-block scale groups and the 2-block registers, special scales
-(subnormal, zero, infinite, NaN), a code of -128, an all-zero activation block, 1 and 3 threads. The reference
-itself is checked against a mutated one (offset dropped, nibbles swapped) and the activation rounding against its
-bound; the onnxruntime node with ``act_bits=8`` runs the same numbers.
+Every kernel path (portable C, AVX2 with and without AVX-VNNI, AVX-512 VNNI; ``PATH_SETTINGS``, AVX-512 CPUs running the
+AVX2 code) equals the numpy statement of the arithmetic (``reference_q8_ggml``) bit for bit for every block layout
+(``Q8_0``, ``Q4_0``, ``Q4_1`` as stored; ``Q4_F32``, ``I8_F32``, ``Q5S_F32``, ``Q5_F32`` holding the repacked K-quant
+and Q5 types): row counts across the 4-row tiles, block counts across the 8-block scale groups and the 2-block
+registers, special scales (subnormal, zero, infinite, NaN), a code of -128, an all-zero activation block, 1 and 3
+threads. The reference itself is checked against a mutated one (offset dropped, nibbles swapped) and the activation
+rounding against its bound; the onnxruntime node with ``act_bits=8`` runs the same numbers.
 """
 
 from __future__ import annotations
@@ -75,13 +75,18 @@ def _activations(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
     return x
 
 
+#: every int8-activation path as ``set_isa`` arguments: portable, AVX2 (vpmaddubsw), AVX2 with AVX-VNNI where the CPU
+#: has it, AVX-512 VNNI, AVX-512 VNNI + VBMI (each capped by what the CPU has)
+PATH_SETTINGS = ((0, True), (1, False), (1, True), (2, True), (3, True))
+
+
 def _every_path_equals(matmul, x: np.ndarray, ref: np.ndarray) -> None:
-    """``matmul(x, threads=...)`` equals ``ref`` bit for bit on every kernel path (``set_isa`` 0 to 3), 1 and 3
+    """``matmul(x, threads=...)`` equals ``ref`` bit for bit on every kernel path (``PATH_SETTINGS``), 1 and 3
     threads."""
-    for isa in (0, 1, 2, 3):
-        set_isa(isa)
+    for isa, avx_vnni in PATH_SETTINGS:
+        set_isa(isa, avx_vnni=avx_vnni)
         for threads in (1, 3):
-            assert _same(matmul(x, threads=threads), ref), (isa, threads)
+            assert _same(matmul(x, threads=threads), ref), (isa, avx_vnni, threads)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)

@@ -1,8 +1,8 @@
-"""MX weights times int8 activations (``accel.formats.mxkernel_q8``): every kernel path (portable C, AVX2, AVX-512
-VNNI where the CPU has it) equals the numpy statement of the arithmetic bit for bit, whatever the rows per call and
-the threads; the activation rounding stays within its bound of the float32-activation path; the onnxruntime
-operator with ``act_bits=8`` and a ``*-kernel-q8`` export run the same numbers, and greedy SpD on such a target is
-its own greedy AR."""
+"""MX weights times int8 activations (``accel.formats.mxkernel_q8``): every kernel path (portable C, AVX2 with and
+without AVX-VNNI, AVX-512 VNNI where the CPU has them) equals the numpy statement of the arithmetic bit for bit,
+whatever the rows per call and the threads; the AVX2 path uses AVX-VNNI exactly where the CPU has it; the activation
+rounding stays within its bound of the float32-activation path; the onnxruntime operator with ``act_bits=8`` and a
+``*-kernel-q8`` export run the same numbers, and greedy SpD on such a target is its own greedy AR."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 from accel.backends import OrtBackend, export_onnx
+from accel.backends.cpu import cpu_flags
 from accel.errors import BackendError, FormatError
 from accel.formats import mxkernel_build, quantize
 from accel.formats.mxkernel import PackedMX, set_isa
-from accel.formats.mxkernel_q8 import matmul_q8, q8_kernel_path, quantize_q8, reference_q8
+from accel.formats.mxkernel_q8 import matmul_q8, q8_kernel_path, q8_path, quantize_q8, reference_q8
 from accel.spd import GREEDY, DraftChain, DraftTree, generate, generate_ar
 from tests.backends.test_onnx_mx_kernel import _model, _run_node
+from tests.formats.test_ggml_kernel_q8 import PATH_SETTINGS
 from tests.helpers.scenario import make_tokens
 
 pytestmark = pytest.mark.skipif(mxkernel_build.load_kernel() is None, reason="the fused MX kernel cannot be built")
@@ -53,14 +55,29 @@ def test_every_path_equals_the_reference_bit_for_bit(fmt, n, k, rows):
     ref = reference_q8(w, x)
     packed = PackedMX(w)
     seen = set()
-    for isa in (0, 1, 2, 3):
-        set_isa(isa)
+    for isa, avx_vnni in PATH_SETTINGS:
+        set_isa(isa, avx_vnni=avx_vnni)
         seen.add(q8_kernel_path(packed))
         for threads in (1, 3):
-            assert _same(matmul_q8(packed, x, threads=threads), ref), (isa, threads)
+            assert _same(matmul_q8(packed, x, threads=threads), ref), (isa, avx_vnni, threads)
     assert {"portable", "avx2"} <= seen or q8_kernel_path(packed) == "portable"
     if n > 3:
         assert np.isnan(ref[:, 1]).all() and not np.isnan(ref[:, 0]).any()
+
+
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="needs an x86-64 CPU with AVX2 (Linux /proc/cpuinfo)")
+def test_the_avx2_path_uses_avx_vnni_exactly_where_the_cpu_has_it():
+    """The kernel's own CPUID check (leaf 7, sub-leaf 1) against the kernel's /proc/cpuinfo flag ``avx_vnni``: the AVX2
+    path (``set_isa(1)``) runs AVX-VNNI where the CPU has it, vpmaddubsw where it has not (the emulated AVX2-only CPU
+    of tests/backends/test_isa_emulated.py: "avx2") or where ``avx_vnni=False`` asks so."""
+    lib = mxkernel_build.load_kernel()
+    set_isa(1)
+    assert q8_path(lib) == ("avx-vnni" if "avx_vnni" in cpu_flags() else "avx2")
+    set_isa(1, avx_vnni=False)
+    assert q8_path(lib) == "avx2"
+    set_isa(0)
+    assert q8_path(lib) == "portable"
+    assert q8_path(None) == "numpy"
 
 
 def _kernel_quantize(x: np.ndarray, nblocks: int, xstride: int) -> tuple[np.ndarray, np.ndarray]:
