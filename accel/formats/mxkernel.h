@@ -58,9 +58,9 @@
 #else
 #define MXK_X86 0
 #endif
-/* AVX-VNNI (vpdpbusd on 256-bit registers, VEX-encoded: Intel Alder Lake and later cores without AVX-512, Sierra
- * Forest, AMD Zen 5): the int8-activation paths' AVX2 code uses it where the CPU has it (have_avxvnni) and the compiler
- * knows the target (GCC 11, clang 12) */
+/* AVX-VNNI (vpdpbusd on 256-bit registers, VEX-encoded; what Intel's client cores since Alder Lake and the Sierra
+ * Forest Xeons have instead of AVX-512 VNNI): the int8-activation paths' AVX2 code uses it where the CPU has it
+ * (have_avxvnni) and the compiler knows the target (GCC 11, clang 12) */
 #if MXK_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #define MXK_AVXVNNI 1
 #else
