@@ -395,23 +395,25 @@ class AutoTune:
         c1 = calls.seconds(1)
         if c1 is None or not any(a.propose_costs.sizes for a in self.arms):
             return None
-        rows = [(NO_ARM, 0, 1.0, c1, 0.0, 1.0, 1.0)]
+        rows = [(NO_ARM, 0, 1.0, c1, 0.0, 1.0, 1.0, 1.0)]
         for i, arm in enumerate(self.arms):
             arm.idle_until(self.rounds)  # the rounds it sat out since its counts were last decayed
             if not arm.propose_costs.sizes:
                 continue  # an arm not measured yet is not priced (the probe schedule measures every arm)
             hit = arm.hit_rate
             factors = self.evidence.arm_factors(i)  # (gain, call) factors: what the arm's rounds gave over its model
-            for n, e in zip(arm.budgets, arm.expected_tokens(self.prior_acceptance).tolist(), strict=True):
+            expected = arm.expected_tokens(self.prior_acceptance).tolist()
+            for n, e, most in zip(arm.budgets, expected, arm.most_tokens.tolist(), strict=True):
                 call = hit * _known(calls, n + 1) + (1.0 - hit) * c1
-                rows.append((i, n, e, call, _known(arm.propose_costs, n), *factors))
-        arms, nodes, model_tokens, model_call, propose_s, gain, dearer = (
+                rows.append((i, n, e, call, _known(arm.propose_costs, n), *factors, most))
+        arms, nodes, model_tokens, model_call, propose_s, gain, dearer, most = (
             np.asarray(col) for col in zip(*rows, strict=True)
         )
         if not (np.all(np.isfinite(model_call + propose_s)) and np.all(model_call > 0)):
             return None
         fixed = np.stack([1.0 + gain * (model_tokens - 1.0), dearer * model_call, propose_s], axis=1)
         tokens, call_s, propose_s = self.evidence.blend(arms, nodes, fixed).T
+        tokens = np.minimum(tokens, most)  # a corrected prediction stays within what the shape can give
         return Plan(nodes, tokens, call_s, propose_s, arms, model_tokens, model_call, self.settings.margin)
 
     def describe(self) -> str:

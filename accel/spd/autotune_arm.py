@@ -70,6 +70,11 @@ class Arm:
         self._name: str | None = None
         models = {id(u.model): u.model for u in _draft_users(proposer)}
         self.drafts: list[DraftModel] = list(models.values())  # the draft models its rounds call (catch-up pricing)
+        info = proposer.info
+        own = max((u.info.max_depth for u in _unbudgeted(proposer)), default=0)
+        #: per budget, the most tokens a row can take from a round: 1 + its deepest proposal (the budget's depth, or the
+        #: own length of a part the budget does not bind); the controller's predictions never exceed it
+        self.most_tokens = np.array([1.0 + max(min(b, info.max_depth), own) for b in self.budgets])
         self.reset()
 
     def reset(self) -> None:
@@ -361,6 +366,15 @@ def _draft_users(proposer: object) -> list:
         return [proposer]
     inner = [getattr(proposer, "proposer", None), *getattr(proposer, "proposers", ())]
     return [u for p in inner if p is not None for u in _draft_users(p)]
+
+
+def _unbudgeted(proposer: object) -> list[Unbudgeted]:
+    """The ``Unbudgeted`` proposers inside ``proposer`` (itself, ``FirstOf`` / ``Merge`` parts, wrapped ones): their
+    proposals keep their own length whatever the budget."""
+    if isinstance(proposer, Unbudgeted):
+        return [proposer]
+    inner = [getattr(proposer, "proposer", None), *getattr(proposer, "proposers", ())]
+    return [u for p in inner if p is not None for u in _unbudgeted(p)]
 
 
 def share_draft_models(arms: Sequence[Proposer]) -> None:

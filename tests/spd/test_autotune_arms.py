@@ -254,6 +254,40 @@ def test_an_arms_rounds_correct_its_other_budgets(models):
     assert tuner.evidence.arm_factors(1) == old
 
 
+def test_a_corrected_prediction_stays_within_what_the_shape_can_give(models):
+    """An arm whose rounds gave far more tokens than its model predicted (its gain factor at the range's top) is still
+    priced at no more tokens a call than its proposals can hold: 1 + the budget for a chain (its ``max_depth`` 4 at
+    most), and for the lookup-first arm, whose lookup keeps its own length (4) at any budget, 1 + 4 at budgets 1 to 4.
+    The model's own predictions are below the caps: the caps bind only the corrected ones."""
+    _, draft = models
+    db = backend(draft, 1, ctx_len=CTX)
+    lookup_first = FirstOf(Unbudgeted(NgramLookup(3, 4)), DraftChain(db, k=2))
+    tuner = AutoTune([DraftChain(db, k=4), lookup_first], settings=TuneSettings(prior_acceptance=0.9, decay=1.0))
+    np.testing.assert_array_equal(tuner.arms[0].most_tokens, [2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(tuner.arms[1].most_tokens, [5.0, 5.0, 5.0, 5.0])
+    for s in (1, 3, 5):
+        tuner.call_costs.observe(s, 10e-3)
+    for arm in tuner.arms:
+        arm.propose_costs.observe(1, 0.1e-3)
+    before = tuner.plan()
+    assert before is not None
+    for arm, nodes in ((0, 1), (1, 1)):  # rounds giving 4 tokens beyond the first where the model said ~0.9
+        model = before.model_at(nodes, arm)
+        for _ in range(50):
+            tuner.evidence.observe((arm, nodes + 1), 5.0, 10e-3, 0.1e-3, model=model)
+        assert tuner.evidence.arm_factors(arm)[0] == ARM_FACTOR_RANGE[1]
+    after = tuner.plan()
+    top = ARM_FACTOR_RANGE[1]
+    for arm, caps in ((0, [2.0, 3.0, 4.0, 5.0]), (1, [5.0, 5.0, 5.0, 5.0])):
+        for nodes, cap in zip(range(1, 5), caps, strict=True):
+            model = before.model_at(nodes, arm)[0]
+            assert model < cap
+            # budget 2 also has its own rounds (5 tokens each); the others take the arm's factor alone
+            corrected = 5.0 if nodes == 2 else 1.0 + top * (model - 1.0)
+            assert after.at(nodes, arm)[0] == pytest.approx(min(cap, corrected))
+    assert after.at(4, 0)[0] == 5.0 and after.at(1, 1)[0] < 5.0  # the lookup-first arm's budget 1: 1 + 4 x 0.9
+
+
 def test_probe_rounds_skip_budgets_the_prior_model_prices_below_no_speculation(models):
     """The probe schedule keeps no speculation and each arm's smallest budget; a larger budget only where the prior
     model (no proposal cost) on the probed call curve beats no speculation: on a call curve that grows with every
