@@ -128,23 +128,29 @@ X16_V512 static inline __m512 x16_scales16(const int fast, const uint8_t *sc, in
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
-/* the integer dot products of one x row with a block's 8 registers (maddubs on AVX2): *p0 over registers 0..3 (codes
- * 0..15), *p1 over 4..7; sgn: move the signs of w onto x (the int8 types) */
-X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
-                                            __m256i *p1) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p0 = _mm256_setzero_si256();
-    *p1 = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        int32_t word;
-        memcpy(&word, q + 4 * k, 4);
-        __m256i x = _mm256_set1_epi32(word);
-        if (sgn) x = _mm256_sign_epi8(x, w[k]);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], x), ones);
-        if (k < 4) p0 = _mm256_add_epi32(p0, p); else *p1 = _mm256_add_epi32(*p1, p);
-    }
-    return p0;
+/* acc + the int32 lanes of a register of codes times x (aw unsigned, x signed): vpmaddubsw + vpmaddwd on AVX2 */
+X16_AVX2 static inline __m256i x16_acc_avx2(__m256i acc, __m256i aw, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), _mm256_set1_epi16(1)));
 }
+
+/* NAME(aw, w, q, sgn, p1): the integer dot products of one x row with a block's 8 registers, accumulated by ACC:
+ * returns the sum over registers 0..3 (codes 0..15), *p1 over 4..7; sgn: move the signs of w onto x (the int8 types);
+ * defined for AVX2 and for AVX-VNNI (vpdpbusd: the same int32 lanes) */
+#define X16_DOT_FN(TARGET, NAME, ACC)                                                                                \
+    TARGET static inline __m256i NAME(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,             \
+                                      __m256i *p1) {                                                                 \
+        __m256i p0 = _mm256_setzero_si256();                                                                         \
+        *p1 = _mm256_setzero_si256();                                                                                \
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {                                                        \
+            int32_t word;                                                                                            \
+            memcpy(&word, q + 4 * k, 4);                                                                             \
+            __m256i x = _mm256_set1_epi32(word);                                                                     \
+            if (sgn) x = _mm256_sign_epi8(x, w[k]);                                                                  \
+            if (k < 4) p0 = ACC(p0, aw[k], x); else *p1 = ACC(*p1, aw[k], x);                                        \
+        }                                                                                                            \
+        return p0;                                                                                                   \
+    }
+X16_DOT_FN(X16_AVX2, x16_dot_avx2, x16_acc_avx2)
 
 /* NAME(j, g, h, s0, fast, R): x rows s0 .. s0 + R - 1 of group g, lanes 8h .. 8h + 7 (h = 0, 1): 8 rows a 256-bit
  * register; defined for AVX2 and for AVX-VNNI, which differ only in DOT */
@@ -209,20 +215,8 @@ X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w
 X16_HALF_FN(X16_AVX2, x16_half_avx2, x16_dot_avx2)
 
 #if MXK_AVXVNNI
-/* x16_dot_avx2 with AVX-VNNI: vpdpbusd accumulates the same int32 lanes */
-MXK_AVXVNNI_FN static inline __m256i x16_dot_avxvnni(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
-                                                     __m256i *p1) {
-    __m256i p0 = _mm256_setzero_si256();
-    *p1 = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        int32_t word;
-        memcpy(&word, q + 4 * k, 4);
-        __m256i x = _mm256_set1_epi32(word);
-        if (sgn) x = _mm256_sign_epi8(x, w[k]);
-        if (k < 4) p0 = _mm256_dpbusd_avx_epi32(p0, aw[k], x); else *p1 = _mm256_dpbusd_avx_epi32(*p1, aw[k], x);
-    }
-    return p0;
-}
+#define X16_ACC_AVXVNNI(acc, aw, x) _mm256_dpbusd_avx_epi32(acc, aw, x)
+X16_DOT_FN(MXK_AVXVNNI_FN, x16_dot_avxvnni, X16_ACC_AVXVNNI)
 X16_HALF_FN(MXK_AVXVNNI_FN, x16_half_avxvnni, x16_dot_avxvnni)
 #endif
 
