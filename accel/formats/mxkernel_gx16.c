@@ -317,17 +317,15 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
         default: TILE(g, s0, FAST_Q5_F32, R); break;                                                                 \
         }                                                                                                            \
     } while (0)
-#define X16_HALVES(g, s0, F, R)                                                                                      \
+/* a group's two halves of 8 rows (the second where the group has more than 8 live rows), by HALF */
+#define X16_BOTH_HALVES(HALF, g, s0, F, R)                                                                           \
     do {                                                                                                             \
-        x16_half_avx2(j, g, 0, s0, F, R);                                                                            \
-        if (j->width - 16 * (g) > 8) x16_half_avx2(j, g, 1, s0, F, R);                                               \
+        HALF(j, g, 0, s0, F, R);                                                                                     \
+        if (j->width - 16 * (g) > 8) HALF(j, g, 1, s0, F, R);                                                        \
     } while (0)
+#define X16_HALVES(g, s0, F, R) X16_BOTH_HALVES(x16_half_avx2, g, s0, F, R)
 #define X16_AVX2_TILE(g, s0, R) X16_CALL(X16_HALVES, g, s0, R)
-#define X16_VHALVES(g, s0, F, R)                                                                                     \
-    do {                                                                                                             \
-        x16_half_avxvnni(j, g, 0, s0, F, R);                                                                         \
-        if (j->width - 16 * (g) > 8) x16_half_avxvnni(j, g, 1, s0, F, R);                                            \
-    } while (0)
+#define X16_VHALVES(g, s0, F, R) X16_BOTH_HALVES(x16_half_avxvnni, g, s0, F, R)
 #define X16_AVXVNNI_TILE(g, s0, R) X16_CALL(X16_VHALVES, g, s0, R)
 #define X16_512(g, s0, F, R) x16_tile512(j, g, s0, F, R)
 #define X16_V512_TILE(g, s0, R) X16_CALL(X16_512, g, s0, R)
