@@ -10,7 +10,7 @@ a call scores, so the controller keeps one call curve for every arm.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -359,22 +359,24 @@ def draft_arms(
     return arms
 
 
-def _draft_users(proposer: object) -> list:
-    """The proposers inside ``proposer`` (itself, ``FirstOf`` / ``Merge`` parts, wrapped ones) that keep a draft's
-    bookkeeping (a ``DraftModel`` as ``.model``: ``DraftChain``, ``DraftTree``)."""
-    if isinstance(getattr(proposer, "model", None), DraftModel):
+def _inside(proposer: object, wanted: Callable[[object], bool]) -> list:
+    """The proposers inside ``proposer`` (itself, ``FirstOf`` / ``Merge`` parts, wrapped ones) that are ``wanted``,
+    not looking inside those."""
+    if wanted(proposer):
         return [proposer]
     inner = [getattr(proposer, "proposer", None), *getattr(proposer, "proposers", ())]
-    return [u for p in inner if p is not None for u in _draft_users(p)]
+    return [u for p in inner if p is not None for u in _inside(p, wanted)]
+
+
+def _draft_users(proposer: object) -> list:
+    """The proposers inside ``proposer`` that keep a draft's bookkeeping (a ``DraftModel`` as ``.model``:
+    ``DraftChain``, ``DraftTree``)."""
+    return _inside(proposer, lambda p: isinstance(getattr(p, "model", None), DraftModel))
 
 
 def _unbudgeted(proposer: object) -> list[Unbudgeted]:
-    """The ``Unbudgeted`` proposers inside ``proposer`` (itself, ``FirstOf`` / ``Merge`` parts, wrapped ones): their
-    proposals keep their own length whatever the budget."""
-    if isinstance(proposer, Unbudgeted):
-        return [proposer]
-    inner = [getattr(proposer, "proposer", None), *getattr(proposer, "proposers", ())]
-    return [u for p in inner if p is not None for u in _unbudgeted(p)]
+    """The ``Unbudgeted`` proposers inside ``proposer``: their proposals keep their own length whatever the budget."""
+    return _inside(proposer, lambda p: isinstance(p, Unbudgeted))
 
 
 def share_draft_models(arms: Sequence[Proposer]) -> None:
