@@ -1,14 +1,14 @@
 """GGUF blocks of every kernel layout interleaved 16 rows at a time, times int8 activations
 (``accel.formats.ggml_x16``, accel/formats/mxkernel_gx16.c, ``GGMLKernel.matmul_q8_x16``).
 
-Every kernel path (portable C, AVX2, AVX-512 VNNI; ``set_isa`` 0 to 3) equals the numpy statement of the arithmetic
-(``reference_q8_x16``) bit for bit: row counts across the 4-row tiles, output counts across groups of 16 and the AVX2
-halves of 8 (5, 9, 24, 37, 40 rows), special scales (subnormal, zero, infinite, NaN), an all-zero activation block, 1
-and 3 threads. The planes hold the stored bytes rearranged as documented (checked byte by byte); the reference is
-checked against mutated weights (offset dropped, nibbles swapped, Q8_0 read as unsigned, I8_F32's halves' scales
-swapped, the fifth bits dropped) and against the float64
-product within the activation rounding bound; the onnxruntime node with ``interleave`` 16 runs the same numbers and
-gives NaN for a node accel would not write. The AVX2 path on an AVX2-only CPU: tests/backends/test_isa_emulated.py.
+Every kernel path (portable C, AVX2 with and without AVX-VNNI, AVX-512 VNNI: ``PATH_SETTINGS``) equals the numpy
+statement (``reference_q8_x16``) bit for bit: row counts across the 4-row tiles, output counts across groups of 16 and
+the AVX2 halves of 8 (5, 9, 24, 37, 40 rows), special scales (subnormal, zero, infinite, NaN), an all-zero activation
+block, 1 and 3 threads. The planes hold the stored bytes rearranged as documented (checked byte by byte); the reference
+is checked against mutated weights (offset dropped, nibbles swapped, Q8_0 read as unsigned, I8_F32's halves' scales
+swapped, the fifth bits dropped) and against the float64 product within the activation rounding bound; the onnxruntime
+node with ``interleave`` 16 runs the same numbers and gives NaN for a node accel would not write. The AVX2 path on an
+AVX2-only CPU: tests/backends/test_isa_emulated.py.
 """
 
 from __future__ import annotations
