@@ -37,7 +37,7 @@ static int allow_avxvnni = 1; /* mxk_set_avxvnni */
  * vpmaddubsw (0: tests and benchmarks compare the two on a CPU that has both) */
 void mxk_set_avxvnni(int on) { allow_avxvnni = on; }
 
-int mxk_avxvnni(void) { return allow_avxvnni && max_isa >= 1 && have_avx2() && have_avxvnni(); }
+int mxk_avxvnni(void) { return allow_avxvnni && max_isa >= 1 && have_avxvnni(); /* which needs AVX2 */ }
 
 #if MXK_AVXVNNI
 #include <cpuid.h>

@@ -58,7 +58,3 @@ class CatchUp:
             return 0.0
         rates = [float(np.median(self._per_token[id(m)])) for m in models if self._per_token.get(id(m))]
         return max(rates, default=0.0) * tokens
-
-    def reset(self) -> None:
-        """Forget the samples."""
-        self._per_token.clear()
