@@ -16,7 +16,8 @@
  * same floats); sum = e_t added in slot order; out = (sum_t e_t * V_t, an FMA per slot in slot order) / sum.
  * The dot product is 8 lanes of FMAs (lane i takes elements i, i + 8, ...) summed as ((l0 + l4) + (l2 + l6)) +
  * ((l1 + l5) + (l3 + l7)), then the D % 8 tail by FMAs: the portable loop (fmaf) and the AVX2 path (D a multiple of
- * 8; the output sums of 64 columns kept in registers across the slots) compute exactly the same floats. A row's
+ * 8; the dots of 8 slots at a time where all 8 are visible, the output sums of 64 columns kept in registers across
+ * the slots) compute exactly the same floats. A row's
  * result depends only on its query and the cache slots it sees: not on the other tokens of the call, the cache
  * length or the threads. A row with a position or slot outside the cache is
  * NaN (a graph or call accel does not make; OrtBackend checks positions). */
@@ -117,18 +118,17 @@ ATTN_AVX2 static float dot_avx2(const float *a, const float *b, int64_t d) {
     return _mm_cvtss_f32(u);
 }
 
-/* the dots of q with 4 rows k0 + t * d (t = 0..3): each exactly dot_avx2's, 4 independent FMA chains at once */
-ATTN_AVX2 static void dot4_avx2(const float *q, const float *k0, int64_t d, float *out) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+/* the dots of q with 8 rows k0 + t * d (t = 0..7): each exactly dot_avx2's, 8 independent FMA chains at once (two
+ * FMA units of 4 cycles' latency: 8 chains keep both busy) */
+ATTN_AVX2 static void dot8_avx2(const float *q, const float *k0, int64_t d, float *out) {
+    __m256 acc[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         __m256 qv = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + i), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + i), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + i), a3);
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+            acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + r * d + i), acc[r]);
     }
-    __m256 acc[4] = {a0, a1, a2, a3};
-    for (int r = 0; r < 4; r++) {
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
         __m128 u = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
         u = _mm_add_ps(u, _mm_movehl_ps(u, u));
         u = _mm_add_ss(u, _mm_movehdup_ps(u));
@@ -207,8 +207,8 @@ ATTN_AVX2 static void exps_avx2(float *sc, int64_t last, float m) {
 }
 #else
 static float dot_avx2(const float *a, const float *b, int64_t d) { return dot_portable(a, b, d); }
-static void dot4_avx2(const float *q, const float *k0, int64_t d, float *out) {
-    for (int r = 0; r < 4; r++) out[r] = dot_portable(q, k0 + r * d, d);
+static void dot8_avx2(const float *q, const float *k0, int64_t d, float *out) {
+    for (int r = 0; r < 8; r++) out[r] = dot_portable(q, k0 + r * d, d);
 }
 static void pv_avx2(const float *e, const float *vb, const uint8_t *mask, int64_t last, int64_t d, float *out) {
     pv_portable(e, vb, mask, last, d, out);
@@ -256,6 +256,25 @@ void mxk_silu_mul(const float *y, int64_t rows, int64_t half, float *out) {
     }
 }
 
+/* whether the 8 slots from t are all visible (a chain call, mask NULL: the caller's t + 7 <= last says so) */
+static inline int visible8(const uint8_t *mask, int64_t t) {
+    if (!mask) return 1;
+    uint64_t eight;
+    memcpy(&eight, mask + t, 8);
+    return eight == 0x0101010101010101ull; /* the tree mask holds 0 or 1 per slot */
+}
+
+/* the last slot a tree row sees (-1: none; its attention is then 0 / 0, NaN) */
+static int64_t last_visible(const uint8_t *mask, int64_t ctx) {
+    int64_t t = ctx;
+    for (uint64_t word; t >= 8; t -= 8) { /* 8 slots at a time while they are all hidden */
+        memcpy(&word, mask + t - 8, 8);
+        if (word) break;
+    }
+    while (t > 0 && !mask[t - 1]) t--;
+    return t - 1;
+}
+
 /* query rows [r0, r1) of the B * S * H rows (b, s, hq) */
 static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
     const attn_t *a = arg;
@@ -269,6 +288,7 @@ static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
         return;
     }
     float *q = sc + ctx, *acc = q + d;
+    int64_t seen = -1, seen_last = -1; /* the token (b, s) whose last visible slot was found, and that slot */
     for (int64_t r = r0; r < r1; r++) {
         int64_t bi = r / (a->s * a->h), si = (r / a->h) % a->s, hq = r % a->h, kvh = hq / group;
         int64_t p = a->pos[bi * a->s + si];
@@ -289,19 +309,24 @@ static void attend_rows(const void *arg, int64_t r0, int64_t r1) {
             memcpy(q, x, sizeof(float) * (size_t)d);
         const float *kb = a->kc + (bi * a->hkv + kvh) * ctx * d, *vb = a->vc + (bi * a->hkv + kvh) * ctx * d;
         const uint8_t *mask = a->tree_mask ? a->tree_mask + (bi * a->s + si) * ctx : NULL;
-        int64_t last = mask ? ctx - 1 : p;
+        if (mask && bi * a->s + si != seen) { /* a tree token's last visible slot, once for its query heads */
+            seen = bi * a->s + si;
+            seen_last = last_visible(mask, ctx);
+        }
+        int64_t last = mask ? seen_last : p; /* a tree row: no slot past its last visible one */
         float m = -INFINITY;
         int64_t t = 0;
-        if (a->simd && !mask) /* a chain's visible slots are 0..p: 4 dots at once (each the same floats) */
-            for (; t + 3 <= last; t += 4) {
-                dot4_avx2(q, kb + t * d, d, sc + t);
-                for (int r = 0; r < 4; r++) {
+        for (; t <= last; t++) {
+            if (mask && !mask[t]) continue;
+            if (a->simd && t + 7 <= last && visible8(mask, t)) { /* 8 dots at once: the same floats */
+                dot8_avx2(q, kb + t * d, d, sc + t);
+                for (int r = 0; r < 8; r++) {
                     sc[t + r] *= scale;
                     if (sc[t + r] > m) m = sc[t + r];
                 }
+                t += 7;
+                continue;
             }
-        for (; t <= last; t++) {
-            if (mask && !mask[t]) continue;
             sc[t] = (a->simd ? dot_avx2(q, kb + t * d, d) : dot_portable(q, kb + t * d, d)) * scale;
             if (sc[t] > m) m = sc[t]; /* a NaN score is no maximum; its e_t makes the row NaN below */
         }

@@ -238,6 +238,51 @@ def test_portable_and_avx2_paths_are_bitwise_equal(d, tree):
         assert_bitwise(a, b)
 
 
+def long_case(d: int, tree: bool, seed: int = 11, ctx: int = 96) -> dict[str, np.ndarray]:
+    """One row, 10 tokens after 45 committed slots of a ``ctx``-slot cache: the scores run in blocks of 8 visible
+    slots and a tail. ``tree``: the "wide" tree (nodes at slots 45..54, each seeing its path), with committed slot 17
+    hidden from every node (a block of 8 with a hole: its slots one by one) and the cache's slots past the tree
+    unseen (the row stops at its last visible slot)."""
+    rng = np.random.default_rng(seed)
+    h, hkv, parents = 4, 2, SHAPES["wide"]
+    feed = {
+        "qkv": rng.standard_normal((1, len(parents), (h + 2 * hkv) * d), dtype=np.float32),
+        "past_key": rng.standard_normal((1, hkv, ctx, d), dtype=np.float32),
+        "past_value": rng.standard_normal((1, hkv, ctx, d), dtype=np.float32),
+    }
+    if tree:
+        pos, slots, mask = tree_inputs(parents, 45, ctx)
+        mask[:, 17] = False
+        feed.update(position_ids=pos[None].astype(np.int64), slots=slots[None].astype(np.int64), tree_mask=mask[None])
+    else:
+        pos = np.arange(45, 45 + len(parents), dtype=np.int64)[None]
+        feed.update(position_ids=pos, slots=pos.copy(), tree_mask=np.zeros(0, bool))
+    feed["cos"], feed["sin"] = rope_tables(ctx, d)
+    return feed
+
+
+@pytest.mark.parametrize("d", [16, 64])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_blocks_of_eight_slots_give_the_portable_bits(d, tree):
+    """Scores of 8 visible slots at a time (AVX2), the slots of a block with a hidden one singly, and a tree row cut at
+    its last visible slot: bit for bit the portable loop's, and within 1e-5 of the float64 reference."""
+    feed = long_case(d, tree)
+    try:
+        mxkernel.set_isa(0)
+        portable = run(feed, 4, 2)
+    finally:
+        mxkernel.set_isa(3)
+    best = run(feed, 4, 2)
+    for a, b in zip(portable, best, strict=True):
+        assert_bitwise(a, b)
+    want = reference(feed, 4, 2)[0]
+    assert rel_err(best[0], want) < TOL
+    if tree:  # the hidden slot is really hidden: seeing it moves the result far outside the tolerance
+        seen = {**feed, "tree_mask": feed["tree_mask"].copy()}
+        seen["tree_mask"][..., 17] = True
+        assert rel_err(best[0], reference(seen, 4, 2)[0]) > 1e-3
+
+
 @pytest.mark.parametrize("d", [12, 16])
 def test_rows_are_independent_of_the_call(d):
     """Three chain tokens in one call (positions 6..8) equal three single-token calls in sequence on the same cache,
