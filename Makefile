@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: test lint demo install bench clean peers
+.PHONY: test lint demo install bench clean peers peers-avx2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,19 @@ $(PEERS_STAMP): pyproject.toml
 	touch $(PEERS_STAMP)
 
 peers: $(PEERS_STAMP)
+
+# an AVX2-only llama.cpp beside it (no AVX-512, AVX-VNNI or AMX code), for benchmarks/peers.py --isa avx2 on a CPU
+# that has more: PYTHONPATH=$(LLAMA_AVX2) $(PEERS_PY) benchmarks/peers.py --isa avx2 (accel's kernels held to AVX2)
+LLAMA_AVX2 := $(PEERS_VENV)/llama-avx2
+LLAMA_AVX2_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+
+peers-avx2: $(PEERS_STAMP)
+	CMAKE_ARGS="$(LLAMA_AVX2_ARGS)" $(PEERS_PY) -m pip install -q --no-cache-dir --no-deps \
+		--no-binary llama-cpp-python --target $(LLAMA_AVX2) "llama-cpp-python==$$($(PEERS_PY) -c \
+		'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

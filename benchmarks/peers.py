@@ -31,6 +31,11 @@ The peers live in their own environment (never a dependency of ``make test``)::
 
     make peers                                  # .venv-peers: accel, onnxruntime-genai, llama-cpp-python (built)
     .venv-peers/bin/python benchmarks/peers.py  # the full run; --prompts 1 --max-new-tokens 8 --rounds 1: a smoke test
+    make peers-avx2                             # an AVX2-only llama.cpp build in .venv-peers/llama-avx2, then
+    PYTHONPATH=.venv-peers/llama-avx2 .venv-peers/bin/python benchmarks/peers.py --isa avx2
+
+``--isa avx2`` holds accel's kernels to AVX2 without AVX-VNNI: with the AVX2-only llama.cpp, what an AVX2-only CPU
+runs of both, on this CPU's memory (onnxruntime and onnxruntime-genai keep their own choice: MLAS reads CPUID).
 
 A runtime that is not installed is skipped with a one-line message (``--genai ''`` / ``--llama ''`` skip by choice).
 Results: ``results/peers.json`` (``--out``) and the plot ``results/peers.png`` (``--plot``).
@@ -59,6 +64,7 @@ from peers_support import (
     greedy_agreement,
     llama_gguf,
     llama_has_amx,
+    llama_system_info,
     log_softmax,
     markdown_table,
     median_rates,
@@ -246,6 +252,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--llama", default=",".join(LLAMA_DEFAULT), help=f"llama.cpp GGUF types, of {','.join(LLAMA_FTYPES)} ('' skips)"
     )
+    ap.add_argument(
+        "--isa",
+        choices=("best", "avx2"),
+        default="best",
+        help="accel's kernels: the best this CPU has, or AVX2 without AVX-VNNI (an AVX2-only CPU's code, on this CPU's "
+        "memory; llama.cpp runs what its build was compiled for: its system info is recorded)",
+    )
     ap.add_argument("--no-quality", action="store_true", help="skip the teacher-forced KL measurement")
     ap.add_argument("--out", type=json_out, default=Path("results/peers.json"))
     ap.add_argument("--plot", type=Path, default=Path("results/peers.png"), help="the speed-vs-KL PNG")
@@ -428,6 +441,14 @@ def main() -> None:
     versions = {n: package_version(n) for n in VERSIONS}
     print(f"CPU: {cpu}; flags: {isa or '(none read)'}; threads {args.threads} of {os.cpu_count()}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    if args.isa == "avx2":  # an AVX2-only CPU's kernel code (the same results: tests/formats check every path)
+        from accel.formats.mxkernel import set_isa
+
+        set_isa(1, avx_vnni=False)
+        print("accel kernels: AVX2 without AVX-VNNI (--isa avx2)")
+    llama_info = llama_system_info() if args.llama else ""
+    if llama_info:
+        print(f"llama.cpp: {llama_info}")
     ckpt = smollm2_checkpoint()
     tokenizer = load_tokenizer(ckpt)
     prompts = [tokenizer.encode(p).ids for p in HELD_OUT_PROMPTS[: args.prompts]]
@@ -451,6 +472,7 @@ def main() -> None:
         print(f"wrote {plot_speed_kl(table, args.plot, title)}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     data = {"cpu": cpu, "isa": isa, "versions": versions, "settings": settings, "rows": table, "pareto": summary}
+    data["llama_cpp_system_info"] = llama_info
     data["accel_fp32_ar_over_genai_fp32"] = same_runtime
     print(f"wrote {save_results(args.out, data, __file__)}")
 

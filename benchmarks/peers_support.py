@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import math
 import os
 import shutil
@@ -321,6 +322,16 @@ def llama_gguf(kind: str, threads: int) -> Path:
         raise RuntimeError(f"llama_model_quantize to {kind} returned {rc}; its log: {log}")
     os.replace(tmp, out)
     return out
+
+
+def llama_system_info() -> str:
+    """libllama's own line on the instruction sets it was built for and uses (e.g. ``AVX2 = 1 | AVX512 = 0``), or ""
+    where llama-cpp-python is not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ""
+    import llama_cpp
+
+    return " ".join(llama_cpp.llama_print_system_info().decode(errors="replace").split())
 
 
 def llama_has_amx() -> bool:

@@ -185,6 +185,12 @@ def test_genai_overlay_sets_threads_and_kv_length():
     assert o["search"]["max_length"] == 256 and o["search"]["do_sample"] is False
 
 
+def test_llama_system_info_is_empty_without_llama_cpp(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    assert ps.llama_system_info() == ""
+
+
 def test_plot_writes_a_png(tmp_path):
     rows = [_row("accel fp32 AR", "accel", 20.0, 0.0), _row("llama.cpp Q4_0", "llama.cpp", 70.0, 0.3)]
     path = ps.plot_speed_kl(rows, tmp_path / "out" / "peers.png", "test")
