@@ -26,7 +26,8 @@
  * (no floating-point contraction in this file). |P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b is exact, and the
  * integer part may be computed in any order: AVX-512 VNNI (16 rows a register, vpdpbusd on unsigned codes w + bias
  * with -bias * sq as the starting sum: 128 for the int8 types, 8 for Q4_0, 16 for Q5S_F32), AVX2 (8 rows a
- * register: vpmaddubsw on the unsigned codes, or on |w| and sign(w) * q for the int8 types, pair sums within int16)
+ * register: vpmaddubsw on the unsigned codes, four registers' pair sums added in int16 before one vpmaddwd, or on
+ * |w| and sign(w) * q for the int8 types, a vpmaddwd per register)
  * and the portable loop agree bit for bit with accel.formats.ggml_x16.reference_q8_x16, whatever the rows per call
  * and the threads. Each weight block is decoded once for up to 4 x rows (MXK_X_TILE).
  */
@@ -150,7 +151,28 @@ X16_AVX2 static inline __m256i x16_acc_avx2(__m256i acc, __m256i aw, __m256i x) 
         }                                                                                                            \
         return p0;                                                                                                   \
     }
-X16_DOT_FN(X16_AVX2, x16_dot_avx2, x16_acc_avx2)
+X16_DOT_FN(X16_AVX2, x16_dot_avx2_each, x16_acc_avx2)
+
+/* the AVX2 dot products of the nibble types (sgn 0): codes aw <= 31 and |x| <= 128, so a vpmaddubsw pair sum is at
+ * most 2 * 31 * 128 = 7936 in magnitude and four of them (registers 0..3, or 4..7) add up in int16 without overflow
+ * (31744 < 2^15) before one vpmaddwd: the same int32 lanes as x16_dot_avx2_each, a quarter fewer instructions. The
+ * int8 types (sgn 1: |w| up to 128, pair sums up to 32512) take a vpmaddwd per register. */
+X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
+                                            __m256i *p1) {
+    if (sgn) return x16_dot_avx2_each(aw, w, q, sgn, p1);
+    __m256i half[2];
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m256i t = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int k = 4 * h; k < 4 * h + 4; k++) {
+            int32_t word;
+            memcpy(&word, q + 4 * k, 4);
+            t = _mm256_add_epi16(t, _mm256_maddubs_epi16(aw[k], _mm256_set1_epi32(word)));
+        }
+        half[h] = _mm256_madd_epi16(t, _mm256_set1_epi16(1));
+    }
+    *p1 = half[1];
+    return half[0];
+}
 
 /* NAME(j, g, h, s0, fast, R): x rows s0 .. s0 + R - 1 of group g, lanes 8h .. 8h + 7 (h = 0, 1): 8 rows a 256-bit
  * register; defined for AVX2 and for AVX-VNNI, which differ only in DOT */
