@@ -227,7 +227,11 @@ def test_portable_and_avx2_paths_are_bitwise_equal(d, tree):
         run(make_case(d), 4, 2)
         loaded = {line.split()[-1] for line in maps.read_text().splitlines() if "mxkernel" in line}
         assert loaded == {mxkernel_build.kernel_status().library}
-    feed = make_case(d, tree=tree, seed=5)
+    portable_equals_best(make_case(d, tree=tree, seed=5))
+
+
+def portable_equals_best(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The outputs of ``feed`` on the best path (set_isa(3)), checked bit for bit against the portable loop's."""
     try:
         mxkernel.set_isa(0)
         portable = run(feed, 4, 2)
@@ -236,6 +240,7 @@ def test_portable_and_avx2_paths_are_bitwise_equal(d, tree):
     best = run(feed, 4, 2)
     for a, b in zip(portable, best, strict=True):
         assert_bitwise(a, b)
+    return best
 
 
 def long_case(d: int, tree: bool, seed: int = 11, ctx: int = 96) -> dict[str, np.ndarray]:
@@ -267,14 +272,7 @@ def test_blocks_of_eight_slots_give_the_portable_bits(d, tree):
     """Scores of 8 visible slots at a time (AVX2), the slots of a block with a hidden one singly, and a tree row cut at
     its last visible slot: bit for bit the portable loop's, and within 1e-5 of the float64 reference."""
     feed = long_case(d, tree)
-    try:
-        mxkernel.set_isa(0)
-        portable = run(feed, 4, 2)
-    finally:
-        mxkernel.set_isa(3)
-    best = run(feed, 4, 2)
-    for a, b in zip(portable, best, strict=True):
-        assert_bitwise(a, b)
+    best = portable_equals_best(feed)
     want = reference(feed, 4, 2)[0]
     assert rel_err(best[0], want) < TOL
     if tree:  # the hidden slot is really hidden: seeing it moves the result far outside the tolerance
