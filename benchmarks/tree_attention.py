@@ -26,7 +26,7 @@ from bench_support import cpu_model, json_out, save_results
 H, HKV, D, LAYERS = 9, 3, 64, 30  # SmolLM2-135M
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--past", type=int, default=128, help="committed slots before the call (default 128)")
     ap.add_argument("--ctx", default="512,2048", help="cache lengths in slots (comma-separated)")
@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=300, help="timed calls per point and shape (default 300)")
     ap.add_argument("--threads", type=int, default=2, help="kernel threads (default 2)")
     ap.add_argument("--out", type=json_out, default="results/tree_attention.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.ctx = [int(c) for c in args.ctx.split(",") if c]
     args.tokens = [int(s) for s in args.tokens.split(",") if s]
     if min(args.past, args.repeats, args.threads, *args.ctx, *args.tokens) < 1:
@@ -130,8 +130,8 @@ def time_point(sess, chain: dict, tree: dict, repeats: int) -> tuple[float, floa
     return statistics.median(times["chain"]), statistics.median(times["tree"])
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     from accel.backends.cpu import cpu_flags
 
     sess, rng = session(args.threads), np.random.default_rng(0)
