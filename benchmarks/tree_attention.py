@@ -35,8 +35,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="kernel threads (default 2)")
     ap.add_argument("--out", type=json_out, default="results/tree_attention.json")
     args = ap.parse_args(argv)
-    args.ctx = [int(c) for c in args.ctx.split(",") if c]
-    args.tokens = [int(s) for s in args.tokens.split(",") if s]
+    try:
+        args.ctx = [int(c) for c in args.ctx.split(",") if c]
+        args.tokens = [int(s) for s in args.tokens.split(",") if s]
+    except ValueError as exc:
+        ap.error(f"--ctx and --tokens take comma-separated integers ({exc})")
+    if not args.ctx or not args.tokens:
+        ap.error("--ctx and --tokens need at least one value each")
     if min(args.past, args.repeats, args.threads, *args.ctx, *args.tokens) < 1:
         ap.error("--past, --repeats, --threads, --ctx and --tokens must be >= 1")
     if any(args.past + s > c for c in args.ctx for s in args.tokens):

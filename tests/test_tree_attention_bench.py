@@ -41,6 +41,6 @@ def test_a_quick_run_times_a_chain_and_a_tree_per_point(bench, tmp_path, capsys)
     assert [(r["ctx_len"], r["tokens"]) for r in rows] == [(c, s) for c in (64, 128) for s in (2, 5)]
     assert all(r["chain_s"] > 0 and r["tree_s"] > 0 for r in rows)
     assert "tree / chain" in capsys.readouterr().out
-    for bad in (["--repeats", "0"], ["--ctx", "16", "--past", "16"]):
+    for bad in (["--repeats", "0"], ["--ctx", "16", "--past", "16"], ["--tokens", "two"], ["--ctx", ","]):
         with pytest.raises(SystemExit):
             bench.main(bad)
