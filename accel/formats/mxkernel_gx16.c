@@ -27,7 +27,8 @@
  * integer part may be computed in any order: AVX-512 VNNI (16 rows a register, vpdpbusd on unsigned codes w + bias
  * with -bias * sq as the starting sum: 128 for the int8 types, 8 for Q4_0, 16 for Q5S_F32), AVX2 (8 rows a
  * register: vpmaddubsw on the unsigned codes, four registers' pair sums added in int16 before one vpmaddwd, or on
- * |w| and sign(w) * q for the int8 types, a vpmaddwd per register)
+ * |w| and sign(w) * q for the int8 types, a vpmaddwd per register; one x row of a nibble type against both halves
+ * of a group in one pass)
  * and the portable loop agree bit for bit with accel.formats.ggml_x16.reference_q8_x16, whatever the rows per call
  * and the threads. Each weight block is decoded once for up to 4 x rows (MXK_X_TILE).
  */
@@ -120,6 +121,24 @@ X16_AVX2 static inline __m256 x16_scales8(const int fast, const uint8_t *sc, int
     const uint8_t *p = sc + x16_scale_row(fast, f) + 8 * x16_unit(fast) * h;
     if (f32_scales(fast)) return _mm256_loadu_ps((const float *)p);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* one block of one x row on 8 output rows (lanes 8h .. 8h + 7): acc += float(p - bias * xs) * (d * dx), and for the
+ * types with an offset off += m * xu (m: scale row 1 of the block at sc) */
+X16_AVX2 static inline __attribute__((always_inline)) void x16_step8(const int fast, __m256i p, int bias, int32_t xs,
+                                                                     __m256 d, __m256 dx, const uint8_t *sc, int h,
+                                                                     float xu, __m256 *acc, __m256 *off) {
+    if (bias) p = _mm256_sub_epi32(p, _mm256_set1_epi32(bias * xs));
+    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx)));
+    if (has_offset(fast)) *off = _mm256_add_ps(*off, _mm256_mul_ps(x16_scales8(fast, sc, 1, h), _mm256_set1_ps(xu)));
+}
+
+/* stores acc (+ off for the types with an offset) at y: lanes 8h .. 8h + 7 of group g, those below its live rows */
+X16_AVX2 static inline __attribute__((always_inline)) void x16_store8(const job_t *j, int fast, int64_t g, int h,
+                                                                      __m256 acc, __m256 off, float *y) {
+    const int live = (int)(j->width - 16 * g - 8 * h);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_ps(y, mask, has_offset(fast) ? _mm256_add_ps(acc, off) : acc);
 }
 
 /* the 16 lanes of scale row f of a group's block at sc, as float32 */
@@ -218,28 +237,79 @@ X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w
                     off[r] = _mm256_add_ps(off[r], _mm256_add_ps(o0, o1));                                           \
                     continue;                                                                                        \
                 }                                                                                                    \
-                __m256i p = _mm256_add_epi32(p0, p1);                                                                \
-                if (bias) p = _mm256_sub_epi32(p, _mm256_set1_epi32(bias * j->xs[at]));                              \
-                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx)));          \
-                if (has_offset(fast)) {                                                                              \
-                    const __m256 m = x16_scales8(fast, sc, 1, h);                                                    \
-                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(m, _mm256_set1_ps(j->xu[at])));                     \
-                }                                                                                                    \
+                const float xu = has_offset(fast) ? j->xu[at] : 0.0f;                                                \
+                x16_step8(fast, _mm256_add_epi32(p0, p1), bias, j->xs[at], d, dx, sc, h, xu, &acc[r], &off[r]);      \
             }                                                                                                        \
         }                                                                                                            \
-        const int live = (int)(j->width - 16 * g - 8 * h);                                                           \
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                                        \
-            const __m256 y = has_offset(fast) ? _mm256_add_ps(acc[r], off[r]) : acc[r];                              \
-            _mm256_maskstore_ps(j->y + (s0 + r) * j->width + 16 * g + 8 * h, mask, y);                               \
-        }                                                                                                            \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                          \
+            x16_store8(j, fast, g, h, acc[r], off[r], j->y + (s0 + r) * j->width + 16 * g + 8 * h);                  \
     }
 X16_HALF_FN(X16_AVX2, x16_half_avx2, x16_dot_avx2)
+
+/* NAME(j, g, s0, fast): one x row against both halves of group g in one pass, the nibble types: each of the row's
+ * code words broadcast once for the group's 16 rows instead of once a half; per half the same integer sums, float
+ * steps and store as the halves' function (the same bits). STEP(acc, a, x) adds a register's products (AVX2: the
+ * vpmaddubsw pair sums in int16; AVX-VNNI: vpdpbusd in int32), DONE(acc) makes them int32 lanes (AVX2: vpmaddwd).
+ * The group has more than 8 live rows. */
+#define X16_BOTH_FN(TARGET, NAME, STEP, DONE)                                                                        \
+    TARGET static inline __attribute__((always_inline)) void NAME(const job_t *j, int64_t g, int64_t s0,             \
+                                                                  const int fast) {                                  \
+        const int64_t nb = j->nblocks, cb = x16_code_bytes(fast), sb = x16_scale_bytes(fast);                        \
+        const uint8_t *codes = j->codes + g * nb * cb, *scales = j->scales + g * nb * sb;                            \
+        const int bias = code_offset(fast);                                                                          \
+        const __m256i nib = _mm256_set1_epi8(0x0F);                                                                  \
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, off[2] = {acc[0], acc[0]};                       \
+        for (int64_t b = 0; b < nb; b++) {                                                                           \
+            const uint8_t *c = codes + b * cb, *sc = scales + b * sb;                                                \
+            const int64_t at = s0 * nb + b;                                                                          \
+            const int8_t *q = j->xq + 32 * at;                                                                       \
+            __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};                \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) { /* codes 4k.. (low nibbles), 16 + 4k.. (high) */ \
+                int32_t wl, wh;                                                                                      \
+                memcpy(&wl, q + 4 * k, 4);                                                                           \
+                memcpy(&wh, q + 16 + 4 * k, 4);                                                                      \
+                const __m256i xl = _mm256_set1_epi32(wl), xh = _mm256_set1_epi32(wh);                                \
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                                \
+                    const __m256i t = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * h));                   \
+                    __m256i a = _mm256_and_si256(t, nib), e = _mm256_and_si256(_mm256_srli_epi16(t, 4), nib);       \
+                    if (q5_codes(fast)) {                                                                            \
+                        a = _mm256_or_si256(a, fifth_bits(c + 256 + 8 * k + 4 * h));                                 \
+                        e = _mm256_or_si256(e, fifth_bits(c + 256 + 8 * (k + 4) + 4 * h));                           \
+                    }                                                                                                \
+                    lo[h] = STEP(lo[h], a, xl);                                                                      \
+                    hi[h] = STEP(hi[h], e, xh);                                                                      \
+                }                                                                                                    \
+            }                                                                                                        \
+            const __m256 dx = _mm256_set1_ps(j->xd[at]);                                                             \
+            const float xu = has_offset(fast) ? j->xu[at] : 0.0f;                                                    \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                                    \
+                const __m256i p = _mm256_add_epi32(DONE(lo[h]), DONE(hi[h]));                                        \
+                x16_step8(fast, p, bias, j->xs[at], x16_scales8(fast, sc, 0, h), dx, sc, h, xu, &acc[h], &off[h]);   \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                                          \
+            x16_store8(j, fast, g, h, acc[h], off[h], j->y + s0 * j->width + 16 * g + 8 * h);                        \
+    }
+#define X16_STEP_AVX2(acc, a, x) _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, x))
+#define X16_DONE_AVX2(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+X16_BOTH_FN(X16_AVX2, x16_both_avx2, X16_STEP_AVX2, X16_DONE_AVX2)
+
+/* a group's two halves for x rows s0 .. s0 + R - 1 by HALF, or one x row of a nibble type against a full group in
+ * one pass by BOTH */
+#define X16_GROUP(HALF, BOTH, g, s0, F, R)                                                                           \
+    do {                                                                                                             \
+        if ((R) == 1 && !x16_int8(F) && j->width - 16 * (g) > 8)                                                     \
+            BOTH(j, g, s0, F);                                                                                       \
+        else                                                                                                         \
+            X16_BOTH_HALVES(HALF, g, s0, F, R);                                                                      \
+    } while (0)
 
 #if MXK_AVXVNNI
 #define X16_ACC_AVXVNNI(acc, aw, x) _mm256_dpbusd_avx_epi32(acc, aw, x)
 X16_DOT_FN(MXK_AVXVNNI_FN, x16_dot_avxvnni, X16_ACC_AVXVNNI)
 X16_HALF_FN(MXK_AVXVNNI_FN, x16_half_avxvnni, x16_dot_avxvnni)
+#define X16_DONE_AVXVNNI(acc) (acc)
+X16_BOTH_FN(MXK_AVXVNNI_FN, x16_both_avxvnni, X16_ACC_AVXVNNI, X16_DONE_AVXVNNI)
 #endif
 
 /* the integer dot products of one x row with a block's 8 unsigned registers (vpdpbusd), started at start0 (codes
@@ -345,9 +415,9 @@ X16_V512 static inline __attribute__((always_inline)) void x16_tile512(const job
         HALF(j, g, 0, s0, F, R);                                                                                     \
         if (j->width - 16 * (g) > 8) HALF(j, g, 1, s0, F, R);                                                        \
     } while (0)
-#define X16_HALVES(g, s0, F, R) X16_BOTH_HALVES(x16_half_avx2, g, s0, F, R)
+#define X16_HALVES(g, s0, F, R) X16_GROUP(x16_half_avx2, x16_both_avx2, g, s0, F, R)
 #define X16_AVX2_TILE(g, s0, R) X16_CALL(X16_HALVES, g, s0, R)
-#define X16_VHALVES(g, s0, F, R) X16_BOTH_HALVES(x16_half_avxvnni, g, s0, F, R)
+#define X16_VHALVES(g, s0, F, R) X16_GROUP(x16_half_avxvnni, x16_both_avxvnni, g, s0, F, R)
 #define X16_AVXVNNI_TILE(g, s0, R) X16_CALL(X16_VHALVES, g, s0, R)
 #define X16_512(g, s0, F, R) x16_tile512(j, g, s0, F, R)
 #define X16_V512_TILE(g, s0, R) X16_CALL(X16_512, g, s0, R)
