@@ -336,9 +336,7 @@ def llama_system_info() -> str:
 
 def llama_has_amx() -> bool:
     """Whether libllama was built with AMX (its AMX matmul segfaults on these GGUFs), saying so in one line."""
-    import llama_cpp
-
-    if "AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace"):
+    if "AMX_INT8 = 1" not in llama_system_info():
         return False
     print("skipping the llama.cpp rows: this llama-cpp-python was built with AMX, whose matmul crashes on SmolLM2's")
     print("quantized GGUFs; rebuild it without (make peers passes -mno-amx-*), or --llama '' to skip it quietly")
