@@ -105,33 +105,89 @@ AVX2 static inline void chunk_scales(const int fast, const uint8_t *sc, int64_t 
     }
 }
 
+/* a GGUF block's 32 exact float32 weights straight from its code bytes, for the types whose codes need no fifth bit:
+ * each 8 codes widened to 32-bit lanes by one vpmovzxbd/vpmovsxbd from memory (2 shuffle-port uops a nibble block,
+ * 4 an int8 block, against 8 when the nibbles are split in a register first). A nibble block's bytes 0..7 and 8..15
+ * widened: & 0x0F gives codes 0..7 and 8..15, & 0xF0 codes 16..23 and 24..31 times 16, scaled by d16 = d / 16
+ * (float16 types: exact, d * 2^-4 is a normal float32 for every float16 d; (16 q) * (d / 16) = q * d exactly, so the
+ * same rounding as fma(q, d, m) and d * q, infinities and NaN alike); the float32-scale Q4_F32 shifts by 4 instead.
+ * Q4_0's codes minus 8 (16 q - 128 for the high half) in integers first. The same weights as gguf_floats, bit for bit. */
+AVX2 static inline __attribute__((always_inline)) void gguf_block_direct(const int fast, const uint8_t *blk,
+                                                                        const float *dm, const float *d16,
+                                                                        __m256 w[4]) {
+    __m256 q0, q1, q2, q3;
+    if (!nibble_codes(fast)) { /* int8 codes: Q8_0, I8_F32 */
+        q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)blk)));
+        q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 8))));
+        q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16))));
+        q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 24))));
+    } else {
+        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)blk));
+        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 8)));
+        const __m256i lo = _mm256_set1_epi32(0x0F), hi = _mm256_set1_epi32(0xF0);
+        __m256i v0 = _mm256_and_si256(b0, lo), v1 = _mm256_and_si256(b1, lo);
+        __m256i v2 = _mm256_and_si256(b0, hi), v3 = _mm256_and_si256(b1, hi);
+        if (f32_scales(fast)) { /* Q4_F32: d / 16 could lose bits of a float32 d; shift the codes down instead */
+            v2 = _mm256_srli_epi32(b0, 4);
+            v3 = _mm256_srli_epi32(b1, 4);
+        }
+        if (code_offset(fast)) { /* Q4_0: q - 8, and 16 q - 128 where the codes are times 16 */
+            v0 = _mm256_sub_epi32(v0, _mm256_set1_epi32(8));
+            v1 = _mm256_sub_epi32(v1, _mm256_set1_epi32(8));
+            v2 = _mm256_sub_epi32(v2, _mm256_set1_epi32(128));
+            v3 = _mm256_sub_epi32(v3, _mm256_set1_epi32(128));
+        }
+        q0 = _mm256_cvtepi32_ps(v0);
+        q1 = _mm256_cvtepi32_ps(v1);
+        q2 = _mm256_cvtepi32_ps(v2);
+        q3 = _mm256_cvtepi32_ps(v3);
+    }
+    const __m256 d = _mm256_set1_ps(dm[0]);
+    const __m256 dh = nibble_codes(fast) && !f32_scales(fast) ? _mm256_set1_ps(*d16) : d; /* codes 16..31's scale */
+    if (has_offset(fast)) {
+        const int second = fast == FAST_I8_F32 ? 2 : 0; /* weights 16..31: their own d and m */
+        const __m256 m = _mm256_set1_ps(dm[1]), m1 = _mm256_set1_ps(dm[second + 1]);
+        const __m256 d1 = fast == FAST_I8_F32 ? _mm256_set1_ps(dm[2]) : dh;
+        w[0] = _mm256_fmadd_ps(q0, d, m);
+        w[1] = _mm256_fmadd_ps(q1, d, m);
+        w[2] = _mm256_fmadd_ps(q2, d1, m1);
+        w[3] = _mm256_fmadd_ps(q3, d1, m1);
+    } else {
+        w[0] = _mm256_mul_ps(q0, d);
+        w[1] = _mm256_mul_ps(q1, d);
+        w[2] = _mm256_mul_ps(q2, dh);
+        w[3] = _mm256_mul_ps(q3, dh);
+    }
+}
+
 /* GGUF: one W row against x rows s0 and s0 + 1 (two when pair), as row_dot; a chunk's scale values converted into
- * float32 first, so each block broadcasts its d (and m) from memory */
+ * float32 first (and a float16 nibble type's d / 16), so each block broadcasts its d (and m) from memory */
 AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t *j, int64_t n, int64_t s0,
                                                                     const int fast, const int pair) {
     const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), floats = block_floats(fast);
+    const int d16s = nibble_codes(fast) && !f32_scales(fast); /* Q4_0, Q4_1: the d / 16 plane */
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m256 bb[4] = {a[0], a[0], a[0], a[0]};
-    float dm[GGUF_CHUNK * 4];
+    float dm[GGUF_CHUNK * 4], d16[GGUF_CHUNK];
     for (int64_t c0 = 0; c0 < j->nblocks; c0 += GGUF_CHUNK) {
         int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks;
         chunk_scales(fast, sc, c0, c1, dm);
+        if (d16s)
+            for (int64_t b = 0; b < c1 - c0; b++) d16[b] = dm[b * floats] * 0.0625f;
         for (int64_t b = c0; b < c1; b++) {
             __m256 w[4];
             _mm_prefetch((const char *)(row + bytes * b) + MXK_PREFETCH_BYTES, _MM_HINT_T0);
             const uint8_t *blk = row + bytes * b;
-            __m256i v;
-            if (nibble_codes(fast)) {
-                v = gguf_nibbles(blk);
-                if (q5_codes(fast)) v = _mm256_or_si256(v, fifth_bits(blk + 16));
+            if (q5_codes(fast)) { /* the fifth bits: the nibbles split in a register, the bits or-ed in */
+                __m256i v = _mm256_or_si256(gguf_nibbles(blk), fifth_bits(blk + 16));
                 if (code_offset(fast)) v = _mm256_sub_epi8(v, _mm256_set1_epi8((char)code_offset(fast)));
+                gguf_floats(fast, v, dm + (b - c0) * floats, w);
             } else {
-                v = _mm256_loadu_si256((const __m256i *)blk);
+                gguf_block_direct(fast, blk, dm + (b - c0) * floats, d16 + (b - c0), w);
             }
-            gguf_floats(fast, v, dm + (b - c0) * floats, w);
             fma_block(w, x0 + 32 * b, a);
             if (pair) fma_block(w, x1 + 32 * b, bb);
         }
