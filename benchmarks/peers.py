@@ -10,9 +10,9 @@ on prompt 2, ...) for ``--rounds`` rounds; speeds are the median over rounds (``
   ``KIND``, e.g. ``Q4_K_M``, on accel's kernel: its K-quant and Q5 blocks repacked exactly), ``mxfp6-kernel``
   (float32 activations) and ``mxfp6-kernel-q8`` /
   ``mxfp4-kernel-q8`` (int8 activations, integer dot products) targets (``--accel``), autoregressive, speculative
-  (the shipped feature draft's tree of ``--spd-nodes`` nodes merged with n-gram lookup; on int8-activation targets,
-  which score no trees, its chain of ``--spd-chain`` tokens after lookup), and the same with
-  ``autotune``; and the
+  (the shipped feature draft's chain of ``--spd-chain`` tokens after n-gram lookup, on every target; and where the
+  target scores trees, i.e. float32 activations, its tree of ``--spd-nodes`` nodes merged with lookup), and the last
+  of these with ``autotune``; and the
   MX precision ladder (``--ladder``): the fp32 target drafted by its own ``mxfp4-kernel`` copy (after lookup,
   autotuned), exact without any training;
 - onnxruntime-genai: its model builder's fp32 and int4 graphs of the same checkpoint (built once, cached);
@@ -238,8 +238,8 @@ def parse_args() -> argparse.Namespace:
         "--spd-chain",
         type=int,
         default=1,
-        help="feature-draft chain length of the SpD rows of int8-activation targets (no trees; autotune.py's best "
-        "fixed setting on gguf-kernel-q8: K = 1 after lookup)",
+        help="feature-draft chain length of the chain-after-lookup SpD rows (every target; autotune.py's best fixed "
+        "setting on gguf-kernel-q8 and gguf-kernel: K = 1 after lookup)",
     )
     ap.add_argument("--no-autotune", action="store_true", help="leave out the autotune SpD rows")
     ap.add_argument(
@@ -298,18 +298,29 @@ def try_row(name: str, make: Callable[[], Row]) -> list[Row]:
         return []
 
 
-def _spd_spec(base: dict[str, Any], weights: str, nodes: int, chain_k: int) -> tuple[dict[str, Any], str]:
-    """The SpD row of a target: the feature draft's tree of ``nodes`` merged with lookup, or on a target with int8
-    activations (where ``DecodeSpec`` refuses trees: docs/spd.md) its chain of ``chain_k`` after lookup."""
+def _spd_specs(base: dict[str, Any], weights: str, nodes: int, chain_k: int) -> list[tuple[dict[str, Any], str]]:
+    """The pinned SpD rows of a target: the feature draft's chain of ``chain_k`` after lookup (``autotune.py``'s best
+    fixed setting on the int8 targets and, on AVX2 code, on ``gguf-kernel``, whose wide calls cost most), then, where
+    the target scores trees (float32 activations; ``DecodeSpec`` refuses trees on int8 ones: docs/spd.md), its tree of
+    ``nodes`` merged with lookup."""
     from accel.backends.weights import WeightFormat
 
-    if WeightFormat(weights).int8_activations:
-        chain = {"kind": "chain", "draft": FEATURE_DRAFT, "k": chain_k}
-        name = f"accel {weights} SpD (feature chain {chain['k']} after lookup)"
-        return {**base, "proposer": {"kind": "first_of", "lookup": {"n": 3, "k": 4}, "then": chain}}, name
-    tree = {"kind": "tree", "draft": FEATURE_DRAFT, "nodes": nodes}
-    name = f"accel {weights} SpD (feature tree {nodes} + lookup)"
-    return {**base, "proposer": {"kind": "merge", "lookup": {"n": 3, "k": 4}, "tree": tree}}, name
+    chain = {"kind": "chain", "draft": FEATURE_DRAFT, "k": chain_k}
+    specs = [
+        (
+            {**base, "proposer": {"kind": "first_of", "lookup": {"n": 3, "k": 4}, "then": chain}},
+            f"accel {weights} SpD (feature chain {chain_k} after lookup)",
+        )
+    ]
+    if not WeightFormat(weights).int8_activations:
+        tree = {"kind": "tree", "draft": FEATURE_DRAFT, "nodes": nodes}
+        specs.append(
+            (
+                {**base, "proposer": {"kind": "merge", "lookup": {"n": 3, "k": 4}, "tree": tree}},
+                f"accel {weights} SpD (feature tree {nodes} + lookup)",
+            )
+        )
+    return specs
 
 
 def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row]:
@@ -330,9 +341,9 @@ def accel_rows(args: argparse.Namespace, ckpt: Path, tokenizer: Any) -> list[Row
         rows.append(Row(ar, "accel", label, AccelRunner(base, tokenizer), ar))
         if args.spd_nodes < 1:
             continue
-        spd, name = _spd_spec(base, w, args.spd_nodes, args.spd_chain)
-        name = name.replace(f"accel {w} ", f"accel {label} ", 1)
-        rows.append(Row(name, "accel", label, AccelRunner(spd, tokenizer), ar))
+        for spd, name in _spd_specs(base, w, args.spd_nodes, args.spd_chain):
+            name = name.replace(f"accel {w} ", f"accel {label} ", 1)
+            rows.append(Row(name, "accel", label, AccelRunner(spd, tokenizer), ar))
         if not args.no_autotune:
             auto = AccelRunner({**spd, "autotune": True}, tokenizer)
             rows.append(Row(f"{name}, autotune", "accel", label, auto, ar))
