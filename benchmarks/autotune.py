@@ -6,13 +6,13 @@
 Targets: SmolLM2-135M (``smollm2_checkpoint()``; ``gguf-kernel``: the shipped Q4_1 GGUF's own blocks;
 ``gguf-kernel-q8``: the same blocks with int8 activations, which score chains only: no tree settings) exported once
 per ``--targets`` weight mode with its hidden states and tree inputs and the graph ``accel.decode`` runs
-(``export_cached(..., hidden_output=True, tree=True, ort_ops=True, accel_attention=kernel_builds())``), so one target
-graph serves AR, chains, trees and the controller. Drafters: ``feature`` (the shipped feature draft
-``accel/demo_data/smollm2-feature-draft``, int8 matmuls, tree inputs, the target's threads, exported as ``accel.decode``
-exports it: with ``ort_ops`` and ``accel_attention`` like the targets) and ``hydra`` (the
-shipped Hydra++ heads ``accel/demo_data/smollm2-hydra``, int8 level graphs, 1 thread). Cells: (target, drafter,
-sampling[, load]); samplings ``greedy`` and ``t0.8`` (``Sampling(temperature=0.8)``, seed = the prompt's index for
-every setting).
+(``export_cached(..., hidden_output=True, tree=True, ort_ops=True, accel_attention=kernel_builds(),
+logits_input=True)``), so one target graph serves AR, chains, trees and the controller. Drafters: ``feature`` (the
+shipped feature draft ``accel/demo_data/smollm2-feature-draft``, int8 matmuls, tree inputs, the target's threads,
+exported as ``accel.decode`` exports it: with ``ort_ops``, ``accel_attention`` and ``logits_input`` like the targets)
+and ``hydra`` (the shipped Hydra++ heads ``accel/demo_data/smollm2-hydra``, int8 level graphs, 1 thread). Cells:
+(target, drafter, sampling[, load]); samplings ``greedy`` and ``t0.8`` (``Sampling(temperature=0.8)``, seed = the
+prompt's index for every setting).
 
 Settings of a cell: AR; for ``feature`` the chains K = ``--chain-ks`` (default 1, 2, 4), the dynamic chain (cap
 ``--dyn-k`` 6, ``min_draft_prob`` ``--min-draft-prob`` 0.3) and the trees of ``--tree-nodes`` (4, 8, 16) nodes; for
@@ -189,7 +189,7 @@ def open_bench(args: argparse.Namespace) -> Bench:
 
     target_dir, cache = Path(smollm2_checkpoint()), cache_root() / "onnx"
     targets = {}
-    kernel = dict(ort_ops=True, accel_attention=kernel_builds())  # the graphs accel.decode runs
+    kernel = dict(ort_ops=True, accel_attention=kernel_builds(), logits_input=True)  # the graphs accel.decode runs
     for w in tqdm(args.targets, desc="targets (export once, cached)"):
         src = smollm2_gguf_path() if w.startswith("gguf-kernel") else target_dir  # the shipped Q4_1 file's blocks
         path = export_cached(src, cache, ctx_len=args.ctx_len, weights=w, hidden_output=True, tree=True, **kernel)

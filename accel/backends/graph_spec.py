@@ -2,8 +2,8 @@
 
 A frozen, validated description of what ``export_onnx`` writes: sizes (``ctx_len`` and ``num_logits`` in tokens,
 ``batch_size`` in rows), the weights (their ``element`` format and the ``runtime`` that computes with them, as separate
-fields), and the optional inputs/outputs (``hidden_output``, ``tree``, ``mix_inputs``, ``stage``) and operators
-(``ort_ops``, ``accel_attention``). The same object is
+fields), and the optional inputs/outputs (``hidden_output``, ``tree``, ``mix_inputs``, ``logits_input``, ``stage``)
+and operators (``ort_ops``, ``accel_attention``). The same object is
 
 - what ``export_onnx`` / ``export_cached`` take (a ``GraphSpec``, or the keywords of ``GraphOptions``, which make one:
   every older keyword call, ``weights="mxfp6-nbits"`` included, builds the same spec);
@@ -89,6 +89,7 @@ class GraphOptions(TypedDict, total=False):
     ctx_len: int
     batch_size: int
     num_logits: int | None
+    logits_input: bool
     weights: ExportWeights | WeightFormat | str
     element: Element
     runtime: Runtime | None
@@ -134,6 +135,9 @@ class GraphSpec:
             each token sees,
             one node instead of about 15 (docs/backends.md, "The graph of a layer").
         opset: the ONNX opset (only 18).
+        logits_input: the input ``num_logits`` (int64 ``[1]``): each call asks for its last tokens' logits only, the
+            head runs on those alone (a draft's catch-up and a prompt need one; whole-model graphs, without a fixed
+            ``num_logits``).
     """
 
     ctx_len: int
@@ -151,6 +155,7 @@ class GraphSpec:
     ort_ops: bool | None = None
     accel_attention: bool = False
     opset: int = OPSET
+    logits_input: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self.ctx_len, self.batch_size)
@@ -164,7 +169,8 @@ class GraphSpec:
         ints = {"ctx_len": int(self.ctx_len), "batch_size": int(self.batch_size), "opset": OPSET}
         self._set(**ints, num_logits=None if n is None else int(n))
         self._set(**_weights(self.element, self.runtime, self.activations, self.float_storage, self.int8_scheme))
-        self._set(**{name: _flag(name, getattr(self, name)) for name in ("hidden_output", "tree", "mix_inputs")})
+        flags = ("hidden_output", "tree", "mix_inputs", "logits_input")
+        self._set(**{name: _flag(name, getattr(self, name)) for name in flags})
         accel_attention = _flag("accel_attention", self.accel_attention)
         if self.ort_ops is None:  # the runtime's default; accel's attention operator needs onnxruntime's (ort_ops)
             ort_ops = self.runtime in _ORT_ONLY or accel_attention
@@ -179,6 +185,8 @@ class GraphSpec:
             raise BackendError(f"stage must be a StageSpec or None; got {self.stage!r}")
         if self.tree and self.stage is not None and not self.stage.is_whole:
             raise BackendError("tree inputs are for whole-model graphs; a pipeline stage has none (drop tree)")
+        if self.logits_input and (self.num_logits is not None or (self.stage is not None and not self.stage.is_whole)):
+            raise BackendError("logits_input (the input num_logits) is for whole graphs without a fixed num_logits")
 
     def _set(self, **values: Any) -> None:
         for name, value in values.items():
@@ -270,8 +278,11 @@ class GraphSpec:
         return cls.of(None, options, "GraphSpec.from_options")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON values (``stage``: ``start``, ``stop``, ``total``, ``exit_logits``, or None)."""
+        """The fields as JSON values (``stage``: ``start``, ``stop``, ``total``, ``exit_logits``, or None;
+        ``logits_input`` only where set)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not out["logits_input"]:  # left out at its default: the keys of graphs exported before it stay the same
+            del out["logits_input"]
         st = self.stage
         out["stage"] = None if st is None else {"start": int(st.start), "stop": int(st.stop), "total": int(st.total),
                                                 "exit_logits": bool(st.exit_logits)}  # fmt: skip
@@ -305,7 +316,8 @@ class GraphSpec:
         """The ONNX ``metadata_props`` this spec fixes: ``accel.graph_spec`` (``to_json``) and the older ``accel.*``
         keys derived from it (weights, sizes, flags, the stage's layers)."""
         w = self.export_weights
-        flags = {n: getattr(self, n) for n in ("hidden_output", "tree", "mix_inputs", "ort_ops", "accel_attention")}
+        names = ("hidden_output", "tree", "mix_inputs", "logits_input", "ort_ops", "accel_attention")
+        flags = {n: getattr(self, n) for n in names}
         meta = {
             GRAPH_SPEC_KEY: self.to_json(),
             "accel.weights": w.format.value,

@@ -70,7 +70,10 @@ class DecoderGraph:
         if not st.is_first:  # a later pipeline stage reads the previous stage's residual stream
             first = value("hidden_in", TensorProto.FLOAT, [B, "seq_len", c.hidden_size])
         inputs = [first, value("position_ids", TensorProto.INT64, [B, "seq_len"])]
-        logits = value("logits", TensorProto.FLOAT, [B, num_logits if num_logits else "seq_len", c.vocab_size])
+        if self.spec.logits_input:  # the call's own count of last tokens with logits
+            inputs.append(value("num_logits", TensorProto.INT64, [1]))
+        rows = num_logits or ("num_logits" if self.spec.logits_input else "seq_len")
+        logits = value("logits", TensorProto.FLOAT, [B, rows, c.vocab_size])
         outputs = [logits] if st.has_logits else []
         if not st.is_last:
             outputs.append(value("hidden_out", TensorProto.FLOAT, [B, "seq_len", c.hidden_size]))
@@ -337,7 +340,7 @@ class DecoderGraph:
     def head(self, x: str, delta: str | None, num_logits: int | None) -> None:
         """Final norm of ``x + delta`` (and the ``hidden_states`` output) and the LM head into ``logits``."""
         g = self.g
-        last = (g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1])) if num_logits else None
+        last = self._last_tokens(num_logits)
         if self.hidden_output:  # every column's final-norm state is an output; the head reads the last num_logits
             head, _ = self.add_norm(x, delta, "norm")
             g.op("Identity", head, name="hidden_states")
@@ -348,6 +351,18 @@ class DecoderGraph:
                 x, delta = g.op("Slice", x, *last), g.op("Slice", delta, *last) if delta else None
             head, _ = self.add_norm(x, delta, "norm")
         self.lm_head(head)
+
+    def _last_tokens(self, num_logits: int | None) -> tuple[str, str, str] | None:
+        """The ``Slice`` starts, ends and axes (sequence axis 1) of the last tokens that get logits: the fixed
+        ``num_logits``, the input ``num_logits`` (``logits_input``), or None (every token)."""
+        g = self.g
+        if num_logits:
+            start = g.const([-num_logits])
+        elif self.spec.logits_input:
+            start = g.op("Neg", "num_logits")
+        else:
+            return None
+        return start, g.const([np.iinfo(np.int64).max]), g.const([1])
 
     def lm_head(self, head: str) -> None:
         """The LM head on normed states ``head`` into ``logits`` (a restricted head scattered to the vocabulary)."""
@@ -360,8 +375,9 @@ class DecoderGraph:
         """Early-exit ``logits`` of residual states ``x`` (``accel.drafts.early_exit.ExitHead``): ``x + mlp(norm(x))``
         with the ``exit.*`` adapter when present, then ``exit.norm`` (else the final norm) and the LM head."""
         g = self.g
-        if num_logits:
-            x = g.op("Slice", x, g.const([-num_logits]), g.const([np.iinfo(np.int64).max]), g.const([1]))
+        last = self._last_tokens(num_logits)
+        if last:
+            x = g.op("Slice", x, *last)
         if "exit.mlp.down_proj.weight" in self.tensors:
             x = g.op("Add", x, self.mlp(self.norm(x, "exit.input_layernorm"), "exit.mlp"))
         self.lm_head(self.norm(x, "exit.norm" if "exit.norm.weight" in self.tensors else "norm"))

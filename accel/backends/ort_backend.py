@@ -227,9 +227,9 @@ class OrtBackend(ScoringBackend):
                 f"a call with {seq} tokens needs num_logits <= {baked}"
             )
         check_padding_slot(pos, slots_mask, self._info.ctx_len)
-        outs = bound_outputs(self._run(ids, pos, feats, slots_mask, mixed), 2 if hidden else 1)
-        logits = outs[0]
         want = num_logits if num_logits is not None else seq
+        outs = bound_outputs(self._run(ids, pos, feats, slots_mask, mixed, want), 2 if hidden else 1)
+        logits = outs[0]
         if logits.shape[1] != want:
             logits = logits[:, -want:, :]
         logits = np.ascontiguousarray(logits, dtype=np.float32)
@@ -238,11 +238,14 @@ class OrtBackend(ScoringBackend):
         states = outs[1]
         return logits, (states[:, -seq:] if extra > 0 else states)
 
-    def _run(self, ids, pos, feats, tree, mix) -> ort.IOBinding:
-        """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs)."""
+    def _run(self, ids, pos, feats, tree, mix, want: int) -> ort.IOBinding:
+        """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs); ``want``: the
+        last tokens that need logits (fed to a graph with the ``num_logits`` input)."""
         io = self._binding
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", pos)
+        if self.contract.logits_input:
+            io.bind_cpu_input("num_logits", np.array([want], np.int64))
         if feats is not None:
             io.bind_cpu_input("features", feats)
         if tree is not None:
@@ -291,6 +294,9 @@ class OrtBackend(ScoringBackend):
         io = self._binding
         io.bind_cpu_input("input_ids" if st.is_first else "hidden_in", feed)
         io.bind_cpu_input("position_ids", pos)
+        want = num_logits if num_logits is not None else seq
+        if self.contract.logits_input:
+            io.bind_cpu_input("num_logits", np.array([want], np.int64))
         names = (["logits"] if st.has_logits else []) + ([] if st.is_last else ["hidden_out"])
         for name in names:
             io.bind_output(name)
@@ -301,7 +307,6 @@ class OrtBackend(ScoringBackend):
         outs = dict(zip(names, bound_outputs(io, len(names)), strict=True))
         logits = outs.get("logits")
         if logits is not None:
-            want = num_logits if num_logits is not None else seq
             logits = np.ascontiguousarray(logits[:, -want:, :], dtype=np.float32)
         hidden = outs.get("hidden_out")
         return StageOutput(logits, None if hidden is None else hidden[:, -seq:])

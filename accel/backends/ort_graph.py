@@ -37,6 +37,8 @@ class GraphContract:
         feature_size: width of the input ``features`` (0: none; a feature draft).
         tree: the graph has the tree inputs ``slot_ids`` / ``tree_mask``.
         mix_inputs: the graph has ``mix_ids`` / ``mix_weights`` (superposed inputs).
+        logits_input: the graph has the input ``num_logits`` (int64 ``[1]``): each call says how many last tokens
+            get logits (``GraphSpec.logits_input``).
         stage: the layers the graph runs (``StageSpec.whole`` for an ordinary model).
         stage_width: width of ``hidden_in`` / ``hidden_out`` (a stage graph's residual stream; 0: none).
         graph_spec: the ``GraphSpec`` its metadata records (``accel.graph_spec``, checked against the graph), or
@@ -53,6 +55,7 @@ class GraphContract:
     feature_size: int = 0
     tree: bool = False
     mix_inputs: bool = False
+    logits_input: bool = False
     stage_width: int = 0
     graph_spec: GraphSpec | None = None
 
@@ -104,6 +107,7 @@ def inspect_graph(session: ort.InferenceSession, source: str = "graph") -> Graph
         feature_size=widths[1],
         tree=_tree_inputs(inputs, kv_shape[2], source),
         mix_inputs=mix,
+        logits_input=_logits_input(inputs, num_logits, source),
         stage_width=max(widths[2:]),
     )
     return dataclasses.replace(contract, graph_spec=_recorded_spec(contract, source))
@@ -155,6 +159,7 @@ def _recorded_spec(c: GraphContract, source: str) -> GraphSpec | None:
         "batch_size": (spec.batch_size, c.batch_size),
         "tree": (spec.tree, c.tree),
         "mix_inputs": (spec.mix_inputs, c.mix_inputs),
+        "logits_input": (spec.logits_input, c.logits_input),
         "stage": (spec.stage or StageSpec.whole(c.num_layers), c.stage),
     }
     if c.stage.has_logits:
@@ -179,6 +184,18 @@ def _tree_inputs(inputs: dict[str, Any], ctx_len: int, source: str) -> bool:
     shape = inputs["tree_mask"].shape
     if len(shape) != 3 or shape[2] != ctx_len:
         raise BackendError(f"{source}: tree_mask must be [B, seq_len, ctx_len={ctx_len}]; got {shape}")
+    return True
+
+
+def _logits_input(inputs: dict[str, Any], num_logits: int | None, source: str) -> bool:
+    """Whether the graph has the input ``num_logits`` (int64 ``[1]``, in a graph without a fixed count)."""
+    if "num_logits" not in inputs:
+        return False
+    i = inputs["num_logits"]
+    if i.type != "tensor(int64)" or list(i.shape) != [1]:
+        raise BackendError(f"{source}: the input num_logits must be int64 [1]; got {i.type} {i.shape}")
+    if num_logits is not None:
+        raise BackendError(f"{source}: a graph with a fixed num_logits ({num_logits}) cannot take it as an input")
     return True
 
 

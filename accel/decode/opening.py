@@ -174,6 +174,7 @@ def cached_graph(path: Path, ctx_len: int, weights: WeightFormat, needs: GraphNe
         weights=weights.value,
         tree=needs.tree,
         mix_inputs=needs.mix,
+        logits_input=True,  # each call's logits only where the loop reads them (a prompt, a draft's catch-up)
         ort_ops=True,  # onnxruntime runs it: its fused RMSNorm + residual and RoPE (~5% of an fp32 step)
         accel_attention=kernel_builds(),  # one ai.accel::CacheAttention a layer, where accel's kernel builds
         say=lambda line: print(line, file=sys.stderr, flush=True),

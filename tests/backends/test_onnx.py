@@ -12,7 +12,8 @@ import onnx
 import pytest
 import torch
 
-from accel.backends import OrtBackend, TorchBackend, export_onnx
+from accel.backends import GraphSpec, OrtBackend, TorchBackend, export_onnx
+from accel.backends.stages import StageSpec
 from accel.errors import BackendError
 from accel.models import Decoder, ModelConfig, load_checkpoint
 from tests.helpers.scenario import SCORE, hf_reference, make_tokens, run_scenario, smollm2_model, tiny_hf_model
@@ -135,6 +136,58 @@ def test_baked_num_logits(llama, tmp_path):
     np.testing.assert_allclose(baked.forward(ids, pos, num_logits=2), full.forward(ids, pos, num_logits=2), atol=ATOL)
     with pytest.raises(BackendError, match="only the last 2 logits"):
         baked.forward(ids, pos)
+
+
+@pytest.mark.parametrize("extras", [{}, {"hidden_output": True, "tree": True}])
+def test_num_logits_input(llama, tmp_path, extras):
+    """A graph with the input num_logits runs the head on the last num_logits tokens only (the session's own output
+    has that many rows) and gives the full graph's logits there; hidden states stay every token's."""
+    model, _ = llama
+    full_path = export_onnx(model, tmp_path / "all.onnx", ctx_len=CTX, batch_size=2, progress=False, **extras)
+    path = export_onnx(
+        model, tmp_path / "last.onnx", ctx_len=CTX, batch_size=2, logits_input=True, progress=False, **extras
+    )
+    part, full = OrtBackend(path), OrtBackend(full_path)
+    assert part.contract.logits_input and part.graph_spec.logits_input and not full.contract.logits_input
+    assert part.metadata["accel.logits_input"] == "1"
+    ids = np.tile(np.arange(7), (2, 1))
+    pos = np.tile(np.arange(7), (2, 1))
+    for n in (1, 3, 7):
+        part.reset()
+        full.reset()
+        got = part.forward(ids, pos, num_logits=n)
+        assert got.shape == (2, n, model.config.vocab_size)
+        np.testing.assert_allclose(got, full.forward(ids, pos, num_logits=n), atol=ATOL, rtol=0)
+        assert part._binding.get_outputs()[0].shape()[1] == n  # the graph computed n rows, not 7
+    if extras:
+        part.reset()
+        full.reset()
+        logits, hidden = part.forward_hidden(ids, pos, num_logits=2)
+        ref_logits, ref_hidden = full.forward_hidden(ids, pos, num_logits=2)
+        assert hidden.shape == ref_hidden.shape == (2, 7, model.config.hidden_size)
+        np.testing.assert_allclose(hidden, ref_hidden, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(logits, ref_logits, atol=ATOL, rtol=0)
+
+
+def test_num_logits_input_is_refused_with_a_fixed_count_or_in_a_stage():
+    with pytest.raises(BackendError, match="logits_input"):
+        GraphSpec(ctx_len=CTX, num_logits=2, logits_input=True)
+    with pytest.raises(BackendError, match="logits_input"):
+        GraphSpec(ctx_len=CTX, logits_input=True, stage=StageSpec(0, 1, 2))
+    spec = GraphSpec(ctx_len=CTX, logits_input=True)
+    assert GraphSpec.from_json(spec.to_json()) == spec
+    assert "logits_input" not in GraphSpec(ctx_len=CTX).to_dict()  # older graphs' cache keys stay
+
+
+def test_num_logits_input_of_the_wrong_shape_is_named(llama, tmp_path):
+    model, _ = llama
+    path = export_onnx(model, tmp_path / "last.onnx", ctx_len=CTX, batch_size=2, logits_input=True, progress=False)
+    proto = onnx.load(str(path))
+    dim = next(i for i in proto.graph.input if i.name == "num_logits").type.tensor_type.shape.dim[0]
+    dim.dim_value = 2
+    onnx.save(proto, str(tmp_path / "bad.onnx"))
+    with pytest.raises(BackendError, match="num_logits must be int64 \\[1\\]"):
+        OrtBackend(tmp_path / "bad.onnx")
 
 
 def test_fp16_weights(llama, tmp_path):
