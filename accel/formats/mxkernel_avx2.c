@@ -57,20 +57,17 @@ AVX2 static inline float hsum(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_cvtss_f32(u);
 }
 
-/* a GGUF block's 32 exact float32 weights from its integers v (int8 lanes) and its scale values dm as float32, read as
- * memory broadcasts: d * q (exact); Q4_1, Q4_F32 fma(q, d, m) (d * q + m rounded once, as numpy's (d * q) + m);
- * I8_F32 fma(q, d0, m0) for weights 0..15, fma(q, d1, m1) for 16..31 */
-AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fast, __m256i v, const float *dm,
-                                                                   __m256 w[4]) {
-    __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
-    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
-    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
-    __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
-    __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
-    __m256 d = _mm256_set1_ps(dm[0]);
+/* a GGUF block's 32 float32 weights from its codes' integers q0..q3 (codes 0..7, 8..15, 16..23, 24..31 as floats) and
+ * its scale values dm as float32, read as memory broadcasts: d * q (exact); Q4_1, Q4_F32 fma(q, d, m) (d * q + m
+ * rounded once, as numpy's (d * q) + m); I8_F32 fma(q, d0, m0) for weights 0..15, fma(q, d1, m1) for 16..31. dh: the
+ * scale of codes 16..31 where they come times 16 (d / 16; else d) */
+AVX2 static inline __attribute__((always_inline)) void gguf_scale(const int fast, __m256 q0, __m256 q1, __m256 q2,
+                                                                  __m256 q3, const float *dm, __m256 dh, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(dm[0]);
     if (has_offset(fast)) {
         const int second = fast == FAST_I8_F32 ? 2 : 0; /* weights 16..31: their own d and m */
-        __m256 m = _mm256_set1_ps(dm[1]), d1 = _mm256_set1_ps(dm[second]), m1 = _mm256_set1_ps(dm[second + 1]);
+        const __m256 m = _mm256_set1_ps(dm[1]), m1 = _mm256_set1_ps(dm[second + 1]);
+        const __m256 d1 = fast == FAST_I8_F32 ? _mm256_set1_ps(dm[2]) : dh;
         w[0] = _mm256_fmadd_ps(q0, d, m);
         w[1] = _mm256_fmadd_ps(q1, d, m);
         w[2] = _mm256_fmadd_ps(q2, d1, m1);
@@ -78,9 +75,20 @@ AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fas
     } else {
         w[0] = _mm256_mul_ps(q0, d);
         w[1] = _mm256_mul_ps(q1, d);
-        w[2] = _mm256_mul_ps(q2, d);
-        w[3] = _mm256_mul_ps(q3, d);
+        w[2] = _mm256_mul_ps(q2, dh);
+        w[3] = _mm256_mul_ps(q3, dh);
     }
+}
+
+/* a GGUF block's 32 exact float32 weights from its integers v (int8 lanes): gguf_scale of v widened in registers */
+AVX2 static inline __attribute__((always_inline)) void gguf_floats(const int fast, __m256i v, const float *dm,
+                                                                   __m256 w[4]) {
+    __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
+    __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+    __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+    gguf_scale(fast, q0, q1, q2, q3, dm, _mm256_set1_ps(dm[0]), w);
 }
 
 /* blocks whose scale values one GGUF row converts at once (a stack buffer of GGUF_CHUNK * 4 floats) */
@@ -142,22 +150,8 @@ AVX2 static inline __attribute__((always_inline)) void gguf_block_direct(const i
         q2 = _mm256_cvtepi32_ps(v2);
         q3 = _mm256_cvtepi32_ps(v3);
     }
-    const __m256 d = _mm256_set1_ps(dm[0]);
-    const __m256 dh = nibble_codes(fast) && !f32_scales(fast) ? _mm256_set1_ps(*d16) : d; /* codes 16..31's scale */
-    if (has_offset(fast)) {
-        const int second = fast == FAST_I8_F32 ? 2 : 0; /* weights 16..31: their own d and m */
-        const __m256 m = _mm256_set1_ps(dm[1]), m1 = _mm256_set1_ps(dm[second + 1]);
-        const __m256 d1 = fast == FAST_I8_F32 ? _mm256_set1_ps(dm[2]) : dh;
-        w[0] = _mm256_fmadd_ps(q0, d, m);
-        w[1] = _mm256_fmadd_ps(q1, d, m);
-        w[2] = _mm256_fmadd_ps(q2, d1, m1);
-        w[3] = _mm256_fmadd_ps(q3, d1, m1);
-    } else {
-        w[0] = _mm256_mul_ps(q0, d);
-        w[1] = _mm256_mul_ps(q1, d);
-        w[2] = _mm256_mul_ps(q2, dh);
-        w[3] = _mm256_mul_ps(q3, dh);
-    }
+    const __m256 dh = _mm256_set1_ps(nibble_codes(fast) && !f32_scales(fast) ? *d16 : dm[0]); /* codes 16..31 */
+    gguf_scale(fast, q0, q1, q2, q3, dm, dh, w);
 }
 
 /* GGUF: one W row against x rows s0 and s0 + 1 (two when pair), as row_dot; a chunk's scale values converted into
