@@ -101,21 +101,24 @@ def check_step_inputs(
         raise BackendError(f"batch size {batch} does not match the backend's batch size {info.batch_size}")
     if seq < 1 or seq > info.max_seq_len:
         raise BackendError(f"sequence length {seq} is outside 1..{info.max_seq_len} (the backend's max_seq_len)")
-    valid = pos >= 0
-    if np.any(pos < -1):
-        raise BackendError(f"position_ids below -1 (the padding marker): min {int(pos.min())}")
-    if np.any(pos[valid] >= info.ctx_len):
+    low = int(pos.min())
+    if low < -1:
+        raise BackendError(f"position_ids below -1 (the padding marker): min {low}")
+    top = int(pos.max())  # padding (-1) is below every valid position
+    if top >= info.ctx_len:
         raise BackendError(
-            f"position {int(pos[valid].max())} is beyond the KV cache: ctx_len is {info.ctx_len} "
-            f"(valid positions 0..{info.ctx_len - 1})"
+            f"position {top} is beyond the KV cache: ctx_len is {info.ctx_len} (valid positions 0..{info.ctx_len - 1})"
         )
-    bad = valid & ((ids < 0) | (ids >= info.vocab_size))
-    if np.any(bad):
-        raise BackendError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
+    padded = low < 0  # a call without padding (every decode step) checks its ids by two reductions, no masks
+    valid = pos >= 0
+    if padded or int(ids.min()) < 0 or int(ids.max()) >= info.vocab_size:
+        bad = valid & ((ids < 0) | (ids >= info.vocab_size))
+        if np.any(bad):
+            raise BackendError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
     if num_logits is not None and not (1 <= num_logits <= seq):
         raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
     # padding slots may hold any id; give the runtime a harmless one
-    ids = np.where(valid, ids, 0).astype(np.int64, copy=False)
+    ids = (np.where(valid, ids, 0) if padded else ids).astype(np.int64, copy=False)
     # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
     return (
         np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),

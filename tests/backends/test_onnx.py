@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from accel.backends import GraphSpec, OrtBackend, TorchBackend, export_onnx
+from accel.backends.base import BackendInfo
+from accel.backends.calls import check_step_inputs
 from accel.backends.stages import StageSpec
 from accel.errors import BackendError
 from accel.models import Decoder, ModelConfig, load_checkpoint
@@ -222,6 +224,28 @@ def test_fp16_weights(llama, tmp_path):
 def test_bad_inputs_raise_backend_error(llama, ids, pos, kwargs, match):
     with pytest.raises(BackendError, match=match):
         OrtBackend(llama[1]).forward(ids, pos, **kwargs)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_step_inputs_are_checked_with_and_without_padding(padded):
+    """check_step_inputs takes a reduction-only path for calls without padding (position -1): both paths refuse the
+    same inputs, name the same value, and only the padded one lets a padding column hold any id (replaced by 0)."""
+    info = BackendInfo("t", vocab_size=96, ctx_len=CTX, batch_size=1, max_seq_len=CTX)
+    lead = ([-1], [500]) if padded else ([], [])  # a padding column first, holding an id outside the vocabulary
+    ids, pos = check_step_inputs(info, np.array([[*lead[1], 5, 6]]), np.array([[*lead[0], 3, 4]]))
+    assert ids.tolist() == [[*([0] if padded else []), 5, 6]] and ids.dtype == np.int64 and ids.flags.writeable
+    assert pos.tolist() == [[*lead[0], 3, 4]]
+    bad = [
+        ([5, 6], [3, -2], "below -1 \\(the padding marker\\): min -2"),
+        ([5, 6], [3, CTX + 4], f"position {CTX + 4} is beyond the KV cache"),
+        ([5, 96], [3, 4], "token id 96 is outside"),
+        ([-3, 6], [3, 4], "token id -3 is outside"),
+    ]
+    for row_ids, row_pos, match in bad:
+        with pytest.raises(BackendError, match=match):
+            check_step_inputs(info, np.array([[*lead[1], *row_ids]]), np.array([[*lead[0], *row_pos]]))
+    view = np.broadcast_to(np.array([[5, 6]]), (1, 2))  # read-only: the ids handed to the runtime are a copy
+    assert check_step_inputs(info, view, np.array([[3, 4]]))[0].flags.writeable
 
 
 def test_wrong_batch_size_at_load(llama):
