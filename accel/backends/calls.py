@@ -110,15 +110,17 @@ def check_step_inputs(
             f"position {top} is beyond the KV cache: ctx_len is {info.ctx_len} (valid positions 0..{info.ctx_len - 1})"
         )
     padded = low < 0  # a call without padding (every decode step) checks its ids by two reductions, no masks
-    valid = pos >= 0
+    valid = pos >= 0 if padded else None
     if padded or int(ids.min()) < 0 or int(ids.max()) >= info.vocab_size:
-        bad = valid & ((ids < 0) | (ids >= info.vocab_size))
+        bad = (ids < 0) | (ids >= info.vocab_size)
+        if valid is not None:
+            bad &= valid
         if np.any(bad):
             raise BackendError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {info.vocab_size})")
     if num_logits is not None and not (1 <= num_logits <= seq):
         raise BackendError(f"num_logits={num_logits} must be in 1..{seq} (the call's sequence length)")
     # padding slots may hold any id; give the runtime a harmless one
-    ids = (np.where(valid, ids, 0) if padded else ids).astype(np.int64, copy=False)
+    ids = (ids if valid is None else np.where(valid, ids, 0)).astype(np.int64, copy=False)
     # writable C-contiguous copies where needed (np.broadcast_to views are read-only; torch.from_numpy warns on them)
     return (
         np.require(ids, np.int64, ["C_CONTIGUOUS", "WRITEABLE"]),

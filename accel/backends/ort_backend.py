@@ -238,14 +238,19 @@ class OrtBackend(ScoringBackend):
         states = outs[1]
         return logits, (states[:, -seq:] if extra > 0 else states)
 
+    def _bind_logits_count(self, io: ort.IOBinding, want: int) -> None:
+        """Feed a graph with the ``num_logits`` input (``GraphSpec.logits_input``) the call's count of last tokens
+        that need logits; other graphs have no such input."""
+        if self.contract.logits_input:
+            io.bind_cpu_input("num_logits", np.array([want], np.int64))
+
     def _run(self, ids, pos, feats, tree, mix, want: int) -> ort.IOBinding:
         """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs); ``want``: the
         last tokens that need logits (fed to a graph with the ``num_logits`` input)."""
         io = self._binding
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", pos)
-        if self.contract.logits_input:
-            io.bind_cpu_input("num_logits", np.array([want], np.int64))
+        self._bind_logits_count(io, want)
         if feats is not None:
             io.bind_cpu_input("features", feats)
         if tree is not None:
@@ -295,8 +300,7 @@ class OrtBackend(ScoringBackend):
         io.bind_cpu_input("input_ids" if st.is_first else "hidden_in", feed)
         io.bind_cpu_input("position_ids", pos)
         want = num_logits if num_logits is not None else seq
-        if self.contract.logits_input:
-            io.bind_cpu_input("num_logits", np.array([want], np.int64))
+        self._bind_logits_count(io, want)
         names = (["logits"] if st.has_logits else []) + ([] if st.is_last else ["hidden_out"])
         for name in names:
             io.bind_output(name)

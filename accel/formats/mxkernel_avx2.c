@@ -113,6 +113,9 @@ AVX2 static inline void chunk_scales(const int fast, const uint8_t *sc, int64_t 
     }
 }
 
+/* whether gguf_block_direct takes a block's codes 16..31 times 16, scaled by d / 16 (Q4_0, Q4_1: float16 d) */
+static inline int d16_scaled(int fast) { return nibble_codes(fast) && !f32_scales(fast) && !q5_codes(fast); }
+
 /* a GGUF block's 32 exact float32 weights straight from its code bytes, for the types whose codes need no fifth bit:
  * each 8 codes widened to 32-bit lanes by one vpmovzxbd/vpmovsxbd from memory (2 shuffle-port uops a nibble block,
  * 4 an int8 block, against 8 when the nibbles are split in a register first). A nibble block's bytes 0..7 and 8..15
@@ -135,7 +138,7 @@ AVX2 static inline __attribute__((always_inline)) void gguf_block_direct(const i
         const __m256i lo = _mm256_set1_epi32(0x0F), hi = _mm256_set1_epi32(0xF0);
         __m256i v0 = _mm256_and_si256(b0, lo), v1 = _mm256_and_si256(b1, lo);
         __m256i v2 = _mm256_and_si256(b0, hi), v3 = _mm256_and_si256(b1, hi);
-        if (f32_scales(fast)) { /* Q4_F32: d / 16 could lose bits of a float32 d; shift the codes down instead */
+        if (!d16_scaled(fast)) { /* Q4_F32: d / 16 could lose bits of a float32 d; shift the codes down instead */
             v2 = _mm256_srli_epi32(b0, 4);
             v3 = _mm256_srli_epi32(b1, 4);
         }
@@ -150,7 +153,7 @@ AVX2 static inline __attribute__((always_inline)) void gguf_block_direct(const i
         q2 = _mm256_cvtepi32_ps(v2);
         q3 = _mm256_cvtepi32_ps(v3);
     }
-    const __m256 dh = _mm256_set1_ps(nibble_codes(fast) && !f32_scales(fast) ? *d16 : dm[0]); /* codes 16..31 */
+    const __m256 dh = _mm256_set1_ps(d16_scaled(fast) ? *d16 : dm[0]); /* codes 16..31 */
     gguf_scale(fast, q0, q1, q2, q3, dm, dh, w);
 }
 
@@ -159,7 +162,6 @@ AVX2 static inline __attribute__((always_inline)) void gguf_block_direct(const i
 AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t *j, int64_t n, int64_t s0,
                                                                     const int fast, const int pair) {
     const int bytes = block_code_bytes(fast), sbytes = block_scale_bytes(fast), floats = block_floats(fast);
-    const int d16s = nibble_codes(fast) && !f32_scales(fast); /* Q4_0, Q4_1: the d / 16 plane */
     const uint8_t *row = j->codes + n * j->nblocks * bytes;
     const uint8_t *sc = j->scales + n * j->nblocks * sbytes;
     const float *x0 = j->x + s0 * j->xstride, *x1 = pair ? x0 + j->xstride : x0;
@@ -169,7 +171,7 @@ AVX2 static inline __attribute__((always_inline)) void row_dot_gguf(const job_t 
     for (int64_t c0 = 0; c0 < j->nblocks; c0 += GGUF_CHUNK) {
         int64_t c1 = c0 + GGUF_CHUNK < j->nblocks ? c0 + GGUF_CHUNK : j->nblocks;
         chunk_scales(fast, sc, c0, c1, dm);
-        if (d16s)
+        if (d16_scaled(fast))
             for (int64_t b = 0; b < c1 - c0; b++) d16[b] = dm[b * floats] * 0.0625f;
         for (int64_t b = c0; b < c1; b++) {
             __m256 w[4];

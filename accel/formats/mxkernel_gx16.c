@@ -176,6 +176,9 @@ X16_DOT_FN(X16_AVX2, x16_dot_avx2_each, x16_acc_avx2)
  * most 2 * 31 * 128 = 7936 in magnitude and four of them (registers 0..3, or 4..7) add up in int16 without overflow
  * (31744 < 2^15) before one vpmaddwd: the same int32 lanes as x16_dot_avx2_each, a quarter fewer instructions. The
  * int8 types (sgn 1: |w| up to 128, pair sums up to 32512) take a vpmaddwd per register. */
+/* the AVX2 nibble types' steps: a register's vpmaddubsw pair sums added in int16 (STEP), made int32 lanes (DONE) */
+#define X16_STEP_AVX2(acc, a, x) _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, x))
+#define X16_DONE_AVX2(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
 X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w[8], const int8_t *q, int sgn,
                                             __m256i *p1) {
     if (sgn) return x16_dot_avx2_each(aw, w, q, sgn, p1);
@@ -185,9 +188,9 @@ X16_AVX2 static inline __m256i x16_dot_avx2(const __m256i aw[8], const __m256i w
         _Pragma("GCC unroll 4") for (int k = 4 * h; k < 4 * h + 4; k++) {
             int32_t word;
             memcpy(&word, q + 4 * k, 4);
-            t = _mm256_add_epi16(t, _mm256_maddubs_epi16(aw[k], _mm256_set1_epi32(word)));
+            t = X16_STEP_AVX2(t, aw[k], _mm256_set1_epi32(word));
         }
-        half[h] = _mm256_madd_epi16(t, _mm256_set1_epi16(1));
+        half[h] = X16_DONE_AVX2(t);
     }
     *p1 = half[1];
     return half[0];
@@ -290,8 +293,6 @@ X16_HALF_FN(X16_AVX2, x16_half_avx2, x16_dot_avx2)
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                                          \
             x16_store8(j, fast, g, h, acc[h], off[h], j->y + s0 * j->width + 16 * g + 8 * h);                        \
     }
-#define X16_STEP_AVX2(acc, a, x) _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, x))
-#define X16_DONE_AVX2(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
 X16_BOTH_FN(X16_AVX2, x16_both_avx2, X16_STEP_AVX2, X16_DONE_AVX2)
 
 /* a group's two halves for x rows s0 .. s0 + R - 1 by HALF, or one x row of a nibble type against a full group in
