@@ -241,6 +241,16 @@ class StatsAccumulator:
         self.from_draft_tokens += emitted_from_draft
         self.target_tokens += emitted - emitted_from_draft
 
+    def add_plain(self, emitted: int) -> None:
+        """``add_row`` of a row whose tree is the root alone (a plain step, nothing accepted, nothing from a draft)."""
+        self.row_calls += 1
+        self.hist[0] += 1
+        self.loop_tokens += 1
+        self.nodes_hist[0] += 1
+        self.depth_hist[0] += 1
+        self.new_tokens += emitted
+        self.target_tokens += emitted
+
     def finish(self) -> GenerationStats:
         """Freeze the counters (wall time ends now)."""
         wall = time.perf_counter() - self._t0

@@ -15,6 +15,7 @@ import pytest
 from accel.errors import SpdError
 from accel.spd import GREEDY, DraftChain, Sampling, generate, generate_ar, sample
 from accel.spd import loop as spd_loop
+from accel.spd.proposers import ProposerInfo
 from tests.helpers.decoders import backend, perturbed, random_model
 from tests.helpers.spd import MAX_NEW, PROMPTS_1, PROMPTS_3
 
@@ -357,3 +358,68 @@ def test_plain_steps_draw_what_the_walk_of_a_root_draws(target, monkeypatch, bat
     for sampling in (Sampling(temperature=0.8), GREEDY):
         got = generate_ar(backend(target, 1), [prompt], max_new_tokens=MAX_NEW, sampling=sampling, seed=7)
         assert got.tokens[0] == _plain_steps(target, prompt, MAX_NEW, sampling, 7)
+
+
+class _NeverProposes:
+    """A proposer with no proposal for any row (every round a plain step); with ``hidden``, it reads the target's
+    hidden states and keeps the run's last copy of them (``seen``)."""
+
+    def __init__(self, hidden: bool = False) -> None:
+        self.info = ProposerInfo("never", 4, 4, False, hidden, None)
+        self.seen: np.ndarray | None = None
+
+    def check(self, target) -> None:
+        pass
+
+    def start(self, run) -> None:
+        pass
+
+    def propose(self, run, rows):
+        return [None] * run.batch
+
+    def update(self, run, outcomes) -> None:
+        if run.hidden is not None:
+            self.seen = run.hidden.copy()
+
+
+def test_plain_rounds_equal_root_only_tree_rounds(target, ar_greedy, monkeypatch):
+    """A greedy round with no proposal (AR, or a proposer that offers none) takes the loop's short round (no trees
+    built); it emits, stops, streams and counts exactly as the general round of root-only trees: ragged limits, EOS
+    per row, every statistic of the rows."""
+    eos = ar_greedy["b3"].tokens[0][5]
+
+    def run(proposer):
+        streamed: list = []
+        res = generate(
+            backend(target, 3),
+            proposer,
+            PROMPTS_3,
+            max_new_tokens=[MAX_NEW, 3, MAX_NEW],
+            eos_token_id=eos,
+            sampling=GREEDY,
+            stream=lambda b, toks, flags: streamed.append((b, list(toks), list(flags))),
+        )
+        return res, streamed
+
+    fields = ("new_tokens", "rounds", "row_calls", "target_calls", "accepted_histogram", "target_tokens")
+    fields += ("tokens_per_target_call", "tree_nodes_histogram", "tree_depth_histogram", "mean_target_call_tokens")
+
+    def counts(stats):  # histograms are as long as the proposer's deepest tree (0 for AR, 4 for _NeverProposes)
+        return {f: list(np.trim_zeros(np.array(v), "b")) if isinstance(v, list) else v for f in fields
+                for v in [getattr(stats, f)]}  # fmt: skip
+
+    reads = _NeverProposes(hidden=True)
+    plain, never = run(None), run(_NeverProposes())
+    run(reads)
+    monkeypatch.setattr(spd_loop._Loop, "_plain_round", lambda self: self._tree_round(self._trees()))
+    trees, trees_stream = run(None)
+    reads_trees = _NeverProposes(hidden=True)
+    run(reads_trees)
+    assert reads.seen is not None and reads.seen.any()  # the target's states at every position so far, as the
+    np.testing.assert_array_equal(reads.seen, reads_trees.seen)  # general round stores them
+    for res, streamed in (plain, never):
+        assert res.tokens == trees.tokens and res.finish_reasons == trees.finish_reasons
+        assert res.from_draft == trees.from_draft and streamed == trees_stream
+        assert counts(res.stats) == counts(trees.stats)
+    assert {"eos", "length"} <= set(trees.finish_reasons) and len(trees.tokens[2]) == MAX_NEW
+    assert plain[0].stats.mode == "ar" and never[0].stats.mode == "spd"
