@@ -1,15 +1,15 @@
 """Host time of a greedy step: the loop's plain round against the general tree round, on the same target.
 
-A greedy round in which no row has a proposal (autoregressive decoding, a lookup that found no match, a controller
-round without speculation) takes the loop's plain round (``_Loop._plain_round``, docs/spd.md "The loop"): each
-active row feeds its last token and takes the target's arg-max, without building, laying out and walking root-only
-trees. This benchmark decodes the held-out prompts greedily with it (``plain``) and with every round through the
-general tree round as before (``general``), interleaved prompt by prompt on one target session, for each
-``--targets`` weight mode (exported as ``accel.decode`` exports a target) and each proposer (``ar``; ``lookup``:
-n-gram lookup n = 3, k = 4), and prints per cell the decode ms per token of each, their ratio (general / plain, the
-median over prompts and passes, 10-90%), the target's ms per round (its calls, ``OrtBackend``'s binding and output
-reads included), the host ms per round (``GenerationStats.host_s`` / rounds: everything else) and whether every
-output was equal.
+A round in which no row has a proposal (autoregressive decoding, a lookup that found no match, a controller round
+without speculation) takes the loop's plain round (``_Loop._plain_round``, docs/spd.md "The loop"): each active
+row feeds its last token and takes the target's next one, without building, laying out and walking root-only trees
+(greedy here; sampled rounds take it too). This benchmark decodes the held-out prompts greedily with it (``plain``)
+and with every round through the general tree round as before (``general``), interleaved prompt by prompt on one
+target session, for each ``--targets`` weight mode (exported as ``accel.decode`` exports a target) and each proposer
+(``ar``; ``lookup``: n-gram lookup n = 3, k = 4), and prints per cell the decode ms per token of each, their ratio
+(general / plain, the median over prompts and passes, 10-90%), the target's ms per round (its calls, ``OrtBackend``'s
+binding and output reads included), the host ms per round (``GenerationStats.host_s`` / rounds: everything else) and
+whether every output was equal.
 
     python benchmarks/greedy_host.py                                   # fp32, gguf-kernel-q8; ~3 minutes
     python benchmarks/greedy_host.py --targets gguf-kernel-q8 --passes 4

@@ -189,11 +189,11 @@ class _Loop:
         return int(np.argmax(row)) if self.sampling.greedy else self.sampling.probs(row)
 
     def round(self) -> None:
-        if self.proposer is None and self.sampling.greedy:
+        if self.proposer is None:
             self._plain_round()
             return
         trees = self._trees()
-        if self.sampling.greedy and all(t is None or (t.size == 1 and t.source != "lookup") for t in trees):
+        if all(t is None or (t.size == 1 and t.source != "lookup") for t in trees):
             self._plain_round()  # nothing proposed (a lookup that found no match, no speculation)
             return
         self._tree_round(trees)
@@ -217,10 +217,11 @@ class _Loop:
         self._emit(trees, outcomes)
 
     def _plain_round(self) -> None:
-        """A greedy round in which no row has a proposal (autoregressive decoding, a lookup that found nothing, a
-        controller's round without speculation): each active row feeds its last token and takes the target's arg-max.
-        The same call, tokens, statistics and proposer update as a round of root-only trees (tests/spd/test_loop.py),
-        without building, laying out or walking them (0.1-0.17 ms less host time a SmolLM2 step: docs/spd.md)."""
+        """A round in which no row has a proposal (autoregressive decoding, a lookup that found nothing, a
+        controller's round without speculation): each active row feeds its last token and takes the target's next
+        one. The same call, warps, random draws, tokens, statistics and proposer update as a round of root-only trees
+        (tests/spd/test_loop.py), without building, laying out or walking them (0.1-0.17 ms less host time a SmolLM2
+        step: docs/spd.md)."""
         rows = np.flatnonzero(self.active)
         last = self.n[rows] - 1
         ids = np.zeros((self.batch, 1), dtype=np.int64)
@@ -230,8 +231,7 @@ class _Loop:
         self.acc.add_round(1)
         if hidden is not None and self.run.hidden is not None:
             self.run.hidden[rows, last] = hidden[rows, 0]
-        for b in rows.tolist():
-            token = self._node(out[b, 0])  # greedy: the arg-max of finite logits
+        for b, token in zip(rows.tolist(), self._next_tokens(out, pos, rows), strict=True):
             self.buf[b, self.n[b]] = token
             self.n[b] += 1
             self.new[b] += 1
@@ -244,6 +244,19 @@ class _Loop:
         if self.proposer is not None:
             self.proposer.update(self.run, [None] * self.batch)
         self._check_done()
+
+    def _next_tokens(self, logits: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> list[int]:
+        """The target's next token for each row of ``rows`` from its one column of ``logits [B, 1, V]``, as
+        ``_verify_all`` takes a root's: the arg-max (greedy) or one draw per row in row order from the warped law,
+        every column warped at once up to ``_BATCH_VOCAB`` tokens (padding zeroed), row by row above."""
+        if self.sampling.greedy:
+            return [self._node(logits[b, 0]) for b in rows.tolist()]
+        if logits.shape[-1] <= _BATCH_VOCAB:
+            x = np.where((pos >= 0)[:, :, None], logits, 0.0)
+            check_logits(x, "target logits")
+            probs = self.sampling.probs(x)
+            return [int(sample(probs[b, 0][None], self.rng)[0]) for b in rows.tolist()]
+        return [int(sample(self._node(logits[b, 0])[None], self.rng)[0]) for b in rows.tolist()]
 
     def _emit(self, trees: list[TokenTree | None], outcomes: list[TreeOutcome | None]) -> None:
         n_old = self.n.copy()
