@@ -149,6 +149,7 @@ class OrtBackend(ScoringBackend):
         # its positions written; the position-indexed cache masks those slots until a later call writes them again.
         self._kv = np.zeros((len(self._names), *c.kv_shape), np.float32)  # one array: move_cache is one assignment
         self._buffers = [self._kv[i] for i in range(len(self._names))]  # contiguous views, bound without copies
+        self._high = -1  # the highest slot a call or move may have written since the cache was last all zeros
         io = self.session.io_binding()
         if c.stage.has_logits:
             io.bind_output("logits")  # bound first: get_outputs()[0] is the logits, [1] hidden_states if any
@@ -248,6 +249,7 @@ class OrtBackend(ScoringBackend):
         """Bind a whole-model call's inputs and outputs and run it (the binding holds the outputs); ``want``: the
         last tokens that need logits (fed to a graph with the ``num_logits`` input)."""
         io = self._binding
+        self._note_writes(tree[0] if tree is not None else pos)
         io.bind_cpu_input("input_ids", ids)
         io.bind_cpu_input("position_ids", pos)
         self._bind_logits_count(io, want)
@@ -297,6 +299,7 @@ class OrtBackend(ScoringBackend):
         if (pos < 0).any():
             check_free_slot(pos, self._info.ctx_len)
         io = self._binding
+        self._note_writes(pos)
         io.bind_cpu_input("input_ids" if st.is_first else "hidden_in", feed)
         io.bind_cpu_input("position_ids", pos)
         want = num_logits if num_logits is not None else seq
@@ -316,14 +319,23 @@ class OrtBackend(ScoringBackend):
         return StageOutput(logits, None if hidden is None else hidden[:, -seq:])
 
     def reset(self) -> None:
-        """Zero the KV cache."""
-        for buf in self._buffers:
-            buf.fill(0.0)
+        """Zero the KV cache: its slots up to the highest one written since the last reset (the others still hold
+        zeros: a call writes only its tokens' slots, padding none), not all ``ctx_len`` of them (a 128-token decode at
+        ctx_len 512 on SmolLM2: ~0.8 ms, not 3 ms)."""
+        if self._high >= 0:
+            self._kv[:, :, :, : self._high + 1, :] = 0.0
+        self._high = -1
+
+    def _note_writes(self, slots: np.ndarray) -> None:
+        """Record that a call or move may write the cache at ``slots`` (ints; -1: padding, which writes nothing)."""
+        if slots.size:
+            self._high = max(self._high, int(slots.max()))
 
     def move_cache(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy every layer's K/V from slots ``src`` to ``dst`` (int ``[B, M]``, -1 = none; ``check_moves``) in the
         host buffers: one numpy assignment per row (the right side is gathered, a copy, before the write)."""
         s, d = check_moves(self._info, src, dst)
+        self._note_writes(np.where(s >= 0, d, -1))
         for b in np.flatnonzero((s >= 0).any(axis=1)):
             keep = s[b] >= 0
             self._kv[:, b, :, d[b, keep], :] = self._kv[:, b, :, s[b, keep], :]

@@ -14,7 +14,7 @@ import torch
 
 from accel.backends import GraphSpec, OrtBackend, TorchBackend, export_onnx
 from accel.backends.base import BackendInfo
-from accel.backends.calls import check_step_inputs
+from accel.backends.calls import TreeInputs, check_step_inputs
 from accel.backends.stages import StageSpec
 from accel.errors import BackendError
 from accel.models import Decoder, ModelConfig, load_checkpoint
@@ -127,6 +127,34 @@ def test_reset_and_cache_stays_in_runtime_buffers(llama):
     backend.reset()
     assert not np.any(backend.cache()[0])
     np.testing.assert_array_equal(backend.forward(ids, pos), first)
+
+
+def test_reset_zeroes_every_slot_a_call_tree_or_move_wrote(tmp_path):
+    """reset zeroes only the slots up to the highest written since the last reset; every slot written by a chain
+    call, a stage call's positions, a tree call's slot ids or a cache move is among them, so the whole cache is zero
+    after it, and the next decode equals a fresh backend's."""
+    opts = {"ctx_len": CTX, "batch_size": 2, "tree": True, "progress": False}
+    b = OrtBackend(export_onnx(_tiny_llama(), tmp_path / "t.onnx", **opts))
+    ids, pos = np.tile(np.arange(1, 6), (2, 1)), np.tile(np.arange(5), (2, 1))
+    pos[1, :2] = -1  # padding writes nothing
+    b.forward(ids, pos)
+    mask = np.zeros((2, 2, CTX), bool)
+    mask[:, :, :5] = True
+    mask[:, 0, 20] = mask[:, 1, 21] = True
+    mask[:, 1, 20] = True
+    b.forward(ids[:, :2], np.tile([5, 6], (2, 1)), tree=TreeInputs(np.tile([20, 21], (2, 1)), mask))
+    b.move_cache(np.array([[21], [-1]]), np.array([[8], [-1]]))  # below the tree's slots: they set the highest
+    kv = np.stack(b.cache())
+    assert np.any(kv[:, 0, :, 8]) and np.any(kv[:, :, :, 21]) and not np.any(kv[:, :, :, 22:])
+    b.reset()
+    assert not np.any(np.stack(b.cache()))
+    b.forward(ids, pos)
+    b.move_cache(np.array([[4], [-1]]), np.array([[27], [-1]]))  # above every call's slots: the move sets it
+    assert np.any(np.stack(b.cache())[:, 0, :, 27])
+    b.reset()
+    assert not np.any(np.stack(b.cache()))
+    fresh = OrtBackend(export_onnx(_tiny_llama(), tmp_path / "f.onnx", **opts))
+    np.testing.assert_array_equal(b.forward(ids, pos), fresh.forward(ids, pos))
 
 
 def test_baked_num_logits(llama, tmp_path):

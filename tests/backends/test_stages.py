@@ -170,3 +170,14 @@ def test_stage_errors(tmp_path):
         ort_first.forward_stage(np.array([[0]]), hidden_in=np.zeros((1, 1, 64), np.float32))
     with pytest.raises(BackendError, match="exit_head"):
         export_onnx(model, tmp_path / "x.onnx", ctx_len=CTX, stage=StageSpec(0, 2, 4), exit_head=ExitHead(model, 2))
+
+
+def test_reset_zeroes_what_a_stage_call_wrote(tmp_path):
+    """A stage's cache is written at its calls' positions; reset (which zeroes only up to the highest slot written)
+    leaves all of it zero."""
+    first = _export_stages(_model(), split_layers(4, [2]), tmp_path)[0]
+    ids = np.tile(np.arange(1, 8), (2, 1))
+    first.forward_stage(np.tile(np.arange(20, 27), (2, 1)), input_ids=ids)
+    assert np.any(np.stack(first.cache())[:, :, :, 26]) and not np.any(np.stack(first.cache())[:, :, :, 27:])
+    first.reset()
+    assert not np.any(np.stack(first.cache()))
