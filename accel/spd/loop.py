@@ -9,7 +9,8 @@ holds them at slots ``0 .. n-2``); the last token (position ``n-1``) is fed at t
 2. **verify**: one target call scores every row's tree (``accel.spd.tree.TreeCall``: trees right-aligned, node i at
    slot ``n - 1 + i`` and position ``n - 1 + depth``; a chain call when all trees are chains), then greedy or
    recursive rejection sampling (``accel.spd.verify``) walks each tree (a root alone, a plain step, takes the
-   target's next token directly: what the walk gives, with the same random draws, ~0.15 ms sooner a step);
+   target's next token directly: what the walk gives, with the same random draws, ~0.15 ms sooner a step; a round
+   in which no row has a proposal skips the trees altogether: ``_plain_round``);
 3. **accept**: each row emits its accepted path and one target token (stopping at EOS or ``max_new_tokens``);
 4. **compact**: accepted nodes off the first-child chain are moved to the slots of their positions
    (``move_cache``), so the committed cache is contiguous again; stale slots beyond it stay masked;
