@@ -156,13 +156,7 @@ class _Loop:
     def _verify_all(self, trees: list[TokenTree | None], call: TreeCall, logits: np.ndarray):
         """Walk every row's tree against its nodes' target logits (``logits [B, W, V]``). With a small vocabulary
         every column is warped (or arg-maxed) in one batched call; with a large one only the visited nodes are."""
-        valid = call.pos >= 0
-        batched = logits.shape[-1] <= _BATCH_VOCAB
-        pre: np.ndarray = np.zeros(0)
-        if batched:  # padding columns hold garbage: zero them before the batched warp
-            x = np.where(valid[:, :, None], logits, 0.0)
-            check_logits(x, "target logits")
-            pre = np.argmax(x, axis=-1) if self.sampling.greedy else self.sampling.probs(x)
+        pre = self._prewarp(logits, call.pos)
         outcomes: list[TreeOutcome | None] = [None] * self.batch
         for b, tree in enumerate(trees):
             if tree is None:
@@ -170,18 +164,30 @@ class _Loop:
             cols = int(call.offsets[b]) + np.arange(tree.size)
 
             def node(i: int, b: int = b, cols: np.ndarray = cols) -> Any:
-                return pre[b, cols[i]] if batched else self._node(logits[b, cols[i]])
+                return pre[b, cols[i]] if pre is not None else self._node(logits[b, cols[i]])
 
             if tree.size == 1:  # the root alone (a plain step): what verify_* returns for it, without the walk
-                q = node(0)
-                token = int(q) if self.sampling.greedy else int(sample(q[None], self.rng)[0])
-                outcomes[b] = TreeOutcome([0], token)
+                outcomes[b] = TreeOutcome([0], self._draw(node(0)))
             elif self.sampling.greedy:
                 vocab = self.target.info.vocab_size
                 outcomes[b] = verify_greedy(tree, lambda i, node=node: int(node(i)), vocab)  # type: ignore[misc]
             else:
                 outcomes[b] = verify_sampled(tree, node, self.rng)
         return outcomes
+
+    def _prewarp(self, logits: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
+        """Up to ``_BATCH_VOCAB`` tokens, every column's arg-max (greedy) or warped law ``[B, W(, V)]`` in one
+        batched call, after checking the logits (padding columns hold garbage: zeroed first); None above, where only
+        the visited nodes are warped (``_node``)."""
+        if logits.shape[-1] > _BATCH_VOCAB:
+            return None
+        x = np.where((pos >= 0)[:, :, None], logits, 0.0)
+        check_logits(x, "target logits")
+        return np.argmax(x, axis=-1) if self.sampling.greedy else self.sampling.probs(x)
+
+    def _draw(self, q: Any) -> int:
+        """A root's next token from its ``_node`` / ``_prewarp`` value: the arg-max itself, or one draw from the law."""
+        return int(q) if self.sampling.greedy else int(sample(q[None], self.rng)[0])
 
     def _node(self, row: np.ndarray):
         """One node's argmax (greedy) or warped distribution, after checking its logits."""
@@ -248,16 +254,9 @@ class _Loop:
 
     def _next_tokens(self, logits: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> list[int]:
         """The target's next token for each row of ``rows`` from its one column of ``logits [B, 1, V]``, as
-        ``_verify_all`` takes a root's: the arg-max (greedy) or one draw per row in row order from the warped law,
-        every column warped at once up to ``_BATCH_VOCAB`` tokens (padding zeroed), row by row above."""
-        if self.sampling.greedy:
-            return [self._node(logits[b, 0]) for b in rows.tolist()]
-        if logits.shape[-1] <= _BATCH_VOCAB:
-            x = np.where((pos >= 0)[:, :, None], logits, 0.0)
-            check_logits(x, "target logits")
-            probs = self.sampling.probs(x)
-            return [int(sample(probs[b, 0][None], self.rng)[0]) for b in rows.tolist()]
-        return [int(sample(self._node(logits[b, 0])[None], self.rng)[0]) for b in rows.tolist()]
+        ``_verify_all`` takes a root's (``_prewarp``, ``_draw``): the arg-max, or one draw per row in row order."""
+        pre = self._prewarp(logits, pos)
+        return [self._draw(pre[b, 0] if pre is not None else self._node(logits[b, 0])) for b in rows.tolist()]
 
     def _emit(self, trees: list[TokenTree | None], outcomes: list[TreeOutcome | None]) -> None:
         n_old = self.n.copy()
