@@ -31,7 +31,7 @@ from accel.backends.base import Backend, TreeInputs, require
 from accel.errors import SpdError
 from accel.spd.checks import check_backend, eos_set, make_rng, validate
 from accel.spd.draft_model import left_padded
-from accel.spd.mrs import sample
+from accel.spd.mrs import sample, sample_logits
 from accel.spd.proposers import FirstOf, Proposer, RowOutcome, RunState, proposals
 from accel.spd.stats import GenerationResult, StatsAccumulator
 from accel.spd.tree import TokenTree, TreeCall, check_tree, layout
@@ -167,7 +167,7 @@ class _Loop:
                 return pre[b, cols[i]] if pre is not None else self._node(logits[b, cols[i]])
 
             if tree.size == 1:  # the root alone (a plain step): what verify_* returns for it, without the walk
-                outcomes[b] = TreeOutcome([0], self._draw(node(0)))
+                outcomes[b] = TreeOutcome([0], self._root(logits, pre, b, int(cols[0])))
             elif self.sampling.greedy:
                 vocab = self.target.info.vocab_size
                 outcomes[b] = verify_greedy(tree, lambda i, node=node: int(node(i)), vocab)  # type: ignore[misc]
@@ -185,8 +185,13 @@ class _Loop:
         check_logits(x, "target logits")
         return np.argmax(x, axis=-1) if self.sampling.greedy else self.sampling.probs(x)
 
-    def _draw(self, q: Any) -> int:
-        """A root's next token from its ``_node`` / ``_prewarp`` value: the arg-max itself, or one draw from the law."""
+    def _root(self, logits: np.ndarray, pre: np.ndarray | None, b: int, col: int) -> int:
+        """Row ``b``'s next token after column ``col``, where nothing is verified against the law (a root alone):
+        from its ``_prewarp`` value (the arg-max itself, or one draw from the law), else from its raw logits
+        (``sample_logits``: the same law, not normalised; one uniform either way)."""
+        if pre is None:
+            return sample_logits(logits[b, col], self.sampling, self.rng)
+        q = pre[b, col]
         return int(q) if self.sampling.greedy else int(sample(q[None], self.rng)[0])
 
     def _node(self, row: np.ndarray):
@@ -254,9 +259,9 @@ class _Loop:
 
     def _next_tokens(self, logits: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> list[int]:
         """The target's next token for each row of ``rows`` from its one column of ``logits [B, 1, V]``, as
-        ``_verify_all`` takes a root's (``_prewarp``, ``_draw``): the arg-max, or one draw per row in row order."""
+        ``_verify_all`` takes a root's (``_prewarp``, ``_root``): the arg-max, or one draw per row in row order."""
         pre = self._prewarp(logits, pos)
-        return [self._draw(pre[b, 0] if pre is not None else self._node(logits[b, 0])) for b in rows.tolist()]
+        return [self._root(logits, pre, b, 0) for b in rows.tolist()]
 
     def _emit(self, trees: list[TokenTree | None], outcomes: list[TreeOutcome | None]) -> None:
         n_old = self.n.copy()

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from accel.errors import SpdError
-from accel.spd.mrs import acceptance_probs, greedy_accept, residual, sample, speculative_accept
+from accel.spd import GREEDY, Sampling
+from accel.spd.mrs import acceptance_probs, greedy_accept, residual, sample, sample_logits, speculative_accept
 from tests.helpers.spd import ALPHA, chi_square
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -255,3 +256,65 @@ def test_two_level_inverse_cdf_never_returns_a_zero_probability_token():
     edge = np.zeros(49152)
     edge[512], edge[513:613] = 1.0, 1e-16
     assert _sampled_with(edge[None], np.array([1.0]))[0] == 612
+
+
+def _logit_rows(vocab: int, n: int, seed: int) -> np.ndarray:
+    """``n`` float32 rows of raw logits shaped like a language model's: a few large, a long low tail."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, vocab)) * 2.5 + 6.0 * (rng.random((n, vocab)) < 0.001)).astype(np.float32)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0.8), Sampling(), Sampling(temperature=1.7)])
+def test_sample_logits_draws_what_warp_then_sample_draws(sampling):
+    """``sample_logits`` (a root's token: shift, scale and exponentiate once, never normalise) draws from the same
+    generator the token that ``sample(warp(logits))`` draws: 300 rows of a 49,152-token vocabulary, one seed per row,
+    every token equal (they could differ only where a uniform falls within ~1e-15 of a token's CDF boundary)."""
+    rows = _logit_rows(49152, 300, 5)
+    for i, row in enumerate(rows):
+        want = int(sample(sampling.probs(row)[None], np.random.default_rng(i))[0])
+        assert sample_logits(row, sampling, np.random.default_rng(i)) == want
+
+
+def test_sample_logits_is_the_warped_law():
+    """Exactness by chi-square (ALPHA, fixed seed) on a 40-token row at T = 0.7: 20,000 draws against ``warp``'s
+    law, computed exactly; the law without the temperature (a wrong variant) fails the same test."""
+    row = _logit_rows(40, 1, 6)[0]
+    sampling = Sampling(temperature=0.7)
+    rng = np.random.default_rng(8)
+    draws = np.array([sample_logits(row, sampling, rng) for _ in range(20_000)])
+    counts = np.bincount(draws, minlength=40)
+    assert chi_square(counts, sampling.probs(row)) > ALPHA
+    assert chi_square(counts, Sampling().probs(row)) < ALPHA
+
+
+def test_sample_logits_other_warps_and_masked_rows():
+    """Greedy: the first arg-max, no random number drawn. Top-k / top-p: ``sample(warp(logits))`` itself. A row
+    whose masked entries sit at -1e9 (a restricted head): never one of them."""
+    row = _logit_rows(49152, 1, 9)[0]
+    row[[7, 9]] = row.max() + 1.0
+    rng = np.random.default_rng(0)
+    assert sample_logits(row, GREEDY, rng) == 7 and rng.random() == np.random.default_rng(0).random()
+    for sampling in (Sampling(temperature=0.9, top_k=20), Sampling(top_p=0.5)):
+        want = int(sample(sampling.probs(row)[None], np.random.default_rng(3))[0])
+        assert sample_logits(row, sampling, np.random.default_rng(3)) == want
+    masked = np.full(49152, -1e9, dtype=np.float32)
+    masked[100:110] = np.arange(10, dtype=np.float32)
+    rng = np.random.default_rng(1)
+    assert all(100 <= sample_logits(masked, Sampling(temperature=0.5), rng) < 110 for _ in range(200))
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0.8), GREEDY, Sampling(top_k=3)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_sample_logits_refuses_broken_logits(sampling, bad):
+    row = _logit_rows(64, 1, 2)[0]
+    row[17] = bad
+    with pytest.raises(SpdError, match="NaN or inf"):
+        sample_logits(row, sampling, np.random.default_rng(0))
+
+
+def test_sample_logits_refuses_bad_shapes_and_settings():
+    rows = _logit_rows(64, 2, 2)
+    with pytest.raises(SpdError, match="one row"):
+        sample_logits(rows, Sampling(temperature=0.8), np.random.default_rng(0))
+    with pytest.raises(SpdError, match="temperature"):
+        sample_logits(rows[0], Sampling(temperature=0.0), np.random.default_rng(0))
