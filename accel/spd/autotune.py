@@ -99,8 +99,9 @@ from accel.spd.autotune_arm import (
 )
 from accel.spd.autotune_catchup import STEADY_TOKENS, CatchUp
 from accel.spd.autotune_plan import Plan, TuneSettings
+from accel.spd.autotune_shadow import ShadowLookup
 from accel.spd.costs import CostCurve, probe_target
-from accel.spd.proposers import Proposer, ProposerInfo, RowOutcome, RunState, proposals
+from accel.spd.proposers import NgramLookup, Proposer, ProposerInfo, RowOutcome, RunState, proposals
 from accel.spd.stats import TunedRound
 from accel.spd.tree import TokenTree
 
@@ -218,6 +219,12 @@ class AutoTune:
         self._plan: tuple[int, Plan | None, tuple[int, int] | None] | None = None  # (round computed, plan, its best)
         self._schedule = probe_schedule(self.arms)
         self._pruned = False  # the schedule is pruned once, at the first round (worth_probing)
+        self._shadows = [  # the lookup-alone arms, judged in the rounds they do not run (accel.spd.autotune_shadow)
+            ShadowLookup(i, a.proposer)
+            for i, a in enumerate(self.arms)
+            if self.settings.shadow_lookup and isinstance(a.proposer, NgramLookup)
+        ]
+        self._shadowed: list[bool | None] = [None] * len(self._shadows)  # this round: would it have offered a tree
 
     # ------------------------------------------------------------------ the Proposer protocol
 
@@ -243,6 +250,8 @@ class AutoTune:
         arm's start prefills the draft with the prompt, which a run that never speculates does not need."""
         self._pending = None
         self._started = [False] * len(self.arms)
+        for shadow in self._shadows:
+            shadow.reset()
 
     def _cached_plan(self) -> Plan | None:
         """``plan()``, recomputed every ``replan_every`` rounds, ``QUIET_EXPLORE`` times more rarely while the model
@@ -294,6 +303,9 @@ class AutoTune:
             view.loop_limits = run.loop_limits or (run.max_nodes, run.max_depth)
             out = proposals(self.arms[arm].proposer, view, rows)
         t_end = self.clock()
+        for i, shadow in enumerate(self._shadows):  # the lookup arms this round does not run: what they would offer
+            own = nodes > 0 and shadow.arm == arm
+            self._shadowed[i] = None if own else shadow.propose(run, rows, self.arms[shadow.arm].budgets[-1])
         offered = any(t is not None for t in out)
         self._pending = _Pending(arm, nodes, phase, rows.copy(), t_end - t0, t_end, offered, predicted, model, behind)
         return out
@@ -325,6 +337,20 @@ class AutoTune:
         tokens = self._record(run, pending, outcomes, width, call_s)
         shape = (pending.arm if pending.nodes > 0 else NO_ARM, pending.nodes)
         self.evidence.observe(shape, tokens, call_s, propose_s, model=pending.model)
+        self._judge_shadows(run, pending.nodes == 0)
+
+    def _judge_shadows(self, run: RunState, quiet: bool) -> None:
+        """Count the lookup arms' shadowed proposals the committed tokens now decide (``accel.spd.autotune_shadow``);
+        where this round ran no speculation (``quiet``) and one of them would have been accepted, the plan is priced
+        again at the next round instead of up to ``QUIET_EXPLORE * replan_every`` rounds later."""
+        for i, shadow in enumerate(self._shadows):
+            arm, offered = self.arms[shadow.arm], self._shadowed[i]
+            if offered is not None:
+                arm.idle_until(self.rounds - 1)
+            done = shadow.resolve(run)
+            arm.observe_shadow(offered, done)
+            if quiet and any(o.accepted > 0 for o in done):
+                self._plan = None
 
     def _record(
         self, run: RunState, pending: _Pending, outcomes: Sequence[RowOutcome | None], width: int, call_s: float

@@ -71,6 +71,7 @@ class Arm:
         models = {id(u.model): u.model for u in _draft_users(proposer)}
         self.drafts: list[DraftModel] = list(models.values())  # the draft models its rounds call (catch-up pricing)
         info = proposer.info
+        self._branching, self._max_depth = info.branching, max(1, info.max_depth)  # a proposer's info is fixed
         own = max((u.info.max_depth for u in _unbudgeted(proposer)), default=0)
         #: per budget, the most tokens a row can take from a round: 1 + its deepest proposal (the budget's depth, or the
         #: own length of a part the budget does not bind); the controller's predictions never exceed it
@@ -80,7 +81,7 @@ class Arm:
     def reset(self) -> None:
         """Forget timings and acceptance counts."""
         self.propose_costs = CostCurve("proposal", self.window)  # by node budget
-        depth = max(1, self.proposer.info.max_depth)
+        depth = self._max_depth
         self._available = np.zeros((depth, 1))
         self._accepted = np.zeros((depth, 1))
         self._long_available = np.zeros((depth, 1))  # the same counts decayed by long_run_decay, own rounds only
@@ -115,6 +116,18 @@ class Arm:
         self._changes += 1
         self._counted += 1
 
+    def observe_shadow(self, offered: bool | None, outcomes: Sequence[RowOutcome]) -> None:
+        """Record what this arm would have given in rounds it did not run (``accel.spd.autotune_shadow``): ``offered``
+        whether it would have proposed in this round (None: the round was its own, already observed), and the
+        outcomes the committed tokens now decide, counted as its own rounds' (the long-run counts too); no timings."""
+        if offered is None and not outcomes:
+            return
+        if offered is not None:
+            self._offered = self._offered * self.decay + [float(offered), 1.0]
+            self._counted += 1
+        self._count(outcomes, decay=offered is not None)
+        self._changes += 1
+
     def idle_until(self, round_: int) -> None:
         """Decay the acceptance counts over the controller's rounds after the last counted one up to ``round_``, which
         this arm sat out, as its own rounds decay them: an arm left idle after a run of rejections drifts back to its
@@ -138,13 +151,15 @@ class Arm:
         decayed by ``long_run_decay``; none kept when 0), that towards the prior (rank 1: ``prior_acceptance``,
         others half). So an arm idle for long is priced at what it gave over its last few hundred rounds, not at the
         prior: on SmolLM2 at T = 0.8 the prior's 0.5 priced a 3-chain after lookup at 2.6 tokens a call (~1.3 came)."""
-        width = self._available.shape[1] if self.proposer.info.branching else 1
+        width = self._available.shape[1] if self._branching else 1
         avail, acc = self._available[:, :width], self._accepted[:, :width]
         prior = np.full(width, prior_acceptance / 2.0)
         prior[0] = prior_acceptance
         long_avail, long_acc = self._long_available[:, :width].sum(axis=0), self._long_accepted[:, :width].sum(axis=0)
         long_run = (long_acc + PRIOR_WEIGHT * prior) / (long_avail + PRIOR_WEIGHT)
         pooled = (acc.sum(axis=0) + PRIOR_WEIGHT * long_run) / (avail.sum(axis=0) + PRIOR_WEIGHT)
+        if width == 1:  # one rank: its conditional rate is the acceptance itself, every depth tried (PRIOR_WEIGHT > 0)
+            return (acc + PRIOR_WEIGHT * pooled) / (avail + PRIOR_WEIGHT)
         return rank_acceptance_from_counts(avail + PRIOR_WEIGHT, acc + PRIOR_WEIGHT * pooled)
 
     def expected_tokens(self, prior_acceptance: float) -> np.ndarray:
@@ -160,17 +175,24 @@ class Arm:
     def _expected_tokens(self, prior_acceptance: float) -> np.ndarray:
         p = self.acceptance(prior_acceptance)
         top = self.budgets[-1]
-        tree = best_tree(p, top, width=p.shape[1], max_depth=max(1, self.proposer.info.max_depth))
-        gain = np.concatenate([[0.0], np.cumsum(path_probabilities(tree, p))])  # the N most likely nodes
-        return 1.0 + self.hit_rate * gain[np.minimum(np.asarray(self.budgets), tree.n_nodes)]
+        if p.shape[1] == 1:  # a chain: best_tree's N most likely nodes are its first N, the last depth's rate below
+            nodes = min(top, self._max_depth)
+            paths = np.cumprod(p[np.minimum(np.arange(nodes), p.shape[0] - 1), 0])
+        else:
+            tree = best_tree(p, top, width=p.shape[1], max_depth=self._max_depth)
+            nodes, paths = tree.n_nodes, path_probabilities(tree, p)
+        gain = np.concatenate([[0.0], np.cumsum(paths)])  # the N most likely nodes
+        return 1.0 + self.hit_rate * gain[np.minimum(np.asarray(self.budgets), nodes)]
 
-    def _count(self, outcomes: Sequence[RowOutcome | None]) -> None:
-        """Add the verified trees' tried / accepted counts per (parent depth, sibling rank), after decaying the old."""
-        self._available *= self.decay
-        self._accepted *= self.decay
+    def _count(self, outcomes: Sequence[RowOutcome | None], decay: bool = True) -> None:
+        """Add the verified trees' tried / accepted counts per (parent depth, sibling rank), after decaying the old
+        (``decay``: once per round)."""
+        if decay:
+            self._available *= self.decay
+            self._accepted *= self.decay
+            self._long_available *= self.long_run_decay
+            self._long_accepted *= self.long_run_decay
         long_run = self.long_run_decay > 0
-        self._long_available *= self.long_run_decay
-        self._long_accepted *= self.long_run_decay
         for o in outcomes:
             if o is None:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -71,8 +72,16 @@ class Plan:
         return float(tokens[i]), float(call[i])
 
     def _index(self, nodes: int, arm: int) -> int | None:
-        hits = np.flatnonzero((self.nodes == nodes) & ((self.arms == arm) | (nodes == 0)))
-        return int(hits[0]) if hits.size else None
+        return self._slots.get((int(arm), int(nodes)) if nodes != 0 else (None, 0))
+
+    @cached_property
+    def _slots(self) -> dict[tuple[int | None, int], int]:
+        """``(arm, nodes)`` -> the first entry of that shape (``(None, 0)``: the first of budget 0, any arm): the
+        controller reads a plan's predictions twice a round."""
+        slots: dict[tuple[int | None, int], int] = {}
+        for i, (arm, nodes) in enumerate(zip(self.arms.tolist(), self.nodes.tolist(), strict=True)):
+            slots.setdefault((None, 0) if nodes == 0 else (int(arm), int(nodes)), i)
+        return slots
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,10 @@ class TuneSettings:
             that left it there, at most this many times (0 = a fixed interval).
         long_run_decay: per-round decay, in [0, 1), of an arm's long-run acceptance counts (its own rounds only), the
             rate its recent counts fall back to while it sits out rounds; 0 = fall back to ``prior_acceptance``.
+        shadow_lookup: in the rounds the controller does not run a lookup-alone arm (``NgramLookup``), what it would
+            have proposed is judged against the tokens the rows commit and counted in that arm's hit rate and
+            acceptance (``accel.spd.autotune_shadow``; 20-30 us of host time a round per row), and a shadowed hit
+            while nothing speculates prices the plan again.
         catch_up_rounds: the rounds a draft's catch-up is spread over when the plan weighs a draft arm whose draft is
             far behind (``accel.spd.autotune_catchup``): a shape chosen is held ``replan_every`` rounds at least and
             usually longer; 32 was 1.00-1.06x the controller with 8 in four A/B cells (benchmarks/RESULTS.md);
@@ -110,6 +123,7 @@ class TuneSettings:
     quiet_backoff: int = 4
     long_run_decay: float = 0.998
     catch_up_rounds: int = 32
+    shadow_lookup: bool = True
 
     def check(self) -> None:
         """``SpdError`` naming the first setting out of its range."""
@@ -130,6 +144,8 @@ class TuneSettings:
             raise SpdError(f"AutoTune quiet_backoff must be an int in 0 .. 16; got {backoff!r}")
         if isinstance(long_run, bool) or not (isinstance(long_run, (int, float)) and 0.0 <= long_run < 1.0):
             raise SpdError(f"AutoTune long_run_decay must be in [0, 1); got {long_run!r}")
+        if not isinstance(self.shadow_lookup, bool):
+            raise SpdError(f"AutoTune shadow_lookup must be a bool; got {self.shadow_lookup!r}")
         spread = self.catch_up_rounds
         if isinstance(spread, bool) or not isinstance(spread, int) or spread < 0:
             raise SpdError(f"AutoTune catch_up_rounds must be an int >= 0; got {spread!r}")

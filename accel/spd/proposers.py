@@ -198,11 +198,14 @@ class NgramLookup:
     def start(self, run: RunState) -> None:
         pass
 
+    def proposal(self, tokens: np.ndarray, limit: int) -> np.ndarray:
+        """The up to ``min(k, limit)`` tokens proposed after a row's ``tokens`` (empty: no match)."""
+        return ngram_proposal(tokens, self.n, min(self.k, limit), n_min=min(2, self.n))
+
     def propose(self, run: RunState, rows: np.ndarray) -> list[TokenTree | None]:
         out: list[TokenTree | None] = [None] * run.batch
         for b in np.flatnonzero(rows):
-            limit = int(min(self.k, run.max_depth[b], run.max_nodes[b]))
-            prop = ngram_proposal(run.tokens[b, : run.n[b]], self.n, limit, n_min=min(2, self.n))
+            prop = self.proposal(run.tokens[b, : run.n[b]], int(min(run.max_depth[b], run.max_nodes[b])))
             if prop.size:
                 out[b] = TokenTree.chain(int(run.tokens[b, run.n[b] - 1]), prop, source="lookup")
         return out

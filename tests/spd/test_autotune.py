@@ -363,6 +363,11 @@ def tuned_counts(target, draft, build, sampling: dict, seed: int, runs: int):
             lambda db: AutoTune(DraftTree(db, nodes=4, top_k=2, depth=2), settings=EXPLORE_3, clock=SeededClock(2)),
             "temperature",
         ),
+        (  # the lookup arm judged in the rounds it does not run (accel.spd.autotune_shadow) prices later rounds
+            "chain or lookup, shadowed",
+            lambda db: AutoTune([DraftChain(db, k=K), NgramLookup(1, 2)], settings=EXPLORE_3, clock=SeededClock(3)),
+            "temperature",
+        ),
     ],
 )
 def test_controller_keeps_the_target_law(pair, name, build, setting):
@@ -496,3 +501,14 @@ def test_the_old_setting_keywords_still_work_and_warn(models):
         AutoTune(chain, explore=3)
     with pytest.raises(TypeError, match="got settings= and the deprecated decay"):
         AutoTune(chain, settings=TuneSettings(), decay=0.5)
+
+
+def test_a_plan_reads_each_shapes_entry():
+    """``Plan.at`` / ``model_at``: a shape's own entry (the first where a shape repeats), budget 0 from any arm,
+    NaN for a shape the plan does not price."""
+    nodes, arms = np.array([0, 1, 2, 1, 1]), np.array([NO_ARM, 0, 0, 1, 1])
+    tokens = np.array([1.0, 1.5, 1.8, 1.3, 9.0])
+    plan = Plan(nodes, tokens, tokens * 1e-3, np.zeros(5), arms, tokens + 1.0, tokens * 2e-3)
+    assert plan.at(0, 7) == plan.at(0) == (1.0, 1e-3, 0.0)
+    assert plan.at(2, 0)[0] == 1.8 and plan.at(1, 1)[0] == 1.3 and plan.model_at(1, 1) == (2.3, 1.3 * 2e-3)
+    assert all(math.isnan(v) for v in (*plan.at(2, 1), *plan.model_at(3, 0)))
